@@ -1,0 +1,28 @@
+"""Temporal activities of TurnKit: the model call, tool calls and turn record writes.
+
+Activities do all I/O (store, model providers, tools). They are built bound to a :class:`~turnkit.store.Store`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from activities.model import ModelActivities
+from activities.tools import ToolActivities
+from activities.turns import TurnActivities
+from turnkit.store.store import Store
+
+__all__ = ["ModelActivities", "ToolActivities", "TurnActivities", "build_activities"]
+
+
+def build_activities(store: Store) -> list[Callable[..., Any]]:
+    """Every TurnKit activity, bound to ``store`` (register them all on a worker)."""
+    turns = TurnActivities(store)
+    return [
+        ModelActivities(store).model,
+        ToolActivities(store).run_tool,
+        turns.submit_turn,
+        turns.finish_turn,
+        turns.settle_tool,
+    ]

@@ -1,0 +1,228 @@
+"""The ``turnkit.model`` activity: one model request of a turn, reserved, called and persisted.
+
+Three steps, two short transactions and no lock held across the remote call:
+
+1. **Reserve** (under the root turn's lock): if this ``request_id`` already has a persisted response, return it
+   (a retry after commit never calls the model again); otherwise count the iteration against the root tree's
+   ``max_iterations`` and record ``state.request_id``. Read the turn's frozen context.
+2. **Call** the agent's client, heartbeating.
+3. **Persist** (under the root turn's lock): usage, cost, the assistant message and the new phase, and, when the
+   response has no tool calls, the turn's completion, all in one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.heartbeat import heartbeating
+from turnkit.agent import resolve_agent
+from turnkit.budget import iteration_denial, spend_denial
+from turnkit.cost import cost_from_usage
+from turnkit.errors import ConfigError, Error, ModelError, error_class_name
+from turnkit.events import emit
+from turnkit.model import ModelRequest, Result, Usage
+from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
+from turnkit.prompt import build_instructions, project_messages
+from turnkit.records import MessageRecord, TurnRecord
+from turnkit.store.store import Store, StoreTx, utcnow
+
+__all__ = ["ModelActivities"]
+
+
+class ModelActivities:
+    """Model activities bound to a store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name="turnkit.model")
+    async def model(self, call: ModelCall) -> ModelStep:
+        """Reserve, call and persist one model request of ``call.turn_id`` (see the module docstring)."""
+        reserved = await self._reserve(call)
+        if isinstance(reserved, ModelStep):
+            return reserved
+        turn, messages = reserved
+        try:
+            agent = resolve_agent(turn.agent_name)
+            client = agent.effective_client
+        except ConfigError as err:
+            raise _non_retryable(err) from err
+        specs = agent.tool_specs()
+        stable, dynamic = build_instructions(
+            agent,
+            depth=0,
+            prompt_mode=turn.options.get("prompt_mode"),
+            tools=specs,
+            now=turn.started_at or utcnow(),
+        )
+        request = ModelRequest(
+            model=turn.model or agent.effective_model,
+            messages=project_messages(messages),
+            tools=specs,
+            instructions=stable,
+            dynamic_instructions=dynamic or None,
+            thinking=turn.options.get("thinking"),
+            output_schema=turn.options.get("output_schema"),
+            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
+        )
+        emit(
+            "model.requested",
+            turn.id,
+            turn.conversation_id,
+            model=request.model,
+            tool_names=request.tool_names,
+            message_count=len(request.messages),
+        )
+        try:
+            async with heartbeating():
+                result = await client.chat(request)
+        except (ModelError, ConfigError) as err:
+            raise _non_retryable(err) from err
+        step = await self._persist(call, request.model, result)
+        if step.message_id is not None and not step.stopped:
+            emit(
+                "model.completed",
+                turn.id,
+                turn.conversation_id,
+                model=result.model or request.model,
+                tool_call_count=len(step.tool_calls),
+                usage=result.usage.to_record(),
+            )
+        return step
+
+    async def _reserve(self, call: ModelCall) -> ModelStep | tuple[TurnRecord, list[MessageRecord]]:
+        async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+            turn = await tx.load_turn(call.turn_id)
+            committed = await _committed_step(tx, turn, call.request_id)
+            if committed is not None:
+                return committed
+            if turn.status not in ("pending", "running"):
+                return ModelStep(stopped=True)
+            state = turn.state
+            if state.get("request_id") != call.request_id:
+                root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+                denial = iteration_denial(root, await tx.list_turns(root_turn_id=turn.root_turn_id))
+                if denial is not None:
+                    return ModelStep(budget_error=denial)
+                state["iterations"] = int(state.get("iterations", 0)) + 1
+                state["request_id"] = call.request_id
+                state["phase"] = "model"
+            messages = await tx.list_messages(
+                turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
+            )
+            # Spec §3.2: the first request that included each delivered message (for input_status).
+            delivery_requests: dict[str, Any] = dict(state.get("delivery_requests") or {})
+            for message in messages:
+                delivery_id = message.metadata.get("delivery_id")
+                if delivery_id and delivery_id not in delivery_requests:
+                    delivery_requests[delivery_id] = call.request_id
+            if delivery_requests:
+                state["delivery_requests"] = delivery_requests
+            now = utcnow()
+            claimed = await tx.claim_turn(
+                turn.id,
+                from_=("pending", "running"),
+                to="running",
+                options={**turn.options, "state": state},
+                started_at=turn.started_at or now,
+                heartbeat_at=now,
+            )
+            if claimed is None:
+                return ModelStep(stopped=True)
+            return claimed, messages
+
+    async def _persist(self, call: ModelCall, model: str, result: Result) -> ModelStep:
+        cost = cost_from_usage(result.usage, result.model or model)
+        tool_calls = [
+            ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
+            for tc in result.tool_calls
+        ]
+        async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+            turn = await tx.load_turn(call.turn_id)
+            committed = await _committed_step(tx, turn, call.request_id)
+            if committed is not None:
+                return committed  # a zombie attempt committed first: theirs stands
+            if turn.status != "running":
+                return ModelStep(stopped=True)  # cancelled or finished meanwhile: the late response writes nothing
+            metadata: dict[str, Any] = {"request_id": call.request_id}
+            if result.output_data is not None and not tool_calls:
+                metadata["output_data"] = result.output_data
+            message = await tx.append_message(
+                turn.conversation_id,
+                role="assistant",
+                kind="tool_call" if tool_calls else "text",
+                content=result.parts,
+                turn_id=turn.id,
+                metadata=metadata,
+            )
+            usage = Usage.from_dict(turn.usage) + result.usage
+            usage_record = usage.to_record()
+            details = _add_cost_details(turn.usage.get("cost_details"), cost.to_dict())
+            if details:
+                usage_record["cost_details"] = details
+            total_cost = turn.cost
+            if cost.total is not None:
+                total_cost = (total_cost or 0.0) + cost.total
+            state = turn.state
+            state["phase"] = "tools" if tool_calls else "output"
+            state["message_id"] = message.id
+            updates: dict[str, Any] = {
+                "usage": usage_record,
+                "cost": total_cost,
+                "heartbeat_at": utcnow(),
+                "options": {**turn.options, "state": state},
+            }
+            await tx.update_turn(turn.id, **updates)
+            tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
+            root = next((t for t in tree if t.id == turn.root_turn_id), turn)
+            denial = spend_denial(root, tree)
+            if denial is not None:
+                return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial)
+            if not tool_calls:
+                await tx.claim_turn(
+                    turn.id,
+                    from_="running",
+                    to="completed",
+                    output_text=result.text,
+                    output_data=result.output_data,
+                    completed_at=utcnow(),
+                    claim_token=None,
+                )
+        if not tool_calls:
+            emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
+        return ModelStep(message_id=message.id, tool_calls=tool_calls, completed=not tool_calls)
+
+
+async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> ModelStep | None:
+    """The step of a response already persisted for ``request_id``, if any (idempotent retries)."""
+    for message in reversed(await tx.list_turn_messages(turn.id)):
+        if message.role == "assistant" and message.metadata.get("request_id") == request_id:
+            calls = [
+                ToolCallRef(
+                    id=str(part["id"]),
+                    name=str(part["name"]),
+                    arguments=dict(part.get("arguments") or {}),
+                    arguments_error=part.get("arguments_error"),
+                )
+                for part in message.content
+                if part.get("type") == "tool_call"
+            ]
+            return ModelStep(message_id=message.id, tool_calls=calls, completed=not calls and turn.status == "completed")
+    return None
+
+
+def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:
+    totals: dict[str, float] = {str(k): float(v) for k, v in (previous or {}).items() if v is not None}
+    for key, value in current.items():
+        if value is not None:
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def _non_retryable(err: Error) -> ApplicationError:
+    """A TurnKit error as a failure Temporal must not retry: the turn fails with it instead."""
+    name = error_class_name(err).removeprefix("TurnKit::")
+    return ApplicationError(str(err), type=name, non_retryable=True)

@@ -1,0 +1,150 @@
+"""Tool activities: one activity per tool call, activity type ``tool:<name>`` (a dynamic activity).
+
+Exactly-once bookkeeping around an at-most-once or replay-safe body:
+
+1. **Reserve** (root turn lock): get or create the execution for ``(turn_id, tool_call_id)``. A settled execution is
+   returned as it is (the tool never runs again). A new one is counted against the root tree's tool budgets; a
+   denial, an unknown tool name or unparseable arguments settle it ``failed`` at once.
+2. **Run** the tool body with its :class:`~turnkit.tools.ToolContext` (idempotency key ``turnkit:tool:<id>``).
+3. **Commit** (root turn lock): CAS ``running → completed|failed`` and, only if the CAS won, append the tool-result
+   message once. A late attempt that lost the CAS writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio import activity
+from temporalio.common import RawValue
+
+from activities.heartbeat import heartbeating
+from turnkit.agent import resolve_agent
+from turnkit.budget import tool_execution_denial
+from turnkit.errors import ConfigError, ToolError, error_class_name
+from turnkit.events import emit
+from turnkit.payloads import ToolCallInput, ToolOutcome
+from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
+from turnkit.store.store import Store, utcnow
+from turnkit.tools import Tool, ToolContext, normalize_result
+from turnkit.transcript import append_tool_result, fail_execution
+
+__all__ = ["ToolActivities", "outcome_of"]
+
+OPEN = ("pending", "running")
+
+
+class ToolActivities:
+    """The dynamic tool activity, bound to a store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(dynamic=True)
+    async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
+        """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
+        request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
+        tool = _find_tool(request.agent_name, request.call.name)
+        reserved = await self._reserve(request, tool)
+        if isinstance(reserved, ToolOutcome):
+            return reserved
+        turn, execution = reserved
+        assert tool is not None  # _reserve settles unknown tools
+        context = ToolContext(
+            turn_id=turn.id,
+            conversation_id=turn.conversation_id,
+            root_turn_id=turn.root_turn_id,
+            execution_id=execution.id,
+            tool_call_id=execution.tool_call_id,
+            idempotency_key=execution.idempotency_key,
+            principal=turn.options.get("principal"),
+            agent_name=turn.agent_name,
+            attempt=activity.info().attempt,
+        )
+        try:
+            async with heartbeating():
+                result = await tool.invoke(request.call.arguments, context)
+        except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
+            return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
+        except Exception as err:
+            if tool.recovery == "replay_safe":
+                raise  # Temporal retries with backoff, same execution, same idempotency key
+            # At most once: the body raised, so its outcome is known (it failed); report it, never re-run it.
+            return await self._fail(turn, execution, f"{type(err).__name__}: {err}", {"class": type(err).__name__})
+        return await self._complete(turn, execution, normalize_result(result), tool)
+
+    async def _reserve(
+        self, request: ToolCallInput, tool: Tool | None
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
+        call = request.call
+        async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+            turn = await tx.load_turn(request.turn_id)
+            execution = await tx.find_tool_execution(turn.id, call.id)
+            if execution is not None and execution.status not in OPEN:
+                await append_tool_result(tx, turn, execution)  # recovery: make sure its result is in the transcript
+                return outcome_of(execution, tool)
+            if execution is None:
+                root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+                tree_executions = await tx.list_tool_executions(root_turn_id=turn.root_turn_id)
+                denial = tool_execution_denial(root, tree_executions, call.name)
+                execution, _ = await tx.create_tool_execution(
+                    turn_id=turn.id,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    arguments=call.arguments,
+                    status="running",
+                    started_at=utcnow(),
+                )
+                emit("tool_call.created", turn.id, turn.conversation_id, id=call.id, name=call.name)
+                failure: tuple[str, dict[str, Any]] | None = None
+                if denial is not None:
+                    failure = (denial, {"class": "TurnKit::BudgetError", "budget_denied": True})
+                elif tool is None:
+                    failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
+                elif call.arguments_error:
+                    failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
+                if failure is not None:
+                    settled = await fail_execution(tx, turn, execution, failure[0], details=failure[1])
+                    return outcome_of(settled, tool, budget_error=denial)
+            elif tool is not None and tool.recovery != "replay_safe" and execution.status == "running":
+                # A second attempt of an at-most-once call (should not happen with maximum_attempts=1): never re-run.
+                settled = await fail_execution(tx, turn, execution, INTERRUPTED_MESSAGE, status="interrupted")
+                return outcome_of(settled, tool)
+            elif execution.status == "pending":
+                claimed = await tx.claim_tool_execution(execution.id, from_="pending", to="running", started_at=utcnow())
+                execution = claimed or await tx.load_tool_execution(execution.id)
+            return turn, execution
+
+    async def _complete(
+        self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool
+    ) -> ToolOutcome:
+        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+            settled = await tx.claim_tool_execution(
+                execution.id, from_=OPEN, to="completed", result=result, completed_at=utcnow()
+            )
+            if settled is None:  # interrupted or cancelled first: the late result is dropped
+                return outcome_of(await tx.load_tool_execution(execution.id), tool)
+            await append_tool_result(tx, turn, settled)
+        emit("tool_call.completed", turn.id, turn.conversation_id, id=execution.tool_call_id, name=execution.tool_name)
+        return outcome_of(settled, tool)
+
+    async def _fail(
+        self, turn: TurnRecord, execution: ToolExecutionRecord, message: str, details: dict[str, Any]
+    ) -> ToolOutcome:
+        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+            settled = await fail_execution(tx, turn, execution, message, details=details)
+        emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
+        return outcome_of(settled, None)
+
+
+def outcome_of(execution: ToolExecutionRecord, tool: Tool | None, *, budget_error: str | None = None) -> ToolOutcome:
+    """The workflow's view of an execution."""
+    terminal = bool(tool is not None and tool.is_terminal and execution.status == "completed")
+    return ToolOutcome(execution_id=execution.id, status=execution.status, terminal=terminal, budget_error=budget_error)
+
+
+def _find_tool(agent_name: str, tool_name: str) -> Tool | None:
+    try:
+        return resolve_agent(agent_name).tool(tool_name)
+    except ConfigError:
+        return None

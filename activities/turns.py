@@ -1,0 +1,183 @@
+"""Turn record activities: submission (lane), terminal writes, and settling a lost tool call.
+
+Each is one transaction and idempotent: a retry finds what the first attempt committed and returns it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from turnkit.agent import resolve_agent
+from turnkit.errors import ConfigError, RecordNotFound
+from turnkit.events import emit
+from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
+from turnkit.records import TurnRecord
+from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
+
+__all__ = ["TurnActivities", "ticket_of"]
+
+
+class TurnActivities:
+    """Activities that write turn records, bound to a store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name="turnkit.submit_turn")
+    async def submit_turn(self, request: SubmitTurn) -> TurnTicket:
+        """Append the trigger message and create the submitted, pending turn (spec §1.4); idempotent by turn id."""
+        async with self.store.atomic(conversation_id=request.conversation_id) as tx:
+            existing = await tx.find_turn(request.turn_id)
+            if existing is not None:
+                return ticket_of(existing)
+            try:
+                conversation = await tx.load_conversation(request.conversation_id)
+                agent = resolve_agent(request.agent_name or conversation.agent_name)
+            except (RecordNotFound, ConfigError) as err:
+                raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
+            message = await tx.append_message(
+                conversation.id,
+                role="user",
+                text=request.text,
+                id=request.message_id,
+                metadata=request.message_metadata,
+            )
+            options: dict[str, Any] = {
+                "trigger_message_id": message.id,
+                "budget_limits": agent.budget_limits(),
+                "thinking": request.thinking if request.thinking_set else agent.thinking,
+                "context": request.context
+                if request.context is not None
+                else conversation.metadata.get("turnkit_context", {}),
+            }
+            output_schema = request.output_schema or agent.output_schema
+            if output_schema is not None:
+                options["output_schema"] = output_schema
+            if request.prompt_mode is not None:
+                options["prompt_mode"] = request.prompt_mode
+            principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
+            if principal is not None:
+                options["principal"] = principal
+            turn = await tx.create_turn(
+                id=request.turn_id,
+                conversation_id=conversation.id,
+                agent_name=agent.name,
+                context_message_sequence=message.sequence,
+                model=request.model or conversation.model or agent.effective_model,
+                options=options,
+                submitted_at=utcnow(),
+            )
+        return ticket_of(turn)
+
+    @activity.defn(name="turnkit.finish_turn")
+    async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
+        """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn."""
+        turn = await self.store.load_turn(finish.turn_id)
+        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+            turn = await tx.load_turn(finish.turn_id)
+            if turn.terminal:
+                return outcome_of(turn)
+            if finish.status == "completed":
+                finished = await self._complete_by_terminal_tool(tx, turn, finish)
+            else:
+                await repair_transcript(tx, turn)
+                finished = await tx.claim_turn(
+                    turn.id,
+                    from_=("pending", "running"),
+                    to=finish.status,
+                    error={"class": finish.error_class or "TurnKit::Error", "message": finish.error_message or ""},
+                    completed_at=utcnow(),
+                    claim_token=None,
+                )
+            turn = finished or await tx.load_turn(turn.id)
+        if turn.status == "completed":
+            emit("turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text)
+        elif turn.terminal:
+            emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
+        return outcome_of(turn)
+
+    async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
+        """Spec §3.8: skip the calls after a terminal tool, append its completion message, complete the turn."""
+        assert finish.terminal_execution_id is not None
+        execution = await tx.load_tool_execution(finish.terminal_execution_id)
+        for call in finish.skipped_calls:
+            skipped, created = await tx.create_tool_execution(
+                turn_id=turn.id,
+                tool_call_id=call.id,
+                tool_name=call.name,
+                arguments=call.arguments,
+                status="cancelled",
+                result={"skipped": True, "message": TERMINAL_SKIP.format(name=execution.tool_name)},
+                completed_at=utcnow(),
+            )
+            if created or skipped.status != "pending":
+                await append_tool_result(tx, turn, skipped)
+        tool = resolve_agent(turn.agent_name).tool(execution.tool_name)
+        text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
+        await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
+        state = {**turn.state, "phase": "output", "terminal_tool_name": execution.tool_name}
+        return await tx.claim_turn(
+            turn.id,
+            from_=("pending", "running"),
+            to="completed",
+            output_text=text,
+            options={**turn.options, "state": state},
+            completed_at=utcnow(),
+            claim_token=None,
+        )
+
+    @activity.defn(name="turnkit.settle_tool")
+    async def settle_tool(self, settle: SettleToolCall) -> ToolOutcome:
+        """Record a tool call whose activity was lost (``interrupted``) or finally failed; first writer wins."""
+        turn = await self.store.load_turn(settle.turn_id)
+        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+            execution = await tx.find_tool_execution(turn.id, settle.call.id)
+            if execution is None:
+                execution, _ = await tx.create_tool_execution(
+                    turn_id=turn.id,
+                    tool_call_id=settle.call.id,
+                    tool_name=settle.call.name,
+                    arguments=settle.call.arguments,
+                    status="running",
+                    started_at=utcnow(),
+                )
+            if execution.status in ("pending", "running"):
+                execution = await fail_execution(tx, turn, execution, settle.message, status=settle.outcome)
+            else:
+                await append_tool_result(tx, turn, execution)
+        if execution.status == "interrupted":
+            emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
+        return ToolOutcome(execution_id=execution.id, status=execution.status)
+
+
+def ticket_of(turn: TurnRecord) -> TurnTicket:
+    """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
+    timeout = (turn.options.get("budget_limits") or {}).get("timeout")
+    deadline = None
+    if timeout is not None and turn.submitted_at is not None:
+        deadline = turn.submitted_at + timedelta(seconds=float(timeout))
+    return TurnTicket(
+        turn_id=turn.id,
+        conversation_id=turn.conversation_id,
+        agent_name=turn.agent_name,
+        root_turn_id=turn.root_turn_id,
+        trigger_message_id=str(turn.options.get("trigger_message_id", "")),
+        deadline=deadline,
+    )
+
+
+def outcome_of(turn: TurnRecord) -> TurnOutcome:
+    """The workflow result for a finished turn record."""
+    error = turn.error or {}
+    status = turn.status if turn.status in ("completed", "failed", "cancelled") else "failed"
+    return TurnOutcome(
+        turn_id=turn.id,
+        status=status,  # type: ignore[arg-type]
+        error_class=error.get("class"),
+        error_message=error.get("message"),
+    )

@@ -1,0 +1,149 @@
+"""Cost computation (spec §6.5; T35, T36), settings (§9) and error names (§8)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from turnkit.config import TASK_QUEUE, configure, reset_settings, settings
+from turnkit.cost import Cost, cost_from_usage
+from turnkit.errors import (
+    BudgetError,
+    ConfigError,
+    Error,
+    LostClaim,
+    ModelAccessError,
+    RecordNotFound,
+    StoreError,
+    ToolError,
+    ToolValidationError,
+    error_class_name,
+)
+from turnkit.model import Usage
+
+
+@pytest.fixture(autouse=True)
+def _isolated() -> Iterator[None]:
+    reset_settings()
+    yield
+    reset_settings()
+
+
+def test_worked_example_from_rates() -> None:  # §6.5 worked example, T35
+    configure(cost_rates={"model-a": {"input": 1.00, "output": 2.00, "cache_read": 0.10, "cache_write": 1.25}})
+    usage = Usage(input_tokens=1_000_000, output_tokens=500_000, cached_tokens=100_000, cache_write_tokens=200_000)
+    cost = cost_from_usage(usage, "model-a")
+    assert cost.to_dict() == pytest.approx(
+        {"input": 1.0, "output": 1.0, "cache_read": 0.01, "cache_write": 0.25, "thinking": 0.0, "total": 2.26}
+    )
+    assert cost.total == pytest.approx(2.26)
+    assert usage.total_tokens == 1_800_000
+
+
+def test_provider_cost_wins() -> None:
+    configure(cost_rates={"m": {"input": 100.0}}, cost_calculator=lambda u, m: 99.0)
+    cost = cost_from_usage(Usage(input_tokens=10, cost=0.02), "m")
+    assert cost.total == 0.02
+    assert cost.to_dict() == {"total": 0.02}
+
+
+def test_cost_calculator_hash_number_cost_and_none() -> None:  # T36
+    configure(cost_calculator=lambda u, m: {"input": u.input_tokens * 0.001, "output": 0.25})
+    assert cost_from_usage(Usage(input_tokens=2), "m").total == pytest.approx(0.252)
+
+    configure(cost_calculator=lambda u, m: 0.5)
+    assert cost_from_usage(Usage(input_tokens=2), "m").total == 0.5
+
+    fixed = Cost(input=0.1)
+    configure(cost_calculator=lambda u, m: fixed)
+    assert cost_from_usage(Usage(), "m") is fixed
+
+    # None falls through to the rates.
+    configure(cost_calculator=lambda u, m: None, cost_rates={"m": {"input": 2.0}})
+    assert cost_from_usage(Usage(input_tokens=500_000), "m").total == pytest.approx(1.0)
+
+    configure(cost_calculator=lambda u, m: "free")
+    with pytest.raises(ConfigError, match="cost_calculator must return"):
+        cost_from_usage(Usage(), "m")
+
+
+def test_rates_are_strict_and_keys_checked() -> None:
+    configure(cost_rates={"m": {"input": 1.0}})
+    partial = cost_from_usage(Usage(input_tokens=1_000_000, output_tokens=10), "m")
+    assert partial.input == pytest.approx(1.0)
+    assert partial.output is None
+    assert partial.total is None  # strict: an unpriced bucket with tokens means the total is unknown
+    assert cost_from_usage(Usage(input_tokens=1_000_000), "m").total == pytest.approx(1.0)
+    assert cost_from_usage(Usage(), "m").total == 0.0  # zero tokens cost zero
+
+    configure(cost_rates={"m": {"input": 1.0, "prompt": 2.0}})
+    with pytest.raises(ConfigError, match=r"^unknown cost rate keys: prompt$"):
+        cost_from_usage(Usage(input_tokens=1), "m")
+
+
+def test_unpriced_calls_give_an_empty_cost() -> None:
+    cost = cost_from_usage(Usage(input_tokens=10), "unknown-model")
+    assert cost.total is None
+    assert cost.empty
+    assert cost.to_dict() == {}
+    assert cost_from_usage(Usage(input_tokens=10), None).empty
+
+
+def test_cost_totals_and_aggregate() -> None:
+    assert Cost(input=0.1, output=0.2).total == pytest.approx(0.3)
+    assert Cost(input=0.1, total=5.0).total == 5.0
+    assert Cost().total is None
+    assert Cost(input=0.1, output=None).to_dict() == {"input": 0.1, "total": 0.1}
+    assert Cost.from_dict({"total": 1}).total == 1.0
+    with pytest.raises(ConfigError, match="unknown cost keys: usd"):
+        Cost.from_dict({"usd": 1})
+
+    by_component = Cost.aggregate([Cost(input=0.1), Cost(input=0.2, output=0.3), Cost(total=9.0)])
+    assert by_component.input == pytest.approx(0.3)
+    assert by_component.output == pytest.approx(0.3)
+    assert Cost.aggregate([Cost(total=0.01), Cost(total=0.02)]).total == pytest.approx(0.03)
+    assert Cost.aggregate([Cost(total=0.01), Cost()]).total is None
+    assert Cost.aggregate([]).total is None
+
+
+# -- settings -------------------------------------------------------------------------------------------------------
+
+
+def test_configure_and_reset() -> None:
+    assert TASK_QUEUE == "turnkit"
+    assert settings.default_model == "claude-sonnet-4-5"
+    assert configure(max_iterations=3, max_tool_executions_by_name={1: 2}) is settings
+    assert settings.max_iterations == 3
+    assert settings.max_tool_executions_by_name == {"1": 2}
+    with pytest.raises(ConfigError, match=r"^unknown setting: max_iteration$"):
+        configure(max_depth=9, max_iteration=3)
+    assert settings.max_depth == 3  # nothing applied when one name is unknown
+    reset_settings()
+    assert settings.max_iterations == 25
+    assert settings.max_tool_executions_by_name == {}
+    assert settings.timeout == 300.0
+    assert settings.maintenance_batch_size == 100
+
+
+# -- errors ---------------------------------------------------------------------------------------------------------
+
+
+def test_error_hierarchy_and_names() -> None:
+    assert issubclass(ModelAccessError, ConfigError)
+    assert issubclass(ToolValidationError, ToolError)
+    assert issubclass(RecordNotFound, StoreError) and issubclass(RecordNotFound, LookupError)
+    assert all(issubclass(cls, Error) for cls in (BudgetError, LostClaim, RecordNotFound))
+    assert error_class_name(BudgetError("maximum iterations reached")) == "TurnKit::BudgetError"
+    assert error_class_name(ToolValidationError("x")) == "TurnKit::ToolValidationError"
+    assert error_class_name(Error("x")) == "TurnKit::Error"
+    assert error_class_name(ValueError("x")) == "ValueError"
+
+    class AppError(ToolError):
+        pass
+
+    assert error_class_name(AppError("x")) == "AppError"
+    missing = RecordNotFound.of("turn", "turn_123")
+    assert str(missing) == "turn not found: turn_123"
+    with pytest.raises(LookupError):
+        raise missing

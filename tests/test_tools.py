@@ -1,0 +1,455 @@
+"""Tool DSL, argument validation, invocation and result normalisation (spec §4.1, §3.8; T19-T22)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from turnkit.errors import ToolError, ToolValidationError
+from turnkit.model import ToolSpec
+from turnkit.tools import FunctionTool, Tool, ToolContext, as_tool, normalize_result, tool
+
+
+def make_context(execution_id: str = "tool_abc") -> ToolContext:
+    return ToolContext(
+        turn_id="turn_1",
+        conversation_id="conv_1",
+        root_turn_id="turn_1",
+        execution_id=execution_id,
+        tool_call_id="call_1",
+        principal={"user": "u1"},
+        agent_name="assistant",
+    )
+
+
+class StatusTool(Tool):
+    description = "Look up a status."
+
+    class Arguments(BaseModel):
+        id: str = Field(description="Status id")
+        verbose: bool = False
+
+    def call(self, context: ToolContext, *, id: str, verbose: bool) -> dict[str, Any]:
+        return {"id": id, "verbose": verbose}
+
+
+# -- declarations ----------------------------------------------------------------------------------------------------
+
+
+def test_default_name_is_snake_case_class_name() -> None:
+    class SaveReport(Tool):
+        def call(self, context: ToolContext) -> str:
+            return "ok"
+
+    class HTTPFetch(Tool):
+        def call(self, context: ToolContext) -> str:
+            return "ok"
+
+    assert SaveReport.name == "save_report"
+    assert HTTPFetch.name == "http_fetch"
+    assert StatusTool().name == "status_tool"
+
+
+def test_explicit_name_must_match_pattern() -> None:
+    with pytest.raises(ValueError, match="invalid tool name"):
+
+        class Bad(Tool):
+            name = "bad-name"
+
+    with pytest.raises(ValueError, match="invalid tool name"):
+        tool(name="1st")(lambda: None)
+
+
+def test_context_is_a_reserved_parameter_name() -> None:  # T21
+    with pytest.raises(ValueError, match=r"^context is a reserved parameter name$"):
+
+        class Reserved(Tool):
+            class Arguments(BaseModel):
+                context: str
+
+    with pytest.raises(ValueError, match=r"^context is a reserved parameter name$"):
+
+        @tool
+        def reserved(context: str) -> str:
+            return context
+
+
+def test_recovery_alias_and_validation() -> None:
+    class Legacy(Tool):
+        recovery = "unknown"  # type: ignore[assignment]  # the gem's spelling
+
+        def call(self, context: ToolContext) -> None:
+            return None
+
+    assert Legacy.recovery == "at_most_once"
+    assert Legacy().effective_max_attempts == 1
+
+    @tool(recovery="replay_safe", max_attempts=3)
+    def idempotent() -> str:
+        return "ok"
+
+    assert idempotent.recovery == "replay_safe"
+    assert idempotent.effective_max_attempts == 3
+
+    with pytest.raises(ValueError, match="unknown recovery mode"):
+
+        class Wrong(Tool):
+            recovery = "sometimes"  # type: ignore[assignment]
+
+
+def test_validate_definition() -> None:
+    class NoCall(Tool):
+        pass
+
+    with pytest.raises(ValueError, match="must implement call"):
+        NoCall().validate_definition()
+
+    class BadDefault(Tool):
+        class Arguments(BaseModel):
+            limit: int = "many"  # type: ignore[assignment]
+
+        def call(self, context: ToolContext, *, limit: int) -> int:
+            return limit
+
+    with pytest.raises(ValueError, match="invalid default for parameter limit"):
+        BadDefault().validate_definition()
+
+    StatusTool().validate_definition()
+
+
+# -- schema -----------------------------------------------------------------------------------------------------------
+
+
+def test_schema_from_decorated_function_with_docstring_args() -> None:
+    @tool(usage_hint="the user asks about products")
+    async def search_catalogue(
+        query: str,
+        ctx: ToolContext,
+        limit: int = 5,
+        sort: Literal["price", "name"] = "name",
+        tags: list[str] | None = None,
+    ) -> list[str]:
+        """Search the product catalogue.
+
+        Matches names and descriptions.
+
+        Args:
+            query (str): Words to look for; matched
+                case-insensitively.
+            limit: Maximum number of hits.
+            sort: Sort order.
+
+        Returns:
+            Matching product ids.
+        """
+        return [query]
+
+    assert isinstance(search_catalogue, FunctionTool)
+    assert search_catalogue.name == "search_catalogue"
+    assert search_catalogue.description == "Search the product catalogue."
+    assert search_catalogue.input_schema() == {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "Words to look for; matched case-insensitively."},
+            "limit": {"type": "integer", "default": 5, "description": "Maximum number of hits."},
+            "sort": {"type": "string", "enum": ["price", "name"], "default": "name", "description": "Sort order."},
+            "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}], "default": None},
+        },
+        "required": ["query"],
+    }
+    spec = search_catalogue.spec()
+    assert isinstance(spec, ToolSpec)
+    assert spec.name == "search_catalogue"
+    assert spec.usage_hint == "the user asks about products"
+    assert "ctx" not in spec.parameters["properties"]
+
+
+class Address(BaseModel):
+    title: str
+    city: str = Field(description="City name")
+
+
+class Item(BaseModel):
+    sku: str
+    qty: int = 1
+
+
+def test_schema_inlines_nested_models_and_keeps_field_named_title() -> None:
+    class Ship(Tool):
+        class Arguments(BaseModel):
+            title: str
+            address: Address
+
+        def call(self, context: ToolContext, *, title: str, address: Address) -> dict[str, str]:
+            return {"title": title, "city": address.city}
+
+    schema = Ship().input_schema()
+    assert "$defs" not in schema
+    assert schema["properties"]["title"] == {"type": "string"}
+    assert schema["properties"]["address"] == {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "city": {"type": "string", "description": "City name"}},
+        "required": ["title", "city"],
+    }
+    assert schema["required"] == ["title", "address"]
+
+
+def test_annotated_field_descriptions_are_used() -> None:
+    @tool
+    def rate(stars: Annotated[int, Field(ge=1, le=5, description="1 to 5")]) -> int:
+        """Rate it."""
+        return stars
+
+    assert rate.input_schema()["properties"]["stars"] == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 5,
+        "description": "1 to 5",
+    }
+    with pytest.raises(ToolValidationError, match="invalid argument stars"):
+        rate.validate_arguments({"stars": 9})
+
+
+# -- validate_arguments (T22) -----------------------------------------------------------------------------------------
+
+
+def test_validate_arguments_messages() -> None:
+    status = StatusTool()
+    with pytest.raises(ToolValidationError, match=r"^missing required argument: id$"):
+        status.validate_arguments({})
+    with pytest.raises(ToolValidationError, match=r"^invalid argument id: "):
+        status.validate_arguments({"id": 1})
+    with pytest.raises(ToolValidationError, match=r"^unknown argument\(s\): extra, more$"):
+        status.validate_arguments({"id": "x", "extra": True, "more": 1})
+    assert status.validate_arguments({"id": "st_1"}) == {"id": "st_1", "verbose": False}
+
+
+def test_validate_arguments_null_optional_takes_default_and_required_null_fails() -> None:
+    status = StatusTool()
+    assert status.validate_arguments({"id": "a", "verbose": None}) == {"id": "a", "verbose": False}
+    with pytest.raises(ToolValidationError, match="invalid argument id"):
+        status.validate_arguments({"id": None})
+    with pytest.raises(ToolValidationError, match="arguments must be an object"):
+        status.validate_arguments(["id"])  # type: ignore[arg-type]
+
+
+def test_validate_arguments_returns_json_compatible_values() -> None:
+    @tool
+    def schedule(at: datetime, labels: tuple[str, ...] = ()) -> str:
+        """Schedule."""
+        return at.isoformat()
+
+    assert schedule.validate_arguments({"at": "2026-01-02T03:04:05Z", "labels": ["a"]}) == {
+        "at": "2026-01-02T03:04:05Z",
+        "labels": ["a"],
+    }
+
+
+# -- invocation -------------------------------------------------------------------------------------------------------
+
+
+async def test_sync_tool_runs_in_a_worker_thread() -> None:
+    seen: dict[str, Any] = {}
+
+    @tool
+    def whoami(name: str, ctx: ToolContext) -> dict[str, Any]:
+        """Echo."""
+        seen["thread"] = threading.get_ident()
+        seen["ctx"] = ctx
+        return {"name": name, "key": ctx.idempotency_key}
+
+    result = await whoami.invoke({"name": "ada"}, make_context("tool_x"))
+    assert result == {"name": "ada", "key": "turnkit:tool:tool_x"}
+    assert seen["thread"] != threading.get_ident()
+    assert seen["ctx"].principal == {"user": "u1"}
+
+
+async def test_async_tool_is_awaited_on_the_loop() -> None:
+    loop_thread = threading.get_ident()
+
+    @tool
+    async def double(value: int) -> list[int]:
+        """Double it."""
+        await asyncio.sleep(0)
+        assert threading.get_ident() == loop_thread
+        return [value, value]
+
+    assert await double.invoke({"value": 3}, make_context()) == {"items": [3, 3]}
+
+
+async def test_class_tool_invocation_receives_typed_values_and_context() -> None:
+    class Order(Tool):
+        class Arguments(BaseModel):
+            items: list[Item]
+
+        async def call(self, context: ToolContext, *, items: list[Item]) -> dict[str, Any]:
+            assert all(isinstance(item, Item) for item in items)
+            return {"count": sum(item.qty for item in items), "turn": context.turn_id}
+
+    result = await Order().invoke({"items": [{"sku": "a", "qty": 2}, {"sku": "b"}]}, make_context())
+    assert result == {"count": 3, "turn": "turn_1"}
+
+
+async def test_invalid_arguments_never_call_the_tool() -> None:
+    calls: list[str] = []
+
+    @tool
+    def record(id: str) -> str:
+        """Record."""
+        calls.append(id)
+        return id
+
+    with pytest.raises(ToolValidationError, match="missing required argument: id"):
+        await record.invoke({}, make_context())
+    assert calls == []
+
+
+async def test_tool_error_propagates_from_body() -> None:
+    @tool
+    def boom() -> None:
+        """Fail."""
+        raise ToolError("boom")
+
+    with pytest.raises(ToolError, match="boom"):
+        await boom.invoke({}, make_context())
+
+
+def test_decorated_function_is_still_callable() -> None:
+    @tool
+    def add(a: int, b: int = 1) -> int:
+        """Add."""
+        return a + b
+
+    @tool(description="Async add")
+    async def add_async(a: int) -> int:
+        return a + 1
+
+    assert add(2, b=3) == 5
+    assert add.__name__ == "add"
+    assert add.__doc__ == "Add."
+    assert add_async.description == "Async add"
+    assert asyncio.run(add_async(1)) == 2
+
+
+def test_tool_context_idempotency_key() -> None:
+    context = make_context("tool_42")
+    assert context.idempotency_key == "turnkit:tool:tool_42"
+    assert context.attempt == 1
+    explicit = ToolContext(
+        turn_id="t", conversation_id="c", root_turn_id="t", execution_id="tool_42", tool_call_id="x",
+        idempotency_key="turnkit:tool:tool_42",
+    )  # fmt: skip
+    assert explicit.idempotency_key == context.idempotency_key
+    with pytest.raises(ValueError, match="idempotency_key"):
+        ToolContext(
+            turn_id="t", conversation_id="c", root_turn_id="t", execution_id="tool_42", tool_call_id="x",
+            idempotency_key="other",
+        )  # fmt: skip
+
+
+# -- constructor arguments (T20) --------------------------------------------------------------------------------------
+
+
+def test_tool_class_needing_constructor_arguments() -> None:
+    class Fetch(Tool):
+        def __init__(self, base_url: str) -> None:
+            self.base_url = base_url
+
+        def call(self, context: ToolContext) -> str:
+            return self.base_url
+
+    with pytest.raises(ValueError, match="fetch requires constructor arguments; register an instance instead"):
+        as_tool(Fetch)
+    instance = Fetch("https://example.test")
+    assert as_tool(instance) is instance
+    assert isinstance(as_tool(StatusTool), StatusTool)
+    with pytest.raises(TypeError, match="tools must be TurnKit tools"):
+        as_tool(object())
+
+
+# -- terminal completion message --------------------------------------------------------------------------------------
+
+
+def test_completion_message() -> None:
+    class SaveReport(Tool):
+        terminal = staticmethod(lambda result: f"Saved {result['id']}.")
+
+        def call(self, context: ToolContext) -> dict[str, str]:
+            return {"id": "rep_1"}
+
+    class Finish(Tool):
+        terminal = "All done."
+
+        def call(self, context: ToolContext) -> None:
+            return None
+
+    class Plain(Tool):
+        terminal = True
+
+        def call(self, context: ToolContext) -> None:
+            return None
+
+    @tool(terminal=lambda result: None)
+    def quiet() -> str:
+        """Quiet."""
+        return "kept"
+
+    assert SaveReport().completion_message({"id": "rep_1"}) == "Saved rep_1."
+    assert SaveReport().is_terminal
+    assert Finish().completion_message({"result": "x"}) == "All done."
+    assert Plain().completion_message({"result": "from result"}) == "from result"
+    assert Plain().completion_message({"other": 1}) == "Completed via plain."
+    assert quiet.completion_message({"result": "kept"}) == "kept"
+    assert quiet.is_terminal
+    assert not StatusTool().is_terminal
+
+
+def test_terminal_function_assigned_in_class_body_is_not_bound() -> None:
+    class Done(Tool):
+        terminal = lambda result: "done " + result["result"]  # noqa: E731
+
+        def call(self, context: ToolContext) -> str:
+            return "x"
+
+    assert Done().completion_message({"result": "x"}) == "done x"
+
+
+# -- normalize_result (T19) -------------------------------------------------------------------------------------------
+
+
+def test_normalize_result() -> None:
+    class Model(BaseModel):
+        when: datetime
+        n: int
+
+    @dataclass
+    class Point:
+        x: int
+        y: int
+
+    assert normalize_result({"error": "ordinary data"}) == {"error": "ordinary data"}
+    assert normalize_result({1: "a", "nested": {2: (1, 2)}}) == {"1": "a", "nested": {"2": [1, 2]}}
+    assert normalize_result([1, "a"]) == {"items": [1, "a"]}
+    assert normalize_result((1, 2)) == {"items": [1, 2]}
+    when = datetime(2026, 1, 2, tzinfo=UTC)
+    assert normalize_result(Model(when=when, n=1)) == {"when": "2026-01-02T00:00:00Z", "n": 1}
+    assert normalize_result({"at": when}) == {"at": "2026-01-02T00:00:00Z"}
+    assert normalize_result(Point(1, 2)) == {"x": 1, "y": 2}
+    assert normalize_result("hello") == {"result": "hello"}
+    assert normalize_result(42) == {"result": "42"}
+    assert normalize_result(None) == {"result": "None"}
+
+
+async def test_result_with_error_key_is_a_normal_result() -> None:  # T19
+    @tool
+    def lookup() -> dict[str, str]:
+        """Lookup."""
+        return {"error": "ordinary data"}
+
+    assert await lookup.invoke({}, make_context()) == {"error": "ordinary data"}

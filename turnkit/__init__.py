@@ -1,0 +1,91 @@
+"""TurnKit: durable AI conversations on Temporal.
+
+Turns loop model → tools → model as Temporal workflows; a SQL store keeps the record of everything.
+
+    async with turnkit.connect() as tk:
+        async with tk.worker():
+            conv = await tk.conversation(agent)
+            turn = await conv.ask("Hello")
+"""
+
+from __future__ import annotations
+
+from turnkit.agent import Agent, register, registered_agents, resolve_agent
+from turnkit.config import Settings, configure, settings
+from turnkit.cost import Cost
+from turnkit.errors import (
+    AuthorizationError,
+    BudgetError,
+    CompactionError,
+    ConfigError,
+    Error,
+    InputError,
+    LostClaim,
+    ModelAccessError,
+    ModelError,
+    RecordNotFound,
+    StoreError,
+    ToolError,
+    ToolValidationError,
+)
+from turnkit.events import Event
+from turnkit.handles import Conversation, Turn
+from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
+from turnkit.plugin import TurnKitPlugin
+from turnkit.records import (
+    ConversationRecord,
+    DeliveryRecord,
+    MessageRecord,
+    ToolExecutionRecord,
+    TurnRecord,
+    WaitRecord,
+)
+from turnkit.runtime import TurnKit, connect
+from turnkit.store import Store
+from turnkit.tools import Tool, ToolContext, tool
+
+__all__ = [
+    "Agent",
+    "AuthorizationError",
+    "BudgetError",
+    "Client",
+    "CompactionError",
+    "ConfigError",
+    "Conversation",
+    "ConversationRecord",
+    "Cost",
+    "DeliveryRecord",
+    "Error",
+    "Event",
+    "InputError",
+    "LostClaim",
+    "MessageRecord",
+    "ModelAccessError",
+    "ModelError",
+    "ModelRequest",
+    "RecordNotFound",
+    "Result",
+    "Settings",
+    "Store",
+    "StoreError",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "ToolExecutionRecord",
+    "ToolSpec",
+    "ToolValidationError",
+    "Turn",
+    "TurnKit",
+    "TurnKitPlugin",
+    "TurnRecord",
+    "Usage",
+    "WaitRecord",
+    "configure",
+    "connect",
+    "register",
+    "registered_agents",
+    "resolve_agent",
+    "settings",
+    "tool",
+]

@@ -1,0 +1,332 @@
+"""Agent definitions and the process-wide agent registry (spec §1.2 and §9).
+
+An :class:`Agent` is an immutable, in-memory definition; only its name is persisted. Workers rebuild the agent of a
+stored turn through the registry, so every process must :func:`register` the same agents at boot.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from turnkit.config import settings
+from turnkit.errors import ConfigError
+from turnkit.model import Client, ToolSpec
+from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
+
+__all__ = [
+    "ORCHESTRATOR_PREAMBLE",
+    "PROMPT_MODES",
+    "Agent",
+    "normalize_thinking",
+    "register",
+    "registered_agents",
+    "resolve_agent",
+    "unregister_all",
+]
+
+#: Prepended to the instructions of ``orchestrator=True`` agents, separated by a blank line.
+ORCHESTRATOR_PREAMBLE: Final = (
+    "You are an autonomous task orchestrator. Drive the task to a final output without asking follow-up "
+    "questions. Use your tools and any loaded skills to gather what you need, and prefer batch tools when many "
+    "items need the same action. Check intermediate results and iterate when they are incomplete, stop as soon as "
+    "the task is done, and stay within the runtime, cost and iteration limits you are given."
+)
+
+#: Valid system-prompt modes (spec §3.4).
+PROMPT_MODES: Final = ("full", "minimal", "task", "none")
+
+_THINKING_KEYS: Final = ("effort", "budget")
+
+
+def normalize_thinking(thinking: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Validate and normalise a thinking option (spec §1.2).
+
+    Args:
+        thinking: None, or a mapping with ``effort`` and/or ``budget`` (an int) and no other keys.
+
+    Returns:
+        None, or a dict with string keys and the None values dropped.
+
+    Raises:
+        ValueError: ``"thinking requires :effort or :budget"`` when empty (or only None values); unknown keys.
+        TypeError: ``thinking`` is not a mapping, or ``budget`` is not an int.
+    """
+    if thinking is None:
+        return None
+    if not isinstance(thinking, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError("thinking must be a mapping with effort and/or budget")
+    unknown = [str(key) for key in thinking if str(key) not in _THINKING_KEYS]
+    if unknown:
+        raise ValueError(f"unknown thinking keys: {', '.join(unknown)}")
+    normalized = {str(key): value for key, value in thinking.items() if value is not None}
+    if not normalized:
+        raise ValueError("thinking requires :effort or :budget")
+    budget = normalized.get("budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+        raise TypeError("thinking budget must be an integer")
+    return normalized
+
+
+@dataclass(frozen=True, init=False, eq=False, repr=False)
+class Agent:
+    """An immutable agent definition.
+
+    Mapping options (thinking, schemas, per-tool limits) are deep-copied at construction; treat the attributes as
+    read-only. Agents compare by identity.
+    """
+
+    name: str
+    description: str
+    instructions: str
+    """The composed instructions: stripped, with the orchestrator preamble first when ``orchestrator``."""
+    model: str | None
+    tools: tuple[Tool, ...]
+    sub_agents: tuple[Agent, ...]
+    client: Client | None
+    max_iterations: int | None
+    max_tool_executions: int | None
+    max_tool_executions_by_name: dict[str, int | None] | None
+    timeout: float | None
+    max_depth: int | None
+    max_spend: float | None
+    thinking: dict[str, Any] | None
+    output_schema: dict[str, Any] | None
+    input_schema: dict[str, Any] | None
+    orchestrator: bool
+    prompt_mode: str | None
+    """The agent's prompt mode; ``"task"`` by default for orchestrators, else None (chosen per turn)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        description: str = "",
+        instructions: str = "",
+        model: str | None = None,
+        tools: Iterable[Tool | type[Tool]] = (),
+        sub_agents: Iterable[Agent] = (),
+        client: Client | None = None,
+        max_iterations: int | None = None,
+        max_tool_executions: int | None = None,
+        max_tool_executions_by_name: Mapping[str, int | None] | None = None,
+        timeout: float | None = None,
+        max_depth: int | None = None,
+        max_spend: float | None = None,
+        thinking: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        input_schema: Mapping[str, Any] | None = None,
+        orchestrator: bool = False,
+        prompt_mode: str | None = None,
+    ) -> None:
+        """Define an agent.
+
+        Args:
+            name: Registry key, persisted as ``agent_name``, and the tool name when used as a sub-agent.
+            description: Shown in the prompt's ``<agent>`` section and used as the sub-agent tool description.
+            instructions: The agent's instructions (stripped).
+            model: Model name; falls back to ``settings.default_model``.
+            tools: Tool instances, Tool subclasses (instantiated with no arguments) or ``@tool`` functions.
+            sub_agents: Agents exposed as delegation tools named after them.
+            client: Model client; falls back to ``settings.client``.
+            max_iterations: Budget limit (spec §6); None falls back to the setting of the same name.
+            max_tool_executions: Budget limit; None falls back to the setting.
+            max_tool_executions_by_name: Per-tool budget limits; None falls back to the setting.
+            timeout: Seconds; None falls back to the setting.
+            max_depth: Sub-agent depth limit; None falls back to the setting.
+            max_spend: USD limit; None falls back to the setting.
+            thinking: ``{"effort": ..., "budget": int}`` (either or both).
+            output_schema: JSON schema for structured output.
+            input_schema: JSON schema that ``run`` inputs must satisfy.
+            orchestrator: Prepend the orchestrator preamble and default the prompt mode to ``"task"``.
+            prompt_mode: ``"full"``, ``"minimal"``, ``"task"`` or ``"none"`` (spec §3.4).
+
+        Raises:
+            ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
+                or an unknown prompt mode.
+            TypeError: A tools entry is not a TurnKit tool, or a sub-agent is not an Agent.
+        """
+        if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError("name is required")
+        if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"unknown prompt mode: {prompt_mode}")
+        resolved_tools = _resolve_tools(tools)
+        resolved_sub_agents = _resolve_sub_agents(sub_agents)
+        _check_unique_names(resolved_tools, resolved_sub_agents)
+        for each in resolved_tools:
+            each.validate_definition()
+
+        text = (instructions or "").strip()
+        if orchestrator:
+            text = f"{ORCHESTRATOR_PREAMBLE}\n\n{text}" if text else ORCHESTRATOR_PREAMBLE
+
+        by_name = None
+        if max_tool_executions_by_name is not None:
+            by_name = {str(key): limit for key, limit in max_tool_executions_by_name.items()}
+
+        values: dict[str, Any] = {
+            "name": name,
+            "description": description or "",
+            "instructions": text,
+            "model": model or None,
+            "tools": resolved_tools,
+            "sub_agents": resolved_sub_agents,
+            "client": client,
+            "max_iterations": max_iterations,
+            "max_tool_executions": max_tool_executions,
+            "max_tool_executions_by_name": by_name,
+            "timeout": timeout,
+            "max_depth": max_depth,
+            "max_spend": max_spend,
+            "thinking": normalize_thinking(thinking),
+            "output_schema": None if output_schema is None else copy.deepcopy(dict(output_schema)),
+            "input_schema": None if input_schema is None else copy.deepcopy(dict(input_schema)),
+            "orchestrator": bool(orchestrator),
+            "prompt_mode": prompt_mode or ("task" if orchestrator else None),
+        }
+        for key, value in values.items():
+            # The dataclass is frozen; this is the one place its fields are written.
+            object.__setattr__(self, key, value)
+
+    # -- tools ------------------------------------------------------------------------------------------------------
+
+    def tool(self, name: str) -> Tool | None:
+        """The agent's own tool with this name (sub-agents are not included), or None."""
+        return next((each for each in self.tools if each.name == name), None)
+
+    def sub_agent(self, name: str) -> Agent | None:
+        """The sub-agent with this name, or None."""
+        return next((each for each in self.sub_agents if each.name == name), None)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """The specs of the agent's own tools, in declaration order (sub-agent tools are not included)."""
+        return [each.spec() for each in self.tools]
+
+    # -- effective values --------------------------------------------------------------------------------------------
+
+    @property
+    def effective_model(self) -> str:
+        """The agent's model, else ``settings.default_model``."""
+        return self.model or settings.default_model
+
+    @property
+    def effective_client(self) -> Client:
+        """The agent's client, else ``settings.client``.
+
+        Raises:
+            ConfigError: Neither is set.
+        """
+        client = self.client if self.client is not None else settings.client
+        if client is None:
+            raise ConfigError(f'no model client configured for agent "{self.name}"')
+        return client
+
+    def budget_limits(self) -> dict[str, Any]:
+        """The agent's budget limits, each falling back to the setting of the same name (spec §6.1).
+
+        Returns:
+            ``max_iterations``, ``timeout``, ``max_depth``, ``max_tool_executions``,
+            ``max_tool_executions_by_name`` (a fresh dict) and ``max_spend``.
+        """
+        by_name = self.max_tool_executions_by_name
+        if by_name is None:
+            by_name = settings.max_tool_executions_by_name
+        return {
+            "max_iterations": settings.max_iterations if self.max_iterations is None else self.max_iterations,
+            "timeout": settings.timeout if self.timeout is None else self.timeout,
+            "max_depth": settings.max_depth if self.max_depth is None else self.max_depth,
+            "max_tool_executions": (
+                settings.max_tool_executions if self.max_tool_executions is None else self.max_tool_executions
+            ),
+            "max_tool_executions_by_name": {str(key): limit for key, limit in by_name.items()},
+            "max_spend": settings.max_spend if self.max_spend is None else self.max_spend,
+        }
+
+    def __repr__(self) -> str:
+        """Show the name, model and tool names."""
+        names = [each.name for each in self.tools] + [each.name for each in self.sub_agents]
+        return f"Agent(name={self.name!r}, model={self.model!r}, tools={names!r})"
+
+
+def _resolve_tools(tools: Iterable[Any]) -> tuple[Tool, ...]:
+    if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Iterable):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(TOOLS_TYPE_ERROR)
+    return tuple(as_tool(each) for each in tools)
+
+
+def _resolve_sub_agents(sub_agents: Iterable[Any]) -> tuple[Agent, ...]:
+    resolved: list[Agent] = []
+    for each in sub_agents:
+        if not isinstance(each, Agent):
+            raise TypeError("sub_agents must be Agent instances")
+        if not is_valid_tool_name(each.name):
+            # A sub-agent is offered to the model as a tool named after it.
+            raise ValueError(f"invalid sub-agent name: {each.name!r} (must match [a-zA-Z_][a-zA-Z0-9_]*)")
+        resolved.append(each)
+    return tuple(resolved)
+
+
+def _check_unique_names(tools: tuple[Tool, ...], sub_agents: tuple[Agent, ...]) -> None:
+    seen: set[str] = set()
+    for name in [each.name for each in tools] + [each.name for each in sub_agents]:
+        if name in seen:
+            raise ValueError(f"duplicate tool name: {name}")
+        seen.add(name)
+
+
+# -- registry ---------------------------------------------------------------------------------------------------------
+
+_registry: dict[str, Agent] = {}
+_registry_lock = threading.Lock()
+
+
+def register(agent: Agent) -> Agent:
+    """Register an agent, and recursively its sub-agents, under their names; a later registration wins.
+
+    Every worker process must register the same agents at boot, because stored turns carry only the name.
+
+    Args:
+        agent: The agent.
+
+    Returns:
+        The same agent, so ``register`` can wrap a definition.
+    """
+    if not isinstance(agent, Agent):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError("register expects an Agent")
+    with _registry_lock:
+        pending = [agent]
+        while pending:
+            current = pending.pop()
+            _registry[current.name] = current
+            pending.extend(current.sub_agents)
+        # Re-assert the top-level agent: a sub-agent sharing its name must not shadow it.
+        _registry[agent.name] = agent
+    return agent
+
+
+def resolve_agent(name: str) -> Agent:
+    """The registered agent with this name.
+
+    Raises:
+        ConfigError: ``'register agent "<name>" in every worker at boot'`` when it is not registered.
+    """
+    with _registry_lock:
+        agent = _registry.get(name)
+    if agent is None:
+        raise ConfigError(f'register agent "{name}" in every worker at boot')
+    return agent
+
+
+def registered_agents() -> dict[str, Agent]:
+    """A copy of the registry."""
+    with _registry_lock:
+        return dict(_registry)
+
+
+def unregister_all() -> None:
+    """Empty the registry (for tests)."""
+    with _registry_lock:
+        _registry.clear()

@@ -1,0 +1,86 @@
+"""Root-tree budgets (spec §6), counted from records inside the transaction that reserves.
+
+Limits are the **root** turn's snapshot (``options.budget_limits``), and usage is counted over every turn sharing
+the root, so parallel children share one budget. Callers hold the root turn's row lock while they check and write,
+which makes check-and-reserve atomic; after a restart the counts are simply rebuilt from the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from turnkit.config import settings
+from turnkit.records import ToolExecutionRecord, TurnRecord
+
+__all__ = [
+    "MAX_ITERATIONS",
+    "MAX_TOOL_EXECUTIONS",
+    "COST_LIMIT",
+    "TIMED_OUT",
+    "limits_of",
+    "iteration_denial",
+    "tool_execution_denial",
+    "spend_denial",
+    "counts_against_budget",
+]
+
+MAX_ITERATIONS: Final = "maximum iterations reached"
+MAX_TOOL_EXECUTIONS: Final = "maximum tool executions reached"
+COST_LIMIT: Final = "cost limit reached"
+TIMED_OUT: Final = "turn timed out"
+
+
+def limits_of(root: TurnRecord) -> dict[str, Any]:
+    """The root's snapshotted limits, with process settings for any limit it lacks (legacy turns)."""
+    snapshot: dict[str, Any] = dict(root.options.get("budget_limits") or {})
+    defaults: dict[str, Any] = {
+        "max_iterations": settings.max_iterations,
+        "max_tool_executions": settings.max_tool_executions,
+        "max_tool_executions_by_name": dict(settings.max_tool_executions_by_name),
+        "max_depth": settings.max_depth,
+        "timeout": settings.timeout,
+        "max_spend": settings.max_spend,
+    }
+    return {key: snapshot.get(key, value) for key, value in defaults.items()}
+
+
+def iteration_denial(root: TurnRecord, tree: Sequence[TurnRecord]) -> str | None:
+    """The error if one more model request would exceed ``max_iterations`` over the tree, else None."""
+    limit = limits_of(root)["max_iterations"]
+    used = sum(int(turn.state.get("iterations", 0)) for turn in tree)
+    return MAX_ITERATIONS if limit is not None and used >= int(limit) else None
+
+
+def counts_against_budget(execution: ToolExecutionRecord) -> bool:
+    """Whether an execution uses tool budget: all but cancelled and budget-denied ones (spec §6.3)."""
+    if execution.status == "cancelled":
+        return False
+    details = (execution.error or {}).get("details") or {}
+    return not details.get("budget_denied")
+
+
+def tool_execution_denial(root: TurnRecord, tree_executions: Sequence[ToolExecutionRecord], tool_name: str) -> str | None:
+    """The error if one more execution of ``tool_name`` would exceed the tree's limits, else None.
+
+    ``tree_executions`` must not include the execution being reserved.
+    """
+    limits = limits_of(root)
+    counted = [execution for execution in tree_executions if counts_against_budget(execution)]
+    total_limit = limits["max_tool_executions"]
+    if total_limit is not None and len(counted) >= int(total_limit):
+        return MAX_TOOL_EXECUTIONS
+    by_name: dict[str, Any] = {str(k): v for k, v in (limits["max_tool_executions_by_name"] or {}).items()}
+    name_limit = by_name.get(tool_name)
+    if name_limit is not None and sum(1 for e in counted if e.tool_name == tool_name) >= int(name_limit):
+        return f"maximum executions reached for tool {tool_name}"
+    return None
+
+
+def spend_denial(root: TurnRecord, tree: Sequence[TurnRecord]) -> str | None:
+    """The error if observed spend over the tree is strictly above ``max_spend``, else None."""
+    limit = limits_of(root)["max_spend"]
+    if limit is None:
+        return None
+    spent = sum(turn.cost or 0.0 for turn in tree)
+    return COST_LIMIT if spent > float(limit) else None

@@ -1,0 +1,158 @@
+"""Process-wide TurnKit settings (spec §9).
+
+``settings`` is one mutable object for the whole process; :func:`configure` changes it and :func:`reset_settings`
+puts the defaults back (for tests). Code should read ``settings.<knob>`` at the moment it needs a value, never copy
+it at import time, so that ``configure`` calls made after import still apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from turnkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    # Only for annotations: turnkit.cost imports this module, so a runtime import would be circular.
+    from turnkit.cost import Cost
+    from turnkit.model import Client, Usage
+
+__all__ = [
+    "TASK_QUEUE",
+    "CostCalculator",
+    "EventCallback",
+    "Settings",
+    "configure",
+    "reset_settings",
+    "settings",
+]
+
+#: The Temporal task queue TurnKit workflows and activities run on.
+TASK_QUEUE: Final = "turnkit"
+
+#: Receives each lifecycle event (spec §3.11).
+EventCallback = Callable[[Any], Any]
+
+#: ``(usage, model) -> Cost | dict | number | None`` (spec §6.5 rule 2).
+CostCalculator = Callable[["Usage", "str | None"], "Cost | Mapping[str, Any] | float | int | None"]
+
+
+@dataclass
+class Settings:
+    """The TurnKit configuration knobs used by the runtime (spec §9)."""
+
+    default_model: str = "claude-sonnet-4-5"
+    """Model used when neither the agent nor the conversation sets one."""
+
+    client: Client | None = None
+    """Default model client; an agent's own ``client`` wins."""
+
+    max_iterations: int = 25
+    """Model-phase entries allowed over a root tree (spec §6.1)."""
+
+    timeout: float = 300.0
+    """Seconds of wall time allowed since the root turn was submitted or started."""
+
+    max_depth: int = 3
+    """Deepest sub-agent level allowed; the root is depth 0."""
+
+    max_tool_executions: int = 100
+    """Tool executions allowed over a root tree."""
+
+    max_tool_executions_by_name: dict[str, int | None] = field(default_factory=dict[str, "int | None"])
+    """Per-tool-name execution limits over a root tree."""
+
+    max_spend: float | None = None
+    """Observed USD spend allowed over a root tree; None means no limit."""
+
+    cost_rates: dict[str, dict[str, float]] = field(default_factory=dict[str, dict[str, float]])
+    """``model -> {input, output, cache_read, cache_write, thinking}`` in USD per million tokens."""
+
+    cost_calculator: CostCalculator | None = None
+    """Callable ``(usage, model)`` that prices a model call; see :func:`turnkit.cost.cost_from_usage`."""
+
+    authorize: Callable[..., Any] | None = None
+    """Authorization hook ``authorize(action, principal=..., **resources)``; must return literally ``True``.
+    None allows everything (spec §7)."""
+
+    maintenance_batch_size: int = 100
+    """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
+
+    on_event: Callable[..., Any] | list[Callable[..., Any]] | None = None
+    """Event callback(s) receiving :class:`turnkit.events.Event` (spec §3.11); run inside activities."""
+
+    model_timeout: float = 300.0
+    """Seconds one model request may take (the ``turnkit.model`` activity's start-to-close timeout)."""
+
+    model_heartbeat_timeout: float = 30.0
+    """Seconds without a heartbeat after which a model call's worker is presumed dead and the call retried."""
+
+    model_max_attempts: int = 5
+    """Attempts per model request (transient errors); ``ModelError`` and ``ConfigError`` are never retried."""
+
+    tool_heartbeat_timeout: float = 30.0
+    """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
+
+    on_event: EventCallback | Sequence[EventCallback] | None = None
+    """Event callback(s), called synchronously with each :class:`turnkit.events.Event` (spec §3.11)."""
+
+    model_timeout: float = 300.0
+    """Seconds one model-call activity attempt may take (start-to-close)."""
+
+    model_heartbeat_timeout: float = 30.0
+    """Seconds without a heartbeat after which a model-call attempt is considered lost."""
+
+    model_max_attempts: int = 5
+    """Attempts for a model call that fails with a retryable (non-TurnKit) error."""
+
+    tool_heartbeat_timeout: float = 30.0
+    """Seconds without a heartbeat after which a tool attempt is considered lost (capped by the tool's timeout)."""
+
+
+#: The process-wide settings object. Mutate it through :func:`configure`.
+settings: Final = Settings()
+
+_FIELD_NAMES: Final = frozenset(f.name for f in dataclasses.fields(Settings))
+
+
+def configure(**kwargs: Any) -> Settings:
+    """Set TurnKit settings.
+
+    Example:
+        ``configure(client=MyClient(), max_spend=2.0)``
+
+    Args:
+        **kwargs: Setting names and their new values.
+
+    Returns:
+        The process-wide :data:`settings` object.
+
+    Raises:
+        ConfigError: A name is not a known setting (``"unknown setting: x"``). Nothing is changed in that case.
+    """
+    # Check every name before assigning any, so a typo never leaves the settings half-applied.
+    for key in kwargs:
+        if key not in _FIELD_NAMES:
+            raise ConfigError(f"unknown setting: {key}")
+    for key, value in kwargs.items():
+        if key == "max_tool_executions_by_name" and isinstance(value, Mapping):
+            # The spec stringifies these keys; tool names are strings everywhere else.
+            value = {str(name): limit for name, limit in value.items()}  # pyright: ignore[reportUnknownVariableType]
+        setattr(settings, key, value)
+    return settings
+
+
+def reset_settings() -> Settings:
+    """Restore every setting to its default (for tests).
+
+    The same :data:`settings` object is kept, so modules that imported it see the reset.
+
+    Returns:
+        The process-wide :data:`settings` object.
+    """
+    defaults = Settings()
+    for name in _FIELD_NAMES:
+        setattr(settings, name, getattr(defaults, name))
+    return settings

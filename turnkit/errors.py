@@ -1,0 +1,148 @@
+"""TurnKit's error hierarchy (spec §8).
+
+Every error TurnKit raises on purpose derives from :class:`Error`. Each class carries the spec's Ruby-style name in
+``qualified_name`` because that string is what gets persisted in error records (``{"class": "TurnKit::BudgetError",
+...}``), and applications written against the gem's records compare against those literals.
+
+Definition-time and API misuse (the gem's Ruby ``ArgumentError``) is raised as Python's ``ValueError``, or
+``TypeError`` when a value has the wrong type, with the spec's message.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AuthorizationError",
+    "BudgetError",
+    "CompactionError",
+    "ConfigError",
+    "Error",
+    "InputError",
+    "LostClaim",
+    "ModelAccessError",
+    "ModelError",
+    "RecordNotFound",
+    "StoreError",
+    "ToolError",
+    "ToolValidationError",
+    "error_class_name",
+]
+
+
+class Error(Exception):
+    """Base class of every TurnKit error (``TurnKit::Error``).
+
+    A TurnKit error raised inside a turn fails the turn durably, for inline and background turns alike.
+    """
+
+    qualified_name: ClassVar[str] = "TurnKit::Error"
+
+
+class AuthorizationError(Error):
+    """The authorization policy denied an action (``"not authorized to <action>"``, spec §7)."""
+
+    qualified_name: ClassVar[str] = "TurnKit::AuthorizationError"
+
+
+class BudgetError(Error):
+    """A budget limit of spec §6 was reached (iterations, tool executions, depth, timeout or spend)."""
+
+    qualified_name: ClassVar[str] = "TurnKit::BudgetError"
+
+
+class ConfigError(Error):
+    """TurnKit is configured wrongly: an unregistered agent, unknown settings or cost-rate keys, a missing client."""
+
+    qualified_name: ClassVar[str] = "TurnKit::ConfigError"
+
+
+class ModelAccessError(ConfigError):
+    """A model client cannot reach the requested model (no model name, or the provider's API key is missing)."""
+
+    qualified_name: ClassVar[str] = "TurnKit::ModelAccessError"
+
+
+class ModelError(Error):
+    """A provider or SDK failure normalised by a client. It fails the turn; it is not a worker crash."""
+
+    qualified_name: ClassVar[str] = "TurnKit::ModelError"
+
+
+class CompactionError(Error):
+    """A manual compaction failed (spec §3.10)."""
+
+    qualified_name: ClassVar[str] = "TurnKit::CompactionError"
+
+
+class InputError(Error):
+    """The input given to ``Agent.run`` does not satisfy the agent's ``input_schema``."""
+
+    qualified_name: ClassVar[str] = "TurnKit::InputError"
+
+
+class StoreError(Error):
+    """A store operation failed."""
+
+    qualified_name: ClassVar[str] = "TurnKit::StoreError"
+
+
+class RecordNotFound(StoreError, LookupError):
+    """A record looked up by id does not exist, e.g. ``"turn not found: turn_…"``.
+
+    It is also a ``LookupError`` so callers that treat "missing" generically can catch it without importing TurnKit.
+    """
+
+    qualified_name: ClassVar[str] = "TurnKit::RecordNotFound"
+
+    @classmethod
+    def of(cls, kind: str, record_id: str) -> RecordNotFound:
+        """Build the standard message for a missing record.
+
+        Args:
+            kind: The record type, e.g. ``"turn"`` or ``"conversation"``.
+            record_id: The id that was looked up.
+
+        Returns:
+            An error whose message is ``"<kind> not found: <record_id>"``.
+        """
+        return cls(f"{kind} not found: {record_id}")
+
+
+class LostClaim(Error):
+    """A fenced write happened after this worker lost ownership of the turn or tool execution (spec §5.4)."""
+
+    qualified_name: ClassVar[str] = "TurnKit::LostClaim"
+
+
+class ToolError(Error):
+    """A tool-level failure reported to the model.
+
+    A tool body raises it to fail its execution on purpose: the model sees the message and the turn continues.
+    """
+
+    qualified_name: ClassVar[str] = "TurnKit::ToolError"
+
+
+class ToolValidationError(ToolError):
+    """The model's arguments for a tool are invalid (spec §4.1 ``validate_arguments``)."""
+
+    qualified_name: ClassVar[str] = "TurnKit::ToolValidationError"
+
+
+def error_class_name(exc: BaseException) -> str:
+    """The class name to persist for an error.
+
+    Args:
+        exc: Any exception.
+
+    Returns:
+        The spec name (``"TurnKit::BudgetError"``) for TurnKit's own error classes; otherwise the Python class name,
+        which also covers application subclasses of TurnKit errors.
+    """
+    cls = type(exc)
+    # Only classes that declare their own qualified_name get it; an application's `class Oops(ToolError)` would
+    # otherwise be recorded as "TurnKit::ToolError" and lose its identity.
+    if issubclass(cls, Error) and "qualified_name" in cls.__dict__:
+        return cls.qualified_name
+    return cls.__name__

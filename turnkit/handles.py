@@ -1,0 +1,226 @@
+"""Application handles: :class:`Conversation` and :class:`Turn`.
+
+Handles talk to Temporal for execution (submit, await) and read records from the store. They hold ids, and a
+``record`` snapshot that :meth:`Turn.refresh` re-reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from temporalio.client import (
+    WithStartWorkflowOperation,
+    WorkflowFailureError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkit import errors
+from turnkit.ids import new_id
+from turnkit.model import Usage
+from turnkit.payloads import LaneInput, SubmitTurn
+from turnkit.records import ConversationRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+
+if TYPE_CHECKING:
+    from turnkit.runtime import TurnKit
+
+__all__ = ["Conversation", "Turn"]
+
+_UNSET: Any = object()
+
+
+class Conversation:
+    """A durable thread bound to one agent (spec §1.3). Get one from :meth:`TurnKit.conversation`."""
+
+    def __init__(self, tk: TurnKit, record: ConversationRecord) -> None:
+        self._tk = tk
+        self.record = record
+
+    @property
+    def id(self) -> str:
+        """The conversation id (``conv_…``), also the workflow id of its lane."""
+        return self.record.id
+
+    @property
+    def agent_name(self) -> str:
+        """The name of the agent the conversation is bound to."""
+        return self.record.agent_name
+
+    async def say(self, text: str, *, metadata: dict[str, Any] | None = None) -> MessageRecord:
+        """Append a user message without starting a turn."""
+        return await self._tk.store.append_message(self.id, role="user", text=text, metadata=metadata)
+
+    async def ask(
+        self,
+        text: str,
+        *,
+        wait: bool = True,
+        agent: str | None = None,
+        model: str | None = None,
+        thinking: dict[str, Any] | None = _UNSET,
+        output_schema: dict[str, Any] | None = None,
+        prompt_mode: str | None = None,
+        context: dict[str, Any] | None = None,
+        principal: Any = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Turn:
+        """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
+
+        Returns at once with ``wait=False`` (the turn is ``pending``); otherwise when the turn has finished.
+        ``thinking=None`` disables the agent's thinking for this turn (spec §1.4).
+        """
+        if not text:
+            raise ValueError("text is required")
+        request = SubmitTurn(
+            conversation_id=self.id,
+            turn_id=new_id("turn"),
+            message_id=new_id("message"),
+            text=text,
+            agent_name=agent,
+            model=model,
+            message_metadata=dict(metadata or {}),
+            thinking=None if thinking is _UNSET else thinking,
+            thinking_set=thinking is not _UNSET,
+            output_schema=output_schema,
+            prompt_mode=prompt_mode,
+            context=context,
+            principal=principal,
+        )
+        await self._submit(request)
+        turn = Turn(self._tk, request.turn_id)
+        if wait:
+            return await turn.result()
+        return await turn.refresh()
+
+    async def _submit(self, request: SubmitTurn) -> None:
+        # Update-with-start: the lane is started if it is not running; the update returns once the turn exists.
+        from workflows.lane import ConversationWorkflow
+
+        start = WithStartWorkflowOperation(
+            ConversationWorkflow.run,
+            LaneInput(conversation_id=self.id),
+            id=self.id,
+            task_queue=self._tk.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"conversation · {self.agent_name}",
+        )
+        try:
+            await self._tk.client.execute_update_with_start_workflow(
+                ConversationWorkflow.submit, request, start_workflow_operation=start, id=request.turn_id
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _turnkit_error(err.cause) from err
+
+    async def messages(self) -> list[MessageRecord]:
+        """Every message of the conversation, in sequence order."""
+        return await self._tk.store.list_messages(self.id)
+
+    async def turns(self) -> list[Turn]:
+        """Every turn of the conversation, oldest first."""
+        records = await self._tk.store.list_turns(conversation_id=self.id)
+        return [Turn(self._tk, record.id, record) for record in records]
+
+
+class Turn:
+    """A handle on one turn (spec §1.5): its record, and a way to wait for it."""
+
+    def __init__(self, tk: TurnKit, turn_id: str, record: TurnRecord | None = None) -> None:
+        self._tk = tk
+        self.id = turn_id
+        self._record = record
+
+    @property
+    def record(self) -> TurnRecord:
+        """The last loaded record (``refresh()`` or ``result()`` loads it)."""
+        if self._record is None:
+            raise errors.Error("turn record not loaded yet: await turn.refresh() or turn.result()")
+        return self._record
+
+    @property
+    def status(self) -> str:
+        """``pending``, ``running``, ``completed``, ``failed``… (spec §1.6)."""
+        return self.record.status
+
+    @property
+    def output_text(self) -> str:
+        """The final output text, ``""`` when there is none."""
+        return self.record.output_text or ""
+
+    @property
+    def output_data(self) -> Any:
+        """Structured output, when the agent asked for an ``output_schema``."""
+        return self.record.output_data
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by this turn (children excluded), summed over its model calls."""
+        return Usage.from_dict(self.record.usage)
+
+    @property
+    def cost(self) -> float | None:
+        """Observed cost in USD, None when no cost is known."""
+        return self.record.cost
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """``{class, message}`` of a failed or cancelled turn."""
+        return self.record.error
+
+    async def refresh(self) -> Turn:
+        """Re-read the record from the store."""
+        self._record = await self._tk.store.load_turn(self.id)
+        return self
+
+    async def result(self, *, timeout: float | None = None) -> Turn:
+        """Wait until the turn is finished (completed, failed or cancelled), then return it refreshed.
+
+        Works for any turn id, from any process. A queued turn has no workflow yet (its lane starts it when the
+        turns before it are done), so until it appears this polls the store with a backoff.
+        """
+        handle = self._tk.client.get_workflow_handle(self.id)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        delay = 0.02
+        while True:
+            try:
+                await handle.result()
+                break
+            except WorkflowFailureError:
+                break  # a turn workflow that failed abnormally: the record tells what is known
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+            record = await self._tk.store.load_turn(self.id)  # raises RecordNotFound for an unknown id
+            if record.terminal:
+                break
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"turn {self.id} did not finish within {timeout} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        return await self.refresh()
+
+    async def tool_executions(self) -> list[ToolExecutionRecord]:
+        """This turn's tool executions, in creation order."""
+        return await self._tk.store.list_tool_executions(turn_id=self.id)
+
+    async def messages(self) -> list[MessageRecord]:
+        """The messages this turn wrote (assistant, tool results), in sequence order."""
+        async with self._tk.store.atomic() as tx:
+            return await tx.list_turn_messages(self.id)
+
+    def __repr__(self) -> str:
+        status = self._record.status if self._record else "?"
+        return f"<Turn {self.id} {status}>"
+
+
+def _turnkit_error(cause: BaseException | None) -> Exception:
+    """Map a failure reported by the lane back to the TurnKit error it started as."""
+    if isinstance(cause, ApplicationError):
+        cls = getattr(errors, cause.type or "", None)
+        if isinstance(cls, type) and issubclass(cls, errors.Error):
+            return cls(cause.message)
+        return errors.Error(cause.message)
+    return errors.Error(str(cause))

@@ -1,0 +1,186 @@
+"""What crosses Temporal: workflow, update and activity inputs and results.
+
+These are small by design (ARCHITECTURE: "payloads carry ids and small results, never whole transcripts"): the
+transcript, tool results and outputs live in the store, and a turn's history grows by a constant per iteration.
+The module is pure (no clocks, no I/O) and is passed through the workflow sandbox.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "SubmitTurn",
+    "TurnTicket",
+    "QueuedTurn",
+    "LaneInput",
+    "LaneStatus",
+    "TurnInput",
+    "TurnOutcome",
+    "ToolCallRef",
+    "ModelCall",
+    "ModelStep",
+    "ToolCallInput",
+    "ToolOutcome",
+    "SettleToolCall",
+    "FinishTurn",
+]
+
+
+class SubmitTurn(BaseModel):
+    """The lane's ``submit`` update: append the trigger message and create the turn record (ids chosen by the caller).
+
+    The caller picks ``turn_id`` and ``message_id`` so that a retried submission is recognised (idempotent creates).
+    """
+
+    conversation_id: str
+    turn_id: str
+    message_id: str
+    text: str
+    agent_name: str | None = None
+    model: str | None = None
+    message_metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    thinking: dict[str, Any] | None = None
+    thinking_set: bool = False
+    output_schema: dict[str, Any] | None = None
+    prompt_mode: str | None = None
+    context: dict[str, Any] | None = None
+    principal: Any = None
+
+
+class TurnTicket(BaseModel):
+    """What ``submit`` returns at once: the new turn's ids and the deadline of its root tree."""
+
+    turn_id: str
+    conversation_id: str
+    agent_name: str
+    root_turn_id: str
+    trigger_message_id: str
+    deadline: datetime | None = None
+
+
+class QueuedTurn(BaseModel):
+    """A submitted turn waiting for its lane (carried across continue-as-new)."""
+
+    turn_id: str
+    agent_name: str
+    root_turn_id: str
+    deadline: datetime | None = None
+
+
+class LaneInput(BaseModel):
+    """Start (or continue-as-new) input of a conversation lane."""
+
+    conversation_id: str
+    queue: list[QueuedTurn] = Field(default_factory=list[QueuedTurn])
+    #: Recently submitted turn ids, oldest first: a bounded dedupe window that survives continue-as-new.
+    recent_turn_ids: list[str] = Field(default_factory=list[str])
+    turns_started: int = 0
+
+
+class LaneStatus(BaseModel):
+    """The lane's query result: what runs, what waits."""
+
+    conversation_id: str
+    active_turn_id: str | None
+    queued_turn_ids: list[str]
+    turns_started: int
+
+
+class TurnInput(BaseModel):
+    """Input of a ``TurnWorkflow``: ids only; everything else is read from the store by the activities."""
+
+    turn_id: str
+    conversation_id: str
+    agent_name: str
+    root_turn_id: str
+    deadline: datetime | None = None
+
+
+class TurnOutcome(BaseModel):
+    """Result of a ``TurnWorkflow``: the terminal status; output and usage are in the store."""
+
+    turn_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+class ToolCallRef(BaseModel):
+    """One tool call proposed by the model, as the workflow dispatches it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+    arguments_error: str | None = None
+
+
+class ModelCall(BaseModel):
+    """Input of the ``turnkit.model`` activity.
+
+    ``request_id`` is chosen by the workflow (deterministically) and keys the reservation and the persisted response,
+    so a retry after the response was committed returns it without calling the model again.
+    """
+
+    turn_id: str
+    root_turn_id: str
+    request_id: str
+    iteration: int
+
+
+class ModelStep(BaseModel):
+    """Result of ``turnkit.model``: what the workflow needs to go on, not the response text."""
+
+    message_id: str | None = None
+    tool_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
+    #: The response had no tool calls and the turn was completed in the same transaction.
+    completed: bool = False
+    #: A budget limit stopped the turn (the response, if any, is already persisted).
+    budget_error: str | None = None
+    #: The turn is no longer running (cancelled or finished elsewhere): stop without writing.
+    stopped: bool = False
+
+
+class ToolCallInput(BaseModel):
+    """Input of a tool activity (activity type ``tool:<name>``)."""
+
+    turn_id: str
+    conversation_id: str
+    root_turn_id: str
+    agent_name: str
+    call: ToolCallRef
+
+
+class ToolOutcome(BaseModel):
+    """Result of a tool activity: the execution's id and status, not its result."""
+
+    execution_id: str
+    status: Literal["pending", "running", "completed", "failed", "cancelled", "interrupted"]
+    #: The tool ends the turn (spec §3.8 terminal tools) and completed.
+    terminal: bool = False
+    budget_error: str | None = None
+
+
+class SettleToolCall(BaseModel):
+    """Input of ``turnkit.settle_tool``: record a tool call whose activity failed or was lost."""
+
+    turn_id: str
+    conversation_id: str
+    call: ToolCallRef
+    outcome: Literal["interrupted", "failed"]
+    message: str
+
+
+class FinishTurn(BaseModel):
+    """Input of ``turnkit.finish_turn``: the terminal write of a turn the model activity did not complete."""
+
+    turn_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    error_class: str | None = None
+    error_message: str | None = None
+    #: For a turn ended by a terminal tool: its execution, and the calls after it to skip.
+    terminal_execution_id: str | None = None
+    skipped_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])

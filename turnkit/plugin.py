@@ -1,0 +1,48 @@
+"""``TurnKitPlugin``: one place for the data converter, sandbox pass-through, workflows and activities.
+
+The worker, the tests and the replayer all use it, so replay is configured exactly like the worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from turnkit.store.store import Store
+
+__all__ = ["TurnKitPlugin", "PASSTHROUGH_MODULES"]
+
+#: Modules the workflow sandbox imports once, from the host: pure models and definitions (no re-import per run).
+PASSTHROUGH_MODULES = ("turnkit", "pydantic", "pydantic_core", "annotated_types", "sqlalchemy", "activities")
+
+
+def _sandbox(runner: WorkflowRunner | None) -> WorkflowRunner:
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
+    if isinstance(runner, SandboxedWorkflowRunner):
+        return replace(runner, restrictions=restrictions)
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
+class TurnKitPlugin(SimplePlugin):
+    """Registers TurnKit on a Temporal client, worker or replayer.
+
+    Args:
+        store: The record store the activities write to. Without it (a replayer, a client that only submits),
+            no activities are registered.
+    """
+
+    def __init__(self, store: Store | None = None) -> None:
+        from activities import build_activities
+        from workflows import ALL_WORKFLOWS
+
+        super().__init__(
+            "turnkit.TurnKitPlugin",
+            data_converter=pydantic_data_converter,
+            workflows=ALL_WORKFLOWS,
+            activities=build_activities(store) if store is not None else None,
+            workflow_runner=_sandbox,
+        )

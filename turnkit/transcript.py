@@ -1,0 +1,130 @@
+"""Transcript writes that keep spec §5.13 invariant 8: every tool call gets exactly one tool result.
+
+All functions run inside an open :class:`~turnkit.store.store.StoreTx` and are idempotent: "append once" means no
+message exists yet for the execution, so a retried activity never writes a second result.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from turnkit.records import INTERRUPTED_MESSAGE, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.store.store import StoreTx, utcnow
+
+__all__ = [
+    "TERMINAL_SKIP",
+    "append_tool_result",
+    "result_payload",
+    "fail_execution",
+    "tool_calls_of",
+    "repair_transcript",
+]
+
+TERMINAL_SKIP: Final = "not executed: turn ended by {name}"
+
+
+def result_payload(execution: ToolExecutionRecord) -> tuple[dict[str, Any], bool]:
+    """What the model sees for a settled execution, and whether it is an error."""
+    if execution.status in ("completed", "cancelled"):
+        return dict(execution.result or {}), False
+    message = (execution.error or {}).get("message") or INTERRUPTED_MESSAGE
+    return {"error": True, "message": message}, True
+
+
+async def append_tool_result(
+    tx: StoreTx, turn: TurnRecord, execution: ToolExecutionRecord, *, interrupted: bool = False
+) -> MessageRecord:
+    """Append the execution's tool-result message once; returns the existing one if it is already there."""
+    existing = await tx.tool_result_message(execution.id)
+    if existing is not None:
+        return existing
+    payload, error = result_payload(execution)
+    metadata: dict[str, Any] = {"tool_name": execution.tool_name}
+    if interrupted or execution.status == "interrupted":
+        metadata["interrupted"] = True
+    return await tx.append_message(
+        turn.conversation_id,
+        role="tool",
+        kind="tool_result",
+        content=[
+            {
+                "type": "tool_result",
+                "tool_call_id": execution.tool_call_id,
+                "text": json.dumps(payload, sort_keys=True, default=str),
+                "error": error,
+            }
+        ],
+        turn_id=turn.id,
+        tool_execution_id=execution.id,
+        metadata=metadata,
+    )
+
+
+async def fail_execution(
+    tx: StoreTx,
+    turn: TurnRecord,
+    execution: ToolExecutionRecord,
+    message: str,
+    *,
+    details: dict[str, Any] | None = None,
+    status: str = "failed",
+    from_: tuple[str, ...] = ("pending", "running"),
+) -> ToolExecutionRecord:
+    """CAS an open execution to ``failed`` (or ``interrupted``) and append its error result if the CAS won."""
+    error: dict[str, Any] = {"message": message}
+    if details:
+        error["details"] = details
+    settled = await tx.claim_tool_execution(
+        execution.id, from_=from_, to=status, error=error, completed_at=utcnow()
+    )
+    if settled is None:  # someone settled it first: theirs stands, and so does their result message
+        return await tx.load_tool_execution(execution.id)
+    await append_tool_result(tx, turn, settled)
+    return settled
+
+
+def tool_calls_of(messages: list[MessageRecord]) -> list[dict[str, Any]]:
+    """The ``tool_call`` parts of a turn's assistant messages, in order."""
+    return [
+        part
+        for message in messages
+        if message.role == "assistant"
+        for part in message.content
+        if part.get("type") == "tool_call"
+    ]
+
+
+async def repair_transcript(tx: StoreTx, turn: TurnRecord) -> None:
+    """Give every tool call of ``turn`` a result (spec §5.8 repair): the ending turn leaves no call unanswered.
+
+    Open executions become ``interrupted``; settled ones get their real result; calls with no execution get an
+    interrupted error result.
+    """
+    messages = await tx.list_turn_messages(turn.id)
+    answered = {
+        part.get("tool_call_id")
+        for message in messages
+        if message.kind == "tool_result"
+        for part in message.content
+    }
+    for call in tool_calls_of(messages):
+        call_id = str(call.get("id"))
+        if call_id in answered:
+            continue
+        execution = await tx.find_tool_execution(turn.id, call_id)
+        if execution is None:
+            execution, _ = await tx.create_tool_execution(
+                turn_id=turn.id,
+                tool_call_id=call_id,
+                tool_name=str(call.get("name")),
+                arguments=dict(call.get("arguments") or {}),
+                status="interrupted",
+                error={"message": INTERRUPTED_MESSAGE},
+                completed_at=utcnow(),
+            )
+        if execution.status in ("pending", "running"):
+            await fail_execution(tx, turn, execution, INTERRUPTED_MESSAGE, status="interrupted")
+        else:
+            await append_tool_result(tx, turn, execution)
+        answered.add(call_id)

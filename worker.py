@@ -1,0 +1,75 @@
+"""Run a TurnKit worker: ``python worker.py --app myapp.agents``.
+
+The application module registers its agents and tools at import time (``turnkit.register``); every worker and
+every process that submits turns must import the same definitions. The worker connects to ``$TEMPORAL_ADDRESS``
+(``--address``) and the store at ``$TURNKIT_DATABASE_URL`` and shuts down gracefully on SIGTERM or SIGINT: it stops
+polling, lets running activities finish (up to ``--grace`` seconds) and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from turnkit.config import TASK_QUEUE
+from turnkit.plugin import TurnKitPlugin
+from turnkit.store import Store
+
+log = logging.getLogger("turnkit.worker")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (environment variables give the defaults)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
+    parser.add_argument("--address", default=os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233"))
+    parser.add_argument("--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"))
+    parser.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
+    parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
+    """Import the apps, connect, and run the worker until SIGTERM/SIGINT."""
+    for module in args.app:
+        importlib.import_module(module)
+    store = await Store.open(args.database_url)
+    try:
+        client = await Client.connect(args.address, namespace=args.namespace, plugins=[TurnKitPlugin(store)])
+        worker = Worker(
+            client,
+            task_queue=args.task_queue,
+            graceful_shutdown_timeout=timedelta(seconds=args.grace),
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with worker:
+            log.info("turnkit worker polling %s on %s (%s)", args.task_queue, args.address, args.namespace)
+            print(f"worker ready: task queue {args.task_queue} on {args.address}", flush=True)
+            await stop.wait()
+            log.info("shutting down")
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
+    sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
+    asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
