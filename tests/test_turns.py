@@ -62,3 +62,113 @@ async def test_three_iteration_tool_turn(tk: TurnKit) -> None:
     assert (turn.usage.input_tokens, turn.usage.output_tokens) == (30, 15)  # 10 + 5 tokens per scripted call
     assert turn.usage.total_tokens > 0
     assert turn.record.state["iterations"] == 3
+
+
+@turnkit.tool
+def typed(count: int) -> dict[str, Any]:
+    """Needs an integer."""
+    return {"count": count}
+
+
+async def test_tool_failures_are_results_the_model_sees(tk: TurnKit) -> None:
+    client = ScriptedClient(
+        [
+            call_tools(("boom", {"reason": "bad"}), ("typed", {"count": "many"}), ("nope", {})),
+            "recovered",
+        ]
+    )
+    a = turnkit.Agent("tester", model="scripted", tools=[lookup, boom, typed], client=client)
+    conversation = await tk.conversation(a)
+    turn = await conversation.ask("try")
+
+    assert turn.status == "completed" and turn.output_text == "recovered"
+    executions = await turn.tool_executions()
+    assert [e.status for e in executions] == ["failed", "failed", "failed"]
+    assert executions[0].error == {"message": "boom: bad", "details": {"class": "TurnKit::ToolError"}}
+    assert executions[1].error is not None and "count" in executions[1].error["message"]
+    assert executions[1].error["details"]["class"] == "TurnKit::ToolValidationError"
+    assert executions[2].error is not None and executions[2].error["message"] == "unknown tool: nope"
+    # The model's second request carries exactly one error result per call, in call order.
+    tool_messages = [m for m in client.requests[1].messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == [e.tool_call_id for e in executions]
+    assert all('"error": true' in m["content"] for m in tool_messages)
+
+
+async def test_invalid_json_arguments_fail_the_call_not_the_turn(tk: TurnKit) -> None:
+    call = turnkit.ToolCall.parse("call_json", "lookup", "{")
+    client = ScriptedClient([turnkit.Result.build(tool_calls=[call]), "recovered"])
+    turn = await (await tk.conversation(agent(client))).ask("go")
+    assert turn.status == "completed"
+    [execution] = await turn.tool_executions()
+    assert execution.status == "failed" and execution.error is not None
+    assert execution.error["message"] == "invalid JSON arguments"
+
+
+async def test_max_iterations_fails_the_turn(tk: TurnKit) -> None:
+    client = ScriptedClient([call_tools(("lookup", {"q": "a"})), "never"])
+    conversation = await tk.conversation(agent(client, max_iterations=1))
+    turn = await conversation.ask("go")
+    assert turn.status == "failed"
+    assert turn.error == {"class": "TurnKit::BudgetError", "message": "maximum iterations reached"}
+    assert client.calls == 1
+
+
+async def test_max_tool_executions_fails_the_turn_and_answers_every_call(tk: TurnKit) -> None:
+    client = ScriptedClient([call_tools(("lookup", {"q": "a"}), ("lookup", {"q": "b"}), ("lookup", {"q": "c"}))])
+    conversation = await tk.conversation(agent(client, max_tool_executions=1))
+    turn = await conversation.ask("go")
+    assert turn.status == "failed"
+    assert turn.error == {"class": "TurnKit::BudgetError", "message": "maximum tool executions reached"}
+    executions = await turn.tool_executions()
+    assert [e.status for e in executions] == ["completed", "failed", "interrupted"]
+    assert executions[1].error is not None and executions[1].error["details"]["budget_denied"] is True
+    # Spec §5.13 invariant 8: every proposed call has exactly one tool result, even on a failed turn.
+    results = [m for m in await conversation.messages() if m.kind == "tool_result"]
+    assert sorted(m.content[0]["tool_call_id"] for m in results) == sorted(e.tool_call_id for e in executions)
+
+
+async def test_max_tool_executions_by_name(tk: TurnKit) -> None:
+    client = ScriptedClient([call_tools(("lookup", {"q": "a"})), call_tools(("lookup", {"q": "b"})), "never"])
+    conversation = await tk.conversation(agent(client, max_tool_executions_by_name={"lookup": 1}))
+    turn = await conversation.ask("go")
+    assert turn.status == "failed"
+    assert turn.error is not None and turn.error["message"] == "maximum executions reached for tool lookup"
+    executions = await turn.tool_executions()
+    assert [e.status for e in executions] == ["completed", "failed"]
+    assert executions[1].error is not None and executions[1].error["details"]["budget_denied"] is True
+
+
+class SaveReport(turnkit.Tool):
+    """Save the report and end the turn."""
+
+    terminal = "Saved the report."
+
+    def call(self, context: turnkit.ToolContext, **arguments: Any) -> dict[str, Any]:
+        return {"saved": True}
+
+
+async def test_terminal_tool_ends_the_turn_and_skips_the_rest(tk: TurnKit) -> None:
+    client = ScriptedClient([call_tools(("save_report", {}), ("lookup", {"q": "late"}))])
+    a = turnkit.Agent("tester", model="scripted", tools=[lookup, SaveReport], client=client)
+    conversation = await tk.conversation(a)
+    turn = await conversation.ask("save")
+    assert turn.status == "completed" and turn.output_text == "Saved the report."
+    executions = await turn.tool_executions()
+    assert [e.status for e in executions] == ["completed", "cancelled"]
+    assert executions[1].result == {"skipped": True, "message": "not executed: turn ended by save_report"}
+    results = [m for m in await conversation.messages() if m.kind == "tool_result"]
+    assert len(results) == 2 and client.calls == 1
+
+
+async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
+    client = ScriptedClient(["hi"])
+    conversation = await tk.conversation(agent(client))
+    pending = await conversation.ask("hello", wait=False)
+    assert pending.status in ("pending", "running", "completed")
+    same = await tk.turn(pending.id).result(timeout=30)
+    assert same.status == "completed" and same.output_text == "hi"
+
+
+async def test_unknown_turn_id_raises(tk: TurnKit) -> None:
+    with pytest.raises(turnkit.RecordNotFound):
+        await tk.turn("turn_000000000000000000000000").result(timeout=5)

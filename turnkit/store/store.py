@@ -213,6 +213,20 @@ class StoreTx:
             await self.session.execute(select(TurnRow.id).where(TurnRow.uid == turn_id).with_for_update())
             self._locked.add(("turn", turn_id))
 
+    async def _insert(self, row: Any) -> bool:
+        """Insert ``row`` in a savepoint; False when a unique index rejected it (a concurrent creator won).
+
+        Added with tests/test_store.py: without the savepoint, the loser of a create race on PostgreSQL got an
+        ``IntegrityError`` (and an aborted transaction) instead of the existing record.
+        """
+        try:
+            async with self.session.begin_nested():
+                self.session.add(row)
+                await self.session.flush()
+        except IntegrityError:
+            return False
+        return True
+
     # Conversations -----------------------------------------------------------------------------------------------
 
     async def create_conversation(
@@ -242,8 +256,12 @@ class StoreTx:
             created_at=now,
             updated_at=now,
         )
-        self.session.add(row)
-        await self.session.flush()
+        # test_store fix: a concurrent creator of the same explicit id (PostgreSQL) gets theirs, not IntegrityError.
+        if not await self._insert(row):
+            found = await self._conversation_row(row.uid)
+            if found is None:
+                raise RuntimeError(f"conversation {row.uid} vanished after a unique violation")
+            return _conversation(found)
         return _conversation(row)
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
@@ -280,11 +298,13 @@ class StoreTx:
             raise ValueError(f"unknown message role: {role}")
         if kind not in MESSAGE_KINDS:
             raise ValueError(f"unknown message kind: {kind}")
+        # test_store fix: lock first, then look the id up, so that concurrent appends of one explicit id (in
+        # transactions that did not lock the conversation up front) see each other instead of IntegrityError.
+        await self.lock(conversation_id=conversation_id)
         if id is not None:
             existing = await self.session.scalar(select(MessageRow).where(MessageRow.uid == id))
             if existing is not None:
                 return _message(existing)
-        await self.lock(conversation_id=conversation_id)
         if await self._conversation_row(conversation_id) is None:
             raise RecordNotFound(f"conversation not found: {conversation_id}")
         parts = [dict(part) for part in content] if content is not None else []
@@ -405,8 +425,12 @@ class StoreTx:
             created_at=now,
             updated_at=now,
         )
-        self.session.add(row)
-        await self.session.flush()
+        # test_store fix: a concurrent creator of the same explicit id (PostgreSQL) gets theirs, not IntegrityError.
+        if not await self._insert(row):
+            found = await self._turn_row(turn_id)
+            if found is None:
+                raise RuntimeError(f"turn {turn_id} vanished after a unique violation")
+            return _turn(found)
         return _turn(row)
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
@@ -668,8 +692,14 @@ class StoreTx:
             return _wait(existing), False
         now = utcnow()
         row = WaitRow(turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
-        self.session.add(row)
-        await self.session.flush()
+        # test_store fix: a concurrent creator of the same edge (PostgreSQL) gets theirs, not IntegrityError.
+        if not await self._insert(row):
+            found = await self.session.scalar(
+                select(WaitRow).where(WaitRow.turn_uid == turn_id, WaitRow.target_turn_uid == target_turn_id)
+            )
+            if found is None:
+                raise RuntimeError(f"wait {turn_id} -> {target_turn_id} vanished after a unique violation")
+            return _wait(found), False
         return _wait(row), True
 
     async def list_waits(self, *, turn_id: str | None = None, target_turn_id: str | None = None) -> list[WaitRecord]:

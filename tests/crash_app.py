@@ -1,0 +1,96 @@
+"""Application module for the crash tests: imported by real worker processes (``worker.py --app tests.crash_app``).
+
+Tools and the model leave traces in ``$TURNKIT_CRASH_DIR`` (one line per call) so the test process can tell what
+ran where, and block forever at the moment the test wants the worker killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import turnkit
+from turnkit.events import Event
+from turnkit.testing import ScriptedClient, call_tools
+
+# Crash tests want dead workers noticed quickly.
+turnkit.configure(model_heartbeat_timeout=2.0, tool_heartbeat_timeout=2.0)
+
+
+def crash_dir() -> Path:
+    return Path(os.environ["TURNKIT_CRASH_DIR"])
+
+
+def record(name: str, line: str = "call") -> int:
+    """Append a line to ``<crash dir>/<name>`` and return how many lines it now has."""
+    path = crash_dir() / name
+    with path.open("a") as handle:
+        handle.write(line + "\n")
+    return len(path.read_text().splitlines())
+
+
+def lines(name: str) -> list[str]:
+    path = crash_dir() / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@turnkit.tool(timeout=4)
+async def charge_card(amount: int) -> dict[str, Any]:
+    """An external effect that must run at most once. The first call hangs until the worker is killed.
+
+    Args:
+        amount: Cents to charge.
+    """
+    if record("charge_card") == 1:
+        await asyncio.sleep(3600)
+    return {"charged": amount}
+
+
+@turnkit.tool(recovery="replay_safe", timeout=4, max_attempts=5, initial_retry_interval=0.2)
+async def sync_inventory(sku: str, context: turnkit.ToolContext) -> dict[str, Any]:
+    """A replay-safe effect keyed by its idempotency key. The first call hangs until the worker is killed.
+
+    Args:
+        sku: The item.
+    """
+    if record("sync_inventory", context.idempotency_key) == 1:
+        await asyncio.sleep(3600)
+    return {"synced": sku, "key": context.idempotency_key}
+
+
+def _scripted(tool_call: tuple[str, dict[str, Any]]) -> ScriptedClient:
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        record("model", str(request.metadata.get("request_id")))
+        if any(m["role"] == "tool" for m in request.messages):
+            return turnkit.Result.build(text="finished")
+        return call_tools(tool_call)
+
+    return ScriptedClient(script)
+
+
+at_most_once = turnkit.register(
+    turnkit.Agent("at_most_once", model="scripted", tools=[charge_card], client=_scripted(("charge_card", {"amount": 500})))
+)
+replay_safe = turnkit.register(
+    turnkit.Agent(
+        "replay_safe", model="scripted", tools=[sync_inventory], client=_scripted(("sync_inventory", {"sku": "A-1"}))
+    )
+)
+model_commit = turnkit.register(
+    turnkit.Agent(
+        "model_commit", model="scripted", tools=[sync_inventory], client=_scripted(("sync_inventory", {"sku": "B-2"}))
+    )
+)
+
+
+def _hang_after_first_model_commit(event: Event) -> None:
+    """Freeze the worker right after the first model response of a ``model_commit`` turn was committed."""
+    if event.type == "model.completed" and os.environ.get("TURNKIT_CRASH_AFTER_MODEL_COMMIT") and not lines("hung"):
+        record("hung", event.turn_id)
+        time.sleep(3600)  # blocks the whole worker: the activity never reports, as if the process died here
+
+
+turnkit.configure(on_event=_hang_after_first_model_commit)

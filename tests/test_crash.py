@@ -1,0 +1,104 @@
+"""Crash tests: worker processes are SIGKILLed mid-turn and replaced; the turn completes on the new worker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests import crash_app
+from tests.engine import Engine, eventually
+from tests.workers import WorkerProcess
+from turnkit.agent import register
+from turnkit.records import INTERRUPTED_MESSAGE
+
+pytestmark = pytest.mark.crash
+
+
+@pytest_asyncio.fixture
+async def crash_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Path]:
+    monkeypatch.setenv("TURNKIT_CRASH_DIR", str(tmp_path))
+    yield tmp_path
+
+
+async def start_worker(engine: Engine, **env: str) -> WorkerProcess:
+    return await WorkerProcess.start(
+        app="tests.crash_app",
+        address=engine.temporal_address,
+        task_queue=engine.tk.task_queue,
+        database_url=engine.database_url,
+        env=env,
+    )
+
+
+async def test_at_most_once_tool_runs_once_and_is_interrupted(engine: Engine, crash_dir: Path) -> None:
+    register(crash_app.at_most_once)
+    first = await start_worker(engine)
+    conversation = await engine.tk.conversation(crash_app.at_most_once)
+    turn = await conversation.ask("charge it", wait=False)
+    await eventually(lambda: _has_lines("charge_card", 1), what="the tool to start on the first worker")
+    await first.kill()
+
+    second = await start_worker(engine)
+    try:
+        done = await turn.result(timeout=90)
+    finally:
+        await second.stop()
+    assert done.status == "completed", done.error
+    assert crash_app.lines("charge_card") == ["call"]  # the body ran exactly once, never again
+    [execution] = await done.tool_executions()
+    assert execution.status == "interrupted"
+    assert execution.error == {"message": INTERRUPTED_MESSAGE}
+    results = [m for m in await conversation.messages() if m.kind == "tool_result"]
+    assert len(results) == 1 and "unknown" in results[0].content[0]["text"]
+    assert results[0].metadata.get("interrupted") is True
+
+
+async def test_replay_safe_tool_runs_again_with_the_same_key(engine: Engine, crash_dir: Path) -> None:
+    register(crash_app.replay_safe)
+    first = await start_worker(engine)
+    conversation = await engine.tk.conversation(crash_app.replay_safe)
+    turn = await conversation.ask("sync", wait=False)
+    await eventually(lambda: _has_lines("sync_inventory", 1), what="the tool to start on the first worker")
+    await first.kill()
+
+    second = await start_worker(engine)
+    try:
+        done = await turn.result(timeout=90)
+    finally:
+        await second.stop()
+    assert done.status == "completed", done.error
+    keys = crash_app.lines("sync_inventory")
+    assert len(keys) == 2 and keys[0] == keys[1]  # ran again, with the same idempotency key
+    [execution] = await done.tool_executions()
+    assert execution.status == "completed"
+    assert execution.result == {"synced": "A-1", "key": keys[0]}
+    assert keys[0] == f"turnkit:tool:{execution.id}"
+
+
+async def test_committed_model_response_is_not_requested_again(engine: Engine, crash_dir: Path) -> None:
+    register(crash_app.model_commit)
+    first = await start_worker(engine, TURNKIT_CRASH_AFTER_MODEL_COMMIT="1")
+    conversation = await engine.tk.conversation(crash_app.model_commit)
+    turn = await conversation.ask("go", wait=False)
+    await eventually(lambda: _has_lines("hung", 1), what="the first model response to be committed")
+    await first.kill()
+
+    second = await start_worker(engine)  # no hang this time
+    try:
+        done = await turn.result(timeout=90)
+    finally:
+        await second.stop()
+    assert done.status == "completed", done.error
+    requests = crash_app.lines("model")
+    assert len(requests) == 2, requests  # one per iteration: the committed first response was reused
+    assert len(set(requests)) == 2
+    assert done.record.state["iterations"] == 2
+    assistant = [m for m in await conversation.messages() if m.role == "assistant"]
+    assert len(assistant) == 2  # no duplicate assistant message from the retried activity
+
+
+async def _has_lines(name: str, count: int) -> bool:
+    return len(crash_app.lines(name)) >= count

@@ -1,0 +1,68 @@
+"""The conversation lane: one active turn per conversation, FIFO; conversations run in parallel."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import turnkit
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+
+
+@turnkit.tool(recovery="replay_safe")
+async def pause_briefly(seconds: float) -> dict[str, Any]:
+    """Take a little while (so that turns have measurable extent)."""
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
+
+
+def slow_agent(name: str) -> turnkit.Agent:
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        if any(m["role"] == "tool" for m in request.messages if m is request.messages[-1]):
+            return turnkit.Result.build(text="done")
+        return call_tools(("pause_briefly", {"seconds": 0.3}))
+
+    return turnkit.Agent(name, model="scripted", tools=[pause_briefly], client=ScriptedClient(script))
+
+
+async def test_turns_in_one_conversation_run_one_at_a_time_in_fifo_order(tk: TurnKit) -> None:
+    conversation = await tk.conversation(slow_agent("lane"))
+    first = await conversation.ask("first", wait=False)
+    second = await conversation.ask("second", wait=False)
+    third = await conversation.ask("third", wait=False)
+    done = await asyncio.gather(*(turn.result(timeout=60) for turn in (first, second, third)))
+
+    assert [t.status for t in done] == ["completed"] * 3
+    spans = [(t.record.started_at, t.record.completed_at) for t in done]
+    for (_, earlier_end), (later_start, _) in zip(spans, spans[1:], strict=False):
+        assert earlier_end is not None and later_start is not None
+        assert earlier_end <= later_start, "a turn started before the previous one in its conversation ended"
+    # Frozen snapshots: each turn saw its own trigger and everything before it, nothing after.
+    sequences = [t.record.context_message_sequence for t in done]
+    assert sequences == sorted(sequences)
+
+
+async def test_turns_in_different_conversations_overlap(tk: TurnKit) -> None:
+    a = await tk.conversation(slow_agent("left"))
+    b = await tk.conversation(slow_agent("right"))
+    left, right = await asyncio.gather(a.ask("go"), b.ask("go"))
+    assert left.status == right.status == "completed"
+    assert left.record.started_at and left.record.completed_at and right.record.started_at and right.record.completed_at
+    assert left.record.started_at < right.record.completed_at
+    assert right.record.started_at < left.record.completed_at
+
+
+async def test_concurrent_asks_from_many_callers_all_run_once(tk: TurnKit) -> None:
+    client = ScriptedClient(lambda request: turnkit.Result.build(text="ok"))
+    conversation = await tk.conversation(turnkit.Agent("many", model="scripted", client=client))
+    turns = await asyncio.gather(*(conversation.ask(f"q{i}", wait=False) for i in range(12)))
+    done = await asyncio.gather(*(t.result(timeout=60) for t in turns))
+    assert [t.status for t in done] == ["completed"] * 12
+    assert client.calls == 12
+    records = sorted((t.record for t in done), key=lambda r: r.started_at or r.created_at)
+    for earlier, later in zip(records, records[1:], strict=False):
+        assert earlier.completed_at is not None and later.started_at is not None
+        assert earlier.completed_at <= later.started_at
+    messages = await conversation.messages()
+    assert [m.sequence for m in messages] == list(range(1, 25))

@@ -1,0 +1,109 @@
+"""Replay tests: recorded histories must replay against today's workflow code (style guide B6).
+
+* Every ``tests/histories/*.json`` (recorded by ``make histories``) replays without non-determinism.
+* A scenario run now on the dev server replays at once (catches non-determinism within one version of the code).
+* A negative control: a deliberately changed ``TurnWorkflow`` must fail to replay a recorded history.
+
+``TurnWorkflow`` reads tool retry policies from the agent registry while replaying, so each test registers the
+scenario agents first (the autouse fixture empties the registry before every test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from tests.history_scenarios import SCENARIOS, register_scenario_agents
+from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
+from turnkit.plugin import PASSTHROUGH_MODULES, TurnKitPlugin
+from turnkit.runtime import TurnKit
+from workflows import ALL_WORKFLOWS, ConversationWorkflow
+
+HISTORIES = sorted(Path(__file__).parent.glob("histories/*.json"))
+
+
+def turnkit_replayer() -> Replayer:
+    """A replayer configured exactly like a TurnKit worker.
+
+    ``TurnKitPlugin`` itself registers ``ALL_WORKFLOWS``; passing them again would register every workflow twice
+    (``ValueError: More than one workflow named ...``), so the replayer gets them from the plugin only.
+    """
+    replayer = Replayer(workflows=[], plugins=[TurnKitPlugin()])
+    assert list(replayer.config(active_config=True).get("workflows", [])) == ALL_WORKFLOWS
+    return replayer
+
+
+def load_history(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, path.read_text())
+
+
+def test_histories_are_recorded() -> None:
+    assert len(HISTORIES) >= 5, "run `make histories` to record tests/histories/*.json"
+    scenarios = {path.stem.rsplit("-", 2)[0] for path in HISTORIES}  # <scenario>-<WorkflowType>-v<N>
+    assert set(SCENARIOS) <= scenarios
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
+async def test_recorded_history_replays(path: Path) -> None:
+    register_scenario_agents()
+    await turnkit_replayer().replay_workflow(load_history(path))
+
+
+async def test_fresh_history_replays(tk: TurnKit) -> None:
+    workflow_ids = await SCENARIOS["turn-tools"](tk)
+    histories = [await tk.client.get_workflow_handle(wid).fetch_history() for wid in workflow_ids]
+    assert {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in histories} == {
+        "TurnWorkflow",
+        "ConversationWorkflow",
+    }
+    register_scenario_agents()
+    replayer = turnkit_replayer()
+    for history in histories:
+        await replayer.replay_workflow(history)
+
+
+# -- negative control -------------------------------------------------------------------------------------------------
+
+
+@workflow.defn(name="TurnWorkflow")
+class AlteredTurnWorkflow:
+    """``TurnWorkflow`` as a careless edit might leave it: same deadline timer, but a different first activity."""
+
+    @workflow.run
+    async def run(self, turn: TurnInput) -> TurnOutcome:
+        finish = asyncio.create_task(
+            workflow.execute_activity(
+                "turnkit.finish_turn",
+                FinishTurn(turn_id=turn.turn_id, status="completed"),
+                result_type=TurnOutcome,
+                start_to_close_timeout=timedelta(seconds=30),
+            )
+        )
+        if turn.deadline is not None:
+            remaining = (turn.deadline - workflow.now()).total_seconds()
+            await workflow.wait_condition(finish.done, timeout=max(remaining, 0.001))
+        return await finish
+
+
+async def test_changed_workflow_fails_replay() -> None:
+    """Proves the replay test can fail: the recorded turn-tools history does not fit a changed TurnWorkflow."""
+    paths = [path for path in HISTORIES if path.name.startswith("turn-tools-TurnWorkflow-")]
+    assert paths, "tests/histories/turn-tools-TurnWorkflow-v*.json is missing: run `make histories`"
+    register_scenario_agents()
+    # TurnKitPlugin would also register the real TurnWorkflow, so configure the same converter and sandbox by hand.
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES, "tests")
+    replayer = Replayer(
+        workflows=[ConversationWorkflow, AlteredTurnWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
+    )
+    with pytest.raises(workflow.NondeterminismError, match=r"'turnkit\.model' does not match"):
+        await replayer.replay_workflow(load_history(paths[-1]))

@@ -1,0 +1,780 @@
+"""The store contract (spec §2.8 to §2.10, §10 T75, T76, T99, T100) on SQLite and PostgreSQL.
+
+Every test runs once per backend through the ``database_url`` fixture. The PostgreSQL database is shared by the
+whole session, so tests only look at records they created (fresh ids, unique agent names and keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import func, inspect, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import StatementError
+
+from turnkit.errors import RecordNotFound, ToolError
+from turnkit.ids import new_claim_token, new_id
+from turnkit.records import ConversationRecord, TurnRecord
+from turnkit.store import Store
+from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
+
+ID_RE = r"[0-9a-f]{24}"
+
+
+@pytest_asyncio.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    opened = await Store.open(database_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def _name(prefix: str = "agent") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+async def _conversation(store: Store, **attrs: Any) -> ConversationRecord:
+    attrs.setdefault("agent_name", _name())
+    async with store.atomic() as tx:
+        return await tx.create_conversation(**attrs)
+
+
+async def _turn(store: Store, conversation_id: str, **attrs: Any) -> TurnRecord:
+    attrs.setdefault("agent_name", "agent")
+    async with store.atomic(conversation_id=conversation_id) as tx:
+        return await tx.create_turn(conversation_id=conversation_id, **attrs)
+
+
+async def _count(store: Store, column: Any, *where: Any) -> int:
+    async with store.atomic() as tx:
+        return int(await tx.session.scalar(select(func.count(column)).where(*where)) or 0)
+
+
+# 1. Ids --------------------------------------------------------------------------------------------------------------
+
+
+async def test_ids_have_spec_prefixes_and_24_lowercase_hex(store: Store) -> None:
+    for kind, prefix in [
+        ("conversation", "conv"),
+        ("message", "msg"),
+        ("turn", "turn"),
+        ("tool_execution", "tool"),
+        ("delivery", "delivery"),
+    ]:
+        generated = {new_id(kind) for _ in range(20)}  # type: ignore[arg-type]
+        assert len(generated) == 20
+        for value in generated:
+            assert re.fullmatch(rf"{prefix}_{ID_RE}", value), value
+    assert re.fullmatch(r"[0-9a-f]{32}", new_claim_token())
+
+    # The store allocates ids of that shape for every record type it names.
+    conversation = await _conversation(store)
+    message = await store.append_message(conversation.id, role="user", text="hi")
+    turn = await _turn(store, conversation.id)
+    async with store.atomic() as tx:
+        execution, _ = await tx.create_tool_execution(turn_id=turn.id, tool_call_id="call-1", tool_name="echo")
+        delivery, _ = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=_name("key"),
+            payload={"text": "x"},
+        )
+    assert re.fullmatch(rf"conv_{ID_RE}", conversation.id)
+    assert re.fullmatch(rf"msg_{ID_RE}", message.id)
+    assert re.fullmatch(rf"turn_{ID_RE}", turn.id)
+    assert re.fullmatch(rf"tool_{ID_RE}", execution.id)
+    assert re.fullmatch(rf"delivery_{ID_RE}", delivery.id)
+    assert turn.root_turn_id == turn.id  # root defaults to the turn itself
+    assert turn.status == "pending" and turn.options == {} and turn.usage == {}
+    assert execution.status == "pending" and execution.arguments == {}
+
+
+# 2. Idempotent creates -----------------------------------------------------------------------------------------------
+
+
+async def test_create_with_existing_id_returns_existing_and_writes_nothing(store: Store) -> None:
+    conversation_id = new_id("conversation")
+    first = await _conversation(store, id=conversation_id, agent_name="alpha", model="m1", metadata={"a": 1})
+    again = await _conversation(store, id=conversation_id, agent_name="beta", model="m2", metadata={"b": 2})
+    assert again.model_dump() == first.model_dump()
+    assert (await store.load_conversation(conversation_id)).agent_name == "alpha"
+    assert await _count(store, ConversationRow.id, ConversationRow.uid == conversation_id) == 1
+
+    turn_id = new_id("turn")
+    turn = await _turn(store, conversation_id, id=turn_id, model="m1", options={"x": 1})
+    turn_again = await _turn(store, conversation_id, id=turn_id, model="m2", options={"y": 2}, status="running")
+    assert turn_again.model_dump() == turn.model_dump()
+    loaded = await store.load_turn(turn_id)
+    assert loaded.status == "pending" and loaded.model == "m1" and loaded.options == {"x": 1}
+    assert await _count(store, TurnRow.id, TurnRow.uid == turn_id) == 1
+
+    message_id = new_id("message")
+    message = await store.append_message(conversation_id, id=message_id, role="user", text="first")
+    message_again = await store.append_message(conversation_id, id=message_id, role="assistant", text="second")
+    assert message_again.model_dump() == message.model_dump()
+    messages = await store.list_messages(conversation_id)
+    assert [(m.id, m.sequence, m.role, m.content) for m in messages] == [
+        (message_id, 1, "user", [{"type": "text", "text": "first"}])
+    ]
+
+
+async def test_concurrent_creates_with_the_same_id_return_one_record(store: Store) -> None:
+    """A retried activity racing its zombie: every creator gets the same record, and one row exists."""
+    conversation_id, turn_id, message_id = new_id("conversation"), new_id("turn"), new_id("message")
+    conversations = await asyncio.gather(*(_conversation(store, id=conversation_id) for _ in range(6)))
+    assert len({c.id for c in conversations}) == 1
+    assert await _count(store, ConversationRow.id, ConversationRow.uid == conversation_id) == 1
+
+    turns = await asyncio.gather(*(_turn(store, conversation_id, id=turn_id) for _ in range(6)))
+    assert len({t.id for t in turns}) == 1
+    assert await _count(store, TurnRow.id, TurnRow.uid == turn_id) == 1
+
+    async def append(text: str) -> Any:
+        async with store.atomic() as tx:  # no conversation lock taken up front by the caller
+            return await tx.append_message(conversation_id, id=message_id, role="user", text=text)
+
+    messages = await asyncio.gather(*(append(f"m{i}") for i in range(6)))
+    assert len({(m.id, m.sequence, m.text) for m in messages}) == 1
+    assert [m.sequence for m in await store.list_messages(conversation_id)] == [1]
+
+    async def wait() -> Any:
+        async with store.atomic() as tx:
+            return await tx.create_wait(turn_id=turn_id, target_turn_id="turn_target")
+
+    waits = await asyncio.gather(*(wait() for _ in range(6)))
+    assert sum(created for _, created in waits) == 1
+    async with store.atomic() as tx:
+        assert len(await tx.list_waits(turn_id=turn_id)) == 1
+
+
+# 3. append_message validation ----------------------------------------------------------------------------------------
+
+
+async def test_append_message_validations(store: Store) -> None:
+    conversation = await _conversation(store)
+    with pytest.raises(ValueError, match="unknown message role"):
+        await store.append_message(conversation.id, role="system", text="x")
+    with pytest.raises(ValueError, match="unknown message kind"):
+        await store.append_message(conversation.id, role="user", kind="video", text="x")
+    assert await store.list_messages(conversation.id) == []
+
+    missing = new_id("conversation")
+    with pytest.raises(RecordNotFound):
+        await store.append_message(missing, role="user", text="lost")
+    assert await _count(store, MessageRow.id, MessageRow.conversation_uid == missing) == 0
+
+    first = await store.append_message(conversation.id, role="user", text="hello")
+    assert first.sequence == 1
+    assert first.content == [{"type": "text", "text": "hello"}]
+    assert first.text == "hello"
+    assert first.kind == "text" and first.turn_id is None
+    untyped = await store.append_message(conversation.id, role="assistant", content=[{"text": "no type"}])
+    assert untyped.sequence == 2
+    assert untyped.content == [{"type": "text", "text": "no type"}]
+
+
+# 4. Concurrent appends -----------------------------------------------------------------------------------------------
+
+
+async def test_fifty_concurrent_appends_get_sequences_1_to_50(store: Store) -> None:
+    conversation = await _conversation(store)
+    results = await asyncio.gather(
+        *(store.append_message(conversation.id, role="user", text=f"m{i}") for i in range(50))
+    )
+    assert sorted(m.sequence for m in results) == list(range(1, 51))
+    assert len({m.id for m in results}) == 50
+    stored = await store.list_messages(conversation.id)
+    assert [m.sequence for m in stored] == list(range(1, 51))
+    assert sorted(m.text for m in stored) == sorted(f"m{i}" for i in range(50))
+    # Each returned record matches what was stored under its sequence.
+    by_sequence = {m.sequence: m.id for m in stored}
+    assert all(by_sequence[m.sequence] == m.id for m in results)
+
+
+async def test_concurrent_appends_to_two_conversations_stay_gap_free(store: Store) -> None:
+    a = await _conversation(store)
+    b = await _conversation(store)
+    calls = [store.append_message(conv.id, role="user", text=f"{i}") for i in range(20) for conv in (a, b)]
+    await asyncio.gather(*calls)
+    for conv in (a, b):
+        assert [m.sequence for m in await store.list_messages(conv.id)] == list(range(1, 21))
+
+
+# 5. update_turn whitelist --------------------------------------------------------------------------------------------
+
+
+async def test_update_turn_whitelist_status_and_updated_at(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id, options={"keep": {"me": True}})
+    async with store.atomic() as tx:
+        with pytest.raises(ValueError, match="unknown turn update attributes"):
+            await tx.update_turn(turn.id, bogus=True)
+        with pytest.raises(ValueError, match="unknown turn status"):
+            await tx.update_turn(turn.id, status="lost")
+        with pytest.raises(ValueError, match="unknown turn update attributes"):
+            await tx.update_turn(turn.id, agent_name="other")  # a real column, but not updatable
+    loaded = await store.load_turn(turn.id)
+    assert loaded.status == "pending" and loaded.updated_at == turn.updated_at
+
+    async with store.atomic() as tx:
+        updated = await tx.update_turn(
+            turn.id, status="failed", error={"class": "X", "message": "boom"}, output_text="out", cost=0.25
+        )
+    assert updated.status == "failed"
+    assert updated.updated_at > turn.updated_at
+    reloaded = await store.load_turn(turn.id)
+    assert reloaded.model_dump() == updated.model_dump()
+    assert reloaded.error == {"class": "X", "message": "boom"}
+    assert reloaded.options == {"keep": {"me": True}}
+    assert reloaded.created_at == turn.created_at
+
+    async with store.atomic() as tx:
+        with pytest.raises(RecordNotFound):
+            await tx.update_turn(new_id("turn"), status="running")
+
+
+# 6. Claims (CAS) -----------------------------------------------------------------------------------------------------
+
+
+async def _claim_turn(store: Store, turn_id: str, **kwargs: Any) -> TurnRecord | None:
+    async with store.atomic() as tx:
+        return await tx.claim_turn(turn_id, **kwargs)
+
+
+async def test_claim_turn_is_compare_and_set(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    started = datetime.now(UTC)
+    first = await _claim_turn(store, turn.id, claim_token="a" * 32, started_at=started)
+    assert first is not None
+    assert first.status == "running" and first.claim_token == "a" * 32
+    assert first.updated_at > turn.updated_at
+    second = await _claim_turn(store, turn.id, claim_token="b" * 32, started_at=started + timedelta(seconds=5))
+    assert second is None
+    stored = await store.load_turn(turn.id)
+    assert stored.claim_token == "a" * 32
+    assert stored.started_at == first.started_at
+    assert abs(stored.started_at - started) < timedelta(milliseconds=1)  # type: ignore[operator]
+
+    # Rotation (from == to) and several accepted source statuses.
+    rotated = await _claim_turn(store, turn.id, from_="running", to="running", claim_token="c" * 32)
+    assert rotated is not None and rotated.claim_token == "c" * 32 and rotated.updated_at > stored.updated_at
+    assert rotated.started_at == stored.started_at
+    assert await _claim_turn(store, turn.id, from_=["pending", "waiting"], to="running") is None
+    with pytest.raises(ValueError, match="unknown turn status"):
+        await _claim_turn(store, turn.id, from_="running", to="lost")
+    assert await _claim_turn(store, new_id("turn")) is None
+
+
+async def test_concurrent_claim_turn_exactly_one_wins(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    tokens = [new_claim_token() for _ in range(10)]
+    results = await asyncio.gather(*(_claim_turn(store, turn.id, claim_token=token) for token in tokens))
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    stored = await store.load_turn(turn.id)
+    assert stored.status == "running"
+    assert stored.claim_token == winners[0].claim_token
+
+
+async def test_claim_tool_execution_first_commit_wins(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    async with store.atomic() as tx:
+        execution, created = await tx.create_tool_execution(
+            turn_id=turn.id, tool_call_id="call-1", tool_name="echo", status="running"
+        )
+    assert created
+
+    async def claim(to: str, **attrs: Any) -> Any:
+        async with store.atomic() as tx:
+            return await tx.claim_tool_execution(execution.id, from_="running", to=to, **attrs)
+
+    now = datetime.now(UTC)
+    results = await asyncio.gather(
+        claim("completed", result={"ok": True}, completed_at=now),
+        claim("interrupted", error={"message": "interrupted"}, completed_at=now),
+    )
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    stored = await _load_execution(store, execution.id)
+    assert stored.status == winners[0].status
+    if stored.status == "completed":
+        assert stored.result == {"ok": True} and stored.error is None
+    else:
+        assert stored.status == "interrupted" and stored.error == {"message": "interrupted"} and stored.result is None
+
+    # Sequentially: once terminal, a late result loses.
+    assert await claim("completed", result={"late": True}) is None
+    assert (await _load_execution(store, execution.id)).model_dump() == stored.model_dump()
+    async with store.atomic() as tx:
+        with pytest.raises(ValueError, match="unknown tool execution update attributes"):
+            await tx.claim_tool_execution(execution.id, from_="completed", to="failed", tool_name="x")
+        with pytest.raises(ValueError, match="unknown tool execution status"):
+            await tx.claim_tool_execution(execution.id, to="lost")
+
+
+async def _load_execution(store: Store, execution_id: str) -> Any:
+    async with store.atomic() as tx:
+        return await tx.load_tool_execution(execution_id)
+
+
+# 7. Tool executions: get-or-create -----------------------------------------------------------------------------------
+
+
+async def test_create_tool_execution_is_get_or_create(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    async with store.atomic() as tx:
+        first, created = await tx.create_tool_execution(
+            turn_id=turn.id, tool_call_id="call-1", tool_name="echo", arguments={"b": 1, "a": {"c": [1, 2]}}
+        )
+    assert created and first.arguments == {"a": {"c": [1, 2]}, "b": 1}
+    async with store.atomic() as tx:
+        again, created_again = await tx.create_tool_execution(
+            turn_id=turn.id, tool_call_id="call-1", tool_name="other", arguments={"z": 0}, status="running"
+        )
+    assert not created_again
+    assert again.model_dump() == first.model_dump()
+    # Same call id on another turn is a different execution.
+    other_turn = await _turn(store, conversation.id)
+    async with store.atomic() as tx:
+        other, other_created = await tx.create_tool_execution(
+            turn_id=other_turn.id, tool_call_id="call-1", tool_name="echo"
+        )
+    assert other_created and other.id != first.id
+
+
+async def test_concurrent_create_tool_execution_yields_one_row(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+
+    async def create(i: int) -> Any:
+        async with store.atomic() as tx:
+            return await tx.create_tool_execution(
+                turn_id=turn.id, tool_call_id="call-x", tool_name="echo", arguments={"i": i}
+            )
+
+    results = await asyncio.gather(*(create(i) for i in range(10)))
+    assert sum(created for _, created in results) == 1
+    assert len({record.id for record, _ in results}) == 1
+    assert await _count(store, ToolExecutionRow.id, ToolExecutionRow.turn_uid == turn.id) == 1
+
+
+# 8. Listing ----------------------------------------------------------------------------------------------------------
+
+
+async def test_list_messages_filters_and_order(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    other_turn = await _turn(store, conversation.id)
+    spec = [None, None, None, turn.id, other_turn.id, turn.id, None]  # sequences 1..7
+    for i, owner in enumerate(spec, start=1):
+        role = "user" if owner is None else "assistant"
+        await store.append_message(conversation.id, role=role, text=f"m{i}", turn_id=owner)
+    # Noise in another conversation must never show up.
+    noise = await _conversation(store)
+    await store.append_message(noise.id, role="user", text="noise", turn_id=turn.id)
+
+    def seqs(messages: list[Any]) -> list[int]:
+        return [m.sequence for m in messages]
+
+    assert seqs(await store.list_messages(conversation.id)) == [1, 2, 3, 4, 5, 6, 7]
+    # messages_for_turn: the frozen context (sequence <= 2) plus the turn's own messages.
+    assert seqs(await store.list_messages(conversation.id, through_sequence=2, turn_id=turn.id)) == [1, 2, 4, 6]
+    assert seqs(await store.list_messages(conversation.id, through_sequence=2)) == [1, 2]
+    assert seqs(await store.list_messages(conversation.id, through_sequence=0, turn_id=other_turn.id)) == [5]
+    async with store.atomic() as tx:
+        assert seqs(await tx.list_messages(conversation.id, after_sequence=4)) == [5, 6, 7]
+        assert seqs(await tx.list_messages(conversation.id, after_sequence=7)) == []
+        assert seqs(await tx.list_messages(conversation.id, through_sequence=5, after_sequence=2)) == [3, 4, 5]
+        assert await tx.latest_message_sequence(conversation.id) == 7
+        assert await tx.latest_message_sequence(new_id("conversation")) == 0
+
+
+async def test_list_turns_filters_are_anded_and_ordered(store: Store) -> None:
+    c1 = await _conversation(store)
+    c2 = await _conversation(store)
+    alpha, beta = _name("alpha"), _name("beta")
+    root = await _turn(store, c1.id, agent_name=alpha)
+    child_a = await _turn(store, c2.id, agent_name=alpha, root_turn_id=root.id, parent_turn_id=root.id)
+    child_b = await _turn(store, c2.id, agent_name=beta, root_turn_id=root.id, parent_turn_id=root.id)
+    grandchild = await _turn(store, c1.id, agent_name=beta, root_turn_id=root.id, parent_turn_id=child_b.id)
+    unrelated = await _turn(store, c1.id, agent_name=alpha)
+
+    def ids(turns: list[TurnRecord]) -> list[str]:
+        return [t.id for t in turns]
+
+    assert ids(await store.list_turns(root_turn_id=root.id)) == [root.id, child_a.id, child_b.id, grandchild.id]
+    assert ids(await store.list_turns(conversation_id=c1.id)) == [root.id, grandchild.id, unrelated.id]
+    assert ids(await store.list_turns(agent_name=alpha)) == [root.id, child_a.id, unrelated.id]
+    assert ids(await store.list_turns(root_turn_id=root.id, agent_name=beta)) == [child_b.id, grandchild.id]
+    assert ids(await store.list_turns(root_turn_id=root.id, conversation_id=c2.id, agent_name=alpha)) == [child_a.id]
+    assert ids(await store.list_turns(conversation_id=c2.id, agent_name=_name("nobody"))) == []
+    # Ordering is created_at, then id: insertion order here.
+    listed = await store.list_turns(root_turn_id=root.id)
+    assert [(t.created_at, t.id) for t in listed] == sorted((t.created_at, t.id) for t in listed)
+
+
+async def test_list_tool_executions_by_turn_and_root_tree(store: Store) -> None:
+    conversation = await _conversation(store)
+    root = await _turn(store, conversation.id)
+    child = await _turn(store, conversation.id, root_turn_id=root.id, parent_turn_id=root.id)
+    grandchild = await _turn(store, conversation.id, root_turn_id=root.id, parent_turn_id=child.id)
+    other_root = await _turn(store, conversation.id)
+    created: list[str] = []
+    async with store.atomic() as tx:
+        for turn in (root, child, grandchild, root, other_root):
+            record, _ = await tx.create_tool_execution(
+                turn_id=turn.id, tool_call_id=f"call-{len(created)}", tool_name="echo"
+            )
+            created.append(record.id)
+    tree = await store.list_tool_executions(root_turn_id=root.id)
+    assert [e.id for e in tree] == created[:4]
+    assert [e.id for e in await store.list_tool_executions(turn_id=root.id)] == [created[0], created[3]]
+    assert [e.id for e in await store.list_tool_executions(turn_id=grandchild.id)] == [created[2]]
+    assert [e.id for e in await store.list_tool_executions(root_turn_id=other_root.id)] == [created[4]]
+
+
+# 9. Deliveries (T75, T76) --------------------------------------------------------------------------------------------
+
+
+async def test_delivery_key_idempotency_and_conflicts(store: Store) -> None:
+    alice = await _conversation(store)
+    bob = await _conversation(store)
+    dest = await _conversation(store)
+    key = _name("request-1")
+    secret = "alice-secret-content-7f3a"
+
+    async def deliver(source: str, destination: str, payload: dict[str, Any], turn: str | None = None) -> Any:
+        async with store.atomic() as tx:
+            return await tx.create_delivery(
+                source_conversation_id=source,
+                destination_conversation_id=destination,
+                source_turn_id=turn,
+                key=key,
+                payload=payload,
+            )
+
+    original, created = await deliver(alice.id, dest.id, {"text": secret})
+    assert created and original.delivered_at is None and original.message_id is None
+    retry, created_again = await deliver(alice.id, dest.id, {"text": secret})
+    assert not created_again and retry.model_dump() == original.model_dump()
+
+    conflicts = [
+        (bob.id, dest.id, {"text": "bob's message"}, None),  # another route and content
+        (bob.id, dest.id, {"text": secret}, None),  # another source
+        (alice.id, bob.id, {"text": secret}, None),  # another destination
+        (alice.id, dest.id, {"text": secret + "!"}, None),  # changed content
+        (alice.id, dest.id, {"text": secret, "principal": "x"}, None),  # extra payload key
+        (alice.id, dest.id, {"text": secret}, new_id("turn")),  # another source turn
+    ]
+    for source, destination, payload, turn in conflicts:
+        with pytest.raises(ToolError, match="delivery key is already used for a different message") as info:
+            await deliver(source, destination, payload, turn)
+        assert secret not in str(info.value)
+        assert "bob's message" not in str(info.value)
+
+    async with store.atomic() as tx:
+        listed = await tx.list_deliveries(destination_conversation_id=dest.id)
+        assert [d.id for d in listed] == [original.id]
+        assert [d.id for d in await tx.list_deliveries(source_conversation_id=alice.id)] == [original.id]
+        assert await tx.list_deliveries(source_conversation_id=bob.id) == []
+        assert (await tx.load_delivery(original.id)).payload == {"text": secret}
+
+
+async def test_delivery_payload_key_order_is_canonicalised(store: Store) -> None:
+    conversation = await _conversation(store)
+    key = _name("k")
+    async with store.atomic() as tx:
+        first, created = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=key,
+            payload={"b": 1, "a": 2, "nested": {"y": [1, {"q": 1, "p": 2}], "x": None}},
+        )
+    async with store.atomic() as tx:
+        second, created_again = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=key,
+            payload={"nested": {"x": None, "y": [1, {"p": 2, "q": 1}]}, "a": 2, "b": 1},
+        )
+    assert created and not created_again
+    assert second.id == first.id
+    # Non-string keys are stringified (Ruby symbol/string keys: JSON canonicalisation).
+    async with store.atomic() as tx:
+        third, created_third = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=key,
+            payload={"a": 2, "b": 1, "nested": {"y": [1, {"p": 2, "q": 1}], "x": None}},
+        )
+    assert not created_third and third.id == first.id
+
+
+async def test_concurrent_create_delivery_same_key_one_row(store: Store) -> None:
+    conversation = await _conversation(store)
+    key = _name("k")
+
+    async def create() -> Any:
+        async with store.atomic() as tx:
+            return await tx.create_delivery(
+                source_conversation_id=conversation.id,
+                destination_conversation_id=conversation.id,
+                key=key,
+                payload={"text": "hi"},
+            )
+
+    results = await asyncio.gather(*(create() for _ in range(8)))
+    assert sum(created for _, created in results) == 1
+    assert len({record.id for record, _ in results}) == 1
+
+
+async def test_mark_delivered_is_compare_and_set(store: Store) -> None:
+    conversation = await _conversation(store)
+    async with store.atomic() as tx:
+        delivery, _ = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=_name("k"),
+            payload={"text": "hi"},
+        )
+        other, _ = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=_name("k"),
+            payload={"text": "other"},
+        )
+    message = await store.append_message(conversation.id, role="user", text="hi", metadata={"delivery_id": delivery.id})
+    async with store.atomic() as tx:
+        pending = await tx.list_deliveries(destination_conversation_id=conversation.id, pending=True)
+        assert [d.id for d in pending] == [delivery.id, other.id]
+        marked = await tx.mark_delivered(delivery.id, message_id=message.id)
+    assert marked is not None and marked.message_id == message.id and marked.delivered_at is not None
+    async with store.atomic() as tx:
+        assert await tx.mark_delivered(delivery.id, message_id=new_id("message")) is None
+        stored = await tx.load_delivery(delivery.id)
+        assert stored.message_id == message.id and stored.delivered_at == marked.delivered_at
+        pending = await tx.list_deliveries(destination_conversation_id=conversation.id, pending=True)
+        assert [d.id for d in pending] == [other.id]
+        assert [d.id for d in await tx.list_deliveries(destination_conversation_id=conversation.id, limit=1)] == [
+            delivery.id
+        ]
+        with pytest.raises(RecordNotFound):
+            await tx.load_delivery(new_id("delivery"))
+
+
+# 10. Waits -----------------------------------------------------------------------------------------------------------
+
+
+async def test_waits_are_idempotent_and_filterable(store: Store) -> None:
+    waiter, other_waiter = new_id("turn"), new_id("turn")
+    target_a, target_b = new_id("turn"), new_id("turn")
+    async with store.atomic() as tx:
+        first, created = await tx.create_wait(turn_id=waiter, target_turn_id=target_a)
+        again, created_again = await tx.create_wait(turn_id=waiter, target_turn_id=target_a)
+        await tx.create_wait(turn_id=waiter, target_turn_id=target_b)
+        await tx.create_wait(turn_id=other_waiter, target_turn_id=target_a)
+    assert created and not created_again
+    assert again.model_dump() == first.model_dump()
+    async with store.atomic() as tx:
+        again_later, created_later = await tx.create_wait(turn_id=waiter, target_turn_id=target_a)
+        assert not created_later and again_later.created_at == first.created_at
+
+        def pairs(waits: list[Any]) -> list[tuple[str, str]]:
+            return [(w.turn_id, w.target_turn_id) for w in waits]
+
+        assert pairs(await tx.list_waits(turn_id=waiter)) == [(waiter, target_a), (waiter, target_b)]
+        assert pairs(await tx.list_waits(target_turn_id=target_a)) == [(waiter, target_a), (other_waiter, target_a)]
+        assert pairs(await tx.list_waits(turn_id=other_waiter, target_turn_id=target_b)) == []
+        assert pairs(await tx.list_waits(turn_id=waiter, target_turn_id=target_b)) == [(waiter, target_b)]
+
+
+# 11. Atomicity -------------------------------------------------------------------------------------------------------
+
+
+class _Boom(Exception):
+    pass
+
+
+async def test_atomic_rolls_back_every_write(store: Store) -> None:
+    conversation = await _conversation(store)
+    await store.append_message(conversation.id, role="user", text="kept")
+    with pytest.raises(_Boom):
+        async with store.atomic(conversation_id=conversation.id) as tx:
+            await tx.append_message(conversation.id, role="user", text="one")
+            second = await tx.append_message(conversation.id, role="assistant", text="two")
+            assert second.sequence == 3
+            raise _Boom
+    stored = await store.list_messages(conversation.id)
+    assert [(m.sequence, m.text) for m in stored] == [(1, "kept")]
+    # The sequence allocator did not leak the rolled-back numbers.
+    assert (await store.append_message(conversation.id, role="user", text="next")).sequence == 2
+
+
+async def test_nested_atomic_joins_the_outer_transaction(store: Store) -> None:
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    with pytest.raises(_Boom):
+        async with store.atomic(conversation_id=conversation.id) as outer:
+            await outer.append_message(conversation.id, role="user", text="outer")
+            async with store.atomic(conversation_id=conversation.id, turn_id=turn.id) as inner:
+                assert inner is outer
+                await inner.update_turn(turn.id, status="running")
+                await inner.append_message(conversation.id, role="assistant", text="inner")
+            # The wrapper methods join too (one transaction per call only at the outermost level).
+            joined = await store.append_message(conversation.id, role="user", text="wrapper")
+            assert joined.sequence == 3
+            assert (await store.load_turn(turn.id)).status == "running"
+            raise _Boom
+    assert await store.list_messages(conversation.id) == []
+    assert (await store.load_turn(turn.id)).status == "pending"
+
+    # Without an exception, the nested writes commit with the outer block.
+    async with store.atomic(conversation_id=conversation.id) as outer, store.atomic() as inner:
+        assert inner is outer
+        await inner.append_message(conversation.id, role="user", text="committed")
+    assert [m.text for m in await store.list_messages(conversation.id)] == ["committed"]
+
+
+async def test_exception_in_nested_block_rolls_back_outer_writes_too(store: Store) -> None:
+    conversation = await _conversation(store)
+    with pytest.raises(_Boom):
+        async with store.atomic(conversation_id=conversation.id) as outer:
+            await outer.append_message(conversation.id, role="user", text="outer")
+            async with store.atomic(conversation_id=conversation.id) as inner:
+                await inner.append_message(conversation.id, role="user", text="inner")
+                raise _Boom
+    assert await store.list_messages(conversation.id) == []
+
+
+# 12. Round-trips -----------------------------------------------------------------------------------------------------
+
+
+def _assert_utc(value: datetime | None) -> None:
+    assert value is not None
+    assert value.tzinfo is not None and value.utcoffset() == timedelta(0), value
+
+
+async def test_timestamps_json_and_cost_round_trip(store: Store) -> None:
+    metadata = {"principal": {"user": "u1", "roles": ["a", "b"]}, "n": 1.5, "flag": False, "none": None}
+    conversation = await _conversation(store, metadata=metadata, subject={"type": "Account", "id": 42})
+    nested_options = {
+        "budget_limits": {"max_iterations": 5, "max_tool_executions_by_name": {"echo": 2}},
+        "state": {"phase": "tools", "parts": [{"type": "tool_call", "arguments": {"deep": [1, [2, {"x": "é"}]]}}]},
+        "controls": {"pause_requested": False, "inputs": []},
+    }
+    turn = await _turn(store, conversation.id, options=nested_options)
+    local = datetime(2026, 1, 2, 12, 30, 45, 123456, tzinfo=UTC).astimezone(timezone(timedelta(hours=5, minutes=30)))
+    async with store.atomic() as tx:
+        await tx.update_turn(
+            turn.id,
+            cost=0.123456,
+            usage={"input_tokens": 10, "cost_details": {"total": 0.123456}},
+            output_data={"list": [1, 2, {"k": None}]},
+            submitted_at=local,
+            heartbeat_at=local,
+        )
+    message = await store.append_message(
+        conversation.id,
+        role="assistant",
+        kind="tool_call",
+        content=[{"type": "tool_call", "id": "c1", "name": "echo", "arguments": {"a": [1, {"b": "c"}]}}],
+        metadata={"output_data": {"x": [None, True, 3.25]}},
+    )
+
+    loaded_conversation = await store.load_conversation(conversation.id)
+    loaded_turn = await store.load_turn(turn.id)
+    messages = await store.list_messages(conversation.id)
+
+    assert loaded_conversation.metadata == metadata
+    assert loaded_conversation.subject == {"type": "Account", "id": "42"}
+    assert loaded_turn.options == nested_options
+    assert loaded_turn.usage == {"input_tokens": 10, "cost_details": {"total": 0.123456}}
+    assert loaded_turn.output_data == {"list": [1, 2, {"k": None}]}
+    assert isinstance(loaded_turn.cost, float) and loaded_turn.cost == pytest.approx(0.123456, abs=1e-9)
+    assert messages[0].content == message.content
+    assert messages[0].metadata == {"output_data": {"x": [None, True, 3.25]}}
+
+    for value in (
+        loaded_conversation.created_at,
+        loaded_conversation.updated_at,
+        loaded_turn.created_at,
+        loaded_turn.updated_at,
+        loaded_turn.submitted_at,
+        loaded_turn.heartbeat_at,
+        messages[0].created_at,
+    ):
+        _assert_utc(value)
+    assert loaded_turn.submitted_at == local  # same instant, normalised to UTC
+    assert loaded_turn.submitted_at.hour == 12  # type: ignore[union-attr]
+
+    async with store.atomic() as tx:
+        assert (await tx.update_turn(turn.id, cost=None)).cost is None
+        # A naive timestamp is refused (SQLAlchemy wraps the ValueError from UTCDateTime), never stored as-is.
+        with pytest.raises(StatementError, match="timestamps must be timezone-aware") as refused:
+            await tx.update_turn(turn.id, heartbeat_at=datetime(2026, 1, 1))
+        assert isinstance(refused.value.orig, ValueError)
+    # Reads are copies: mutating one changes nothing stored.
+    loaded_turn.options["state"]["phase"] = "mutated"
+    assert (await store.load_turn(turn.id)).options == nested_options
+
+
+# 13. Schema ----------------------------------------------------------------------------------------------------------
+
+
+def _unique_column_sets(conn: Connection) -> dict[str, set[tuple[str, ...]]]:
+    inspector = inspect(conn)
+    found: dict[str, set[tuple[str, ...]]] = {}
+    for table in inspector.get_table_names():
+        sets = {tuple(c["column_names"]) for c in inspector.get_unique_constraints(table)}
+        sets |= {tuple(i["column_names"]) for i in inspector.get_indexes(table) if i.get("unique")}  # type: ignore[misc]
+        found[table] = sets
+    return found
+
+
+async def test_schema_has_spec_tables_and_unique_indexes(tmp_path: Any) -> None:
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'schema.db'}")
+    try:
+        async with store.engine.connect() as conn:
+            uniques = await conn.run_sync(_unique_column_sets)
+    finally:
+        await store.close()
+    tables = {
+        "turnkit_conversations",
+        "turnkit_messages",
+        "turnkit_turns",
+        "turnkit_tool_executions",
+        "turnkit_deliveries",
+        "turnkit_waits",
+    }
+    assert tables <= set(uniques)
+    for table in tables - {"turnkit_waits"}:
+        assert ("uid",) in uniques[table], table
+    assert ("conversation_uid", "sequence") in uniques["turnkit_messages"]
+    assert ("turn_uid", "tool_call_id") in uniques["turnkit_tool_executions"]
+    assert ("key",) in uniques["turnkit_deliveries"]
+    assert ("turn_uid", "target_turn_uid") in uniques["turnkit_waits"]
+
+
+def _diff(conn: Connection) -> list[Any]:
+    context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": False})
+    return compare_metadata(context, Base.metadata)
+
+
+async def test_migrations_match_the_models(store: Store) -> None:
+    async with store.engine.connect() as conn:
+        diff = await conn.run_sync(_diff)
+    assert diff == []
