@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from activities.deliveries import DeliveryActivities
 from activities.model import ModelActivities
 from activities.tools import ToolActivities
 from activities.turns import TurnActivities
 from turnkit.store.store import Store
 
-__all__ = ["ModelActivities", "ToolActivities", "TurnActivities", "build_activities"]
+__all__ = ["DeliveryActivities", "ModelActivities", "ToolActivities", "TurnActivities", "build_activities"]
 
 
 def build_activities(store: Store) -> list[Callable[..., Any]]:
@@ -25,4 +26,5 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         turns.submit_turn,
         turns.finish_turn,
         turns.settle_tool,
+        DeliveryActivities(store).deliver,
     ]

@@ -21,6 +21,7 @@ from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
 from turnkit.budget import iteration_denial, spend_denial
 from turnkit.cost import cost_from_usage
+from turnkit.deliveries import completion_delivery, notify_completion
 from turnkit.errors import ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
@@ -43,6 +44,8 @@ class ModelActivities:
         """Reserve, call and persist one model request of ``call.turn_id`` (see the module docstring)."""
         reserved = await self._reserve(call)
         if isinstance(reserved, ModelStep):
+            if reserved.completed:  # the attempt that committed this response may have died before signalling
+                await notify_completion(self.store, activity.client(), activity.info().task_queue, call.turn_id)
             return reserved
         turn, messages = reserved
         try:
@@ -82,6 +85,8 @@ class ModelActivities:
         except (ModelError, ConfigError) as err:
             raise _non_retryable(err) from err
         step = await self._persist(call, request.model, result)
+        if step.completed:
+            await notify_completion(self.store, activity.client(), activity.info().task_queue, turn.id)
         if step.message_id is not None and not step.stopped:
             emit(
                 "model.completed",
@@ -182,7 +187,7 @@ class ModelActivities:
             if denial is not None:
                 return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial)
             if not tool_calls:
-                await tx.claim_turn(
+                completed = await tx.claim_turn(
                     turn.id,
                     from_="running",
                     to="completed",
@@ -191,6 +196,8 @@ class ModelActivities:
                     completed_at=utcnow(),
                     claim_token=None,
                 )
+                if completed is not None:
+                    await completion_delivery(tx, completed)  # committed with the terminal write (spec §5.7)
         if not tool_calls:
             emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
         return ModelStep(message_id=message.id, tool_calls=tool_calls, completed=not tool_calls)

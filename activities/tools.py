@@ -20,8 +20,11 @@ from temporalio.common import RawValue
 
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
+from turnkit.authorization import authorize
+from turnkit.builtin_tools import SendMessageTool
+from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.budget import tool_execution_denial
-from turnkit.errors import ConfigError, ToolError, error_class_name
+from turnkit.errors import AuthorizationError, ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.events import emit
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
@@ -62,8 +65,11 @@ class ToolActivities:
             attempt=activity.info().attempt,
         )
         try:
-            async with heartbeating():
-                result = await tool.invoke(request.call.arguments, context)
+            if isinstance(tool, SendMessageTool):
+                result = await self._send_message(turn, execution, tool, request.call.arguments)
+            else:
+                async with heartbeating():
+                    result = await tool.invoke(request.call.arguments, context)
         except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
             return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except Exception as err:
@@ -72,6 +78,34 @@ class ToolActivities:
             # At most once: the body raised, so its outcome is known (it failed); report it, never re-run it.
             return await self._fail(turn, execution, f"{type(err).__name__}: {err}", {"class": type(err).__name__})
         return await self._complete(turn, execution, normalize_result(result), tool)
+
+    async def _send_message(
+        self, turn: TurnRecord, execution: ToolExecutionRecord, tool: Tool, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The ``send_message`` tool: a delivery keyed ``message:<execution id>`` (stable across retries)."""
+        args = tool.validate_arguments(arguments)
+        principal = turn.options.get("principal")
+        destination = str(args["conversation_id"])
+        try:
+            authorize(
+                "send_message", principal, source_conversation=turn.conversation_id, destination_conversation=destination
+            )
+        except AuthorizationError as err:
+            raise ToolError(str(err)) from err
+        try:
+            async with self.store.atomic() as tx:
+                delivery = await create_delivery(
+                    tx,
+                    source_conversation_id=turn.conversation_id,
+                    destination_conversation_id=destination,
+                    key=f"message:{execution.id}",
+                    text=str(args["text"]),
+                    source_turn_id=turn.id,
+                )
+        except RecordNotFound as err:
+            raise ToolError(str(err)) from err
+        await signal_delivery(activity.client(), activity.info().task_queue, delivery)
+        return delivery.model_dump(mode="json")
 
     async def _reserve(
         self, request: ToolCallInput, tool: Tool | None

@@ -12,6 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkit.agent import resolve_agent
+from turnkit.deliveries import completion_delivery, notify_completion
 from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.events import emit
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
@@ -63,6 +64,8 @@ class TurnActivities:
             principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
             if principal is not None:
                 options["principal"] = principal
+            if request.callback_conversation_id is not None:
+                options["callback_conversation_id"] = request.callback_conversation_id
             turn = await tx.create_turn(
                 id=request.turn_id,
                 conversation_id=conversation.id,
@@ -81,6 +84,7 @@ class TurnActivities:
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             turn = await tx.load_turn(finish.turn_id)
             if turn.terminal:
+                await completion_delivery(tx, turn)
                 return outcome_of(turn)
             if finish.status == "completed":
                 finished = await self._complete_by_terminal_tool(tx, turn, finish)
@@ -95,6 +99,8 @@ class TurnActivities:
                     claim_token=None,
                 )
             turn = finished or await tx.load_turn(turn.id)
+            await completion_delivery(tx, turn)  # committed with the terminal write (spec §5.7)
+        await notify_completion(self.store, activity.client(), activity.info().task_queue, turn.id)
         if turn.status == "completed":
             emit("turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text)
         elif turn.terminal:

@@ -14,15 +14,15 @@ from turnkit.config import settings
 from turnkit.records import ToolExecutionRecord, TurnRecord
 
 __all__ = [
+    "COST_LIMIT",
     "MAX_ITERATIONS",
     "MAX_TOOL_EXECUTIONS",
-    "COST_LIMIT",
     "TIMED_OUT",
-    "limits_of",
-    "iteration_denial",
-    "tool_execution_denial",
-    "spend_denial",
     "counts_against_budget",
+    "iteration_denial",
+    "limits_of",
+    "spend_denial",
+    "tool_execution_denial",
 ]
 
 MAX_ITERATIONS: Final = "maximum iterations reached"

@@ -23,7 +23,7 @@ from turnkit.records import MessageRecord
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import ToolContext
 
-__all__ = ["research_agent", "main"]
+__all__ = ["main", "research_agent"]
 
 FACTS = {
     "temporal": "Temporal is a durable execution platform: workflows survive crashes by replaying their history.",

@@ -19,10 +19,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit import errors
+from turnkit.authorization import authorize
+from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
-from turnkit.records import ConversationRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -66,14 +68,21 @@ class Conversation:
         context: dict[str, Any] | None = None,
         principal: Any = None,
         metadata: dict[str, Any] | None = None,
+        callback: Conversation | str | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
         Returns at once with ``wait=False`` (the turn is ``pending``); otherwise when the turn has finished.
-        ``thinking=None`` disables the agent's thinking for this turn (spec §1.4).
+        ``thinking=None`` disables the agent's thinking for this turn (spec §1.4). With ``callback``, the finished
+        turn's result is delivered to that conversation (key ``completion:<turn_id>``).
         """
         if not text:
             raise ValueError("text is required")
+        callback_id = callback.id if isinstance(callback, Conversation) else callback
+        if callback_id is not None:
+            turn_principal = principal if principal is not None else self.record.metadata.get("principal")
+            authorize("callback", turn_principal, turn=None, destination_conversation=callback_id)
+            await self._tk.store.load_conversation(callback_id)  # must exist: fail before anything is written
         request = SubmitTurn(
             conversation_id=self.id,
             turn_id=new_id("turn"),
@@ -88,6 +97,7 @@ class Conversation:
             prompt_mode=prompt_mode,
             context=context,
             principal=principal,
+            callback_conversation_id=callback_id,
         )
         await self._submit(request)
         turn = Turn(self._tk, request.turn_id)
@@ -117,6 +127,83 @@ class Conversation:
     async def messages(self) -> list[MessageRecord]:
         """Every message of the conversation, in sequence order."""
         return await self._tk.store.list_messages(self.id)
+
+    async def post(self, text: str, *, key: str, principal: Any = None) -> DeliveryRecord:
+        """Durable next-turn input for this conversation (spec §1.3 ``post``), idempotent by ``key``.
+
+        The sender's ``principal`` is recorded with the message; the turn it wakes acts for this conversation.
+        Retrying with the same key and payload returns the same delivery; a different payload raises ``ToolError``.
+        """
+        authorize("send_message", principal, source_conversation=self.id, destination_conversation=self.id)
+        return await self._deliver(self.id, text, key=key, principal=principal, include_principal=True)
+
+    async def send_message(
+        self, destination: Conversation | str, text: str, *, key: str, principal: Any = None
+    ) -> DeliveryRecord:
+        """Send ``text`` to another conversation (spec §1.3); its payload carries no principal."""
+        destination_id = destination.id if isinstance(destination, Conversation) else destination
+        authorize("send_message", principal, source_conversation=self.id, destination_conversation=destination_id)
+        return await self._deliver(destination_id, text, key=key, principal=principal, include_principal=False)
+
+    async def _deliver(
+        self, destination_id: str, text: str, *, key: str, principal: Any, include_principal: bool
+    ) -> DeliveryRecord:
+        if not key:
+            raise ValueError("key is required")
+        async with self._tk.store.atomic() as tx:
+            delivery = await create_delivery(
+                tx,
+                source_conversation_id=self.id,
+                destination_conversation_id=destination_id,
+                key=key,
+                text=text,
+                principal=principal,
+                include_principal=include_principal,
+            )
+        # After commit: the row is the truth, the signal only a wake-up (reconcile repairs a lost one).
+        await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
+        return delivery
+
+    async def inbox(self) -> list[DeliveryRecord]:
+        """Deliveries addressed to this conversation, oldest first."""
+        async with self._tk.store.atomic() as tx:
+            return await tx.list_deliveries(destination_conversation_id=self.id)
+
+    async def outbox(self) -> list[DeliveryRecord]:
+        """Deliveries sent from this conversation, oldest first."""
+        async with self._tk.store.atomic() as tx:
+            return await tx.list_deliveries(source_conversation_id=self.id)
+
+    async def messages_after(self, sequence: int, *, principal: Any = None) -> list[MessageRecord]:
+        """Messages after ``sequence``, without thinking or provider parts (spec §1.3; the store is unchanged)."""
+        authorize("read_messages", principal, destination_conversation=self.id)
+        async with self._tk.store.atomic() as tx:
+            messages = await tx.list_messages(self.id, after_sequence=sequence)
+        return [
+            message.model_copy(
+                update={"content": [p for p in message.content if p.get("type") not in ("thinking", "provider")]}
+            )
+            for message in messages
+        ]
+
+    async def input_status(self, delivery_id: str, *, principal: Any = None) -> dict[str, Any]:
+        """Whether delivered input reached a model request: ``applied`` (with turn and request ids) or ``pending``."""
+        authorize("read_control", principal, destination_conversation=self.id)
+        async with self._tk.store.atomic() as tx:
+            delivery = await tx.load_delivery(delivery_id)
+            if delivery.destination_conversation_id != self.id:
+                raise ValueError("delivery belongs to another conversation")
+            application = None
+            for turn in await tx.list_turns(conversation_id=self.id):
+                request_id = (turn.state.get("delivery_requests") or {}).get(delivery_id)
+                if request_id:
+                    application = {"turn_id": turn.id, "request_id": request_id}
+                    break
+        return {
+            **delivery.model_dump(mode="json"),
+            "application": application,
+            "status": "applied" if application else "pending",
+        }
 
     async def turns(self) -> list[Turn]:
         """Every turn of the conversation, oldest first."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Final, Literal
 
-__all__ = ["IdKind", "PREFIXES", "new_id", "new_claim_token"]
+__all__ = ["PREFIXES", "IdKind", "new_claim_token", "new_id"]
 
 IdKind = Literal["conversation", "message", "turn", "delivery", "tool_execution"]
 

@@ -13,21 +13,33 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "SubmitTurn",
-    "TurnTicket",
-    "QueuedTurn",
+    "FinishTurn",
     "LaneInput",
     "LaneStatus",
-    "TurnInput",
-    "TurnOutcome",
-    "ToolCallRef",
     "ModelCall",
     "ModelStep",
-    "ToolCallInput",
-    "ToolOutcome",
+    "QueuedTurn",
     "SettleToolCall",
-    "FinishTurn",
+    "SubmitTurn",
+    "DeliverySignal",
+    "DeliverBatch",
+    "DeliverResult",
+    "ToolCallInput",
+    "ToolCallRef",
+    "ToolOutcome",
+    "TurnInput",
+    "TurnOutcome",
+    "TurnTicket",
 ]
+
+
+class QueuedTurn(BaseModel):
+    """A submitted turn waiting for its lane (carried across continue-as-new)."""
+
+    turn_id: str
+    agent_name: str
+    root_turn_id: str
+    deadline: datetime | None = None
 
 
 class SubmitTurn(BaseModel):
@@ -49,6 +61,30 @@ class SubmitTurn(BaseModel):
     prompt_mode: str | None = None
     context: dict[str, Any] | None = None
     principal: Any = None
+    #: Conversation to receive the finished turn's result as a delivery (key ``completion:<turn_id>``).
+    callback_conversation_id: str | None = None
+
+
+class DeliverySignal(BaseModel):
+    """The lane's ``deliver`` signal: a wake-up naming a delivery row (the row is the truth)."""
+
+    delivery_id: str
+
+
+class DeliverBatch(BaseModel):
+    """Input of ``turnkit.deliver``: append these deliveries to the lane's conversation, and maybe wake it."""
+
+    conversation_id: str
+    delivery_ids: list[str] = Field(default_factory=list[str])
+    #: The lane is idle: start a turn for the delivered input (spec §5.11 ``wake``).
+    wake: bool = False
+
+
+class DeliverResult(BaseModel):
+    """Result of ``turnkit.deliver``: what was appended now, and the turn a wake created."""
+
+    delivered_ids: list[str] = Field(default_factory=list[str])
+    turn: QueuedTurn | None = None
 
 
 class TurnTicket(BaseModel):
@@ -62,15 +98,6 @@ class TurnTicket(BaseModel):
     deadline: datetime | None = None
 
 
-class QueuedTurn(BaseModel):
-    """A submitted turn waiting for its lane (carried across continue-as-new)."""
-
-    turn_id: str
-    agent_name: str
-    root_turn_id: str
-    deadline: datetime | None = None
-
-
 class LaneInput(BaseModel):
     """Start (or continue-as-new) input of a conversation lane."""
 
@@ -78,7 +105,15 @@ class LaneInput(BaseModel):
     queue: list[QueuedTurn] = Field(default_factory=list[QueuedTurn])
     #: Recently submitted turn ids, oldest first: a bounded dedupe window that survives continue-as-new.
     recent_turn_ids: list[str] = Field(default_factory=list[str])
+    #: Deliveries signalled but not yet appended, oldest first.
+    pending_delivery_ids: list[str] = Field(default_factory=list[str])
+    #: Recently applied delivery ids: a bounded dedupe window (the store's compare-and-set is the backstop).
+    recent_delivery_ids: list[str] = Field(default_factory=list[str])
+    #: Delivered input that no turn may have consumed yet: wake when idle.
+    wake_pending: bool = False
     turns_started: int = 0
+    #: Continue-as-new once idle with more history events than this (below Temporal's own suggestion).
+    max_history_events: int = 2000
 
 
 class LaneStatus(BaseModel):
@@ -87,7 +122,9 @@ class LaneStatus(BaseModel):
     conversation_id: str
     active_turn_id: str | None
     queued_turn_ids: list[str]
+    pending_delivery_ids: list[str]
     turns_started: int
+    run_history_events: int
 
 
 class TurnInput(BaseModel):

@@ -14,7 +14,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from turnkit.store.store import Store
 
-__all__ = ["TurnKitPlugin", "PASSTHROUGH_MODULES"]
+__all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
 
 #: Modules the workflow sandbox imports once, from the host: pure models and definitions (no re-import per run).
 PASSTHROUGH_MODULES = ("turnkit", "pydantic", "pydantic_core", "annotated_types", "sqlalchemy", "activities")

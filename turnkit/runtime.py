@@ -23,12 +23,14 @@ from temporalio.worker import Worker
 
 from turnkit.agent import Agent, register
 from turnkit.config import TASK_QUEUE
+from turnkit.deliveries import reconcile as reconcile_deliveries
 from turnkit.errors import ConfigError
 from turnkit.handles import Conversation, Turn
 from turnkit.plugin import TurnKitPlugin
+from turnkit.records import DeliveryRecord
 from turnkit.store.store import Store
 
-__all__ = ["TurnKit", "connect", "temporal_binary", "STATE_DIR"]
+__all__ = ["STATE_DIR", "TurnKit", "connect", "temporal_binary"]
 
 #: Where the embedded defaults keep their state (SQLite store, dev-server database).
 STATE_DIR = Path(".turnkit")
@@ -86,6 +88,10 @@ class TurnKit:
     async def load_conversation(self, conversation_id: str) -> Conversation:
         """The conversation ``conversation_id``; raises :class:`~turnkit.errors.RecordNotFound` when absent."""
         return Conversation(self, await self.store.load_conversation(conversation_id))
+
+    async def reconcile(self) -> list[DeliveryRecord]:
+        """Re-signal every delivery still pending in the store (repairs lost signals); returns them."""
+        return await reconcile_deliveries(self.store, self.client, self.task_queue)
 
     def turn(self, turn_id: str) -> Turn:
         """A handle on any turn by id (also one submitted by another process); ``await .result()`` waits for it."""

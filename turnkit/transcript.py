@@ -15,10 +15,10 @@ from turnkit.store.store import StoreTx, utcnow
 __all__ = [
     "TERMINAL_SKIP",
     "append_tool_result",
-    "result_payload",
     "fail_execution",
-    "tool_calls_of",
     "repair_transcript",
+    "result_payload",
+    "tool_calls_of",
 ]
 
 TERMINAL_SKIP: Final = "not executed: turn ended by {name}"

@@ -1,9 +1,15 @@
 """``ConversationWorkflow``: the conversation's serial lane (workflow id = conversation id).
 
 At most one turn of a conversation is active; submitted turns wait in FIFO order and run as children of the lane
-(child workflow id = turn id). Submission is an update (used with update-with-start): its handler writes the trigger
-message and the turn record through an activity and returns the turn id at once; the main loop runs the turns. The
-lane continues-as-new only when idle, carrying its queue and a bounded window of recent submissions.
+(child workflow id = turn id). Two kinds of input arrive:
+
+* ``submit`` (an update, used with update-with-start): writes the trigger message and the turn record through an
+  activity and returns the turn id at once; the turn is queued.
+* ``deliver`` (a signal, used with signal-with-start): a delivery row exists in the store. The lane appends it to
+  the transcript (exactly once: the store's compare-and-set decides) even while a turn runs, and when the lane is
+  idle it *wakes*: a new turn consumes every delivered message so far (spec §5.11).
+
+The lane continues-as-new only when idle, carrying its queue, pending deliveries and bounded dedupe windows.
 """
 
 from __future__ import annotations
@@ -13,49 +19,71 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from turnkit.payloads import LaneInput, LaneStatus, QueuedTurn, SubmitTurn, TurnInput, TurnTicket
+    from turnkit.payloads import (
+        DeliverBatch,
+        DeliverResult,
+        DeliverySignal,
+        LaneInput,
+        LaneStatus,
+        QueuedTurn,
+        SubmitTurn,
+        TurnInput,
+        TurnTicket,
+    )
 
     from workflows.turn import TurnWorkflow
 
-__all__ = ["ConversationWorkflow", "RECENT_WINDOW"]
+__all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
 
-#: How many recent submissions the lane remembers to recognise a retried submit across continue-as-new.
+#: How many recent submissions and deliveries the lane remembers to recognise repeats across continue-as-new.
 RECENT_WINDOW = 256
-SUBMIT_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 
 
 @workflow.defn(name="ConversationWorkflow")
 class ConversationWorkflow:
-    """The lane: FIFO, one active turn, idle continue-as-new."""
+    """The lane: FIFO, one active turn, deliveries applied as they come, idle continue-as-new."""
 
     @workflow.init
     def __init__(self, lane: LaneInput) -> None:
-        # Handlers can run before run() (update-with-start, after continue-as-new): all state is set up here.
+        # Handlers can run before run() (update/signal-with-start, after continue-as-new): all state is set up here.
         self._conversation_id = lane.conversation_id
         self._queue: list[QueuedTurn] = list(lane.queue)
-        self._recent: dict[str, TurnTicket | None] = dict.fromkeys(lane.recent_turn_ids)
+        self._recent_turns: dict[str, None] = dict.fromkeys(lane.recent_turn_ids)
+        self._pending_deliveries: list[str] = list(lane.pending_delivery_ids)
+        self._recent_deliveries: dict[str, None] = dict.fromkeys(lane.recent_delivery_ids)
+        self._wake_pending = lane.wake_pending
         self._turns_started = lane.turns_started
+        self._max_history_events = lane.max_history_events
         self._active: str | None = None
-        # Submissions write to the store one at a time, so queue order = creation order = message order.
-        self._submitting = asyncio.Lock()
+        # Store writes of the lane happen one at a time, so queue order = creation order = message order.
+        self._writing = asyncio.Lock()
+
+    # Messages -------------------------------------------------------------------------------------------------------
 
     @workflow.update(name="submit")
     async def submit(self, request: SubmitTurn) -> TurnTicket:
         """Append the trigger message, create the pending turn and queue it; returns its ids at once."""
-        async with self._submitting:
-            ticket = await workflow.execute_activity(
-                "turnkit.submit_turn",
-                request,
-                result_type=TurnTicket,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=SUBMIT_RETRY,
-                summary="submit turn",
-            )
-            if ticket.turn_id not in self._recent:
-                # A retried submit (same turn id) returns the same ticket and is not queued twice.
+        async with self._writing:
+            try:
+                ticket = await workflow.execute_activity(
+                    "turnkit.submit_turn",
+                    request,
+                    result_type=TurnTicket,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=STORE_RETRY,
+                    summary="submit turn",
+                )
+            except ActivityError as err:
+                # Reject the update (the caller gets the error); never fail the lane's workflow task.
+                cause = err.cause
+                if isinstance(cause, ApplicationError):
+                    raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
+                raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err
+            if ticket.turn_id not in self._recent_turns:  # a retried submit is not queued twice
                 self._queue.append(
                     QueuedTurn(
                         turn_id=ticket.turn_id,
@@ -64,7 +92,7 @@ class ConversationWorkflow:
                         deadline=ticket.deadline,
                     )
                 )
-                self._remember(ticket)
+                _remember(self._recent_turns, ticket.turn_id)
             return ticket
 
     @submit.validator
@@ -75,6 +103,13 @@ class ConversationWorkflow:
                 type="InvalidSubmission",
             )
 
+    @workflow.signal(name="deliver")
+    def deliver(self, signal: DeliverySignal) -> None:
+        """A delivery row was created for this conversation: apply it (duplicates are dropped)."""
+        if signal.delivery_id in self._recent_deliveries or signal.delivery_id in self._pending_deliveries:
+            return
+        self._pending_deliveries.append(signal.delivery_id)
+
     @workflow.query(name="status")
     def status(self) -> LaneStatus:
         """What runs and what waits in this lane."""
@@ -82,28 +117,74 @@ class ConversationWorkflow:
             conversation_id=self._conversation_id,
             active_turn_id=self._active,
             queued_turn_ids=[queued.turn_id for queued in self._queue],
+            pending_delivery_ids=list(self._pending_deliveries),
             turns_started=self._turns_started,
+            run_history_events=workflow.info().get_current_history_length(),
         )
+
+    # Main loop ------------------------------------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, lane: LaneInput) -> None:
+        turn: asyncio.Task[None] | None = None
         while True:
-            await workflow.wait_condition(lambda: bool(self._queue) or self._should_continue_as_new())
-            if self._queue:
-                await self._run_turn(self._queue.pop(0))
+            await workflow.wait_condition(
+                lambda: bool(self._pending_deliveries)
+                or (turn is None and (bool(self._queue) or self._wake_pending or self._should_continue_as_new()))
+                or (turn is not None and turn.done())
+            )
+            if turn is not None and turn.done():
+                turn = None
+            if self._pending_deliveries:
+                await self._apply_deliveries(wake=turn is None and not self._queue)
                 continue
-            # Idle and Temporal suggests a fresh run: let in-flight submissions land first, then roll over.
-            await workflow.wait_condition(workflow.all_handlers_finished)
+            if turn is not None:
+                continue
             if self._queue:
+                turn = asyncio.create_task(self._run_turn(self._queue.pop(0)))
+                continue
+            if self._wake_pending:
+                await self._apply_deliveries(wake=True)
+                continue
+            # Idle and due for a fresh run: let in-flight handlers land first, then roll over.
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            if self._queue or self._pending_deliveries:
                 continue
             workflow.continue_as_new(
                 LaneInput(
                     conversation_id=self._conversation_id,
                     queue=self._queue,
-                    recent_turn_ids=list(self._recent),
+                    recent_turn_ids=list(self._recent_turns),
+                    pending_delivery_ids=self._pending_deliveries,
+                    recent_delivery_ids=list(self._recent_deliveries),
+                    wake_pending=self._wake_pending,
                     turns_started=self._turns_started,
+                    max_history_events=self._max_history_events,
                 )
             )
+
+    async def _apply_deliveries(self, *, wake: bool) -> None:
+        """Append the signalled deliveries (exactly once) and, when idle, start a turn for delivered input."""
+        batch = list(self._pending_deliveries)
+        async with self._writing:
+            result = await workflow.execute_activity(
+                "turnkit.deliver",
+                DeliverBatch(conversation_id=self._conversation_id, delivery_ids=batch, wake=wake),
+                result_type=DeliverResult,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=STORE_RETRY,
+                summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
+            )
+        for delivery_id in batch:
+            self._pending_deliveries.remove(delivery_id)
+            _remember(self._recent_deliveries, delivery_id)
+        if wake:
+            self._wake_pending = False
+        elif result.delivered_ids:
+            self._wake_pending = True  # a turn is busy: the input waits for the next wake
+        if result.turn is not None:
+            self._queue.append(result.turn)
+            _remember(self._recent_turns, result.turn.turn_id)
 
     async def _run_turn(self, queued: QueuedTurn) -> None:
         self._active = queued.turn_id
@@ -127,10 +208,12 @@ class ConversationWorkflow:
         finally:
             self._active = None
 
-    def _remember(self, ticket: TurnTicket) -> None:
-        self._recent[ticket.turn_id] = ticket
-        while len(self._recent) > RECENT_WINDOW:
-            del self._recent[next(iter(self._recent))]
-
     def _should_continue_as_new(self) -> bool:
-        return workflow.info().is_continue_as_new_suggested()
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > self._max_history_events
+
+
+def _remember(window: dict[str, None], key: str) -> None:
+    window[key] = None
+    while len(window) > RECENT_WINDOW:
+        del window[next(iter(window))]

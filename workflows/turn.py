@@ -12,7 +12,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.agent import resolve_agent
@@ -54,7 +55,7 @@ class TurnWorkflow:
         try:
             # The root deadline covers the whole loop, including a model or tool call in flight (spec §5.12).
             await workflow.wait_condition(loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline")
-        except asyncio.TimeoutError:
+        except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
             loop.cancel()
             try:
                 return await loop
@@ -136,7 +137,7 @@ class TurnWorkflow:
         except ActivityError as err:
             # The attempt was lost (worker died, timed out) or the last retry failed: record that, never re-run an
             # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (spec §5.8).
-            lost = isinstance(err.cause, TimeoutError)
+            lost = isinstance(err.cause, ActivityTimeoutError)
             settle = SettleToolCall(
                 turn_id=turn.turn_id,
                 conversation_id=turn.conversation_id,
@@ -192,7 +193,7 @@ def _failure(err: ActivityError) -> tuple[str, str]:
     if isinstance(cause, ApplicationError):
         name = cause.type or "Error"
         return (name if name.startswith("TurnKit::") else f"TurnKit::{name}" if _turnkit(name) else name), cause.message
-    if isinstance(cause, TimeoutError):
+    if isinstance(cause, ActivityTimeoutError):
         return "TurnKit::ModelError", f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
     return type(cause).__name__ if cause else "Error", str(cause or err)
 

@@ -20,12 +20,12 @@ __all__ = [
     "TABLE_PREFIX",
     "Base",
     "ConversationRow",
-    "MessageRow",
-    "TurnRow",
-    "ToolExecutionRow",
     "DeliveryRow",
-    "WaitRow",
+    "MessageRow",
+    "ToolExecutionRow",
+    "TurnRow",
     "UTCDateTime",
+    "WaitRow",
 ]
 
 TABLE_PREFIX = "turnkit"

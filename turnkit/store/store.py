@@ -51,7 +51,7 @@ from turnkit.store.schema import (
     WaitRow,
 )
 
-__all__ = ["Store", "StoreTx", "DEFAULT_DATABASE_URL", "utcnow"]
+__all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "utcnow"]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
 
@@ -637,6 +637,11 @@ class StoreTx:
         if not same:
             raise ToolError("delivery key is already used for a different message")
         return _delivery(existing), False
+
+    async def find_delivery(self, key: str) -> DeliveryRecord | None:
+        """The delivery with this idempotency key, or None."""
+        row = await self._delivery_by_key(key)
+        return None if row is None else _delivery(row)
 
     async def _delivery_by_key(self, key: str) -> DeliveryRow | None:
         return await self.session.scalar(select(DeliveryRow).where(DeliveryRow.key == key))

@@ -1,0 +1,102 @@
+"""The ``turnkit.deliver`` activity: apply deliveries to a conversation, and wake it when idle (spec §5.11)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity
+
+from activities.turns import ticket_of
+from turnkit.agent import resolve_agent
+from turnkit.errors import ConfigError, RecordNotFound
+from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
+from turnkit.records import MessageRecord
+from turnkit.store.store import Store, StoreTx, utcnow
+
+__all__ = ["DeliveryActivities"]
+
+
+class DeliveryActivities:
+    """Delivery activities bound to a store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name="turnkit.deliver")
+    async def deliver(self, batch: DeliverBatch) -> DeliverResult:
+        """Append each pending delivery exactly once (message + ``delivered_at`` in one transaction), then wake.
+
+        A delivery for another conversation, an unknown id or an already-delivered one is skipped: signals are
+        hints, the rows are the truth.
+        """
+        delivered: list[str] = []
+        async with self.store.atomic(conversation_id=batch.conversation_id) as tx:
+            for delivery_id in batch.delivery_ids:
+                try:
+                    delivery = await tx.load_delivery(delivery_id)
+                except RecordNotFound:
+                    activity.logger.warning("signal for unknown delivery %s ignored", delivery_id)
+                    continue
+                if delivery.destination_conversation_id != batch.conversation_id or delivery.delivered_at:
+                    continue
+                message = await tx.append_message(
+                    batch.conversation_id,
+                    role="user",
+                    text=str(delivery.payload.get("text", "")),
+                    metadata={
+                        "delivery_id": delivery.id,
+                        "principal": delivery.payload.get("principal"),
+                        "source_conversation_id": delivery.source_conversation_id,
+                        "source_turn_id": delivery.source_turn_id,
+                    },
+                )
+                if await tx.mark_delivered(delivery.id, message_id=message.id) is None:
+                    raise RuntimeError(f"delivery {delivery.id} was applied concurrently")  # rolls back the append
+                delivered.append(delivery.id)
+            turn = await self._wake(tx, batch.conversation_id) if batch.wake else None
+        return DeliverResult(delivered_ids=delivered, turn=turn)
+
+    async def _wake(self, tx: StoreTx, conversation_id: str) -> QueuedTurn | None:
+        """Start a turn for delivered input no turn has consumed yet; None when there is none (spec §5.11)."""
+        trigger = await _next_delivery_trigger(tx, conversation_id)
+        if trigger is None:
+            return None
+        conversation = await tx.load_conversation(conversation_id)
+        try:
+            agent = resolve_agent(conversation.agent_name)
+        except ConfigError:
+            activity.logger.error("cannot wake %s: agent %r is not registered", conversation_id, conversation.agent_name)
+            return None
+        options: dict[str, Any] = {
+            "trigger_message_id": trigger.id,
+            "budget_limits": agent.budget_limits(),
+            "thinking": agent.thinking,
+            "context": conversation.metadata.get("turnkit_context", {}),
+        }
+        if agent.output_schema is not None:
+            options["output_schema"] = agent.output_schema
+        # The woken turn acts for the destination conversation, never for the sender (spec §7.2).
+        principal = conversation.metadata.get("principal")
+        if principal is not None:
+            options["principal"] = principal
+        turn = await tx.create_turn(
+            conversation_id=conversation_id,
+            agent_name=agent.name,
+            context_message_sequence=await tx.latest_message_sequence(conversation_id),
+            model=conversation.model or agent.effective_model,
+            options=options,
+            submitted_at=utcnow(),
+        )
+        ticket = ticket_of(turn)
+        return QueuedTurn(
+            turn_id=turn.id, agent_name=turn.agent_name, root_turn_id=turn.root_turn_id, deadline=ticket.deadline
+        )
+
+
+async def _next_delivery_trigger(tx: StoreTx, conversation_id: str) -> MessageRecord | None:
+    """The latest delivered message beyond every submitted turn's snapshot (spec §2.9 ``next_delivery_trigger``)."""
+    turns = await tx.list_turns(conversation_id=conversation_id)
+    consumed = max((t.context_message_sequence for t in turns if t.submitted_at is not None), default=0)
+    messages = await tx.list_messages(conversation_id, after_sequence=consumed)
+    delivered = [m for m in messages if m.metadata.get("delivery_id")]
+    return delivered[-1] if delivered else None

@@ -1,0 +1,179 @@
+"""Durable messaging on a real Temporal dev server and real databases: deliveries arrive as signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import turnkit
+from tests.engine import eventually
+from turnkit.builtin_tools import send_message
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+
+
+def echo_agent(name: str = "echo", **options: Any) -> tuple[turnkit.Agent, ScriptedClient]:
+    client = ScriptedClient(lambda request: turnkit.Result.build(text=f"seen {len(request.messages)}"))
+    return turnkit.Agent(name, model="scripted", client=client, **options), client
+
+
+async def turns_of(conversation: turnkit.Conversation) -> list[turnkit.Turn]:
+    return [await t.refresh() for t in await conversation.turns()]
+
+
+async def all_finished(conversation: turnkit.Conversation, count: int) -> bool:
+    turns = await conversation.turns()
+    return len(turns) >= count and all(t.record.terminal for t in turns)
+
+
+async def test_post_wakes_an_idle_conversation_with_the_destination_principal(tk: TurnKit) -> None:
+    agent, client = echo_agent()
+    conversation = await tk.conversation(agent, principal="executor")
+    delivery = await conversation.post("hello there", key="k-1", principal="sender")
+    assert delivery.payload == {"text": "hello there", "principal": "sender"}
+    await eventually(lambda: all_finished(conversation, 1), what="a woken turn to finish")
+
+    [turn] = await turns_of(conversation)
+    assert turn.status == "completed"
+    assert turn.record.options["principal"] == "executor"  # never the sender's (spec §7.2)
+    [message] = [m for m in await conversation.messages() if m.metadata.get("delivery_id")]
+    assert message.text == "hello there" and message.metadata["principal"] == "sender"
+    assert turn.record.options["trigger_message_id"] == message.id
+    [stored] = await conversation.inbox()
+    assert stored.delivered_at is not None and stored.message_id == message.id
+    status = await conversation.input_status(delivery.id)
+    assert status["status"] == "applied" and status["application"]["turn_id"] == turn.id
+    assert client.calls == 1
+
+    # A same-key retry returns the original and appends nothing; a changed payload is refused.
+    again = await conversation.post("hello there", key="k-1", principal="sender")
+    assert again.id == delivery.id
+    with pytest.raises(turnkit.ToolError, match="delivery key is already used for a different message"):
+        await conversation.post("hello there", key="k-1", principal="someone else")
+    assert len(await conversation.inbox()) == 1
+
+
+async def test_delivery_to_a_busy_conversation_is_consumed_by_a_later_turn(tk: TurnKit) -> None:
+    release = asyncio.Event()
+
+    @turnkit.tool
+    async def hold() -> dict[str, Any]:
+        """Wait until released."""
+        await release.wait()
+        return {"released": True}
+
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        if request.messages[-1]["role"] == "user" and request.messages[-1]["content"] == "start":
+            return call_tools(("hold", {}))
+        return turnkit.Result.build(text="ok")
+
+    client = ScriptedClient(script)
+    destination = await tk.conversation(turnkit.Agent("busy", model="scripted", tools=[hold], client=client))
+    source = await tk.conversation(echo_agent("sender")[0])
+    first = await destination.ask("start", wait=False)
+    await eventually(lambda: _running(first), what="the first turn to run")
+
+    delivery = await source.send_message(destination, "while you were busy", key="busy-1")
+    await source.send_message(destination, "while you were busy", key="busy-1")  # retried: same delivery
+    await eventually(lambda: _delivered(destination, 1), what="the delivery to be appended")
+    assert len(await destination.turns()) == 1  # busy: no turn starts
+    status = await destination.input_status(delivery.id)
+    assert status["status"] == "pending"
+
+    release.set()
+    await eventually(lambda: all_finished(destination, 2), what="the woken second turn")
+    first_turn, second_turn = await turns_of(destination)
+    assert first_turn.status == second_turn.status == "completed"
+    texts = [[m["content"] for m in r.messages] for r in client.requests]
+    assert not any("while you were busy" in t for t in texts[0] + texts[1])  # the running turn never saw it
+    assert "while you were busy" in texts[-1]
+    assert (await destination.input_status(delivery.id))["application"]["turn_id"] == second_turn.id
+    assert len(await source.outbox()) == 1 and len(await destination.inbox()) == 1
+
+
+async def test_completion_callback_delivers_the_result(tk: TurnKit) -> None:
+    worker_agent, _ = echo_agent("worker_agent")
+    boss_agent, boss_client = echo_agent("boss")
+    boss = await tk.conversation(boss_agent)
+    job = await tk.conversation(worker_agent)
+    turn = await job.ask("do the job", callback=boss)
+    assert turn.status == "completed"
+    await eventually(lambda: all_finished(boss, 1), what="the callback to wake the boss")
+    [delivery] = await boss.inbox()
+    assert delivery.key == f"completion:{turn.id}" and delivery.source_turn_id == turn.id
+    payload = json.loads(delivery.payload["text"])
+    assert payload == {"conversation_id": job.id, "turn_id": turn.id, "status": "completed", "result": "seen 1"}
+    assert boss_client.calls == 1
+
+
+async def test_send_message_tool(tk: TurnKit) -> None:
+    listener, listener_client = echo_agent("listener")
+    inbox = await tk.conversation(listener)
+    client = ScriptedClient([call_tools(("send_message", {"conversation_id": inbox.id, "text": "ping"})), "sent"])
+    talker = await tk.conversation(turnkit.Agent("talker", model="scripted", tools=[send_message], client=client))
+    turn = await talker.ask("tell them")
+    assert turn.status == "completed"
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed" and execution.result is not None
+    assert execution.result["key"] == f"message:{execution.id}"
+    await eventually(lambda: all_finished(inbox, 1), what="the listener to be woken")
+    assert listener_client.calls == 1
+    [message] = [m for m in await inbox.messages() if m.metadata.get("delivery_id")]
+    assert message.text == "ping" and message.metadata["source_turn_id"] == turn.id
+
+
+async def test_delivery_to_a_missing_conversation_writes_nothing(tk: TurnKit) -> None:
+    agent, _ = echo_agent()
+    conversation = await tk.conversation(agent)
+    with pytest.raises(turnkit.RecordNotFound, match="destination conversation not found"):
+        await conversation.send_message("conv_000000000000000000000000", "hi", key="nowhere")
+    assert await conversation.outbox() == []
+
+
+async def test_reconcile_repairs_a_lost_signal(tk: TurnKit) -> None:
+    agent, client = echo_agent()
+    conversation = await tk.conversation(agent)
+    async with tk.store.atomic() as tx:  # a delivery committed, but its signal never sent
+        await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key="lost-signal",
+            payload={"text": "did you get this?"},
+        )
+    assert len(await tk.reconcile()) >= 1
+    await eventually(lambda: all_finished(conversation, 1), what="the reconciled delivery to wake a turn")
+    assert len(await tk.reconcile()) == 0
+    await tk.reconcile()
+    messages = [m for m in await conversation.messages() if m.metadata.get("delivery_id")]
+    assert len(messages) == 1 and client.calls == 1
+
+
+async def test_messages_after_hides_thinking_and_provider_parts(tk: TurnKit) -> None:
+    agent, _ = echo_agent()
+    conversation = await tk.conversation(agent)
+    first = await conversation.say("before")
+    await tk.store.append_message(
+        conversation.id,
+        role="assistant",
+        content=[
+            {"type": "thinking", "text": "secret", "signature": "s", "redacted": False},
+            {"type": "text", "text": "public"},
+            {"type": "provider", "kind": "anthropic", "data": {"x": 1}},
+        ],
+    )
+    [shown] = await conversation.messages_after(first.sequence)
+    assert shown.content == [{"type": "text", "text": "public"}]
+    assert await conversation.messages_after(shown.sequence) == []
+    stored = (await conversation.messages())[-1]
+    assert len(stored.content) == 3
+
+
+async def _running(turn: turnkit.Turn) -> bool:
+    return (await turn.refresh()).status == "running"
+
+
+async def _delivered(conversation: turnkit.Conversation, count: int) -> bool:
+    return sum(1 for d in await conversation.inbox() if d.delivered_at) >= count

@@ -1,0 +1,127 @@
+"""Durable messaging (spec §5.11): deliveries are rows first, signals second.
+
+A delivery is created idempotently by its globally unique key, then its destination lane is woken by
+signal-with-start ``deliver``. The store is authoritative: a lost signal is repaired by :func:`reconcile`, a
+duplicate signal is a no-op (the lane dedupes, and the store's compare-and-set on ``delivered_at`` has the last word).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
+
+from turnkit.errors import RecordNotFound
+from turnkit.payloads import DeliverySignal, LaneInput
+from turnkit.records import DeliveryRecord, TurnRecord
+from turnkit.store.store import Store, StoreTx
+
+__all__ = [
+    "create_delivery",
+    "completion_delivery",
+    "signal_delivery",
+    "reconcile",
+    "notify_completion",
+    "turn_result",
+]
+
+
+async def create_delivery(
+    tx: StoreTx,
+    *,
+    source_conversation_id: str,
+    destination_conversation_id: str,
+    key: str,
+    text: str,
+    principal: Any = None,
+    include_principal: bool = False,
+    source_turn_id: str | None = None,
+) -> DeliveryRecord:
+    """Create (or find, by key) a delivery to an existing conversation; raises before writing anything if not.
+
+    Raises:
+        RecordNotFound: The destination conversation does not exist.
+        ToolError: The key was already used for a different message (its payload is not revealed).
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("text is required")
+    try:
+        await tx.load_conversation(destination_conversation_id)
+    except RecordNotFound:
+        raise RecordNotFound(f"destination conversation not found: {destination_conversation_id}") from None
+    payload: dict[str, Any] = {"text": text}
+    if include_principal:
+        payload["principal"] = principal
+    delivery, _ = await tx.create_delivery(
+        source_conversation_id=source_conversation_id,
+        destination_conversation_id=destination_conversation_id,
+        key=key,
+        payload=payload,
+        source_turn_id=source_turn_id,
+    )
+    return delivery
+
+
+def turn_result(turn: TurnRecord) -> dict[str, Any]:
+    """``SubAgentTool.result`` (spec §4.3): the shape of completion payloads and sub-agent results, nils dropped."""
+    result: dict[str, Any] = {
+        "conversation_id": turn.conversation_id,
+        "turn_id": turn.id,
+        "status": turn.status,
+        "result": turn.output_text or "",
+        "output_data": turn.output_data,
+        "error": turn.error,
+    }
+    return {key: value for key, value in result.items() if value is not None}
+
+
+async def completion_delivery(tx: StoreTx, turn: TurnRecord) -> DeliveryRecord | None:
+    """The completion callback of a finished turn (key ``completion:<turn_id>``), created with its terminal write."""
+    destination = turn.options.get("callback_conversation_id")
+    if not destination or not turn.terminal:
+        return None
+    return await create_delivery(
+        tx,
+        source_conversation_id=turn.conversation_id,
+        destination_conversation_id=str(destination),
+        key=f"completion:{turn.id}",
+        text=json.dumps(turn_result(turn), sort_keys=True, default=str),
+        source_turn_id=turn.id,
+    )
+
+
+async def signal_delivery(client: Client, task_queue: str, delivery: DeliveryRecord) -> None:
+    """Wake the destination lane: signal-with-start ``deliver`` (starts the lane if it is not running)."""
+    from workflows.lane import ConversationWorkflow
+
+    await client.start_workflow(
+        ConversationWorkflow.run,
+        LaneInput(conversation_id=delivery.destination_conversation_id),
+        id=delivery.destination_conversation_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        start_signal="deliver",
+        start_signal_args=[DeliverySignal(delivery_id=delivery.id)],
+    )
+
+
+async def reconcile(store: Store, client: Client, task_queue: str, *, limit: int = 1000) -> list[DeliveryRecord]:
+    """Signal the lanes of every delivery still pending in the store (repairs lost signals); returns them.
+
+    Safe to run at any time and any number of times: a delivery already applied is a no-op for its lane.
+    """
+    async with store.atomic() as tx:
+        pending = await tx.list_deliveries(pending=True, limit=limit)
+    for delivery in pending:
+        await signal_delivery(client, task_queue, delivery)
+    return pending
+
+
+async def notify_completion(store: Store, client: Client, task_queue: str, turn_id: str) -> None:
+    """Signal the completion callback of a finished turn, if it has one still pending (idempotent)."""
+    async with store.atomic() as tx:
+        delivery = await tx.find_delivery(f"completion:{turn_id}")
+    if delivery is not None and delivery.delivered_at is None:
+        await signal_delivery(client, task_queue, delivery)
