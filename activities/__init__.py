@@ -8,18 +8,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from activities.children import ChildActivities
 from activities.deliveries import DeliveryActivities
 from activities.model import ModelActivities
 from activities.tools import ToolActivities
 from activities.turns import TurnActivities
 from turnkit.store.store import Store
 
-__all__ = ["DeliveryActivities", "ModelActivities", "ToolActivities", "TurnActivities", "build_activities"]
+__all__ = ["ChildActivities", "DeliveryActivities", "ModelActivities", "ToolActivities", "TurnActivities", "build_activities"]
 
 
 def build_activities(store: Store) -> list[Callable[..., Any]]:
     """Every TurnKit activity, bound to ``store`` (register them all on a worker)."""
     turns = TurnActivities(store)
+    children = ChildActivities(store)
     return [
         ModelActivities(store).model,
         ToolActivities(store).run_tool,
@@ -27,4 +29,8 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         turns.finish_turn,
         turns.settle_tool,
         DeliveryActivities(store).deliver,
+        children.delegate,
+        children.join,
+        children.wait,
+        children.finish_wait,
     ]

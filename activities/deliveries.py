@@ -65,7 +65,9 @@ class DeliveryActivities:
         try:
             agent = resolve_agent(conversation.agent_name)
         except ConfigError:
-            activity.logger.error("cannot wake %s: agent %r is not registered", conversation_id, conversation.agent_name)
+            activity.logger.error(
+                "cannot wake %s: agent %r is not registered", conversation_id, conversation.agent_name
+            )
             return None
         options: dict[str, Any] = {
             "trigger_message_id": trigger.id,

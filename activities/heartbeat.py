@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager, suppress
 
 from temporalio import activity
@@ -12,7 +12,7 @@ __all__ = ["heartbeating"]
 
 
 @asynccontextmanager
-async def heartbeating() -> AsyncIterator[None]:
+async def heartbeating() -> AsyncGenerator[None, None]:
     """Heartbeat at half the heartbeat timeout until the block ends, so a live worker is never declared dead.
 
     A dead worker stops heartbeating, which is how Temporal notices it (the heartbeat timeout fires).

@@ -12,6 +12,7 @@ Three steps, two short transactions and no lock held across the remote call:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from temporalio import activity
@@ -19,9 +20,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
-from turnkit.budget import iteration_denial, spend_denial
+from turnkit.budget import depth_denial, iteration_denial, spend_denial
 from turnkit.cost import cost_from_usage
-from turnkit.deliveries import completion_delivery, notify_completion
+from activities.notify import announce_terminal
+from turnkit.deliveries import completion_delivery, turn_result
 from turnkit.errors import ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
@@ -45,7 +47,7 @@ class ModelActivities:
         reserved = await self._reserve(call)
         if isinstance(reserved, ModelStep):
             if reserved.completed:  # the attempt that committed this response may have died before signalling
-                await notify_completion(self.store, activity.client(), activity.info().task_queue, call.turn_id)
+                await announce_terminal(self.store, call.turn_id)
             return reserved
         turn, messages = reserved
         try:
@@ -86,7 +88,7 @@ class ModelActivities:
             raise _non_retryable(err) from err
         step = await self._persist(call, request.model, result)
         if step.completed:
-            await notify_completion(self.store, activity.client(), activity.info().task_queue, turn.id)
+            await announce_terminal(self.store, turn.id)
         if step.message_id is not None and not step.stopped:
             emit(
                 "model.completed",
@@ -109,9 +111,15 @@ class ModelActivities:
             state = turn.state
             if state.get("request_id") != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                denial = iteration_denial(root, await tx.list_turns(root_turn_id=turn.root_turn_id))
+                denial = depth_denial(root, int(turn.options.get("depth", 0))) or iteration_denial(
+                    root, await tx.list_turns(root_turn_id=turn.root_turn_id)
+                )
                 if denial is not None:
                     return ModelStep(budget_error=denial)
+                if not state.get("phase") and not state.get("wait_input"):
+                    waiting_on = await _join_application_waits(tx, turn, state)
+                    if waiting_on:
+                        return ModelStep(waiting_on=waiting_on)
                 state["iterations"] = int(state.get("iterations", 0)) + 1
                 state["request_id"] = call.request_id
                 state["phase"] = "model"
@@ -217,8 +225,29 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
                 for part in message.content
                 if part.get("type") == "tool_call"
             ]
-            return ModelStep(message_id=message.id, tool_calls=calls, completed=not calls and turn.status == "completed")
+            return ModelStep(
+                message_id=message.id, tool_calls=calls, completed=not calls and turn.status == "completed"
+            )
     return None
+
+
+async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: dict[str, Any]) -> list[str]:
+    """Spec §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
+
+    Returns the unfinished targets (the workflow waits for their signals), or [] after appending the
+    ``{"wait_results": [...]}`` message and marking ``state.wait_input``.
+    """
+    edges = await tx.list_waits(turn_id=turn.id)
+    if not edges:
+        return []
+    targets = [await tx.load_turn(edge.target_turn_id) for edge in edges]
+    unfinished = [target.id for target in targets if not target.terminal]
+    if unfinished:
+        return unfinished
+    text = json.dumps({"wait_results": [turn_result(target) for target in targets]}, sort_keys=True, default=str)
+    await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id)
+    state["wait_input"] = True
+    return []
 
 
 def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:

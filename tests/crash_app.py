@@ -72,7 +72,9 @@ def _scripted(tool_call: tuple[str, dict[str, Any]]) -> ScriptedClient:
 
 
 at_most_once = turnkit.register(
-    turnkit.Agent("at_most_once", model="scripted", tools=[charge_card], client=_scripted(("charge_card", {"amount": 500})))
+    turnkit.Agent(
+        "at_most_once", model="scripted", tools=[charge_card], client=_scripted(("charge_card", {"amount": 500}))
+    )
 )
 replay_safe = turnkit.register(
     turnkit.Agent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -65,7 +66,7 @@ async def test_concurrent_senders_while_busy(tk: TurnKit) -> None:
     assert sorted(m.text for m in delivered) == sorted(f"message {k}" for k in keys)
     turns = [t.record for t in await conversation.turns()]
     spans = sorted((t.started_at, t.completed_at) for t in turns if t.started_at)
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in pairwise(spans):
         assert end is not None and start is not None and end <= start  # never two active turns
     assert len(turns) >= 2  # the busy turn, then woken turn(s) for the buffered input
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
 import turnkit
@@ -35,7 +36,7 @@ async def test_turns_in_one_conversation_run_one_at_a_time_in_fifo_order(tk: Tur
 
     assert [t.status for t in done] == ["completed"] * 3
     spans = [(t.record.started_at, t.record.completed_at) for t in done]
-    for (_, earlier_end), (later_start, _) in zip(spans, spans[1:], strict=False):
+    for (_, earlier_end), (later_start, _) in pairwise(spans):
         assert earlier_end is not None and later_start is not None
         assert earlier_end <= later_start, "a turn started before the previous one in its conversation ended"
     # Frozen snapshots: each turn saw its own trigger and everything before it, nothing after.
@@ -61,7 +62,7 @@ async def test_concurrent_asks_from_many_callers_all_run_once(tk: TurnKit) -> No
     assert [t.status for t in done] == ["completed"] * 12
     assert client.calls == 12
     records = sorted((t.record for t in done), key=lambda r: r.started_at or r.created_at)
-    for earlier, later in zip(records, records[1:], strict=False):
+    for earlier, later in pairwise(records):
         assert earlier.completed_at is not None and later.started_at is not None
         assert earlier.completed_at <= later.started_at
     messages = await conversation.messages()

@@ -120,7 +120,7 @@ async def test_max_tool_executions_fails_the_turn_and_answers_every_call(tk: Tur
     assert turn.status == "failed"
     assert turn.error == {"class": "TurnKit::BudgetError", "message": "maximum tool executions reached"}
     executions = await turn.tool_executions()
-    assert [e.status for e in executions] == ["completed", "failed", "interrupted"]
+    assert [e.status for e in executions] == ["completed", "failed", "cancelled"]
     assert executions[1].error is not None and executions[1].error["details"]["budget_denied"] is True
     # Spec §5.13 invariant 8: every proposed call has exactly one tool result, even on a failed turn.
     results = [m for m in await conversation.messages() if m.kind == "tool_result"]

@@ -202,8 +202,12 @@ class Agent:
         return next((each for each in self.sub_agents if each.name == name), None)
 
     def tool_specs(self) -> list[ToolSpec]:
-        """The specs of the agent's own tools, in declaration order (sub-agent tools are not included)."""
-        return [each.spec() for each in self.tools]
+        """The specs of every tool the model may call: the agent's own, then one per sub-agent (delegation)."""
+        from turnkit.builtin_tools import sub_agent_tool
+
+        return [each.spec() for each in self.tools] + [
+            sub_agent_tool(each.name, each.description).spec() for each in self.sub_agents
+        ]
 
     # -- effective values --------------------------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ __all__ = [
     "TIMED_OUT",
     "counts_against_budget",
     "iteration_denial",
+    "depth_denial",
+    "MAX_DEPTH",
     "limits_of",
     "spend_denial",
     "tool_execution_denial",
@@ -28,6 +30,7 @@ __all__ = [
 MAX_ITERATIONS: Final = "maximum iterations reached"
 MAX_TOOL_EXECUTIONS: Final = "maximum tool executions reached"
 COST_LIMIT: Final = "cost limit reached"
+MAX_DEPTH: Final = "maximum sub-agent depth reached"
 TIMED_OUT: Final = "turn timed out"
 
 
@@ -52,6 +55,12 @@ def iteration_denial(root: TurnRecord, tree: Sequence[TurnRecord]) -> str | None
     return MAX_ITERATIONS if limit is not None and used >= int(limit) else None
 
 
+def depth_denial(root: TurnRecord, depth: int) -> str | None:
+    """The error if a turn at ``depth`` is deeper than the root's ``max_depth`` (a root is depth 0)."""
+    limit = limits_of(root)["max_depth"]
+    return MAX_DEPTH if limit is not None and depth > int(limit) else None
+
+
 def counts_against_budget(execution: ToolExecutionRecord) -> bool:
     """Whether an execution uses tool budget: all but cancelled and budget-denied ones (spec §6.3)."""
     if execution.status == "cancelled":
@@ -60,7 +69,9 @@ def counts_against_budget(execution: ToolExecutionRecord) -> bool:
     return not details.get("budget_denied")
 
 
-def tool_execution_denial(root: TurnRecord, tree_executions: Sequence[ToolExecutionRecord], tool_name: str) -> str | None:
+def tool_execution_denial(
+    root: TurnRecord, tree_executions: Sequence[ToolExecutionRecord], tool_name: str
+) -> str | None:
     """The error if one more execution of ``tool_name`` would exceed the tree's limits, else None.
 
     ``tree_executions`` must not include the execution being reserved.

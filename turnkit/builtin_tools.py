@@ -13,7 +13,17 @@ from pydantic import BaseModel, Field
 
 from turnkit.tools import Tool
 
-__all__ = ["CoordinationTool", "SendMessageTool", "send_message"]
+__all__ = [
+    "CoordinationTool",
+    "LaunchAgentTool",
+    "SendMessageTool",
+    "SubAgentTool",
+    "WaitForTool",
+    "launch_agent",
+    "send_message",
+    "sub_agent_tool",
+    "wait_for",
+]
 
 
 class CoordinationTool(Tool):
@@ -37,3 +47,56 @@ class SendMessageTool(CoordinationTool):
 
 #: Ready-made instance: ``Agent(..., tools=[send_message])``.
 send_message = SendMessageTool()
+
+
+class SubAgentTool(CoordinationTool):
+    """Delegation to a sub-agent (spec §4.3): runs a child turn in a new child conversation and returns its result.
+
+    Build one per sub-agent with :func:`sub_agent_tool`; the runtime runs the child as a child workflow, and
+    consecutive sub-agent calls in one model response run in parallel.
+    """
+
+    usage_hint = "Use when work can be delegated independently; give the complete task and all context it needs."
+
+    class Arguments(BaseModel):
+        task: str = Field(description="The complete task for the sub-agent, including all relevant context")
+
+
+def sub_agent_tool(name: str, description: str = "") -> SubAgentTool:
+    """The delegation tool of the sub-agent ``name`` (its description, or "Delegate work to <name>.")."""
+    cls = type(
+        f"SubAgent_{name}",
+        (SubAgentTool,),
+        {"name": name, "description": description or f"Delegate work to {name}.", "__module__": __name__},
+    )
+    return cls()
+
+
+class LaunchAgentTool(CoordinationTool):
+    """Start one of the agent's sub-agents as an independent child turn and return its ids at once (opt-in)."""
+
+    name = "launch_agent"
+    description = (
+        "Launch one of your sub-agents on a task without waiting for it. Returns its conversation and turn ids; "
+        "with callback, its result is delivered to this conversation when it finishes."
+    )
+
+    class Arguments(BaseModel):
+        agent_name: str = Field(description="Which sub-agent to launch.")
+        task: str = Field(description="The complete task for the sub-agent, including all relevant context")
+        callback: bool = Field(default=False, description="Deliver the result to this conversation when done.")
+
+
+class WaitForTool(CoordinationTool):
+    """Wait until other turns have finished, then return their results (opt-in)."""
+
+    name = "wait_for"
+    description = "Wait until the given turns have finished, then return their results."
+
+    class Arguments(BaseModel):
+        turn_ids: list[str] = Field(description="Ids of the turns to wait for (turn_…).")
+
+
+#: Ready-made instances: ``Agent(..., tools=[launch_agent, wait_for])``.
+launch_agent = LaunchAgentTool()
+wait_for = WaitForTool()

@@ -8,7 +8,7 @@ it at import time, so that ``configure`` calls made after import still apply.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -80,8 +80,9 @@ class Settings:
     maintenance_batch_size: int = 100
     """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
 
-    on_event: Callable[..., Any] | list[Callable[..., Any]] | None = None
-    """Event callback(s) receiving :class:`turnkit.events.Event` (spec §3.11); run inside activities."""
+    on_event: EventCallback | list[EventCallback] | tuple[EventCallback, ...] | None = None
+    """Event callback(s), called synchronously with each :class:`turnkit.events.Event` (spec §3.11); run inside
+    activities."""
 
     model_timeout: float = 300.0
     """Seconds one model request may take (the ``turnkit.model`` activity's start-to-close timeout)."""
@@ -94,21 +95,6 @@ class Settings:
 
     tool_heartbeat_timeout: float = 30.0
     """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
-
-    on_event: EventCallback | Sequence[EventCallback] | None = None
-    """Event callback(s), called synchronously with each :class:`turnkit.events.Event` (spec §3.11)."""
-
-    model_timeout: float = 300.0
-    """Seconds one model-call activity attempt may take (start-to-close)."""
-
-    model_heartbeat_timeout: float = 30.0
-    """Seconds without a heartbeat after which a model-call attempt is considered lost."""
-
-    model_max_attempts: int = 5
-    """Attempts for a model call that fails with a retryable (non-TurnKit) error."""
-
-    tool_heartbeat_timeout: float = 30.0
-    """Seconds without a heartbeat after which a tool attempt is considered lost (capped by the tool's timeout)."""
 
 
 #: The process-wide settings object. Mutate it through :func:`configure`.

@@ -19,11 +19,11 @@ from turnkit.records import DeliveryRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx
 
 __all__ = [
-    "create_delivery",
     "completion_delivery",
-    "signal_delivery",
-    "reconcile",
+    "create_delivery",
     "notify_completion",
+    "reconcile",
+    "signal_delivery",
     "turn_result",
 ]
 
@@ -45,7 +45,7 @@ async def create_delivery(
         RecordNotFound: The destination conversation does not exist.
         ToolError: The key was already used for a different message (its payload is not revealed).
     """
-    if not isinstance(text, str) or not text:
+    if not isinstance(text, str) or not text:  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError("text is required")
     try:
         await tx.load_conversation(destination_conversation_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -166,10 +167,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the TurnKit demo job on the embedded defaults.")
     parser.add_argument("--hold", action="store_true", help="keep the dev server (and its UI) up after the job")
     args = parser.parse_args()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_demo(hold=args.hold))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -69,12 +69,14 @@ class Conversation:
         principal: Any = None,
         metadata: dict[str, Any] | None = None,
         callback: Conversation | str | None = None,
+        wait_for: list[Turn | str] | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
         Returns at once with ``wait=False`` (the turn is ``pending``); otherwise when the turn has finished.
         ``thinking=None`` disables the agent's thinking for this turn (spec §1.4). With ``callback``, the finished
-        turn's result is delivered to that conversation (key ``completion:<turn_id>``).
+        turn's result is delivered to that conversation (key ``completion:<turn_id>``). With ``wait_for``, the turn
+        starts only once those turns finished, and their results are its input (spec §5.5 application joins).
         """
         if not text:
             raise ValueError("text is required")
@@ -98,6 +100,7 @@ class Conversation:
             context=context,
             principal=principal,
             callback_conversation_id=callback_id,
+            wait_for=[t.id if isinstance(t, Turn) else t for t in wait_for or []],
         )
         await self._submit(request)
         turn = Turn(self._tk, request.turn_id)

@@ -63,6 +63,8 @@ class SubmitTurn(BaseModel):
     principal: Any = None
     #: Conversation to receive the finished turn's result as a delivery (key ``completion:<turn_id>``).
     callback_conversation_id: str | None = None
+    #: Turns this one waits for before its first model request (their results become its input).
+    wait_for: list[str] = Field(default_factory=list[str])
 
 
 class DeliverySignal(BaseModel):
@@ -135,6 +137,8 @@ class TurnInput(BaseModel):
     agent_name: str
     root_turn_id: str
     deadline: datetime | None = None
+    #: 0 for a root turn; each sub-agent level adds one.
+    depth: int = 0
 
 
 class TurnOutcome(BaseModel):
@@ -179,6 +183,8 @@ class ModelStep(BaseModel):
     budget_error: str | None = None
     #: The turn is no longer running (cancelled or finished elsewhere): stop without writing.
     stopped: bool = False
+    #: Application-level waits (``ask(wait_for=...)``) not yet finished: wait for these, then call again.
+    waiting_on: list[str] = Field(default_factory=list[str])
 
 
 class ToolCallInput(BaseModel):
@@ -221,3 +227,63 @@ class FinishTurn(BaseModel):
     #: For a turn ended by a terminal tool: its execution, and the calls after it to skip.
     terminal_execution_id: str | None = None
     skipped_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
+
+
+class DelegateCalls(BaseModel):
+    """Input of ``turnkit.delegate``: sub-agent calls (one group of consecutive calls), or one ``launch_agent``."""
+
+    turn_id: str
+    root_turn_id: str
+    agent_name: str
+    depth: int = 0
+    deadline: datetime | None = None
+    calls: list[ToolCallRef]
+    launch: bool = False
+
+
+class ChildPlan(BaseModel):
+    """One delegated call: its execution, and the child turn to run (None when already settled or finished)."""
+
+    call_id: str
+    execution_id: str
+    child: TurnInput | None = None
+
+
+class DelegateResult(BaseModel):
+    """Result of ``turnkit.delegate``, in call order."""
+
+    plans: list[ChildPlan] = Field(default_factory=list[ChildPlan])
+    budget_error: str | None = None
+
+
+class JoinChildren(BaseModel):
+    """Input of ``turnkit.join``: settle delegated executions from their children, results in call order."""
+
+    turn_id: str
+    root_turn_id: str
+    execution_ids: list[str]
+
+
+class WaitRequest(BaseModel):
+    """Input of ``turnkit.wait``: the ``wait_for`` tool call of a turn."""
+
+    turn_id: str
+    root_turn_id: str
+    call: ToolCallRef
+
+
+class WaitPlan(BaseModel):
+    """Result of ``turnkit.wait``: the execution, every target, and those not finished yet."""
+
+    execution_id: str
+    settled: bool = False
+    target_ids: list[str] = Field(default_factory=list[str])
+    unfinished_ids: list[str] = Field(default_factory=list[str])
+
+
+class FinishWait(BaseModel):
+    """Input of ``turnkit.finish_wait``: complete a ``wait_for`` call with its targets' results."""
+
+    turn_id: str
+    root_turn_id: str
+    execution_id: str

@@ -11,7 +11,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -98,7 +98,7 @@ class TurnKit:
         return Turn(self, turn_id)
 
     @asynccontextmanager
-    async def worker(self, **options: Any) -> AsyncIterator[Worker]:
+    async def worker(self, **options: Any) -> AsyncGenerator[Worker, None]:
         """Run an in-process worker for the duration of the block (demo, tests). ``options`` go to ``Worker``."""
         options.setdefault("graceful_shutdown_timeout", timedelta(seconds=5))
         worker = Worker(self.client, task_queue=self.task_queue, **options)
@@ -114,7 +114,7 @@ async def connect(
     database_url: str | None = None,
     task_queue: str | None = None,
     ui: bool = True,
-) -> AsyncIterator[TurnKit]:
+) -> AsyncGenerator[TurnKit, None]:
     """Connect to Temporal and the store (environment first, else the embedded defaults); closes both on exit.
 
     Args:

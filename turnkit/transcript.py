@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 TERMINAL_SKIP: Final = "not executed: turn ended by {name}"
+NOT_EXECUTED: Final = "not executed: the turn ended before this call"
 
 
 def result_payload(execution: ToolExecutionRecord) -> tuple[dict[str, Any], bool]:
@@ -70,17 +71,20 @@ async def fail_execution(
     details: dict[str, Any] | None = None,
     status: str = "failed",
     from_: tuple[str, ...] = ("pending", "running"),
+    append: bool = True,
 ) -> ToolExecutionRecord:
-    """CAS an open execution to ``failed`` (or ``interrupted``) and append its error result if the CAS won."""
+    """CAS an open execution to ``failed`` (or ``interrupted``) and append its error result if the CAS won.
+
+    ``append=False`` defers the result message (a delegation group appends its results later, in call order).
+    """
     error: dict[str, Any] = {"message": message}
     if details:
         error["details"] = details
-    settled = await tx.claim_tool_execution(
-        execution.id, from_=from_, to=status, error=error, completed_at=utcnow()
-    )
+    settled = await tx.claim_tool_execution(execution.id, from_=from_, to=status, error=error, completed_at=utcnow())
     if settled is None:  # someone settled it first: theirs stands, and so does their result message
         return await tx.load_tool_execution(execution.id)
-    await append_tool_result(tx, turn, settled)
+    if append:
+        await append_tool_result(tx, turn, settled)
     return settled
 
 
@@ -98,15 +102,12 @@ def tool_calls_of(messages: list[MessageRecord]) -> list[dict[str, Any]]:
 async def repair_transcript(tx: StoreTx, turn: TurnRecord) -> None:
     """Give every tool call of ``turn`` a result (spec §5.8 repair): the ending turn leaves no call unanswered.
 
-    Open executions become ``interrupted``; settled ones get their real result; calls with no execution get an
-    interrupted error result.
+    Open executions become ``interrupted`` (their outcome is unknown); settled ones get their real result; calls
+    that never started get a cancelled execution with a "not executed" result.
     """
     messages = await tx.list_turn_messages(turn.id)
     answered = {
-        part.get("tool_call_id")
-        for message in messages
-        if message.kind == "tool_result"
-        for part in message.content
+        part.get("tool_call_id") for message in messages if message.kind == "tool_result" for part in message.content
     }
     for call in tool_calls_of(messages):
         call_id = str(call.get("id"))
@@ -114,13 +115,15 @@ async def repair_transcript(tx: StoreTx, turn: TurnRecord) -> None:
             continue
         execution = await tx.find_tool_execution(turn.id, call_id)
         if execution is None:
+            # No execution row means the call never started (rows are written before a tool runs): its outcome is
+            # known, so it is skipped (cancelled), not "unknown" — and it uses no tool budget.
             execution, _ = await tx.create_tool_execution(
                 turn_id=turn.id,
                 tool_call_id=call_id,
                 tool_name=str(call.get("name")),
                 arguments=dict(call.get("arguments") or {}),
-                status="interrupted",
-                error={"message": INTERRUPTED_MESSAGE},
+                status="cancelled",
+                result={"skipped": True, "message": NOT_EXECUTED},
                 completed_at=utcnow(),
             )
         if execution.status in ("pending", "running"):

@@ -15,6 +15,7 @@ The lane continues-as-new only when idle, carrying its queue, pending deliveries
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import timedelta
 
 from temporalio import workflow
@@ -33,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
         TurnInput,
         TurnTicket,
     )
-
     from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
@@ -128,11 +128,7 @@ class ConversationWorkflow:
     async def run(self, lane: LaneInput) -> None:
         turn: asyncio.Task[None] | None = None
         while True:
-            await workflow.wait_condition(
-                lambda: bool(self._pending_deliveries)
-                or (turn is None and (bool(self._queue) or self._wake_pending or self._should_continue_as_new()))
-                or (turn is not None and turn.done())
-            )
+            await workflow.wait_condition(functools.partial(self._has_work, turn))
             if turn is not None and turn.done():
                 turn = None
             if self._pending_deliveries:
@@ -145,6 +141,8 @@ class ConversationWorkflow:
                 continue
             if self._wake_pending:
                 await self._apply_deliveries(wake=True)
+                continue
+            if not self._should_continue_as_new():
                 continue
             # Idle and due for a fresh run: let in-flight handlers land first, then roll over.
             await workflow.wait_condition(workflow.all_handlers_finished)
@@ -207,6 +205,15 @@ class ConversationWorkflow:
             workflow.logger.warning("turn %s ended abnormally: %s", queued.turn_id, err.cause or err)
         finally:
             self._active = None
+
+    def _has_work(self, turn: asyncio.Task[None] | None) -> bool:
+        """What the main loop waits for: a delivery to apply, or (idle) a queued turn, a wake or a rollover, or (busy)
+        the active turn finishing."""
+        if self._pending_deliveries:
+            return True
+        if turn is None:
+            return bool(self._queue) or self._wake_pending or self._should_continue_as_new()
+        return turn.done()
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()

@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.agent import resolve_agent
+    from turnkit.builtin_tools import LaunchAgentTool, WaitForTool
     from turnkit.config import settings
     from turnkit.payloads import (
+        DelegateCalls,
+        DelegateResult,
         FinishTurn,
+        FinishWait,
+        JoinChildren,
+        WaitPlan,
+        WaitRequest,
         ModelCall,
         ModelStep,
         SettleToolCall,
@@ -30,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TurnOutcome,
     )
     from turnkit.records import INTERRUPTED_MESSAGE
+    from turnkit.waits import TARGET_FINISHED_SIGNAL
 
 __all__ = ["TurnWorkflow"]
 
@@ -44,7 +54,8 @@ class TurnWorkflow:
     """Runs one turn to a terminal status and returns a small :class:`TurnOutcome`."""
 
     def __init__(self) -> None:
-        self._outcome: TurnOutcome | None = None
+        self._finished: dict[str, None] = {}  # targets that signalled their end (an ordered set)
+        self._children: dict[str, ChildWorkflowHandle[Any, Any]] = {}  # launched children, by turn id
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
@@ -70,25 +81,159 @@ class TurnWorkflow:
             step = await self._model(turn, iteration)
             if isinstance(step, TurnOutcome):
                 return step
+            if step.waiting_on:
+                # Application-level waits (spec §5.5): nothing reserved yet; wait, then ask again.
+                await self._wait_for_targets(step.waiting_on)
+                iteration -= 1
+                continue
             if step.stopped:
                 return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
             if step.budget_error:
                 return await self._finish(turn, "failed", "TurnKit::BudgetError", step.budget_error)
             if step.completed:
                 return TurnOutcome(turn_id=turn.turn_id, status="completed")
-            # Tools run one at a time, in proposal order (spec §3.8).
-            for index, call in enumerate(step.tool_calls):
+            ended = await self._dispatch(turn, step.tool_calls)
+            if ended is not None:
+                return ended
+
+    async def _dispatch(self, turn: TurnInput, calls: list[ToolCallRef]) -> TurnOutcome | None:
+        """Run the calls in proposal order; a run of consecutive sub-agent calls fans out in parallel (spec §3.8)."""
+        agent = resolve_agent(turn.agent_name)
+        index = 0
+        while index < len(calls):
+            call = calls[index]
+            if agent.sub_agent(call.name) is not None:
+                group = [call]
+                while index + len(group) < len(calls) and agent.sub_agent(calls[index + len(group)].name) is not None:
+                    group.append(calls[index + len(group)])
+                budget_error = await self._delegate(turn, group)
+                if budget_error:
+                    return await self._finish(turn, "failed", "TurnKit::BudgetError", budget_error)
+                index += len(group)
+                continue
+            tool = agent.tool(call.name)
+            if isinstance(tool, LaunchAgentTool):
+                outcome = await self._launch(turn, call)
+            elif isinstance(tool, WaitForTool):
+                outcome = await self._wait_tool(turn, call)
+            else:
                 outcome = await self._tool(turn, call)
-                if outcome.budget_error:
-                    return await self._finish(turn, "failed", "TurnKit::BudgetError", outcome.budget_error)
-                if outcome.terminal:
-                    finish = FinishTurn(
-                        turn_id=turn.turn_id,
-                        status="completed",
-                        terminal_execution_id=outcome.execution_id,
-                        skipped_calls=step.tool_calls[index + 1 :],
-                    )
-                    return await self._finish_with(finish)
+            if outcome.budget_error:
+                return await self._finish(turn, "failed", "TurnKit::BudgetError", outcome.budget_error)
+            if outcome.terminal:
+                finish = FinishTurn(
+                    turn_id=turn.turn_id,
+                    status="completed",
+                    terminal_execution_id=outcome.execution_id,
+                    skipped_calls=calls[index + 1 :],
+                )
+                return await self._finish_with(finish)
+            index += 1
+        return None
+
+    async def _delegate(self, turn: TurnInput, group: list[ToolCallRef]) -> str | None:
+        """Run a group of sub-agent calls as parallel child turns; their results are appended in call order."""
+        plan = await self._store_activity(
+            "turnkit.delegate",
+            DelegateCalls(
+                turn_id=turn.turn_id,
+                root_turn_id=turn.root_turn_id,
+                agent_name=turn.agent_name,
+                depth=turn.depth,
+                deadline=turn.deadline,
+                calls=group,
+            ),
+            DelegateResult,
+            summary=f"delegate · {', '.join(c.name for c in group)}",
+        )
+        children = [
+            await workflow.start_child_workflow(
+                TurnWorkflow.run, p.child, id=p.child.turn_id, static_summary=f"sub-agent · {p.child.agent_name}"
+            )
+            for p in plan.plans
+            if p.child is not None
+        ]
+        # A failed or cancelled child is a structured result for the parent, never an exception.
+        await asyncio.gather(*children, return_exceptions=True)
+        await self._store_activity(
+            "turnkit.join",
+            JoinChildren(
+                turn_id=turn.turn_id,
+                root_turn_id=turn.root_turn_id,
+                execution_ids=[p.execution_id for p in plan.plans],
+            ),
+            list[ToolOutcome],
+            summary="join sub-agents",
+        )
+        return plan.budget_error
+
+    async def _launch(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
+        """``launch_agent``: record the child and start it abandoned (it outlives this turn); return at once."""
+        plan = await self._store_activity(
+            "turnkit.delegate",
+            DelegateCalls(
+                turn_id=turn.turn_id,
+                root_turn_id=turn.root_turn_id,
+                agent_name=turn.agent_name,
+                depth=turn.depth,
+                deadline=turn.deadline,
+                calls=[call],
+                launch=True,
+            ),
+            DelegateResult,
+            summary="launch_agent",
+        )
+        [launched] = plan.plans
+        if launched.child is not None:
+            handle = await workflow.start_child_workflow(
+                TurnWorkflow.run,
+                launched.child,
+                id=launched.child.turn_id,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                static_summary=f"launched · {launched.child.agent_name}",
+            )
+            self._children[launched.child.turn_id] = handle
+        return ToolOutcome(execution_id=launched.execution_id, status="completed", budget_error=plan.budget_error)
+
+    async def _wait_tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
+        """``wait_for``: wait rows in the store, woken by the targets' signals (or awaits on our own children)."""
+        plan = await self._store_activity(
+            "turnkit.wait",
+            WaitRequest(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, call=call),
+            WaitPlan,
+            summary="wait_for",
+        )
+        if plan.settled:
+            return ToolOutcome(execution_id=plan.execution_id, status="failed")
+        await self._wait_for_targets(plan.unfinished_ids)
+        return await self._store_activity(
+            "turnkit.finish_wait",
+            FinishWait(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, execution_id=plan.execution_id),
+            ToolOutcome,
+            summary="wait_for · done",
+        )
+
+    async def _wait_for_targets(self, target_ids: list[str]) -> None:
+        own = [self._children[t] for t in target_ids if t in self._children]
+        if own:
+            await asyncio.gather(*own, return_exceptions=True)  # our own children: child-workflow awaits
+        others = [t for t in target_ids if t not in self._children]
+        await workflow.wait_condition(lambda: all(t in self._finished for t in others))
+
+    @workflow.signal(name=TARGET_FINISHED_SIGNAL)
+    def target_finished(self, turn_id: str) -> None:
+        """A turn this one waits on has ended (sent by the target after its terminal write)."""
+        self._finished[turn_id] = None
+
+    async def _store_activity(self, name: str, arg: Any, result_type: type[Any], *, summary: str) -> Any:
+        return await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=summary,
+        )
 
     async def _model(self, turn: TurnInput, iteration: int) -> ModelStep | TurnOutcome:
         call = ModelCall(

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import contextvars
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import event, func, select, update
+from sqlalchemy import event, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -127,7 +127,7 @@ class Store:
     @asynccontextmanager
     async def atomic(
         self, *, conversation_id: str | None = None, turn_id: str | None = None
-    ) -> AsyncIterator[StoreTx]:
+    ) -> AsyncGenerator[StoreTx, None]:
         """One transaction, optionally locking a conversation row and/or a turn row.
 
         Re-entrant: inside another ``atomic()`` of the same task, the outer transaction is joined (and the extra
@@ -175,7 +175,9 @@ class Store:
     ) -> list[TurnRecord]:
         """Turns matching every given filter, ordered by ``created_at, id``."""
         async with self.atomic() as tx:
-            return await tx.list_turns(root_turn_id=root_turn_id, conversation_id=conversation_id, agent_name=agent_name)
+            return await tx.list_turns(
+                root_turn_id=root_turn_id, conversation_id=conversation_id, agent_name=agent_name
+            )
 
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
@@ -444,6 +446,21 @@ class StoreTx:
         """The turn, or None when absent."""
         row = await self._turn_row(turn_id)
         return None if row is None else _turn(row)
+
+    async def find_child_turn(self, parent_tool_execution_id: str) -> TurnRecord | None:
+        """The child turn a tool execution created (sub-agent delegation or launch), or None."""
+        row = await self.session.scalar(
+            select(TurnRow).where(TurnRow.parent_tool_execution_uid == parent_tool_execution_id).limit(1)
+        )
+        return None if row is None else _turn(row)
+
+    async def lock_wait_graph(self) -> None:
+        """Serialise wait-graph changes store-wide (spec §2.9 ``atomic_graph``) until the transaction ends.
+
+        PostgreSQL takes a transaction-scoped advisory lock; SQLite's single writer lock already serialises.
+        """
+        if self.store.dialect == "postgresql":
+            await self.session.execute(text("SELECT pg_advisory_xact_lock(1414876747)"))
 
     async def _turn_row(self, turn_id: str) -> TurnRow | None:
         return await self.session.scalar(select(TurnRow).where(TurnRow.uid == turn_id))

@@ -1,0 +1,18 @@
+"""What happens after a turn's terminal write committed: its completion callback and its waiters are signalled."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from turnkit.deliveries import notify_completion
+from turnkit.store.store import Store
+from turnkit.waits import notify_waiters
+
+__all__ = ["announce_terminal"]
+
+
+async def announce_terminal(store: Store, turn_id: str) -> None:
+    """Signal the callback conversation and every waiting turn (idempotent; retried with the activity)."""
+    client = activity.client()
+    await notify_completion(store, client, activity.info().task_queue, turn_id)
+    await notify_waiters(store, client, turn_id)

@@ -1,0 +1,85 @@
+"""Waits (spec §5.5): durable "turn X cannot proceed until turn Y is terminal" edges, and their wake-ups.
+
+A waiting turn is a workflow blocked on a condition: it holds no worker slot. Its targets signal it when they end
+(``target_finished``). No wake-up is lost: the waiter locks each target's row while it checks the target's status
+and writes the edge, and a target lists its waiters only after its terminal write committed, so either the waiter
+sees the target finished or the target sees the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from turnkit.errors import RecordNotFound, ToolError
+from turnkit.records import TurnRecord
+from turnkit.store.store import Store, StoreTx
+
+__all__ = ["add_waits", "notify_waiters", "TARGET_FINISHED_SIGNAL"]
+
+TARGET_FINISHED_SIGNAL = "target_finished"
+
+
+async def add_waits(tx: StoreTx, turn: TurnRecord, target_ids: Sequence[str]) -> list[TurnRecord]:
+    """Validate and create the edges ``turn → targets`` (all or none); returns the targets' records.
+
+    Raises ``ToolError`` with the spec's messages: a turn waiting for itself, for work that was never submitted,
+    for unfinished work in its own conversation (a serial lane would deadlock), or closing a cycle. The caller's
+    transaction rolls back every edge on error.
+    """
+    await tx.lock_wait_graph()  # cycle checks and insertions are serialised store-wide
+    targets: list[TurnRecord] = []
+    for target_id in dict.fromkeys(target_ids):  # unique, in order
+        if target_id == turn.id:
+            raise ToolError("a turn cannot wait for itself")
+        await tx.lock(turn_id=target_id)  # a target finishing now either commits first or sees our edge
+        target = await tx.find_turn(target_id)
+        if target is None:
+            raise ToolError(f"unknown turn: {target_id}")
+        if target.submitted_at is None and not target.terminal:
+            raise ToolError("wait targets must be submitted")
+        if target.conversation_id == turn.conversation_id and not target.terminal:
+            raise ToolError("cannot wait for unfinished work in the same conversation")
+        if await _reachable(tx, target, turn, visited=set()):
+            raise ToolError("wait would create a cycle")
+        await tx.create_wait(turn_id=turn.id, target_turn_id=target.id)
+        targets.append(target)
+    return targets
+
+
+async def _reachable(tx: StoreTx, source: TurnRecord, sought: TurnRecord, *, visited: set[str]) -> bool:
+    """Spec §5.5: can ``source`` reach ``sought``'s conversation through waits, treating conversations as lanes?"""
+    if source.terminal:
+        return False
+    if source.conversation_id == sought.conversation_id:
+        return True
+    if source.conversation_id in visited:
+        return False
+    visited.add(source.conversation_id)
+    for turn in await tx.list_turns(conversation_id=source.conversation_id):
+        if turn.terminal:
+            continue
+        for edge in await tx.list_waits(turn_id=turn.id):
+            target = await tx.find_turn(edge.target_turn_id)
+            if target is not None and await _reachable(tx, target, sought, visited=visited):
+                return True
+    return False
+
+
+async def notify_waiters(store: Store, client: Client, turn_id: str) -> None:
+    """Signal every turn waiting on ``turn_id`` (after its terminal write committed); idempotent."""
+    async with store.atomic() as tx:
+        try:
+            turn = await tx.load_turn(turn_id)
+        except RecordNotFound:
+            return
+        if not turn.terminal:
+            return
+        edges = await tx.list_waits(target_turn_id=turn_id)
+    for edge in edges:
+        try:
+            await client.get_workflow_handle(edge.turn_id).signal(TARGET_FINISHED_SIGNAL, turn_id)
+        except RPCError:
+            pass  # the waiter already finished (or never started): nothing to wake
