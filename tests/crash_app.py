@@ -96,3 +96,50 @@ def _hang_after_first_model_commit(event: Event) -> None:
 
 
 turnkit.configure(on_event=_hang_after_first_model_commit)
+
+
+async def _hold_until_released() -> None:
+    while not (crash_dir() / "release").exists():
+        await asyncio.sleep(0.05)
+
+
+@turnkit.tool(timeout=4)
+async def child_charge(amount: int) -> dict[str, Any]:
+    """At most once; blocks until the test releases it.
+
+    Args:
+        amount: Cents.
+    """
+    record("child_charge")
+    await _hold_until_released()
+    return {"charged": amount}
+
+
+@turnkit.tool(recovery="replay_safe", timeout=4, max_attempts=5, initial_retry_interval=0.2)
+async def child_sync(sku: str, context: turnkit.ToolContext) -> dict[str, Any]:
+    """Replay-safe; blocks until the test releases it.
+
+    Args:
+        sku: The item.
+    """
+    record("child_sync", context.idempotency_key)
+    await _hold_until_released()
+    return {"synced": sku}
+
+
+charger = turnkit.Agent(
+    "charger", model="scripted", tools=[child_charge], client=_scripted(("child_charge", {"amount": 1}))
+)
+syncer = turnkit.Agent("syncer", model="scripted", tools=[child_sync], client=_scripted(("child_sync", {"sku": "C"})))
+
+
+def _orchestrate(request: turnkit.ModelRequest) -> turnkit.Result:
+    record("orchestrator_model")
+    if any(m["role"] == "tool" for m in request.messages):
+        return turnkit.Result.build(text="orchestrated")
+    return call_tools(("charger", {"task": "charge"}), ("syncer", {"task": "sync"}))
+
+
+orchestrator = turnkit.register(
+    turnkit.Agent("orchestrator", model="scripted", sub_agents=[charger, syncer], client=ScriptedClient(_orchestrate))
+)

@@ -102,3 +102,35 @@ async def test_committed_model_response_is_not_requested_again(engine: Engine, c
 
 async def _has_lines(name: str, count: int) -> bool:
     return len(crash_app.lines(name)) >= count
+
+
+async def test_killing_the_worker_while_children_run(engine: Engine, crash_dir: Path) -> None:
+    register(crash_app.orchestrator)
+    first = await start_worker(engine)
+    conversation = await engine.tk.conversation(crash_app.orchestrator)
+    turn = await conversation.ask("delegate", wait=False)
+
+    async def both_children_in_their_tools() -> bool:
+        return bool(crash_app.lines("child_charge")) and bool(crash_app.lines("child_sync"))
+
+    await eventually(both_children_in_their_tools, what="both children to be inside their tools")
+    await first.kill()
+    (crash_dir / "release").touch()
+
+    second = await start_worker(engine)
+    try:
+        done = await turn.result(timeout=120)
+    finally:
+        await second.stop()
+    assert done.status == "completed", done.error
+    assert done.output_text == "orchestrated"
+    tree = await engine.tk.store.list_turns(root_turn_id=turn.id)
+    assert len(tree) == 3 and all(t.status == "completed" for t in tree)
+    assert crash_app.lines("child_charge") == ["call"]  # at most once: never re-run
+    synced = crash_app.lines("child_sync")
+    assert len(synced) == 2 and synced[0] == synced[1]  # replay-safe: ran again with the same key
+    executions = {e.tool_name: e for e in await engine.tk.store.list_tool_executions(root_turn_id=turn.id)}
+    assert executions["child_charge"].status == "interrupted"
+    assert executions["child_sync"].status == "completed"
+    assert executions["charger"].status == executions["syncer"].status == "completed"
+    assert len(crash_app.lines("orchestrator_model")) == 2

@@ -40,6 +40,7 @@ from turnkit.records import (
     TurnRecord,
     WaitRecord,
 )
+from turnkit.run import Run
 from turnkit.runtime import TurnKit, connect
 from turnkit.store import Store
 from turnkit.tools import Tool, ToolContext, tool
@@ -65,6 +66,7 @@ __all__ = [
     "ModelRequest",
     "RecordNotFound",
     "Result",
+    "Run",
     "Settings",
     "Store",
     "StoreError",

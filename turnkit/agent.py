@@ -10,12 +10,15 @@ import copy
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from turnkit.config import settings
 from turnkit.errors import ConfigError
 from turnkit.model import Client, ToolSpec
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
+
+if TYPE_CHECKING:
+    from turnkit.run import Run
 
 __all__ = [
     "ORCHESTRATOR_PREAMBLE",
@@ -248,6 +251,16 @@ class Agent:
             "max_tool_executions_by_name": {str(key): limit for key, limit in by_name.items()},
             "max_spend": settings.max_spend if self.max_spend is None else self.max_spend,
         }
+
+    async def run(self, task: str, *, input: Any = None, wait: bool = True, **options: Any) -> Run:
+        """Run ``task`` in a new conversation on the current connection (``async with turnkit.connect()``).
+
+        See :meth:`turnkit.runtime.TurnKit.run`; raises ``InputError`` before anything is written when ``input``
+        does not match ``input_schema``.
+        """
+        from turnkit.runtime import current
+
+        return await current().run(self, task, input=input, wait=wait, **options)
 
     def __repr__(self) -> str:
         """Show the name, model and tool names."""

@@ -7,6 +7,7 @@ store (default: a SQLite file under ``./.turnkit/``).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import shutil
 import socket
@@ -28,12 +29,14 @@ from turnkit.errors import ConfigError
 from turnkit.handles import Conversation, Turn
 from turnkit.plugin import TurnKitPlugin
 from turnkit.records import DeliveryRecord
+from turnkit.run import Run, start_run
 from turnkit.store.store import Store
 
 __all__ = ["STATE_DIR", "TurnKit", "connect", "temporal_binary"]
 
 #: Where the embedded defaults keep their state (SQLite store, dev-server database).
 STATE_DIR = Path(".turnkit")
+_current: contextvars.ContextVar[TurnKit | None] = contextvars.ContextVar("turnkit_current", default=None)
 
 
 class TurnKit:
@@ -84,6 +87,14 @@ class TurnKit:
                 metadata=meta,
             )
         return Conversation(self, record)
+
+    async def run(self, agent: Agent, task: str, *, input: Any = None, wait: bool = True, **options: Any) -> Run:
+        """Run ``task`` in a new conversation of ``agent`` (spec §1.2 ``Agent#run``); returns a :class:`Run`.
+
+        ``input`` is checked against the agent's ``input_schema`` first (``InputError``, nothing written) and added
+        to the task message as JSON. ``options``: ``principal``, ``context``, ``subject``, ``metadata``, ``callback``.
+        """
+        return await start_run(self, agent, task, input=input, wait=wait, **options)
 
     async def load_conversation(self, conversation_id: str) -> Conversation:
         """The conversation ``conversation_id``; raises :class:`~turnkit.errors.RecordNotFound` when absent."""
@@ -148,16 +159,29 @@ async def connect(
             )
             client = env.client
             ui_url = f"http://127.0.0.1:{ui_port}" if ui_port else None
-        yield TurnKit(
+        tk = TurnKit(
             client,
             store,
             task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
             ui_url=ui_url,
         )
+        token = _current.set(tk)
+        try:
+            yield tk
+        finally:
+            _current.reset(token)
     finally:
         if env is not None:
             await env.shutdown()
         await store.close()
+
+
+def current() -> TurnKit:
+    """The TurnKit connection of the enclosing ``async with turnkit.connect()`` (what ``Agent.run`` uses)."""
+    tk = _current.get()
+    if tk is None:
+        raise ConfigError("no TurnKit connection: use `async with turnkit.connect() as tk` (or tk.run(agent, ...))")
+    return tk
 
 
 def temporal_binary() -> str:

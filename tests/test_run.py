@@ -1,0 +1,64 @@
+"""``agent.run`` / ``tk.run``: a root turn and its tree (spec §1.7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import turnkit
+from turnkit.runtime import TurnKit, _current
+from turnkit.testing import ScriptedClient, call_tools
+
+
+@turnkit.tool
+def lookup(q: str) -> dict[str, Any]:
+    """Look up."""
+    return {"q": q}
+
+
+SCHEMA = {"type": "object", "properties": {"company": {"type": "string"}}, "required": ["company"]}
+
+
+async def test_run_aggregates_the_tree(tk: TurnKit) -> None:
+    child = turnkit.Agent("child", model="scripted", tools=[lookup], client=ScriptedClient(
+        [call_tools(("lookup", {"q": "x"})), "child done"]
+    ))
+    client = ScriptedClient([call_tools(("child", {"task": "help"})), "root done"])
+    root = turnkit.Agent("root", model="scripted", sub_agents=[child], client=client, input_schema=SCHEMA)
+    token = _current.set(tk)
+    try:
+        run = await root.run("Classify", input={"company": "ACME"})
+    finally:
+        _current.reset(token)
+    assert run.status == "completed" and run.output_text == "root done"
+    first = (await run.messages())[0]
+    assert first.text == 'Task:\nClassify\n\nInput:\n{\n  "company": "ACME"\n}'
+    assert first.metadata == {"source": "application", "task": True}
+    assert run.record.options["prompt_mode"] == "task"
+    assert "executing an application task" in client.requests[0].instructions
+    records = await run.turn_records()
+    assert len(records) == 2 and len(await run.child_turn_records()) == 1
+    assert [t.agent_name for t in await run.descendant_turn_records()] == ["child"]
+    usage = await run.tree_usage()
+    assert usage.input_tokens == 40  # two root calls + two child calls, 10 input tokens each
+    assert [e.tool_name for e in await run.tool_executions()] == ["child", "lookup"]
+    assert await run.failed_turn_records() == []
+
+
+async def test_input_schema_is_checked_before_anything_is_written(tk: TurnKit) -> None:
+    root = turnkit.Agent("root", model="scripted", client=ScriptedClient(["x"]), input_schema=SCHEMA)
+    before = await tk.store.list_turns(agent_name="root")
+    with pytest.raises(turnkit.InputError, match="input.company must be string"):
+        await tk.run(root, "Classify", input={"company": 42})
+    with pytest.raises(turnkit.InputError, match="input.company is required"):
+        await tk.run(root, "Classify", input={})
+    with pytest.raises(ValueError, match="task is required"):
+        await tk.run(root, "", input={"company": "x"})
+    assert await tk.store.list_turns(agent_name="root") == before
+
+
+async def test_agent_run_needs_a_connection() -> None:
+    agent = turnkit.Agent("lonely", model="scripted", client=ScriptedClient(["x"]))
+    with pytest.raises(turnkit.ConfigError, match="no TurnKit connection"):
+        await agent.run("hello")

@@ -1,0 +1,115 @@
+"""``Run``: a root turn and its whole tree (spec §1.7), what ``agent.run(task)`` returns."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from turnkit.cost import Cost
+from turnkit.errors import InputError
+from turnkit.handles import Turn
+from turnkit.jsonschema import schema_errors
+from turnkit.model import Usage
+from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
+
+if TYPE_CHECKING:
+    from turnkit.agent import Agent
+    from turnkit.runtime import TurnKit
+
+__all__ = ["Run", "start_run", "task_text"]
+
+
+class Run(Turn):
+    """A root turn plus aggregate views over every turn that shares its root (children, launched agents)."""
+
+    @property
+    def root_turn_id(self) -> str:
+        """The root of the tree (this turn, for a root run)."""
+        return self.record.root_turn_id
+
+    async def turn_records(self) -> list[TurnRecord]:
+        """Every turn of the root tree, oldest first."""
+        return await self._tk.store.list_turns(root_turn_id=self.root_turn_id)
+
+    async def child_turn_records(self) -> list[TurnRecord]:
+        """Turns whose parent is this turn."""
+        return [t for t in await self.turn_records() if t.parent_turn_id == self.id]
+
+    async def descendant_turn_records(self) -> list[TurnRecord]:
+        """The tree minus this turn."""
+        return [t for t in await self.turn_records() if t.id != self.id]
+
+    async def failed_turn_records(self) -> list[TurnRecord]:
+        """Turns of the tree that failed."""
+        return [t for t in await self.turn_records() if t.status == "failed"]
+
+    async def tree_usage(self) -> Usage:
+        """Tokens used by the whole tree."""
+        total = Usage()
+        for turn in await self.turn_records():
+            total = total + Usage.from_dict(turn.usage)
+        return total
+
+    async def tree_cost(self) -> float | None:
+        """Observed USD cost of the whole tree (None when no cost is known)."""
+        costs = [t.cost for t in await self.turn_records() if t.cost is not None]
+        return Cost(total=sum(costs)).total if costs else None
+
+    async def messages(self) -> list[MessageRecord]:  # type: ignore[override]
+        """Every message of every conversation that holds a turn of the tree, conversation by conversation."""
+        conversations = list(dict.fromkeys(t.conversation_id for t in await self.turn_records()))
+        messages: list[MessageRecord] = []
+        for conversation_id in conversations:
+            messages.extend(await self._tk.store.list_messages(conversation_id))
+        return messages
+
+    async def tool_executions(self) -> list[ToolExecutionRecord]:
+        """Every tool execution of the tree."""
+        return await self._tk.store.list_tool_executions(root_turn_id=self.root_turn_id)
+
+    async def result(self, *, timeout: float | None = None) -> Run:
+        """Wait until the root turn has finished; returns this run refreshed."""
+        await super().result(timeout=timeout)
+        return self
+
+
+def task_text(task: str, input: Any) -> str:
+    """The task message (spec §1.2 ``run``): the task alone, or ``Task:…\\n\\nInput:…`` (JSON unless a string)."""
+    if input is None:
+        return task
+    body = input if isinstance(input, str) else json.dumps(input, indent=2, sort_keys=True, default=str)
+    return f"Task:\n{task}\n\nInput:\n{body}"
+
+
+async def start_run(
+    tk: TurnKit,
+    agent: Agent,
+    task: str,
+    *,
+    input: Any = None,
+    wait: bool = True,
+    principal: Any = None,
+    context: dict[str, Any] | None = None,
+    subject: Any = None,
+    metadata: dict[str, Any] | None = None,
+    callback: Any = None,
+) -> Run:
+    """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``."""
+    if not task:
+        raise ValueError("task is required")
+    if agent.input_schema is not None:
+        errors = schema_errors(input, agent.input_schema)
+        if errors:
+            raise InputError("; ".join(errors))  # before anything is written
+    conversation = await tk.conversation(
+        agent, subject=subject, metadata=metadata, context=context, principal=principal
+    )
+    turn = await conversation.ask(
+        task_text(task, input),
+        wait=False,
+        prompt_mode="task",
+        metadata={"source": "application", "task": True},
+        callback=callback,
+    )
+    run = Run(tk, turn.id, turn.record)
+    return await run.result() if wait else run
