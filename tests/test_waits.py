@@ -48,7 +48,7 @@ async def test_concurrent_opposite_waits_accept_exactly_one(store: Store) -> Non
 
 
 async def test_a_chain_cannot_be_closed(store: Store) -> None:
-    r0, r1, r2 = (await submitted_turn(store) for _ in range(3))
+    r0, r1, r2 = [await submitted_turn(store) for _ in range(3)]
     async with store.atomic() as tx:
         await add_waits(tx, r0, [r1.id])
         await add_waits(tx, r1, [r2.id])
