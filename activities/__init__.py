@@ -15,7 +15,14 @@ from activities.tools import ToolActivities
 from activities.turns import TurnActivities
 from turnkit.store.store import Store
 
-__all__ = ["ChildActivities", "DeliveryActivities", "ModelActivities", "ToolActivities", "TurnActivities", "build_activities"]
+__all__ = [
+    "ChildActivities",
+    "DeliveryActivities",
+    "ModelActivities",
+    "ToolActivities",
+    "TurnActivities",
+    "build_activities",
+]
 
 
 def build_activities(store: Store) -> list[Callable[..., Any]]:

@@ -94,15 +94,15 @@ class ChildActivities:
             agent_name, task, callback = _delegation_arguments(parent_agent, call, launch=request.launch)
             sub_agent = resolve_agent(agent_name)
         except (ToolError, ConfigError) as err:
-            await fail_execution(tx, turn, execution, str(err), details={"class": error_class_name(err)}, append=not defer)
+            await fail_execution(
+                tx, turn, execution, str(err), details={"class": error_class_name(err)}, append=not defer
+            )
             return plan, None
         principal = turn.options.get("principal")
         arguments = {"task": task, "callback": callback} if request.launch else {"task": task}
         if not is_authorized("launch_agent", principal, turn=turn, agent=sub_agent, arguments=arguments) or (
             callback
-            and not is_authorized(
-                "callback", principal, turn=turn.id, destination_conversation=turn.conversation_id
-            )
+            and not is_authorized("callback", principal, turn=turn.id, destination_conversation=turn.conversation_id)
         ):
             action = "launch_agent" if not callback else "launch_agent or callback"
             await fail_execution(tx, turn, execution, f"not authorized to {action}", details=_DENIED, append=not defer)
@@ -131,7 +131,10 @@ class ChildActivities:
                     if child is not None and child.terminal:
                         # A failed or cancelled child is a structured result; it never fails the parent.
                         settled = await tx.claim_tool_execution(
-                            execution.id, from_=("pending", "running"), to="completed", result=turn_result(child),
+                            execution.id,
+                            from_=("pending", "running"),
+                            to="completed",
+                            result=turn_result(child),
                             completed_at=utcnow(),
                         )
                         execution = settled or await tx.load_tool_execution(execution.id)
@@ -157,8 +160,12 @@ class ChildActivities:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
                 denial = tool_execution_denial(root, await tx.list_tool_executions(root_turn_id=root.id), call.name)
                 execution, _ = await tx.create_tool_execution(
-                    turn_id=turn.id, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments,
-                    status="pending", started_at=utcnow(),
+                    turn_id=turn.id,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    arguments=call.arguments,
+                    status="pending",
+                    started_at=utcnow(),
                 )
                 if denial is not None:
                     await fail_execution(
@@ -197,7 +204,10 @@ class ChildActivities:
                     if target_id in targets:
                         results.append(turn_result(await tx.load_turn(target_id)))
                 settled = await tx.claim_tool_execution(
-                    execution.id, from_=("pending", "running"), to="completed", result={"results": results},
+                    execution.id,
+                    from_=("pending", "running"),
+                    to="completed",
+                    result={"results": results},
                     completed_at=utcnow(),
                 )
                 execution = settled or await tx.load_tool_execution(execution.id)

@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
+from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import cost_from_usage
 from activities.notify import announce_terminal
 from turnkit.deliveries import completion_delivery, turn_result
@@ -106,9 +107,15 @@ class ModelActivities:
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:
                 return committed
-            if turn.status not in ("pending", "running"):
+            if turn.status not in ("pending", "running", "paused"):
                 return ModelStep(stopped=True)
+            boundary, turn = await control_boundary(tx, turn)
+            if boundary == "paused":
+                return ModelStep(paused=True)
             state = turn.state
+            if state.get("phase") == "output" and "candidate" in state:
+                # An answer held back at a pause, with no steering since: publish it without asking again.
+                return await _publish_candidate(tx, turn, state)
             if state.get("request_id") != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
                 denial = depth_denial(root, int(turn.options.get("depth", 0))) or iteration_denial(
@@ -123,6 +130,9 @@ class ModelActivities:
                 state["iterations"] = int(state.get("iterations", 0)) + 1
                 state["request_id"] = call.request_id
                 state["phase"] = "model"
+                stamped = stamp_request(turn, call.request_id)  # receipts: queued → message_id → request_id
+                if stamped is not None:
+                    turn = turn.model_copy(update={"options": {**turn.options, "controls": stamped}})
             messages = await tx.list_messages(
                 turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
             )
@@ -188,12 +198,18 @@ class ModelActivities:
                 "heartbeat_at": utcnow(),
                 "options": {**turn.options, "state": state},
             }
-            await tx.update_turn(turn.id, **updates)
+            turn = await tx.update_turn(turn.id, **updates)
             tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
             root = next((t for t in tree if t.id == turn.root_turn_id), turn)
             denial = spend_denial(root, tree)
             if denial is not None:
                 return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial)
+            if not tool_calls and has_pending_controls(turn):
+                # Controls arrived while the model answered: they apply before publication (spec §5.10).
+                state = {**state, "phase": "output", "candidate": result.text, "output_data": result.output_data}
+                turn = await tx.update_turn(turn.id, options={**turn.options, "state": state})
+                boundary, _ = await control_boundary(tx, turn)
+                return ModelStep(message_id=message.id, paused=boundary == "paused", steered=boundary == "steered")
             if not tool_calls:
                 completed = await tx.claim_turn(
                     turn.id,
@@ -229,6 +245,23 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
                 message_id=message.id, tool_calls=calls, completed=not calls and turn.status == "completed"
             )
     return None
+
+
+async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any]) -> ModelStep:
+    completed = await tx.claim_turn(
+        turn.id,
+        from_=("pending", "running"),
+        to="completed",
+        output_text=state.get("candidate") or "",
+        output_data=state.get("output_data"),
+        started_at=turn.started_at or utcnow(),
+        completed_at=utcnow(),
+        claim_token=None,
+    )
+    if completed is None:
+        return ModelStep(stopped=True)
+    await completion_delivery(tx, completed)
+    return ModelStep(message_id=state.get("message_id"), completed=True)
 
 
 async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: dict[str, Any]) -> list[str]:

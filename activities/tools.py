@@ -20,8 +20,9 @@ from temporalio.common import RawValue
 
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
-from turnkit.authorization import authorize
-from turnkit.builtin_tools import SendMessageTool
+from turnkit.authorization import authorize, is_authorized
+from turnkit.builtin_tools import CoordinationTool, SendMessageTool
+from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.budget import tool_execution_denial
 from turnkit.errors import AuthorizationError, ConfigError, RecordNotFound, ToolError, error_class_name
@@ -35,6 +36,7 @@ from turnkit.transcript import append_tool_result, fail_execution
 __all__ = ["ToolActivities", "outcome_of"]
 
 OPEN = ("pending", "running")
+AUTHORIZATION_DENIED = {"class": "TurnKit::AuthorizationError", "authorization_denied": True}
 
 
 class ToolActivities:
@@ -70,6 +72,8 @@ class ToolActivities:
             else:
                 async with heartbeating():
                     result = await tool.invoke(request.call.arguments, context)
+        except _Denied as err:
+            return await self._fail(turn, execution, str(err), AUTHORIZATION_DENIED)
         except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
             return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except Exception as err:
@@ -94,7 +98,7 @@ class ToolActivities:
                 destination_conversation=destination,
             )
         except AuthorizationError as err:
-            raise ToolError(str(err)) from err
+            raise _Denied(str(err)) from err
         try:
             async with self.store.atomic() as tx:
                 delivery = await create_delivery(
@@ -120,7 +124,15 @@ class ToolActivities:
             if execution is not None and execution.status not in OPEN:
                 await append_tool_result(tx, turn, execution)  # recovery: make sure its result is in the transcript
                 return outcome_of(execution, tool)
+            if turn.status not in ("pending", "running", "paused"):
+                return ToolOutcome(stopped=True)  # cancelled: nothing more runs
             if execution is None:
+                # The control boundary before an external effect (spec §5.10).
+                boundary, turn = await control_boundary(tx, turn)
+                if boundary is not None:
+                    return ToolOutcome(paused=boundary == "paused", steered=boundary == "steered")
+                if turn.status == "pending":  # resumed after a pause
+                    turn = await tx.claim_turn(turn.id, from_="pending", to="running") or turn
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
                 tree_executions = await tx.list_tool_executions(root_turn_id=turn.root_turn_id)
                 denial = tool_execution_denial(root, tree_executions, call.name)
@@ -140,6 +152,10 @@ class ToolActivities:
                     failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
                 elif call.arguments_error:
                     failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
+                elif not isinstance(tool, CoordinationTool) and not is_authorized(
+                    "tool", turn.options.get("principal"), turn=turn, tool=tool, arguments=call.arguments
+                ):
+                    failure = ("not authorized to tool", AUTHORIZATION_DENIED)
                 if failure is not None:
                     settled = await fail_execution(tx, turn, execution, failure[0], details=failure[1])
                     return outcome_of(settled, tool, budget_error=denial)
@@ -174,6 +190,10 @@ class ToolActivities:
             settled = await fail_execution(tx, turn, execution, message, details=details)
         emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
         return outcome_of(settled, None)
+
+
+class _Denied(Exception):
+    """An authorization denial inside a coordination tool: a failed execution with ``authorization_denied``."""
 
 
 def outcome_of(execution: ToolExecutionRecord, tool: Tool | None, *, budget_error: str | None = None) -> ToolOutcome:

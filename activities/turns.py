@@ -68,7 +68,10 @@ class TurnActivities:
                 options["principal"] = principal
             if request.callback_conversation_id is not None:
                 options["callback_conversation_id"] = request.callback_conversation_id
+            if request.paused:
+                options["controls"] = {"pause_requested": True, "inputs": []}
             turn = await tx.create_turn(
+                status="paused" if request.paused else "pending",
                 id=request.turn_id,
                 conversation_id=conversation.id,
                 agent_name=agent.name,

@@ -21,9 +21,12 @@ SCHEMA = {"type": "object", "properties": {"company": {"type": "string"}}, "requ
 
 
 async def test_run_aggregates_the_tree(tk: TurnKit) -> None:
-    child = turnkit.Agent("child", model="scripted", tools=[lookup], client=ScriptedClient(
-        [call_tools(("lookup", {"q": "x"})), "child done"]
-    ))
+    child = turnkit.Agent(
+        "child",
+        model="scripted",
+        tools=[lookup],
+        client=ScriptedClient([call_tools(("lookup", {"q": "x"})), "child done"]),
+    )
     client = ScriptedClient([call_tools(("child", {"task": "help"})), "root done"])
     root = turnkit.Agent("root", model="scripted", sub_agents=[child], client=client, input_schema=SCHEMA)
     token = _current.set(tk)
@@ -49,9 +52,9 @@ async def test_run_aggregates_the_tree(tk: TurnKit) -> None:
 async def test_input_schema_is_checked_before_anything_is_written(tk: TurnKit) -> None:
     root = turnkit.Agent("root", model="scripted", client=ScriptedClient(["x"]), input_schema=SCHEMA)
     before = await tk.store.list_turns(agent_name="root")
-    with pytest.raises(turnkit.InputError, match="input.company must be string"):
+    with pytest.raises(turnkit.InputError, match=r"input\.company must be string"):
         await tk.run(root, "Classify", input={"company": 42})
-    with pytest.raises(turnkit.InputError, match="input.company is required"):
+    with pytest.raises(turnkit.InputError, match=r"input\.company is required"):
         await tk.run(root, "Classify", input={})
     with pytest.raises(ValueError, match="task is required"):
         await tk.run(root, "", input={"company": "x"})

@@ -34,7 +34,9 @@ def worker_agent(name: str, *, seconds: float = 0.4) -> turnkit.Agent:
             return turnkit.Result.build(text=f"{name} done")
         return call_tools(("work", {"seconds": seconds}))
 
-    return turnkit.Agent(name, description=f"The {name}.", model="scripted", tools=[work], client=ScriptedClient(script))
+    return turnkit.Agent(
+        name, description=f"The {name}.", model="scripted", tools=[work], client=ScriptedClient(script)
+    )
 
 
 def last_tool_results(request: turnkit.ModelRequest) -> list[dict[str, Any]]:
@@ -104,7 +106,10 @@ async def test_tree_wide_tool_budget_is_shared_exactly(tk: TurnKit) -> None:
 
     client = ScriptedClient([call_tools(("c1", {"task": "x"}), ("c2", {"task": "y"}), ("c3", {"task": "z"})), "ok"])
     boss = turnkit.Agent(
-        "boss", model="scripted", sub_agents=[eager(n) for n in ("c1", "c2", "c3")], client=client,
+        "boss",
+        model="scripted",
+        sub_agents=[eager(n) for n in ("c1", "c2", "c3")],
+        client=client,
         max_tool_executions=5,
     )
     turn = await (await tk.conversation(boss)).ask("go")
@@ -187,9 +192,16 @@ async def test_wait_rules_and_cycles(tk: TurnKit) -> None:
         return {}
 
     def holder(name: str) -> turnkit.Agent:
-        return turnkit.Agent(name, model="scripted", tools=[hold, wait_for], client=ScriptedClient(
-            lambda r: turnkit.Result.build(text="ok") if r.messages[-1]["role"] == "tool" else call_tools(("hold", {}))
-        ))
+        return turnkit.Agent(
+            name,
+            model="scripted",
+            tools=[hold, wait_for],
+            client=ScriptedClient(
+                lambda r: (
+                    turnkit.Result.build(text="ok") if r.messages[-1]["role"] == "tool" else call_tools(("hold", {}))
+                )
+            ),
+        )
 
     a_conv = await tk.conversation(holder("a"))
     b_conv = await tk.conversation(holder("b"))
@@ -227,7 +239,10 @@ async def test_wait_past_the_root_deadline_times_out(tk: TurnKit) -> None:
     )
     target = await (await tk.conversation(target_agent)).ask("work", wait=False)
     waiter_agent = turnkit.Agent(
-        "waiter", model="scripted", tools=[wait_for], timeout=2,
+        "waiter",
+        model="scripted",
+        tools=[wait_for],
+        timeout=2,
         client=ScriptedClient([call_tools(("wait_for", {"turn_ids": [target.id]})), "never"]),
     )
     waiter = await (await tk.conversation(waiter_agent)).ask("wait")

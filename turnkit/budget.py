@@ -15,13 +15,13 @@ from turnkit.records import ToolExecutionRecord, TurnRecord
 
 __all__ = [
     "COST_LIMIT",
+    "MAX_DEPTH",
     "MAX_ITERATIONS",
     "MAX_TOOL_EXECUTIONS",
     "TIMED_OUT",
     "counts_against_budget",
-    "iteration_denial",
     "depth_denial",
-    "MAX_DEPTH",
+    "iteration_denial",
     "limits_of",
     "spend_denial",
     "tool_execution_denial",

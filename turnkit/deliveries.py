@@ -13,10 +13,11 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
+from turnkit.authorization import is_authorized
 from turnkit.errors import RecordNotFound
 from turnkit.payloads import DeliverySignal, LaneInput
 from turnkit.records import DeliveryRecord, TurnRecord
-from turnkit.store.store import Store, StoreTx
+from turnkit.store.store import Store, StoreTx, utcnow
 
 __all__ = [
     "completion_delivery",
@@ -81,6 +82,15 @@ async def completion_delivery(tx: StoreTx, turn: TurnRecord) -> DeliveryRecord |
     """The completion callback of a finished turn (key ``completion:<turn_id>``), created with its terminal write."""
     destination = turn.options.get("callback_conversation_id")
     if not destination or not turn.terminal:
+        return None
+    principal = turn.options.get("principal")
+    if not is_authorized("callback", principal, turn=turn.id, destination_conversation=destination):
+        # The terminal state stands; the denial is recorded instead of a delivery (spec §5.7).
+        if "callback_denied" not in turn.options:
+            denied = {"class": "TurnKit::AuthorizationError", "message": "not authorized to callback"}
+            await tx.update_turn(
+                turn.id, options={**turn.options, "callback_denied": {**denied, "at": utcnow().isoformat()}}
+            )
         return None
     return await create_delivery(
         tx,

@@ -7,6 +7,8 @@ Handles talk to Temporal for execution (submit, await) and read records from the
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import (
@@ -19,8 +21,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit import errors
-from turnkit.authorization import authorize
-from turnkit.deliveries import create_delivery, signal_delivery
+from turnkit.authorization import Action, authorize
+from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
+from turnkit.store.store import StoreTx
+from turnkit.waits import notify_waiters
+from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery
 from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
@@ -70,6 +75,7 @@ class Conversation:
         metadata: dict[str, Any] | None = None,
         callback: Conversation | str | None = None,
         wait_for: list[Turn | str] | None = None,
+        paused: bool = False,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -77,9 +83,15 @@ class Conversation:
         ``thinking=None`` disables the agent's thinking for this turn (spec §1.4). With ``callback``, the finished
         turn's result is delivered to that conversation (key ``completion:<turn_id>``). With ``wait_for``, the turn
         starts only once those turns finished, and their results are its input (spec §5.5 application joins).
+        ``paused=True`` submits it paused: an approval gate that runs nothing (and blocks the conversation) until
+        :meth:`Turn.resume`.
         """
         if not text:
             raise ValueError("text is required")
+        wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
+        if wait_ids:
+            waiter_principal = principal if principal is not None else self.record.metadata.get("principal")
+            authorize("wait", waiter_principal, turn=None, targets=wait_ids)
         callback_id = callback.id if isinstance(callback, Conversation) else callback
         if callback_id is not None:
             turn_principal = principal if principal is not None else self.record.metadata.get("principal")
@@ -100,11 +112,12 @@ class Conversation:
             context=context,
             principal=principal,
             callback_conversation_id=callback_id,
-            wait_for=[t.id if isinstance(t, Turn) else t for t in wait_for or []],
+            wait_for=wait_ids,
+            paused=paused,
         )
         await self._submit(request)
         turn = Turn(self._tk, request.turn_id)
-        if wait:
+        if wait and not paused:
             return await turn.result()
         return await turn.refresh()
 
@@ -292,6 +305,83 @@ class Turn:
             delay = min(delay * 2, 0.5)
         return await self.refresh()
 
+    # Human controls (spec §5.9, §5.10) ------------------------------------------------------------------------
+
+    async def pause(self, *, descendants: str = "retain", principal: Any = None) -> Turn:
+        """Pause at the next control boundary (at once when not running); progress is kept. Only resume unpauses."""
+        await self._control("pause", descendants, principal, apply_pause)
+        return await self.refresh()
+
+    async def resume(self, *, descendants: str = "retain", principal: Any = None) -> Turn:
+        """Withdraw a pause; a paused turn goes on from where it stopped. Safe to repeat."""
+        selected = await self._control("resume", descendants, principal, apply_resume)
+        for turn in selected:
+            await _signal(self._tk, turn.id, "resume")
+        return await self.refresh()
+
+    async def steer(
+        self, text: str, *, key: str, principal: Any = None, descendants: str = "retain"
+    ) -> list[dict[str, Any]]:
+        """Queue human input, applied at the next control boundary (stale proposals are superseded).
+
+        Returns one receipt per steered turn: ``{id, key, text, principal, turn_id, sequence}``, later with
+        ``message_id`` and then ``request_id`` (read them with :meth:`control_state`). Idempotent by ``key``.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("key must be a non-empty string")
+        receipts: list[dict[str, Any]] = []
+
+        async def steer_one(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+            receipt = await apply_steer(tx, turn, text=text, key=key, principal=principal, target=turn.id == self.id)
+            if receipt is not None:
+                receipts.append(receipt)
+            return turn
+
+        await self._control("steer", descendants, principal, steer_one, skip_finished=False)
+        return receipts
+
+    async def cancel(self, *, descendants: str = "retain", principal: Any = None) -> Turn:
+        """End the turn ``cancelled`` (and its descendants, when cascading); running calls are cancelled."""
+        selected = await self._control("cancel", descendants, principal, apply_cancel)
+        for turn in selected:
+            with suppress(RPCError):
+                await self._tk.client.get_workflow_handle(turn.id).cancel()
+        for turn in selected:
+            async with self._tk.store.atomic() as tx:
+                delivery = await tx.find_delivery(f"completion:{turn.id}")
+            if delivery is not None and delivery.delivered_at is None:
+                await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
+            await notify_waiters(self._tk.store, self._tk.client, turn.id)
+        return await self.refresh()
+
+    async def control_state(self, *, principal: Any = None) -> dict[str, Any]:
+        """``{"status", "controls"}``: the pause request and every steering receipt."""
+        record = await self._tk.store.load_turn(self.id)
+        authorize("read_control", principal, turn=record)
+        return {"status": record.status, "controls": controls_of(record)}
+
+    async def _control(
+        self,
+        action: Action,
+        descendants: str,
+        principal: Any,
+        apply: Callable[[StoreTx, TurnRecord], Awaitable[TurnRecord]],
+        *,
+        skip_finished: bool = True,
+    ) -> list[TurnRecord]:
+        root = (await self._tk.store.load_turn(self.id)).root_turn_id
+        async with self._tk.store.atomic(turn_id=root) as tx:
+            turn = await tx.load_turn(self.id)
+            selected = await selected_turns(tx, turn, descendants)
+            for each in selected:  # every selected turn is authorised before any change (spec §5.10)
+                authorize(action, principal, turn=each, descendants=descendants)
+            changed = [await apply(tx, each) for each in selected]
+            if action == "cancel":
+                for each in changed:
+                    if each.status == "cancelled" and each.submitted_at is not None:
+                        await completion_delivery(tx, each)
+        return [t for t in changed if not skip_finished or t.status not in ("completed", "failed")]
+
     async def tool_executions(self) -> list[ToolExecutionRecord]:
         """This turn's tool executions, in creation order."""
         return await self._tk.store.list_tool_executions(turn_id=self.id)
@@ -304,6 +394,11 @@ class Turn:
     def __repr__(self) -> str:
         status = self._record.status if self._record else "?"
         return f"<Turn {self.id} {status}>"
+
+
+async def _signal(tk: TurnKit, workflow_id: str, signal: str) -> None:
+    with suppress(RPCError):  # no workflow yet (queued) or already closed: the store is what counts
+        await tk.client.get_workflow_handle(workflow_id).signal(signal)
 
 
 def _turnkit_error(cause: BaseException | None) -> Exception:

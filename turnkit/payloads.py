@@ -65,6 +65,8 @@ class SubmitTurn(BaseModel):
     callback_conversation_id: str | None = None
     #: Turns this one waits for before its first model request (their results become its input).
     wait_for: list[str] = Field(default_factory=list[str])
+    #: Submit paused: an approval gate that runs nothing until ``resume`` (spec §5.10).
+    paused: bool = False
 
 
 class DeliverySignal(BaseModel):
@@ -185,6 +187,10 @@ class ModelStep(BaseModel):
     stopped: bool = False
     #: Application-level waits (``ask(wait_for=...)``) not yet finished: wait for these, then call again.
     waiting_on: list[str] = Field(default_factory=list[str])
+    #: The control boundary acknowledged a pause: wait for ``resume``, then call again.
+    paused: bool = False
+    #: Steering arrived while the answer was being written: it was applied; ask the model again.
+    steered: bool = False
 
 
 class ToolCallInput(BaseModel):
@@ -200,11 +206,17 @@ class ToolCallInput(BaseModel):
 class ToolOutcome(BaseModel):
     """Result of a tool activity: the execution's id and status, not its result."""
 
-    execution_id: str
-    status: Literal["pending", "running", "completed", "failed", "cancelled", "interrupted"]
+    execution_id: str = ""
+    status: Literal["pending", "running", "completed", "failed", "cancelled", "interrupted"] = "pending"
     #: The tool ends the turn (spec §3.8 terminal tools) and completed.
     terminal: bool = False
     budget_error: str | None = None
+    #: The control boundary before the call acknowledged a pause (nothing ran): wait for ``resume``, then retry.
+    paused: bool = False
+    #: Steering was applied before the call: the remaining calls were superseded; ask the model again.
+    steered: bool = False
+    #: The turn is no longer running (cancelled): stop.
+    stopped: bool = False
 
 
 class SettleToolCall(BaseModel):

@@ -8,6 +8,7 @@ sees the target finished or the target sees the edge.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from temporalio.client import Client
@@ -17,7 +18,7 @@ from turnkit.errors import RecordNotFound, ToolError
 from turnkit.records import TurnRecord
 from turnkit.store.store import Store, StoreTx
 
-__all__ = ["add_waits", "notify_waiters", "TARGET_FINISHED_SIGNAL"]
+__all__ = ["TARGET_FINISHED_SIGNAL", "add_waits", "notify_waiters"]
 
 TARGET_FINISHED_SIGNAL = "target_finished"
 
@@ -79,7 +80,6 @@ async def notify_waiters(store: Store, client: Client, turn_id: str) -> None:
             return
         edges = await tx.list_waits(target_turn_id=turn_id)
     for edge in edges:
-        try:
+        # RPCError: the waiter already finished (or never started): nothing to wake.
+        with contextlib.suppress(RPCError):
             await client.get_workflow_handle(edge.turn_id).signal(TARGET_FINISHED_SIGNAL, turn_id)
-        except RPCError:
-            pass  # the waiter already finished (or never started): nothing to wake

@@ -8,13 +8,14 @@ Temporal owns where the turn is; the store owns what it said. Each iteration is 
 from __future__ import annotations
 
 import asyncio
+from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -54,25 +55,43 @@ class TurnWorkflow:
     """Runs one turn to a terminal status and returns a small :class:`TurnOutcome`."""
 
     def __init__(self) -> None:
+        self._cancelled = False
+        self._resumes = 0  # resume signals received
+        self._resume_mark = 0  # resume signals seen before the last store call
         self._finished: dict[str, None] = {}  # targets that signalled their end (an ordered set)
         self._children: dict[str, ChildWorkflowHandle[Any, Any]] = {}  # launched children, by turn id
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
         loop = asyncio.create_task(self._loop(turn))
-        if turn.deadline is None:
-            return await loop
-        remaining = (turn.deadline - workflow.now()).total_seconds()
         try:
-            # The root deadline covers the whole loop, including a model or tool call in flight (spec §5.12).
-            await workflow.wait_condition(loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline")
-        except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
-            loop.cancel()
-            try:
+            if turn.deadline is None:
                 return await loop
-            except asyncio.CancelledError:
-                return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
-        return loop.result()
+            remaining = (turn.deadline - workflow.now()).total_seconds()
+            try:
+                # The root deadline covers the whole loop, including calls in flight and waits (spec §5.12).
+                await workflow.wait_condition(
+                    loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline"
+                )
+            except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
+                loop.cancel()
+                try:
+                    return await loop
+                except asyncio.CancelledError:
+                    return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
+            return loop.result()
+        except asyncio.CancelledError:
+            # Cancelled by the application (turn.cancel): the record already says so; write nothing more.
+            self._cancelled = True
+            loop.cancel()
+            with suppress(BaseException):
+                await loop  # let the loop unwind (its calls are cancelled) before this workflow completes
+            return TurnOutcome(
+                turn_id=turn.turn_id,
+                status="cancelled",
+                error_class="TurnKit::Cancelled",
+                error_message="cancelled by application",
+            )
 
     async def _loop(self, turn: TurnInput) -> TurnOutcome:
         iteration = 0
@@ -86,6 +105,11 @@ class TurnWorkflow:
                 await self._wait_for_targets(step.waiting_on)
                 iteration -= 1
                 continue
+            if step.paused:
+                await self._wait_for_resume()
+                continue
+            if step.steered:
+                continue  # the steering input is in the transcript: ask the model again
             if step.stopped:
                 return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
             if step.budget_error:
@@ -118,6 +142,13 @@ class TurnWorkflow:
                 outcome = await self._wait_tool(turn, call)
             else:
                 outcome = await self._tool(turn, call)
+            if outcome.stopped:
+                return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
+            if outcome.paused:
+                await self._wait_for_resume()
+                continue  # the same call again: its boundary is checked anew
+            if outcome.steered:
+                return None  # the remaining proposals were superseded: back to the model
             if outcome.budget_error:
                 return await self._finish(turn, "failed", "TurnKit::BudgetError", outcome.budget_error)
             if outcome.terminal:
@@ -146,9 +177,16 @@ class TurnWorkflow:
             DelegateResult,
             summary=f"delegate · {', '.join(c.name for c in group)}",
         )
+        # ABANDON: cancelling this turn alone (descendants="retain") leaves its children running; a cascading
+        # cancel cancels each of them explicitly.
         children = [
             await workflow.start_child_workflow(
-                TurnWorkflow.run, p.child, id=p.child.turn_id, static_summary=f"sub-agent · {p.child.agent_name}"
+                TurnWorkflow.run,
+                p.child,
+                id=p.child.turn_id,
+                static_summary=f"sub-agent · {p.child.agent_name}",
+                cancellation_type=ChildWorkflowCancellationType.ABANDON,
+                parent_close_policy=ParentClosePolicy.ABANDON,
             )
             for p in plan.plans
             if p.child is not None
@@ -220,10 +258,25 @@ class TurnWorkflow:
         others = [t for t in target_ids if t not in self._children]
         await workflow.wait_condition(lambda: all(t in self._finished for t in others))
 
+    @workflow.signal(name="resume")
+    def resume(self) -> None:
+        """The application resumed this turn (the store says so already): re-check at the boundary."""
+        self._resumes += 1
+
+    async def _wait_for_resume(self) -> None:
+        # A resume that arrived while the store call ran counts: the call is simply re-checked at once.
+        mark = self._resume_mark
+        await workflow.wait_condition(lambda: self._resumes > mark)
+
     @workflow.signal(name=TARGET_FINISHED_SIGNAL)
     def target_finished(self, turn_id: str) -> None:
         """A turn this one waits on has ended (sent by the target after its terminal write)."""
         self._finished[turn_id] = None
+
+    def _raise_if_cancelled(self, err: ActivityError) -> None:
+        """A call cancelled with the turn is not a failure to record: unwind instead."""
+        if self._cancelled or isinstance(err.cause, CancelledError):
+            raise asyncio.CancelledError() from err
 
     async def _store_activity(self, name: str, arg: Any, result_type: type[Any], *, summary: str) -> Any:
         return await workflow.execute_activity(
@@ -236,6 +289,7 @@ class TurnWorkflow:
         )
 
     async def _model(self, turn: TurnInput, iteration: int) -> ModelStep | TurnOutcome:
+        self._resume_mark = self._resumes
         call = ModelCall(
             turn_id=turn.turn_id,
             root_turn_id=turn.root_turn_id,
@@ -258,10 +312,12 @@ class TurnWorkflow:
                 summary=f"model · {turn.agent_name} · iteration {iteration}",
             )
         except ActivityError as err:
+            self._raise_if_cancelled(err)
             error_class, message = _failure(err)
             return await self._finish(turn, "failed", error_class, message)
 
     async def _tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
+        self._resume_mark = self._resumes
         timeout, heartbeat, retry = _tool_policy(turn.agent_name, call.name)
         try:
             return await workflow.execute_activity(
@@ -280,6 +336,7 @@ class TurnWorkflow:
                 summary=f"tool {call.name}",
             )
         except ActivityError as err:
+            self._raise_if_cancelled(err)
             # The attempt was lost (worker died, timed out) or the last retry failed: record that, never re-run an
             # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (spec §5.8).
             lost = isinstance(err.cause, ActivityTimeoutError)

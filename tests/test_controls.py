@@ -1,0 +1,205 @@
+"""Human controls on a real Temporal dev server: pause, resume, steer, cancel (spec §5.9, §5.10)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import turnkit
+from tests.engine import eventually
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+
+
+class Gate:
+    """A tool body that blocks until the test opens the gate, and counts its runs."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.runs = 0
+
+
+def gated_tool(gate: Gate, name: str = "slow") -> turnkit.Tool:
+    async def body() -> dict[str, Any]:
+        gate.runs += 1
+        gate.entered.set()
+        await gate.opened.wait()
+        return {"done": True}
+
+    body.__name__ = name
+    body.__doc__ = "Work until released."
+    return turnkit.tool(body)
+
+
+@turnkit.tool
+def other() -> dict[str, Any]:
+    """Another tool."""
+    return {"other": True}
+
+
+async def test_steering_mid_tool_loop(tk: TurnKit) -> None:
+    gate = Gate()
+    client = ScriptedClient([call_tools(("slow", {}), ("other", {})), "steered answer"])
+    agent = turnkit.Agent("steerable", model="scripted", tools=[gated_tool(gate), other], client=client)
+    turn = await (await tk.conversation(agent)).ask("start", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+
+    [receipt] = await turn.steer("focus on debt", key="s-1", principal="human")
+    assert "message_id" not in receipt  # queued
+    assert await turn.steer("focus on debt", key="s-1", principal="human") == [receipt]  # idempotent
+    with pytest.raises(turnkit.ToolError, match="steering key is already used for a different input"):
+        await turn.steer("something else", key="s-1", principal="human")
+    gate.opened.set()
+    done = await turn.result(timeout=60)
+
+    assert done.status == "completed" and done.output_text == "steered answer"
+    executions = await done.tool_executions()
+    assert [(e.tool_name, e.status) for e in executions] == [("slow", "completed"), ("other", "cancelled")]
+    assert executions[1].result == {"skipped": True, "message": "not executed: superseded by human steering"}
+    tail = [(m["role"], m["content"]) for m in client.requests[1].messages[-3:]]
+    assert tail[0] == ("tool", json.dumps({"done": True}))
+    assert tail[1] == ("tool", json.dumps({"message": "not executed: superseded by human steering", "skipped": True}))
+    assert tail[2] == ("user", "focus on debt")
+    [applied] = (await done.control_state())["controls"]["inputs"]
+    assert applied["message_id"] and applied["request_id"] == client.requests[1].metadata["request_id"]
+    assert gate.runs == 1
+
+
+async def test_pause_during_a_long_tool_then_resume(tk: TurnKit) -> None:
+    gate = Gate()
+    client = ScriptedClient([call_tools(("slow", {})), "resumed answer"])
+    agent = turnkit.Agent("pausable", model="scripted", tools=[gated_tool(gate)], client=client)
+    turn = await (await tk.conversation(agent)).ask("start", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+
+    paused = await turn.pause()
+    assert paused.status == "running" and paused.record.options["controls"]["pause_requested"] is True
+    gate.opened.set()
+
+    async def acknowledged() -> bool:
+        return (await turn.refresh()).status == "paused"
+
+    await eventually(acknowledged, what="the pause to be acknowledged at the next boundary")
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed"  # the tool finished and was recorded
+    assert client.calls == 1  # nothing else ran
+
+    await turn.resume()
+    await turn.resume()  # repeating resume is safe
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "resumed answer"
+    assert gate.runs == 1 and client.calls == 2
+
+
+async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def slow_model(request: turnkit.ModelRequest) -> turnkit.Result:
+        entered.set()
+        await release.wait()
+        return turnkit.Result.build(text="kept")
+
+    class SlowClient:
+        calls = 0
+
+        async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+            SlowClient.calls += 1
+            return await slow_model(request)
+
+    agent = turnkit.Agent("thinker", model="scripted", client=SlowClient())
+    turn = await (await tk.conversation(agent)).ask("think", wait=False)
+    await asyncio.wait_for(entered.wait(), 30)
+    await turn.pause()
+    release.set()
+    await eventually(lambda: _status_is(turn, "paused"), what="the turn to pause before publishing")
+    assert turn.output_text == "" and turn.record.state["phase"] == "output"
+    await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "kept"
+    assert SlowClient.calls == 1 and done.record.state["iterations"] == 1
+
+
+async def test_approval_gate_blocks_the_conversation_until_resumed(tk: TurnKit) -> None:
+    client = ScriptedClient(lambda request: turnkit.Result.build(text=f"answer {len(request.messages)}"))
+    conversation = await tk.conversation(turnkit.Agent("gated", model="scripted", client=client))
+    gated = await conversation.ask("needs approval", paused=True)
+    assert gated.status == "paused"
+    await conversation.post("later input", key="later")
+    await eventually(lambda: _delivered(conversation), what="the post to be appended")
+    assert len(await conversation.turns()) == 1  # the paused turn blocks its lane: no new turn starts
+    assert client.calls == 0
+    await gated.resume()
+    done = await gated.result(timeout=60)
+    assert done.status == "completed"
+
+    async def both_done() -> bool:
+        turns = await conversation.turns()
+        return len(turns) == 2 and all(t.record.terminal for t in turns)
+
+    await eventually(both_done, what="the delivery's turn after resume")
+    assert client.calls == 2
+    assert not any("later input" in m["content"] for m in client.requests[0].messages)
+    assert any("later input" in m["content"] for m in client.requests[1].messages)
+
+
+async def test_cancel_with_descendants_during_parallel_delegation(tk: TurnKit) -> None:
+    turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
+    gate = Gate()
+    children = [
+        turnkit.Agent(name, model="scripted", tools=[gated_tool(gate)], client=ScriptedClient(
+            lambda r: call_tools(("slow", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="x")
+        ))
+        for name in ("left", "right")
+    ]
+    client = ScriptedClient([call_tools(("left", {"task": "l"}), ("right", {"task": "r"})), "never"])
+    boss = turnkit.Agent("boss", model="scripted", sub_agents=children, client=client)
+    turn = await (await tk.conversation(boss)).ask("split", wait=False)
+
+    async def both_children_working() -> bool:
+        return gate.runs == 2
+
+    await eventually(both_children_working, what="both children inside their tools")
+    await turn.cancel(descendants="cascade")
+    tree = await tk.store.list_turns(root_turn_id=turn.id)
+    assert len(tree) == 3 and {t.status for t in tree} == {"cancelled"}
+    assert all(t.error == {"class": "TurnKit::Cancelled", "message": "cancelled by application"} for t in tree)
+
+    async def workflows_closed() -> bool:
+        for record in tree:
+            description = await tk.client.get_workflow_handle(record.id).describe()
+            if description.status is None or description.status.name == "RUNNING":
+                return False
+        return True
+
+    await eventually(workflows_closed, timeout=30, what="every turn workflow to end")
+    executions = await tk.store.list_tool_executions(root_turn_id=turn.id)
+    gate.opened.set()
+    assert client.calls == 1  # nothing new started after the cancel
+    assert {e.status for e in executions if e.tool_name == "slow"} == {"interrupted"}
+    assert len(await tk.store.list_tool_executions(root_turn_id=turn.id)) == len(executions)
+    # Cancel wins: resume and pause change nothing now.
+    await turn.resume()
+    await turn.pause()
+    assert (await turn.refresh()).status == "cancelled"
+
+
+async def test_steering_a_finished_turn(tk: TurnKit) -> None:
+    client = ScriptedClient(["done"])
+    turn = await (await tk.conversation(turnkit.Agent("quick", model="scripted", client=client))).ask("hi")
+    with pytest.raises(turnkit.Error, match="cannot steer a completed turn; post next-turn input instead"):
+        await turn.steer("too late", key="k")
+    with pytest.raises(ValueError, match="descendants must be"):
+        await turn.pause(descendants="everything")
+
+
+async def _status_is(turn: turnkit.Turn, status: str) -> bool:
+    return (await turn.refresh()).status == status
+
+
+async def _delivered(conversation: turnkit.Conversation) -> bool:
+    return any(d.delivered_at for d in await conversation.inbox())

@@ -1,0 +1,207 @@
+"""Human controls (spec §5.9, §5.10): pause, resume, steer, cancel — store side.
+
+``options.controls`` is the durable source of truth; every control write takes the root turn's lock, the same lock
+the model and tool activities take at their **control boundary**, which is where a running turn acknowledges a
+pause or applies steering. Signals to the turn workflow are only wake-ups (``resume``) and cancellation is Temporal
+cancellation, issued by the client after the record was written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final, Literal
+
+from turnkit.errors import Error, ToolError
+from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.store.store import StoreTx, canonical_json, utcnow
+from turnkit.transcript import append_tool_result, fail_execution, repair_transcript, tool_calls_of
+
+__all__ = [
+    "CANCELLED_ERROR",
+    "STEERING_SKIP",
+    "Boundary",
+    "apply_cancel",
+    "apply_pause",
+    "apply_resume",
+    "apply_steer",
+    "control_boundary",
+    "has_pending_controls",
+    "selected_turns",
+    "stamp_request",
+]
+
+CANCELLED_ERROR: Final = {"class": "TurnKit::Cancelled", "message": "cancelled by application"}
+STEERING_SKIP: Final = "not executed: superseded by human steering"
+FINISHED: Final = (*TERMINAL_TURN_STATUSES, "stale")
+
+Boundary = Literal["paused", "steered"] | None
+
+
+def controls_of(turn: TurnRecord) -> dict[str, Any]:
+    """A copy of ``options.controls`` with its defaults."""
+    controls: dict[str, Any] = dict(turn.options.get("controls") or {})
+    controls.setdefault("pause_requested", False)
+    controls["inputs"] = [dict(i) for i in controls.get("inputs") or []]
+    return controls
+
+
+async def selected_turns(tx: StoreTx, turn: TurnRecord, descendants: str) -> list[TurnRecord]:
+    """The turn, plus its descendants (through ``parent_turn_id``, within the root tree) when cascading."""
+    if descendants not in ("retain", "cascade"):
+        raise ValueError(f"descendants must be 'retain' or 'cascade', not {descendants!r}")
+    if descendants == "retain":
+        return [turn]
+    tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
+    children: dict[str, list[TurnRecord]] = {}
+    for each in tree:
+        if each.parent_turn_id:
+            children.setdefault(each.parent_turn_id, []).append(each)
+    selected: list[TurnRecord] = []
+    frontier = [turn]
+    while frontier:
+        current = frontier.pop(0)
+        selected.append(current)
+        frontier.extend(children.get(current.id, []))
+    return selected
+
+
+async def _write_controls(tx: StoreTx, turn: TurnRecord, controls: dict[str, Any], **attrs: Any) -> TurnRecord:
+    return await tx.update_turn(turn.id, options={**turn.options, "controls": controls}, **attrs)
+
+
+async def apply_pause(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+    """Request a pause; a turn that is not running is paused at once (spec §5.10)."""
+    if turn.status in FINISHED:
+        return turn
+    controls = {**controls_of(turn), "pause_requested": True}
+    status = turn.status if turn.status == "running" else "paused"
+    return await _write_controls(tx, turn, controls, status=status)
+
+
+async def apply_resume(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+    """Withdraw the pause; a paused turn becomes pending again (its workflow is woken by a signal)."""
+    if turn.status in FINISHED:
+        return turn
+    controls = {**controls_of(turn), "pause_requested": False}
+    status = "pending" if turn.status == "paused" else turn.status
+    return await _write_controls(tx, turn, controls, status=status)
+
+
+async def apply_steer(
+    tx: StoreTx, turn: TurnRecord, *, text: str, key: str, principal: Any, target: bool
+) -> dict[str, Any] | None:
+    """Queue a steering input on ``turn`` and return its receipt (idempotent by key; spec §5.10 ``steer!``).
+
+    A finished target raises; a finished descendant is skipped (None).
+    """
+    controls = controls_of(turn)
+    principal = canonical_json(principal)
+    for existing in controls["inputs"]:
+        if existing.get("key") == key:
+            if existing.get("text") == text and existing.get("principal") == principal:
+                return existing
+            raise ToolError("steering key is already used for a different input")
+    if turn.status in FINISHED:
+        if target:
+            raise Error(f"cannot steer a {turn.status} turn; post next-turn input instead")
+        return None
+    receipt = {
+        "id": str(uuid.uuid4()),
+        "key": key,
+        "text": text,
+        "principal": principal,
+        "turn_id": turn.id,
+        "sequence": len(controls["inputs"]) + 1,
+    }
+    controls["inputs"].append(receipt)
+    await _write_controls(tx, turn, controls)
+    return receipt
+
+
+async def apply_cancel(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+    """End the turn ``cancelled`` now: open executions are interrupted and every call answered (spec §5.9)."""
+    if turn.status in TERMINAL_TURN_STATUSES:
+        return turn
+    await repair_transcript(tx, turn)
+    cancelled = await tx.claim_turn(
+        turn.id,
+        from_=[s for s in ("pending", "waiting", "paused", "running", "stale")],
+        to="cancelled",
+        error=CANCELLED_ERROR,
+        completed_at=utcnow(),
+        claim_token=None,
+    )
+    return cancelled or await tx.load_turn(turn.id)
+
+
+def has_pending_controls(turn: TurnRecord) -> bool:
+    """A pause was requested, or steering waits to be applied: a boundary must run before publishing output."""
+    controls = controls_of(turn)
+    return bool(controls["pause_requested"]) or any(not i.get("message_id") for i in controls["inputs"])
+
+
+async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, TurnRecord]:
+    """Spec §5.10 ``control_boundary!`` (under the root lock): acknowledge a pause, or apply queued steering.
+
+    Steering first answers every proposal of the last model response that has no result yet ("superseded by human
+    steering"), then appends each input as a user message and resets the phase to ``model``.
+    """
+    controls = controls_of(turn)
+    if controls["pause_requested"]:
+        paused = await tx.claim_turn(turn.id, from_=("pending", "running"), to="paused")
+        return "paused", paused or turn
+    queued = [i for i in controls["inputs"] if not i.get("message_id")]
+    if not queued:
+        return None, turn
+    await _close_out_proposals(tx, turn)
+    for receipt in queued:
+        message = await tx.append_message(
+            turn.conversation_id,
+            role="user",
+            text=str(receipt["text"]),
+            turn_id=turn.id,
+            metadata={"steering_id": receipt["id"], "principal": receipt.get("principal")},
+        )
+        receipt["message_id"] = message.id
+    state = {**turn.state, "phase": "model"}
+    for key in ("parts", "candidate", "output_data", "terminal_tool_name"):
+        state.pop(key, None)
+    turn = await tx.update_turn(turn.id, options={**turn.options, "controls": controls, "state": state})
+    return "steered", turn
+
+
+async def _close_out_proposals(tx: StoreTx, turn: TurnRecord) -> None:
+    """Every proposed call without a result gets one before the human's words reach the model."""
+    messages = await tx.list_turn_messages(turn.id)
+    answered = {p.get("tool_call_id") for m in messages if m.kind == "tool_result" for p in m.content}
+    for call in tool_calls_of(messages):
+        call_id = str(call.get("id"))
+        if call_id in answered:
+            continue
+        execution = await tx.find_tool_execution(turn.id, call_id)
+        if execution is None:
+            execution, _ = await tx.create_tool_execution(
+                turn_id=turn.id,
+                tool_call_id=call_id,
+                tool_name=str(call.get("name")),
+                arguments=dict(call.get("arguments") or {}),
+                status="cancelled",
+                result={"skipped": True, "message": STEERING_SKIP},
+                completed_at=utcnow(),
+            )
+            await append_tool_result(tx, turn, execution)
+        elif execution.status in ("pending", "running"):
+            await fail_execution(tx, turn, execution, STEERING_SKIP, status="interrupted")
+        else:
+            await append_tool_result(tx, turn, execution)
+
+
+def stamp_request(turn: TurnRecord, request_id: str) -> dict[str, Any] | None:
+    """Receipts inserted in the transcript but not yet in a request get this ``request_id`` (the first one)."""
+    controls = controls_of(turn)
+    changed = False
+    for receipt in controls["inputs"]:
+        if receipt.get("message_id") and not receipt.get("request_id"):
+            receipt["request_id"] = request_id
+            changed = True
+    return controls if changed else None
