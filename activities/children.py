@@ -176,7 +176,7 @@ class ChildActivities:
             targets = [str(t) for t in WaitForTool().validate_arguments(call.arguments)["turn_ids"]]
             if not is_authorized("wait", turn.options.get("principal"), turn=turn.id, targets=targets):
                 raise _Denied("not authorized to wait")
-            async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+            async with self.store.atomic(turn_id=request.root_turn_id, wait_graph=True) as tx:
                 records = await add_waits(tx, turn, targets)
         except (ToolError, _Denied) as err:
             details = _DENIED if isinstance(err, _Denied) else {"class": error_class_name(err)}

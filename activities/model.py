@@ -19,11 +19,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.notify import announce_terminal
 from turnkit.agent import resolve_agent
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import cost_from_usage
-from activities.notify import announce_terminal
 from turnkit.deliveries import completion_delivery, turn_result
 from turnkit.errors import ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit

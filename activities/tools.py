@@ -21,10 +21,10 @@ from temporalio.common import RawValue
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
 from turnkit.authorization import authorize, is_authorized
+from turnkit.budget import tool_execution_denial
 from turnkit.builtin_tools import CoordinationTool, SendMessageTool
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
-from turnkit.budget import tool_execution_denial
 from turnkit.errors import AuthorizationError, ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.events import emit
 from turnkit.payloads import ToolCallInput, ToolOutcome

@@ -11,16 +11,16 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkit.agent import resolve_agent
 from activities.notify import announce_terminal
+from turnkit.agent import resolve_agent
 from turnkit.deliveries import completion_delivery
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.records import TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.waits import add_waits
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
+from turnkit.waits import add_waits
 
 __all__ = ["TurnActivities", "ticket_of"]
 
@@ -34,7 +34,8 @@ class TurnActivities:
     @activity.defn(name="turnkit.submit_turn")
     async def submit_turn(self, request: SubmitTurn) -> TurnTicket:
         """Append the trigger message and create the submitted, pending turn (spec §1.4); idempotent by turn id."""
-        async with self.store.atomic(conversation_id=request.conversation_id) as tx:
+        graph = bool(request.wait_for)  # the wait-graph lock comes before any row lock
+        async with self.store.atomic(conversation_id=request.conversation_id, wait_graph=graph) as tx:
             existing = await tx.find_turn(request.turn_id)
             if existing is not None:
                 return ticket_of(existing)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -120,7 +120,11 @@ THREE_ITERATIONS = turnkit.register(
 PAGERS = {
     k: turnkit.register(
         turnkit.Agent(
-            f"bench_pager_{k}", model="scripted", tools=[bench_page], client=ScriptedClient(_pager(k)), max_iterations=50
+            f"bench_pager_{k}",
+            model="scripted",
+            tools=[bench_page],
+            client=ScriptedClient(_pager(k)),
+            max_iterations=50,
         )
     )
     for k in HISTORY_ITERATIONS
@@ -218,7 +222,7 @@ async def activities_per_turn(tk: TurnKit, agent: turnkit.Agent) -> int:
 
 
 @asynccontextmanager
-async def turnkit_engine(address: str, database_url: str) -> AsyncIterator[TurnKit]:
+async def turnkit_engine(address: str, database_url: str) -> AsyncGenerator[TurnKit]:
     """A TurnKit connection on its own task queue with an in-process worker (as the tests' ``tk`` fixture)."""
     store = await Store.open(database_url)
     try:
@@ -327,7 +331,7 @@ def report(
     )
     print(
         f"{args.turns} timed turns per series after {args.warmup} warm-up; (c) = {PARALLEL_CONVERSATIONS} "
-        f"conversations × {args.parallel_turns} turns. Baseline = bare workflow with the same number of no-op "
+        f"conversations x {args.parallel_turns} turns. Baseline = bare workflow with the same number of no-op "
         f"activities: {n_one} for (a), {n_three} for (b)/(c)."
     )
     print()
@@ -400,7 +404,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=30, help="timed turns per sequential series (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="discarded turns before each series (default 3)")
     parser.add_argument(
-        "--parallel-turns", type=int, default=6, help=f"timed turns per conversation in (c) (default 6, × {PARALLEL_CONVERSATIONS})"
+        "--parallel-turns",
+        type=int,
+        default=6,
+        help=f"timed turns per conversation in (c), {PARALLEL_CONVERSATIONS} conversations (default 6)",
     )
     return parser.parse_args(argv)
 

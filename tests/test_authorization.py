@@ -67,7 +67,9 @@ async def test_launch_agent_denied_creates_no_child(tk: TurnKit) -> None:
     child = turnkit.Agent("child", model="scripted", client=child_client)
     turnkit.configure(authorize=Policy("launch_agent"))
     boss = agent(
-        "boss", sub_agents=[child], tools=[launch_agent],
+        "boss",
+        sub_agents=[child],
+        tools=[launch_agent],
         script=[call_tools(("child", {"task": "t"}), ("launch_agent", {"agent_name": "child", "task": "t"})), "done"],
     )
     turn = await (await tk.conversation(boss)).ask("x")
@@ -129,8 +131,9 @@ async def test_send_message_denied(tk: TurnKit) -> None:
         await destination.post("hi", key="k2")
     assert await destination.inbox() == []
     talker = agent(
-        "talker", tools=[send_message], script=[call_tools(("send_message", {"conversation_id": destination.id,
-                                                                             "text": "x"})), "ok"]
+        "talker",
+        tools=[send_message],
+        script=[call_tools(("send_message", {"conversation_id": destination.id, "text": "x"})), "ok"],
     )
     turn = await (await tk.conversation(talker)).ask("x")
     [execution] = await turn.tool_executions()
@@ -167,9 +170,14 @@ async def test_a_cascade_denied_for_one_child_changes_nothing(tk: TurnKit) -> No
         await gate.wait()
         return {}
 
-    child = turnkit.Agent("kid", model="scripted", tools=[hold], client=ScriptedClient(
-        lambda r: call_tools(("hold", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="k")
-    ))
+    child = turnkit.Agent(
+        "kid",
+        model="scripted",
+        tools=[hold],
+        client=ScriptedClient(
+            lambda r: call_tools(("hold", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="k")
+        ),
+    )
     parent = agent("parent", sub_agents=[child], script=[call_tools(("kid", {"task": "t"})), "p"])
     turn = await (await tk.conversation(parent)).ask("x", wait=False)
 

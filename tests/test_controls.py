@@ -151,9 +151,16 @@ async def test_cancel_with_descendants_during_parallel_delegation(tk: TurnKit) -
     turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
     gate = Gate()
     children = [
-        turnkit.Agent(name, model="scripted", tools=[gated_tool(gate)], client=ScriptedClient(
-            lambda r: call_tools(("slow", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="x")
-        ))
+        turnkit.Agent(
+            name,
+            model="scripted",
+            tools=[gated_tool(gate)],
+            client=ScriptedClient(
+                lambda r: (
+                    call_tools(("slow", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="x")
+                )
+            ),
+        )
         for name in ("left", "right")
     ]
     client = ScriptedClient([call_tools(("left", {"task": "l"}), ("right", {"task": "r"})), "never"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -177,3 +178,32 @@ async def _running(turn: turnkit.Turn) -> bool:
 
 async def _delivered(conversation: turnkit.Conversation, count: int) -> bool:
     return sum(1 for d in await conversation.inbox() if d.delivered_at) >= count
+
+
+async def test_reconcile_command(tk: TurnKit, engine: Any) -> None:
+    agent, client = echo_agent()
+    conversation = await tk.conversation(agent)
+    async with tk.store.atomic() as tx:
+        await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key="lost-for-the-cli",
+            payload={"text": "via the command"},
+        )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnkit.cli",
+        "reconcile",
+        "--address",
+        engine.temporal_address,
+        "--database-url",
+        engine.database_url,
+        "--task-queue",
+        tk.task_queue,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await process.communicate()
+    assert process.returncode == 0 and b"re-signalled 1 pending deliveries" in out
+    await eventually(lambda: all_finished(conversation, 1), what="the delivery re-signalled by the command")
+    assert client.calls == 1

@@ -23,13 +23,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit import errors
 from turnkit.authorization import Action, authorize
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
-from turnkit.store.store import StoreTx
-from turnkit.waits import notify_waiters
 from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery
 from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.store.store import StoreTx
+from turnkit.waits import notify_waiters
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -327,7 +327,7 @@ class Turn:
         Returns one receipt per steered turn: ``{id, key, text, principal, turn_id, sequence}``, later with
         ``message_id`` and then ``request_id`` (read them with :meth:`control_state`). Idempotent by ``key``.
         """
-        if not isinstance(key, str) or not key:
+        if not isinstance(key, str) or not key:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("key must be a non-empty string")
         receipts: list[dict[str, Any]] = []
 

@@ -13,6 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 __all__ = [
+    "DeliverBatch",
+    "DeliverResult",
+    "DeliverySignal",
     "FinishTurn",
     "LaneInput",
     "LaneStatus",
@@ -21,9 +24,6 @@ __all__ = [
     "QueuedTurn",
     "SettleToolCall",
     "SubmitTurn",
-    "DeliverySignal",
-    "DeliverBatch",
-    "DeliverResult",
     "ToolCallInput",
     "ToolCallRef",
     "ToolOutcome",

@@ -28,7 +28,8 @@ async def add_waits(tx: StoreTx, turn: TurnRecord, target_ids: Sequence[str]) ->
 
     Raises ``ToolError`` with the spec's messages: a turn waiting for itself, for work that was never submitted,
     for unfinished work in its own conversation (a serial lane would deadlock), or closing a cycle. The caller's
-    transaction rolls back every edge on error.
+    transaction rolls back every edge on error. Open that transaction with ``store.atomic(wait_graph=True)`` so
+    the store-wide wait-graph lock is taken before any row lock (else two opposite waits can deadlock).
     """
     await tx.lock_wait_graph()  # cycle checks and insertions are serialised store-wide
     targets: list[TurnRecord] = []

@@ -14,9 +14,9 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
+from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.agent import resolve_agent
@@ -28,8 +28,6 @@ with workflow.unsafe.imports_passed_through():
         FinishTurn,
         FinishWait,
         JoinChildren,
-        WaitPlan,
-        WaitRequest,
         ModelCall,
         ModelStep,
         SettleToolCall,
@@ -38,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
         TurnInput,
         TurnOutcome,
+        WaitPlan,
+        WaitRequest,
     )
     from turnkit.records import INTERRUPTED_MESSAGE
     from turnkit.waits import TARGET_FINISHED_SIGNAL
@@ -70,9 +70,7 @@ class TurnWorkflow:
             remaining = (turn.deadline - workflow.now()).total_seconds()
             try:
                 # The root deadline covers the whole loop, including calls in flight and waits (spec §5.12).
-                await workflow.wait_condition(
-                    loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline"
-                )
+                await workflow.wait_condition(loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline")
             except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
                 loop.cancel()
                 try:

@@ -126,9 +126,12 @@ class Store:
 
     @asynccontextmanager
     async def atomic(
-        self, *, conversation_id: str | None = None, turn_id: str | None = None
+        self, *, conversation_id: str | None = None, turn_id: str | None = None, wait_graph: bool = False
     ) -> AsyncGenerator[StoreTx, None]:
         """One transaction, optionally locking a conversation row and/or a turn row.
+
+        ``wait_graph=True`` first takes the store-wide wait-graph lock (spec §2.9 ``atomic_graph``): a transaction
+        that may add wait edges must take it before any row lock, so that lock order is the same everywhere.
 
         Re-entrant: inside another ``atomic()`` of the same task, the outer transaction is joined (and the extra
         locks are taken in it). An exception rolls back every write made inside the outermost block.
@@ -142,6 +145,8 @@ class Store:
             tx = StoreTx(self, session)
             token = _current_tx.set(tx)
             try:
+                if wait_graph:
+                    await tx.lock_wait_graph()
                 await tx.lock(conversation_id=conversation_id, turn_id=turn_id)
                 yield tx
             finally:
