@@ -107,7 +107,14 @@ class ChildActivities:
             action = "launch_agent" if not callback else "launch_agent or callback"
             await fail_execution(tx, turn, execution, f"not authorized to {action}", details=_DENIED, append=not defer)
             return plan, None
+        savepoint = await tx.session.begin_nested()
         child = await _create_child(tx, turn, execution, sub_agent, task, depth=request.depth + 1, callback=callback)
+        if not request.launch and not is_authorized("wait", principal, turn=turn.id, targets=[child.id]):
+            # The implicit join is a wait: denied, the child's creation rolls back with it (spec §7.4).
+            await savepoint.rollback()
+            await fail_execution(tx, turn, execution, "not authorized to wait", details=_DENIED, append=False)
+            return plan, None
+        await savepoint.commit()
         if request.launch:
             # Launched: its ids are the result, at once; it is not waited on.
             settled = await tx.claim_tool_execution(

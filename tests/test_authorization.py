@@ -202,3 +202,27 @@ async def test_a_cascade_denied_for_one_child_changes_nothing(tk: TurnKit) -> No
 
 async def _running(turn: turnkit.Turn) -> bool:
     return (await turn.refresh()).status == "running"
+
+
+async def test_an_implicit_join_denied_rolls_back_the_child(tk: TurnKit) -> None:
+    child_client = ScriptedClient(["child"])
+    child = turnkit.Agent("child", model="scripted", client=child_client)
+    policy = Policy("wait")
+    turnkit.configure(authorize=policy)
+    boss = agent("boss", sub_agents=[child], script=[call_tools(("child", {"task": "t"})), "done"])
+    turn = await (await tk.conversation(boss)).ask("x")
+    assert turn.status == "completed" and "wait" in policy.asked
+    [execution] = await turn.tool_executions()
+    assert denial(execution)
+    assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1 and child_client.calls == 0
+    assert [c for c in await _conversations(tk) if c.agent_name == "child"] == []
+
+
+async def _conversations(tk: TurnKit) -> list[turnkit.ConversationRecord]:
+    from sqlalchemy import select
+
+    from turnkit.store.schema import ConversationRow
+
+    async with tk.store.atomic() as tx:
+        rows = await tx.session.scalars(select(ConversationRow))
+        return [await tx.load_conversation(row.uid) for row in rows]

@@ -210,3 +210,30 @@ async def _status_is(turn: turnkit.Turn, status: str) -> bool:
 
 async def _delivered(conversation: turnkit.Conversation) -> bool:
     return any(d.delivered_at for d in await conversation.inbox())
+
+
+async def test_steering_while_the_answer_is_written_is_applied_before_publishing(tk: TurnKit) -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    class Client:
+        requests: list[turnkit.ModelRequest] = []
+
+        async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+            Client.requests.append(request)
+            if len(Client.requests) == 1:
+                entered.set()
+                await release.wait()
+                return turnkit.Result.build(text="first draft")
+            return turnkit.Result.build(text="revised")
+
+    turn = await (await tk.conversation(turnkit.Agent("writer", model="scripted", client=Client()))).ask(
+        "write", wait=False
+    )
+    await asyncio.wait_for(entered.wait(), 30)
+    await turn.steer("revise before publishing", key="r1")
+    release.set()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "revised"  # the first draft was never published
+    assert len(Client.requests) == 2
+    assert Client.requests[1].messages[-1] == {"role": "user", "content": "revise before publishing"}

@@ -255,3 +255,33 @@ async def test_wait_past_the_root_deadline_times_out(tk: TurnKit) -> None:
 async def _waits(tk: TurnKit, turn_id: str) -> list[Any]:
     async with tk.store.atomic() as tx:
         return await tx.list_waits(turn_id=turn_id)
+
+
+async def test_invalid_sub_agent_call_result_keeps_call_order(tk: TurnKit) -> None:
+    good = worker_agent("good", seconds=0.05)
+    client = ScriptedClient([call_tools(("good", {"task": "fine"}), ("good", {"task": 123})), "both answered"])
+    boss = turnkit.Agent("boss", model="scripted", sub_agents=[good], client=client)
+    turn = await (await tk.conversation(boss)).ask("go")
+    assert turn.status == "completed"
+    first, second = last_tool_results(client.requests[1])
+    assert first["status"] == "completed" and first["result"] == "good done"
+    assert second["error"] is True and "task" in second["message"]
+
+
+class Finish(turnkit.Tool):
+    """End the turn."""
+
+    terminal = "Finished."
+
+    def call(self, context: turnkit.ToolContext, **arguments: Any) -> dict[str, Any]:
+        return {}
+
+
+async def test_a_terminal_tool_before_a_sub_agent_call_creates_no_child(tk: TurnKit) -> None:
+    child = worker_agent("child")
+    client = ScriptedClient([call_tools(("finish", {}), ("child", {"task": "never"}))])
+    boss = turnkit.Agent("boss", model="scripted", tools=[Finish], sub_agents=[child], client=client)
+    turn = await (await tk.conversation(boss)).ask("go")
+    assert turn.status == "completed" and turn.output_text == "Finished."
+    assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1
+    assert [e.status for e in await turn.tool_executions()] == ["completed", "cancelled"]
