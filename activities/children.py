@@ -16,10 +16,10 @@ from temporalio import activity
 from activities.tools import outcome_of
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import is_authorized
-from turnkit.budget import tool_execution_denial
 from turnkit.builtin_tools import WaitForTool
 from turnkit.deliveries import turn_result
 from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
+from turnkit.executions import open_tool_execution
 from turnkit.payloads import (
     ChildPlan,
     DelegateCalls,
@@ -73,21 +73,11 @@ class ChildActivities:
             return ChildPlan(
                 call_id=call.id, execution_id=execution.id, child=_child_input(child, request) if run else None
             ), None
-        root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-        denial = tool_execution_denial(root, await tx.list_tool_executions(root_turn_id=root.id), call.name)
-        execution, _ = await tx.create_tool_execution(
-            turn_id=turn.id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            arguments=call.arguments,
-            status="pending",
-            started_at=utcnow(),
+        execution, denial = await open_tool_execution(
+            tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments, status="pending"
         )
         plan = ChildPlan(call_id=call.id, execution_id=execution.id)
         if denial is not None:
-            await fail_execution(
-                tx, turn, execution, denial, details={"class": "TurnKit::BudgetError", "budget_denied": True}
-            )
             return plan, denial
         defer = not request.launch  # a delegation group appends its results at the join, in call order
         try:
@@ -164,20 +154,10 @@ class ChildActivities:
                 await append_tool_result(tx, turn, execution)
                 return WaitPlan(execution_id=execution.id, settled=True)
             if execution is None:
-                root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                denial = tool_execution_denial(root, await tx.list_tool_executions(root_turn_id=root.id), call.name)
-                execution, _ = await tx.create_tool_execution(
-                    turn_id=turn.id,
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    arguments=call.arguments,
-                    status="pending",
-                    started_at=utcnow(),
+                execution, denial = await open_tool_execution(
+                    tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments, status="pending"
                 )
                 if denial is not None:
-                    await fail_execution(
-                        tx, turn, execution, denial, details={"class": "TurnKit::BudgetError", "budget_denied": True}
-                    )
                     return WaitPlan(execution_id=execution.id, settled=True)
         try:
             targets = [str(t) for t in WaitForTool().validate_arguments(call.arguments)["turn_ids"]]

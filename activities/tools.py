@@ -21,12 +21,12 @@ from temporalio.common import RawValue
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
 from turnkit.authorization import authorize, is_authorized
-from turnkit.budget import tool_execution_denial
 from turnkit.builtin_tools import CoordinationTool, SendMessageTool
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import AuthorizationError, ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.events import emit
+from turnkit.executions import open_tool_execution
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, utcnow
@@ -133,22 +133,14 @@ class ToolActivities:
                     return ToolOutcome(paused=boundary == "paused", steered=boundary == "steered")
                 if turn.status == "pending":  # resumed after a pause
                     turn = await tx.claim_turn(turn.id, from_="pending", to="running") or turn
-                root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                tree_executions = await tx.list_tool_executions(root_turn_id=turn.root_turn_id)
-                denial = tool_execution_denial(root, tree_executions, call.name)
-                execution, _ = await tx.create_tool_execution(
-                    turn_id=turn.id,
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    arguments=call.arguments,
-                    status="running",
-                    started_at=utcnow(),
+                execution, denial = await open_tool_execution(
+                    tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments
                 )
                 emit("tool_call.created", turn.id, turn.conversation_id, id=call.id, name=call.name)
-                failure: tuple[str, dict[str, Any]] | None = None
                 if denial is not None:
-                    failure = (denial, {"class": "TurnKit::BudgetError", "budget_denied": True})
-                elif tool is None:
+                    return outcome_of(execution, tool, budget_error=denial)
+                failure: tuple[str, dict[str, Any]] | None = None
+                if tool is None:
                     failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
                 elif call.arguments_error:
                     failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
@@ -158,7 +150,7 @@ class ToolActivities:
                     failure = ("not authorized to tool", AUTHORIZATION_DENIED)
                 if failure is not None:
                     settled = await fail_execution(tx, turn, execution, failure[0], details=failure[1])
-                    return outcome_of(settled, tool, budget_error=denial)
+                    return outcome_of(settled, tool)
             elif tool is not None and tool.recovery != "replay_safe" and execution.status == "running":
                 # A second attempt of an at-most-once call (should not happen with maximum_attempts=1): never re-run.
                 settled = await fail_execution(tx, turn, execution, INTERRUPTED_MESSAGE, status="interrupted")

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 from turnkit.errors import Error, ToolError
 from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import StoreTx, canonical_json, utcnow
-from turnkit.transcript import append_tool_result, fail_execution, repair_transcript, tool_calls_of
+from turnkit.transcript import repair_transcript
 
 __all__ = [
     "CANCELLED_ERROR",
@@ -153,7 +153,8 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
     queued = [i for i in controls["inputs"] if not i.get("message_id")]
     if not queued:
         return None, turn
-    await _close_out_proposals(tx, turn)
+    # Every proposal without a result gets one before the human's words reach the model.
+    await repair_transcript(tx, turn, skip_message=STEERING_SKIP)
     for receipt in queued:
         message = await tx.append_message(
             turn.conversation_id,
@@ -168,32 +169,6 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
         state.pop(key, None)
     turn = await tx.update_turn(turn.id, options={**turn.options, "controls": controls, "state": state})
     return "steered", turn
-
-
-async def _close_out_proposals(tx: StoreTx, turn: TurnRecord) -> None:
-    """Every proposed call without a result gets one before the human's words reach the model."""
-    messages = await tx.list_turn_messages(turn.id)
-    answered = {p.get("tool_call_id") for m in messages if m.kind == "tool_result" for p in m.content}
-    for call in tool_calls_of(messages):
-        call_id = str(call.get("id"))
-        if call_id in answered:
-            continue
-        execution = await tx.find_tool_execution(turn.id, call_id)
-        if execution is None:
-            execution, _ = await tx.create_tool_execution(
-                turn_id=turn.id,
-                tool_call_id=call_id,
-                tool_name=str(call.get("name")),
-                arguments=dict(call.get("arguments") or {}),
-                status="cancelled",
-                result={"skipped": True, "message": STEERING_SKIP},
-                completed_at=utcnow(),
-            )
-            await append_tool_result(tx, turn, execution)
-        elif execution.status in ("pending", "running"):
-            await fail_execution(tx, turn, execution, STEERING_SKIP, status="interrupted")
-        else:
-            await append_tool_result(tx, turn, execution)
 
 
 def stamp_request(turn: TurnRecord, request_id: str) -> dict[str, Any] | None:

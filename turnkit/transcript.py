@@ -99,11 +99,12 @@ def tool_calls_of(messages: list[MessageRecord]) -> list[dict[str, Any]]:
     ]
 
 
-async def repair_transcript(tx: StoreTx, turn: TurnRecord) -> None:
-    """Give every tool call of ``turn`` a result (spec §5.8 repair): the ending turn leaves no call unanswered.
+async def repair_transcript(tx: StoreTx, turn: TurnRecord, *, skip_message: str = NOT_EXECUTED) -> None:
+    """Give every tool call of ``turn`` a result (spec §5.8 repair): no proposed call is left unanswered.
 
     Open executions become ``interrupted`` (their outcome is unknown); settled ones get their real result; calls
-    that never started get a cancelled execution with a "not executed" result.
+    that never started get a cancelled execution whose result says ``skip_message`` (the turn ended, or human
+    steering superseded them).
     """
     messages = await tx.list_turn_messages(turn.id)
     answered = {
@@ -123,7 +124,7 @@ async def repair_transcript(tx: StoreTx, turn: TurnRecord) -> None:
                 tool_name=str(call.get("name")),
                 arguments=dict(call.get("arguments") or {}),
                 status="cancelled",
-                result={"skipped": True, "message": NOT_EXECUTED},
+                result={"skipped": True, "message": skip_message},
                 completed_at=utcnow(),
             )
         if execution.status in ("pending", "running"):

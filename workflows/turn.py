@@ -164,14 +164,7 @@ class TurnWorkflow:
         """Run a group of sub-agent calls as parallel child turns; their results are appended in call order."""
         plan = await self._store_activity(
             "turnkit.delegate",
-            DelegateCalls(
-                turn_id=turn.turn_id,
-                root_turn_id=turn.root_turn_id,
-                agent_name=turn.agent_name,
-                depth=turn.depth,
-                deadline=turn.deadline,
-                calls=group,
-            ),
+            _delegation(turn, group, launch=False),
             DelegateResult,
             summary=f"delegate · {', '.join(c.name for c in group)}",
         )
@@ -206,18 +199,7 @@ class TurnWorkflow:
     async def _launch(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``launch_agent``: record the child and start it abandoned (it outlives this turn); return at once."""
         plan = await self._store_activity(
-            "turnkit.delegate",
-            DelegateCalls(
-                turn_id=turn.turn_id,
-                root_turn_id=turn.root_turn_id,
-                agent_name=turn.agent_name,
-                depth=turn.depth,
-                deadline=turn.deadline,
-                calls=[call],
-                launch=True,
-            ),
-            DelegateResult,
-            summary="launch_agent",
+            "turnkit.delegate", _delegation(turn, [call], launch=True), DelegateResult, summary="launch_agent"
         )
         [launched] = plan.plans
         if launched.child is not None:
@@ -367,6 +349,18 @@ class TurnWorkflow:
             retry_policy=STORE_RETRY,
             summary=f"finish · {finish.status}",
         )
+
+
+def _delegation(turn: TurnInput, calls: list[ToolCallRef], *, launch: bool) -> DelegateCalls:
+    return DelegateCalls(
+        turn_id=turn.turn_id,
+        root_turn_id=turn.root_turn_id,
+        agent_name=turn.agent_name,
+        depth=turn.depth,
+        deadline=turn.deadline,
+        calls=calls,
+        launch=launch,
+    )
 
 
 def _tool_policy(agent_name: str, tool_name: str) -> tuple[timedelta, timedelta, RetryPolicy]:

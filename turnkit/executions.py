@@ -1,0 +1,43 @@
+"""Opening a tool execution: the row is created and the root tree's tool budget reserved in one transaction."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from turnkit.budget import tool_execution_denial
+from turnkit.records import ToolExecutionRecord, TurnRecord
+from turnkit.store.store import StoreTx, utcnow
+from turnkit.transcript import fail_execution
+
+__all__ = ["BUDGET_DENIED", "open_tool_execution"]
+
+BUDGET_DENIED: Final = {"class": "TurnKit::BudgetError", "budget_denied": True}
+
+
+async def open_tool_execution(
+    tx: StoreTx,
+    turn: TurnRecord,
+    *,
+    tool_call_id: str,
+    tool_name: str,
+    arguments: dict[str, Any],
+    status: str = "running",
+) -> tuple[ToolExecutionRecord, str | None]:
+    """Create the execution of a new call and reserve tool budget for it over the root tree (spec §6.2).
+
+    Call it under the root turn's lock. A denied reservation settles the execution ``failed`` with
+    ``budget_denied`` (its result appended) and returns the denial message, which fails the turn.
+    """
+    root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+    denial = tool_execution_denial(root, await tx.list_tool_executions(root_turn_id=root.id), tool_name)
+    execution, _ = await tx.create_tool_execution(
+        turn_id=turn.id,
+        tool_call_id=tool_call_id,
+        tool_name=tool_name,
+        arguments=arguments,
+        status=status,
+        started_at=utcnow(),
+    )
+    if denial is not None:
+        execution = await fail_execution(tx, turn, execution, denial, details=BUDGET_DENIED)
+    return execution, denial
