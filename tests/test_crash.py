@@ -45,7 +45,7 @@ async def test_at_most_once_tool_runs_once_and_is_interrupted(engine: Engine, cr
     try:
         done = await turn.result(timeout=90)
     finally:
-        await second.stop()
+        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
     assert done.status == "completed", done.error
     assert crash_app.lines("charge_card") == ["call"]  # the body ran exactly once, never again
     [execution] = await done.tool_executions()
@@ -68,7 +68,7 @@ async def test_replay_safe_tool_runs_again_with_the_same_key(engine: Engine, cra
     try:
         done = await turn.result(timeout=90)
     finally:
-        await second.stop()
+        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
     assert done.status == "completed", done.error
     keys = crash_app.lines("sync_inventory")
     assert len(keys) == 2 and keys[0] == keys[1]  # ran again, with the same idempotency key
@@ -90,7 +90,7 @@ async def test_committed_model_response_is_not_requested_again(engine: Engine, c
     try:
         done = await turn.result(timeout=90)
     finally:
-        await second.stop()
+        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
     assert done.status == "completed", done.error
     requests = crash_app.lines("model")
     assert len(requests) == 2, requests  # one per iteration: the committed first response was reused
@@ -121,7 +121,7 @@ async def test_killing_the_worker_while_children_run(engine: Engine, crash_dir: 
     try:
         done = await turn.result(timeout=120)
     finally:
-        await second.stop()
+        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
     assert done.status == "completed", done.error
     assert done.output_text == "orchestrated"
     tree = await engine.tk.store.list_turns(root_turn_id=turn.id)
