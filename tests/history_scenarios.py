@@ -9,30 +9,55 @@ same definitions (:func:`register_scenario_agents`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
 from turnkit.agent import Agent, register
+from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
 from turnkit.tools import Tool, ToolContext
 
 __all__ = [
     "SCENARIOS",
+    "Recorded",
+    "delivery_wake",
+    "history_prefix",
     "lane_two_turns",
+    "launch_callback",
+    "pause_resume",
     "register_scenario_agents",
     "scenario_agent",
+    "steer",
+    "subagent_fanout",
     "turn_budget",
     "turn_terminal_tool",
     "turn_tool_failures",
     "turn_tools",
+    "wait_for_turn",
+    "workflow_id",
 ]
 
-Scenario = Callable[[TurnKit], Awaitable[list[str]]]
+#: One history a scenario keeps: a workflow id, or ``(label, workflow id)`` when it keeps more than one history of one
+#: workflow type (the label goes into the file name: ``<scenario>-<label>-<WorkflowType>-v<N>.json``).
+Recorded = str | tuple[str, str]
+Scenario = Callable[[TurnKit], Awaitable[list[Recorded]]]
+
+
+def workflow_id(entry: Recorded) -> str:
+    """The workflow id of a scenario's result entry."""
+    return entry[1] if isinstance(entry, tuple) else entry
+
+
+def history_prefix(scenario: str, entry: Recorded) -> str:
+    """The file name prefix of a recorded history: the scenario name, plus the entry's label if any."""
+    return f"{scenario}-{entry[0]}" if isinstance(entry, tuple) else scenario
 
 
 # -- tools ------------------------------------------------------------------------------------------------------------
@@ -68,6 +93,40 @@ def boom(reason: str) -> dict[str, Any]:
     raise turnkit.ToolError(f"boom: {reason}")
 
 
+class Gate:
+    """Holds a :func:`hold` call until the scenario opens it; ``entered`` is set once the call is inside."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def wait_entered(self, timeout: float = 30.0) -> None:
+        await asyncio.wait_for(self.entered.wait(), timeout)
+
+
+#: Gate name -> gate, set up by the scenario before its turn calls ``hold(gate=<name>)``.
+_GATES: dict[str, Gate] = {}
+
+
+def _gate(name: str) -> Gate:
+    """A fresh gate (scenarios may run more than once per process)."""
+    gate = _GATES[name] = Gate()
+    return gate
+
+
+@turnkit.tool
+async def hold(gate: str) -> dict[str, Any]:
+    """Block until the scenario opens the gate: makes a turn busy for as long as a scenario needs.
+
+    Args:
+        gate: The gate's name.
+    """
+    waiting = _GATES[gate]
+    waiting.entered.set()
+    await waiting.opened.wait()
+    return {"released": gate}
+
+
 class SaveReport(Tool):
     """A terminal tool: a completed call ends the turn with "Saved."."""
 
@@ -88,6 +147,16 @@ FAILURES_AGENT = "history_failures"
 BUDGET_AGENT = "history_budget"
 LANE_AGENT = "history_lane"
 TERMINAL_AGENT = "history_terminal"
+FANOUT_AGENT = "history_fanout"
+ALPHA_AGENT = "history_alpha"
+BETA_AGENT = "history_beta"
+DELIVERY_AGENT = "history_delivery"
+WAIT_TARGET_AGENT = "history_wait_target"
+WAITER_AGENT = "history_waiter"
+PAUSE_AGENT = "history_pausable"
+STEER_AGENT = "history_steerable"
+LAUNCHER_AGENT = "history_launcher"
+HELPER_AGENT = "history_helper"
 
 #: Agent name -> (tools, limits). The definitions must not change once histories are recorded with them.
 _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
@@ -96,13 +165,34 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     BUDGET_AGENT: ((lookup,), {"max_iterations": 1}),
     LANE_AGENT: ((lookup,), {}),
     TERMINAL_AGENT: ((SaveReport, lookup), {}),
+    FANOUT_AGENT: ((), {}),
+    ALPHA_AGENT: ((hold,), {}),
+    BETA_AGENT: ((hold,), {}),
+    DELIVERY_AGENT: ((hold,), {}),
+    WAIT_TARGET_AGENT: ((hold,), {}),
+    WAITER_AGENT: ((wait_for,), {}),
+    PAUSE_AGENT: ((hold,), {}),
+    STEER_AGENT: ((hold, lookup), {}),
+    LAUNCHER_AGENT: ((launch_agent,), {}),
+    HELPER_AGENT: ((hold,), {}),
+}
+
+#: Agent name -> its sub-agents (themselves in ``_AGENTS``), exposed as delegation tools named after them.
+_SUB_AGENTS: dict[str, tuple[str, ...]] = {
+    FANOUT_AGENT: (ALPHA_AGENT, BETA_AGENT),
+    LAUNCHER_AGENT: (HELPER_AGENT,),
 }
 
 
-def scenario_agent(name: str, client: ScriptedClient | None = None) -> Agent:
-    """A scenario agent; ``client`` is only needed to run it (replay never calls the model)."""
+def scenario_agent(
+    name: str, client: ScriptedClient | None = None, *, sub_clients: Mapping[str, ScriptedClient] | None = None
+) -> Agent:
+    """A scenario agent; ``client`` (and ``sub_clients``, by sub-agent name) are only needed to run it (replay never
+    calls the model)."""
     tools, limits = _AGENTS[name]
-    return Agent(name, model="scripted", tools=tools, client=client, **limits)
+    clients = sub_clients or {}
+    sub_agents = [scenario_agent(sub, clients.get(sub), sub_clients=clients) for sub in _SUB_AGENTS.get(name, ())]
+    return Agent(name, model="scripted", tools=tools, sub_agents=sub_agents, client=client, **limits)
 
 
 def register_scenario_agents() -> None:
@@ -114,8 +204,45 @@ def register_scenario_agents() -> None:
 # -- helpers ----------------------------------------------------------------------------------------------------------
 
 
-async def _conversation(tk: TurnKit, agent_name: str, script: list[ScriptItem]) -> turnkit.Conversation:
-    return await tk.conversation(scenario_agent(agent_name, ScriptedClient(script)))
+async def _conversation(
+    tk: TurnKit,
+    agent_name: str,
+    script: list[ScriptItem] | ScriptedClient,
+    sub_scripts: Mapping[str, list[ScriptItem]] | None = None,
+) -> turnkit.Conversation:
+    client = script if isinstance(script, ScriptedClient) else ScriptedClient(script)
+    sub_clients = {name: ScriptedClient(items) for name, items in (sub_scripts or {}).items()}
+    return await tk.conversation(scenario_agent(agent_name, client, sub_clients=sub_clients))
+
+
+async def _settled(
+    tk: TurnKit, workflow_id: str, counts: Mapping[EventType.ValueType, int], *, what: str, timeout: float = 30.0
+) -> None:
+    """Wait until the workflow's history holds at least ``counts`` events of each type and ends at a completed
+    workflow task (nothing in flight for the workflow itself).
+
+    Input sent to the workflow after that (a signal, a gate opened) lands in a new workflow task, so a recording
+    does not depend on timing. A workflow not started yet is waited for.
+    """
+    handle = tk.client.get_workflow_handle(workflow_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            events = list((await handle.fetch_history()).events)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            events = []
+        if (
+            events
+            and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+            and all(sum(1 for e in events if e.event_type == t) >= n for t, n in counts.items())
+        ):
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"{workflow_id} did not settle: {what}")
+        await asyncio.sleep(0.05)
 
 
 async def _lane_settled(tk: TurnKit, conversation_id: str, turns: int, *, timeout: float = 30.0) -> None:
@@ -123,23 +250,29 @@ async def _lane_settled(tk: TurnKit, conversation_id: str, turns: int, *, timeou
 
     Then its (still running) history ends at a completed workflow task, and a recording does not depend on timing.
     """
-    handle = tk.client.get_workflow_handle(conversation_id)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        events = (await handle.fetch_history()).events
-        completed = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED)
-        if completed >= turns and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"lane {conversation_id} did not settle after {turns} turn(s)")
-        await asyncio.sleep(0.05)
+    await _settled(
+        tk,
+        conversation_id,
+        {EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: turns},
+        what=f"lane after {turns} turn(s)",
+        timeout=timeout,
+    )
+
+
+def _requests_text(client: ScriptedClient) -> list[str]:
+    """The message contents of each request a scripted client received, joined per request."""
+    return ["\n".join(str(m["content"]) for m in request.messages) for request in client.requests]
+
+
+ACTIVITY_COMPLETED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+CHILD_STARTED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+CHILD_COMPLETED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED
 
 
 # -- scenarios --------------------------------------------------------------------------------------------------------
 
 
-async def turn_tools(tk: TurnKit) -> list[str]:
+async def turn_tools(tk: TurnKit) -> list[Recorded]:
     """Three iterations: a replay-safe tool twice, then an at-most-once tool, then a final answer."""
     conversation = await _conversation(
         tk,
@@ -163,7 +296,7 @@ async def turn_tools(tk: TurnKit) -> list[str]:
     return [turn.id, conversation.id]
 
 
-async def turn_tool_failures(tk: TurnKit) -> list[str]:
+async def turn_tool_failures(tk: TurnKit) -> list[Recorded]:
     """A ToolError, arguments of the wrong type and an unknown tool, then a final answer."""
     conversation = await _conversation(
         tk,
@@ -186,7 +319,7 @@ async def turn_tool_failures(tk: TurnKit) -> list[str]:
     return [turn.id]
 
 
-async def turn_budget(tk: TurnKit) -> list[str]:
+async def turn_budget(tk: TurnKit) -> list[Recorded]:
     """``max_iterations=1`` and a tool call: the second model request is denied and the turn fails."""
     conversation = await _conversation(tk, BUDGET_AGENT, [call_tools(("lookup", {"q": "a"})), "never reached"])
     turn = await conversation.ask("use a tool")
@@ -196,7 +329,7 @@ async def turn_budget(tk: TurnKit) -> list[str]:
     return [turn.id]
 
 
-async def lane_two_turns(tk: TurnKit) -> list[str]:
+async def lane_two_turns(tk: TurnKit) -> list[Recorded]:
     """Two turns submitted at once to one conversation run one after the other; keeps the (open) lane history."""
     conversation = await _conversation(
         tk, LANE_AGENT, [call_tools(("lookup", {"q": "first"})), "first done", "second done"]
@@ -210,7 +343,7 @@ async def lane_two_turns(tk: TurnKit) -> list[str]:
     return [conversation.id]
 
 
-async def turn_terminal_tool(tk: TurnKit) -> list[str]:
+async def turn_terminal_tool(tk: TurnKit) -> list[Recorded]:
     """A terminal tool ends the turn with its message; the sibling call after it is skipped."""
     conversation = await _conversation(
         tk, TERMINAL_AGENT, [call_tools(("save_report", {"title": "q3"}), ("lookup", {"q": "skipped"}))]
@@ -224,6 +357,169 @@ async def turn_terminal_tool(tk: TurnKit) -> list[str]:
     return [turn.id]
 
 
+async def subagent_fanout(tk: TurnKit) -> list[Recorded]:
+    """Two sub-agent calls in one response run as parallel child turns, each calling one tool; joined in call order.
+
+    Both children are held inside their tool until both have started, then finish one after the other, so the
+    parent's history has a fixed order of child events.
+    """
+    alpha, beta = _gate("fanout-alpha"), _gate("fanout-beta")
+    conversation = await _conversation(
+        tk,
+        FANOUT_AGENT,
+        [call_tools((ALPHA_AGENT, {"task": "part a"}), (BETA_AGENT, {"task": "part b"})), "merged"],
+        {
+            ALPHA_AGENT: [call_tools(("hold", {"gate": "fanout-alpha"})), "alpha done"],
+            BETA_AGENT: [call_tools(("hold", {"gate": "fanout-beta"})), "beta done"],
+        },
+    )
+    turn = await conversation.ask("split the work", wait=False)
+    await alpha.wait_entered()
+    await beta.wait_entered()
+    await _settled(tk, turn.id, {CHILD_STARTED: 2}, what="both children started")
+    alpha.opened.set()
+    await _settled(tk, turn.id, {CHILD_COMPLETED: 1}, what="the first child joined")
+    beta.opened.set()
+    turn = await turn.result(timeout=60)
+    assert (turn.status, turn.output_text) == ("completed", "merged"), turn.error
+    executions = await turn.tool_executions()
+    assert [(e.tool_name, e.status) for e in executions] == [(ALPHA_AGENT, "completed"), (BETA_AGENT, "completed")]
+    children = {t.agent_name: t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id}
+    assert sorted(children) == [ALPHA_AGENT, BETA_AGENT]
+    assert all(c.status == "completed" and c.parent_turn_id == turn.id for c in children.values())
+    await _lane_settled(tk, conversation.id, 1)
+    return [turn.id, ("child", children[ALPHA_AGENT].id)]
+
+
+async def delivery_wake(tk: TurnKit) -> list[Recorded]:
+    """A post to an idle conversation wakes a turn; a post while that turn is busy is consumed by the next turn."""
+    gate = _gate("delivery")
+    client = ScriptedClient([call_tools(("hold", {"gate": "delivery"})), "first done", "second done"])
+    conversation = await _conversation(tk, DELIVERY_AGENT, client)
+    await conversation.post("wake up", key="wake-1")
+    await gate.wait_entered()
+    await _settled(tk, conversation.id, {CHILD_STARTED: 1}, what="the woken turn started")
+    await conversation.post("while you were busy", key="busy-1")
+    # Two deliver activities: the wake, then the busy one (appended, the wake left pending).
+    await _settled(tk, conversation.id, {ACTIVITY_COMPLETED: 2}, what="the second post appended")
+    assert len(await conversation.turns()) == 1
+    gate.opened.set()
+    await _lane_settled(tk, conversation.id, 2)
+    first, second = [await t.refresh() for t in await conversation.turns()]
+    assert (first.status, first.output_text) == ("completed", "first done"), first.error
+    assert (second.status, second.output_text) == ("completed", "second done"), second.error
+    texts = _requests_text(client)
+    assert "wake up" in texts[0] and not any("while you were busy" in t for t in texts[:2])
+    assert "while you were busy" in texts[2]
+    return [conversation.id]
+
+
+async def wait_for_turn(tk: TurnKit) -> list[Recorded]:
+    """The ``wait_for`` tool on a turn in another conversation; woken by its ``target_finished`` signal."""
+    gate = _gate("wait-target")
+    target_conversation = await _conversation(
+        tk, WAIT_TARGET_AGENT, [call_tools(("hold", {"gate": "wait-target"})), "target done"]
+    )
+    target = await target_conversation.ask("work", wait=False)
+    await gate.wait_entered()
+    client = ScriptedClient([call_tools(("wait_for", {"turn_ids": [target.id]})), "waited"])
+    waiter_conversation = await _conversation(tk, WAITER_AGENT, client)
+    waiter = await waiter_conversation.ask("wait for the target", wait=False)
+    # turnkit.model, then turnkit.wait: the waiter now blocks on the target's signal.
+    await _settled(tk, waiter.id, {ACTIVITY_COMPLETED: 2}, what="the wait edge written")
+    assert (await waiter.refresh()).status == "running"
+    gate.opened.set()
+    waiter = await waiter.result(timeout=60)
+    assert (waiter.status, waiter.output_text) == ("completed", "waited"), waiter.error
+    [result] = [json.loads(m["content"]) for m in client.requests[1].messages if m["role"] == "tool"]
+    assert result["results"][0]["turn_id"] == target.id and result["results"][0]["result"] == "target done"
+    await _lane_settled(tk, target_conversation.id, 1)
+    await _lane_settled(tk, waiter_conversation.id, 1)
+    return [waiter.id]
+
+
+async def pause_resume(tk: TurnKit) -> list[Recorded]:
+    """A pause requested while a tool runs is acknowledged at the next boundary (the next model activity, before it
+    calls the model); ``resume`` goes on from there."""
+    gate = _gate("pause")
+    client = ScriptedClient([call_tools(("hold", {"gate": "pause"})), "resumed answer"])
+    conversation = await _conversation(tk, PAUSE_AGENT, client)
+    turn = await conversation.ask("start", wait=False)
+    await gate.wait_entered()
+    paused = await turn.pause()
+    assert paused.status == "running" and paused.record.options["controls"]["pause_requested"] is True
+    gate.opened.set()
+    # turnkit.model, the tool, then turnkit.model again: its boundary acknowledges the pause without calling the
+    # model, and the workflow waits for the resume signal.
+    await _settled(tk, turn.id, {ACTIVITY_COMPLETED: 3}, what="the pause acknowledged")
+    assert (await turn.refresh()).status == "paused"
+    assert client.calls == 1
+    await turn.resume()
+    turn = await turn.result(timeout=60)
+    assert (turn.status, turn.output_text) == ("completed", "resumed answer"), turn.error
+    assert [(e.tool_name, e.status) for e in await turn.tool_executions()] == [("hold", "completed")]
+    assert client.calls == 2
+    await _lane_settled(tk, conversation.id, 1)
+    return [turn.id]
+
+
+async def steer(tk: TurnKit) -> list[Recorded]:
+    """Steering while a tool runs: applied at the next boundary (the second call's activity), which supersedes that
+    call; the model then sees the steering input."""
+    gate = _gate("steer")
+    client = ScriptedClient(
+        [call_tools(("hold", {"gate": "steer"}), ("lookup", {"q": "superseded"})), "steered answer"]
+    )
+    conversation = await _conversation(tk, STEER_AGENT, client)
+    turn = await conversation.ask("start", wait=False)
+    await gate.wait_entered()
+    [receipt] = await turn.steer("focus on debt", key="steer-1", principal="human")
+    assert "message_id" not in receipt
+    gate.opened.set()
+    turn = await turn.result(timeout=60)
+    assert (turn.status, turn.output_text) == ("completed", "steered answer"), turn.error
+    executions = await turn.tool_executions()
+    assert [(e.tool_name, e.status) for e in executions] == [("hold", "completed"), ("lookup", "cancelled")]
+    assert client.requests[1].messages[-1] == {"role": "user", "content": "focus on debt"}
+    await _lane_settled(tk, conversation.id, 1)
+    return [turn.id]
+
+
+async def launch_callback(tk: TurnKit) -> list[Recorded]:
+    """``launch_agent`` with ``callback=True``: the parent turn ends while the launched child (ABANDON) still runs;
+    the child's result is delivered to the parent's conversation and wakes a second turn there.
+
+    The child is held in its tool until the parent turn has closed, so no child event reaches the parent's history.
+    """
+    gate = _gate("launch")
+    conversation = await _conversation(
+        tk,
+        LAUNCHER_AGENT,
+        [
+            call_tools(("launch_agent", {"agent_name": HELPER_AGENT, "task": "help", "callback": True})),
+            "launched",
+            "got the callback",
+        ],
+        {HELPER_AGENT: [call_tools(("hold", {"gate": "launch"})), "helper done"]},
+    )
+    turn = await conversation.ask("start")
+    assert (turn.status, turn.output_text) == ("completed", "launched"), turn.error
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed" and execution.result is not None
+    launched = tk.turn(execution.result["turn_id"])
+    await gate.wait_entered()
+    gate.opened.set()
+    launched = await launched.result(timeout=60)
+    assert (launched.status, launched.output_text) == ("completed", "helper done"), launched.error
+    assert launched.record.parent_turn_id == turn.id
+    await _lane_settled(tk, conversation.id, 2)
+    [_, woken] = [await t.refresh() for t in await conversation.turns()]
+    assert (woken.status, woken.output_text) == ("completed", "got the callback"), woken.error
+    [delivery] = await conversation.inbox()
+    assert delivery.key == f"completion:{launched.id}"
+    return [turn.id]
+
+
 #: Scenario name (the prefix of its history files) -> scenario.
 SCENARIOS: dict[str, Scenario] = {
     "turn-tools": turn_tools,
@@ -231,4 +527,10 @@ SCENARIOS: dict[str, Scenario] = {
     "turn-budget": turn_budget,
     "lane-two-turns": lane_two_turns,
     "turn-terminal-tool": turn_terminal_tool,
+    "subagent-fanout": subagent_fanout,
+    "delivery-wake": delivery_wake,
+    "wait-for": wait_for_turn,
+    "pause-resume": pause_resume,
+    "steer": steer,
+    "launch-callback": launch_callback,
 }

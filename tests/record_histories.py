@@ -1,9 +1,10 @@
 """Record the replay-test histories: ``python -m tests.record_histories`` (``make histories``).
 
 Runs every scenario of :mod:`tests.history_scenarios` on a fresh Temporal dev server with a scripted model and a
-throw-away SQLite store, and writes ``tests/histories/<scenario>-<WorkflowType>-v<N>.json``. Re-record only on
-purpose (a deliberate change to workflow code, guarded by a patch for old histories) and commit the result like a
-snapshot. Existing files of the same version are overwritten; bump ``--version`` to keep the old ones.
+throw-away SQLite store, and writes ``tests/histories/<scenario>[-<label>]-<WorkflowType>-v<N>.json`` (a label when
+a scenario keeps two histories of one workflow type). Re-record only on purpose (a deliberate change to workflow
+code, guarded by a patch for old histories) and commit the result like a snapshot. Existing files of the same version
+are overwritten; bump ``--version`` to keep the old ones. Name scenarios to record only those.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from tests.history_scenarios import SCENARIOS, register_scenario_agents
+from tests.history_scenarios import SCENARIOS, history_prefix, register_scenario_agents, workflow_id
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit, temporal_binary
 from turnkit.store import Store
@@ -46,10 +47,9 @@ async def record(names: list[str], *, version: int, out: Path) -> list[Path]:
                 tk = TurnKit(client, store, task_queue=f"histories-{uuid.uuid4().hex[:12]}")
                 async with tk.worker():
                     for name in names:
-                        workflow_ids = await SCENARIOS[name](tk)
-                        for workflow_id in workflow_ids:
-                            history = await client.get_workflow_handle(workflow_id).fetch_history()
-                            path = out / f"{name}-{workflow_type(history)}-v{version}.json"
+                        for entry in await SCENARIOS[name](tk):
+                            history = await client.get_workflow_handle(workflow_id(entry)).fetch_history()
+                            path = out / f"{history_prefix(name, entry)}-{workflow_type(history)}-v{version}.json"
                             path.write_text(history.to_json() + "\n")
                             written.append(path)
                             print(f"{path} ({len(history.events)} events)")

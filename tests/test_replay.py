@@ -21,7 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from tests.history_scenarios import SCENARIOS, register_scenario_agents
+from tests.history_scenarios import SCENARIOS, register_scenario_agents, workflow_id
 from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
 from turnkit.plugin import PASSTHROUGH_MODULES, TurnKitPlugin
 from turnkit.runtime import TurnKit
@@ -47,7 +47,7 @@ def load_history(path: Path) -> WorkflowHistory:
 
 def test_histories_are_recorded() -> None:
     assert len(HISTORIES) >= 5, "run `make histories` to record tests/histories/*.json"
-    scenarios = {path.stem.rsplit("-", 2)[0] for path in HISTORIES}  # <scenario>-<WorkflowType>-v<N>
+    scenarios = {path.stem.rsplit("-", 2)[0] for path in HISTORIES}  # <scenario>[-<label>]-<WorkflowType>-v<N>
     assert set(SCENARIOS) <= scenarios
 
 
@@ -57,13 +57,16 @@ async def test_recorded_history_replays(path: Path) -> None:
     await turnkit_replayer().replay_workflow(load_history(path))
 
 
-async def test_fresh_history_replays(tk: TurnKit) -> None:
-    workflow_ids = await SCENARIOS["turn-tools"](tk)
-    histories = [await tk.client.get_workflow_handle(wid).fetch_history() for wid in workflow_ids]
-    assert {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in histories} == {
-        "TurnWorkflow",
-        "ConversationWorkflow",
-    }
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+async def test_fresh_history_replays(tk: TurnKit, scenario: str) -> None:
+    """Every scenario still runs as scripted today, and what it records replays at once."""
+    entries = await SCENARIOS[scenario](tk)
+    histories = [await tk.client.get_workflow_handle(workflow_id(e)).fetch_history() for e in entries]
+    if scenario == "turn-tools":
+        assert {h.events[0].workflow_execution_started_event_attributes.workflow_type.name for h in histories} == {
+            "TurnWorkflow",
+            "ConversationWorkflow",
+        }
     register_scenario_agents()
     replayer = turnkit_replayer()
     for history in histories:
