@@ -35,7 +35,7 @@ from turnkit.payloads import (
 from turnkit.records import ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import append_tool_result, fail_execution
-from turnkit.waits import add_waits
+from turnkit.waits import add_waits, unfinished_targets
 
 __all__ = ["ChildActivities"]
 
@@ -173,7 +173,7 @@ class ChildActivities:
         return WaitPlan(
             execution_id=execution.id,
             target_ids=[t.id for t in records],
-            unfinished_ids=[t.id for t in records if not t.terminal],
+            unfinished_ids=await unfinished_targets(self.store, [t.id for t in records if not t.terminal]),
         )
 
     @activity.defn(name="turnkit.finish_wait")

@@ -1,9 +1,9 @@
 """Waits (spec §5.5): durable "turn X cannot proceed until turn Y is terminal" edges, and their wake-ups.
 
 A waiting turn is a workflow blocked on a condition: it holds no worker slot. Its targets signal it when they end
-(``target_finished``). No wake-up is lost: the waiter locks each target's row while it checks the target's status
-and writes the edge, and a target lists its waiters only after its terminal write committed, so either the waiter
-sees the target finished or the target sees the edge.
+(``target_finished``). No wake-up is lost: a target lists its waiters only after its terminal write committed, and
+the waiter re-reads its targets after its edges committed (:func:`unfinished_targets`). If the target's listing
+missed the edge, the edge committed after the listing, hence after the terminal write, and the re-read sees it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ __all__ = ["TARGET_FINISHED_SIGNAL", "add_waits", "notify_waiters"]
 TARGET_FINISHED_SIGNAL = "target_finished"
 
 
+class _Gone:
+    terminal = True  # a target that no longer exists cannot be waited for
+
+
+_GONE = _Gone()
+
+
 async def add_waits(tx: StoreTx, turn: TurnRecord, target_ids: Sequence[str]) -> list[TurnRecord]:
     """Validate and create the edges ``turn → targets`` (all or none); returns the targets' records.
 
@@ -36,7 +43,6 @@ async def add_waits(tx: StoreTx, turn: TurnRecord, target_ids: Sequence[str]) ->
     for target_id in dict.fromkeys(target_ids):  # unique, in order
         if target_id == turn.id:
             raise ToolError("a turn cannot wait for itself")
-        await tx.lock(turn_id=target_id)  # a target finishing now either commits first or sees our edge
         target = await tx.find_turn(target_id)
         if target is None:
             raise ToolError(f"unknown turn: {target_id}")
@@ -68,6 +74,12 @@ async def _reachable(tx: StoreTx, source: TurnRecord, sought: TurnRecord, *, vis
             if target is not None and await _reachable(tx, target, sought, visited=visited):
                 return True
     return False
+
+
+async def unfinished_targets(store: Store, target_ids: Sequence[str]) -> list[str]:
+    """The targets not terminal yet, read after the edges committed (see the module docstring)."""
+    async with store.atomic() as tx:
+        return [t for t in target_ids if not ((await tx.find_turn(t)) or _GONE).terminal]
 
 
 async def notify_waiters(store: Store, client: Client, turn_id: str) -> None:
