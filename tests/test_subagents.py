@@ -285,3 +285,32 @@ async def test_a_terminal_tool_before_a_sub_agent_call_creates_no_child(tk: Turn
     assert turn.status == "completed" and turn.output_text == "Finished."
     assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1
     assert [e.status for e in await turn.tool_executions()] == ["completed", "cancelled"]
+
+
+async def test_turn_wait_for_before_it_starts(tk: TurnKit) -> None:
+    release = asyncio.Event()
+
+    @turnkit.tool
+    async def hold() -> dict[str, Any]:
+        """Wait until released."""
+        await release.wait()
+        return {}
+
+    target_agent = turnkit.Agent(
+        "target", model="scripted", tools=[hold], client=ScriptedClient([call_tools(("hold", {})), "target out"])
+    )
+    target = await (await tk.conversation(target_agent)).ask("work", wait=False)
+    client = ScriptedClient(["joined"])
+    joiner = await tk.conversation(turnkit.Agent("joiner", model="scripted", client=client))
+    gated = await joiner.ask("use the result", paused=True)
+    await gated.wait_for(target)
+    await gated.resume()
+    with pytest.raises(turnkit.ToolError, match="a turn cannot wait for itself"):
+        await gated.wait_for(gated)
+    release.set()
+    done = await gated.result(timeout=60)
+    assert done.status == "completed" and client.calls == 1
+    last = client.requests[0].messages[-1]
+    assert last["role"] == "user" and json.loads(last["content"])["wait_results"][0]["result"] == "target out"
+    with pytest.raises(turnkit.Error, match="only pending turns can wait"):
+        await done.wait_for(target)

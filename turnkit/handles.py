@@ -29,7 +29,7 @@ from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import StoreTx
-from turnkit.waits import notify_waiters
+from turnkit.waits import add_waits, notify_waiters
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -352,6 +352,23 @@ class Turn:
             if delivery is not None and delivery.delivered_at is None:
                 await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
             await notify_waiters(self._tk.store, self._tk.client, turn.id)
+        return await self.refresh()
+
+    async def wait_for(self, *targets: Turn | str, principal: Any = None) -> Turn:
+        """Make this not-yet-started turn wait for other turns; their results become its input (spec §5.5).
+
+        Only a turn that has not started can wait (submit it with ``paused=True`` to attach waits before it can
+        run, or pass ``wait_for=`` to ``ask``). The spec's rules apply (no self, only submitted targets, no unfinished
+        work in its own conversation, no cycles); a rejected call writes no edge.
+        """
+        target_ids = [t.id if isinstance(t, Turn) else t for t in targets]
+        record = await self._tk.store.load_turn(self.id)
+        authorize("wait", principal, turn=self.id, targets=target_ids)
+        async with self._tk.store.atomic(turn_id=record.root_turn_id, wait_graph=True) as tx:
+            record = await tx.load_turn(self.id)
+            if record.status not in ("pending", "paused") or record.state.get("phase"):
+                raise errors.Error("only pending turns can wait")
+            await add_waits(tx, record, target_ids)
         return await self.refresh()
 
     async def control_state(self, *, principal: Any = None) -> dict[str, Any]:
