@@ -396,10 +396,10 @@ async def delivery_wake(tk: TurnKit) -> list[Recorded]:
     gate = _gate("delivery")
     client = ScriptedClient([call_tools(("hold", {"gate": "delivery"})), "first done", "second done"])
     conversation = await _conversation(tk, DELIVERY_AGENT, client)
-    await conversation.post("wake up", key="wake-1")
+    await conversation.post("wake up", key=f"{conversation.id}:wake-1")  # keys are global: unique per run
     await gate.wait_entered()
     await _settled(tk, conversation.id, {CHILD_STARTED: 1}, what="the woken turn started")
-    await conversation.post("while you were busy", key="busy-1")
+    await conversation.post("while you were busy", key=f"{conversation.id}:busy-1")
     # Two deliver activities: the wake, then the busy one (appended, the wake left pending).
     await _settled(tk, conversation.id, {ACTIVITY_COMPLETED: 2}, what="the second post appended")
     assert len(await conversation.turns()) == 1
