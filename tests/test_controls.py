@@ -237,3 +237,24 @@ async def test_steering_while_the_answer_is_written_is_applied_before_publishing
     assert done.status == "completed" and done.output_text == "revised"  # the first draft was never published
     assert len(Client.requests) == 2
     assert Client.requests[1].messages[-1] == {"role": "user", "content": "revise before publishing"}
+
+
+async def test_pause_and_steer_during_a_tool_with_another_queued(tk: TurnKit) -> None:
+    gate = Gate()
+    client = ScriptedClient([call_tools(("slow", {}), ("other", {})), "after both"])
+    agent = turnkit.Agent("both", model="scripted", tools=[gated_tool(gate), other], client=client)
+    turn = await (await tk.conversation(agent)).ask("start", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await turn.pause()
+    await turn.steer("use filings", key="s")
+    gate.opened.set()
+    await eventually(lambda: _status_is(turn, "paused"), what="the pause at the boundary before the queued call")
+    executions = await turn.tool_executions()
+    assert [(e.tool_name, e.status) for e in executions] == [("slow", "completed")]  # the queued call never ran
+    assert client.calls == 1
+    await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "after both"
+    assert [e.status for e in await done.tool_executions()] == ["completed", "cancelled"]
+    assert client.requests[1].messages[-1] == {"role": "user", "content": "use filings"}
+    assert '"done": true' in client.requests[1].messages[-3]["content"]  # the first tool's result is kept
