@@ -17,6 +17,7 @@ from activities.tools import outcome_of
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import is_authorized
 from turnkit.builtin_tools import WaitForTool
+from turnkit.controls import control_boundary
 from turnkit.deliveries import turn_result
 from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
 from turnkit.executions import open_tool_execution
@@ -52,6 +53,13 @@ class ChildActivities:
     async def delegate(self, request: DelegateCalls) -> DelegateResult:
         """Record the delegated calls and their child turns (idempotent); see the module docstring."""
         parent_agent = resolve_agent(request.agent_name)
+        async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+            turn = await tx.load_turn(request.turn_id)
+            if await tx.find_tool_execution(turn.id, request.calls[0].id) is None:
+                # The control boundary inside delegation, before any child is created (spec §5.10).
+                boundary, _ = await control_boundary(tx, turn)
+                if boundary is not None:
+                    return DelegateResult(paused=boundary == "paused", steered=boundary == "steered")
         result = DelegateResult()
         for call in request.calls:
             async with self.store.atomic(turn_id=request.root_turn_id) as tx:

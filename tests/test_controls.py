@@ -258,3 +258,31 @@ async def test_pause_and_steer_during_a_tool_with_another_queued(tk: TurnKit) ->
     assert [e.status for e in await done.tool_executions()] == ["completed", "cancelled"]
     assert client.requests[1].messages[-1] == {"role": "user", "content": "use filings"}
     assert '"done": true' in client.requests[1].messages[-3]["content"]  # the first tool's result is kept
+
+
+@pytest.mark.parametrize("control", ["pause", "steer"])
+async def test_controls_apply_before_a_child_is_created(tk: TurnKit, control: str) -> None:
+    gate = Gate()
+    helper_client = ScriptedClient(["helped"])
+    helper = turnkit.Agent("helper", model="scripted", client=helper_client)
+    client = ScriptedClient([call_tools(("slow", {}), ("helper", {"task": "help"})), "done"])
+    boss = turnkit.Agent("boss", model="scripted", tools=[gated_tool(gate)], sub_agents=[helper], client=client)
+    turn = await (await tk.conversation(boss)).ask("go", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    if control == "pause":
+        await turn.pause()
+    else:
+        await turn.steer("skip the helper", key="s")
+    gate.opened.set()
+    if control == "pause":
+        await eventually(lambda: _status_is(turn, "paused"), what="the pause before delegation")
+        assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1  # no child yet
+        await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed"
+    children = len(await tk.store.list_turns(root_turn_id=turn.id)) - 1
+    statuses = [e.status for e in await done.tool_executions()]
+    if control == "pause":
+        assert children == 1 and helper_client.calls == 1 and statuses == ["completed", "completed"]
+    else:
+        assert children == 0 and helper_client.calls == 0 and statuses == ["completed", "cancelled"]

@@ -266,6 +266,10 @@ class DelegateResult(BaseModel):
 
     plans: list[ChildPlan] = Field(default_factory=list[ChildPlan])
     budget_error: str | None = None
+    #: The control boundary before creating the children acknowledged a pause (nothing was created).
+    paused: bool = False
+    #: Steering was applied before creating the children: the calls were superseded.
+    steered: bool = False
 
 
 class JoinChildren(BaseModel):

@@ -128,9 +128,14 @@ class TurnWorkflow:
                 group = [call]
                 while index + len(group) < len(calls) and agent.sub_agent(calls[index + len(group)].name) is not None:
                     group.append(calls[index + len(group)])
-                budget_error = await self._delegate(turn, group)
-                if budget_error:
-                    return await self._finish(turn, "failed", "TurnKit::BudgetError", budget_error)
+                delegated = await self._delegate(turn, group)
+                if delegated.paused:
+                    await self._wait_for_resume()
+                    continue  # the same group again: its boundary is checked anew
+                if delegated.steered:
+                    return None  # superseded by human steering: back to the model
+                if delegated.budget_error:
+                    return await self._finish(turn, "failed", "TurnKit::BudgetError", delegated.budget_error)
                 index += len(group)
                 continue
             tool = agent.tool(call.name)
@@ -160,14 +165,17 @@ class TurnWorkflow:
             index += 1
         return None
 
-    async def _delegate(self, turn: TurnInput, group: list[ToolCallRef]) -> str | None:
+    async def _delegate(self, turn: TurnInput, group: list[ToolCallRef]) -> DelegateResult:
         """Run a group of sub-agent calls as parallel child turns; their results are appended in call order."""
+        self._resume_mark = self._resumes
         plan = await self._store_activity(
             "turnkit.delegate",
             _delegation(turn, group, launch=False),
             DelegateResult,
             summary=f"delegate · {', '.join(c.name for c in group)}",
         )
+        if plan.paused or plan.steered:
+            return plan
         # ABANDON: cancelling this turn alone (descendants="retain") leaves its children running; a cascading
         # cancel cancels each of them explicitly.
         children = [
@@ -194,13 +202,16 @@ class TurnWorkflow:
             list[ToolOutcome],
             summary="join sub-agents",
         )
-        return plan.budget_error
+        return plan
 
     async def _launch(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``launch_agent``: record the child and start it abandoned (it outlives this turn); return at once."""
+        self._resume_mark = self._resumes
         plan = await self._store_activity(
             "turnkit.delegate", _delegation(turn, [call], launch=True), DelegateResult, summary="launch_agent"
         )
+        if plan.paused or plan.steered:
+            return ToolOutcome(paused=plan.paused, steered=plan.steered)
         [launched] = plan.plans
         if launched.child is not None:
             handle = await workflow.start_child_workflow(
