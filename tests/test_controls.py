@@ -286,3 +286,30 @@ async def test_controls_apply_before_a_child_is_created(tk: TurnKit, control: st
         assert children == 1 and helper_client.calls == 1 and statuses == ["completed", "completed"]
     else:
         assert children == 0 and helper_client.calls == 0 and statuses == ["completed", "cancelled"]
+
+
+async def test_steering_past_the_iteration_budget_fails_the_turn(tk: TurnKit) -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    class Client:
+        calls = 0
+
+        async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+            Client.calls += 1
+            entered.set()
+            await release.wait()
+            return turnkit.Result.build(text="draft", usage=turnkit.Usage(input_tokens=30, output_tokens=8))
+
+    agent = turnkit.Agent("tight", model="scripted", client=Client(), max_iterations=1)
+    turn = await (await tk.conversation(agent)).ask("go", wait=False)
+    await asyncio.wait_for(entered.wait(), 30)
+    await turn.pause()
+    release.set()
+    await eventually(lambda: _status_is(turn, "paused"), what="the pause after the model call")
+    await turn.steer("change course", key="c")
+    await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "failed"
+    assert done.error == {"class": "TurnKit::BudgetError", "message": "maximum iterations reached"}
+    assert done.usage.total_tokens == 38 and Client.calls == 1  # the first call's usage is kept
