@@ -313,3 +313,27 @@ async def test_steering_past_the_iteration_budget_fails_the_turn(tk: TurnKit) ->
     assert done.status == "failed"
     assert done.error == {"class": "TurnKit::BudgetError", "message": "maximum iterations reached"}
     assert done.usage.total_tokens == 38 and Client.calls == 1  # the first call's usage is kept
+
+
+async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> None:
+    gate = Gate()
+    child_client = ScriptedClient(
+        lambda r: call_tools(("slow", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="kept")
+    )
+    child = turnkit.Agent("worker", model="scripted", tools=[gated_tool(gate)], client=child_client)
+    client = ScriptedClient([call_tools(("worker", {"task": "dig"})), "final"])
+    parent = turnkit.Agent("lead", model="scripted", sub_agents=[child], client=client)
+    turn = await (await tk.conversation(parent)).ask("go", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+
+    await turn.pause(descendants="cascade")
+    gate.opened.set()
+    child_turn = next(t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id)
+    await eventually(lambda: _status_is(tk.turn(child_turn.id), "paused"), what="the child to pause")
+    receipts = await turn.steer("new focus", key="f", descendants="cascade")
+    assert {r["turn_id"] for r in receipts} == {turn.id, child_turn.id}
+    await turn.resume(descendants="cascade")
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "final"
+    assert client.requests[-1].messages[-1] == {"role": "user", "content": "new focus"}
+    assert any('"result": "kept"' in m["content"] for m in client.requests[-1].messages if m["role"] == "tool")
