@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from turnkit.runtime import TurnKit
+from turnkit.tools import Tool, tool
 
 
 @dataclass
@@ -28,3 +30,16 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 3
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.25)
+
+
+def held_tool(name: str = "hold") -> tuple[asyncio.Event, Tool]:
+    """A tool that blocks until the returned event is set: keeps a turn busy for as long as a test needs."""
+    release = asyncio.Event()
+
+    async def body() -> dict[str, Any]:
+        await release.wait()
+        return {}
+
+    body.__name__ = name
+    body.__doc__ = "Wait until released."
+    return release, tool(body)

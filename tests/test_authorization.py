@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import eventually, held_tool
 from turnkit.builtin_tools import launch_agent, send_message, wait_for
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -102,13 +101,7 @@ async def test_callback_denied_at_submission_and_at_the_end(tk: TurnKit) -> None
     assert await job.messages() == []  # raised before anything was written
     # Allowed at submission, revoked before the end: the turn completes, the denial is recorded, no delivery.
     turnkit.configure(authorize=None)
-    gate = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Hold."""
-        await gate.wait()
-        return {}
+    gate, hold = held_tool()
 
     slow = await tk.conversation(agent("slow", tools=[hold], script=[call_tools(("hold", {})), "finished"]))
     turn = await slow.ask("x", callback=boss, wait=False)
@@ -162,13 +155,7 @@ async def test_control_and_read_denials_change_nothing(tk: TurnKit, action: str)
 
 
 async def test_a_cascade_denied_for_one_child_changes_nothing(tk: TurnKit) -> None:
-    gate = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Hold."""
-        await gate.wait()
-        return {}
+    gate, hold = held_tool()
 
     child = turnkit.Agent(
         "kid",

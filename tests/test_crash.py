@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+import turnkit
 from tests import crash_app
 from tests.engine import Engine, eventually
 from tests.workers import WorkerProcess
@@ -33,20 +34,41 @@ async def start_worker(engine: Engine, **env: str) -> WorkerProcess:
     )
 
 
-async def test_at_most_once_tool_runs_once_and_is_interrupted(engine: Engine, crash_dir: Path) -> None:
-    register(crash_app.at_most_once)
-    first = await start_worker(engine)
-    conversation = await engine.tk.conversation(crash_app.at_most_once)
-    turn = await conversation.ask("charge it", wait=False)
-    await eventually(lambda: _has_lines("charge_card", 1), what="the tool to start on the first worker")
-    await first.kill()
+async def crash_and_recover(
+    engine: Engine,
+    agent: turnkit.Agent,
+    text: str,
+    *,
+    killed_when: tuple[str, ...],
+    on_release: Callable[[], None] | None = None,
+    **first_env: str,
+) -> tuple[turnkit.Conversation, turnkit.Turn]:
+    """Ask on a first worker, SIGKILL it once every trace in ``killed_when`` has a line, finish on a second worker."""
+    register(agent)
+    first = await start_worker(engine, **first_env)
+    conversation = await engine.tk.conversation(agent)
+    turn = await conversation.ask(text, wait=False)
 
+    async def ready() -> bool:
+        return all(crash_app.lines(name) for name in killed_when)
+
+    await eventually(ready, what=f"{', '.join(killed_when)} on the first worker")
+    await first.kill()
+    if on_release is not None:
+        on_release()
     second = await start_worker(engine)
     try:
-        done = await turn.result(timeout=90)
+        done = await turn.result(timeout=120)
     finally:
         assert await second.stop() == 0  # SIGTERM: a graceful shutdown
     assert done.status == "completed", done.error
+    return conversation, done
+
+
+async def test_at_most_once_tool_runs_once_and_is_interrupted(engine: Engine, crash_dir: Path) -> None:
+    conversation, done = await crash_and_recover(
+        engine, crash_app.at_most_once, "charge it", killed_when=("charge_card",)
+    )
     assert crash_app.lines("charge_card") == ["call"]  # the body ran exactly once, never again
     [execution] = await done.tool_executions()
     assert execution.status == "interrupted"
@@ -57,19 +79,7 @@ async def test_at_most_once_tool_runs_once_and_is_interrupted(engine: Engine, cr
 
 
 async def test_replay_safe_tool_runs_again_with_the_same_key(engine: Engine, crash_dir: Path) -> None:
-    register(crash_app.replay_safe)
-    first = await start_worker(engine)
-    conversation = await engine.tk.conversation(crash_app.replay_safe)
-    turn = await conversation.ask("sync", wait=False)
-    await eventually(lambda: _has_lines("sync_inventory", 1), what="the tool to start on the first worker")
-    await first.kill()
-
-    second = await start_worker(engine)
-    try:
-        done = await turn.result(timeout=90)
-    finally:
-        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
-    assert done.status == "completed", done.error
+    _, done = await crash_and_recover(engine, crash_app.replay_safe, "sync", killed_when=("sync_inventory",))
     keys = crash_app.lines("sync_inventory")
     assert len(keys) == 2 and keys[0] == keys[1]  # ran again, with the same idempotency key
     [execution] = await done.tool_executions()
@@ -79,19 +89,9 @@ async def test_replay_safe_tool_runs_again_with_the_same_key(engine: Engine, cra
 
 
 async def test_committed_model_response_is_not_requested_again(engine: Engine, crash_dir: Path) -> None:
-    register(crash_app.model_commit)
-    first = await start_worker(engine, TURNKIT_CRASH_AFTER_MODEL_COMMIT="1")
-    conversation = await engine.tk.conversation(crash_app.model_commit)
-    turn = await conversation.ask("go", wait=False)
-    await eventually(lambda: _has_lines("hung", 1), what="the first model response to be committed")
-    await first.kill()
-
-    second = await start_worker(engine)  # no hang this time
-    try:
-        done = await turn.result(timeout=90)
-    finally:
-        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
-    assert done.status == "completed", done.error
+    conversation, done = await crash_and_recover(
+        engine, crash_app.model_commit, "go", killed_when=("hung",), TURNKIT_CRASH_AFTER_MODEL_COMMIT="1"
+    )
     requests = crash_app.lines("model")
     assert len(requests) == 2, requests  # one per iteration: the committed first response was reused
     assert len(set(requests)) == 2
@@ -100,36 +100,21 @@ async def test_committed_model_response_is_not_requested_again(engine: Engine, c
     assert len(assistant) == 2  # no duplicate assistant message from the retried activity
 
 
-async def _has_lines(name: str, count: int) -> bool:
-    return len(crash_app.lines(name)) >= count
-
-
 async def test_killing_the_worker_while_children_run(engine: Engine, crash_dir: Path) -> None:
-    register(crash_app.orchestrator)
-    first = await start_worker(engine)
-    conversation = await engine.tk.conversation(crash_app.orchestrator)
-    turn = await conversation.ask("delegate", wait=False)
-
-    async def both_children_in_their_tools() -> bool:
-        return bool(crash_app.lines("child_charge")) and bool(crash_app.lines("child_sync"))
-
-    await eventually(both_children_in_their_tools, what="both children to be inside their tools")
-    await first.kill()
-    (crash_dir / "release").touch()
-
-    second = await start_worker(engine)
-    try:
-        done = await turn.result(timeout=120)
-    finally:
-        assert await second.stop() == 0  # SIGTERM: a graceful shutdown
-    assert done.status == "completed", done.error
+    _, done = await crash_and_recover(
+        engine,
+        crash_app.orchestrator,
+        "delegate",
+        killed_when=("child_charge", "child_sync"),  # both children inside their tools
+        on_release=(crash_dir / "release").touch,
+    )
     assert done.output_text == "orchestrated"
-    tree = await engine.tk.store.list_turns(root_turn_id=turn.id)
+    tree = await engine.tk.store.list_turns(root_turn_id=done.id)
     assert len(tree) == 3 and all(t.status == "completed" for t in tree)
     assert crash_app.lines("child_charge") == ["call"]  # at most once: never re-run
     synced = crash_app.lines("child_sync")
     assert len(synced) == 2 and synced[0] == synced[1]  # replay-safe: ran again with the same key
-    executions = {e.tool_name: e for e in await engine.tk.store.list_tool_executions(root_turn_id=turn.id)}
+    executions = {e.tool_name: e for e in await engine.tk.store.list_tool_executions(root_turn_id=done.id)}
     assert executions["child_charge"].status == "interrupted"
     assert executions["child_sync"].status == "completed"
     assert executions["charger"].status == executions["syncer"].status == "completed"

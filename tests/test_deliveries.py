@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import eventually, held_tool
 from turnkit.builtin_tools import send_message
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -58,13 +58,7 @@ async def test_post_wakes_an_idle_conversation_with_the_destination_principal(tk
 
 
 async def test_delivery_to_a_busy_conversation_is_consumed_by_a_later_turn(tk: TurnKit) -> None:
-    release = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Wait until released."""
-        await release.wait()
-        return {"released": True}
+    release, hold = held_tool()
 
     def script(request: turnkit.ModelRequest) -> turnkit.Result:
         if request.messages[-1]["role"] == "user" and request.messages[-1]["content"] == "start":

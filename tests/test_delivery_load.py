@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from itertools import pairwise
-from typing import Any
 
 import pytest
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import eventually, held_tool
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -18,13 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_concurrent_senders_while_busy(tk: TurnKit) -> None:
-    release = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Wait until released."""
-        await release.wait()
-        return {}
+    release, hold = held_tool()
 
     def script(request: turnkit.ModelRequest) -> turnkit.Result:
         if request.messages[-1]["content"] == "start":

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import eventually, held_tool
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -154,13 +154,7 @@ async def test_launch_agent_with_callback(tk: TurnKit) -> None:
 
 
 async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
-    release = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Wait until released."""
-        await release.wait()
-        return {}
+    release, hold = held_tool()
 
     target_agent = turnkit.Agent(
         "target", model="scripted", tools=[hold], client=ScriptedClient([call_tools(("hold", {})), "target done"])
@@ -183,13 +177,7 @@ async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
 
 
 async def test_wait_rules_and_cycles(tk: TurnKit) -> None:
-    release = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Wait until released."""
-        await release.wait()
-        return {}
+    release, hold = held_tool()
 
     def holder(name: str) -> turnkit.Agent:
         return turnkit.Agent(
@@ -226,13 +214,7 @@ async def test_wait_rules_and_cycles(tk: TurnKit) -> None:
 
 
 async def test_wait_past_the_root_deadline_times_out(tk: TurnKit) -> None:
-    release = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Wait until released."""
-        await release.wait()
-        return {}
+    release, hold = held_tool()
 
     target_agent = turnkit.Agent(
         "target", model="scripted", tools=[hold], client=ScriptedClient([call_tools(("hold", {})), "late"])
@@ -288,13 +270,7 @@ async def test_a_terminal_tool_before_a_sub_agent_call_creates_no_child(tk: Turn
 
 
 async def test_turn_wait_for_before_it_starts(tk: TurnKit) -> None:
-    release = asyncio.Event()
-
-    @turnkit.tool
-    async def hold() -> dict[str, Any]:
-        """Wait until released."""
-        await release.wait()
-        return {}
+    release, hold = held_tool()
 
     target_agent = turnkit.Agent(
         "target", model="scripted", tools=[hold], client=ScriptedClient([call_tools(("hold", {})), "target out"])

@@ -7,7 +7,7 @@ mode). The hook runs in activities and client calls, never in workflow code.
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from turnkit.config import settings
 from turnkit.errors import AuthorizationError
@@ -27,19 +27,8 @@ Action = Literal[
     "read_control",
     "read_messages",
 ]
-ACTIONS: Final = (
-    "tool",
-    "launch_agent",
-    "wait",
-    "callback",
-    "send_message",
-    "cancel",
-    "pause",
-    "resume",
-    "steer",
-    "read_control",
-    "read_messages",
-)
+#: Every guarded action, in the spec's order (spec §7.3).
+ACTIONS: Final[tuple[str, ...]] = get_args(Action)
 
 
 def is_authorized(action: Action, principal: Any, **resources: Any) -> bool:
