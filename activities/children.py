@@ -36,6 +36,7 @@ from turnkit.payloads import (
 from turnkit.records import ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import append_tool_result, fail_execution
+from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits, unfinished_targets
 
 __all__ = ["ChildActivities"]
@@ -252,19 +253,14 @@ async def _create_child(
     }
     conversation = await tx.create_conversation(agent_name=agent.name, model=agent.effective_model, metadata=lineage)
     message = await tx.append_message(conversation.id, role="user", text=task, metadata=lineage)
-    options: dict[str, Any] = {
-        "trigger_message_id": message.id,
-        "budget_limits": agent.budget_limits(),
-        "thinking": agent.thinking,
-        "context": {},
-        "depth": depth,
-    }
-    if principal is not None:
-        options["principal"] = principal
-    if agent.output_schema is not None:
-        options["output_schema"] = agent.output_schema
-    if callback:
-        options["callback_conversation_id"] = parent.conversation_id
+    options = turn_options(
+        agent,
+        trigger_message_id=message.id,
+        context={},  # children get the task only, not the parent's context (spec §4.3)
+        principal=principal,
+        depth=depth,
+        callback_conversation_id=parent.conversation_id if callback else None,
+    )
     return await tx.create_turn(
         conversation_id=conversation.id,
         agent_name=agent.name,

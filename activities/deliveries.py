@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import activity
 
 from activities.turns import ticket_of
@@ -12,6 +10,7 @@ from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
 from turnkit.records import MessageRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.turn_options import turn_options
 
 __all__ = ["DeliveryActivities"]
 
@@ -69,18 +68,13 @@ class DeliveryActivities:
                 "cannot wake %s: agent %r is not registered", conversation_id, conversation.agent_name
             )
             return None
-        options: dict[str, Any] = {
-            "trigger_message_id": trigger.id,
-            "budget_limits": agent.budget_limits(),
-            "thinking": agent.thinking,
-            "context": conversation.metadata.get("turnkit_context", {}),
-        }
-        if agent.output_schema is not None:
-            options["output_schema"] = agent.output_schema
         # The woken turn acts for the destination conversation, never for the sender (spec §7.2).
-        principal = conversation.metadata.get("principal")
-        if principal is not None:
-            options["principal"] = principal
+        options = turn_options(
+            agent,
+            trigger_message_id=trigger.id,
+            context=conversation.metadata.get("turnkit_context", {}),
+            principal=conversation.metadata.get("principal"),
+        )
         turn = await tx.create_turn(
             conversation_id=conversation_id,
             agent_name=agent.name,

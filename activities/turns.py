@@ -6,7 +6,6 @@ Each is one transaction and idempotent: a retry finds what the first attempt com
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -20,6 +19,7 @@ from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome
 from turnkit.records import TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
+from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits
 
 __all__ = ["TurnActivities", "ticket_of"]
@@ -51,26 +51,21 @@ class TurnActivities:
                 id=request.message_id,
                 metadata=request.message_metadata,
             )
-            options: dict[str, Any] = {
-                "trigger_message_id": message.id,
-                "budget_limits": agent.budget_limits(),
-                "thinking": request.thinking if request.thinking_set else agent.thinking,
-                "context": request.context
+            principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
+            options = turn_options(
+                agent,
+                trigger_message_id=message.id,
+                context=request.context
                 if request.context is not None
                 else conversation.metadata.get("turnkit_context", {}),
-            }
-            output_schema = request.output_schema or agent.output_schema
-            if output_schema is not None:
-                options["output_schema"] = output_schema
-            if request.prompt_mode is not None:
-                options["prompt_mode"] = request.prompt_mode
-            principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
-            if principal is not None:
-                options["principal"] = principal
-            if request.callback_conversation_id is not None:
-                options["callback_conversation_id"] = request.callback_conversation_id
-            if request.paused:
-                options["controls"] = {"pause_requested": True, "inputs": []}
+                principal=principal,
+                thinking=request.thinking,
+                thinking_set=request.thinking_set,
+                output_schema=request.output_schema,
+                prompt_mode=request.prompt_mode,
+                callback_conversation_id=request.callback_conversation_id,
+                paused=request.paused,
+            )
             turn = await tx.create_turn(
                 status="paused" if request.paused else "pending",
                 id=request.turn_id,
