@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 
 from turnkit.config import TASK_QUEUE
 from turnkit.plugin import TurnKitPlugin
+from turnkit.process import exit_process
 from turnkit.store import Store
 
 log = logging.getLogger("turnkit.worker")
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
     asyncio.run(run(parse_args(argv)))
+    exit_process(0)
 
 
 if __name__ == "__main__":

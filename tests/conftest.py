@@ -17,10 +17,25 @@ from tests.engine import Engine
 from turnkit.agent import unregister_all
 from turnkit.config import reset_settings
 from turnkit.plugin import TurnKitPlugin
+from turnkit.process import exit_process
 from turnkit.runtime import TurnKit, temporal_binary
 from turnkit.store import Store
 
 pytest_plugins = ["tests.dbfixtures"]
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After the report is written, leave without interpreter teardown: the Temporal client's native threads can
+    # abort a finalizing interpreter (temporalio/sdk-python#300), which would turn a green run into SIGABRT.
+    if _exit_status:
+        exit_process(_exit_status[-1])
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
+
+from turnkit.process import exit_process
 
 __all__ = ["main"]
 
@@ -38,12 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "reconcile":
         if not args.address:
             parser.error("reconcile needs a running cluster: set TEMPORAL_ADDRESS or pass --address")
-        sys.exit(asyncio.run(_reconcile(args)))
+        exit_process(asyncio.run(_reconcile(args)))
     if args.command == "demo":
         from turnkit.demo import main as demo
 
-        demo()
-        return
+        demo()  # exits the process itself
     import worker
 
     worker.main(rest)

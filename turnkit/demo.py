@@ -20,6 +20,7 @@ from typing import Any
 
 import turnkit
 from turnkit.model import ModelRequest, Result, Usage
+from turnkit.process import exit_process
 from turnkit.records import MessageRecord
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import ToolContext
@@ -169,6 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_demo(hold=args.hold))
+    exit_process(0)
 
 
 if __name__ == "__main__":
