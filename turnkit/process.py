@@ -9,6 +9,7 @@ closed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -21,8 +22,7 @@ def exit_process(code: int = 0) -> NoReturn:
     """Flush stdout, stderr and logging, then end the process with ``code`` and no interpreter teardown."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # A closed or broken pipe must not turn success into failure.
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe must not turn success into failure
-            pass
     os._exit(code)
