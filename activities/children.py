@@ -37,7 +37,7 @@ from turnkit.records import ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import append_tool_result, fail_execution
 from turnkit.turn_options import turn_options
-from turnkit.waits import add_waits, unfinished_targets
+from turnkit.waits import add_waits, enter_waiting, leave_waiting, unfinished_targets
 
 __all__ = ["ChildActivities"]
 
@@ -69,6 +69,10 @@ class ChildActivities:
             if budget_error is not None:
                 result.budget_error = budget_error  # the turn fails; later calls are repaired at its end
                 break
+        running = [p.child.turn_id for p in result.plans if p.child is not None]
+        if running and not request.launch:
+            async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+                await enter_waiting(tx, request.turn_id, running)  # joined children: the parent is `waiting`
         return result
 
     async def _delegate_one(
@@ -129,7 +133,7 @@ class ChildActivities:
         """Settle delegated executions from their children and append every result, in call order."""
         outcomes: list[ToolOutcome] = []
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
-            turn = await tx.load_turn(request.turn_id)
+            turn = await leave_waiting(tx, request.turn_id)
             for execution_id in request.execution_ids:
                 execution = await tx.load_tool_execution(execution_id)
                 if execution.status in ("pending", "running"):
@@ -174,6 +178,7 @@ class ChildActivities:
                 raise _Denied("not authorized to wait")
             async with self.store.atomic(turn_id=request.root_turn_id, wait_graph=True) as tx:
                 records = await add_waits(tx, turn, targets)
+                await enter_waiting(tx, turn.id, [t.id for t in records if not t.terminal])
         except (ToolError, _Denied) as err:
             details = _DENIED if isinstance(err, _Denied) else {"class": error_class_name(err)}
             async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -189,7 +194,7 @@ class ChildActivities:
     async def finish_wait(self, request: FinishWait) -> ToolOutcome:
         """Complete a ``wait_for`` call with ``{"results": [...]}`` of its targets, in the order asked."""
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
-            turn = await tx.load_turn(request.turn_id)
+            turn = await leave_waiting(tx, request.turn_id)
             execution = await tx.load_tool_execution(request.execution_id)
             if execution.status in ("pending", "running"):
                 edges = await tx.list_waits(turn_id=turn.id)

@@ -32,6 +32,7 @@ from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.prompt import build_instructions, project_messages
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.waits import enter_waiting
 
 __all__ = ["ModelActivities"]
 
@@ -107,7 +108,7 @@ class ModelActivities:
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:
                 return committed
-            if turn.status not in ("pending", "running", "paused"):
+            if turn.status not in ("pending", "waiting", "running", "paused"):
                 return ModelStep(stopped=True)
             boundary, turn = await control_boundary(tx, turn)
             if boundary == "paused":
@@ -126,7 +127,9 @@ class ModelActivities:
                 if not state.get("phase") and not state.get("wait_input"):
                     waiting_on = await _join_application_waits(tx, turn, state)
                     if waiting_on:
+                        await enter_waiting(tx, turn.id, waiting_on)
                         return ModelStep(waiting_on=waiting_on)
+                state.pop("waiting_on", None)
                 state["iterations"] = int(state.get("iterations", 0)) + 1
                 state["request_id"] = call.request_id
                 state["phase"] = "model"
@@ -147,7 +150,7 @@ class ModelActivities:
             now = utcnow()
             claimed = await tx.claim_turn(
                 turn.id,
-                from_=("pending", "running"),
+                from_=("pending", "waiting", "running"),
                 to="running",
                 options={**turn.options, "state": state},
                 started_at=turn.started_at or now,

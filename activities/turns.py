@@ -100,7 +100,8 @@ class TurnActivities:
                 await repair_transcript(tx, turn)
                 finished = await tx.claim_turn(
                     turn.id,
-                    from_=("pending", "running"),
+                    # A waiting or paused turn fails too: its deadline counts the time spent waiting or paused.
+                    from_=("pending", "waiting", "paused", "running"),
                     to=finish.status,
                     error={"class": finish.error_class or "TurnKit::Error", "message": finish.error_message or ""},
                     completed_at=utcnow(),

@@ -88,6 +88,18 @@ model_commit = turnkit.register(
 )
 
 
+class _HangInFirstRequest:
+    """Traces each request id; the first request hangs (its reservation is committed) until the worker is killed."""
+
+    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+        if record("steered_model", str(request.metadata.get("request_id"))) == 1:
+            await asyncio.sleep(3600)
+        return turnkit.Result.build(text="steered answer")
+
+
+steered = turnkit.register(turnkit.Agent("steered", model="scripted", client=_HangInFirstRequest()))
+
+
 def _hang_after_first_model_commit(event: Event) -> None:
     """Freeze the worker right after the first model response of a ``model_commit`` turn was committed."""
     if event.type == "model.completed" and os.environ.get("TURNKIT_CRASH_AFTER_MODEL_COMMIT") and not lines("hung"):

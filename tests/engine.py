@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 from turnkit.tools import Tool, tool
 
@@ -30,6 +31,12 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 3
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.25)
+
+
+async def lane_buffers(tk: TurnKit, conversation_id: str, delivery_id: str) -> bool:
+    """Whether the conversation's lane holds ``delivery_id`` for later (it arrived while a turn was busy)."""
+    status = await tk.client.get_workflow_handle(conversation_id).query("status", result_type=LaneStatus)
+    return delivery_id in status.pending_delivery_ids
 
 
 def held_tool(name: str = "hold") -> tuple[asyncio.Event, Tool]:

@@ -266,6 +266,7 @@ def _requests_text(client: ScriptedClient) -> list[str]:
 
 ACTIVITY_COMPLETED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
 CHILD_STARTED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
 CHILD_COMPLETED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED
 
 
@@ -400,8 +401,8 @@ async def delivery_wake(tk: TurnKit) -> list[Recorded]:
     await gate.wait_entered()
     await _settled(tk, conversation.id, {CHILD_STARTED: 1}, what="the woken turn started")
     await conversation.post("while you were busy", key=f"{conversation.id}:busy-1")
-    # Two deliver activities: the wake, then the busy one (appended, the wake left pending).
-    await _settled(tk, conversation.id, {ACTIVITY_COMPLETED: 2}, what="the second post appended")
+    # The busy lane holds the second delivery until the turn ends (one deliver activity so far: the wake).
+    await _settled(tk, conversation.id, {SIGNALED: 2}, what="the second post held by the busy lane")
     assert len(await conversation.turns()) == 1
     gate.opened.set()
     await _lane_settled(tk, conversation.id, 2)
@@ -427,7 +428,7 @@ async def wait_for_turn(tk: TurnKit) -> list[Recorded]:
     waiter = await waiter_conversation.ask("wait for the target", wait=False)
     # turnkit.model, then turnkit.wait: the waiter now blocks on the target's signal.
     await _settled(tk, waiter.id, {ACTIVITY_COMPLETED: 2}, what="the wait edge written")
-    assert (await waiter.refresh()).status == "running"
+    assert (await waiter.refresh()).status == "waiting"
     gate.opened.set()
     waiter = await waiter.result(timeout=60)
     assert (waiter.status, waiter.output_text) == ("completed", "waited"), waiter.error

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import eventually, lane_buffers
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -129,9 +129,10 @@ async def test_approval_gate_blocks_the_conversation_until_resumed(tk: TurnKit) 
     conversation = await tk.conversation(turnkit.Agent("gated", model="scripted", client=client))
     gated = await conversation.ask("needs approval", paused=True)
     assert gated.status == "paused"
-    await conversation.post("later input", key="later")
-    await eventually(lambda: _delivered(conversation), what="the post to be appended")
+    posted = await conversation.post("later input", key=f"later-{conversation.id}")
+    await eventually(lambda: lane_buffers(tk, conversation.id, posted.id), what="the lane to hold the post")
     assert len(await conversation.turns()) == 1  # the paused turn blocks its lane: no new turn starts
+    assert (await conversation.input_status(posted.id))["status"] == "pending"
     assert client.calls == 0
     await gated.resume()
     done = await gated.result(timeout=60)
@@ -206,10 +207,6 @@ async def test_steering_a_finished_turn(tk: TurnKit) -> None:
 
 async def _status_is(turn: turnkit.Turn, status: str) -> bool:
     return (await turn.refresh()).status == status
-
-
-async def _delivered(conversation: turnkit.Conversation) -> bool:
-    return any(d.delivered_at for d in await conversation.inbox())
 
 
 async def test_steering_while_the_answer_is_written_is_applied_before_publishing(tk: TurnKit) -> None:
@@ -326,7 +323,8 @@ async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> N
     turn = await (await tk.conversation(parent)).ask("go", wait=False)
     await asyncio.wait_for(gate.entered.wait(), 30)
 
-    await turn.pause(descendants="cascade")
+    paused = await turn.pause(descendants="cascade")
+    assert paused.status == "paused"  # a parent waiting on its child holds no claim: paused at once (spec §5.10)
     gate.opened.set()
     child_turn = next(t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id)
     await eventually(lambda: _status_is(tk.turn(child_turn.id), "paused"), what="the child to pause")
@@ -337,3 +335,119 @@ async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> N
     assert done.status == "completed" and done.output_text == "final"
     assert client.requests[-1].messages[-1] == {"role": "user", "content": "new focus"}
     assert any('"result": "kept"' in m["content"] for m in client.requests[-1].messages if m["role"] == "tool")
+
+
+class HeldModel:
+    """A model client whose first call blocks until released; later calls answer from ``then``."""
+
+    def __init__(self, first: turnkit.Result, then: Any = "answer") -> None:
+        self.first, self.then = first, then
+        self.entered, self.released = asyncio.Event(), asyncio.Event()
+        self.requests: list[turnkit.ModelRequest] = []
+
+    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            self.entered.set()
+            await self.released.wait()
+            return self.first
+        return self.then(request) if callable(self.then) else turnkit.Result.build(text=self.then)
+
+
+async def test_steering_a_model_request_in_flight_supersedes_its_proposals(tk: TurnKit) -> None:  # T83
+    old_runs: list[int] = []
+
+    @turnkit.tool
+    def old() -> dict[str, Any]:
+        """A tool the steering makes obsolete."""
+        old_runs.append(1)
+        return {}
+
+    model = HeldModel(call_tools(("old", {})), then=lambda r: turnkit.Result.build(text=f"answer {len(r.messages)}"))
+    conversation = await tk.conversation(turnkit.Agent("analyst", model="scripted", tools=[old], client=model))
+    turn = await conversation.ask("analyse", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+
+    posted = await conversation.post("next only", key=f"next-{conversation.id}")
+    [first] = await turn.steer("focus on debt", key="s1")
+    [second] = await turn.steer("use filings", key="s2")
+    assert await turn.steer("focus on debt", key="s1") == [first]
+    with pytest.raises(turnkit.ToolError, match="steering key is already used for a different input"):
+        await turn.steer("something else", key="s1")
+    assert (await conversation.input_status(posted.id))["status"] == "pending"
+    model.released.set()
+
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and old_runs == []  # the superseded proposal never ran
+    request = model.requests[1]
+    tail = request.messages[-4:]
+    assert tail[0]["role"] == "assistant" and [c["name"] for c in tail[0]["tool_calls"]] == ["old"]
+    assert tail[1]["role"] == "tool" and "superseded by human steering" in tail[1]["content"]
+    assert tail[2:] == [{"role": "user", "content": "focus on debt"}, {"role": "user", "content": "use filings"}]
+    assert not any("next only" in m["content"] for m in request.messages)  # next-turn input waits its turn
+    inputs = (await done.control_state())["controls"]["inputs"]
+    assert [i["id"] for i in inputs] == [first["id"], second["id"]]
+    assert [i["request_id"] for i in inputs] == [request.metadata["request_id"]] * 2  # both in that request
+
+    async def applied() -> bool:
+        return (await conversation.input_status(posted.id))["status"] == "applied"
+
+    await eventually(applied, what="the posted input to reach a later turn's request")
+    application = (await conversation.input_status(posted.id))["application"]
+    assert application["turn_id"] != turn.id  # applied by a different, later turn
+    [later] = [r for r in model.requests if r.metadata["request_id"] == application["request_id"]]
+    assert [m for m in later.messages if m["role"] == "user"][-1]["content"] == "next only"
+
+
+async def test_pause_steer_cancel_resume_while_the_model_answers(tk: TurnKit) -> None:  # T98
+    model = HeldModel(turnkit.Result.build(text="too late"))
+    conversation = await tk.conversation(turnkit.Agent("cancelled", model="scripted", client=model))
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+
+    await turn.pause()
+    [receipt] = await turn.steer("change course", key="c")
+    cancelled = await turn.cancel()
+    await turn.resume()
+    assert cancelled.status == "cancelled"
+    model.released.set()
+
+    done = await turn.result(timeout=60)
+    assert done.status == "cancelled" and done.output_text == ""
+    messages = await conversation.messages()
+    assert [m.role for m in messages] == ["user"]  # no steering and no assistant message were written
+    assert await turn.steer("change course", key="c") == [receipt]  # the retry returns the same receipt
+    assert len(model.requests) == 1
+
+
+async def test_a_paused_waiting_parent_fails_at_its_deadline(tk: TurnKit) -> None:  # T88
+    gate = Gate()
+    child_client = ScriptedClient(
+        lambda r: call_tools(("slow", {})) if r.messages[-1]["role"] == "user" else turnkit.Result.build(text="late")
+    )
+    child = turnkit.Agent("digger", model="scripted", tools=[gated_tool(gate)], client=child_client)
+    parent = turnkit.Agent(
+        "deadline",
+        model="scripted",
+        sub_agents=[child],
+        timeout=3,  # seconds from submission; time spent paused counts
+        client=ScriptedClient([call_tools(("digger", {"task": "dig"})), "never"]),
+    )
+    turn = await (await tk.conversation(parent)).ask("go", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    submitted_at = (await turn.refresh()).record.submitted_at
+
+    assert (await turn.pause(descendants="cascade")).status == "paused"
+    [child_turn] = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    await tk.turn(child_turn.id).steer("dig deeper", key="d")
+
+    async def failed() -> bool:
+        return (await turn.refresh()).status == "failed"
+
+    await eventually(failed, timeout=30, what="the root deadline to pass while paused")
+    await turn.resume(descendants="cascade")
+    gate.opened.set()
+    done = await turn.result(timeout=60)
+    assert done.status == "failed"
+    assert done.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert done.record.submitted_at == submitted_at

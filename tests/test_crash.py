@@ -119,3 +119,35 @@ async def test_killing_the_worker_while_children_run(engine: Engine, crash_dir: 
     assert executions["child_sync"].status == "completed"
     assert executions["charger"].status == executions["syncer"].status == "completed"
     assert len(crash_app.lines("orchestrator_model")) == 2
+
+
+async def test_steering_survives_a_crash_after_the_request_was_reserved(engine: Engine, crash_dir: Path) -> None:
+    """T93: steer before the first run; the worker dies inside the model call the steering went into."""
+    register(crash_app.steered)
+    first = await start_worker(engine)
+    conversation = await engine.tk.conversation(crash_app.steered)
+    turn = await conversation.ask("draft the memo", paused=True)
+    [receipt] = await turn.steer("use filings", key="s")
+    await turn.resume()
+
+    async def requested() -> bool:
+        return bool(crash_app.lines("steered_model"))
+
+    await eventually(requested, what="the first model request on the first worker")
+    await first.kill()
+    second = await start_worker(engine)
+    try:
+        done = await turn.result(timeout=120)
+    finally:
+        assert await second.stop() == 0
+    assert done.status == "completed" and done.output_text == "steered answer", done.error
+    request_ids = crash_app.lines("steered_model")
+    assert len(request_ids) == 2 and request_ids[0] == request_ids[1]  # the reserved request, asked again
+    steering = [m for m in await conversation.messages() if m.metadata.get("steering_id")]
+    assert [m.text for m in steering] == ["use filings"]  # exactly one steering message
+    [applied] = (await done.control_state())["controls"]["inputs"]
+    assert applied["id"] == receipt["id"] and applied["message_id"] == steering[0].id
+    assert applied["request_id"] == request_ids[0]  # the first request id is kept
+    assert await done.steer("use filings", key="s") == [applied]  # same key and text: the identical receipt
+    with pytest.raises(turnkit.Error, match="cannot steer a completed turn; post next-turn input instead"):
+        await done.steer("more", key="s2")

@@ -168,7 +168,7 @@ async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
         return len(await _waits(tk, waiter.id)) == 1
 
     await eventually(waiting, what="the wait edge")
-    assert (await waiter.refresh()).status == "running"  # waiting in its workflow, no worker slot held
+    assert (await waiter.refresh()).status == "waiting"  # blocked in its workflow: no worker slot held
     release.set()
     done = await waiter.result(timeout=60)
     assert done.status == "completed" and done.output_text == "waited"
@@ -280,9 +280,9 @@ async def test_turn_wait_for_before_it_starts(tk: TurnKit) -> None:
     joiner = await tk.conversation(turnkit.Agent("joiner", model="scripted", client=client))
     gated = await joiner.ask("use the result", paused=True)
     await gated.wait_for(target)
-    await gated.resume()
     with pytest.raises(turnkit.ToolError, match="a turn cannot wait for itself"):
         await gated.wait_for(gated)
+    assert (await gated.resume()).status == "waiting"  # resumed, but its target has not finished
     release.set()
     done = await gated.result(timeout=60)
     assert done.status == "completed" and client.calls == 1

@@ -79,11 +79,16 @@ async def apply_pause(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
 
 
 async def apply_resume(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
-    """Withdraw the pause; a paused turn becomes pending again (its workflow is woken by a signal)."""
+    """Withdraw the pause; a paused turn becomes pending again, or waiting if it still waits on other turns.
+
+    Its workflow is woken by a signal.
+    """
     if turn.status in FINISHED:
         return turn
     controls = {**controls_of(turn), "pause_requested": False}
-    status = "pending" if turn.status == "paused" else turn.status
+    status = turn.status
+    if status == "paused":
+        status = "waiting" if turn.state.get("waiting_on") else "pending"
     return await _write_controls(tx, turn, controls, status=status)
 
 
@@ -148,7 +153,7 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
     """
     controls = controls_of(turn)
     if controls["pause_requested"]:
-        paused = await tx.claim_turn(turn.id, from_=("pending", "running"), to="paused")
+        paused = await tx.claim_turn(turn.id, from_=("pending", "waiting", "running"), to="paused")
         return "paused", paused or turn
     queued = [i for i in controls["inputs"] if not i.get("message_id")]
     if not queued:

@@ -117,10 +117,11 @@ async def signal_delivery(client: Client, task_queue: str, delivery: DeliveryRec
     )
 
 
-async def reconcile(store: Store, client: Client, task_queue: str, *, limit: int = 1000) -> list[DeliveryRecord]:
+async def reconcile(store: Store, client: Client, task_queue: str, *, limit: int | None = None) -> list[DeliveryRecord]:
     """Signal the lanes of every delivery still pending in the store (repairs lost signals); returns them.
 
-    Safe to run at any time and any number of times: a delivery already applied is a no-op for its lane.
+    Safe to run at any time and any number of times: a delivery already applied, or one its lane already holds
+    (input for a busy conversation waits in the lane until it is idle), is a no-op for its lane.
     """
     async with store.atomic() as tx:
         pending = await tx.list_deliveries(pending=True, limit=limit)

@@ -29,7 +29,7 @@ from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import StoreTx
-from turnkit.waits import add_waits, notify_waiters
+from turnkit.waits import add_waits, enter_waiting, notify_waiters
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -368,7 +368,8 @@ class Turn:
             record = await tx.load_turn(self.id)
             if record.status not in ("pending", "paused") or record.state.get("phase"):
                 raise errors.Error("only pending turns can wait")
-            await add_waits(tx, record, target_ids)
+            waited = await add_waits(tx, record, target_ids)
+            await enter_waiting(tx, record.id, [t.id for t in waited if not t.terminal])
         return await self.refresh()
 
     async def control_state(self, *, principal: Any = None) -> dict[str, Any]:

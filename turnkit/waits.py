@@ -18,7 +18,7 @@ from turnkit.errors import RecordNotFound, ToolError
 from turnkit.records import TurnRecord
 from turnkit.store.store import Store, StoreTx
 
-__all__ = ["TARGET_FINISHED_SIGNAL", "add_waits", "notify_waiters"]
+__all__ = ["TARGET_FINISHED_SIGNAL", "add_waits", "enter_waiting", "leave_waiting", "notify_waiters"]
 
 TARGET_FINISHED_SIGNAL = "target_finished"
 
@@ -74,6 +74,31 @@ async def _reachable(tx: StoreTx, source: TurnRecord, sought: TurnRecord, *, vis
             if target is not None and await _reachable(tx, target, sought, visited=visited):
                 return True
     return False
+
+
+async def enter_waiting(tx: StoreTx, turn_id: str, target_ids: Sequence[str]) -> TurnRecord:
+    """The turn now waits on ``target_ids`` (its children, or wait targets): status ``waiting`` (spec §1.6).
+
+    ``state.waiting_on`` remembers the targets, so a turn paused while it waits resumes to ``waiting``, not
+    ``pending``. A paused turn stays paused; a finished one is left alone.
+    """
+    turn = await tx.load_turn(turn_id)
+    if turn.terminal or not target_ids:
+        return turn
+    options = {**turn.options, "state": {**turn.state, "waiting_on": list(target_ids)}}
+    moved = await tx.claim_turn(turn.id, from_=("pending", "running"), to="waiting", options=options)
+    return moved or await tx.update_turn(turn.id, options=options)
+
+
+async def leave_waiting(tx: StoreTx, turn_id: str) -> TurnRecord:
+    """The turn's targets have ended: ``waiting`` becomes ``running`` again (a pause requested meanwhile stays)."""
+    turn = await tx.load_turn(turn_id)
+    if turn.terminal or "waiting_on" not in turn.state:
+        return turn
+    state = {k: v for k, v in turn.state.items() if k != "waiting_on"}
+    options = {**turn.options, "state": state}
+    moved = await tx.claim_turn(turn.id, from_="waiting", to="running", options=options)
+    return moved or await tx.update_turn(turn.id, options=options)
 
 
 async def unfinished_targets(store: Store, target_ids: Sequence[str]) -> list[str]:

@@ -5,9 +5,11 @@ At most one turn of a conversation is active; submitted turns wait in FIFO order
 
 * ``submit`` (an update, used with update-with-start): writes the trigger message and the turn record through an
   activity and returns the turn id at once; the turn is queued.
-* ``deliver`` (a signal, used with signal-with-start): a delivery row exists in the store. The lane appends it to
-  the transcript (exactly once: the store's compare-and-set decides) even while a turn runs, and when the lane is
-  idle it *wakes*: a new turn consumes every delivered message so far (spec §5.11).
+* ``deliver`` (a signal, used with signal-with-start): a delivery row exists in the store. When the lane is idle
+  (no active and no queued turn) it appends every buffered delivery to the transcript (exactly once: the store's
+  compare-and-set decides) and *wakes*: a new turn consumes them all (spec §5.11). Input that reaches a busy lane is
+  buffered, so it lands in the transcript after the active turn's messages: the next turn's model sees the
+  conversation in the order it happened, with the new input last.
 
 The lane continues-as-new only when idle, carrying its queue, pending deliveries and bounded dedupe windows.
 """
@@ -40,6 +42,8 @@ __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
 
 #: How many recent submissions and deliveries the lane remembers to recognise repeats across continue-as-new.
 RECENT_WINDOW = 256
+#: Patch: deliveries reaching a busy lane wait for it to be idle (older runs appended them at once).
+DELIVER_WHEN_IDLE = "deliver-when-idle"
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 
 
@@ -59,6 +63,7 @@ class ConversationWorkflow:
         self._turns_started = lane.turns_started
         self._max_history_events = lane.max_history_events
         self._active: str | None = None
+        self._deliver_when_idle = True  # set from the patch marker when run() starts
         # Store writes of the lane happen one at a time, so queue order = creation order = message order.
         self._writing = asyncio.Lock()
 
@@ -126,13 +131,15 @@ class ConversationWorkflow:
 
     @workflow.run
     async def run(self, lane: LaneInput) -> None:
+        self._deliver_when_idle = workflow.patched(DELIVER_WHEN_IDLE)
         turn: asyncio.Task[None] | None = None
         while True:
             await workflow.wait_condition(functools.partial(self._has_work, turn))
             if turn is not None and turn.done():
                 turn = None
-            if self._pending_deliveries:
-                await self._apply_deliveries(wake=turn is None and not self._queue)
+            idle = turn is None and not self._queue
+            if self._pending_deliveries and (idle or not self._deliver_when_idle):
+                await self._apply_deliveries(wake=idle)
                 continue
             if turn is not None:
                 continue
@@ -207,13 +214,11 @@ class ConversationWorkflow:
             self._active = None
 
     def _has_work(self, turn: asyncio.Task[None] | None) -> bool:
-        """What the main loop waits for: a delivery to apply, or (idle) a queued turn, a wake or a rollover, or (busy)
-        the active turn finishing."""
-        if self._pending_deliveries:
-            return True
+        """What the main loop waits for: (idle) a queued turn, a delivery, a wake or a rollover, or (busy) the active
+        turn finishing."""
         if turn is None:
-            return bool(self._queue) or self._wake_pending or self._should_continue_as_new()
-        return turn.done()
+            return bool(self._queue or self._pending_deliveries) or self._wake_pending or self._should_continue_as_new()
+        return turn.done() or (bool(self._pending_deliveries) and not self._deliver_when_idle)
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
