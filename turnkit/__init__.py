@@ -10,6 +10,7 @@ Turns loop model → tools → model as Temporal workflows; a SQL store keeps th
 
 from __future__ import annotations
 
+from turnkit import providers
 from turnkit.agent import Agent, register, registered_agents, resolve_agent
 from turnkit.config import Settings, configure, settings
 from turnkit.cost import Cost
@@ -27,6 +28,7 @@ from turnkit.errors import (
     StoreError,
     ToolError,
     ToolValidationError,
+    TransientModelError,
 )
 from turnkit.events import Event
 from turnkit.handles import Conversation, Turn
@@ -77,6 +79,7 @@ __all__ = [
     "ToolExecutionRecord",
     "ToolSpec",
     "ToolValidationError",
+    "TransientModelError",
     "Turn",
     "TurnKit",
     "TurnKitPlugin",
@@ -85,6 +88,7 @@ __all__ = [
     "WaitRecord",
     "configure",
     "connect",
+    "providers",
     "register",
     "registered_agents",
     "resolve_agent",

@@ -26,6 +26,7 @@ __all__ = [
     "StoreError",
     "ToolError",
     "ToolValidationError",
+    "TransientModelError",
     "error_class_name",
 ]
 
@@ -67,6 +68,15 @@ class ModelError(Error):
     """A provider or SDK failure normalised by a client. It fails the turn; it is not a worker crash."""
 
     qualified_name: ClassVar[str] = "TurnKit::ModelError"
+
+
+class TransientModelError(Exception):
+    """A provider failure that may succeed when retried: rate limits, overload, 5xx answers, lost connections.
+
+    It is deliberately *not* a :class:`~turnkit.errors.ModelError`: the model activity turns every ``ModelError``
+    into a non-retryable failure that fails the turn, while any other exception is retried by Temporal under the
+    model activity's retry policy. The message has the same ``"<SDK class>: <message>"`` form as a ``ModelError``.
+    """
 
 
 class CompactionError(Error):

@@ -397,6 +397,8 @@ def _failure(err: ActivityError) -> tuple[str, str]:
     cause = err.cause
     if isinstance(cause, ApplicationError):
         name = cause.type or "Error"
+        if name == "TransientModelError":  # retried until the attempts ran out: the provider failed the turn
+            return "TurnKit::ModelError", cause.message
         return (name if name.startswith("TurnKit::") else f"TurnKit::{name}" if _turnkit(name) else name), cause.message
     if isinstance(cause, ActivityTimeoutError):
         return "TurnKit::ModelError", f"activity timed out ({cause.type.name if cause.type else 'unknown'})"

@@ -1,0 +1,248 @@
+"""A local stand-in for the OpenAI and Anthropic HTTP APIs, for testing the provider clients through the real SDKs.
+
+:class:`ProviderServer` listens on 127.0.0.1 (a free port) in a background thread, records every request it
+receives and answers each one with the next scripted :class:`Reply`. Point an SDK at it with ``base_url``:
+``f"{server.url}/v1"`` for OpenAI (which appends ``/responses``) and ``server.url`` for Anthropic (which appends
+``/v1/messages``). The helpers below build bodies in each provider's wire format.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = [
+    "ProviderServer",
+    "Recorded",
+    "Reply",
+    "anthropic_error",
+    "anthropic_message",
+    "anthropic_text",
+    "anthropic_thinking",
+    "anthropic_tool_use",
+    "openai_call",
+    "openai_error",
+    "openai_reasoning",
+    "openai_response",
+    "openai_text",
+]
+
+
+@dataclass
+class Recorded:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Reply:
+    """One scripted answer: an HTTP status, a JSON body and extra headers."""
+
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict[str, str])
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    provider: ProviderServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        reply = self.server.provider.record(
+            Recorded(method="POST", path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=body)
+        )
+        payload = json.dumps(reply.body).encode()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test output clean
+
+
+class ProviderServer:
+    """A scripted HTTP server on 127.0.0.1; use it as a context manager.
+
+    A request that finds the script empty gets a 400 answer (``"no scripted reply"``), which the clients report as
+    a non-retryable error, so a test that under-scripts fails at once instead of being retried.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        """Every request received, in order."""
+        self._replies: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.provider = self
+        # A short poll interval: shutdown() waits for the serving loop to notice, which is the whole teardown time.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="provider-server", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def script(self, *replies: Reply | dict[str, Any]) -> None:
+        """Queue answers; a plain dict is a 200 answer with that JSON body."""
+        with self._lock:
+            self._replies.extend(r if isinstance(r, Reply) else Reply(body=r) for r in replies)
+
+    def record(self, request: Recorded) -> Reply:
+        """Record a request and take the next answer (called from the server's threads)."""
+        with self._lock:
+            self.requests.append(request)
+            if self._replies:
+                return self._replies.popleft()
+        return Reply(400, {"type": "error", "error": {"type": "invalid_request_error", "message": "no scripted reply"}})
+
+    @property
+    def bodies(self) -> list[Any]:
+        """The JSON bodies of the requests received, in order."""
+        with self._lock:
+            return [r.body for r in self.requests]
+
+    def __enter__(self) -> ProviderServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+
+# -- OpenAI Responses API --------------------------------------------------------------------------------------------
+
+
+def openai_text(text: str, id: str = "msg_1") -> dict[str, Any]:
+    """An assistant ``message`` output item with one ``output_text`` part."""
+    return {
+        "type": "message",
+        "id": id,
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def openai_call(call_id: str, name: str, arguments: dict[str, Any] | str, id: str = "fc_1") -> dict[str, Any]:
+    """A ``function_call`` output item (arguments as the JSON string the API sends)."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "type": "function_call",
+        "id": id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": raw,
+        "status": "completed",
+    }
+
+
+def openai_reasoning(summary: str, id: str = "rs_1", encrypted: str = "gAAA-opaque") -> dict[str, Any]:
+    """A ``reasoning`` output item with a summary and encrypted content."""
+    return {
+        "type": "reasoning",
+        "id": id,
+        "summary": [{"type": "summary_text", "text": summary}],
+        "encrypted_content": encrypted,
+    }
+
+
+def openai_response(
+    *output: dict[str, Any],
+    status: str = "completed",
+    usage: dict[str, Any] | None = None,
+    model: str = "gpt-test-2025-01-01",
+    incomplete_reason: str | None = None,
+) -> dict[str, Any]:
+    """A Responses API ``response`` object."""
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": status,
+        "model": model,
+        "output": list(output),
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": None,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "usage": usage
+        or {
+            "input_tokens": 12,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": 7,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 19,
+        },
+    }
+
+
+def openai_error(status: int, message: str, type: str = "invalid_request_error") -> Reply:
+    """An OpenAI error answer."""
+    return Reply(status, {"error": {"message": message, "type": type, "param": None, "code": None}})
+
+
+# -- Anthropic Messages API ------------------------------------------------------------------------------------------
+
+
+def anthropic_text(text: str) -> dict[str, Any]:
+    """A ``text`` content block."""
+    return {"type": "text", "text": text}
+
+
+def anthropic_tool_use(id: str, name: str, input: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` content block."""
+    return {"type": "tool_use", "id": id, "name": name, "input": input}
+
+
+def anthropic_thinking(thinking: str, signature: str = "sig-opaque") -> dict[str, Any]:
+    """A ``thinking`` content block."""
+    return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+
+def anthropic_message(
+    *content: dict[str, Any],
+    stop_reason: str = "end_turn",
+    usage: dict[str, Any] | None = None,
+    model: str = "claude-test-20250101",
+) -> dict[str, Any]:
+    """A Messages API ``message`` object."""
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": list(content),
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage or {"input_tokens": 12, "output_tokens": 7},
+    }
+
+
+def anthropic_error(status: int, message: str, type: str = "invalid_request_error") -> Reply:
+    """An Anthropic error answer."""
+    return Reply(status, {"type": "error", "error": {"type": type, "message": message}})

@@ -1,0 +1,307 @@
+"""An OpenAI model client on the Responses API, through the official ``openai`` SDK.
+
+The request carries the whole projected history every time (no ``previous_response_id``): TurnKit's store is the
+source of truth, so a turn can move between workers and models. Assistant messages that came from this API are
+replayed as their raw ``output`` items, which keeps reasoning items and call ids intact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import openai
+
+from turnkit.errors import ModelAccessError, ModelError
+from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
+from turnkit.providers._common import (
+    fully_required,
+    join_instructions,
+    output_data,
+    replay_data,
+    resolve_model,
+    retryable_status,
+    sdk_error,
+    strict_schema,
+)
+
+__all__ = ["PROVIDER_KIND", "OpenAIClient"]
+
+#: The ``kind`` of the provider part that holds a response's raw ``output`` items.
+PROVIDER_KIND: Final = "openai_responses"
+
+# A thinking option with only a token budget still needs an effort level: the smallest whose usual spend covers it.
+_BUDGET_EFFORTS: Final = ((2048, "low"), (8192, "medium"))
+_LARGEST_EFFORT: Final = "high"
+
+# OpenAI accepts at most 16 metadata entries, keys up to 64 characters and values up to 512.
+_METADATA_LIMITS: Final = (16, 64, 512)
+
+
+class OpenAIClient:
+    """A :class:`turnkit.Client` for OpenAI models on the Responses API (``client.responses.create``).
+
+    Example::
+
+        agent = turnkit.Agent("helper", model="gpt-5-mini", client=OpenAIClient())
+
+    Provider failures raise :class:`~turnkit.errors.ModelError` (the turn fails), or
+    :class:`~turnkit.errors.TransientModelError` for rate limits, 5xx answers and connection problems (the model
+    activity retries them). A missing API key or model raises :class:`~turnkit.errors.ModelAccessError`.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+        reasoning_summary: str | None = None,
+        request_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create the client. Nothing is checked or connected until the first call.
+
+        Args:
+            model: Pin this client to one model; None uses each request's model (the agent's ``model``, else
+                ``settings.default_model``).
+            client: A ready SDK client; when given, ``api_key``, ``base_url``, ``max_retries`` and ``timeout`` are
+                ignored.
+            api_key: The API key; defaults to ``OPENAI_API_KEY``.
+            base_url: The API base URL (an OpenAI-compatible endpoint); defaults to the SDK's.
+            max_retries: The SDK's own retries before an error reaches TurnKit; defaults to the SDK's (2).
+            timeout: Seconds per HTTP request; defaults to the SDK's.
+            reasoning_summary: ``"auto"``, ``"concise"`` or ``"detailed"`` to ask for reasoning summaries (they
+                become ``thinking`` parts) when a turn has a thinking option.
+            request_options: Extra ``responses.create`` arguments (e.g. ``store``, ``max_output_tokens``,
+                ``service_tier``); arguments derived from the request take precedence.
+        """
+        self.model = model or None
+        self.reasoning_summary = reasoning_summary
+        self.request_options: dict[str, Any] = dict(request_options or {})
+        self._client = client
+        self._sdk_options: dict[str, Any] = {
+            key: value
+            for key, value in (
+                ("api_key", api_key),
+                ("base_url", base_url),
+                ("max_retries", max_retries),
+                ("timeout", timeout),
+            )
+            if value is not None
+        }
+
+    @property
+    def sdk(self) -> openai.AsyncOpenAI:
+        """The SDK client: the one given, or one built on first use from the constructor arguments and environment.
+
+        Raises:
+            ModelAccessError: No credentials (no ``api_key`` and no ``OPENAI_API_KEY``).
+        """
+        if self._client is None:
+            try:
+                self._client = openai.AsyncOpenAI(**self._sdk_options)
+            except openai.OpenAIError as err:
+                raise ModelAccessError(f"{type(err).__name__}: {err}") from err
+        return self._client
+
+    async def close(self) -> None:
+        """Close the SDK client's connections, also those of an SDK client that was passed in."""
+        if self._client is not None:
+            await self._client.close()
+
+    async def chat(self, request: ModelRequest) -> Result:
+        """Make one Responses API call.
+
+        Args:
+            request: The request.
+
+        Returns:
+            The answer: text, thinking and tool-call parts, plus the raw output items as a provider part.
+
+        Raises:
+            ModelAccessError: No model, or no credentials.
+            ModelError: The provider rejected the request, or the response did not complete.
+            TransientModelError: A failure worth retrying (rate limit, 5xx, connection).
+        """
+        model = resolve_model(self.model, request.model)
+        sdk = self.sdk
+        params = self.request_params(request, model)
+        try:
+            response = await sdk.responses.create(**params)
+        except openai.APIConnectionError as err:
+            raise sdk_error(err, retryable=True) from err
+        except openai.APIStatusError as err:
+            raise sdk_error(err, retryable=retryable_status(err.status_code, err.response.headers)) from err
+        except (openai.OpenAIError, TypeError, ValueError) as err:
+            # Anything else the SDK raises (invalid arguments, an answer it cannot parse) fails the same way again.
+            raise sdk_error(err, retryable=False) from err
+        if response.status != "completed":
+            raise ModelError(_incomplete_message(response.to_dict(mode="json")))
+        usage = response.usage.to_dict(mode="json") if response.usage is not None else {}
+        return result_from_output(
+            [item.to_dict(mode="json") for item in response.output],
+            usage,
+            model=model,
+            structured=request.output_schema is not None,
+        )
+
+    def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
+        """The ``responses.create`` arguments for a request (exposed for inspection and tests)."""
+        params: dict[str, Any] = {**self.request_options, "model": model, "input": input_items(request.messages)}
+        instructions = join_instructions(request.instructions, request.dynamic_instructions)
+        if instructions:
+            params["instructions"] = instructions
+        if request.tools:
+            params["tools"] = [function_tool(spec) for spec in request.tools]
+        if request.output_schema is not None:
+            schema = strict_schema(request.output_schema)
+            params["text"] = {
+                "format": {"type": "json_schema", "name": "output", "schema": schema, "strict": fully_required(schema)}
+            }
+        if request.thinking:
+            reasoning: dict[str, Any] = {"effort": reasoning_effort(request.thinking)}
+            if self.reasoning_summary:
+                reasoning["summary"] = self.reasoning_summary
+            params["reasoning"] = reasoning
+        metadata = _metadata(request.metadata)
+        if metadata:
+            params["metadata"] = metadata
+        return params
+
+    def __repr__(self) -> str:
+        """Show the pinned model."""
+        return f"OpenAIClient(model={self.model!r})"
+
+
+def input_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Projected messages (spec §3.5) as Responses API input items.
+
+    Assistant messages with an ``openai_responses`` provider part are replayed as those raw output items; others
+    become an assistant message plus ``function_call`` items. Tool results become ``function_call_output`` items.
+    """
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        content = str(message.get("content") or "")
+        if role == "tool":
+            items.append(
+                {"type": "function_call_output", "call_id": str(message.get("tool_call_id") or ""), "output": content}
+            )
+        elif role == "assistant":
+            replay = replay_data(message, PROVIDER_KIND)
+            if replay is not None:
+                items.extend(replay)
+                continue
+            if content:
+                items.append({"role": "assistant", "content": content})
+            for call in message.get("tool_calls") or ():
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": str(call.get("id") or ""),
+                        "name": str(call.get("name") or ""),
+                        "arguments": json.dumps(call.get("arguments") or {}, ensure_ascii=False),
+                    }
+                )
+        else:
+            items.append({"role": "user", "content": content})
+    return items
+
+
+def function_tool(spec: ToolSpec) -> dict[str, Any]:
+    """A TurnKit tool as a Responses API function tool.
+
+    ``strict`` is off: TurnKit tools may have optional parameters, which strict mode rejects, and TurnKit validates
+    the arguments itself.
+    """
+    tool: dict[str, Any] = {"type": "function", "name": spec.name, "parameters": spec.parameters, "strict": False}
+    if spec.description:
+        tool["description"] = spec.description
+    return tool
+
+
+def reasoning_effort(thinking: Mapping[str, Any]) -> str:
+    """The reasoning effort for a thinking option ``{effort?, budget?}``: the effort, else one sized to the budget."""
+    effort = thinking.get("effort")
+    if effort:
+        return str(effort)
+    budget = int(thinking.get("budget") or 0)
+    return next((name for limit, name in _BUDGET_EFFORTS if budget <= limit), _LARGEST_EFFORT)
+
+
+def result_from_output(
+    items: Sequence[dict[str, Any]], usage: Mapping[str, Any], *, model: str, structured: bool
+) -> Result:
+    """A :class:`Result` from a completed response's ``output`` items (JSON dicts) and ``usage``.
+
+    Parts, in order (spec §3.6): text, thinking and unknown item types as they come; then every raw item in one
+    ``openai_responses`` provider part; then the ``tool_call`` parts.
+    """
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for item in items:
+        kind = item.get("type")
+        if kind == "message":
+            for content in item.get("content") or ():
+                text = content.get("text") if content.get("type") == "output_text" else content.get("refusal")
+                if text:
+                    texts.append(str(text))
+                    parts.append({"type": "text", "text": str(text)})
+        elif kind == "reasoning":
+            pieces = [s.get("text") for s in item.get("summary") or ()] or [
+                c.get("text") for c in item.get("content") or ()
+            ]
+            text = "\n".join(str(piece) for piece in pieces if piece)
+            if text:
+                parts.append({"type": "thinking", "text": text, "signature": None, "redacted": False})
+        elif kind == "function_call":
+            call = ToolCall.parse(str(item.get("call_id") or ""), str(item.get("name") or ""), item.get("arguments"))
+            calls.append(call.to_part())
+        else:
+            parts.append({"type": "provider", "kind": str(kind), "data": item})
+    if items:
+        parts.append({"type": "provider", "kind": PROVIDER_KIND, "data": list(items)})
+    return Result.build(
+        parts=[*parts, *calls],
+        usage=usage_from(usage),
+        model=model,
+        finish_reason="tool_calls" if calls else "stop",
+        output_data=output_data("".join(texts)) if structured else None,
+    )
+
+
+def usage_from(usage: Mapping[str, Any]) -> Usage:
+    """Exclusive usage buckets from a Responses ``usage`` object.
+
+    OpenAI counts cached (and cache-written) input inside ``input_tokens`` and reasoning inside ``output_tokens``;
+    they are subtracted so that no token is counted twice.
+    """
+    details: Mapping[str, Any] = usage.get("input_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)
+    cache_write = int(details.get("cache_write_tokens") or 0)
+    reasoning = int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+    return Usage(
+        input_tokens=max(int(usage.get("input_tokens") or 0) - cached - cache_write, 0),
+        output_tokens=max(int(usage.get("output_tokens") or 0) - reasoning, 0),
+        cached_tokens=cached,
+        cache_write_tokens=cache_write,
+        thinking_tokens=reasoning,
+    )
+
+
+def _incomplete_message(response: Mapping[str, Any]) -> str:
+    status = response.get("status") or "unknown"
+    reason = (response.get("incomplete_details") or {}).get("reason") or (response.get("error") or {}).get("message")
+    return f"OpenAI response {status}" + (f": {reason}" if reason else "")
+
+
+def _metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
+    # Spec §3.6: the request metadata (turn, conversation and request ids) is forwarded with stringified values.
+    entries, key_length, value_length = _METADATA_LIMITS
+    pairs = [(str(k)[:key_length], str(v)[:value_length]) for k, v in metadata.items() if v is not None]
+    return dict(pairs[:entries])
