@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from turnkit.deliveries import notify_completion
+from turnkit.deliveries import notify_completion, wake_lane
 from turnkit.store.store import Store
 from turnkit.waits import notify_waiters
 
@@ -12,7 +12,9 @@ __all__ = ["announce_terminal"]
 
 
 async def announce_terminal(store: Store, turn_id: str) -> None:
-    """Signal the callback conversation and every waiting turn (idempotent; retried with the activity)."""
+    """Signal the callback conversation, every waiting turn and, for a sub-agent's turn, its conversation's lane
+    (idempotent; retried with the activity)."""
     client = activity.client()
     await notify_completion(store, client, activity.info().task_queue, turn_id)
     await notify_waiters(store, client, turn_id)
+    await wake_lane(client, await store.load_turn(turn_id))

@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.notify import announce_terminal
 from turnkit.agent import resolve_agent
-from turnkit.deliveries import completion_delivery
+from turnkit.deliveries import completion_delivery, sub_agent_turn_active
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
@@ -38,7 +38,7 @@ class TurnActivities:
         async with self.store.atomic(conversation_id=request.conversation_id, wait_graph=graph) as tx:
             existing = await tx.find_turn(request.turn_id)
             if existing is not None:
-                return ticket_of(existing)
+                return ticket_of(existing, busy=await sub_agent_turn_active(tx, existing.conversation_id))
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
                 agent = resolve_agent(request.agent_name or conversation.agent_name)
@@ -81,7 +81,8 @@ class TurnActivities:
                     await add_waits(tx, turn, request.wait_for)
                 except ToolError as err:  # rolls back the turn and its trigger message too
                     raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
-        return ticket_of(turn)
+            busy = await sub_agent_turn_active(tx, conversation.id)
+        return ticket_of(turn, busy=busy)
 
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
@@ -173,7 +174,7 @@ class TurnActivities:
         return ToolOutcome(execution_id=execution.id, status=execution.status)
 
 
-def ticket_of(turn: TurnRecord) -> TurnTicket:
+def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:
     """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
     timeout = (turn.options.get("budget_limits") or {}).get("timeout")
     deadline = None
@@ -186,6 +187,7 @@ def ticket_of(turn: TurnRecord) -> TurnTicket:
         root_turn_id=turn.root_turn_id,
         trigger_message_id=str(turn.options.get("trigger_message_id", "")),
         deadline=deadline,
+        busy=busy,
     )
 
 

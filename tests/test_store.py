@@ -422,6 +422,12 @@ async def test_list_turns_filters_are_anded_and_ordered(store: Store) -> None:
     assert ids(await store.list_turns(root_turn_id=root.id, agent_name=beta)) == [child_b.id, grandchild.id]
     assert ids(await store.list_turns(root_turn_id=root.id, conversation_id=c2.id, agent_name=alpha)) == [child_a.id]
     assert ids(await store.list_turns(conversation_id=c2.id, agent_name=_name("nobody"))) == []
+    assert ids(await store.list_turns(conversation_id=c1.id, has_parent=True)) == [grandchild.id]
+    assert ids(await store.list_turns(conversation_id=c1.id, has_parent=False)) == [root.id, unrelated.id]
+    async with store.atomic() as tx:
+        await tx.claim_turn(child_b.id, from_="pending", to="running")
+    assert ids(await store.list_turns(root_turn_id=root.id, statuses=["running", "waiting"])) == [child_b.id]
+    assert ids(await store.list_turns(conversation_id=c2.id, statuses=[])) == []
     # Ordering is created_at, then id: insertion order here.
     listed = await store.list_turns(root_turn_id=root.id)
     assert [(t.created_at, t.id) for t in listed] == sorted((t.created_at, t.id) for t in listed)

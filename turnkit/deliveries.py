@@ -12,6 +12,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.authorization import is_authorized
 from turnkit.errors import RecordNotFound
@@ -20,12 +21,15 @@ from turnkit.records import DeliveryRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 
 __all__ = [
+    "WAKE_SIGNAL",
     "completion_delivery",
     "create_delivery",
     "notify_completion",
     "reconcile",
     "signal_delivery",
+    "sub_agent_turn_active",
     "turn_result",
+    "wake_lane",
 ]
 
 
@@ -136,3 +140,31 @@ async def notify_completion(store: Store, client: Client, task_queue: str, turn_
         delivery = await tx.find_delivery(f"completion:{turn_id}")
     if delivery is not None and delivery.delivered_at is None:
         await signal_delivery(client, task_queue, delivery)
+
+
+#: Signal to a conversation's lane: a turn it did not run (a sub-agent's) has ended there.
+WAKE_SIGNAL = "wake"
+
+
+async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:
+    """Whether a turn the lane does not run (a sub-agent's, started by its parent) is active in the conversation.
+
+    The lane then holds new input and new turns until that turn's end sends it ``wake`` (:func:`wake_lane`), so a
+    conversation still has one active turn at a time.
+    """
+    active = ("pending", "waiting", "paused", "running")
+    return bool(await tx.list_turns(conversation_id=conversation_id, statuses=active, has_parent=True))
+
+
+async def wake_lane(client: Client, turn: TurnRecord) -> None:
+    """After a sub-agent's turn ended: let its conversation's lane append the input it held back meanwhile.
+
+    Turns of the conversation's own lane need no signal (the lane sees them end). No lane yet means nothing is held.
+    """
+    if turn.parent_turn_id is None:
+        return
+    try:
+        await client.get_workflow_handle(turn.conversation_id).signal(WAKE_SIGNAL)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise

@@ -23,7 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit import errors
 from turnkit.authorization import Action, authorize
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
-from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery
+from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
@@ -352,6 +352,7 @@ class Turn:
             if delivery is not None and delivery.delivered_at is None:
                 await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
             await notify_waiters(self._tk.store, self._tk.client, turn.id)
+            await wake_lane(self._tk.client, turn)
         return await self.refresh()
 
     async def wait_for(self, *targets: Turn | str, principal: Any = None) -> Turn:

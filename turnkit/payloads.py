@@ -89,6 +89,9 @@ class DeliverResult(BaseModel):
 
     delivered_ids: list[str] = Field(default_factory=list[str])
     turn: QueuedTurn | None = None
+    #: A turn the lane does not run (a sub-agent's) is active in the conversation: nothing was appended; the lane
+    #: holds the deliveries until that turn's end sends it ``wake``.
+    busy: bool = False
 
 
 class TurnTicket(BaseModel):
@@ -100,6 +103,8 @@ class TurnTicket(BaseModel):
     root_turn_id: str
     trigger_message_id: str
     deadline: datetime | None = None
+    #: A sub-agent's turn is active in the conversation: the lane starts nothing until its ``wake``.
+    busy: bool = False
 
 
 class LaneInput(BaseModel):
@@ -115,6 +120,8 @@ class LaneInput(BaseModel):
     recent_delivery_ids: list[str] = Field(default_factory=list[str])
     #: Delivered input that no turn may have consumed yet: wake when idle.
     wake_pending: bool = False
+    #: The pending deliveries wait for a sub-agent's turn in this conversation to end (its ``wake`` signal).
+    held: bool = False
     turns_started: int = 0
     #: Continue-as-new once idle with more history events than this (below Temporal's own suggestion).
     max_history_events: int = 2000

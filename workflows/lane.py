@@ -64,6 +64,9 @@ class ConversationWorkflow:
         self._max_history_events = lane.max_history_events
         self._active: str | None = None
         self._deliver_when_idle = True  # set from the patch marker when run() starts
+        # A sub-agent's turn (run by its parent, not by this lane) is active here: deliveries wait for its `wake`.
+        self._held = lane.held
+        self._wakes = 0
         # Store writes of the lane happen one at a time, so queue order = creation order = message order.
         self._writing = asyncio.Lock()
 
@@ -73,6 +76,7 @@ class ConversationWorkflow:
     async def submit(self, request: SubmitTurn) -> TurnTicket:
         """Append the trigger message, create the pending turn and queue it; returns its ids at once."""
         async with self._writing:
+            wakes = self._wakes
             try:
                 ticket = await workflow.execute_activity(
                     "turnkit.submit_turn",
@@ -88,6 +92,8 @@ class ConversationWorkflow:
                 if isinstance(cause, ApplicationError):
                     raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
                 raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err
+            if ticket.busy and self._wakes == wakes:
+                self._held = True  # a sub-agent's turn runs here: its end (`wake`) lets the queue go on
             if ticket.turn_id not in self._recent_turns:  # a retried submit is not queued twice
                 self._queue.append(
                     QueuedTurn(
@@ -111,9 +117,17 @@ class ConversationWorkflow:
     @workflow.signal(name="deliver")
     def deliver(self, signal: DeliverySignal) -> None:
         """A delivery row was created for this conversation: apply it (duplicates are dropped)."""
+        # Also a nudge: a held lane asks the store again, so `turnkit reconcile` heals a `wake` that never came.
+        self._held = False
         if signal.delivery_id in self._recent_deliveries or signal.delivery_id in self._pending_deliveries:
             return
         self._pending_deliveries.append(signal.delivery_id)
+
+    @workflow.signal(name="wake")
+    def wake(self) -> None:
+        """A sub-agent's turn in this conversation ended: held deliveries may go in now."""
+        self._wakes += 1
+        self._held = False
 
     @workflow.query(name="status")
     def status(self) -> LaneStatus:
@@ -138,12 +152,12 @@ class ConversationWorkflow:
             if turn is not None and turn.done():
                 turn = None
             idle = turn is None and not self._queue
-            if self._pending_deliveries and (idle or not self._deliver_when_idle):
+            if self._pending_deliveries and not self._held and (idle or not self._deliver_when_idle):
                 await self._apply_deliveries(wake=idle)
                 continue
             if turn is not None:
                 continue
-            if self._queue:
+            if self._queue and not self._held:
                 turn = asyncio.create_task(self._run_turn(self._queue.pop(0)))
                 continue
             if self._wake_pending:
@@ -153,7 +167,7 @@ class ConversationWorkflow:
                 continue
             # Idle and due for a fresh run: let in-flight handlers land first, then roll over.
             await workflow.wait_condition(workflow.all_handlers_finished)
-            if self._queue or self._pending_deliveries:
+            if (self._queue or self._pending_deliveries) and not self._held:
                 continue
             workflow.continue_as_new(
                 LaneInput(
@@ -163,6 +177,7 @@ class ConversationWorkflow:
                     pending_delivery_ids=self._pending_deliveries,
                     recent_delivery_ids=list(self._recent_deliveries),
                     wake_pending=self._wake_pending,
+                    held=self._held,
                     turns_started=self._turns_started,
                     max_history_events=self._max_history_events,
                 )
@@ -171,6 +186,7 @@ class ConversationWorkflow:
     async def _apply_deliveries(self, *, wake: bool) -> None:
         """Append the signalled deliveries (exactly once) and, when idle, start a turn for delivered input."""
         batch = list(self._pending_deliveries)
+        wakes = self._wakes
         async with self._writing:
             result = await workflow.execute_activity(
                 "turnkit.deliver",
@@ -180,6 +196,9 @@ class ConversationWorkflow:
                 retry_policy=STORE_RETRY,
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
             )
+        if result.busy:
+            self._held = self._wakes == wakes  # unless that turn's end was signalled meanwhile: then try again
+            return
         for delivery_id in batch:
             self._pending_deliveries.remove(delivery_id)
             _remember(self._recent_deliveries, delivery_id)
@@ -217,7 +236,9 @@ class ConversationWorkflow:
         """What the main loop waits for: (idle) a queued turn, a delivery, a wake or a rollover, or (busy) the active
         turn finishing."""
         if turn is None:
-            return bool(self._queue or self._pending_deliveries) or self._wake_pending or self._should_continue_as_new()
+            held = self._held  # a sub-agent's turn runs in this conversation: wait for its `wake`
+            work = bool(self._queue or self._pending_deliveries) and not held
+            return work or self._wake_pending or self._should_continue_as_new()
         return turn.done() or (bool(self._pending_deliveries) and not self._deliver_when_idle)
 
     def _should_continue_as_new(self) -> bool:

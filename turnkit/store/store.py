@@ -177,11 +177,17 @@ class Store:
         root_turn_id: str | None = None,
         conversation_id: str | None = None,
         agent_name: str | None = None,
+        statuses: Iterable[str] | None = None,
+        has_parent: bool | None = None,
     ) -> list[TurnRecord]:
-        """Turns matching every given filter, ordered by ``created_at, id``."""
+        """Turns matching every given filter, ordered by ``created_at, id`` (see :meth:`StoreTx.list_turns`)."""
         async with self.atomic() as tx:
             return await tx.list_turns(
-                root_turn_id=root_turn_id, conversation_id=conversation_id, agent_name=agent_name
+                root_turn_id=root_turn_id,
+                conversation_id=conversation_id,
+                agent_name=agent_name,
+                statuses=statuses,
+                has_parent=has_parent,
             )
 
     async def list_tool_executions(
@@ -499,9 +505,20 @@ class StoreTx:
         root_turn_id: str | None = None,
         conversation_id: str | None = None,
         agent_name: str | None = None,
+        statuses: Iterable[str] | None = None,
+        has_parent: bool | None = None,
     ) -> list[TurnRecord]:
-        """Turns matching every given filter (AND), ordered by ``created_at, id``."""
+        """Turns matching every given filter (AND), ordered by ``created_at, id``.
+
+        ``statuses`` keeps turns in any of those statuses; ``has_parent`` keeps sub-agent turns (True) or root
+        turns (False).
+        """
         query = select(TurnRow)
+        if statuses is not None:
+            query = query.where(TurnRow.status.in_(list(statuses)))
+        if has_parent is not None:
+            parent = TurnRow.parent_turn_uid
+            query = query.where(parent.is_not(None) if has_parent else parent.is_(None))
         if root_turn_id is not None:
             query = query.where(TurnRow.root_turn_uid == root_turn_id)
         if conversation_id is not None:
