@@ -100,14 +100,37 @@ class _HangInFirstRequest:
 steered = turnkit.register(turnkit.Agent("steered", model="scripted", client=_HangInFirstRequest()))
 
 
-def _hang_after_first_model_commit(event: Event) -> None:
-    """Freeze the worker right after the first model response of a ``model_commit`` turn was committed."""
-    if event.type == "model.completed" and os.environ.get("TURNKIT_CRASH_AFTER_MODEL_COMMIT") and not lines("hung"):
+@turnkit.tool
+def file_note(text: str) -> dict[str, Any]:
+    """An at-most-once effect that returns at once (it never hangs), so a test can count its runs.
+
+    Args:
+        text: The note.
+    """
+    record("file_note", text)
+    return {"filed": text}
+
+
+noted = turnkit.register(
+    turnkit.Agent("noted", model="scripted", tools=[file_note], client=_scripted(("file_note", {"text": "memo"})))
+)
+
+#: Which committed event freezes the worker: ``TURNKIT_CRASH_AFTER=model.completed`` (or the older
+#: ``TURNKIT_CRASH_AFTER_MODEL_COMMIT=1``) or ``TURNKIT_CRASH_AFTER=tool_call.completed``.
+_CRASH_POINTS = {"model.completed": "TURNKIT_CRASH_AFTER_MODEL_COMMIT"}
+
+
+def _hang_after_commit(event: Event) -> None:
+    """Freeze the worker right after the first event of the chosen kind, i.e. after that write committed."""
+    chosen = os.environ.get("TURNKIT_CRASH_AFTER") == event.type or bool(
+        os.environ.get(_CRASH_POINTS.get(event.type, "-"))
+    )
+    if chosen and not lines("hung"):
         record("hung", event.turn_id)
         time.sleep(3600)  # blocks the whole worker: the activity never reports, as if the process died here
 
 
-turnkit.configure(on_event=_hang_after_first_model_commit)
+turnkit.configure(on_event=_hang_after_commit)
 
 
 async def _hold_until_released() -> None:

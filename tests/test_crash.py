@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -41,6 +41,7 @@ async def crash_and_recover(
     *,
     killed_when: tuple[str, ...],
     on_release: Callable[[], None] | None = None,
+    while_down: Callable[[turnkit.Turn], Awaitable[None]] | None = None,
     **first_env: str,
 ) -> tuple[turnkit.Conversation, turnkit.Turn]:
     """Ask on a first worker, SIGKILL it once every trace in ``killed_when`` has a line, finish on a second worker."""
@@ -56,6 +57,8 @@ async def crash_and_recover(
     await first.kill()
     if on_release is not None:
         on_release()
+    if while_down is not None:
+        await while_down(turn)  # what the store says with no worker running
     second = await start_worker(engine)
     try:
         done = await turn.result(timeout=120)
@@ -151,3 +154,37 @@ async def test_steering_survives_a_crash_after_the_request_was_reserved(engine: 
     assert await done.steer("use filings", key="s") == [applied]  # same key and text: the identical receipt
     with pytest.raises(turnkit.Error, match="cannot steer a completed turn; post next-turn input instead"):
         await done.steer("more", key="s2")
+
+
+async def test_killed_after_the_model_response_committed(engine: Engine, crash_dir: Path) -> None:
+    """T43 / T52: the worker dies right after the tool-call response was committed."""
+
+    async def phase_is_tools(turn: turnkit.Turn) -> None:
+        assert (await turn.refresh()).record.state["phase"] == "tools"
+
+    conversation, done = await crash_and_recover(
+        engine,
+        crash_app.noted,
+        "note it",
+        killed_when=("hung",),
+        while_down=phase_is_tools,
+        TURNKIT_CRASH_AFTER="model.completed",
+    )
+    assert len(crash_app.lines("model")) == 2  # the committed response was reused, not requested again
+    assert crash_app.lines("file_note") == ["memo"]  # the tool ran exactly once
+    assert done.record.state["iterations"] == 2
+    results = [m for m in await conversation.messages() if m.kind == "tool_result"]
+    assert len(results) == 1
+
+
+async def test_killed_after_the_tool_result_committed(engine: Engine, crash_dir: Path) -> None:
+    """T44: the worker dies right after the tool's result was committed, before the next model call."""
+    conversation, done = await crash_and_recover(
+        engine, crash_app.noted, "note it", killed_when=("hung",), TURNKIT_CRASH_AFTER="tool_call.completed"
+    )
+    assert crash_app.lines("file_note") == ["memo"]  # the tool count stays 1
+    assert len(crash_app.lines("model")) == 2
+    [execution] = await done.tool_executions()
+    assert execution.status == "completed" and execution.result == {"filed": "memo"}
+    results = [m for m in await conversation.messages() if m.kind == "tool_result"]
+    assert len(results) == 1  # exactly one tool result
