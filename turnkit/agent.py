@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from turnkit.config import settings
 from turnkit.errors import ConfigError
-from turnkit.model import Client, ToolSpec
+from turnkit.model import Client, ToolSpec, Usage
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
 if TYPE_CHECKING:
@@ -261,6 +261,20 @@ class Agent:
         from turnkit.runtime import current
 
         return await current().run(self, task, input=input, wait=wait, **options)
+
+    async def usage(self) -> Usage:
+        """Tokens used by every stored turn of this agent's name, on the current connection (spec §1.2)."""
+        from turnkit.cost import total_usage
+        from turnkit.runtime import current
+
+        return total_usage(await current().store.list_turns(agent_name=self.name))
+
+    async def cost(self) -> float | None:
+        """Observed USD cost of every stored turn of this agent's name (None when none is known)."""
+        from turnkit.cost import total_cost
+        from turnkit.runtime import current
+
+        return total_cost(await current().store.list_turns(agent_name=self.name))
 
     def __repr__(self) -> str:
         """Show the name, model and tool names."""

@@ -15,8 +15,9 @@ from typing import Any, Final
 from turnkit.config import settings
 from turnkit.errors import ConfigError
 from turnkit.model import Usage
+from turnkit.records import TurnRecord
 
-__all__ = ["COMPONENTS", "Cost", "cost_from_usage"]
+__all__ = ["COMPONENTS", "Cost", "cost_from_usage", "total_cost", "total_usage"]
 
 #: Cost components, in display order.
 COMPONENTS: Final = ("input", "output", "cache_read", "cache_write", "thinking")
@@ -247,3 +248,17 @@ def cost_from_usage(usage: Usage, model: str | None) -> Cost:
         if rates is not None:
             return _cost_from_rates(usage, rates)
     return Cost()
+
+
+def total_usage(turns: Iterable[TurnRecord]) -> Usage:
+    """The tokens used by ``turns``, summed (each turn's own usage: a conversation's, an agent's, a tree's)."""
+    total = Usage()
+    for turn in turns:
+        total = total + Usage.from_dict(turn.usage)
+    return total
+
+
+def total_cost(turns: Iterable[TurnRecord]) -> float | None:
+    """The observed cost of ``turns`` in USD; None when none of them has a known cost."""
+    costs = [turn.cost for turn in turns if turn.cost is not None]
+    return Cost(total=sum(costs)).total if costs else None

@@ -23,6 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit import errors
 from turnkit.authorization import Action, authorize
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
+from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
 from turnkit.model import Usage
@@ -220,6 +221,14 @@ class Conversation:
             "application": application,
             "status": "applied" if application else "pending",
         }
+
+    async def usage(self) -> Usage:
+        """Tokens used by every turn of this conversation (spec §1.3)."""
+        return total_usage(await self._tk.store.list_turns(conversation_id=self.id))
+
+    async def cost(self) -> float | None:
+        """Observed USD cost of every turn of this conversation (None when none is known)."""
+        return total_cost(await self._tk.store.list_turns(conversation_id=self.id))
 
     async def turns(self) -> list[Turn]:
         """Every turn of the conversation, oldest first."""

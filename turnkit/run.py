@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from turnkit.cost import Cost
+from turnkit.cost import total_cost, total_usage
 from turnkit.errors import InputError
 from turnkit.handles import Turn
 from turnkit.jsonschema import schema_errors
@@ -45,15 +45,11 @@ class Run(Turn):
 
     async def tree_usage(self) -> Usage:
         """Tokens used by the whole tree."""
-        total = Usage()
-        for turn in await self.turn_records():
-            total = total + Usage.from_dict(turn.usage)
-        return total
+        return total_usage(await self.turn_records())
 
     async def tree_cost(self) -> float | None:
         """Observed USD cost of the whole tree (None when no cost is known)."""
-        costs = [t.cost for t in await self.turn_records() if t.cost is not None]
-        return Cost(total=sum(costs)).total if costs else None
+        return total_cost(await self.turn_records())
 
     async def messages(self) -> list[MessageRecord]:  # type: ignore[override]
         """Every message of every conversation that holds a turn of the tree, conversation by conversation."""

@@ -1,0 +1,301 @@
+"""Budgets and cost acceptance cases (spec §6, §10 T34, T35, T37, T38, T39) on SQLite and PostgreSQL.
+
+The engine tests run real turns on the session's Temporal dev server through the ``tk`` fixture; the T37 test works
+on store records alone, through a store reopened on the same database (a restart).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+import turnkit
+from turnkit import runtime
+from turnkit.budget import (
+    COST_LIMIT,
+    MAX_ITERATIONS,
+    MAX_TOOL_EXECUTIONS,
+    counts_against_budget,
+    iteration_denial,
+    spend_denial,
+    tool_execution_denial,
+)
+from turnkit.config import configure
+from turnkit.executions import open_tool_execution
+from turnkit.model import Usage
+from turnkit.runtime import TurnKit
+from turnkit.store import Store
+from turnkit.testing import ScriptedClient, call_tools, say
+
+BUDGET_ERROR = "TurnKit::BudgetError"
+
+
+def tool_results(request: turnkit.ModelRequest) -> list[dict[str, Any]]:
+    """The structured tool results a model request carries, in order."""
+    return [json.loads(m["content"]) for m in request.messages if m["role"] == "tool"]
+
+
+def budget_denied(execution: Any) -> bool:
+    return bool(((execution.error or {}).get("details") or {}).get("budget_denied"))
+
+
+# -- T34: max_spend ---------------------------------------------------------------------------------------------------
+
+
+async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnKit) -> None:  # T34
+    client = ScriptedClient([say("expensive", usage=Usage(input_tokens=10, output_tokens=5, cost=0.02))])
+    spender = turnkit.Agent("spender", model="scripted", client=client, max_spend=0.01)
+    run = await tk.run(spender, "spend")
+
+    assert run.status == "failed", f"expected the cost limit to fail the run, got {run.status} ({run.error})"
+    assert run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
+    assert COST_LIMIT == "cost limit reached"
+    assert run.cost == pytest.approx(0.02)  # the observed cost is kept, not rolled back
+    assert await run.tree_cost() == pytest.approx(0.02)
+    assert run.usage.total_tokens == 15
+    assert client.calls == 1
+    # The response was persisted before the limit was compared (spec §6.2: observed, not reserved).
+    assistant = [m for m in await run.messages() if m.role == "assistant"]
+    assert [m.text for m in assistant] == ["expensive"]
+
+
+async def test_spend_equal_to_max_spend_is_allowed(tk: TurnKit) -> None:  # T34 boundary (§6.1 "strictly greater")
+    client = ScriptedClient([say("exact", usage=Usage(input_tokens=10, output_tokens=5, cost=0.02))])
+    spender = turnkit.Agent("spender", model="scripted", client=client, max_spend=0.02)
+    run = await tk.run(spender, "spend")
+    assert run.status == "completed", run.error
+    assert run.output_text == "exact"
+    assert run.cost == pytest.approx(0.02)
+
+
+# -- T35: cost from configured rates ----------------------------------------------------------------------------------
+
+
+async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:  # T35
+    configure(cost_rates={"model-a": {"input": 1, "output": 2, "cache_read": 0.1, "cache_write": 1.25}})
+    usage = Usage(input_tokens=1_000_000, output_tokens=500_000, cached_tokens=100_000, cache_write_tokens=200_000)
+    client = ScriptedClient([say("priced", usage=usage)])
+    agent_name = f"pricer-{uuid.uuid4().hex[:12]}"  # unique: the agent-wide sum below reads every turn with it
+    pricer = turnkit.Agent(agent_name, model="model-a", client=client)
+    run = await tk.run(pricer, "price this")
+
+    assert run.status == "completed", run.error
+    assert client.requests[0].model == "model-a"
+    assert run.cost == pytest.approx(2.26)  # turn.cost
+    assert await run.tree_cost() == pytest.approx(2.26)  # Run#cost over the root tree
+    conversation = await tk.load_conversation(run.record.conversation_id)
+    assert await conversation.cost() == pytest.approx(2.26)  # Conversation#cost: over its turns
+    assert (await conversation.usage()).total_tokens == 1_800_000
+    token = runtime._current.set(tk)  # what `async with turnkit.connect()` does
+    try:
+        assert await pricer.cost() == pytest.approx(2.26)  # Agent#cost: every stored turn with its name
+        assert (await pricer.usage()).total_tokens == 1_800_000
+    finally:
+        runtime._current.reset(token)
+    assert run.record.usage["cost_details"] == pytest.approx(
+        {"input": 1.0, "output": 1.0, "cache_read": 0.01, "cache_write": 0.25, "thinking": 0.0, "total": 2.26}
+    )
+    assert run.usage.total_tokens == 1_800_000
+    assert run.record.usage["total_tokens"] == 1_800_000
+
+
+# -- T37: budgets rebuilt from records --------------------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    opened = await Store.open(database_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, database_url: str) -> None:  # T37
+    limits = turnkit.Agent(
+        "t37", model="scripted", max_iterations=2, max_tool_executions_by_name={"status_tool": 1}, max_spend=0.10
+    ).budget_limits()
+    # A sub-agent with loose limits of its own: only the root's snapshot counts for the tree (spec §6.1).
+    loose = turnkit.Agent("t37-child", model="scripted", max_iterations=50, max_spend=100.0).budget_limits()
+
+    # Persisted state before the "crash": iterations=1, cost 0.05, one completed status_tool execution, plus
+    # executions that must not count (cancelled, budget-denied) and a child turn that has not run yet.
+    async with store.atomic() as tx:
+        conversation = await tx.create_conversation(agent_name="t37")
+        child_conversation = await tx.create_conversation(agent_name="t37-child")
+    async with store.atomic(conversation_id=conversation.id) as tx:
+        root = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name="t37",
+            status="running",
+            options={"budget_limits": limits, "state": {"iterations": 1}},
+        )
+        root = await tx.update_turn(root.id, cost=0.05)
+        await tx.create_tool_execution(
+            turn_id=root.id, tool_call_id="call_done", tool_name="status_tool", status="completed", result={"ok": 1}
+        )
+        await tx.create_tool_execution(
+            turn_id=root.id, tool_call_id="call_skipped", tool_name="status_tool", status="cancelled"
+        )
+        await tx.create_tool_execution(
+            turn_id=root.id,
+            tool_call_id="call_denied",
+            tool_name="status_tool",
+            status="failed",
+            error={"message": "maximum executions reached for tool status_tool", "details": {"budget_denied": True}},
+        )
+    async with store.atomic(conversation_id=child_conversation.id) as tx:
+        child = await tx.create_turn(
+            conversation_id=child_conversation.id,
+            agent_name="t37-child",
+            root_turn_id=root.id,
+            parent_turn_id=root.id,
+            status="running",
+            options={"budget_limits": loose, "depth": 1, "state": {"iterations": 0}},
+        )
+    await store.close()
+
+    # "Restart": a fresh store on the same database; nothing but the rows is carried over.
+    restarted = await Store.open(database_url)
+    try:
+        child = await restarted.load_turn(child.id)
+        root = await restarted.load_turn(child.root_turn_id)
+        tree = await restarted.list_turns(root_turn_id=root.id)
+        executions = await restarted.list_tool_executions(root_turn_id=root.id)
+        assert {t.id for t in tree} == {root.id, child.id}
+        assert [counts_against_budget(e) for e in executions] == [True, False, False]
+
+        # Reserving another status_tool is denied (one completed already; cancelled/denied ones do not count) ...
+        by_name = "maximum executions reached for tool status_tool"
+        assert tool_execution_denial(root, executions, "status_tool") == by_name
+        async with restarted.atomic(turn_id=root.id) as tx:
+            denied, denial = await open_tool_execution(
+                tx, child, tool_call_id="call_again", tool_name="status_tool", arguments={}
+            )
+        assert denial == by_name
+        assert denied.status == "failed" and budget_denied(denied)
+        # ... while other tools still fit, and the denied reservation itself uses no budget.
+        executions = await restarted.list_tool_executions(root_turn_id=root.id)
+        assert len(executions) == 4 and sum(counts_against_budget(e) for e in executions) == 1
+        assert tool_execution_denial(root, executions, "other_tool") is None
+
+        # One more iteration succeeds (1 of 2 used over the tree) and the next is denied.
+        assert iteration_denial(root, tree) is None
+        async with restarted.atomic(turn_id=root.id) as tx:
+            await tx.update_turn(child.id, options={**child.options, "state": {"iterations": 1}})
+        tree = await restarted.list_turns(root_turn_id=root.id)
+        assert sum(int(t.state.get("iterations", 0)) for t in tree) == 2
+        assert iteration_denial(root, tree) == MAX_ITERATIONS == "maximum iterations reached"
+
+        # Spend: 0.05 seeded; reaching exactly 0.10 is allowed, adding 0.06 (0.11 > 0.10) is denied.
+        assert spend_denial(root, tree) is None
+        async with restarted.atomic(turn_id=root.id) as tx:
+            await tx.update_turn(child.id, cost=0.05)
+        tree = await restarted.list_turns(root_turn_id=root.id)
+        assert spend_denial(root, tree) is None
+        async with restarted.atomic(turn_id=root.id) as tx:
+            await tx.update_turn(child.id, cost=0.06)
+        tree = await restarted.list_turns(root_turn_id=root.id)
+        assert sum(t.cost or 0.0 for t in tree) == pytest.approx(0.11)
+        assert spend_denial(root, tree) == COST_LIMIT == "cost limit reached"
+    finally:
+        await restarted.close()
+
+
+# -- T38: tree-wide tool budget with parallel children ----------------------------------------------------------------
+
+
+async def test_parallel_children_share_max_tool_executions(tk: TurnKit) -> None:  # T38
+    runs: list[str] = []
+
+    @turnkit.tool
+    def counting(who: str) -> dict[str, Any]:
+        """Count a call."""
+        runs.append(who)
+        return {"count": len(runs)}
+
+    def child(name: str) -> turnkit.Agent:
+        def script(request: turnkit.ModelRequest) -> turnkit.Result:
+            if request.messages[-1]["role"] == "tool":
+                return turnkit.Result.build(text=f"{name} done")
+            return call_tools(("counting", {"who": name}))
+
+        # The child's own, looser limit is ignored: the root's snapshot applies to the whole tree.
+        return turnkit.Agent(
+            name, model="scripted", tools=[counting], client=ScriptedClient(script), max_tool_executions=100
+        )
+
+    client = ScriptedClient([call_tools(("c1", {"task": "x"}), ("c2", {"task": "y"})), "parent done"])
+    boss = turnkit.Agent(
+        "boss", model="scripted", sub_agents=[child("c1"), child("c2")], client=client, max_tool_executions=3
+    )
+    turn = await (await tk.conversation(boss)).ask("go")
+
+    # Two delegations + one counting call use the 3 allowed executions.
+    assert len(runs) == 1, f"the shared tool must run exactly once, ran {len(runs)} times: {runs}"
+    tree = await tk.store.list_turns(root_turn_id=turn.id)
+    children = sorted((t for t in tree if t.id != turn.id), key=lambda t: t.agent_name)
+    assert [c.agent_name for c in children] == ["c1", "c2"]
+    failed = [c for c in children if c.status == "failed"]
+    completed = [c for c in children if c.status == "completed"]
+    assert len(failed) == 1 and len(completed) == 1, [(c.agent_name, c.status, c.error) for c in children]
+    assert failed[0].error == {"class": BUDGET_ERROR, "message": MAX_TOOL_EXECUTIONS}
+    assert completed[0].agent_name == runs[0]  # the child whose call ran is the one that completed
+    assert completed[0].output_text == f"{runs[0]} done"
+
+    executions = await tk.store.list_tool_executions(root_turn_id=turn.id)
+    counting_runs = [e for e in executions if e.tool_name == "counting"]
+    assert sorted(e.status for e in counting_runs) == ["completed", "failed"]
+    [denied] = [e for e in executions if budget_denied(e)]
+    assert denied.tool_name == "counting" and denied.turn_id == failed[0].id
+    assert sum(counts_against_budget(e) for e in executions) == 3
+
+    # The parent still completes; its second request carries one completed and one budget-failed child result.
+    assert turn.status == "completed", turn.error
+    assert turn.output_text == "parent done" and client.calls == 2
+    results = tool_results(client.requests[1])
+    assert sorted(r["status"] for r in results) == ["completed", "failed"], results
+    [child_success] = [r for r in results if r["status"] == "completed"]
+    assert child_success["result"] == f"{runs[0]} done"
+    [child_failure] = [r for r in results if r["status"] == "failed"]
+    assert child_failure["error"] == {"class": BUDGET_ERROR, "message": MAX_TOOL_EXECUTIONS}
+
+
+# -- T39: tree-wide max_iterations with concurrent children -----------------------------------------------------------
+
+
+async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:  # T39
+    child_clients = {name: ScriptedClient([f"{name} answer"]) for name in ("k1", "k2")}
+    children = [
+        # Each child's own limit (10) is ignored: the root's max_iterations=2 covers the whole tree.
+        turnkit.Agent(name, model="scripted", client=client, max_iterations=10)
+        for name, client in child_clients.items()
+    ]
+    client = ScriptedClient([call_tools(("k1", {"task": "one"}), ("k2", {"task": "two"})), "never asked"])
+    boss = turnkit.Agent("boss", model="scripted", sub_agents=children, client=client, max_iterations=2)
+    turn = await (await tk.conversation(boss)).ask("go")
+
+    tree = await tk.store.list_turns(root_turn_id=turn.id)
+    assert len(tree) == 3
+    iterations = {t.agent_name: int(t.state.get("iterations", 0)) for t in tree}
+    assert sum(iterations.values()) == 2, f"iterations persisted over the tree: {iterations}"
+    calls = {name: c.calls for name, c in child_clients.items()}
+    assert sorted(calls.values()) == [0, 1], f"only one child's model may be called: {calls}"
+
+    called = next(name for name, n in calls.items() if n == 1)
+    by_name = {t.agent_name: t for t in tree if t.id != turn.id}
+    uncalled = by_name["k2" if called == "k1" else "k1"]
+    assert by_name[called].status == "completed" and by_name[called].output_text == f"{called} answer"
+    assert uncalled.status == "failed"
+    assert uncalled.error == {"class": BUDGET_ERROR, "message": MAX_ITERATIONS}
+    assert iterations == {"boss": 1, called: 1, uncalled.agent_name: 0}
+
+    # The parent's second request is denied: it fails, and its model was called only once.
+    assert turn.status == "failed"
+    assert turn.error == {"class": BUDGET_ERROR, "message": MAX_ITERATIONS}
+    assert client.calls == 1
