@@ -23,7 +23,7 @@ from activities.notify import announce_terminal
 from turnkit.agent import resolve_agent
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
-from turnkit.cost import cost_from_usage
+from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import completion_delivery, turn_result
 from turnkit.errors import ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
@@ -51,7 +51,9 @@ class ModelActivities:
             if reserved.completed:  # the attempt that committed this response may have died before signalling
                 await announce_terminal(self.store, call.turn_id)
             return reserved
-        turn, messages = reserved
+        turn, messages, first_start = reserved
+        if first_start:
+            emit("turn.started", turn.id, turn.conversation_id, status=turn.status, model=turn.model)
         try:
             agent = resolve_agent(turn.agent_name)
             client = agent.effective_client
@@ -82,6 +84,7 @@ class ModelActivities:
             model=request.model,
             tool_names=request.tool_names,
             message_count=len(request.messages),
+            prompt=_prompt_report(request),
         )
         try:
             async with heartbeating():
@@ -91,18 +94,9 @@ class ModelActivities:
         step = await self._persist(call, request.model, result)
         if step.completed:
             await announce_terminal(self.store, turn.id)
-        if step.message_id is not None and not step.stopped:
-            emit(
-                "model.completed",
-                turn.id,
-                turn.conversation_id,
-                model=result.model or request.model,
-                tool_call_count=len(step.tool_calls),
-                usage=result.usage.to_record(),
-            )
         return step
 
-    async def _reserve(self, call: ModelCall) -> ModelStep | tuple[TurnRecord, list[MessageRecord]]:
+    async def _reserve(self, call: ModelCall) -> ModelStep | tuple[TurnRecord, list[MessageRecord], bool]:
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
@@ -158,10 +152,29 @@ class ModelActivities:
             )
             if claimed is None:
                 return ModelStep(stopped=True)
-            return claimed, messages
+            return claimed, messages, turn.started_at is None
 
     async def _persist(self, call: ModelCall, model: str, result: Result) -> ModelStep:
+        """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
+        step, written = await self._write_response(call, result, cost)
+        if written:
+            turn = await self.store.load_turn(call.turn_id)
+            emit(
+                "model.completed",
+                turn.id,
+                turn.conversation_id,
+                model=result.model or model,
+                tool_call_count=len(step.tool_calls),
+                usage=result.usage.to_record(),
+                cost=cost.total,
+            )
+            if step.completed:
+                emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
+        return step
+
+    async def _write_response(self, call: ModelCall, result: Result, cost: Cost) -> tuple[ModelStep, bool]:
+        """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them."""
         tool_calls = [
             ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
             for tc in result.tool_calls
@@ -170,9 +183,9 @@ class ModelActivities:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:
-                return committed  # a zombie attempt committed first: theirs stands
+                return committed, False  # a zombie attempt committed first: theirs stands
             if turn.status != "running":
-                return ModelStep(stopped=True)  # cancelled or finished meanwhile: the late response writes nothing
+                return ModelStep(stopped=True), False  # cancelled or finished meanwhile: the late response is dropped
             metadata: dict[str, Any] = {"request_id": call.request_id}
             if result.output_data is not None and not tool_calls:
                 metadata["output_data"] = result.output_data
@@ -206,13 +219,14 @@ class ModelActivities:
             root = next((t for t in tree if t.id == turn.root_turn_id), turn)
             denial = spend_denial(root, tree)
             if denial is not None:
-                return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial)
+                return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial), True
             if not tool_calls and has_pending_controls(turn):
                 # Controls arrived while the model answered: they apply before publication (spec §5.10).
                 state = {**state, "phase": "output", "candidate": result.text, "output_data": result.output_data}
                 turn = await tx.update_turn(turn.id, options={**turn.options, "state": state})
                 boundary, _ = await control_boundary(tx, turn)
-                return ModelStep(message_id=message.id, paused=boundary == "paused", steered=boundary == "steered")
+                step = ModelStep(message_id=message.id, paused=boundary == "paused", steered=boundary == "steered")
+                return step, True
             if not tool_calls:
                 completed = await tx.claim_turn(
                     turn.id,
@@ -225,9 +239,7 @@ class ModelActivities:
                 )
                 if completed is not None:
                     await completion_delivery(tx, completed)  # committed with the terminal write (spec §5.7)
-        if not tool_calls:
-            emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
-        return ModelStep(message_id=message.id, tool_calls=tool_calls, completed=not tool_calls)
+        return ModelStep(message_id=message.id, tool_calls=tool_calls, completed=not tool_calls), True
 
 
 async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> ModelStep | None:
@@ -298,3 +310,10 @@ def _non_retryable(err: Error) -> ApplicationError:
     """A TurnKit error as a failure Temporal must not retry: the turn fails with it instead."""
     name = error_class_name(err).removeprefix("TurnKit::")
     return ApplicationError(str(err), type=name, non_retryable=True)
+
+
+def _prompt_report(request: ModelRequest) -> dict[str, int]:
+    """The size of what is sent: characters of instructions and messages (the ``model.requested`` report)."""
+    instructions = len(request.instructions) + len(request.dynamic_instructions or "")
+    messages = sum(len(str(m.get("content") or "")) for m in request.messages)
+    return {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}

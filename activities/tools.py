@@ -65,6 +65,7 @@ class ToolActivities:
             principal=turn.options.get("principal"),
             agent_name=turn.agent_name,
             attempt=activity.info().attempt,
+            store=self.store,
         )
         try:
             if isinstance(tool, SendMessageTool):
@@ -170,7 +171,10 @@ class ToolActivities:
                 execution.id, from_=OPEN, to="completed", result=result, completed_at=utcnow()
             )
             if settled is None:  # interrupted or cancelled first: the late result is dropped
-                return outcome_of(await tx.load_tool_execution(execution.id), tool)
+                # Its result message (e.g. "outcome unknown") is written if missing: every call gets one result.
+                current = await tx.load_tool_execution(execution.id)
+                await append_tool_result(tx, turn, current)
+                return outcome_of(current, tool)
             await append_tool_result(tx, turn, settled)
         emit("tool_call.completed", turn.id, turn.conversation_id, id=execution.tool_call_id, name=execution.tool_name)
         return outcome_of(settled, tool)

@@ -7,6 +7,7 @@ from itertools import pairwise
 from typing import Any
 
 import turnkit
+from tests.engine import eventually, held_tool
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -67,3 +68,24 @@ async def test_concurrent_asks_from_many_callers_all_run_once(tk: TurnKit) -> No
         assert earlier.completed_at <= later.started_at
     messages = await conversation.messages()
     assert [m.sequence for m in messages] == list(range(1, 25))
+
+
+async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered_call(tk: TurnKit) -> None:
+    """Turn b's frozen snapshot holds turn a's tool call but not its result: the call is left out of b's request
+    (every call in a request has its result, spec §3.5), its text is kept."""
+    release, hold = held_tool()
+    client = ScriptedClient([call_tools(("hold", {}), text="let me check"), "a done", "b done"])
+    conversation = await tk.conversation(turnkit.Agent("checker", model="scripted", tools=[hold], client=client))
+    first = await conversation.ask("a", wait=False)
+
+    async def calling() -> bool:
+        return any(m.kind == "tool_call" for m in await conversation.messages())
+
+    await eventually(calling, what="turn a's tool call to be stored")
+    second = await conversation.ask("b", wait=False)
+    release.set()
+    assert (await first.result(timeout=60)).status == "completed"
+    assert (await second.result(timeout=60)).status == "completed"
+    request = client.requests[2].messages
+    assert [m["role"] for m in request] == ["user", "assistant", "user"]
+    assert request[1] == {"role": "assistant", "content": "let me check"}  # the call is dropped, its text kept

@@ -320,4 +320,26 @@ def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
     projected: list[dict[str, Any]] = []
     for message in messages:
         projected.extend(project_message(message))
-    return projected
+    return _without_unanswered_calls(projected)
+
+
+def _without_unanswered_calls(projected: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop tool calls whose result is not in the history (invariant: every call has a result, spec §3.5).
+
+    A turn's own calls always have results by the time it asks the model again. Another turn's may not: a turn
+    submitted while an earlier one was between a tool call and its result has a frozen snapshot that holds the call
+    but not the result. Such a call is dropped (with the raw provider parts, which would replay it); its text stays.
+    """
+    answered = {m.get("tool_call_id") for m in projected if m.get("role") == "tool"}
+    kept: list[dict[str, Any]] = []
+    for message in projected:
+        calls = message.get("tool_calls")
+        if calls and any(call.get("id") not in answered for call in calls):
+            message = {k: v for k, v in message.items() if k not in ("tool_calls", "provider_parts")}
+            remaining = [call for call in calls if call.get("id") in answered]
+            if remaining:
+                message["tool_calls"] = remaining
+            elif not message.get("content"):
+                continue
+        kept.append(message)
+    return kept

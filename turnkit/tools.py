@@ -52,6 +52,10 @@ from pydantic.fields import FieldInfo
 from turnkit.errors import ToolValidationError
 from turnkit.model import ToolSpec
 
+if typing.TYPE_CHECKING:
+    from turnkit.records import MessageRecord
+    from turnkit.store.store import Store
+
 __all__ = [
     "RECOVERY_MODES",
     "RESERVED_PARAMETER",
@@ -129,6 +133,33 @@ class ToolContext:
     """1 for the first attempt; higher when a replay-safe tool is retried."""
     idempotency_key: str = ""
     """Derived from ``execution_id`` when not given; a given value must equal the derived one."""
+    store: Store | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The worker's store, for :meth:`say` (None outside a worker)."""
+
+    async def say(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> MessageRecord:
+        """Append a user message to this turn's conversation, fenced by this call (spec §5.4).
+
+        The write commits only while the call's execution is still open (pending or running), checked under the
+        root turn's lock, which cancellation takes too: a tool that goes on after its turn was cancelled, or after
+        its execution was interrupted, cannot write into the conversation.
+
+        Raises:
+            LostClaim: The execution is no longer open; nothing was written.
+        """
+        from turnkit.errors import Error, LostClaim
+
+        if self.store is None:
+            raise Error("ToolContext.say needs the worker's store (this context was built outside a worker)")
+        async with self.store.atomic(turn_id=self.root_turn_id) as tx:
+            execution = await tx.load_tool_execution(self.execution_id)
+            if execution.status not in ("pending", "running"):
+                raise LostClaim(f"tool execution {self.execution_id} is {execution.status}: its writes are fenced")
+            return await tx.append_message(
+                self.conversation_id,
+                role="user",
+                text=text,
+                metadata={**(metadata or {}), "tool_execution_id": self.execution_id},
+            )
 
     def __post_init__(self) -> None:
         """Derive (or check) the idempotency key from the execution id."""

@@ -81,8 +81,11 @@ async def fail_execution(
     if details:
         error["details"] = details
     settled = await tx.claim_tool_execution(execution.id, from_=from_, to=status, error=error, completed_at=utcnow())
-    if settled is None:  # someone settled it first: theirs stands, and so does their result message
-        return await tx.load_tool_execution(execution.id)
+    if settled is None:  # someone settled it first: theirs stands (and its result message, written if missing)
+        current = await tx.load_tool_execution(execution.id)
+        if append:
+            await append_tool_result(tx, turn, current)
+        return current
     if append:
         await append_tool_result(tx, turn, settled)
     return settled

@@ -1,0 +1,388 @@
+"""Spec §10 lifecycle cases on a real Temporal dev server: events (T12), a crashing event observer (T72),
+cascade cancel of a middle child (T80), cancel with input pending (T81) and late writes after cancel (T82, T103).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import turnkit
+from activities.tools import ToolActivities
+from tests.engine import eventually, lane_buffers
+from turnkit.payloads import ToolOutcome
+from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
+from turnkit.testing import ScriptedClient, call_tools, say
+
+TERMINAL = ("completed", "failed", "cancelled")
+CANCELLED = {"class": "TurnKit::Cancelled", "message": "cancelled by application"}
+
+
+class Gate:
+    """A tool body that blocks until the test opens the gate, and counts its runs."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.runs = 0
+
+
+def gated_tool(gate: Gate, name: str) -> turnkit.Tool:
+    async def body() -> dict[str, Any]:
+        gate.runs += 1
+        gate.entered.set()
+        await gate.opened.wait()
+        return {"done": True}
+
+    body.__name__ = name
+    body.__doc__ = "Work until released."
+    return turnkit.tool(body)
+
+
+def calls_then_answers(*calls: tuple[str, dict[str, Any]], answer: str) -> ScriptedClient:
+    """A client that proposes ``calls`` on the task message and answers ``answer`` once it has tool results."""
+
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        if request.messages[-1]["role"] == "user":
+            return call_tools(*calls)
+        return turnkit.Result.build(text=answer)
+
+    return ScriptedClient(script)
+
+
+class HeldModel:
+    """A model client whose first call blocks until released; later calls answer ``then``."""
+
+    def __init__(self, first: turnkit.Result, then: str) -> None:
+        self.first, self.then = first, then
+        self.entered, self.released = asyncio.Event(), asyncio.Event()
+        self.requests: list[turnkit.ModelRequest] = []
+
+    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            self.entered.set()
+            await self.released.wait()
+            return self.first
+        return turnkit.Result.build(text=self.then)
+
+
+def observe_late_completions(monkeypatch: pytest.MonkeyPatch) -> tuple[list[ToolOutcome], asyncio.Event]:
+    """Record what each tool activity's commit step (``ToolActivities._complete``) returned.
+
+    A late completion writes nothing when it is right, so there is no record to wait for: this hook tells the test
+    when the attempt to commit a tool's result has finished, and with which outcome.
+    """
+    outcomes: list[ToolOutcome] = []
+    done = asyncio.Event()
+    original = ToolActivities._complete  # pyright: ignore[reportPrivateUsage]
+
+    async def observed(self: ToolActivities, *args: Any, **kwargs: Any) -> ToolOutcome:
+        try:
+            outcome = await original(self, *args, **kwargs)
+            outcomes.append(outcome)
+            return outcome
+        finally:
+            done.set()
+
+    monkeypatch.setattr(ToolActivities, "_complete", observed)
+    return outcomes, done
+
+
+async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -> None:  # T12
+    events: list[turnkit.Event] = []
+    turnkit.configure(on_event=events.append)
+    client = ScriptedClient([say("hello", usage=turnkit.Usage())])  # zero usage, as the spec's FakeClient
+    conversation = await tk.conversation(turnkit.Agent("plain", model="scripted", client=client))
+    turn = await conversation.ask("Hi")
+    assert turn.status == "completed" and turn.output_text == "hello"
+
+    mine = [e for e in events if e.conversation_id == conversation.id]
+    assert mine, "no event reached turnkit.configure(on_event=...)"
+    assert {e.turn_id for e in mine} == {turn.id}, "every event must carry the turn's id"
+    by_type: dict[str, turnkit.Event] = {}
+    for event in mine:
+        by_type.setdefault(event.type, event)
+
+    # Spec §3.11 payloads for T12's four events; collect every difference so one run reports them all.
+    required = {
+        "turn.started": {"status", "model"},
+        "model.requested": {"model", "tool_names", "message_count", "prompt"},
+        "model.completed": {"model", "tool_call_count", "usage", "cost"},
+        "turn.completed": {"status", "output_text"},
+    }
+    problems: list[str] = []
+    for type_, keys in required.items():
+        event = by_type.get(type_)
+        if event is None:
+            problems.append(f"{type_} not emitted")
+            continue
+        missing = keys - set(event.payload)
+        if missing:
+            problems.append(f"{type_} payload lacks {sorted(missing)} (has {sorted(event.payload)})")
+    requested = by_type.get("model.requested")
+    if requested is not None:
+        if requested.payload.get("message_count") != 1:
+            problems.append(f"model.requested message_count is {requested.payload.get('message_count')!r}, not 1")
+        prompt = requested.payload.get("prompt")
+        if not (isinstance(prompt, dict) and int(prompt.get("chars") or 0) > 0):  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+            problems.append(f"model.requested prompt report has no chars > 0: {prompt!r}")
+    completed_model = by_type.get("model.completed")
+    if completed_model is not None and (completed_model.payload.get("usage") or {}).get("total_tokens") != 0:
+        problems.append(f"model.completed usage is {completed_model.payload.get('usage')!r}, total_tokens not 0")
+    completed_turn = by_type.get("turn.completed")
+    if completed_turn is not None and (
+        completed_turn.payload.get("status"),
+        completed_turn.payload.get("output_text"),
+    ) != ("completed", "hello"):
+        problems.append(f"turn.completed payload is {completed_turn.payload!r}")
+    emitted = [e.type for e in mine]
+    assert not problems, "spec §3.11/T12 events differ:\n  " + "\n  ".join(problems) + f"\nemitted: {emitted}"
+
+
+async def test_a_raising_turn_completed_observer_keeps_the_turn_and_its_callback(tk: TurnKit) -> None:  # T72
+    job_client = ScriptedClient(["job done"])
+    job = await tk.conversation(turnkit.Agent("job", model="scripted", client=job_client))
+    boss_client = ScriptedClient(lambda request: turnkit.Result.build(text="noted"))
+    boss = await tk.conversation(turnkit.Agent("boss", model="scripted", client=boss_client))
+    raised: list[str] = []
+
+    def observer(event: turnkit.Event) -> None:
+        if event.type == "turn.completed" and event.conversation_id == job.id:
+            raised.append(event.turn_id)
+            raise OSError("observer crashed")
+
+    turnkit.configure(on_event=observer)
+    turn = await job.ask("do the job", callback=boss, wait=False)
+    done = await turn.result(timeout=60)
+
+    assert done.status == "completed" and done.output_text == "job done"
+    assert raised == [turn.id], "the observer must have seen (and raised on) the turn's completion"
+    assert job_client.calls == 1  # the committed answer was reused, never re-requested
+    [delivery] = await job.outbox()  # committed with the terminal write, despite the crash after it
+    assert delivery.key == f"completion:{turn.id}" and delivery.destination_conversation_id == boss.id
+    assert delivery.source_turn_id == turn.id
+
+    await tk.reconcile()
+
+    async def delivered() -> bool:
+        inbox = await boss.inbox()
+        return len(inbox) == 1 and inbox[0].delivered_at is not None
+
+    await eventually(delivered, what="the callback delivery to reach the destination")
+    [stored] = await boss.inbox()
+    assert stored.id == delivery.id
+    first = (await boss.messages())[0]
+    assert first.metadata["delivery_id"] == delivery.id
+    assert json.loads(first.text)["turn_id"] == turn.id
+
+    async def boss_done() -> bool:
+        turns = await boss.turns()
+        return len(turns) == 1 and turns[0].record.terminal
+
+    await eventually(boss_done, what="the destination's woken turn")
+    assert boss_client.calls == 1 and len(await boss.inbox()) == 1
+
+
+async def test_cascade_cancel_of_a_middle_child_spares_the_root_and_the_sibling(tk: TurnKit) -> None:  # T80
+    turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
+    leaf_gate, sibling_gate = Gate(), Gate()
+    leaf = turnkit.Agent(
+        "leaf",
+        model="scripted",
+        tools=[gated_tool(leaf_gate, "dig")],
+        client=calls_then_answers(("dig", {}), answer="leaf done"),
+    )
+    mid_client = calls_then_answers(("leaf", {"task": "dig deeper"}), answer="mid done")
+    mid = turnkit.Agent("mid", model="scripted", sub_agents=[leaf], client=mid_client)
+    sibling = turnkit.Agent(
+        "sibling",
+        model="scripted",
+        tools=[gated_tool(sibling_gate, "scan")],
+        client=calls_then_answers(("scan", {}), answer="sibling done"),
+    )
+    root_client = ScriptedClient([call_tools(("mid", {"task": "m"}), ("sibling", {"task": "s"})), "root done"])
+    root_agent = turnkit.Agent("root", model="scripted", sub_agents=[mid, sibling], client=root_client)
+    root = await (await tk.conversation(root_agent)).ask("split", wait=False)
+    try:
+        await asyncio.wait_for(leaf_gate.entered.wait(), 30)
+        await asyncio.wait_for(sibling_gate.entered.wait(), 30)
+        tree = {t.agent_name: t for t in await tk.store.list_turns(root_turn_id=root.id)}
+        assert set(tree) == {"root", "mid", "leaf", "sibling"}
+        assert tree["mid"].parent_turn_id == root.id and tree["sibling"].parent_turn_id == root.id
+        assert tree["leaf"].parent_turn_id == tree["mid"].id
+
+        await tk.turn(tree["mid"].id).cancel(descendants="cascade")
+
+        after = {t.agent_name: t for t in await tk.store.list_turns(root_turn_id=root.id)}
+        assert after["mid"].status == "cancelled" and after["mid"].error == CANCELLED
+        assert after["leaf"].status == "cancelled" and after["leaf"].error == CANCELLED
+        assert after["root"].status not in TERMINAL, f"root must keep going, is {after['root'].status}"
+        assert after["sibling"].status not in TERMINAL, f"sibling must keep going, is {after['sibling'].status}"
+        [dig] = await tk.store.list_tool_executions(turn_id=after["leaf"].id)
+        assert dig.status == "interrupted"
+        [scan] = await tk.store.list_tool_executions(turn_id=after["sibling"].id)
+        assert scan.status == "running"  # the sibling's tool is untouched
+
+        sibling_gate.opened.set()
+        done = await root.result(timeout=60)
+        assert done.status == "completed" and done.output_text == "root done"
+        final = {t.agent_name: t for t in await tk.store.list_turns(root_turn_id=root.id)}
+        assert final["sibling"].status == "completed" and final["sibling"].output_text == "sibling done"
+        assert final["mid"].status == "cancelled" and final["leaf"].status == "cancelled"
+        results = [json.loads(m["content"]) for m in root_client.requests[1].messages if m["role"] == "tool"]
+        assert [(r["turn_id"], r["status"]) for r in results] == [
+            (final["mid"].id, "cancelled"),
+            (final["sibling"].id, "completed"),
+        ]
+        assert mid_client.calls == 1 and leaf_gate.runs == 1  # nothing in the cancelled branch ran again
+    finally:
+        leaf_gate.opened.set()
+        sibling_gate.opened.set()
+
+
+async def test_cancel_during_a_model_call_with_posted_input_continues_as_the_owner(tk: TurnKit) -> None:  # T81
+    model = HeldModel(turnkit.Result.build(text="too late"), then="continued")
+    conversation = await tk.conversation(turnkit.Agent("owned", model="scripted", client=model), principal="owner")
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+    posted = await conversation.post("follow-up", key=f"follow-up-{conversation.id}", principal="sender")
+    await eventually(lambda: lane_buffers(tk, conversation.id, posted.id), what="the lane to hold the post")
+
+    cancelled = await turn.cancel()
+    assert cancelled.status == "cancelled"
+    model.released.set()
+    done = await turn.result(timeout=60)
+    assert done.status == "cancelled" and done.error == CANCELLED
+    assert done.record.output_text is None and done.output_text == ""
+    assert [m.role for m in await done.messages()] == [], "the late response must write nothing"
+
+    async def continuation_finished() -> bool:
+        turns = await conversation.turns()
+        return len(turns) == 2 and turns[1].record.terminal
+
+    await eventually(continuation_finished, what="the posted input's continuation turn")
+    _, continuation = await conversation.turns()
+    assert continuation.record.options["principal"] == "owner"  # the conversation's, never the sender's
+    [message] = [m for m in await conversation.messages() if m.metadata.get("delivery_id") == posted.id]
+    assert message.text == "follow-up" and message.metadata["principal"] == "sender"
+    assert continuation.record.options["trigger_message_id"] == message.id
+    assert continuation.status == "completed" and continuation.output_text == "continued"
+    assert len(model.requests) == 2
+    later = [m["content"] for m in model.requests[1].messages]
+    assert later[-1] == "follow-up" and "too late" not in later
+    assert (await conversation.input_status(posted.id))["application"]["turn_id"] == continuation.id
+
+
+async def test_a_tool_writing_after_cancel_leaves_no_trace(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:  # T82
+    turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
+    late_outcomes, completion_tried = observe_late_completions(monkeypatch)
+    entered, saw_cancel, release, wrote = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
+    write_errors: list[BaseException] = []
+    late_text = "late message from the tool"
+
+    async def write_note(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Write a note, slowly; it does not stop when asked to."""
+        entered.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            saw_cancel.set()
+            await release.wait()  # an uncooperative tool: it finishes its work anyway
+        try:
+            await context.say(late_text)  # the tool's own writes go through its context: fenced by the call
+        except Exception as err:  # the fenced write refuses
+            write_errors.append(err)
+        finally:
+            wrote.set()
+        return {"wrote": True}
+
+    client = ScriptedClient([call_tools(("write_note", {})), "never"])
+    agent = turnkit.Agent("writer", model="scripted", tools=[turnkit.tool(write_note)], client=client)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("write", wait=False)
+    await asyncio.wait_for(entered.wait(), 30)
+
+    cancelled = await turn.cancel()
+    assert cancelled.status == "cancelled" and cancelled.error == CANCELLED
+    await asyncio.wait_for(saw_cancel.wait(), 30)  # the cancellation reached the tool body
+    release.set()
+    await asyncio.wait_for(wrote.wait(), 30)
+    await asyncio.wait_for(completion_tried.wait(), 30)  # the late completion ran (and must have lost)
+
+    done = await turn.result(timeout=60)
+    assert done.status == "cancelled"
+    [execution] = await done.tool_executions()
+    assert execution.status == "interrupted" and execution.result is None
+    assert [o.status for o in late_outcomes] == ["interrupted"], "the late completion must lose its CAS"
+    [result] = [m for m in await done.messages() if m.kind == "tool_result"]  # the one written by cancel
+    assert result.tool_execution_id == execution.id and result.metadata.get("interrupted") is True
+    assert client.calls == 1
+    assert [type(e) for e in write_errors] == [turnkit.LostClaim]
+    texts = [m.text for m in await conversation.messages()]
+    assert late_text not in texts, (
+        "T82: the tool's conversation.say after cancel was persisted; spec §5.4/§5.9 fence a cancelled "
+        f"execution's writes (write errors: {write_errors!r}); messages: {texts}"
+    )
+
+
+async def test_a_late_completion_after_the_execution_was_interrupted_is_dropped(tk: TurnKit) -> None:  # T103
+    cas_results: list[turnkit.ToolExecutionRecord | None] = []
+    events: list[turnkit.Event] = []
+    turnkit.configure(on_event=events.append)
+
+    async def self_interrupting(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Interrupt your own execution record, then return a result anyway."""
+        async with tk.store.atomic(turn_id=context.root_turn_id) as tx:
+            cas_results.append(
+                await tx.claim_tool_execution(
+                    context.execution_id,
+                    from_="running",
+                    to="interrupted",
+                    error={"message": "interrupted under the tool"},
+                    completed_at=utcnow(),
+                )
+            )
+        return {"late": True}
+
+    client = ScriptedClient([call_tools(("self_interrupting", {})), "after"])
+    agent = turnkit.Agent("selfish", model="scripted", tools=[turnkit.tool(self_interrupting)], client=client)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("go")
+
+    assert turn.status in TERMINAL
+    assert len(cas_results) == 1 and cas_results[0] is not None, "the tool's own CAS to interrupted must win"
+    [execution] = await turn.tool_executions()
+    assert execution.status == "interrupted" and execution.result is None
+    assert execution.error == {"message": "interrupted under the tool"}
+    results = [m for m in await conversation.messages() if m.role == "tool"]
+    assert not any('"late": true' in (p.get("text") or "") for m in results for p in m.content), "late result kept"
+    # The late result is dropped; the call still gets exactly one result, the interrupted one (its error),
+    # so the next request keeps invariant 8 (every tool call has a result). The spec's Ruby case appends none.
+    [result] = [m for m in results if m.tool_execution_id == execution.id]
+    assert result.metadata.get("interrupted") is True and "interrupted under the tool" in result.content[0]["text"]
+    assert not [e for e in events if e.type == "tool_call.completed"], "a dropped completion is not 'completed'"
+    assert turn.status == "completed" and client.calls == 2
+    assert [m["role"] for m in client.requests[1].messages] == ["user", "assistant", "tool"]
+
+
+async def test_a_tool_can_say_while_its_call_is_open(tk: TurnKit) -> None:
+    async def progress(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Report progress into the conversation."""
+        message = await context.say("halfway there", metadata={"kind": "progress"})
+        return {"message_id": message.id}
+
+    client = ScriptedClient([call_tools(("progress", {})), "done"])
+    conversation = await tk.conversation(
+        turnkit.Agent("reporter", model="scripted", tools=[turnkit.tool(progress)], client=client)
+    )
+    turn = await conversation.ask("go")
+    assert turn.status == "completed"
+    [execution] = await turn.tool_executions()
+    [said] = [m for m in await conversation.messages() if m.text == "halfway there"]
+    assert execution.result == {"message_id": said.id}
+    assert said.role == "user" and said.metadata == {"kind": "progress", "tool_execution_id": execution.id}
