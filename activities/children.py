@@ -54,16 +54,17 @@ class ChildActivities:
     async def delegate(self, request: DelegateCalls) -> DelegateResult:
         """Record the delegated calls and their child turns (idempotent); see the module docstring."""
         parent_agent = resolve_agent(request.agent_name)
-        async with self.store.atomic(turn_id=request.root_turn_id) as tx:
-            turn = await tx.load_turn(request.turn_id)
-            if await tx.find_tool_execution(turn.id, request.calls[0].id) is None:
-                # The control boundary inside delegation, before any child is created (spec §5.10).
-                boundary, _ = await control_boundary(tx, turn)
-                if boundary is not None:
-                    return DelegateResult(paused=boundary == "paused", steered=boundary == "steered")
         result = DelegateResult()
-        for call in request.calls:
+        for index, call in enumerate(request.calls):
             async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+                if index == 0:
+                    # The control boundary inside delegation, in the transaction that creates the first child, so
+                    # no pause or steer can land between the check and the creation (spec §5.5, §5.10).
+                    turn = await tx.load_turn(request.turn_id)
+                    if await tx.find_tool_execution(turn.id, call.id) is None:
+                        boundary, _ = await control_boundary(tx, turn)
+                        if boundary is not None:
+                            return DelegateResult(paused=boundary == "paused", steered=boundary == "steered")
                 plan, budget_error = await self._delegate_one(tx, request, parent_agent, call)
             result.plans.append(plan)
             if budget_error is not None:

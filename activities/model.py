@@ -29,7 +29,7 @@ from turnkit.errors import ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.prompt import build_instructions, project_messages
+from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.waits import enter_waiting
@@ -69,7 +69,8 @@ class ModelActivities:
         )
         request = ModelRequest(
             model=turn.model or agent.effective_model,
-            messages=project_messages(messages),
+            # A frozen snapshot may hold another turn's call without its result: such calls are left out.
+            messages=drop_unanswered_calls(project_messages(messages)),
             tools=specs,
             instructions=stable,
             dynamic_instructions=dynamic or None,

@@ -12,7 +12,7 @@ import pytest
 
 from turnkit.errors import ModelError
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
-from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION, project_messages
+from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord
 from turnkit.testing import DEFAULT_USAGE, ScriptedClient, call_tools, say
 
@@ -272,3 +272,30 @@ def test_projection_of_each_kind() -> None:
         {"role": "assistant", "content": 'Media analysis: {"kind": "image", "filename": "cat.png"}\nA cat.'},
     ]
     assert SUMMARY_QUESTION == "What did we do so far?"
+
+
+def test_unanswered_calls_are_left_out_of_a_request() -> None:
+    provider = [{"type": "provider", "kind": "openai_responses", "data": []}]
+    projected = [
+        {"role": "user", "content": "a"},
+        {
+            "role": "assistant",
+            "content": "checking",
+            "tool_calls": [{"id": "c1"}, {"id": "c2"}],
+            "provider_parts": provider,
+        },
+        {"role": "tool", "content": "{}", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c3"}]},
+        {"role": "assistant", "content": "more", "tool_calls": [{"id": "c4"}]},
+        {"role": "user", "content": "b"},
+    ]
+    assert drop_unanswered_calls(projected) == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "checking", "tool_calls": [{"id": "c1"}]},  # raw parts would replay c2
+        {"role": "tool", "content": "{}", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "more"},
+        {"role": "user", "content": "b"},
+    ]
+    answered = projected[:3]
+    answered[1] = {**answered[1], "tool_calls": [{"id": "c1"}]}
+    assert drop_unanswered_calls(answered) == answered  # complete histories are unchanged, raw parts included

@@ -28,6 +28,7 @@ __all__ = [
     "SUMMARY_QUESTION",
     "TASK_BEHAVIOR",
     "build_instructions",
+    "drop_unanswered_calls",
     "project_message",
     "project_messages",
     "resolve_prompt_mode",
@@ -320,10 +321,10 @@ def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
     projected: list[dict[str, Any]] = []
     for message in messages:
         projected.extend(project_message(message))
-    return _without_unanswered_calls(projected)
+    return projected
 
 
-def _without_unanswered_calls(projected: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def drop_unanswered_calls(projected: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop tool calls whose result is not in the history (invariant: every call has a result, spec §3.5).
 
     A turn's own calls always have results by the time it asks the model again. Another turn's may not: a turn
