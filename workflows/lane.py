@@ -160,7 +160,7 @@ class ConversationWorkflow:
             if self._queue and not self._held:
                 turn = asyncio.create_task(self._run_turn(self._queue.pop(0)))
                 continue
-            if self._wake_pending:
+            if self._wake_pending and not self._held:
                 await self._apply_deliveries(wake=True)
                 continue
             if not self._should_continue_as_new():
@@ -237,8 +237,8 @@ class ConversationWorkflow:
         turn finishing."""
         if turn is None:
             held = self._held  # a sub-agent's turn runs in this conversation: wait for its `wake`
-            work = bool(self._queue or self._pending_deliveries) and not held
-            return work or self._wake_pending or self._should_continue_as_new()
+            work = bool(self._queue or self._pending_deliveries or self._wake_pending) and not held
+            return work or self._should_continue_as_new()
         return turn.done() or (bool(self._pending_deliveries) and not self._deliver_when_idle)
 
     def _should_continue_as_new(self) -> bool:
