@@ -1,11 +1,13 @@
 """The ``turnkit.model`` activity: one model request of a turn, reserved, called and persisted.
 
-Three steps, two short transactions and no lock held across the remote call:
+Three steps (plus an optional compaction), short transactions and no lock held across a remote call:
 
 1. **Reserve** (under the root turn's lock): if this ``request_id`` already has a persisted response, return it
    (a retry after commit never calls the model again); otherwise count the iteration against the root tree's
    ``max_iterations`` and record ``state.request_id``. Read the turn's frozen context.
-2. **Call** the agent's client, heartbeating.
+2. **Call** the agent's client, heartbeating. First, when the history is long, **compact** it (spec §3.10): one
+   summariser call, then in its own transaction a ``context_summary`` message keyed on the ``request_id`` (so a
+   retry never writes a second one); the request is built from the compacted projection.
 3. **Persist** (under the root turn's lock): usage, cost, the assistant message and the new phase, and, when the
    response has no tool calls, the turn's completion, all in one transaction.
 """
@@ -20,12 +22,22 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.notify import announce_terminal
-from turnkit.agent import resolve_agent
+from turnkit.agent import Agent, resolve_agent
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
+from turnkit.compaction import (
+    active_messages,
+    compaction_policy,
+    select_for_compaction,
+    should_compact,
+    summary_metadata,
+    summary_request,
+)
+from turnkit.compaction import logger as compaction_logger
+from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import completion_delivery, turn_result
-from turnkit.errors import ConfigError, Error, ModelError, error_class_name
+from turnkit.errors import BudgetError, CompactionError, ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
@@ -59,6 +71,9 @@ class ModelActivities:
             client = agent.effective_client
         except ConfigError as err:
             raise _non_retryable(err) from err
+        messages, denial = await self._auto_compact(call, turn, agent, messages)
+        if denial is not None:
+            return ModelStep(budget_error=denial)
         specs = agent.tool_specs()
         stable, dynamic = build_instructions(
             agent,
@@ -70,7 +85,7 @@ class ModelActivities:
         request = ModelRequest(
             model=turn.model or agent.effective_model,
             # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-            messages=drop_unanswered_calls(project_messages(messages)),
+            messages=drop_unanswered_calls(project_messages(active_messages(messages))),
             tools=specs,
             instructions=stable,
             dynamic_instructions=dynamic or None,
@@ -96,6 +111,96 @@ class ModelActivities:
         if step.completed:
             await announce_terminal(self.store, turn.id)
         return step
+
+    async def _auto_compact(
+        self, call: ModelCall, turn: TurnRecord, agent: Agent, messages: list[MessageRecord]
+    ) -> tuple[list[MessageRecord], str | None]:
+        """Automatic compaction at the start of a model phase (spec §3.10); returns the messages and a budget denial.
+
+        At most one summary per ``request_id``: a retried attempt finds the summary it already wrote among the
+        turn's messages and does not call the compaction model again; an attempt that read the history before a
+        concurrent attempt committed its summary finds it in the write transaction and uses it instead of writing a
+        second one. Failures other than budget errors are logged and swallowed: the turn goes on uncompacted.
+        """
+        force = turn.options.get("compact")
+        policy = compaction_policy(settings.compaction, agent.compaction)
+        if policy is None or force is False or _summary_for(messages, call.request_id) is not None:
+            return messages, None
+        if not force and not should_compact(policy, active_messages(messages)):
+            return messages, None
+        selection = select_for_compaction(messages, policy)
+        if selection is None:
+            return messages, None
+        model = policy["model"] or turn.model or agent.effective_model
+        request, input_tokens = summary_request(
+            selection,
+            policy,
+            model=model,
+            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
+        )
+        emit(
+            "compaction.model.requested",
+            turn.id,
+            turn.conversation_id,
+            model=model,
+            tool_names=[],
+            message_count=len(request.messages),
+            prompt=_prompt_report(request),
+        )
+        try:
+            client = policy["client"] or agent.effective_client
+            async with heartbeating():
+                result = await client.chat(request)
+            if not result.text.strip():
+                raise CompactionError("compaction model returned an empty summary")
+        except BudgetError:
+            raise
+        except Exception as err:  # spec §3.10: automatic compaction never fails the turn
+            compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
+            return messages, None
+        cost = cost_from_usage(result.usage, result.model or model)
+        metadata = summary_metadata(
+            selection,
+            auto=True,
+            focus=None,
+            model=result.model or model,
+            input_tokens=input_tokens,
+            summary=result.text,
+            turn_id=turn.id,
+            created_at=utcnow(),
+            request_id=call.request_id,
+        )
+        async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+            current = await tx.load_turn(turn.id)
+            if current.status != "running":
+                return messages, None  # cancelled or finished meanwhile: the next step notices
+            summary = _summary_for(await tx.list_turn_messages(turn.id), call.request_id)
+            written = summary is None
+            denial = None
+            if summary is None:
+                summary = await tx.append_message(
+                    turn.conversation_id,
+                    role="assistant",
+                    kind="context_summary",
+                    text=result.text.strip(),
+                    turn_id=turn.id,
+                    metadata=metadata,
+                )
+                await _charge(tx, current, result.usage, cost)
+                tree = await tx.list_turns(root_turn_id=current.root_turn_id)
+                root = next((t for t in tree if t.id == current.root_turn_id), current)
+                denial = spend_denial(root, tree)
+        if written:
+            emit(
+                "compaction.model.completed",
+                turn.id,
+                turn.conversation_id,
+                model=result.model or model,
+                tool_call_count=0,
+                usage=result.usage.to_record(),
+                cost=cost.total,
+            )
+        return [*messages, summary], denial
 
     async def _reserve(self, call: ModelCall) -> ModelStep | tuple[TurnRecord, list[MessageRecord], bool]:
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
@@ -198,24 +303,10 @@ class ModelActivities:
                 turn_id=turn.id,
                 metadata=metadata,
             )
-            usage = Usage.from_dict(turn.usage) + result.usage
-            usage_record = usage.to_record()
-            details = _add_cost_details(turn.usage.get("cost_details"), cost.to_dict())
-            if details:
-                usage_record["cost_details"] = details
-            total_cost = turn.cost
-            if cost.total is not None:
-                total_cost = (total_cost or 0.0) + cost.total
             state = turn.state
             state["phase"] = "tools" if tool_calls else "output"
             state["message_id"] = message.id
-            updates: dict[str, Any] = {
-                "usage": usage_record,
-                "cost": total_cost,
-                "heartbeat_at": utcnow(),
-                "options": {**turn.options, "state": state},
-            }
-            turn = await tx.update_turn(turn.id, **updates)
+            turn = await _charge(tx, turn, result.usage, cost, options={**turn.options, "state": state})
             tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
             root = next((t for t in tree if t.id == turn.root_turn_id), turn)
             denial = spend_denial(root, tree)
@@ -297,6 +388,27 @@ async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: dict[str
     await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id)
     state["wait_input"] = True
     return []
+
+
+def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecord | None:
+    """The automatic summary already written for ``request_id``, if any (idempotent retries)."""
+    for message in messages:
+        meta = message.metadata.get("compaction") if message.kind == "context_summary" else None
+        if isinstance(meta, dict) and meta.get("request_id") == request_id:  # pyright: ignore[reportUnknownMemberType]
+            return message
+    return None
+
+
+async def _charge(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:
+    """Add one model call's usage and cost to the turn (with ``updates`` in the same write)."""
+    usage_record = (Usage.from_dict(turn.usage) + usage).to_record()
+    details = _add_cost_details(turn.usage.get("cost_details"), cost.to_dict())
+    if details:
+        usage_record["cost_details"] = details
+    total_cost = turn.cost
+    if cost.total is not None:
+        total_cost = (total_cost or 0.0) + cost.total
+    return await tx.update_turn(turn.id, usage=usage_record, cost=total_cost, heartbeat_at=utcnow(), **updates)
 
 
 def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:

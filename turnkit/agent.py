@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from turnkit.compaction import normalize_compaction
 from turnkit.config import settings
 from turnkit.errors import ConfigError
 from turnkit.model import Client, ToolSpec, Usage
@@ -102,6 +103,8 @@ class Agent:
     orchestrator: bool
     prompt_mode: str | None
     """The agent's prompt mode; ``"task"`` by default for orchestrators, else None (chosen per turn)."""
+    compaction: dict[str, Any] | bool | None
+    """Compaction options merged over ``settings.compaction`` (spec §3.10); False disables, None inherits."""
 
     def __init__(
         self,
@@ -124,6 +127,7 @@ class Agent:
         input_schema: Mapping[str, Any] | None = None,
         orchestrator: bool = False,
         prompt_mode: str | None = None,
+        compaction: Mapping[str, Any] | bool | None = None,
     ) -> None:
         """Define an agent.
 
@@ -146,16 +150,20 @@ class Agent:
             input_schema: JSON schema that ``run`` inputs must satisfy.
             orchestrator: Prepend the orchestrator preamble and default the prompt mode to ``"task"``.
             prompt_mode: ``"full"``, ``"minimal"``, ``"task"`` or ``"none"`` (spec §3.4).
+            compaction: None or True (inherit ``settings.compaction``), False (disable) or a mapping of compaction
+                options (spec §3.10).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
                 or an unknown prompt mode.
+            ConfigError: ``compaction`` has the wrong type or an unknown option.
             TypeError: A tools entry is not a TurnKit tool, or a sub-agent is not an Agent.
         """
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
         if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
             raise ValueError(f"unknown prompt mode: {prompt_mode}")
+        compaction_options = normalize_compaction(compaction)
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)
         _check_unique_names(resolved_tools, resolved_sub_agents)
@@ -189,6 +197,7 @@ class Agent:
             "input_schema": None if input_schema is None else copy.deepcopy(dict(input_schema)),
             "orchestrator": bool(orchestrator),
             "prompt_mode": prompt_mode or ("task" if orchestrator else None),
+            "compaction": compaction_options,
         }
         for key, value in values.items():
             # The dataclass is frozen; this is the one place its fields are written.

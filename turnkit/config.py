@@ -96,6 +96,10 @@ class Settings:
     tool_heartbeat_timeout: float = 30.0
     """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
 
+    compaction: bool | dict[str, Any] = True
+    """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
+    :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
+
 
 #: The process-wide settings object. Mutate it through :func:`configure`.
 settings: Final = Settings()
@@ -116,12 +120,18 @@ def configure(**kwargs: Any) -> Settings:
         The process-wide :data:`settings` object.
 
     Raises:
-        ConfigError: A name is not a known setting (``"unknown setting: x"``). Nothing is changed in that case.
+        ConfigError: A name is not a known setting (``"unknown setting: x"``), or ``compaction`` is invalid.
+            Nothing is changed in that case.
     """
     # Check every name before assigning any, so a typo never leaves the settings half-applied.
     for key in kwargs:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
+    if "compaction" in kwargs:
+        from turnkit.compaction import normalize_compaction  # late: it imports modules that import this one
+
+        normalized = normalize_compaction(kwargs["compaction"])
+        kwargs["compaction"] = True if normalized is None else normalized
     for key, value in kwargs.items():
         if key == "max_tool_executions_by_name" and isinstance(value, Mapping):
             # The spec stringifies these keys; tool names are strings everywhere else.

@@ -21,7 +21,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit import errors
+from turnkit.agent import resolve_agent
 from turnkit.authorization import Action, authorize
+from turnkit.compaction import compaction_policy, select_for_compaction, summary_metadata, summary_request
+from turnkit.config import settings
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery, wake_lane
@@ -29,7 +32,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.store.store import StoreTx
+from turnkit.store.store import StoreTx, utcnow
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
 
 if TYPE_CHECKING:
@@ -221,6 +224,57 @@ class Conversation:
             "application": application,
             "status": "applied" if application else "pending",
         }
+
+    async def compact(self, *, focus: str | None = None, model: str | None = None) -> MessageRecord:
+        """Summarise the middle of this conversation now (spec §3.10 manual compaction).
+
+        The policy is ``settings.compaction`` merged with the agent's ``compaction``. The summary is appended as an
+        assistant ``context_summary`` message without a turn; later turns see it in place of the messages it covers.
+        Nothing is deleted. Its model call belongs to no turn, so it is not charged to one.
+
+        Args:
+            focus: A topic the summary should focus on.
+            model: The compaction model; defaults to the policy's, then the conversation's, then the agent's.
+
+        Returns:
+            The summary message.
+
+        Raises:
+            CompactionError: ``"compaction is disabled"``, ``"not enough messages to compact"``,
+                ``"compaction model returned an empty summary"``, or ``"compaction failed: <cause>"``.
+        """
+        agent = resolve_agent(self.agent_name)
+        policy = compaction_policy(settings.compaction, agent.compaction)
+        if policy is None:
+            raise errors.CompactionError("compaction is disabled")
+        selection = select_for_compaction(await self.messages(), policy)
+        if selection is None:
+            raise errors.CompactionError("not enough messages to compact")
+        chosen = model or policy["model"] or self.record.model or agent.effective_model
+        request, input_tokens = summary_request(
+            selection, policy, model=chosen, focus=focus, metadata={"conversation_id": self.id}
+        )
+        try:
+            client = policy["client"] or agent.effective_client
+            result = await client.chat(request)
+        except Exception as err:
+            raise errors.CompactionError(f"compaction failed: {err}") from err
+        text = result.text.strip()
+        if not text:
+            raise errors.CompactionError("compaction model returned an empty summary")
+        metadata = summary_metadata(
+            selection,
+            auto=False,
+            focus=focus,
+            model=result.model or chosen,
+            input_tokens=input_tokens,
+            summary=text,
+            turn_id=None,
+            created_at=utcnow(),
+        )
+        return await self._tk.store.append_message(
+            self.id, role="assistant", kind="context_summary", text=text, metadata=metadata
+        )
 
     async def usage(self) -> Usage:
         """Tokens used by every turn of this conversation (spec §1.3)."""

@@ -1,0 +1,444 @@
+"""Context compaction (spec §3.10): policy, estimate, selection, projection, automatic and manual compaction."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+import turnkit
+from activities.model import ModelActivities
+from tests.engine import Engine
+from turnkit.compaction import (
+    DEFAULTS,
+    SUMMARY_SECTIONS,
+    active_messages,
+    compaction_policy,
+    estimate_tokens,
+    message_tokens,
+    select_for_compaction,
+    should_compact,
+    summary_request,
+    summary_target_tokens,
+)
+from turnkit.config import configure, settings
+from turnkit.errors import CompactionError, ConfigError
+from turnkit.events import Event
+from turnkit.model import ModelRequest, Result
+from turnkit.payloads import ModelCall
+from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION
+from turnkit.records import MessageRecord
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+_seq = itertools.count(1)
+
+
+def msg(role: str, kind: str = "text", content: list[dict[str, Any]] | None = None, **extra: Any) -> MessageRecord:
+    sequence = extra.pop("sequence", None) or next(_seq)
+    return MessageRecord(
+        id=f"msg_{sequence}",
+        conversation_id="conv_1",
+        role=role,  # type: ignore[arg-type]
+        kind=kind,  # type: ignore[arg-type]
+        sequence=sequence,
+        content=content if content is not None else [{"type": "text", "text": f"message {sequence}"}],
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        **extra,
+    )
+
+
+def text(role: str, body: str, sequence: int) -> MessageRecord:
+    return msg(role, content=[{"type": "text", "text": body}], sequence=sequence)
+
+
+def call(call_id: str, sequence: int) -> MessageRecord:
+    part = {"type": "tool_call", "id": call_id, "name": "lookup", "arguments": {"q": "x"}}
+    return msg("assistant", "tool_call", [part], sequence=sequence)
+
+
+def result(call_id: str, sequence: int, body: str = '{"answer": "X"}') -> MessageRecord:
+    part = {"type": "tool_result", "tool_call_id": call_id, "text": body}
+    return msg("tool", "tool_result", [part], sequence=sequence)
+
+
+def summary(body: str, sequence: int, start: int | None, end: int | None) -> MessageRecord:
+    meta: dict[str, Any] = {}
+    if start is not None:
+        meta = {"replaces_from_sequence": start, "replaces_through_sequence": end}
+    return msg(
+        "assistant",
+        "context_summary",
+        [{"type": "text", "text": body}],
+        sequence=sequence,
+        metadata={"compaction": meta},
+    )
+
+
+def policy(**options: Any) -> dict[str, Any]:
+    merged = compaction_policy(options)
+    assert merged is not None
+    return merged
+
+
+# -- policy ---------------------------------------------------------------------------------------------------------
+
+
+def test_policy_merges_defaults_settings_agent_and_overrides() -> None:
+    assert compaction_policy() == dict(DEFAULTS)
+    assert compaction_policy(True, None) == dict(DEFAULTS)
+    merged = compaction_policy({"threshold": 0.5, "tail_messages": 3}, {"tail_messages": 4}, {"head_messages": 1})
+    assert merged is not None
+    assert (merged["threshold"], merged["tail_messages"], merged["head_messages"]) == (0.5, 4, 1)
+    assert merged["context_limit"] == 128_000
+
+
+@pytest.mark.parametrize(
+    "layers", [(False,), ({"threshold": 0.5}, False), (False, {"threshold": 0.5}), ({"enabled": False},)]
+)
+def test_false_at_any_layer_disables(layers: tuple[Any, ...]) -> None:
+    assert compaction_policy(*layers) is None
+
+
+def test_unknown_keys_and_wrong_types_raise_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown compaction option: tail_size"):
+        compaction_policy({"tail_size": 3})
+    with pytest.raises(ConfigError, match="unknown compaction option: bogus"):
+        compaction_policy(False, {"bogus": 1})  # every layer is validated, even after a False
+    with pytest.raises(ConfigError, match="compaction must be true, false or a mapping"):
+        compaction_policy("yes")
+    with pytest.raises(ConfigError, match="unknown compaction option: nope"):
+        turnkit.Agent("a", compaction={"nope": 1})
+    with pytest.raises(ConfigError, match="unknown compaction option: nope"):
+        configure(compaction={"nope": 1})
+    assert settings.compaction is True  # nothing changed
+
+
+def test_agent_and_settings_options() -> None:
+    assert turnkit.Agent("a").compaction is None
+    assert turnkit.Agent("a", compaction=True).compaction is None
+    assert turnkit.Agent("a", compaction=False).compaction is False
+    options = {"threshold": 0.5}
+    agent = turnkit.Agent("a", compaction=options)
+    options["threshold"] = 0.9
+    assert agent.compaction == {"threshold": 0.5}  # copied
+    configure(compaction={"tail_messages": 2})
+    assert settings.compaction == {"tail_messages": 2}
+    configure(compaction=None)
+    assert settings.compaction is True
+
+
+# -- estimate and "when" --------------------------------------------------------------------------------------------
+
+
+def test_estimate_is_ceil_chars_over_four_plus_eight() -> None:
+    assert message_tokens(text("user", "", 1)) == 8
+    assert message_tokens(text("user", "abcde", 2)) == 2 + 8
+    assert message_tokens(text("user", "x" * 400, 3)) == 100 + 8
+    # Tool results count their projected text, not only the (empty) text parts.
+    assert message_tokens(result("c1", 4, "y" * 40)) == 10 + 8
+    assert estimate_tokens([text("user", "abcd", 5), text("user", "abcd", 6)]) == 18
+
+
+def test_threshold_rule() -> None:
+    messages = [text("user", "x" * 368, 1)]  # 92 + 8 = 100 tokens
+    assert should_compact(policy(context_limit=200, reserved_tokens=0, threshold=0.5), messages)
+    assert not should_compact(policy(context_limit=200, reserved_tokens=0, threshold=0.51), messages)
+    assert should_compact(policy(context_limit=100, reserved_tokens=500, threshold=1.0), messages)  # max(…, 1)
+    assert not should_compact(policy(), messages)
+
+
+# -- selection ----------------------------------------------------------------------------------------------------
+
+
+def test_selection_keeps_head_and_tail_and_summarises_the_middle() -> None:
+    messages = [text("user" if i % 2 else "assistant", f"m{i}", i) for i in range(1, 9)]
+    selection = select_for_compaction(messages, policy(head_messages=2, tail_messages=3))
+    assert selection is not None
+    assert [m.sequence for m in selection.head] == [1, 2]
+    assert [m.sequence for m in selection.middle] == [3, 4, 5]
+    assert [m.sequence for m in selection.tail] == [6, 7, 8]
+    assert (selection.replaces_from_sequence, selection.replaces_through_sequence) == (3, 5)
+    assert selection.tail_start_sequence == 6
+
+
+def test_tail_respects_tail_tokens_but_keeps_at_least_one_message() -> None:
+    messages = [text("user", "x" * 400, i) for i in range(1, 5)]  # 108 tokens each
+    selection = select_for_compaction(messages, policy(tail_tokens=10))
+    assert selection is not None and [m.sequence for m in selection.tail] == [4]
+    selection = select_for_compaction(messages, policy(tail_tokens=220))
+    assert selection is not None and [m.sequence for m in selection.tail] == [3, 4]
+
+
+def test_tail_keeps_a_tool_result_together_with_its_call() -> None:
+    messages = [
+        text("user", "start", 1),
+        text("assistant", "ok", 2),
+        call("c1", 3),  # two calls in one message, two result messages
+        result("c1", 4),
+        result("c2", 5),
+        text("assistant", "done", 6),
+    ]
+    messages[2].content.append({"type": "tool_call", "id": "c2", "name": "lookup", "arguments": {}})
+    selection = select_for_compaction(messages, policy(tail_messages=3))
+    assert selection is not None
+    # A 3-message tail would start at the result of c2; it extends back to the call.
+    assert [m.sequence for m in selection.tail] == [3, 4, 5, 6]
+    assert [m.sequence for m in selection.middle] == [1, 2]
+
+
+def test_head_keeps_its_calls_results() -> None:
+    messages = [call("c1", 1), result("c1", 2), text("user", "a", 3), text("user", "b", 4), text("user", "c", 5)]
+    selection = select_for_compaction(messages, policy(head_messages=1, tail_messages=1))
+    assert selection is not None
+    assert [m.sequence for m in selection.head] == [1, 2]
+    assert [m.sequence for m in selection.middle] == [3, 4]
+
+
+def test_not_enough_messages() -> None:
+    assert select_for_compaction([text("user", "only", 1)], policy()) is None
+    two = [text("user", "a", 1), text("user", "b", 2)]
+    assert select_for_compaction(two, policy(head_messages=1)) is None  # needs more than head + 1
+    assert select_for_compaction(two, policy(tail_messages=12)) is None  # the tail takes everything
+    assert select_for_compaction(two, policy(tail_messages=1)) is not None
+    # A tail that must take in a whole tool exchange can leave an empty middle.
+    assert select_for_compaction([call("c1", 1), result("c1", 2)], policy(tail_messages=1)) is None
+
+
+def test_update_folds_the_previous_summary_into_the_new_range() -> None:
+    messages = [text("user", f"m{i}", i) for i in range(1, 11)]
+    messages.append(summary("old summary", 11, 2, 6))
+    messages += [text("user", f"m{i}", i) for i in range(12, 16)]
+    selection = select_for_compaction(messages, policy(head_messages=1, tail_messages=2))
+    assert selection is not None
+    assert [m.sequence for m in selection.middle] == [7, 8, 9, 10, 12, 13]
+    assert [m.sequence for m in selection.previous] == [11]
+    assert (selection.replaces_from_sequence, selection.replaces_through_sequence) == (2, 13)
+    request, input_tokens = summary_request(selection, policy(), model="m", focus="billing")
+    prompt = request.messages[-1]["content"]
+    assert prompt.startswith("Update the anchored summary") and "old summary" in prompt
+    assert "Focus on: billing." in prompt
+    assert all(f"## {section}" in prompt for section in SUMMARY_SECTIONS)
+    assert input_tokens == sum(message_tokens(m) for m in [*selection.middle, *selection.previous])
+
+
+def test_summary_request_truncates_tool_output_and_offers_no_tools() -> None:
+    messages = [text("user", "go", 1), call("c1", 2), result("c1", 3, "z" * 50), text("assistant", "ok", 4)]
+    selection = select_for_compaction(messages, policy(tail_messages=1, tool_output_max_chars=10))
+    assert selection is not None
+    request, _ = summary_request(selection, policy(tool_output_max_chars=10), model="m", metadata={"turn_id": "t"})
+    assert request.tools == [] and request.metadata == {"turn_id": "t", "compaction": True}
+    tool = next(m for m in request.messages if m["role"] == "tool")
+    assert tool["content"] == "z" * 10 + "\n[truncated 40 characters]"
+    assert request.messages[-1]["content"].startswith("Create the anchored summary")
+    assert summary_target_tokens(policy(), 100) == 1_000
+    assert summary_target_tokens(policy(), 100_000) == 12_000
+    assert summary_target_tokens(policy(), 20_000) == 4_000
+
+
+# -- projection ---------------------------------------------------------------------------------------------------
+
+
+def test_active_summaries_replace_their_range() -> None:
+    messages = [text("user", f"m{i}", i) for i in range(1, 7)]
+    plain = list(messages)
+    assert active_messages(plain) == plain
+    older = summary("older", 7, 2, 3)
+    newer = summary("newer", 9, 2, 5)
+    unranged = summary("loose", 10, None, None)
+    messages += [older, text("user", "m8", 8), newer, unranged]
+    assert [m.sequence for m in active_messages(messages)] == [1, 9, 6, 8, 10]
+    # Only the older summary: it replaces 2..3, placed where its range begins.
+    assert [m.sequence for m in active_messages(messages[:8])] == [1, 7, 4, 5, 6, 8]
+
+
+# -- engine tests ---------------------------------------------------------------------------------------------------
+
+_TAIL2 = {"tail_messages": 2}
+_SMALL = {"context_limit": 200, "reserved_tokens": 0, "threshold": 0.5, "head_messages": 1, "tail_messages": 2}
+
+
+def responder(summary_text: str, answers: list[Any]) -> ScriptedClient:
+    """Compaction calls get ``summary_text``; main calls get ``answers`` in order."""
+    queue = list(answers)
+
+    def answer(request: ModelRequest) -> Result | str:
+        if request.metadata.get("compaction"):
+            return summary_text
+        return queue.pop(0)
+
+    return ScriptedClient(answer)
+
+
+async def seeded(tk: TurnKit, agent: turnkit.Agent, notes: int = 6) -> turnkit.Conversation:
+    conversation = await tk.conversation(agent)
+    for i in range(notes):
+        await conversation.say(f"note {i}: " + "x" * 200)
+    return conversation
+
+
+def contents(request: ModelRequest) -> list[str]:
+    return [str(m.get("content") or "") for m in request.messages]
+
+
+async def test_a_long_turn_compacts_before_its_model_call(tk: TurnKit) -> None:  # T30
+    events: list[Event] = []
+    configure(on_event=events.append)
+    client = responder("## Active Task\nThe notes.", ["answered"])
+    agent = turnkit.Agent("compactor", model="scripted", client=client, compaction=_SMALL)
+    conversation = await seeded(tk, agent)
+    turn = await conversation.ask("go")
+
+    assert turn.status == "completed", turn.error
+    assert client.calls == 2
+    first, second = client.requests
+    assert first.metadata["compaction"] is True and first.tools == []
+    assert first.metadata["request_id"] == second.metadata["request_id"]
+    messages = await conversation.messages()
+    assert [m.kind for m in messages].count("context_summary") == 1
+    stored = next(m for m in messages if m.kind == "context_summary")
+    assert (stored.role, stored.turn_id, stored.text) == ("assistant", turn.id, "## Active Task\nThe notes.")
+    meta = stored.metadata["compaction"]
+    # head = note 0 (seq 1), middle = notes 1..4 (seq 2..5), tail = note 5 and "go" (seq 6, 7).
+    assert (meta["replaces_from_sequence"], meta["replaces_through_sequence"], meta["tail_start_sequence"]) == (2, 5, 6)
+    assert meta["auto"] is True and meta["focus"] is None and meta["summary_model"] == "scripted"
+    assert meta["created_for_turn_id"] == turn.id and meta["input_tokens"] > 0 and meta["summary_tokens"] > 0
+    assert set(meta) >= {"created_at", "request_id"}
+    # The main request has the summary (two messages) in place of the middle; nothing was deleted.
+    sent = contents(second)
+    assert sent[0].startswith("note 0") and sent[1] == SUMMARY_QUESTION
+    assert sent[2] == f"{SUMMARY_PREAMBLE}\n\n## Active Task\nThe notes."
+    assert sent[3].startswith("note 5") and sent[4] == "go" and len(sent) == 5
+    assert [m.text.split(":")[0] for m in messages if m.kind == "text" and m.role == "user"][:6] == [
+        f"note {i}" for i in range(6)
+    ]
+    # Both calls are charged to the turn.
+    assert (turn.usage.input_tokens, turn.usage.output_tokens) == (20, 10)
+    types = [e.type for e in events]
+    assert types.index("compaction.model.requested") < types.index("compaction.model.completed")
+    assert types.index("compaction.model.completed") < types.index("model.requested")
+
+
+async def test_below_the_threshold_nothing_changes(tk: TurnKit) -> None:
+    client = ScriptedClient(["answered"])
+    agent = turnkit.Agent("compactor", model="scripted", client=client)
+    conversation = await seeded(tk, agent)
+    turn = await conversation.ask("go")
+    assert turn.status == "completed" and client.calls == 1
+    assert len(client.requests[0].messages) == 7
+
+
+async def test_disabled_compaction_makes_one_call(tk: TurnKit) -> None:  # T31
+    configure(compaction=False)
+    client = ScriptedClient(["answered"])
+    conversation = await seeded(tk, turnkit.Agent("compactor", model="scripted", client=client, compaction=_SMALL))
+    turn = await conversation.ask("go")
+    assert turn.status == "completed" and client.calls == 1
+    assert "context_summary" not in [m.kind for m in await conversation.messages()]
+
+
+async def test_an_empty_automatic_summary_is_swallowed(tk: TurnKit) -> None:
+    client = responder("  ", ["answered"])
+    conversation = await seeded(tk, turnkit.Agent("compactor", model="scripted", client=client, compaction=_SMALL))
+    turn = await conversation.ask("go")
+    assert turn.status == "completed" and turn.output_text == "answered"
+    assert client.calls == 2
+    assert SUMMARY_QUESTION not in contents(client.requests[1]) and len(client.requests[1].messages) == 7
+    assert "context_summary" not in [m.kind for m in await conversation.messages()]
+
+
+async def test_a_retried_model_activity_does_not_summarise_twice(engine: Engine) -> None:
+    tk = engine.tk
+    compactions: list[ModelRequest] = []
+    attempts: list[ModelRequest] = []
+
+    def answer(request: ModelRequest) -> Result | str:
+        if request.metadata.get("compaction"):
+            compactions.append(request)
+            return "summary"
+        attempts.append(request)
+        if len(attempts) == 1:
+            raise RuntimeError("worker lost")  # not a ModelError: Temporal would retry the activity
+        return call_tools(("lookup", {"q": "x"}))
+
+    agent = turnkit.Agent("compactor", model="scripted", client=ScriptedClient(answer), compaction=_SMALL)
+    conversation = await seeded(tk, agent)
+    trigger = await conversation.say("go")
+    async with tk.store.atomic() as tx:
+        record = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=agent.name,
+            context_message_sequence=trigger.sequence,
+            model="scripted",
+            options={"trigger_message_id": trigger.id},
+        )
+    model_call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1)
+    activities = ModelActivities(tk.store)
+    env = ActivityEnvironment()
+
+    with pytest.raises(RuntimeError, match="worker lost"):
+        await env.run(activities.model, model_call)
+    step = await env.run(activities.model, model_call)  # the retry
+
+    assert len(step.tool_calls) == 1
+    assert len(compactions) == 1 and len(attempts) == 2
+    assert SUMMARY_QUESTION in contents(attempts[1])
+    summaries = [m for m in await conversation.messages() if m.kind == "context_summary"]
+    assert len(summaries) == 1 and summaries[0].metadata["compaction"]["request_id"] == "req_1"
+    turn = await tk.store.load_turn(record.id)
+    assert turn.state["iterations"] == 1
+    assert turn.usage["input_tokens"] == 20  # the compaction call and the main call, each charged once
+
+    # A zombie attempt that read the history before the summary was written writes no second one.
+    turn = await tk.store.load_turn(record.id)
+    before = await tk.store.list_messages(conversation.id, through_sequence=trigger.sequence)
+    kept, denial = await env.run(activities._auto_compact, model_call, turn, agent, before)  # pyright: ignore[reportPrivateUsage]
+    assert denial is None and kept[-1].id == summaries[0].id
+    assert len([m for m in await conversation.messages() if m.kind == "context_summary"]) == 1
+
+
+async def test_manual_compaction(tk: TurnKit) -> None:
+    client = responder("## Active Task\nManual.", ["answered"])
+    conversation = await seeded(
+        tk,
+        turnkit.Agent(
+            "compactor", model="scripted", client=client, compaction={"head_messages": 1, "tail_messages": 2}
+        ),
+    )
+    stored = await conversation.compact(focus="the notes", model="summariser")
+    assert stored.kind == "context_summary" and stored.turn_id is None
+    meta = stored.metadata["compaction"]
+    assert meta["auto"] is False and meta["focus"] == "the notes" and meta["summary_model"] == "summariser"
+    assert (meta["replaces_from_sequence"], meta["replaces_through_sequence"], meta["tail_start_sequence"]) == (2, 4, 5)
+    assert client.requests[0].model == "summariser"
+    assert "Focus on: the notes." in contents(client.requests[0])[-1]
+
+    turn = await conversation.ask("go")  # the default policy does not compact again; the summary is projected
+    assert turn.status == "completed" and client.calls == 2
+    sent = contents(client.requests[1])
+    assert sent[1] == SUMMARY_QUESTION and sent[2].endswith("Manual.")
+    assert [s.split(":")[0] for s in sent[3:]] == ["note 4", "note 5", "go"]
+
+
+async def test_manual_compaction_errors(tk: TurnKit) -> None:  # T33
+    disabled = await seeded(tk, turnkit.Agent("off", model="scripted", client=ScriptedClient([]), compaction=False))
+    with pytest.raises(CompactionError, match="compaction is disabled"):
+        await disabled.compact()
+
+    short = await seeded(tk, turnkit.Agent("short", model="scripted", client=ScriptedClient([])), notes=1)
+    with pytest.raises(CompactionError, match="not enough messages to compact"):
+        await short.compact()
+
+    empty = await seeded(tk, turnkit.Agent("empty", model="scripted", client=ScriptedClient([""]), compaction=_TAIL2))
+    with pytest.raises(CompactionError, match="compaction model returned an empty summary"):
+        await empty.compact()
+
+    broken = await seeded(tk, turnkit.Agent("broken", model="scripted", client=ScriptedClient([]), compaction=_TAIL2))
+    with pytest.raises(CompactionError, match="compaction failed: scripted client has no more results"):
+        await broken.compact()
+    assert not [m for c in (empty, broken) for m in await c.messages() if m.kind == "context_summary"]
