@@ -125,6 +125,7 @@ PAGERS = {
             tools=[bench_page],
             client=ScriptedClient(_pager(k)),
             max_iterations=50,
+            compaction=False,  # the script counts the tool results it sees; a summary would replace them
         )
     )
     for k in HISTORY_ITERATIONS

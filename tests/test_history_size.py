@@ -26,8 +26,15 @@ def iterations_agent(k: int) -> turnkit.Agent:
             return turnkit.Result.build(text="finished " + "x" * 5000)
         return call_tools(("fetch_page", {"n": done}), text="reading " + "y" * 2000)
 
+    # No compaction: ~6,000 tokens of page text per iteration would trigger it near K=14, and this script counts
+    # the tool results it sees (a summary replaces them).
     return turnkit.Agent(
-        f"pager{k}", model="scripted", tools=[fetch_page], client=ScriptedClient(script), max_iterations=50
+        f"pager{k}",
+        model="scripted",
+        tools=[fetch_page],
+        client=ScriptedClient(script),
+        max_iterations=50,
+        compaction=False,
     )
 
 
