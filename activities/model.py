@@ -61,7 +61,7 @@ class ModelActivities:
         reserved = await self._reserve(call)
         if isinstance(reserved, ModelStep):
             if reserved.completed:  # the attempt that committed this response may have died before signalling
-                await announce_terminal(self.store, call.turn_id)
+                await announce_terminal(self.store, await self.store.load_turn(call.turn_id))
             return reserved
         turn, messages, first_start = reserved
         if first_start:
@@ -107,9 +107,9 @@ class ModelActivities:
                 result = await client.chat(request)
         except (ModelError, ConfigError) as err:
             raise _non_retryable(err) from err
-        step = await self._persist(call, request.model, result)
+        step = await self._persist(call, turn, request.model, result)
         if step.completed:
-            await announce_terminal(self.store, turn.id)
+            await announce_terminal(self.store, turn)
         return step
 
     async def _auto_compact(
@@ -186,10 +186,8 @@ class ModelActivities:
                     turn_id=turn.id,
                     metadata=metadata,
                 )
-                await _charge(tx, current, result.usage, cost)
-                tree = await tx.list_turns(root_turn_id=current.root_turn_id)
-                root = next((t for t in tree if t.id == current.root_turn_id), current)
-                denial = spend_denial(root, tree)
+                charged = await _charge(tx, current, result.usage, cost)
+                denial = await _tree_spend_denial(tx, charged)
         if written:
             emit(
                 "compaction.model.completed",
@@ -260,12 +258,11 @@ class ModelActivities:
                 return ModelStep(stopped=True)
             return claimed, messages, turn.started_at is None
 
-    async def _persist(self, call: ModelCall, model: str, result: Result) -> ModelStep:
+    async def _persist(self, call: ModelCall, turn: TurnRecord, model: str, result: Result) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
         step, written = await self._write_response(call, result, cost)
         if written:
-            turn = await self.store.load_turn(call.turn_id)
             emit(
                 "model.completed",
                 turn.id,
@@ -307,9 +304,7 @@ class ModelActivities:
             state["phase"] = "tools" if tool_calls else "output"
             state["message_id"] = message.id
             turn = await _charge(tx, turn, result.usage, cost, options={**turn.options, "state": state})
-            tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
-            root = next((t for t in tree if t.id == turn.root_turn_id), turn)
-            denial = spend_denial(root, tree)
+            denial = await _tree_spend_denial(tx, turn)
             if denial is not None:
                 return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial), True
             if not tool_calls and has_pending_controls(turn):
@@ -397,6 +392,13 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
         if isinstance(meta, dict) and meta.get("request_id") == request_id:  # pyright: ignore[reportUnknownMemberType]
             return message
     return None
+
+
+async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
+    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (spec §6.2)."""
+    tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
+    root = next((t for t in tree if t.id == turn.root_turn_id), turn)
+    return spend_denial(root, tree)
 
 
 async def _charge(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:

@@ -111,7 +111,7 @@ class TurnActivities:
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
                 await completion_delivery(tx, turn)  # committed with the terminal write (spec §5.7)
-        await announce_terminal(self.store, turn.id)
+        await announce_terminal(self.store, turn)
         if already_done:
             return outcome_of(turn)
         if turn.status == "completed":

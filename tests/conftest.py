@@ -63,6 +63,16 @@ def _clean_registry() -> None:
 
 
 @pytest_asyncio.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    """A store on the test database (SQLite, and PostgreSQL when reachable), without Temporal."""
+    opened = await Store.open(database_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest_asyncio.fixture
 async def engine(temporal: WorkflowEnvironment, database_url: str) -> AsyncIterator[Engine]:
     """A TurnKit connection on its own task queue and database (SQLite and PostgreSQL), without a worker."""
     store = await Store.open(database_url)

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from turnkit.model import ModelRequest, Result
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 from turnkit.tools import Tool, tool
@@ -50,3 +51,44 @@ def held_tool(name: str = "hold") -> tuple[asyncio.Event, Tool]:
     body.__name__ = name
     body.__doc__ = "Wait until released."
     return release, tool(body)
+
+
+class Gate:
+    """A tool body that blocks until the test opens the gate, and counts its runs."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.runs = 0
+
+
+def gated_tool(gate: Gate, name: str = "slow") -> Tool:
+    """A tool named ``name`` that enters ``gate``, waits until it is opened and returns ``{"done": True}``."""
+
+    async def body() -> dict[str, Any]:
+        gate.runs += 1
+        gate.entered.set()
+        await gate.opened.wait()
+        return {"done": True}
+
+    body.__name__ = name
+    body.__doc__ = "Work until released."
+    return tool(body)
+
+
+class HeldModel:
+    """A model client whose first call blocks until released; later calls answer ``then`` (text, or a function of
+    the request)."""
+
+    def __init__(self, first: Result, then: str | Callable[[ModelRequest], Result] = "answer") -> None:
+        self.first, self.then = first, then
+        self.entered, self.released = asyncio.Event(), asyncio.Event()
+        self.requests: list[ModelRequest] = []
+
+    async def chat(self, request: ModelRequest) -> Result:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            self.entered.set()
+            await self.released.wait()
+            return self.first
+        return self.then(request) if callable(self.then) else Result.build(text=self.then)

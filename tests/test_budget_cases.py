@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 import turnkit
 from turnkit import runtime
@@ -105,15 +103,6 @@ async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:  # T35
 
 
 # -- T37: budgets rebuilt from records --------------------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, database_url: str) -> None:  # T37

@@ -9,30 +9,9 @@ from typing import Any
 import pytest
 
 import turnkit
-from tests.engine import eventually, lane_buffers
+from tests.engine import Gate, HeldModel, eventually, gated_tool, lane_buffers
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
-
-
-class Gate:
-    """A tool body that blocks until the test opens the gate, and counts its runs."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-        self.entered = asyncio.Event()
-        self.runs = 0
-
-
-def gated_tool(gate: Gate, name: str = "slow") -> turnkit.Tool:
-    async def body() -> dict[str, Any]:
-        gate.runs += 1
-        gate.entered.set()
-        await gate.opened.wait()
-        return {"done": True}
-
-    body.__name__ = name
-    body.__doc__ = "Work until released."
-    return turnkit.tool(body)
 
 
 @turnkit.tool
@@ -96,32 +75,18 @@ async def test_pause_during_a_long_tool_then_resume(tk: TurnKit) -> None:
 
 
 async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> None:
-    release = asyncio.Event()
-    entered = asyncio.Event()
-
-    async def slow_model(request: turnkit.ModelRequest) -> turnkit.Result:
-        entered.set()
-        await release.wait()
-        return turnkit.Result.build(text="kept")
-
-    class SlowClient:
-        calls = 0
-
-        async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
-            SlowClient.calls += 1
-            return await slow_model(request)
-
-    agent = turnkit.Agent("thinker", model="scripted", client=SlowClient())
+    model = HeldModel(turnkit.Result.build(text="kept"))
+    agent = turnkit.Agent("thinker", model="scripted", client=model)
     turn = await (await tk.conversation(agent)).ask("think", wait=False)
-    await asyncio.wait_for(entered.wait(), 30)
+    await asyncio.wait_for(model.entered.wait(), 30)
     await turn.pause()
-    release.set()
+    model.released.set()
     await eventually(lambda: _status_is(turn, "paused"), what="the turn to pause before publishing")
     assert turn.output_text == "" and turn.record.state["phase"] == "output"
     await turn.resume()
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "kept"
-    assert SlowClient.calls == 1 and done.record.state["iterations"] == 1
+    assert len(model.requests) == 1 and done.record.state["iterations"] == 1
 
 
 async def test_approval_gate_blocks_the_conversation_until_resumed(tk: TurnKit) -> None:
@@ -210,30 +175,17 @@ async def _status_is(turn: turnkit.Turn, status: str) -> bool:
 
 
 async def test_steering_while_the_answer_is_written_is_applied_before_publishing(tk: TurnKit) -> None:
-    release = asyncio.Event()
-    entered = asyncio.Event()
-
-    class Client:
-        requests: list[turnkit.ModelRequest] = []
-
-        async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
-            Client.requests.append(request)
-            if len(Client.requests) == 1:
-                entered.set()
-                await release.wait()
-                return turnkit.Result.build(text="first draft")
-            return turnkit.Result.build(text="revised")
-
-    turn = await (await tk.conversation(turnkit.Agent("writer", model="scripted", client=Client()))).ask(
+    model = HeldModel(turnkit.Result.build(text="first draft"), then="revised")
+    turn = await (await tk.conversation(turnkit.Agent("writer", model="scripted", client=model))).ask(
         "write", wait=False
     )
-    await asyncio.wait_for(entered.wait(), 30)
+    await asyncio.wait_for(model.entered.wait(), 30)
     await turn.steer("revise before publishing", key="r1")
-    release.set()
+    model.released.set()
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "revised"  # the first draft was never published
-    assert len(Client.requests) == 2
-    assert Client.requests[1].messages[-1] == {"role": "user", "content": "revise before publishing"}
+    assert len(model.requests) == 2
+    assert model.requests[1].messages[-1] == {"role": "user", "content": "revise before publishing"}
 
 
 async def test_pause_and_steer_during_a_tool_with_another_queued(tk: TurnKit) -> None:
@@ -286,30 +238,19 @@ async def test_controls_apply_before_a_child_is_created(tk: TurnKit, control: st
 
 
 async def test_steering_past_the_iteration_budget_fails_the_turn(tk: TurnKit) -> None:
-    release = asyncio.Event()
-    entered = asyncio.Event()
-
-    class Client:
-        calls = 0
-
-        async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
-            Client.calls += 1
-            entered.set()
-            await release.wait()
-            return turnkit.Result.build(text="draft", usage=turnkit.Usage(input_tokens=30, output_tokens=8))
-
-    agent = turnkit.Agent("tight", model="scripted", client=Client(), max_iterations=1)
+    model = HeldModel(turnkit.Result.build(text="draft", usage=turnkit.Usage(input_tokens=30, output_tokens=8)))
+    agent = turnkit.Agent("tight", model="scripted", client=model, max_iterations=1)
     turn = await (await tk.conversation(agent)).ask("go", wait=False)
-    await asyncio.wait_for(entered.wait(), 30)
+    await asyncio.wait_for(model.entered.wait(), 30)
     await turn.pause()
-    release.set()
+    model.released.set()
     await eventually(lambda: _status_is(turn, "paused"), what="the pause after the model call")
     await turn.steer("change course", key="c")
     await turn.resume()
     done = await turn.result(timeout=60)
     assert done.status == "failed"
     assert done.error == {"class": "TurnKit::BudgetError", "message": "maximum iterations reached"}
-    assert done.usage.total_tokens == 38 and Client.calls == 1  # the first call's usage is kept
+    assert done.usage.total_tokens == 38 and len(model.requests) == 1  # the first call's usage is kept
 
 
 async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> None:
@@ -335,23 +276,6 @@ async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> N
     assert done.status == "completed" and done.output_text == "final"
     assert client.requests[-1].messages[-1] == {"role": "user", "content": "new focus"}
     assert any('"result": "kept"' in m["content"] for m in client.requests[-1].messages if m["role"] == "tool")
-
-
-class HeldModel:
-    """A model client whose first call blocks until released; later calls answer from ``then``."""
-
-    def __init__(self, first: turnkit.Result, then: Any = "answer") -> None:
-        self.first, self.then = first, then
-        self.entered, self.released = asyncio.Event(), asyncio.Event()
-        self.requests: list[turnkit.ModelRequest] = []
-
-    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
-        self.requests.append(request)
-        if len(self.requests) == 1:
-            self.entered.set()
-            await self.released.wait()
-            return self.first
-        return self.then(request) if callable(self.then) else turnkit.Result.build(text=self.then)
 
 
 async def test_steering_a_model_request_in_flight_supersedes_its_proposals(tk: TurnKit) -> None:  # T83

@@ -15,32 +15,11 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import Gate, HeldModel, eventually, gated_tool
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
 # Helpers ----------------------------------------------------------------------------------------------------------
-
-
-class Gate:
-    """A tool body that blocks until the test opens the gate, and counts its runs."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-        self.entered = asyncio.Event()
-        self.runs = 0
-
-
-def gated_tool(gate: Gate, name: str) -> turnkit.Tool:
-    async def body() -> dict[str, Any]:
-        gate.runs += 1
-        gate.entered.set()
-        await gate.opened.wait()
-        return {"done": True}
-
-    body.__name__ = name
-    body.__doc__ = "Work until released."
-    return turnkit.tool(body)
 
 
 def gated_child(name: str, gate: Gate) -> turnkit.Agent:
@@ -59,23 +38,6 @@ def gated_child(name: str, gate: Gate) -> turnkit.Agent:
         tools=[gated_tool(gate, tool_name)],
         client=ScriptedClient(script),
     )
-
-
-class HeldModel:
-    """A model client whose first call blocks until released; later calls answer from ``then``."""
-
-    def __init__(self, first: turnkit.Result, then: Any) -> None:
-        self.first, self.then = first, then
-        self.entered, self.released = asyncio.Event(), asyncio.Event()
-        self.requests: list[turnkit.ModelRequest] = []
-
-    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
-        self.requests.append(request)
-        if len(self.requests) == 1:
-            self.entered.set()
-            await self.released.wait()
-            return self.first
-        return self.then(request) if callable(self.then) else turnkit.Result.build(text=self.then)
 
 
 def tool_results(request: turnkit.ModelRequest) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 
 import turnkit
 from activities.tools import ToolActivities
-from tests.engine import eventually, lane_buffers
+from tests.engine import Gate, HeldModel, eventually, gated_tool, lane_buffers
 from turnkit.payloads import ToolOutcome
 from turnkit.runtime import TurnKit
 from turnkit.store.store import utcnow
@@ -20,27 +20,6 @@ from turnkit.testing import ScriptedClient, call_tools, say
 
 TERMINAL = ("completed", "failed", "cancelled")
 CANCELLED = {"class": "TurnKit::Cancelled", "message": "cancelled by application"}
-
-
-class Gate:
-    """A tool body that blocks until the test opens the gate, and counts its runs."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-        self.entered = asyncio.Event()
-        self.runs = 0
-
-
-def gated_tool(gate: Gate, name: str) -> turnkit.Tool:
-    async def body() -> dict[str, Any]:
-        gate.runs += 1
-        gate.entered.set()
-        await gate.opened.wait()
-        return {"done": True}
-
-    body.__name__ = name
-    body.__doc__ = "Work until released."
-    return turnkit.tool(body)
 
 
 def calls_then_answers(*calls: tuple[str, dict[str, Any]], answer: str) -> ScriptedClient:
@@ -52,23 +31,6 @@ def calls_then_answers(*calls: tuple[str, dict[str, Any]], answer: str) -> Scrip
         return turnkit.Result.build(text=answer)
 
     return ScriptedClient(script)
-
-
-class HeldModel:
-    """A model client whose first call blocks until released; later calls answer ``then``."""
-
-    def __init__(self, first: turnkit.Result, then: str) -> None:
-        self.first, self.then = first, then
-        self.entered, self.released = asyncio.Event(), asyncio.Event()
-        self.requests: list[turnkit.ModelRequest] = []
-
-    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
-        self.requests.append(request)
-        if len(self.requests) == 1:
-            self.entered.set()
-            await self.released.wait()
-            return self.first
-        return turnkit.Result.build(text=self.then)
 
 
 def observe_late_completions(monkeypatch: pytest.MonkeyPatch) -> tuple[list[ToolOutcome], asyncio.Event]:

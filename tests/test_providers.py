@@ -243,22 +243,31 @@ async def test_openai_structured_output(server: ProviderServer, openai_client: O
     assert (await openai_client.chat(request(output_schema=OUTPUT_SCHEMA))).output_data is None
 
 
-async def test_openai_replays_only_its_own_provider_parts(server: ProviderServer, openai_client: OpenAIClient) -> None:
-    both = {
+def replay_histories(
+    call_id: str, *, own: tuple[str, list[Any]], other: tuple[str, list[Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Two histories with one answered tool call: its assistant message carries both providers' raw parts (the
+    client's own last), or only the other provider's."""
+    parts = [{"type": "provider", "kind": kind, "data": data} for kind, data in (other, own)]
+    assistant = {
         "role": "assistant",
         "content": "thinking about c",
-        "tool_calls": [{"id": "call_c", "name": "lookup", "arguments": {"q": "c"}}],
-        "provider_parts": [
-            {"type": "provider", "kind": "anthropic", "data": ANTHROPIC_BLOCKS},
-            {"type": "provider", "kind": "openai_responses", "data": OPENAI_ITEMS},
-        ],
+        "tool_calls": [{"id": call_id, "name": "lookup", "arguments": {"q": "c"}}],
+        "provider_parts": parts,
     }
-    foreign = {**both, "provider_parts": [both["provider_parts"][0]]}
-    result_message = {"role": "tool", "content": '{"answer": "C"}', "tool_call_id": "call_c"}
+    question = {"role": "user", "content": "c?"}
+    result = {"role": "tool", "content": '{"answer": "C"}', "tool_call_id": call_id}
+    return [question, assistant, result], [question, {**assistant, "provider_parts": parts[:1]}, result]
+
+
+async def test_openai_replays_only_its_own_provider_parts(server: ProviderServer, openai_client: OpenAIClient) -> None:
+    own, foreign = replay_histories(
+        "call_c", own=("openai_responses", OPENAI_ITEMS), other=("anthropic", ANTHROPIC_BLOCKS)
+    )
     server.script(openai_response(openai_text("C")), openai_response(openai_text("C")))
 
-    await openai_client.chat(request(messages=[{"role": "user", "content": "c?"}, both, result_message]))
-    await openai_client.chat(request(messages=[{"role": "user", "content": "c?"}, foreign, result_message]))
+    await openai_client.chat(request(messages=own))
+    await openai_client.chat(request(messages=foreign))
 
     replayed, rebuilt = (body["input"] for body in server.bodies)
     assert replayed[1:3] == OPENAI_ITEMS  # the raw output items, verbatim (reasoning item and its call)
@@ -458,21 +467,13 @@ async def test_anthropic_structured_output(server: ProviderServer, anthropic_cli
 async def test_anthropic_replays_only_its_own_provider_parts(
     server: ProviderServer, anthropic_client: AnthropicClient
 ) -> None:
-    both = {
-        "role": "assistant",
-        "content": "thinking about c",
-        "tool_calls": [{"id": "toolu_c", "name": "lookup", "arguments": {"q": "c"}}],
-        "provider_parts": [
-            {"type": "provider", "kind": "openai_responses", "data": OPENAI_ITEMS},
-            {"type": "provider", "kind": "anthropic", "data": ANTHROPIC_BLOCKS},
-        ],
-    }
-    foreign = {**both, "provider_parts": [both["provider_parts"][0]]}
-    result_message = {"role": "tool", "content": '{"answer": "C"}', "tool_call_id": "toolu_c"}
+    own, foreign = replay_histories(
+        "toolu_c", own=("anthropic", ANTHROPIC_BLOCKS), other=("openai_responses", OPENAI_ITEMS)
+    )
     server.script(anthropic_message(anthropic_text("C")), anthropic_message(anthropic_text("C")))
 
-    await anthropic_client.chat(request(messages=[{"role": "user", "content": "c?"}, both, result_message]))
-    await anthropic_client.chat(request(messages=[{"role": "user", "content": "c?"}, foreign, result_message]))
+    await anthropic_client.chat(request(messages=own))
+    await anthropic_client.chat(request(messages=foreign))
 
     replayed, rebuilt = (body["messages"] for body in server.bodies)
     assert replayed[1] == {"role": "assistant", "content": ANTHROPIC_BLOCKS}  # signed thinking, verbatim

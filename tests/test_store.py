@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
@@ -28,15 +26,6 @@ from turnkit.store import Store
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 
 ID_RE = r"[0-9a-f]{24}"
-
-
-@pytest_asyncio.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await Store.open(database_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 def _name(prefix: str = "agent") -> str:

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 from turnkit.errors import ToolError
 from turnkit.records import TurnRecord
 from turnkit.store import Store
 from turnkit.store.store import utcnow
 from turnkit.waits import add_waits
-
-
-@pytest_asyncio.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(database_url)
-    yield store
-    await store.close()
 
 
 async def submitted_turn(store: Store, conversation_id: str | None = None) -> TurnRecord:

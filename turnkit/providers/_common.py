@@ -17,8 +17,14 @@ __all__ = [
     "resolve_model",
     "retryable_status",
     "sdk_error",
+    "sdk_options",
     "strict_schema",
 ]
+
+
+def sdk_options(**options: Any) -> dict[str, Any]:
+    """The SDK client's keyword arguments that were given (None means "the SDK's default")."""
+    return {key: value for key, value in options.items() if value is not None}
 
 
 def sdk_error(err: Exception, *, retryable: bool) -> Exception:

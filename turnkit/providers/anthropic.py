@@ -21,6 +21,7 @@ from turnkit.providers._common import (
     resolve_model,
     retryable_status,
     sdk_error,
+    sdk_options,
     strict_schema,
 )
 
@@ -92,11 +93,7 @@ class AnthropicClient:
         self.request_options: dict[str, Any] = dict(request_options or {})
         self._client = client
         self._api_key = api_key
-        self._sdk_options: dict[str, Any] = {
-            key: value
-            for key, value in (("base_url", base_url), ("max_retries", max_retries), ("timeout", timeout))
-            if value is not None
-        }
+        self._sdk_options = sdk_options(base_url=base_url, max_retries=max_retries, timeout=timeout)
 
     @property
     def sdk(self) -> anthropic.AsyncAnthropic:

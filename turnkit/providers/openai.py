@@ -23,6 +23,7 @@ from turnkit.providers._common import (
     resolve_model,
     retryable_status,
     sdk_error,
+    sdk_options,
     strict_schema,
 )
 
@@ -83,16 +84,7 @@ class OpenAIClient:
         self.reasoning_summary = reasoning_summary
         self.request_options: dict[str, Any] = dict(request_options or {})
         self._client = client
-        self._sdk_options: dict[str, Any] = {
-            key: value
-            for key, value in (
-                ("api_key", api_key),
-                ("base_url", base_url),
-                ("max_retries", max_retries),
-                ("timeout", timeout),
-            )
-            if value is not None
-        }
+        self._sdk_options = sdk_options(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout)
 
     @property
     def sdk(self) -> openai.AsyncOpenAI:
