@@ -10,7 +10,7 @@ EXTRAS := test,postgres,providers,dev
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: venv demo test lint worker bench histories clean
+.PHONY: venv demo test lint worker bench bench-peers histories clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,18 @@ worker: venv
 
 bench: venv
 	$(BIN)/python -m bench.turn_latency
+
+# TurnKit against OpenAI Agents + Temporal and Pydantic AI + Temporal (bench/peers/). The `bench` extra adds the
+# peers' packages to $(VENV); to keep them out of it, point VENV at another one: make bench-peers VENV=.venv-bench.
+# ARGS go to the driver, e.g. ARGS="--rounds 1 --k 1 --write-readme" (python -m bench.peers --help).
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e '.[$(EXTRAS),bench]'
+	touch $(BENCH_STAMP)
+
+bench-peers: $(BENCH_STAMP)
+	$(BIN)/python -m bench.peers $(ARGS)
 
 histories: venv
 	$(BIN)/python -m tests.record_histories

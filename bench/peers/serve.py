@@ -27,12 +27,11 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 #: ``serve`` name -> module holding its ``System``.
@@ -40,6 +39,14 @@ SYSTEMS = {
     "openai_agents": "bench.peers.openai_agents_app",
     "pydantic_ai": "bench.peers.pydantic_ai_app",
     "turnkit": "bench.peers.turnkit_app",
+}
+
+#: Last events of a workflow that has nothing in progress: a finished workflow task, or the close.
+QUIET = {
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
 }
 
 
@@ -97,6 +104,21 @@ async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
     return {"elapsed": time.perf_counter() - start, "times": list(times)}
 
 
+async def settled_history(client: Client, workflow_id: str) -> WorkflowHistory:
+    """The workflow's history once it stopped growing: a TurnKit lane is still open when ``ask`` returns and records
+    its child's completion a moment later; the peers' turn workflows are closed already."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    fetched = await client.get_workflow_handle(workflow_id).fetch_history()
+    while loop.time() < deadline:
+        await asyncio.sleep(0.2)
+        again = await client.get_workflow_handle(workflow_id).fetch_history()
+        if len(again.events) == len(fetched.events) and again.events[-1].event_type in QUIET:
+            return again
+        fetched = again
+    return fetched
+
+
 async def history(system: System, ks: list[int]) -> dict[str, Any]:
     """The history size of one turn per K: JSON bytes (``fetch_history().to_json()``, UTF-8) and protobuf bytes
     (the sum of each event's ``ByteSize()``), summed over the workflows the turn ran in."""
@@ -104,7 +126,7 @@ async def history(system: System, ks: list[int]) -> dict[str, Any]:
     for k in ks:
         total = {"json": 0, "proto": 0, "events": 0, "activities": 0}
         for workflow_id in await system.turn(k):
-            fetched = await system.client.get_workflow_handle(workflow_id).fetch_history()
+            fetched = await settled_history(system.client, workflow_id)
             total["json"] += len(fetched.to_json().encode())
             total["proto"] += sum(e.ByteSize() for e in fetched.events)
             total["events"] += len(fetched.events)
@@ -115,11 +137,16 @@ async def history(system: System, ks: list[int]) -> dict[str, Any]:
     return {"sizes": sizes}
 
 
-OPS: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
-    "sequential": lambda system, r: sequential(system, r["k"], r["turns"], r["warmup"]),
-    "burst": lambda system, r: burst(system, r["k"], r["turns"]),
-    "history": lambda system, r: history(system, r["ks"]),
-}
+async def answer(system: System, request: dict[str, Any]) -> dict[str, Any]:
+    """Carry out one request of the driver."""
+    op = request["op"]
+    if op == "sequential":
+        return await sequential(system, request["k"], request["turns"], request["warmup"])
+    if op == "burst":
+        return await burst(system, request["k"], request["turns"])
+    if op == "history":
+        return await history(system, request["ks"])
+    raise ValueError(f"unknown op {op!r}")
 
 
 async def serve(name: str, server_flags: list[str], options: dict[str, Any], out: TextIO) -> None:
@@ -144,10 +171,10 @@ async def serve(name: str, server_flags: list[str], options: dict[str, Any], out
                 if request["op"] == "quit":
                     break
                 try:
-                    answer = await OPS[request["op"]](system, request)
+                    reply = await answer(system, request)
                 except Exception as error:  # reported to the driver, which stops the run with it
-                    answer = {"error": f"{type(error).__name__}: {error}"}
-                out.write(json.dumps(answer) + "\n")
+                    reply = {"error": f"{type(error).__name__}: {error}"}
+                out.write(json.dumps(reply) + "\n")
                 out.flush()
         finally:
             await system.close()

