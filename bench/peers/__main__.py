@@ -108,10 +108,10 @@ class Child:
 
 
 async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
-    command = [sys.executable, "-m", "bench.peers.serve", spec.system]
+    command = [sys.executable, "-m", "bench.peers.serve"]
     if spec.database_url:
         command += ["--database-url", spec.database_url]
-    command += ["--", *flags]
+    command += [spec.system, "--", *flags]  # options before the positionals: argparse takes no option after them
     log = logdir / f"{spec.key}.log"
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
@@ -151,7 +151,14 @@ async def measure(args: argparse.Namespace, specs: list[Spec], logdir: Path) -> 
     timeout = args.timeout
     for setting in args.settings:
         _progress(f"{setting}: starting {', '.join(s.title for s in specs)}")
-        children = await asyncio.gather(*(start_child(s, SETTINGS[setting], logdir) for s in specs))
+        started = await asyncio.gather(
+            *(start_child(s, SETTINGS[setting], logdir) for s in specs), return_exceptions=True
+        )
+        children = [c for c in started if isinstance(c, Child)]
+        failed = [c for c in started if not isinstance(c, Child)]
+        if failed:
+            await asyncio.gather(*(child.stop() for child in children))
+            raise failed[0]
         try:
             per_spec: dict[str, dict[int, Figures]] = {s.key: {k: Figures() for k in args.k} for s in specs}
             step = 0
