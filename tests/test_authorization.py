@@ -367,14 +367,13 @@ async def test_a_slow_sync_hook_does_not_stall_another_turns_tool(tk: TurnKit) -
             approved.set()
         return True
 
-    steady_entered = asyncio.Event()
+    steady_entered, second_done = asyncio.Event(), asyncio.Event()
 
     @turnkit.tool
     async def steady() -> dict[str, Any]:
-        """At most once; runs until the slow approval is over (its activity must heartbeat all along)."""
+        """At most once; runs until the other turn is over (its activity must heartbeat all along)."""
         steady_entered.set()
-        while not approved.is_set():
-            await asyncio.sleep(0.05)
+        await second_done.wait()
         return {"steady": True}
 
     @turnkit.tool
@@ -388,12 +387,15 @@ async def test_a_slow_sync_hook_does_not_stall_another_turns_tool(tk: TurnKit) -
     healthy = await (await tk.conversation(first)).ask("x", wait=False)
     await asyncio.wait_for(steady_entered.wait(), 30)
     slow = await (await tk.conversation(second)).ask("x", wait=False)
-    healthy, slow = await healthy.result(timeout=60), await slow.result(timeout=60)
+    slow = await slow.result(timeout=60)
+    second_done.set()
+    healthy = await healthy.result(timeout=60)
     assert approving.is_set() and approved.is_set()
+    [approved_run] = await slow.tool_executions()
+    assert approved_run.status == "completed", (approved_run.status, approved_run.error)
     [steady_run] = await healthy.tool_executions()
     assert steady_run.status == "completed", (steady_run.status, steady_run.error)
-    [approved_run] = await slow.tool_executions()
-    assert approved_run.status == "completed" and slow.status == healthy.status == "completed"
+    assert slow.status == healthy.status == "completed"
 
 
 async def test_t92_cascade_pause_during_a_blocked_launch_agent_authorisation(tk: TurnKit) -> None:
