@@ -465,3 +465,30 @@ async def test_a_principal_that_may_use_no_tool_cannot_message_delegate_launch_o
     assert await destination.inbox() == [] and invoked == []
     async with tk.store.atomic() as tx:
         assert await tx.list_waits(turn_id=turn.id) == []
+
+
+async def test_a_hook_that_never_answers_is_a_denial_within_the_calls_time(tk: TurnKit) -> None:
+    """issue 8 items 2, 9: the ``tool`` question gets what is left of the tool activity's time (4 s here); a hook
+    still thinking then is a denial with ``TimeoutError``, asked once: the activity is not timed out and retried."""
+    never = threading.Event()
+    asked: list[str] = []
+
+    def stuck(action: str, *, principal: Any, **resources: Any) -> bool:
+        asked.append(action)
+        return never.wait(30)  # an approval service that never answers
+
+    @turnkit.tool(timeout=4)
+    def guarded() -> dict[str, Any]:
+        """Guarded by a stuck approval service."""
+        return {"ran": True}
+
+    turnkit.configure(authorize=stuck)
+    client = ScriptedClient([call_tools(("guarded", {})), "denied in time"])
+    conversation = await tk.conversation(turnkit.Agent("stuck", model="scripted", client=client, tools=[guarded]))
+    try:
+        turn = await conversation.ask("x")
+    finally:
+        never.set()
+    assert turn.status == "completed" and client.calls == 2 and asked == ["tool"]
+    [execution] = await turn.tool_executions()
+    assert denial(execution) and (execution.error or {})["details"]["hook_error"] == "TimeoutError", execution.error

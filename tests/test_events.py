@@ -14,6 +14,7 @@ import turnkit
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
+
 def agent(name: str, script: list[Any], tools: list[turnkit.Tool]) -> turnkit.Agent:
     return turnkit.Agent(name, model="scripted", client=ScriptedClient(script), tools=tools)
 

@@ -7,7 +7,8 @@ allowed (the trusted single-application mode).
 
 The hook runs in activities and client calls, never in workflow code, and never inside a store transaction: a sync
 hook runs in a thread, an async one on the event loop, so a slow approval service blocks nothing but the action it
-guards. It may therefore be called from several threads at once.
+guards. It may therefore be called from several threads at once. Inside an activity it must answer within the
+attempt's time (store activities: 30 s; a tool call: its timeout), or the action is denied with ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ async def check(action: Action, principal: Any, **resources: Any) -> Verdict:
     try:
         answer = await call_application(ask, action, principal=principal, **resources)
     except Exception as err:  # spec §7.1: anything but a literal True denies, an exception included
+        # A hook still thinking when the activity attempt's time is nearly up raised TimeoutError (turnkit.callbacks).
         logger.warning("the authorization hook raised on %r; the action is denied", action, exc_info=err)
         return Verdict(action, False, hook_error=error_class_name(err), cause=err)
     return Verdict(action, answer is True)

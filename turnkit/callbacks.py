@@ -2,8 +2,11 @@
 
 A synchronous callback runs in a thread of a small pool of its own; an ``async def`` callback (or one that returns an
 awaitable) is awaited on the loop. Inside an activity that heartbeats, the heartbeat goes on while the callback runs,
-so a slow approval service or a slow observer never makes a live worker look dead. Callbacks are never called inside
-a store transaction (which would hold row locks, and on SQLite the database-wide lock, for as long as they take).
+so a slow approval service or a slow observer never makes a live worker look dead. Inside an activity, a callback
+gets at most what is left of the attempt's start-to-close time (less a margin for the write that follows): past
+that, it raises ``TimeoutError`` (the thread is left to finish on its own) instead of the attempt timing out and
+being retried, which would ask again and again. Callbacks are never called inside a store transaction (which would
+hold row locks, and on SQLite the database-wide lock, for as long as they take).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from temporalio import activity
@@ -34,6 +38,10 @@ async def call_application(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
         Exception: Whatever the callback raised.
     """
     require_no_transaction()
+    return await asyncio.wait_for(_call(fn, *args, **kwargs), _time_left())
+
+
+async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if _is_async(fn):
         result = fn(*args, **kwargs)
     else:
@@ -43,6 +51,22 @@ async def call_application(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     if inspect.isawaitable(result):
         result = await _heartbeating(result)
     return result
+
+
+def _time_left() -> float | None:
+    """Seconds a callback may take inside this activity attempt (None: unbounded, outside activities)."""
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    deadlines: list[datetime] = []
+    if info.start_to_close_timeout:
+        deadlines.append(info.started_time + info.start_to_close_timeout)
+    if info.schedule_to_close_timeout:
+        deadlines.append(info.scheduled_time + info.schedule_to_close_timeout)
+    if not deadlines:
+        return None
+    margin = min(5.0, 0.2 * (min(deadlines) - info.started_time).total_seconds())
+    return max((min(deadlines) - datetime.now(UTC)).total_seconds() - margin, 0.1)
 
 
 def require_no_transaction() -> None:
