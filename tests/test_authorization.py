@@ -253,7 +253,9 @@ def hook_denial(execution: turnkit.ToolExecutionRecord, action: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("site", ["tool", "send_message", "delegate", "implicit_join", "launch_agent", "wait_for"])
+@pytest.mark.parametrize(
+    "site", ["tool", "send_message", "delegate", "implicit_join", "launch_agent", "launch_callback", "wait_for"]
+)
 async def test_a_raising_hook_denies_the_call_and_the_turn_goes_on(
     tk: TurnKit, site: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -270,9 +272,11 @@ async def test_a_raising_hook_denies_the_call_and_the_turn_goes_on(
         "delegate": ("child", {"task": "t"}),
         "implicit_join": ("child", {"task": "t"}),
         "launch_agent": ("launch_agent", {"agent_name": "child", "task": "t"}),
+        "launch_callback": ("launch_agent", {"agent_name": "child", "task": "t", "callback": True}),
         "wait_for": ("wait_for", {"turn_ids": [target.id]}),
     }
-    action = {"tool": "tool", "delegate": "launch_agent", "implicit_join": "wait", "wait_for": "wait"}.get(site, site)
+    actions = {"delegate": "launch_agent", "implicit_join": "wait", "launch_callback": "callback", "wait_for": "wait"}
+    action = actions.get(site, site)
     hook = Raising(action)
     turnkit.configure(authorize=hook)
     client = ScriptedClient([call_tools(calls[site]), "went on"])
