@@ -9,18 +9,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
 
 from activities.tools import outcome_of
 from turnkit.agent import Agent, resolve_agent
-from turnkit.authorization import is_authorized
-from turnkit.builtin_tools import WaitForTool
+from turnkit.authorization import Verdict, check
+from turnkit.builtin_tools import WaitForTool, sub_agent_tool
+from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import turn_result
 from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
 from turnkit.executions import open_tool_execution
+from turnkit.ids import new_id
 from turnkit.payloads import (
     ChildPlan,
     DelegateCalls,
@@ -41,8 +44,6 @@ from turnkit.waits import add_waits, enter_waiting, leave_waiting, unfinished_ta
 
 __all__ = ["ChildActivities"]
 
-_DENIED = {"class": "TurnKit::AuthorizationError", "authorization_denied": True}
-
 
 class ChildActivities:
     """Delegation, join and wait activities bound to a store."""
@@ -54,6 +55,9 @@ class ChildActivities:
     async def delegate(self, request: DelegateCalls) -> DelegateResult:
         """Record the delegated calls and their child turns (idempotent); see the module docstring."""
         parent_agent = resolve_agent(request.agent_name)
+        # The hook is asked about every call first, outside any transaction: a slow approval service holds no
+        # lock, and the control boundary below is checked after it answered (spec T92).
+        asked = [await self._ask(request, parent_agent, call) for call in request.calls]
         result = DelegateResult()
         for index, call in enumerate(request.calls):
             async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -65,7 +69,7 @@ class ChildActivities:
                         boundary, _ = await control_boundary(tx, turn)
                         if boundary is not None:
                             return DelegateResult(paused=boundary == "paused", steered=boundary == "steered")
-                plan, budget_error = await self._delegate_one(tx, request, parent_agent, call)
+                plan, budget_error = await self._delegate_one(tx, request, parent_agent, call, asked[index])
             result.plans.append(plan)
             if budget_error is not None:
                 result.budget_error = budget_error  # the turn fails; later calls are repaired at its end
@@ -76,8 +80,37 @@ class ChildActivities:
                 await enter_waiting(tx, request.turn_id, running)  # joined children: the parent is `waiting`
         return result
 
+    async def _ask(self, request: DelegateCalls, parent_agent: Agent, call: ToolCallRef) -> _Asked:
+        """The hook's verdict on one delegated call, in the spec's order (``tool``, ``launch_agent``, ``callback``,
+        the implicit join's ``wait``); the first denial is the verdict. Nothing is asked for a call already opened.
+        """
+        child_id = new_id("turn")  # the child's id, known before it is created, so ``wait`` can name it
+        if settings.authorize is None or call.arguments_error:
+            return _Asked(Verdict("tool", True), child_id)
+        async with self.store.atomic() as tx:
+            turn = await tx.load_turn(request.turn_id)
+            if await tx.find_tool_execution(turn.id, call.id) is not None:
+                return _Asked(Verdict("tool", True), child_id)
+        principal = turn.options.get("principal")
+        tool = parent_agent.tool(call.name) if request.launch else sub_agent_tool(call.name)
+        verdict = await check("tool", principal, turn=turn, tool=tool, arguments=call.arguments)
+        if not verdict.allowed:
+            return _Asked(verdict, child_id)
+        try:
+            agent_name, task, callback = _delegation_arguments(parent_agent, call, launch=request.launch)
+            sub_agent = resolve_agent(agent_name)
+        except (ToolError, ConfigError):
+            return _Asked(verdict, child_id)  # the call fails on its arguments: nothing more to ask
+        arguments = {"task": task, "callback": callback} if request.launch else {"task": task}
+        verdict = await check("launch_agent", principal, turn=turn, agent=sub_agent, arguments=arguments)
+        if verdict.allowed and callback:
+            verdict = await check("callback", principal, turn=turn.id, destination_conversation=turn.conversation_id)
+        if verdict.allowed and not request.launch:
+            verdict = await check("wait", principal, turn=turn.id, targets=[child_id])
+        return _Asked(verdict, child_id)
+
     async def _delegate_one(
-        self, tx: StoreTx, request: DelegateCalls, parent_agent: Agent, call: ToolCallRef
+        self, tx: StoreTx, request: DelegateCalls, parent_agent: Agent, call: ToolCallRef, asked: _Asked
     ) -> tuple[ChildPlan, str | None]:
         turn = await tx.load_turn(request.turn_id)
         execution = await tx.find_tool_execution(turn.id, call.id)
@@ -94,6 +127,10 @@ class ChildActivities:
         if denial is not None:
             return plan, denial
         defer = not request.launch  # a delegation group appends its results at the join, in call order
+        verdict = asked.verdict
+        if verdict.action == "tool" and not verdict.allowed:  # spec §3.8 step 7: before the arguments are used
+            await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=not defer)
+            return plan, None
         try:
             agent_name, task, callback = _delegation_arguments(parent_agent, call, launch=request.launch)
             sub_agent = resolve_agent(agent_name)
@@ -102,21 +139,17 @@ class ChildActivities:
                 tx, turn, execution, str(err), details={"class": error_class_name(err)}, append=not defer
             )
             return plan, None
-        principal = turn.options.get("principal")
-        arguments = {"task": task, "callback": callback} if request.launch else {"task": task}
-        if not is_authorized("launch_agent", principal, turn=turn, agent=sub_agent, arguments=arguments) or (
-            callback
-            and not is_authorized("callback", principal, turn=turn.id, destination_conversation=turn.conversation_id)
-        ):
-            action = "launch_agent" if not callback else "launch_agent or callback"
-            await fail_execution(tx, turn, execution, f"not authorized to {action}", details=_DENIED, append=not defer)
+        if not verdict.allowed and verdict.action != "wait":  # launch_agent or callback: no child (spec §7.4)
+            await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=not defer)
             return plan, None
         savepoint = await tx.session.begin_nested()
-        child = await _create_child(tx, turn, execution, sub_agent, task, depth=request.depth + 1, callback=callback)
-        if not request.launch and not is_authorized("wait", principal, turn=turn.id, targets=[child.id]):
+        child = await _create_child(
+            tx, turn, execution, sub_agent, task, depth=request.depth + 1, callback=callback, turn_id=asked.child_id
+        )
+        if not verdict.allowed:
             # The implicit join is a wait: denied, the child's creation rolls back with it (spec §7.4).
             await savepoint.rollback()
-            await fail_execution(tx, turn, execution, "not authorized to wait", details=_DENIED, append=False)
+            await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=False)
             return plan, None
         await savepoint.commit()
         if request.launch:
@@ -174,14 +207,21 @@ class ChildActivities:
                 if denial is not None:
                     return WaitPlan(execution_id=execution.id, settled=True)
         try:
+            # Asked here, between transactions: ``tool`` like every tool call, then ``wait`` (spec §7.3).
+            principal = turn.options.get("principal")
+            tool = resolve_agent(turn.agent_name).tool(call.name) or WaitForTool()
+            verdict = await check("tool", principal, turn=turn, tool=tool, arguments=call.arguments)
+            if not verdict.allowed:
+                raise _Denied(verdict)
             targets = [str(t) for t in WaitForTool().validate_arguments(call.arguments)["turn_ids"]]
-            if not is_authorized("wait", turn.options.get("principal"), turn=turn.id, targets=targets):
-                raise _Denied("not authorized to wait")
+            verdict = await check("wait", principal, turn=turn.id, targets=targets)
+            if not verdict.allowed:
+                raise _Denied(verdict)
             async with self.store.atomic(turn_id=request.root_turn_id, wait_graph=True) as tx:
                 records = await add_waits(tx, turn, targets)
                 await enter_waiting(tx, turn.id, [t.id for t in records if not t.terminal])
         except (ToolError, _Denied) as err:
-            details = _DENIED if isinstance(err, _Denied) else {"class": error_class_name(err)}
+            details = err.verdict.details if isinstance(err, _Denied) else {"class": error_class_name(err)}
             async with self.store.atomic(turn_id=request.root_turn_id) as tx:
                 await fail_execution(tx, turn, execution, str(err), details=details)
             return WaitPlan(execution_id=execution.id, settled=True)
@@ -217,8 +257,18 @@ class ChildActivities:
         return outcome_of(execution, None)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """The hook's verdict on one delegated call (asked before its transaction) and the id its child will have."""
+
+    verdict: Verdict
+    child_id: str
+
+
 class _Denied(Exception):
-    pass
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.message)
+        self.verdict = verdict
 
 
 def _delegation_arguments(parent: Agent, call: ToolCallRef, *, launch: bool) -> tuple[str, str, bool]:
@@ -248,6 +298,7 @@ async def _create_child(
     *,
     depth: int,
     callback: bool,
+    turn_id: str,
 ) -> TurnRecord:
     """A child conversation with lineage metadata, its task message, and the child turn (spec §4.3 build_child)."""
     principal = parent.options.get("principal")
@@ -268,6 +319,7 @@ async def _create_child(
         callback_conversation_id=parent.conversation_id if callback else None,
     )
     return await tx.create_turn(
+        id=turn_id,
         conversation_id=conversation.id,
         agent_name=agent.name,
         parent_turn_id=parent.id,

@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from activities.heartbeat import heartbeating
 from activities.notify import announce_terminal
 from turnkit.agent import Agent, resolve_agent
+from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
 from turnkit.compaction import (
     active_messages,
@@ -36,7 +37,7 @@ from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
-from turnkit.deliveries import completion_delivery, turn_result
+from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
 from turnkit.errors import BudgetError, CompactionError, ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
@@ -65,7 +66,7 @@ class ModelActivities:
             return reserved
         turn, messages, first_start = reserved
         if first_start:
-            emit("turn.started", turn.id, turn.conversation_id, status=turn.status, model=turn.model)
+            await emit("turn.started", turn.id, turn.conversation_id, status=turn.status, model=turn.model)
         try:
             agent = resolve_agent(turn.agent_name)
             client = agent.effective_client
@@ -93,7 +94,7 @@ class ModelActivities:
             output_schema=turn.options.get("output_schema"),
             metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
         )
-        emit(
+        await emit(
             "model.requested",
             turn.id,
             turn.conversation_id,
@@ -138,7 +139,7 @@ class ModelActivities:
             model=model,
             metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
         )
-        emit(
+        await emit(
             "compaction.model.requested",
             turn.id,
             turn.conversation_id,
@@ -189,7 +190,7 @@ class ModelActivities:
                 charged = await _charge(tx, current, result.usage, cost)
                 denial = await _tree_spend_denial(tx, charged)
         if written:
-            emit(
+            await emit(
                 "compaction.model.completed",
                 turn.id,
                 turn.conversation_id,
@@ -201,6 +202,7 @@ class ModelActivities:
         return [*messages, summary], denial
 
     async def _reserve(self, call: ModelCall) -> ModelStep | tuple[TurnRecord, list[MessageRecord], bool]:
+        publish = await self._publish_verdict(call)
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
@@ -214,7 +216,7 @@ class ModelActivities:
             state = turn.state
             if state.get("phase") == "output" and "candidate" in state:
                 # An answer held back at a pause, with no steering since: publish it without asking again.
-                return await _publish_candidate(tx, turn, state)
+                return await _publish_candidate(tx, turn, state, publish)
             if state.get("request_id") != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
                 denial = depth_denial(root, int(turn.options.get("depth", 0))) or iteration_denial(
@@ -258,12 +260,27 @@ class ModelActivities:
                 return ModelStep(stopped=True)
             return claimed, messages, turn.started_at is None
 
+    async def _publish_verdict(self, call: ModelCall) -> Verdict:
+        """The ``callback`` verdict for an answer held back at a pause, which ``_reserve`` may publish.
+
+        Asked before ``_reserve``'s transaction (the hook never runs inside one); only read when a hook is set.
+        """
+        if settings.authorize is None:
+            return Verdict("callback", True)
+        turn = await self.store.load_turn(call.turn_id)
+        if turn.state.get("phase") == "output" and "candidate" in turn.state:
+            return await callback_verdict(turn)
+        return Verdict("callback", True)
+
     async def _persist(self, call: ModelCall, turn: TurnRecord, model: str, result: Result) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
-        step, written = await self._write_response(call, result, cost)
+        # A final answer's completion callback is authorised before the terminal write's transaction (spec §7.4):
+        # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
+        verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
+        step, written = await self._write_response(call, result, cost, verdict)
         if written:
-            emit(
+            await emit(
                 "model.completed",
                 turn.id,
                 turn.conversation_id,
@@ -273,10 +290,12 @@ class ModelActivities:
                 cost=cost.total,
             )
             if step.completed:
-                emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
+                await emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
         return step
 
-    async def _write_response(self, call: ModelCall, result: Result, cost: Cost) -> tuple[ModelStep, bool]:
+    async def _write_response(
+        self, call: ModelCall, result: Result, cost: Cost, verdict: Verdict
+    ) -> tuple[ModelStep, bool]:
         """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them."""
         tool_calls = [
             ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
@@ -325,7 +344,7 @@ class ModelActivities:
                     claim_token=None,
                 )
                 if completed is not None:
-                    await completion_delivery(tx, completed)  # committed with the terminal write (spec §5.7)
+                    await completion_delivery(tx, completed, verdict)  # with the terminal write (spec §5.7)
         return ModelStep(message_id=message.id, tool_calls=tool_calls, completed=not tool_calls), True
 
 
@@ -349,7 +368,7 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     return None
 
 
-async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any]) -> ModelStep:
+async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any], verdict: Verdict) -> ModelStep:
     completed = await tx.claim_turn(
         turn.id,
         from_=("pending", "running"),
@@ -362,7 +381,7 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any
     )
     if completed is None:
         return ModelStep(stopped=True)
-    await completion_delivery(tx, completed)
+    await completion_delivery(tx, completed, verdict)
     return ModelStep(message_id=state.get("message_id"), completed=True)
 
 

@@ -20,11 +20,12 @@ from temporalio.common import RawValue
 
 from activities.heartbeat import heartbeating
 from turnkit.agent import resolve_agent
-from turnkit.authorization import authorize, is_authorized
-from turnkit.builtin_tools import CoordinationTool, SendMessageTool
+from turnkit.authorization import Verdict, check
+from turnkit.builtin_tools import SendMessageTool
+from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
-from turnkit.errors import AuthorizationError, ConfigError, RecordNotFound, ToolError, error_class_name
+from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.events import emit
 from turnkit.executions import open_tool_execution
 from turnkit.payloads import ToolCallInput, ToolOutcome
@@ -36,7 +37,6 @@ from turnkit.transcript import append_tool_result, fail_execution
 __all__ = ["ToolActivities", "outcome_of"]
 
 OPEN = ("pending", "running")
-AUTHORIZATION_DENIED = {"class": "TurnKit::AuthorizationError", "authorization_denied": True}
 
 
 class ToolActivities:
@@ -74,7 +74,7 @@ class ToolActivities:
                 async with heartbeating():
                     result = await tool.invoke(request.call.arguments, context)
         except _Denied as err:
-            return await self._fail(turn, execution, str(err), AUTHORIZATION_DENIED)
+            return await self._fail(turn, execution, err.verdict.message, err.verdict.details)
         except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
             return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except Exception as err:
@@ -91,15 +91,11 @@ class ToolActivities:
         args = tool.validate_arguments(arguments)
         principal = turn.options.get("principal")
         destination = str(args["conversation_id"])
-        try:
-            authorize(
-                "send_message",
-                principal,
-                source_conversation=turn.conversation_id,
-                destination_conversation=destination,
-            )
-        except AuthorizationError as err:
-            raise _Denied(str(err)) from err
+        verdict = await check(
+            "send_message", principal, source_conversation=turn.conversation_id, destination_conversation=destination
+        )
+        if not verdict.allowed:
+            raise _Denied(verdict)
         try:
             async with self.store.atomic() as tx:
                 delivery = await create_delivery(
@@ -117,6 +113,32 @@ class ToolActivities:
 
     async def _reserve(
         self, request: ToolCallInput, tool: Tool | None
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
+        verdict = await self._ask_tool(request, tool)
+        created: list[TurnRecord] = []
+        reserved = await self._reserve_in_tx(request, tool, verdict, created)
+        for turn in created:  # events fire after the commit
+            await emit("tool_call.created", turn.id, turn.conversation_id, id=request.call.id, name=request.call.name)
+        return reserved
+
+    async def _ask_tool(self, request: ToolCallInput, tool: Tool | None) -> Verdict:
+        """Ask ``tool`` for a call about to be opened, before the reserving transaction (spec §3.8 step 7, §7.3).
+
+        Every tool, ``send_message`` included; nothing to ask for an unknown tool, unparseable arguments (they fail
+        anyway) or a call already opened (a retry, or a settled call's recovery).
+        """
+        if settings.authorize is None or tool is None or request.call.arguments_error:
+            return Verdict("tool", True)
+        async with self.store.atomic() as tx:
+            turn = await tx.load_turn(request.turn_id)
+            if await tx.find_tool_execution(turn.id, request.call.id) is not None:
+                return Verdict("tool", True)
+        return await check(
+            "tool", turn.options.get("principal"), turn=turn, tool=tool, arguments=request.call.arguments
+        )
+
+    async def _reserve_in_tx(
+        self, request: ToolCallInput, tool: Tool | None, verdict: Verdict, created: list[TurnRecord]
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         call = request.call
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -137,7 +159,7 @@ class ToolActivities:
                 execution, denial = await open_tool_execution(
                     tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments
                 )
-                emit("tool_call.created", turn.id, turn.conversation_id, id=call.id, name=call.name)
+                created.append(turn)
                 if denial is not None:
                     return outcome_of(execution, tool, budget_error=denial)
                 failure: tuple[str, dict[str, Any]] | None = None
@@ -145,10 +167,8 @@ class ToolActivities:
                     failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
                 elif call.arguments_error:
                     failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
-                elif not isinstance(tool, CoordinationTool) and not is_authorized(
-                    "tool", turn.options.get("principal"), turn=turn, tool=tool, arguments=call.arguments
-                ):
-                    failure = ("not authorized to tool", AUTHORIZATION_DENIED)
+                elif not verdict.allowed:  # asked before this transaction
+                    failure = (verdict.message, verdict.details)
                 if failure is not None:
                     settled = await fail_execution(tx, turn, execution, failure[0], details=failure[1])
                     return outcome_of(settled, tool)
@@ -176,7 +196,9 @@ class ToolActivities:
                 await append_tool_result(tx, turn, current)
                 return outcome_of(current, tool)
             await append_tool_result(tx, turn, settled)
-        emit("tool_call.completed", turn.id, turn.conversation_id, id=execution.tool_call_id, name=execution.tool_name)
+        await emit(
+            "tool_call.completed", turn.id, turn.conversation_id, id=execution.tool_call_id, name=execution.tool_name
+        )
         return outcome_of(settled, tool)
 
     async def _fail(
@@ -184,12 +206,16 @@ class ToolActivities:
     ) -> ToolOutcome:
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             settled = await fail_execution(tx, turn, execution, message, details=details)
-        emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
+        await emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
         return outcome_of(settled, None)
 
 
 class _Denied(Exception):
     """An authorization denial inside a coordination tool: a failed execution with ``authorization_denied``."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.message)
+        self.verdict = verdict
 
 
 def outcome_of(execution: ToolExecutionRecord, tool: Tool | None, *, budget_error: str | None = None) -> ToolOutcome:

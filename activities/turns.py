@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.notify import announce_terminal
 from turnkit.agent import resolve_agent
-from turnkit.deliveries import completion_delivery, sub_agent_turn_active
+from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
@@ -88,12 +88,13 @@ class TurnActivities:
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
         """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn."""
         turn = await self.store.load_turn(finish.turn_id)
+        verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (spec §7.4)
         already_done = False
         finished: TurnRecord | None = None
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             turn = await tx.load_turn(finish.turn_id)
             if turn.terminal:  # a retry after commit: make sure what follows the terminal write happened
-                await completion_delivery(tx, turn)
+                await completion_delivery(tx, turn, verdict)
                 already_done = True
             elif finish.status == "completed":
                 finished = await self._complete_by_terminal_tool(tx, turn, finish)
@@ -110,14 +111,16 @@ class TurnActivities:
                 )
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
-                await completion_delivery(tx, turn)  # committed with the terminal write (spec §5.7)
+                await completion_delivery(tx, turn, verdict)  # committed with the terminal write (spec §5.7)
         await announce_terminal(self.store, turn)
         if already_done:
             return outcome_of(turn)
         if turn.status == "completed":
-            emit("turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text)
+            await emit(
+                "turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text
+            )
         elif turn.terminal:
-            emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
+            await emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
         return outcome_of(turn)
 
     async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
@@ -170,7 +173,7 @@ class TurnActivities:
             else:
                 await append_tool_result(tx, turn, execution)
         if execution.status == "interrupted":
-            emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
+            await emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
         return ToolOutcome(execution_id=execution.id, status=execution.status)
 
 

@@ -127,7 +127,7 @@ def _hang_after_commit(event: Event) -> None:
     )
     if chosen and not lines("hung"):
         record("hung", event.turn_id)
-        time.sleep(3600)  # blocks the whole worker: the activity never reports, as if the process died here
+        time.sleep(3600)  # blocks this activity (the callback runs in a thread): it never reports, as if dead
 
 
 turnkit.configure(on_event=_hang_after_commit)

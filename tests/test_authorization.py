@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -215,3 +218,281 @@ async def _conversations(tk: TurnKit) -> list[turnkit.ConversationRecord]:
     async with tk.store.atomic() as tx:
         rows = await tx.session.scalars(select(ConversationRow))
         return [await tx.load_conversation(row.uid) for row in rows]
+
+
+# issue 8 items 2, 9, 10: a raising hook is a denial; sync and async hooks, off the loop, outside transactions;
+# ``tool`` asked for every tool call. -------------------------------------------------------------------------------
+
+
+class ApprovalServiceDown(Exception):
+    """What a hook that calls an unreachable approval service raises."""
+
+
+class Raising:
+    """Raises on one action (allows everything else, and the same action at submission, where ``turn`` is None)."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+        self.raised = 0
+
+    def __call__(self, action: str, *, principal: Any, **resources: Any) -> Any:
+        if action == self.action and not ("turn" in resources and resources["turn"] is None):
+            self.raised += 1
+            raise ApprovalServiceDown("approval service unreachable")
+        return True
+
+
+def hook_denial(execution: turnkit.ToolExecutionRecord, action: str) -> bool:
+    """A denial recorded with the hook's exception class (spec §7.4 details, plus ``hook_error``)."""
+    details = (execution.error or {}).get("details") or {}
+    return (
+        denial(execution)
+        and details.get("class") == "TurnKit::AuthorizationError"
+        and details.get("hook_error") == "ApprovalServiceDown"
+        and (execution.error or {}).get("message") == f"not authorized to {action}"
+    )
+
+
+@pytest.mark.parametrize(
+    "site", ["tool", "send_message", "delegate", "implicit_join", "launch_agent", "launch_callback", "wait_for"]
+)
+async def test_a_raising_hook_denies_the_call_and_the_turn_goes_on(
+    tk: TurnKit, site: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """issue 8 item 2: the hook raises inside a tool, a delegation or a wait: that call is denied with the
+    exception's class, nothing it guards happens, no store activity retries, the turn finishes (2 model calls)."""
+    invoked.clear()
+    child_client = ScriptedClient(["child"])
+    child = turnkit.Agent("child", model="scripted", client=child_client)
+    target = await (await tk.conversation(agent("target"))).ask("t")
+    destination = await tk.conversation(agent("destination"))
+    calls = {
+        "tool": ("secret", {}),
+        "send_message": ("send_message", {"conversation_id": destination.id, "text": "x"}),
+        "delegate": ("child", {"task": "t"}),
+        "implicit_join": ("child", {"task": "t"}),
+        "launch_agent": ("launch_agent", {"agent_name": "child", "task": "t"}),
+        "launch_callback": ("launch_agent", {"agent_name": "child", "task": "t", "callback": True}),
+        "wait_for": ("wait_for", {"turn_ids": [target.id]}),
+    }
+    actions = {"delegate": "launch_agent", "implicit_join": "wait", "launch_callback": "callback", "wait_for": "wait"}
+    action = actions.get(site, site)
+    hook = Raising(action)
+    turnkit.configure(authorize=hook)
+    client = ScriptedClient([call_tools(calls[site]), "went on"])
+    tools = [secret, send_message, launch_agent, wait_for]
+    worker = turnkit.Agent("worker", model="scripted", client=client, tools=tools, sub_agents=[child])
+    with caplog.at_level("WARNING", logger="turnkit.authorization"):
+        turn = await (await (await tk.conversation(worker)).ask("x", wait=False)).result(timeout=60)
+    assert turn.status == "completed" and turn.output_text == "went on"
+    assert client.calls == 2 and hook.raised == 1  # asked once: no activity retried because of the hook
+    [execution] = await turn.tool_executions()
+    assert hook_denial(execution, action), execution.error
+    assert invoked == [] and child_client.calls == 0 and await destination.inbox() == []
+    assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1  # no child (the join's rolled back too)
+    async with tk.store.atomic() as tx:
+        assert await tx.list_waits(turn_id=turn.id) == []
+    [logged] = [r for r in caplog.records if r.name == "turnkit.authorization"]
+    assert logged.exc_info is not None and isinstance(logged.exc_info[1], ApprovalServiceDown)
+
+
+async def test_a_raising_callback_hook_keeps_the_final_answer(tk: TurnKit, caplog: pytest.LogCaptureFixture) -> None:
+    """issue 8 item 2: the completion callback's hook raises at the terminal write: the answer stands (the model is
+    called once), ``callback_denied`` records the exception's class and no delivery is made."""
+    boss = await tk.conversation(agent("boss"))
+    client = ScriptedClient(["final answer"])
+    job = await tk.conversation(turnkit.Agent("job", model="scripted", client=client))
+    hook = Raising("callback")
+    turnkit.configure(authorize=hook)
+    with caplog.at_level("WARNING", logger="turnkit.authorization"):
+        turn = await (await job.ask("x", callback=boss, wait=False)).result(timeout=60)
+    assert turn.status == "completed" and turn.output_text == "final answer"
+    assert client.calls == 1 and hook.raised == 1
+    denied = turn.record.options["callback_denied"]
+    assert denied["class"] == "TurnKit::AuthorizationError" and denied["message"] == "not authorized to callback"
+    assert denied["hook_error"] == "ApprovalServiceDown"
+    assert await boss.inbox() == [] and await job.outbox() == []
+    assert any(r.name == "turnkit.authorization" and r.exc_info for r in caplog.records)
+
+
+async def test_a_raising_hook_on_a_client_call_raises_authorization_error(tk: TurnKit) -> None:
+    """issue 8 item 2: client-side, a hook that raises is an ``AuthorizationError`` caused by the exception."""
+    conversation = await tk.conversation(agent("owned"))
+    turnkit.configure(authorize=Raising("read_messages"))
+    with pytest.raises(turnkit.AuthorizationError, match="not authorized to read_messages") as raised:
+        await conversation.messages_after(0)
+    assert isinstance(raised.value.__cause__, ApprovalServiceDown)
+
+
+class AsyncPolicy:
+    """An object whose ``.authorize`` is ``async def``: denies ``tool`` for the principal "intern"."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def authorize(self, action: str, *, principal: Any, **resources: Any) -> bool:
+        self.asked.append(action)
+        await asyncio.sleep(0)  # really asynchronous
+        return not (action == "tool" and principal == "intern")
+
+
+async def test_async_hooks_allow_and_deny(tk: TurnKit) -> None:
+    """issue 8 item 9: an ``async def`` hook (a function, or an object's method) is awaited: its True allows."""
+    invoked.clear()
+    policy = AsyncPolicy()
+    turnkit.configure(authorize=policy)
+    script = [call_tools(("secret", {})), "ok"]
+    allowed = await (await tk.conversation(agent(tools=[secret], script=script), principal="boss")).ask("x")
+    [execution] = await allowed.tool_executions()
+    assert execution.status == "completed" and invoked == ["secret"] and "tool" in policy.asked
+    denied = await (await tk.conversation(agent(tools=[secret], script=script), principal="intern")).ask("x")
+    [execution] = await denied.tool_executions()
+    assert denial(execution) and invoked == ["secret"]
+
+    async def deny_reads(action: str, *, principal: Any, **resources: Any) -> bool:
+        return action != "read_control"
+
+    turnkit.configure(authorize=deny_reads)
+    with pytest.raises(turnkit.AuthorizationError, match="not authorized to read_control"):
+        await allowed.control_state()
+
+
+async def test_a_slow_sync_hook_does_not_stall_another_turns_tool(tk: TurnKit) -> None:
+    """issue 8 item 9: a sync hook that blocks 3 s (a slow approval service) while an at-most-once tool of another
+    turn runs with a 1 s heartbeat timeout: that tool keeps heartbeating and completes; the slow call is allowed."""
+    turnkit.configure(tool_heartbeat_timeout=1.0)
+    approving, approved = threading.Event(), threading.Event()
+
+    def slow_approval(action: str, *, principal: Any, **resources: Any) -> bool:
+        tool = resources.get("tool")
+        if action == "tool" and getattr(tool, "name", None) == "approve_me":
+            approving.set()
+            time.sleep(3)  # blocks whatever thread it runs on
+            approved.set()
+        return True
+
+    steady_entered, second_done = asyncio.Event(), asyncio.Event()
+
+    @turnkit.tool
+    async def steady() -> dict[str, Any]:
+        """At most once; runs until the other turn is over (its activity must heartbeat all along)."""
+        steady_entered.set()
+        await second_done.wait()
+        return {"steady": True}
+
+    @turnkit.tool
+    def approve_me() -> dict[str, Any]:
+        """Needs a slow approval."""
+        return {"approved": True}
+
+    turnkit.configure(authorize=slow_approval)
+    first = agent("first", tools=[steady], script=[call_tools(("steady", {})), "first done"])
+    second = agent("second", tools=[approve_me], script=[call_tools(("approve_me", {})), "second done"])
+    healthy = await (await tk.conversation(first)).ask("x", wait=False)
+    await asyncio.wait_for(steady_entered.wait(), 30)
+    slow = await (await tk.conversation(second)).ask("x", wait=False)
+    slow = await slow.result(timeout=60)
+    second_done.set()
+    healthy = await healthy.result(timeout=60)
+    assert approving.is_set() and approved.is_set()
+    [approved_run] = await slow.tool_executions()
+    assert approved_run.status == "completed", (approved_run.status, approved_run.error)
+    [steady_run] = await healthy.tool_executions()
+    assert steady_run.status == "completed", (steady_run.status, steady_run.error)
+    assert slow.status == healthy.status == "completed"
+
+
+async def test_t92_cascade_pause_during_a_blocked_launch_agent_authorisation(tk: TurnKit) -> None:
+    """T92 (issue 8 item 9): the launch_agent approval blocks; a cascade pause lands meanwhile; released, the
+    parent is paused with no child (the boundary is re-checked after the hook); resumed, it completes with 1 child."""
+    entered, release = threading.Event(), threading.Event()
+    asked: list[str] = []
+
+    def approval_service(action: str, *, principal: Any, **resources: Any) -> bool:
+        asked.append(action)
+        if action == "launch_agent" and asked.count("launch_agent") == 1:
+            entered.set()
+            return release.wait(60)  # the first approval waits for a human
+        return True
+
+    child_client = ScriptedClient(["child done"])
+    child = turnkit.Agent("child", model="scripted", client=child_client)
+    turnkit.configure(authorize=approval_service)
+    parent = agent("parent", sub_agents=[child], script=[call_tools(("child", {"task": "t"})), "parent done"])
+    turn = await (await tk.conversation(parent)).ask("x", wait=False)
+    assert await asyncio.to_thread(entered.wait, 30), "the launch_agent approval was never asked"
+    await turn.pause(descendants="cascade")  # the hook is not holding any lock: the pause goes through
+    release.set()
+
+    async def paused() -> bool:
+        return (await turn.refresh()).status == "paused"
+
+    await eventually(paused, what="the parent to pause at the boundary after the approval")
+    assert [t.id for t in await tk.store.list_turns(root_turn_id=turn.id)] == [turn.id]  # no child
+    assert child_client.calls == 0
+    await turn.resume(descendants="cascade")
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "parent done"
+    tree = await tk.store.list_turns(root_turn_id=turn.id)
+    assert len(tree) == 2 and child_client.calls == 1  # exactly 1 child
+    assert asked.count("launch_agent") == 2  # asked again on resume
+
+
+async def test_a_principal_that_may_use_no_tool_cannot_message_delegate_launch_or_wait(tk: TurnKit) -> None:
+    """issue 8 item 10: ``tool`` is asked for every tool call, coordination tools and sub-agent calls included,
+    before the specific action: a principal denied ``tool`` sends nothing, creates no child and waits on nothing."""
+    invoked.clear()
+    child_client = ScriptedClient(["child"])
+    child = turnkit.Agent("child", model="scripted", client=child_client)
+    target = await (await tk.conversation(agent("target"))).ask("t")
+    destination = await tk.conversation(agent("destination"))
+    policy = Policy("tool", unless_principal="admin")
+    turnkit.configure(authorize=policy)
+    proposals = call_tools(
+        ("child", {"task": "t"}),
+        ("launch_agent", {"agent_name": "child", "task": "t"}),
+        ("send_message", {"conversation_id": destination.id, "text": "x"}),
+        ("wait_for", {"turn_ids": [target.id]}),
+        ("secret", {}),
+    )
+    client = ScriptedClient([proposals, "nothing allowed"])
+    tools = [secret, send_message, launch_agent, wait_for]
+    intern = turnkit.Agent("intern", model="scripted", client=client, tools=tools, sub_agents=[child])
+    turn = await (await tk.conversation(intern, principal="intern")).ask("x")
+    assert turn.status == "completed" and client.calls == 2
+    executions = await turn.tool_executions()
+    assert sorted(e.tool_name for e in executions) == ["child", "launch_agent", "secret", "send_message", "wait_for"]
+    for execution in executions:
+        assert denial(execution) and (execution.error or {}).get("message") == "not authorized to tool", execution
+    assert set(policy.asked) == {"tool"}, policy.asked  # denied first: the specific actions are never asked
+    assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1 and child_client.calls == 0
+    assert await destination.inbox() == [] and invoked == []
+    async with tk.store.atomic() as tx:
+        assert await tx.list_waits(turn_id=turn.id) == []
+
+
+async def test_a_hook_that_never_answers_is_a_denial_within_the_calls_time(tk: TurnKit) -> None:
+    """issue 8 items 2, 9: the ``tool`` question gets what is left of the tool activity's time (4 s here); a hook
+    still thinking then is a denial with ``TimeoutError``, asked once: the activity is not timed out and retried."""
+    never = threading.Event()
+    asked: list[str] = []
+
+    def stuck(action: str, *, principal: Any, **resources: Any) -> bool:
+        asked.append(action)
+        return never.wait(30)  # an approval service that never answers
+
+    @turnkit.tool(timeout=4)
+    def guarded() -> dict[str, Any]:
+        """Guarded by a stuck approval service."""
+        return {"ran": True}
+
+    turnkit.configure(authorize=stuck)
+    client = ScriptedClient([call_tools(("guarded", {})), "denied in time"])
+    conversation = await tk.conversation(turnkit.Agent("stuck", model="scripted", client=client, tools=[guarded]))
+    try:
+        turn = await conversation.ask("x")
+    finally:
+        never.set()
+    assert turn.status == "completed" and client.calls == 2 and asked == ["tool"]
+    [execution] = await turn.tool_executions()
+    assert denial(execution) and (execution.error or {})["details"]["hook_error"] == "TimeoutError", execution.error

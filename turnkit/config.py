@@ -74,15 +74,16 @@ class Settings:
     """Callable ``(usage, model)`` that prices a model call; see :func:`turnkit.cost.cost_from_usage`."""
 
     authorize: Callable[..., Any] | None = None
-    """Authorization hook ``authorize(action, principal=..., **resources)``; must return literally ``True``.
-    None allows everything (spec §7)."""
+    """Authorization hook ``authorize(action, principal=..., **resources)`` (sync or ``async def``, or an object with
+    such an ``.authorize``); must return literally ``True``, anything else (an exception included) denies. None allows
+    everything (spec §7; see :mod:`turnkit.authorization`)."""
 
     maintenance_batch_size: int = 100
     """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
 
     on_event: EventCallback | list[EventCallback] | tuple[EventCallback, ...] | None = None
-    """Event callback(s), called synchronously with each :class:`turnkit.events.Event` (spec §3.11); run inside
-    activities."""
+    """Event callback(s) (sync or ``async def``), called with each :class:`turnkit.events.Event` after its write
+    committed (spec §3.11); sync ones run in a thread; exceptions are logged (see :mod:`turnkit.events`)."""
 
     model_timeout: float = 300.0
     """Seconds one model request may take (the ``turnkit.model`` activity's start-to-close timeout)."""

@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkit.authorization import is_authorized
+from turnkit.authorization import DENIAL_CLASS, Verdict, check
 from turnkit.errors import RecordNotFound
 from turnkit.payloads import DeliverySignal, LaneInput
 from turnkit.records import DeliveryRecord, TurnRecord
@@ -22,6 +22,7 @@ from turnkit.store.store import Store, StoreTx, utcnow
 
 __all__ = [
     "WAKE_SIGNAL",
+    "callback_verdict",
     "completion_delivery",
     "create_delivery",
     "notify_completion",
@@ -82,19 +83,32 @@ def turn_result(turn: TurnRecord) -> dict[str, Any]:
     return {key: value for key, value in result.items() if value is not None}
 
 
-async def completion_delivery(tx: StoreTx, turn: TurnRecord) -> DeliveryRecord | None:
-    """The completion callback of a finished turn (key ``completion:<turn_id>``), created with its terminal write."""
+async def callback_verdict(turn: TurnRecord) -> Verdict:
+    """Ask ``callback`` for a turn's completion callback, before its terminal write (never inside it).
+
+    Allowed at once when the turn has no callback: the hook is only asked when there is something to deliver.
+    """
     destination = turn.options.get("callback_conversation_id")
-    if not destination or not turn.terminal:
-        return None
-    principal = turn.options.get("principal")
-    if not is_authorized("callback", principal, turn=turn.id, destination_conversation=destination):
-        # The terminal state stands; the denial is recorded instead of a delivery (spec §5.7).
-        if "callback_denied" not in turn.options:
-            denied = {"class": "TurnKit::AuthorizationError", "message": "not authorized to callback"}
-            await tx.update_turn(
-                turn.id, options={**turn.options, "callback_denied": {**denied, "at": utcnow().isoformat()}}
-            )
+    if not destination:
+        return Verdict("callback", True)
+    return await check("callback", turn.options.get("principal"), turn=turn.id, destination_conversation=destination)
+
+
+async def completion_delivery(tx: StoreTx, turn: TurnRecord, verdict: Verdict) -> DeliveryRecord | None:
+    """The completion callback of a finished turn (key ``completion:<turn_id>``), created with its terminal write.
+
+    ``verdict`` is :func:`callback_verdict`, asked before the transaction. Denied, the terminal state stands and
+    ``options.callback_denied`` records the denial instead of a delivery (spec §7.4).
+    """
+    destination = turn.options.get("callback_conversation_id")
+    if not destination or not turn.terminal or "callback_denied" in turn.options:
+        return None  # the first decision stands, whatever a retry's hook says
+    if not verdict.allowed:
+        if await tx.find_delivery(f"completion:{turn.id}") is None:
+            denied: dict[str, Any] = {"class": DENIAL_CLASS, "message": verdict.message, "at": utcnow().isoformat()}
+            if verdict.hook_error is not None:
+                denied["hook_error"] = verdict.hook_error
+            await tx.update_turn(turn.id, options={**turn.options, "callback_denied": denied})
         return None
     return await create_delivery(
         tx,

@@ -1,19 +1,25 @@
-"""Lifecycle events (spec §3.11), delivered synchronously to ``settings.on_event``.
+"""Lifecycle events (spec §3.11), delivered to ``settings.on_event`` after the corresponding store write committed.
 
-Events are observations, not durable records: they are emitted by activities after the corresponding store write
-committed. An exception raised by a callback propagates into the activity, as in the gem (a worker "crash").
+Events are observations, not durable records. Each callback (sync, or ``async def``) is awaited in turn, so one
+emitter's events arrive in order; a sync callback runs in a thread (:mod:`turnkit.callbacks`), never on the
+worker's event loop. A callback that raises is logged and ignored: the write it reports has committed, so failing
+(and retrying) the activity would only repeat work (this differs from the gem, where the exception propagates).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
+from turnkit.callbacks import call_application, require_no_transaction
 from turnkit.config import settings
 from turnkit.store.store import utcnow
 
-__all__ = ["Event", "emit"]
+__all__ = ["Event", "emit", "logger"]
+
+logger: Final = logging.getLogger("turnkit.events")
 
 
 @dataclass(frozen=True)
@@ -27,12 +33,16 @@ class Event:
     created_at: datetime = field(default_factory=utcnow)
 
 
-def emit(type: str, turn_id: str, conversation_id: str, **payload: Any) -> None:
-    """Send an event to the configured ``on_event`` callback (or callbacks), if any."""
+async def emit(type: str, turn_id: str, conversation_id: str, **payload: Any) -> None:
+    """Send an event to the configured ``on_event`` callback (or callbacks), if any; call it after the commit."""
     callback = settings.on_event
     if callback is None:
         return
+    require_no_transaction()
     event = Event(type=type, turn_id=turn_id, conversation_id=conversation_id, payload=payload)
     callbacks = callback if isinstance(callback, list | tuple) else [callback]
     for each in callbacks:
-        each(event)
+        try:
+            await call_application(each, event)
+        except Exception as err:
+            logger.warning("an on_event callback raised on %s for turn %s; ignored", type, turn_id, exc_info=err)

@@ -22,12 +22,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit import errors
 from turnkit.agent import resolve_agent
-from turnkit.authorization import Action, authorize
+from turnkit.authorization import Action, Verdict, authorize
 from turnkit.compaction import compaction_policy, select_for_compaction, summary_metadata, summary_request
 from turnkit.config import settings
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
 from turnkit.cost import total_cost, total_usage
-from turnkit.deliveries import completion_delivery, create_delivery, signal_delivery, wake_lane
+from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
@@ -95,11 +95,11 @@ class Conversation:
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
         if wait_ids:
             waiter_principal = principal if principal is not None else self.record.metadata.get("principal")
-            authorize("wait", waiter_principal, turn=None, targets=wait_ids)
+            await authorize("wait", waiter_principal, turn=None, targets=wait_ids)
         callback_id = callback.id if isinstance(callback, Conversation) else callback
         if callback_id is not None:
             turn_principal = principal if principal is not None else self.record.metadata.get("principal")
-            authorize("callback", turn_principal, turn=None, destination_conversation=callback_id)
+            await authorize("callback", turn_principal, turn=None, destination_conversation=callback_id)
             await self._tk.store.load_conversation(callback_id)  # must exist: fail before anything is written
         request = SubmitTurn(
             conversation_id=self.id,
@@ -154,7 +154,7 @@ class Conversation:
         The sender's ``principal`` is recorded with the message; the turn it wakes acts for this conversation.
         Retrying with the same key and payload returns the same delivery; a different payload raises ``ToolError``.
         """
-        authorize("send_message", principal, source_conversation=self.id, destination_conversation=self.id)
+        await authorize("send_message", principal, source_conversation=self.id, destination_conversation=self.id)
         return await self._deliver(self.id, text, key=key, principal=principal, include_principal=True)
 
     async def send_message(
@@ -162,7 +162,7 @@ class Conversation:
     ) -> DeliveryRecord:
         """Send ``text`` to another conversation (spec §1.3); its payload carries no principal."""
         destination_id = destination.id if isinstance(destination, Conversation) else destination
-        authorize("send_message", principal, source_conversation=self.id, destination_conversation=destination_id)
+        await authorize("send_message", principal, source_conversation=self.id, destination_conversation=destination_id)
         return await self._deliver(destination_id, text, key=key, principal=principal, include_principal=False)
 
     async def _deliver(
@@ -196,7 +196,7 @@ class Conversation:
 
     async def messages_after(self, sequence: int, *, principal: Any = None) -> list[MessageRecord]:
         """Messages after ``sequence``, without thinking or provider parts (spec §1.3; the store is unchanged)."""
-        authorize("read_messages", principal, destination_conversation=self.id)
+        await authorize("read_messages", principal, destination_conversation=self.id)
         async with self._tk.store.atomic() as tx:
             messages = await tx.list_messages(self.id, after_sequence=sequence)
         return [
@@ -208,7 +208,7 @@ class Conversation:
 
     async def input_status(self, delivery_id: str, *, principal: Any = None) -> dict[str, Any]:
         """Whether delivered input reached a model request: ``applied`` (with turn and request ids) or ``pending``."""
-        authorize("read_control", principal, destination_conversation=self.id)
+        await authorize("read_control", principal, destination_conversation=self.id)
         async with self._tk.store.atomic() as tx:
             delivery = await tx.load_delivery(delivery_id)
             if delivery.destination_conversation_id != self.id:
@@ -427,7 +427,7 @@ class Turn:
         """
         target_ids = [t.id if isinstance(t, Turn) else t for t in targets]
         record = await self._tk.store.load_turn(self.id)
-        authorize("wait", principal, turn=self.id, targets=target_ids)
+        await authorize("wait", principal, turn=self.id, targets=target_ids)
         async with self._tk.store.atomic(turn_id=record.root_turn_id, wait_graph=True) as tx:
             record = await tx.load_turn(self.id)
             if record.status not in ("pending", "paused") or record.state.get("phase"):
@@ -439,7 +439,7 @@ class Turn:
     async def control_state(self, *, principal: Any = None) -> dict[str, Any]:
         """``{"status", "controls"}``: the pause request and every steering receipt."""
         record = await self._tk.store.load_turn(self.id)
-        authorize("read_control", principal, turn=record)
+        await authorize("read_control", principal, turn=record)
         return {"status": record.status, "controls": controls_of(record)}
 
     async def _control(
@@ -452,17 +452,26 @@ class Turn:
         skip_finished: bool = True,
     ) -> list[TurnRecord]:
         root = (await self._tk.store.load_turn(self.id)).root_turn_id
-        async with self._tk.store.atomic(turn_id=root) as tx:
-            turn = await tx.load_turn(self.id)
-            selected = await selected_turns(tx, turn, descendants)
-            for each in selected:  # every selected turn is authorised before any change (spec §5.10)
-                authorize(action, principal, turn=each, descendants=descendants)
-            changed = [await apply(tx, each) for each in selected]
-            if action == "cancel":
-                for each in changed:
-                    if each.status == "cancelled" and each.submitted_at is not None:
-                        await completion_delivery(tx, each)
-        return [t for t in changed if not skip_finished or t.status not in ("completed", "failed")]
+        callbacks: dict[str, Verdict] = {}  # the turns asked about, with their completion callback's verdict
+        while True:
+            # Every selected turn is authorised before any change (spec §5.10), outside the write transaction.
+            async with self._tk.store.atomic() as tx:
+                selected = await selected_turns(tx, await tx.load_turn(self.id), descendants)
+            for each in selected:
+                if each.id not in callbacks:
+                    await authorize(action, principal, turn=each, descendants=descendants)
+                    callbacks[each.id] = await callback_verdict(each) if action == "cancel" else Verdict(action, True)
+            async with self._tk.store.atomic(turn_id=root) as tx:
+                turn = await tx.load_turn(self.id)
+                selected = await selected_turns(tx, turn, descendants)
+                if any(each.id not in callbacks for each in selected):
+                    continue  # a child was created meanwhile: ask about it too, then select again
+                changed = [await apply(tx, each) for each in selected]
+                if action == "cancel":
+                    for each in changed:
+                        if each.status == "cancelled" and each.submitted_at is not None:
+                            await completion_delivery(tx, each, callbacks[each.id])
+            return [t for t in changed if not skip_finished or t.status not in ("completed", "failed")]
 
     async def tool_executions(self) -> list[ToolExecutionRecord]:
         """This turn's tool executions, in creation order."""

@@ -51,7 +51,7 @@ from turnkit.store.schema import (
     WaitRow,
 )
 
-__all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "utcnow"]
+__all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "in_transaction", "utcnow"]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
 
@@ -76,6 +76,11 @@ DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (spec §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
+
+
+def in_transaction() -> bool:
+    """Whether the current task is inside a store transaction (application callbacks must never run there)."""
+    return _current_tx.get() is not None
 
 
 def utcnow() -> datetime:
