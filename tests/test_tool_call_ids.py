@@ -92,6 +92,7 @@ async def test_call_0_in_every_response_runs_each_call(tk: TurnKit) -> None:
     contents = [m["content"] for m in last if m["role"] == "tool"]
     assert [next(letter for letter in "ABC" if letter in c) for c in contents] == ["A", "B", "C"]
 
+
 class EmptyIds:
     """A model client that sends tool calls without ids (ScriptedClient would fill them in)."""
 
