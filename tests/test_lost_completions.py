@@ -119,3 +119,45 @@ async def test_every_activity_losing_its_first_completion_orphans_nothing(engine
     assert effects == {"charge_card": 1, "lookup": 1}  # nothing ran twice
     assert boss_client.calls == 5  # four model calls for the turn, one for the woken turn: no response re-requested
     assert helper_client.calls == 2  # the delegated child and the launched child, once each
+
+
+class FailBeforeBody(Interceptor):
+    """Fails every attempt of one activity type before its body runs: an infrastructure failure, not the tool."""
+
+    def __init__(self, activity_type: str) -> None:
+        self.activity_type = activity_type
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        owner = self
+
+        class Inbound(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                if activity.info().activity_type == owner.activity_type:
+                    raise ConnectionResetError("connection to the store lost (test fault)")
+                return await self.next.execute_activity(input)
+
+        return Inbound(next)
+
+
+@turnkit.tool
+def refuse(amount: int) -> dict[str, Any]:
+    """Always raises (at most once)."""
+    effects["refuse"] += 1
+    raise ValueError(f"card declined: {amount}")
+
+
+async def test_at_most_once_attempt_failing_outside_the_tool_is_interrupted(engine: Engine) -> None:
+    """Issue 8 item 3: only the tool raising makes an at-most-once call `failed`; an attempt that failed for any
+    other reason (here the infrastructure, before or after the body) has an unknown outcome: `interrupted`."""
+    effects.clear()
+    client = ScriptedClient([call_tools(("charge_card", {"amount": 1}), ("refuse", {"amount": 2})), "done"])
+    agent = turnkit.Agent("charger", model="scripted", tools=[charge_card, refuse], client=client)
+    async with engine.tk.worker(interceptors=[FailBeforeBody("tool:charge_card")]):
+        turn = await (await engine.tk.conversation(agent)).ask("charge")
+    assert turn.status == "completed", turn.error
+    executions = {e.tool_name: e for e in await turn.tool_executions()}
+    assert executions["charge_card"].status == "interrupted"  # not "failed" with the connection error
+    assert executions["refuse"].status == "failed"  # the tool raised: its outcome is known
+    assert executions["refuse"].error is not None
+    assert executions["refuse"].error["message"] == "ValueError: card declined: 2"
+    assert effects == {"refuse": 1}
