@@ -41,7 +41,13 @@ class DeliveryActivities:
                 except RecordNotFound:
                     activity.logger.warning("signal for unknown delivery %s ignored", delivery_id)
                     continue
-                if delivery.destination_conversation_id != batch.conversation_id or delivery.delivered_at:
+                if delivery.destination_conversation_id != batch.conversation_id:
+                    continue
+                if delivery.delivered_at:
+                    if not batch.wake and await _unconsumed(tx, batch.conversation_id, delivery.message_id):
+                        # Applied, by an earlier attempt whose completion was lost (or by a duplicate signal), and no
+                        # turn has it yet: report it, so the lane wakes a turn for it when idle (issue 8).
+                        delivered.append(delivery.id)
                     continue
                 message = await tx.append_message(
                     batch.conversation_id,
@@ -109,13 +115,23 @@ def _queued(turn: TurnRecord) -> QueuedTurn:
 
 
 def _woken_turn_id() -> str | None:
-    """A turn id stable across the retries of this activity (same workflow run, same activity id); None outside
-    an activity (a direct call in a test gets a fresh id)."""
+    """A turn id stable across the retries of this activity (same workflow run, same activity id), so a retry finds
+    the turn its first attempt created; None outside an activity (a direct call in a test gets a fresh id)."""
     if not activity.in_activity():
         return None
     info = activity.info()
     key = f"wake/{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
     return f"turn_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+async def _unconsumed(tx: StoreTx, conversation_id: str, message_id: str | None) -> bool:
+    """Whether the delivered message ``message_id`` is beyond every submitted turn's snapshot (no turn has it)."""
+    if message_id is None:
+        return False
+    message = await tx.load_message(message_id)
+    turns = await tx.list_turns(conversation_id=conversation_id)
+    consumed = max((t.context_message_sequence for t in turns if t.submitted_at is not None), default=0)
+    return message.sequence > consumed
 
 
 async def _next_delivery_trigger(tx: StoreTx, conversation_id: str) -> MessageRecord | None:
