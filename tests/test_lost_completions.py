@@ -161,4 +161,3 @@ async def test_at_most_once_attempt_failing_outside_the_tool_is_interrupted(engi
     assert executions["refuse"].error is not None
     assert executions["refuse"].error["message"] == "ValueError: card declined: 2"
     assert effects == {"refuse": 1}
-
