@@ -26,7 +26,7 @@ from turnkit.model import ModelRequest, Result
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
-from turnkit.testing import call_tools
+from turnkit.testing import ScriptedClient, call_tools
 
 pytestmark = pytest.mark.slow  # a private cluster of its own: never the shared PostgreSQL
 
@@ -78,7 +78,8 @@ async def test_turns_survive_a_store_outage_and_the_card_is_charged_once(
     outage_tk: TurnKit, cluster: PrivateCluster
 ) -> None:
     """Issue 8 item 3: PostgreSQL down 20 s with a model call and a charge in flight: both turns complete, the card
-    is charged once and its execution is completed, and no model call is repeated."""
+    is charged once and its execution is completed, no model call is repeated, and an ask made during the outage
+    completes once the database is back."""
     charges.clear()
     gate = Gate()
 
@@ -97,6 +98,7 @@ async def test_turns_survive_a_store_outage_and_the_card_is_charged_once(
     charging = await outage_tk.conversation(
         turnkit.Agent("charging", model="scripted", tools=[charge_card], client=charging_model)
     )
+    late = await outage_tk.conversation(turnkit.Agent("late", model="scripted", client=ScriptedClient(["late answer"])))
     answer = await answering.ask("think", wait=False)
     charge = await charging.ask("charge me", wait=False)
     await asyncio.wait_for(held.entered.wait(), 30)
@@ -105,6 +107,8 @@ async def test_turns_survive_a_store_outage_and_the_card_is_charged_once(
     await asyncio.to_thread(cluster.stop)
     held.released.set()  # the model answers, and the charge happens, while the database is away
     gate.opened.set()
+    # Submitted during the outage: the lane's store activities (STORE_RETRY) wait for the database too.
+    submitted = asyncio.create_task(late.ask("asked during the outage"))
     await asyncio.sleep(OUTAGE_SECONDS)  # the outage itself: its length is the fault being tested
     await asyncio.to_thread(cluster.start)
 
@@ -120,3 +124,5 @@ async def test_turns_survive_a_store_outage_and_the_card_is_charged_once(
     assert execution.status == "completed" and execution.result == {"charged": 5}  # the obtained result, recorded
     assert gate.runs == 1
     assert len(charging_model.requests) == 2  # the call, then the answer: the model saw the charge go through
+    late_turn = await asyncio.wait_for(submitted, 120)
+    assert late_turn.status == "completed" and late_turn.output_text == "late answer"
