@@ -7,6 +7,7 @@ worker killed after the commit (or a start-to-close expiring during it) would. T
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -15,7 +16,7 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 import turnkit
 from tests.engine import Engine, eventually
-from turnkit.builtin_tools import launch_agent
+from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.testing import ScriptedClient, call_tools
 
 
@@ -66,19 +67,29 @@ async def test_every_activity_losing_its_first_completion_orphans_nothing(engine
     """Issue 8 item 4: every activity's first completion is lost: the tree still completes, the delegated and the
     launched child run, the posted message wakes a turn, and no tool or model call is repeated."""
     effects.clear()
+
+    def wait_for_launched(request: turnkit.ModelRequest) -> turnkit.Result:
+        launched = json.loads(request.messages[-1]["content"])["turn_id"]
+        return call_tools(("wait_for", {"turn_ids": [launched]}))
+
     helper_client = ScriptedClient(lambda request: turnkit.Result.build(text="helped"))
     helper = turnkit.Agent("helper", model="scripted", client=helper_client)
     boss_client = ScriptedClient(
         [
             call_tools(("helper", {"task": "delegated"})),
             call_tools(("launch_agent", {"agent_name": "helper", "task": "launched"})),
+            wait_for_launched,
             call_tools(("charge_card", {"amount": 5}), ("lookup", {"q": "a"})),
             "boss done",
             "woken done",
         ]
     )
     boss = turnkit.Agent(
-        "boss", model="scripted", tools=[launch_agent, charge_card, lookup], sub_agents=[helper], client=boss_client
+        "boss",
+        model="scripted",
+        tools=[launch_agent, wait_for, charge_card, lookup],
+        sub_agents=[helper],
+        client=boss_client,
     )
     lose = LoseFirstCompletion()
     async with engine.tk.worker(interceptors=[lose]):
@@ -106,18 +117,22 @@ async def test_every_activity_losing_its_first_completion_orphans_nothing(engine
         await eventually(launched_done, timeout=60, what="the launched child to run")
         assert (await engine.tk.store.load_turn(launched_id)).status == "completed"
 
-    for kind in ("turnkit.submit_turn", "turnkit.model", "turnkit.delegate", "turnkit.join", "turnkit.deliver"):
+    kinds = ("submit_turn", "model", "delegate", "join", "wait", "finish_wait", "settle_tool", "deliver")
+    for kind in (f"turnkit.{k}" for k in kinds):
         assert lose.lost[kind] >= 1, f"no completion of {kind} was lost: the fault was not injected"
     assert lose.lost["tool"] == 2
     assert {name: e.status for name, e in executions.items()} == {
         "helper": "completed",
         "launch_agent": "completed",
+        "wait_for": "completed",
         "charge_card": "completed",  # its result was committed before the completion was lost: recorded, not lost
         "lookup": "completed",
     }
     assert executions["helper"].result is not None and executions["helper"].result["status"] == "completed"
     assert effects == {"charge_card": 1, "lookup": 1}  # nothing ran twice
-    assert boss_client.calls == 5  # four model calls for the turn, one for the woken turn: no response re-requested
+    [waited] = executions["wait_for"].result["results"]  # type: ignore[index]
+    assert (waited["turn_id"], waited["status"]) == (launched_id, "completed")  # it waited for the launched child
+    assert boss_client.calls == 6  # five model calls for the turn, one for the woken turn: no response re-requested
     assert helper_client.calls == 2  # the delegated child and the launched child, once each
 
 
