@@ -14,7 +14,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.tools import outcome_of
+from activities.tools import budget_denial, outcome_of
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict, check
 from turnkit.builtin_tools import WaitForTool, sub_agent_tool
@@ -115,11 +115,17 @@ class ChildActivities:
         turn = await tx.load_turn(request.turn_id)
         execution = await tx.find_tool_execution(turn.id, call.id)
         if execution is not None:
+            # Recorded before: a retry whose first attempt committed returns what that attempt returned (issue 8).
             child = await tx.find_child_turn(execution.id)
-            run = child is not None and not child.terminal and execution.status == "pending" and not request.launch
-            return ChildPlan(
+            if request.launch:
+                # The workflow starts a launched child from this result, so one still pending was never started.
+                run = child is not None and child.status == "pending"
+            else:
+                run = child is not None and not child.terminal and execution.status == "pending"
+            plan = ChildPlan(
                 call_id=call.id, execution_id=execution.id, child=_child_input(child, request) if run else None
-            ), None
+            )
+            return plan, budget_denial(execution)
         execution, denial = await open_tool_execution(
             tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments, status="pending"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from temporalio import activity
 
 from activities.turns import ticket_of
@@ -9,7 +11,7 @@ from turnkit.agent import resolve_agent
 from turnkit.deliveries import sub_agent_turn_active
 from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
-from turnkit.records import MessageRecord
+from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.turn_options import turn_options
 
@@ -39,7 +41,13 @@ class DeliveryActivities:
                 except RecordNotFound:
                     activity.logger.warning("signal for unknown delivery %s ignored", delivery_id)
                     continue
-                if delivery.destination_conversation_id != batch.conversation_id or delivery.delivered_at:
+                if delivery.destination_conversation_id != batch.conversation_id:
+                    continue
+                if delivery.delivered_at:
+                    if not batch.wake and await _unconsumed(tx, batch.conversation_id, delivery.message_id):
+                        # Applied, by an earlier attempt whose completion was lost (or by a duplicate signal), and no
+                        # turn has it yet: report it, so the lane wakes a turn for it when idle (issue 8).
+                        delivered.append(delivery.id)
                     continue
                 message = await tx.append_message(
                     batch.conversation_id,
@@ -59,7 +67,16 @@ class DeliveryActivities:
         return DeliverResult(delivered_ids=delivered, turn=turn)
 
     async def _wake(self, tx: StoreTx, conversation_id: str) -> QueuedTurn | None:
-        """Start a turn for delivered input no turn has consumed yet; None when there is none (spec §5.11)."""
+        """Start a turn for delivered input no turn has consumed yet; None when there is none (spec §5.11).
+
+        The woken turn's id is derived from this activity's identity, so a retry whose first attempt committed the
+        turn but lost its completion finds that turn and returns it (issue 8): the lane runs it, none is orphaned.
+        """
+        woken_id = _woken_turn_id()
+        if woken_id is not None:
+            existing = await tx.find_turn(woken_id)
+            if existing is not None:
+                return _queued(existing)
         trigger = await _next_delivery_trigger(tx, conversation_id)
         if trigger is None:
             return None
@@ -79,6 +96,7 @@ class DeliveryActivities:
             principal=conversation.metadata.get("principal"),
         )
         turn = await tx.create_turn(
+            id=woken_id,
             conversation_id=conversation_id,
             agent_name=agent.name,
             context_message_sequence=await tx.latest_message_sequence(conversation_id),
@@ -86,10 +104,34 @@ class DeliveryActivities:
             options=options,
             submitted_at=utcnow(),
         )
-        ticket = ticket_of(turn)
-        return QueuedTurn(
-            turn_id=turn.id, agent_name=turn.agent_name, root_turn_id=turn.root_turn_id, deadline=ticket.deadline
-        )
+        return _queued(turn)
+
+
+def _queued(turn: TurnRecord) -> QueuedTurn:
+    ticket = ticket_of(turn)
+    return QueuedTurn(
+        turn_id=turn.id, agent_name=turn.agent_name, root_turn_id=turn.root_turn_id, deadline=ticket.deadline
+    )
+
+
+def _woken_turn_id() -> str | None:
+    """A turn id stable across the retries of this activity (same workflow run, same activity id), so a retry finds
+    the turn its first attempt created; None outside an activity (a direct call in a test gets a fresh id)."""
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    key = f"wake/{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
+    return f"turn_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+async def _unconsumed(tx: StoreTx, conversation_id: str, message_id: str | None) -> bool:
+    """Whether the delivered message ``message_id`` is beyond every submitted turn's snapshot (no turn has it)."""
+    if message_id is None:
+        return False
+    message = await tx.load_message(message_id)
+    turns = await tx.list_turns(conversation_id=conversation_id)
+    consumed = max((t.context_message_sequence for t in turns if t.submitted_at is not None), default=0)
+    return message.sequence > consumed
 
 
 async def _next_delivery_trigger(tx: StoreTx, conversation_id: str) -> MessageRecord | None:

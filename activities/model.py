@@ -22,9 +22,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.notify import announce_terminal
+from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
+from turnkit.call_ids import provider_call_ids, unique_call_ids
 from turnkit.compaction import (
     active_messages,
     compaction_policy,
@@ -59,10 +61,11 @@ class ModelActivities:
     @activity.defn(name="turnkit.model")
     async def model(self, call: ModelCall) -> ModelStep:
         """Reserve, call and persist one model request of ``call.turn_id`` (see the module docstring)."""
-        reserved = await self._reserve(call)
+        # Store phases ride out a database outage inside the attempt: a retry would spend a model attempt (issue 8).
+        reserved = await retry_store(lambda: self._reserve(call), what="model reserve")
         if isinstance(reserved, ModelStep):
             if reserved.completed:  # the attempt that committed this response may have died before signalling
-                await announce_terminal(self.store, await self.store.load_turn(call.turn_id))
+                await self._announce(await retry_store(lambda: self.store.load_turn(call.turn_id), what="model"))
             return reserved
         turn, messages, first_start = reserved
         if first_start:
@@ -86,7 +89,7 @@ class ModelActivities:
         request = ModelRequest(
             model=turn.model or agent.effective_model,
             # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-            messages=drop_unanswered_calls(project_messages(active_messages(messages))),
+            messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages)))),
             tools=specs,
             instructions=stable,
             dynamic_instructions=dynamic or None,
@@ -110,8 +113,12 @@ class ModelActivities:
             raise _non_retryable(err) from err
         step = await self._persist(call, turn, request.model, result)
         if step.completed:
-            await announce_terminal(self.store, turn)
+            await self._announce(turn)
         return step
+
+    async def _announce(self, turn: TurnRecord) -> None:
+        """Signal the completed turn's callback, waiters and lane (reads the store, so it rides out an outage)."""
+        await retry_store(lambda: announce_terminal(self.store, turn), what="model announce")
 
     async def _auto_compact(
         self, call: ModelCall, turn: TurnRecord, agent: Agent, messages: list[MessageRecord]
@@ -171,14 +178,15 @@ class ModelActivities:
             created_at=utcnow(),
             request_id=call.request_id,
         )
-        async with self.store.atomic(turn_id=call.root_turn_id) as tx:
-            current = await tx.load_turn(turn.id)
-            if current.status != "running":
-                return messages, None  # cancelled or finished meanwhile: the next step notices
-            summary = _summary_for(await tx.list_turn_messages(turn.id), call.request_id)
-            written = summary is None
-            denial = None
-            if summary is None:
+
+        async def write() -> tuple[MessageRecord | None, bool, str | None]:
+            async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+                current = await tx.load_turn(turn.id)
+                if current.status != "running":
+                    return None, False, None  # cancelled or finished meanwhile: the next step notices
+                summary = _summary_for(await tx.list_turn_messages(turn.id), call.request_id)
+                if summary is not None:
+                    return summary, False, None
                 summary = await tx.append_message(
                     turn.conversation_id,
                     role="assistant",
@@ -188,7 +196,11 @@ class ModelActivities:
                     metadata=metadata,
                 )
                 charged = await _charge(tx, current, result.usage, cost)
-                denial = await _tree_spend_denial(tx, charged)
+                return summary, True, await _tree_spend_denial(tx, charged)
+
+        summary, written, denial = await retry_store(write, what="compaction persist")
+        if summary is None:
+            return messages, None
         if written:
             await emit(
                 "compaction.model.completed",
@@ -278,7 +290,11 @@ class ModelActivities:
         # A final answer's completion callback is authorised before the terminal write's transaction (spec §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
-        step, written = await self._write_response(call, result, cost, verdict)
+        # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
+        # request id, so a commit whose acknowledgement was lost is found, not written twice).
+        step, written = await retry_store(
+            lambda: self._write_response(call, result, cost, verdict), what="model persist"
+        )
         if written:
             await emit(
                 "model.completed",
@@ -297,10 +313,6 @@ class ModelActivities:
         self, call: ModelCall, result: Result, cost: Cost, verdict: Verdict
     ) -> tuple[ModelStep, bool]:
         """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them."""
-        tool_calls = [
-            ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
-            for tc in result.tool_calls
-        ]
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
@@ -308,6 +320,14 @@ class ModelActivities:
                 return committed, False  # a zombie attempt committed first: theirs stands
             if turn.status != "running":
                 return ModelStep(stopped=True), False  # cancelled or finished meanwhile: the late response is dropped
+            if result.tool_calls:
+                # Ids unique in the turn, or a repeated `call_0` would reuse the first call's execution (issue 8).
+                taken = _call_ids(await tx.list_turn_messages(turn.id))
+                result = result.model_copy(update={"parts": unique_call_ids(result.parts, taken)})
+            tool_calls = [
+                ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
+                for tc in result.tool_calls
+            ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
             if result.output_data is not None and not tool_calls:
                 metadata["output_data"] = result.output_data
@@ -362,10 +382,20 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
                 for part in message.content
                 if part.get("type") == "tool_call"
             ]
+            # A retry returns what the first attempt did, a spend denial included (it is monotonic).
+            denial = await _tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
             return ModelStep(
-                message_id=message.id, tool_calls=calls, completed=not calls and turn.status == "completed"
+                message_id=message.id,
+                tool_calls=calls,
+                completed=not calls and turn.status == "completed",
+                budget_error=denial,
             )
     return None
+
+
+def _call_ids(messages: list[MessageRecord]) -> set[str]:
+    """The tool-call ids already used in a turn's messages."""
+    return {str(p.get("id")) for m in messages for p in m.content if p.get("type") == "tool_call"}
 
 
 async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any], verdict: Verdict) -> ModelStep:

@@ -17,8 +17,10 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.store_retry import retry_store
 from turnkit.agent import resolve_agent
 from turnkit.authorization import Verdict, check
 from turnkit.builtin_tools import SendMessageTool
@@ -34,7 +36,11 @@ from turnkit.store.store import Store, utcnow
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.transcript import append_tool_result, fail_execution
 
-__all__ = ["ToolActivities", "outcome_of"]
+__all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outcome_of"]
+
+#: The failure type of an at-most-once tool attempt whose body raised (its outcome is known: it failed). Any other
+#: failure of such an attempt leaves the outcome unknown, and the workflow records the call "interrupted".
+TOOL_RAISED = "TurnKit::ToolRaised"
 
 OPEN = ("pending", "running")
 
@@ -49,8 +55,10 @@ class ToolActivities:
     async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
-        tool = _find_tool(request.agent_name, request.call.name)
-        reserved = await self._reserve(request, tool)
+        tool = find_tool(request.agent_name, request.call.name)
+        # Store phases ride out a database outage inside the attempt (issue 8): an at-most-once attempt is never
+        # retried, so a failure here would otherwise record the call as failed.
+        reserved = await retry_store(lambda: self._reserve(request, tool), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
         turn, execution = reserved
@@ -81,7 +89,13 @@ class ToolActivities:
             if tool.recovery == "replay_safe":
                 raise  # Temporal retries with backoff, same execution, same idempotency key
             # At most once: the body raised, so its outcome is known (it failed); report it, never re-run it.
-            return await self._fail(turn, execution, f"{type(err).__name__}: {err}", {"class": type(err).__name__})
+            message = f"{type(err).__name__}: {err}"
+            try:
+                return await self._fail(turn, execution, message, {"class": type(err).__name__})
+            except Exception as store_err:
+                # Not even the failure could be recorded: say it is the tool that raised, so the workflow records
+                # the execution failed (any other failure of an at-most-once attempt is "interrupted").
+                raise ApplicationError(message, type=TOOL_RAISED, non_retryable=True) from store_err
         return await self._complete(turn, execution, normalize_result(result), tool)
 
     async def _send_message(
@@ -186,6 +200,13 @@ class ToolActivities:
     async def _complete(
         self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool
     ) -> ToolOutcome:
+        # The body ran: its result is recorded however long the store is away (heartbeating meanwhile), so the model
+        # sees it; should the attempt die anyway, the call is "interrupted", never run again.
+        return await retry_store(lambda: self._commit(turn, execution, result, tool), what="tool result")
+
+    async def _commit(
+        self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool
+    ) -> ToolOutcome:
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             settled = await tx.claim_tool_execution(
                 execution.id, from_=OPEN, to="completed", result=result, completed_at=utcnow()
@@ -204,8 +225,11 @@ class ToolActivities:
     async def _fail(
         self, turn: TurnRecord, execution: ToolExecutionRecord, message: str, details: dict[str, Any]
     ) -> ToolOutcome:
-        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
-            settled = await fail_execution(tx, turn, execution, message, details=details)
+        async def write() -> ToolExecutionRecord:
+            async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+                return await fail_execution(tx, turn, execution, message, details=details)
+
+        settled = await retry_store(write, what="tool failure")
         await emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
         return outcome_of(settled, None)
 
@@ -219,12 +243,22 @@ class _Denied(Exception):
 
 
 def outcome_of(execution: ToolExecutionRecord, tool: Tool | None, *, budget_error: str | None = None) -> ToolOutcome:
-    """The workflow's view of an execution."""
+    """The workflow's view of an execution (the same on a retry as on the attempt that settled it)."""
     terminal = bool(tool is not None and tool.is_terminal and execution.status == "completed")
+    budget_error = budget_error or budget_denial(execution)
     return ToolOutcome(execution_id=execution.id, status=execution.status, terminal=terminal, budget_error=budget_error)
 
 
-def _find_tool(agent_name: str, tool_name: str) -> Tool | None:
+def budget_denial(execution: ToolExecutionRecord) -> str | None:
+    """The budget denial that settled ``execution``, if one did (it fails the turn, on a retry too)."""
+    error = execution.error or {}
+    details = error.get("details") or {}
+    if execution.status == "failed" and isinstance(details, dict) and details.get("budget_denied"):
+        return str(error.get("message") or "")
+    return None
+
+
+def find_tool(agent_name: str, tool_name: str) -> Tool | None:
     try:
         return resolve_agent(agent_name).tool(tool_name)
     except ConfigError:

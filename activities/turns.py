@@ -11,6 +11,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.notify import announce_terminal
+from activities.tools import find_tool
+from activities.tools import outcome_of as outcome_of_execution
 from turnkit.agent import resolve_agent
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
@@ -174,7 +176,9 @@ class TurnActivities:
                 await append_tool_result(tx, turn, execution)
         if execution.status == "interrupted":
             await emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
-        return ToolOutcome(execution_id=execution.id, status=execution.status)
+        # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
+        # terminal tool still ends the turn, a budget denial still fails it (issue 8).
+        return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name))
 
 
 def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:

@@ -596,6 +596,39 @@ async def test_openai_turn_end_to_end(tk: TurnKit, server: ProviderServer, opena
     assert (turn.usage.input_tokens, turn.usage.output_tokens) == (100 + 12, 30 + 7)
 
 
+async def test_openai_compatible_server_repeating_call_0_runs_each_call(
+    tk: TurnKit, server: ProviderServer, openai_client: OpenAIClient
+) -> None:
+    """Issue 8 item 8: a server that numbers calls per response (``call_0`` every time): both calls run, and the
+    server gets its own ids back, each output after the call it answers."""
+    server.script(
+        openai_response(openai_call("call_0", "lookup", {"q": "a"}, id="fc_a")),
+        openai_response(openai_call("call_0", "lookup", {"q": "b"}, id="fc_b")),
+        openai_response(openai_text("A and B.")),
+    )
+    conversation = await tk.conversation(tool_agent(openai_client, "gpt-e2e"))
+    turn = await conversation.ask("what are a and b?")
+
+    assert turn.status == "completed", turn.error
+    executions = await turn.tool_executions()
+    assert [(e.tool_call_id, e.status, e.result) for e in executions] == [
+        ("call_0", "completed", {"answer": "A"}),
+        ("call_0_1", "completed", {"answer": "B"}),
+    ]
+    third = server.bodies[2]["input"]
+    calls_and_outputs = [
+        (item["type"], item["call_id"], item.get("arguments") or json.loads(item["output"])["answer"])
+        for item in third
+        if item.get("type") in ("function_call", "function_call_output")
+    ]
+    assert calls_and_outputs == [
+        ("function_call", "call_0", '{"q": "a"}'),
+        ("function_call_output", "call_0", "A"),
+        ("function_call", "call_0", '{"q": "b"}'),
+        ("function_call_output", "call_0", "B"),
+    ]
+
+
 async def test_anthropic_turn_end_to_end(
     tk: TurnKit, server: ProviderServer, anthropic_client: AnthropicClient
 ) -> None:

@@ -273,6 +273,8 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
         texts += [str(p.get("text") or "") for p in _parts(message, "text")]
         calls = [
             {"id": p.get("id"), "name": p.get("name"), "arguments": p.get("arguments") or {}}
+            # The provider's own id when TurnKit renamed a repeated one (see turnkit.call_ids).
+            | ({"provider_id": p["provider_id"]} if "provider_id" in p else {})
             for p in _parts(message, "tool_call")
         ]
         projected = {"role": "assistant", "content": "\n".join(t for t in texts if t), "tool_calls": calls}

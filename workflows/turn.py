@@ -48,6 +48,10 @@ __all__ = ["TurnWorkflow"]
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 STORE_TIMEOUT = timedelta(seconds=30)
 TIMED_OUT = "turn timed out"
+#: Failure type of an at-most-once tool attempt whose body raised (activities.tools.TOOL_RAISED).
+TOOL_RAISED = "TurnKit::ToolRaised"
+#: Patch: an at-most-once attempt that failed for any reason but the tool raising is settled "interrupted".
+INTERRUPTED_UNLESS_RAISED = "at-most-once-interrupted-unless-raised"
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -331,6 +335,10 @@ class TurnWorkflow:
             # The attempt was lost (worker died, timed out) or the last retry failed: record that, never re-run an
             # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (spec §5.8).
             lost = isinstance(err.cause, ActivityTimeoutError)
+            if not lost and _at_most_once(turn.agent_name, call.name) and workflow.patched(INTERRUPTED_UNLESS_RAISED):
+                # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,
+                # the worker) may have come after the body ran, so it is "interrupted", never "failed".
+                lost = not (isinstance(err.cause, ApplicationError) and err.cause.type == TOOL_RAISED)
             settle = SettleToolCall(
                 turn_id=turn.turn_id,
                 conversation_id=turn.conversation_id,
@@ -390,6 +398,11 @@ def _tool_policy(agent_name: str, tool_name: str) -> tuple[timedelta, timedelta,
     else:
         retry = RetryPolicy(maximum_attempts=1)  # at most once: a lost attempt is "interrupted", never re-run
     return timeout, heartbeat, retry
+
+
+def _at_most_once(agent_name: str, tool_name: str) -> bool:
+    tool = resolve_agent(agent_name).tool(tool_name)
+    return tool is not None and tool.recovery != "replay_safe"
 
 
 def _failure(err: ActivityError) -> tuple[str, str]:

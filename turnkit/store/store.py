@@ -902,7 +902,10 @@ def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
         _configure_sqlite(engine)
         return engine
-    return create_async_engine(url, echo=echo, pool_pre_ping=True)
+    # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
+    # inside a store activity's start-to-close timeout (issue 8).
+    connect_args = {"timeout": 10} if "+asyncpg" in url else {}
+    return create_async_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
