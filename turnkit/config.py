@@ -96,6 +96,10 @@ class Settings:
     tool_heartbeat_timeout: float = 30.0
     """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
 
+    max_input_bytes: int | None = 256 * 1024
+    """Largest input accepted at the API, in UTF-8 bytes per field (ask/say/post text, metadata, context); checked
+    before anything is sent, well below Temporal's 2 MB payload limit. None disables the check (issue 8 item 12)."""
+
     compaction: bool | dict[str, Any] = True
     """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""

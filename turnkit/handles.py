@@ -486,7 +486,7 @@ async def _signal(tk: TurnKit, workflow_id: str, signal: str) -> None:
 def _turnkit_error(cause: BaseException | None) -> Exception:
     """Map a failure reported by the lane back to the TurnKit error it started as."""
     if isinstance(cause, ApplicationError):
-        cls = getattr(errors, cause.type or "", None)
+        cls = getattr(errors, (cause.type or "").removeprefix("TurnKit::"), None)
         if isinstance(cls, type) and issubclass(cls, errors.Error):
             return cls(cause.message)
         return errors.Error(cause.message)

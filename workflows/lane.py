@@ -23,6 +23,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.payloads import (
@@ -45,6 +46,10 @@ RECENT_WINDOW = 256
 #: Patch: deliveries reaching a busy lane wait for it to be idle (older runs appended them at once).
 DELIVER_WHEN_IDLE = "deliver-when-idle"
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+#: Patch: a submission gives up after SUBMIT_TIMEOUT (older runs retried it forever while holding the write lock).
+BOUNDED_SUBMIT = "bounded-submit"
+#: How long a submission may keep retrying a store that is away before the update is rejected (issue 8 item 1).
+SUBMIT_TIMEOUT = timedelta(seconds=60)
 
 
 @workflow.defn(name="ConversationWorkflow")
@@ -77,12 +82,15 @@ class ConversationWorkflow:
         """Append the trigger message, create the pending turn and queue it; returns its ids at once."""
         async with self._writing:
             wakes = self._wakes
+            # Never hold the write lock across an unbounded retry: a failing submit releases it and is rejected.
+            bounded = workflow.patched(BOUNDED_SUBMIT)
             try:
                 ticket = await workflow.execute_activity(
                     "turnkit.submit_turn",
                     request,
                     result_type=TurnTicket,
                     start_to_close_timeout=timedelta(seconds=30),
+                    schedule_to_close_timeout=SUBMIT_TIMEOUT if bounded else None,
                     retry_policy=STORE_RETRY,
                     summary="submit turn",
                 )
@@ -91,6 +99,9 @@ class ConversationWorkflow:
                 cause = err.cause
                 if isinstance(cause, ApplicationError):
                     raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
+                if bounded and isinstance(cause, ActivityTimeoutError):
+                    message = f"the store did not accept the turn within {SUBMIT_TIMEOUT.total_seconds():.0f} s"
+                    raise ApplicationError(message, type="TurnKit::StoreError", non_retryable=True) from err
                 raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err
             if ticket.busy and self._wakes == wakes:
                 self._held = True  # a sub-agent's turn runs here: its end (`wake`) lets the queue go on

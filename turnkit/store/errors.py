@@ -1,0 +1,103 @@
+"""Which store failures are deterministic (retrying cannot help) and which are transient (issue 8 items 1, 11).
+
+A store activity retried under ``STORE_RETRY`` retries forever; that is right while the database is away, and wrong
+when the database rejected a value: a NUL in a text column, a string longer than its column, NaN in JSON, a missing
+required value. :func:`deterministic_store_error` tells the two apart from the real driver errors of SQLite
+(``sqlite3``) and PostgreSQL (``asyncpg`` through SQLAlchemy), and :func:`store_failure_message` describes a
+deterministic one briefly, **without** the SQL statement or any parameter value (both can hold user data and neither
+belongs in a stored error or a workflow failure).
+
+Transient, left to retry: lost or refused connections, serialization failures, deadlocks, ``database is locked``,
+lock and statement timeouts, an administrator shutdown; anything not recognised as deterministic.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, ProgrammingError, StatementError
+
+from turnkit.store.storable import UnstorableValue
+
+__all__ = ["STORE_ERROR_TYPE", "deterministic_store_error", "store_failure_message"]
+
+#: The ``ApplicationError.type`` of a deterministic store failure (the turn fails with this class).
+STORE_ERROR_TYPE: Final = "TurnKit::StoreError"
+
+#: PostgreSQL SQLSTATE classes that a retry cannot change: data exceptions, integrity violations (races of
+#: idempotent inserts are absorbed by the store's savepoints before they get here), syntax or access rules.
+_DETERMINISTIC_CLASSES: Final = ("22", "23", "42")
+
+#: Short descriptions of the SQLSTATEs a value can cause (the driver's own text may quote the value).
+_SQLSTATE_NAMES: Final = {
+    "22000": "invalid data",
+    "22001": "a string is longer than its column",
+    "22003": "a number is out of range",
+    "22021": "a character the database cannot hold (NUL)",
+    "22P02": "invalid text representation (NaN or infinity in JSON?)",
+    "22P05": "a character the database cannot hold (NUL in JSON)",
+    "23502": "a required value is missing",
+    "23503": "a referenced record does not exist",
+    "23505": "a unique value already exists",
+    "23514": "a check constraint failed",
+}
+
+#: SQLite failures (``sqlite3.OperationalError`` and friends) whose message says a retry cannot help.
+_SQLITE_DETERMINISTIC_MESSAGES: Final = ("too big", "constraint failed", "datatype mismatch", "no such")
+
+
+def _sqlstate(err: BaseException) -> str | None:
+    orig = getattr(err, "orig", None)
+    for each in (orig, getattr(orig, "__cause__", None)):
+        code = getattr(each, "sqlstate", None) or getattr(each, "pgcode", None)
+        if isinstance(code, str) and len(code) == 5:
+            return code
+    return None
+
+
+def deterministic_store_error(err: BaseException) -> bool:
+    """Whether ``err``, raised by a store write, will be raised again by every retry of the same write.
+
+    Args:
+        err: An exception raised inside a store activity.
+
+    Returns:
+        True for errors caused by the values written (data, encoding, length, JSON, integrity); False for transient
+        ones (connection, serialization, deadlock, lock, timeout) and for anything unrecognised.
+    """
+    if isinstance(err, UnstorableValue | UnicodeError):
+        return True  # could not even be encoded for the driver
+    if isinstance(err, DBAPIError):
+        if err.connection_invalidated:
+            return False
+        code = _sqlstate(err)
+        if code is not None:
+            return code[:2] in _DETERMINISTIC_CLASSES
+        orig = err.orig
+        if isinstance(orig, sqlite3.IntegrityError | sqlite3.DataError | sqlite3.ProgrammingError):
+            return True
+        if isinstance(orig, sqlite3.OperationalError):
+            message = str(orig).lower()
+            return any(marker in message for marker in _SQLITE_DETERMINISTIC_MESSAGES)
+        return isinstance(err, DataError | IntegrityError | ProgrammingError)
+    if isinstance(err, StatementError):  # a value that failed before reaching the driver (a bind processor)
+        return isinstance(err.orig, UnicodeError | ValueError | TypeError)
+    return False
+
+
+def store_failure_message(err: BaseException) -> str:
+    """A short description of a deterministic store failure, without SQL text or parameter values."""
+    if isinstance(err, UnstorableValue):
+        return str(err)
+    if isinstance(err, UnicodeError) or isinstance(getattr(err, "orig", None), UnicodeError):
+        return "the store could not write a value: a string is not valid UTF-8 (a lone surrogate)"
+    code = _sqlstate(err)
+    if code is not None:
+        what = _SQLSTATE_NAMES.get(code, "the database rejected a value")
+        return f"the store could not write a value: {what} (SQLSTATE {code})"
+    orig = getattr(err, "orig", None)
+    if isinstance(orig, sqlite3.Error):
+        # SQLite's messages name the constraint or the limit, never the value ("NOT NULL constraint failed: t.c").
+        return f"the store could not write a value: {str(orig).splitlines()[0][:200]}"
+    return f"the store could not write a value: {type(orig or err).__name__}"
