@@ -44,6 +44,7 @@ from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.validation import storable_result
 from turnkit.waits import enter_waiting
 
 __all__ = ["ModelActivities"]
@@ -107,6 +108,7 @@ class ModelActivities:
                 result = await client.chat(request)
         except (ModelError, ConfigError) as err:
             raise _non_retryable(err) from err
+        result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         step = await self._persist(call, turn, request.model, result)
         if step.completed:
             await announce_terminal(self.store, turn)

@@ -29,6 +29,7 @@ from turnkit.events import emit
 from turnkit.executions import open_tool_execution
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
+from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.transcript import append_tool_result, fail_execution
@@ -82,7 +83,13 @@ class ToolActivities:
                 raise  # Temporal retries with backoff, same execution, same idempotency key
             # At most once: the body raised, so its outcome is known (it failed); report it, never re-run it.
             return await self._fail(turn, execution, f"{type(err).__name__}: {err}", {"class": type(err).__name__})
-        return await self._complete(turn, execution, normalize_result(result), tool)
+        try:
+            payload = normalize_result(result)
+        except UnstorableValue as err:
+            # The body ran and its effect happened: never report it as not run, never run it again (a replay-safe
+            # retry would only build the same result). It completes, and the model is told why there is no result.
+            payload = {"result_unstorable": f"the tool ran, but {err}"}
+        return await self._complete(turn, execution, payload, tool)
 
     async def _send_message(
         self, turn: TurnRecord, execution: ToolExecutionRecord, tool: Tool, arguments: dict[str, Any]

@@ -124,13 +124,17 @@ def configure(**kwargs: Any) -> Settings:
         The process-wide :data:`settings` object.
 
     Raises:
-        ConfigError: A name is not a known setting (``"unknown setting: x"``), or ``compaction`` is invalid.
+        ConfigError: A name is not a known setting (``"unknown setting: x"``), ``compaction`` is invalid, or a budget
+            limit is one a turn cannot run under (negative; zero ``max_iterations`` or ``timeout``).
             Nothing is changed in that case.
     """
     # Check every name before assigning any, so a typo never leaves the settings half-applied.
     for key in kwargs:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
+    from turnkit.budget import check_limits  # late: turnkit.budget imports this module
+
+    check_limits(kwargs)  # zero or negative budgets are refused before any setting changes (issue 8 item 13)
     if "compaction" in kwargs:
         from turnkit.compaction import normalize_compaction  # late: it imports modules that import this one
 

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from turnkit.config import settings
 from turnkit.errors import InputError
+from turnkit.model import Result
 from turnkit.store.schema import ConversationRow, DeliveryRow
 from turnkit.store.storable import REPLACEMENT, UNSTORABLE_CHARS, UnstorableValue, storable, storable_text
 
@@ -33,6 +34,7 @@ __all__ = [
     "check_size",
     "check_text",
     "storable",
+    "storable_result",
     "storable_text",
 ]
 
@@ -165,3 +167,16 @@ def _check_json_value(path: str, value: Any, *, lenient: bool, seen: set[int]) -
     if not lenient:
         raise InputError(f"{path} must be JSON (a {type(value).__name__} is not)")
     _check_json_value(path, str(value), lenient=lenient, seen=seen)
+
+
+def storable_result(result: Result) -> Result:
+    """A model's answer with everything the store cannot hold made storable (issue 8 item 1).
+
+    A NUL or lone surrogate in the text, thinking or tool-call arguments becomes U+FFFD and NaN becomes null, so the
+    answer is persisted (the model was paid for) instead of failing the turn on the database after five calls.
+    """
+    parts = storable(result.parts)
+    output_data = None if result.output_data is None else storable(result.output_data)
+    if parts == result.parts and output_data == result.output_data:
+        return result
+    return result.model_copy(update={"parts": parts, "output_data": output_data})
