@@ -20,7 +20,7 @@ from turnkit.builtin_tools import WaitForTool
 from turnkit.controls import control_boundary
 from turnkit.deliveries import turn_result
 from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
-from turnkit.executions import open_tool_execution
+from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import (
     ChildPlan,
     DelegateCalls,
@@ -53,6 +53,7 @@ class ChildActivities:
     @activity.defn(name="turnkit.delegate")
     async def delegate(self, request: DelegateCalls) -> DelegateResult:
         """Record the delegated calls and their child turns (idempotent); see the module docstring."""
+        request = request.model_copy(update={"calls": await with_arguments(self.store, request.turn_id, request.calls)})
         parent_agent = resolve_agent(request.agent_name)
         result = DelegateResult()
         for index, call in enumerate(request.calls):
@@ -160,7 +161,7 @@ class ChildActivities:
     @activity.defn(name="turnkit.wait")
     async def wait(self, request: WaitRequest) -> WaitPlan:
         """The ``wait_for`` tool: validate and record the wait edges (all or none), report unfinished targets."""
-        call = request.call
+        [call] = await with_arguments(self.store, request.turn_id, [request.call])
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await tx.load_turn(request.turn_id)
             execution = await tx.find_tool_execution(turn.id, call.id)

@@ -280,10 +280,7 @@ class ModelActivities:
 
     async def _write_response(self, call: ModelCall, result: Result, cost: Cost) -> tuple[ModelStep, bool]:
         """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them."""
-        tool_calls = [
-            ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
-            for tc in result.tool_calls
-        ]
+        tool_calls = [ToolCallRef.carried(tc.id, tc.name, tc.arguments, tc.arguments_error) for tc in result.tool_calls]
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
@@ -336,11 +333,8 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     for message in reversed(await tx.list_turn_messages(turn.id)):
         if message.role == "assistant" and message.metadata.get("request_id") == request_id:
             calls = [
-                ToolCallRef(
-                    id=str(part["id"]),
-                    name=str(part["name"]),
-                    arguments=dict(part.get("arguments") or {}),
-                    arguments_error=part.get("arguments_error"),
+                ToolCallRef.carried(
+                    str(part["id"]), str(part["name"]), dict(part.get("arguments") or {}), part.get("arguments_error")
                 )
                 for part in message.content
                 if part.get("type") == "tool_call"

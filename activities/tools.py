@@ -26,7 +26,7 @@ from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import AuthorizationError, ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.events import emit
-from turnkit.executions import open_tool_execution
+from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
 from turnkit.store.storable import UnstorableValue
@@ -50,6 +50,8 @@ class ToolActivities:
     async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
+        [call] = await with_arguments(self.store, request.turn_id, [request.call])  # large ones come from the store
+        request = request.model_copy(update={"call": call})
         tool = _find_tool(request.agent_name, request.call.name)
         reserved = await self._reserve(request, tool)
         if isinstance(reserved, ToolOutcome):
