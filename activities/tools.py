@@ -78,6 +78,11 @@ class ToolActivities:
                     result = await tool.invoke(request.call.arguments, context)
         except _Denied as err:
             return await self._fail(turn, execution, str(err), AUTHORIZATION_DENIED)
+        except UnstorableValue as err:
+            # The body ran and its effect happened; only its result cannot be stored (normalize_result: circular).
+            # Never report it as not run, never run it again (a replay-safe retry would build the same result): it
+            # completes, and the model is told why there is no result (issue 8 item 11).
+            result = {"result_unstorable": f"the tool ran, but {err}"}
         except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
             return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except Exception as err:
@@ -85,13 +90,7 @@ class ToolActivities:
                 raise  # Temporal retries with backoff, same execution, same idempotency key
             # At most once: the body raised, so its outcome is known (it failed); report it, never re-run it.
             return await self._fail(turn, execution, f"{type(err).__name__}: {err}", {"class": type(err).__name__})
-        try:
-            payload = normalize_result(result)
-        except UnstorableValue as err:
-            # The body ran and its effect happened: never report it as not run, never run it again (a replay-safe
-            # retry would only build the same result). It completes, and the model is told why there is no result.
-            payload = {"result_unstorable": f"the tool ran, but {err}"}
-        return await self._complete(turn, execution, payload, tool)
+        return await self._complete(turn, execution, normalize_result(result), tool)
 
     async def _send_message(
         self, turn: TurnRecord, execution: ToolExecutionRecord, tool: Tool, arguments: dict[str, Any]
