@@ -35,9 +35,16 @@ class _StoreFailureInbound(ActivityInboundInterceptor):
         except ApplicationError:
             raise
         except Exception as err:
-            if not deterministic_store_error(err):
+            # Only TurnKit's own activities (store phases and tool calls): an application's activities registered on
+            # the same worker keep their own retry semantics.
+            if not _turnkit_activity() or not deterministic_store_error(err):
                 raise
             message = store_failure_message(err)
             activity.logger.warning("deterministic store failure, not retried: %s (%s)", message, type(err).__name__)
             # `from None`: the original exception's text holds the SQL and its parameters; it must not travel.
             raise ApplicationError(message, type=STORE_ERROR_TYPE, non_retryable=True) from None
+
+
+def _turnkit_activity() -> bool:
+    """Whether the running activity is TurnKit's (``turnkit.*`` store phases, ``tool:*`` tool calls)."""
+    return activity.info().activity_type.startswith(("turnkit.", "tool:"))

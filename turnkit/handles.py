@@ -380,6 +380,8 @@ class Turn:
                 try:
                     await asyncio.wait_for(handle.result(), remaining)
                 except TimeoutError:
+                    if (await self._tk.store.load_turn(self.id)).terminal:
+                        break  # finished already (e.g. timeout=0 on a finished turn): the record is the answer
                     raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
                 break
             except WorkflowFailureError:
@@ -454,7 +456,7 @@ class Turn:
         run, or pass ``wait_for=`` to ``ask``). The spec's rules apply (no self, only submitted targets, no unfinished
         work in its own conversation, no cycles); a rejected call writes no edge.
         """
-        target_ids = [t.id if isinstance(t, Turn) else t for t in targets]
+        target_ids = [check_id("targets", t.id if isinstance(t, Turn) else t, "turn") for t in targets]
         record = await self._tk.store.load_turn(self.id)
         authorize("wait", principal, turn=self.id, targets=target_ids)
         async with self._tk.store.atomic(turn_id=record.root_turn_id, wait_graph=True) as tx:
