@@ -12,15 +12,21 @@ import uuid
 from typing import Any
 
 import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
 
 import turnkit
 from tests.engine import eventually, held_tool
+from tests.faults import private_cluster
 from turnkit.config import configure
 from turnkit.errors import InputError, StoreError
 from turnkit.ids import new_id
 from turnkit.payloads import SubmitTurn
+from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
+from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
+from workflows.lane import SUBMIT_TIMEOUT
 
 RUNS: dict[str, int] = {}
 LOOP: dict[str, Any] = {}
@@ -191,3 +197,41 @@ async def test_result_timeout_bounds_a_running_turn(tk: TurnKit) -> None:
     await asyncio.wait_for(turn.result(), 30)
     assert turn.status == "completed" and turn.output_text == "released"
     assert (await tk.turn(turn.id).result(timeout=0)).status == "completed"  # a finished turn needs no time
+
+
+@pytest.mark.slow
+async def test_a_submit_during_a_store_outage_is_bounded_and_frees_the_lane(temporal: WorkflowEnvironment) -> None:
+    """Issue 8 item 1: with PostgreSQL stopped (a private cluster), a submission retries only for SUBMIT_TIMEOUT, then
+    the update is rejected with StoreError and the lane's write lock is free: after the restart the next ask completes,
+    and the rejected submission wrote nothing."""
+    try:
+        cluster_context = private_cluster()
+        cluster = cluster_context.__enter__()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    try:
+        store = await Store.open(cluster.url())
+        address = temporal.client.service_client.config.target_host
+        client = await Client.connect(address, plugins=[TurnKitPlugin(store)])
+        tk = TurnKit(client, store, task_queue=f"tq-{uuid.uuid4().hex[:12]}")
+        try:
+            async with tk.worker():
+                conversation = await tk.conversation(_agent(ScriptedClient(["before", "after"])))
+                assert (await conversation.ask("first")).output_text == "before"
+                cluster.stop()
+                started = time.monotonic()
+                with pytest.raises(StoreError, match="the store did not accept the turn within 60 s"):
+                    await conversation.ask("during the outage", wait=False)
+                waited = time.monotonic() - started
+                # The last retry that fits the bound ends it: up to one backoff interval (10 s) before the bound.
+                assert SUBMIT_TIMEOUT.total_seconds() - 15 <= waited < SUBMIT_TIMEOUT.total_seconds() + 15, waited
+                cluster.start()
+                turn = await conversation.ask("second", wait=False)
+                await turn.result(timeout=60)
+                assert turn.status == "completed" and turn.output_text == "after"
+                texts = [m.text for m in await conversation.messages() if m.role == "user"]
+                assert texts == ["first", "second"]
+        finally:
+            await store.close()
+    finally:
+        cluster_context.__exit__(None, None, None)

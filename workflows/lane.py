@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -97,11 +97,12 @@ class ConversationWorkflow:
             except ActivityError as err:
                 # Reject the update (the caller gets the error); never fail the lane's workflow task.
                 cause = err.cause
-                if isinstance(cause, ApplicationError):
-                    raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
-                if bounded and isinstance(cause, ActivityTimeoutError):
+                if bounded and (err.retry_state == RetryState.TIMEOUT or isinstance(cause, ActivityTimeoutError)):
+                    # Retried until the bound (the store is away): say so, not the last attempt's driver error.
                     message = f"the store did not accept the turn within {SUBMIT_TIMEOUT.total_seconds():.0f} s"
                     raise ApplicationError(message, type="TurnKit::StoreError", non_retryable=True) from err
+                if isinstance(cause, ApplicationError):
+                    raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
                 raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err
             if ticket.busy and self._wakes == wakes:
                 self._held = True  # a sub-agent's turn runs here: its end (`wake`) lets the queue go on
