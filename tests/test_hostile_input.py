@@ -21,6 +21,7 @@ from tests.faults import private_cluster
 from turnkit.config import configure
 from turnkit.errors import InputError, StoreError
 from turnkit.ids import new_id
+from turnkit.model import Result, ToolCall
 from turnkit.payloads import SubmitTurn
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
@@ -124,6 +125,19 @@ async def test_model_output_with_nul_is_stored_not_retried(tk: TurnKit) -> None:
     [execution] = await turn.tool_executions()
     assert execution.arguments == {"text": "a\ufffdb"}
     assert execution.result == {"text": "a\ufffdb", "length": 3}
+
+
+async def test_over_long_tool_call_ids_and_names_from_the_model_fit_their_columns(tk: TurnKit) -> None:
+    """Issue 8 item 1: a 300-character tool-call id and tool name (String(255) columns) do not fail the writes on
+    PostgreSQL: they are cut to 255 characters on both databases, the unknown tool fails, and the turn goes on."""
+    call = ToolCall(id="c" * 300, name="n" * 300, arguments={})
+    client = ScriptedClient([Result.build(tool_calls=[call]), "carried on"])
+    conversation = await tk.conversation(_agent(client, echo))
+    turn = await conversation.ask("go")
+    assert turn.status == "completed" and turn.output_text == "carried on", turn.error
+    [execution] = await turn.tool_executions()
+    assert (execution.tool_call_id, execution.tool_name, execution.status) == ("c" * 255, "n" * 255, "failed")
+    assert client.calls == 2
 
 
 async def test_tool_results_the_store_cannot_hold(tk: TurnKit) -> None:

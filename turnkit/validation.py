@@ -174,8 +174,16 @@ def storable_result(result: Result) -> Result:
 
     A NUL or lone surrogate in the text, thinking or tool-call arguments becomes U+FFFD and NaN becomes null, so the
     answer is persisted (the model was paid for) instead of failing the turn on the database after five calls.
+    Tool-call ids and names longer than their columns are cut to :data:`MAX_NAME_CHARS`.
     """
     parts = storable(result.parts)
+    for part in parts:
+        if part.get("type") == "tool_call":
+            # The id and name columns are String(255); a longer one from a provider would fail every write of the
+            # call on PostgreSQL (and never on SQLite). Cut them to fit, the same on both.
+            for key in ("id", "name"):
+                if isinstance(part.get(key), str) and len(part[key]) > MAX_NAME_CHARS:
+                    part[key] = part[key][:MAX_NAME_CHARS]
     output_data = None if result.output_data is None else storable(result.output_data)
     if parts == result.parts and output_data == result.output_data:
         return result
