@@ -137,7 +137,7 @@ class Conversation:
             paused=paused,
         )
         # The whole update must stay far below Temporal's payload limit: a clear error instead of an RPC error.
-        check_size("input", len(request.model_dump_json().encode("utf-8")))
+        check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
         await self._submit(request)
         turn = Turn(self._tk, request.turn_id)
         if wait and not paused:
