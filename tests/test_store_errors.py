@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.store import Store
-from turnkit.store.errors import deterministic_store_error, store_failure_message
+from turnkit.store.errors import deterministic_store_error, store_failure_message, unavailable_message
 from turnkit.store.storable import UnstorableValue, storable
 
 SECRET = "secret-value-7f3a"
@@ -113,9 +113,13 @@ async def test_postgres_timeouts_and_refused_connections_are_transient(db: Scrat
     try:
         async with engine.begin() as conn:
             await conn.execute(text("set local statement_timeout = 1"))
-            await conn.execute(text("select pg_sleep(1)"))
+            await conn.execute(text(f"select pg_sleep(1), '{SECRET}'"))
     except Exception as err:
         assert not deterministic_store_error(err), err
+        assert SECRET in str(err)  # SQLAlchemy's own text quotes the statement...
+        message = unavailable_message(err)
+        assert SECRET not in message and "select" not in message.lower(), message  # ...the short message does not
+        assert "SQLSTATE 57014" in message, message
     else:
         raise AssertionError("statement timeout did not fire")
     async with engine.connect() as holder:

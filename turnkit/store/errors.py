@@ -20,10 +20,19 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, ProgrammingErr
 
 from turnkit.store.storable import UnstorableValue
 
-__all__ = ["STORE_ERROR_TYPE", "deterministic_store_error", "store_failure_message"]
+__all__ = [
+    "STORE_ERROR_TYPE",
+    "STORE_UNAVAILABLE_TYPE",
+    "deterministic_store_error",
+    "sql_error",
+    "store_failure_message",
+    "unavailable_message",
+]
 
 #: The ``ApplicationError.type`` of a deterministic store failure (the turn fails with this class).
 STORE_ERROR_TYPE: Final = "TurnKit::StoreError"
+#: The ``ApplicationError.type`` of a transient store failure: retried; its message holds no SQL either.
+STORE_UNAVAILABLE_TYPE: Final = "TurnKit::StoreUnavailable"
 
 #: PostgreSQL SQLSTATE classes that a retry cannot change: data exceptions, integrity violations (races of
 #: idempotent inserts are absorbed by the store's savepoints before they get here), syntax or access rules.
@@ -101,3 +110,17 @@ def store_failure_message(err: BaseException) -> str:
         # SQLite's messages name the constraint or the limit, never the value ("NOT NULL constraint failed: t.c").
         return f"the store could not write a value: {str(orig).splitlines()[0][:200]}"
     return f"the store could not write a value: {type(orig or err).__name__}"
+
+
+def sql_error(err: BaseException) -> bool:
+    """Whether ``err`` is a SQLAlchemy statement error, whose text embeds the SQL statement and its parameters."""
+    return isinstance(err, StatementError)
+
+
+def unavailable_message(err: BaseException) -> str:
+    """A short description of a transient store failure (a lost connection, a lock, a timeout), without SQL."""
+    orig = getattr(err, "orig", None) or err
+    code = _sqlstate(err)
+    first_line = (str(orig).splitlines() or [""])[0][:200]
+    state = f" (SQLSTATE {code})" if code else ""
+    return f"the store is unavailable: {type(orig).__name__}{state}: {first_line}"
