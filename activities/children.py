@@ -22,7 +22,7 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import turn_result
 from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
-from turnkit.executions import open_tool_execution
+from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.ids import new_id
 from turnkit.payloads import (
     ChildPlan,
@@ -54,6 +54,7 @@ class ChildActivities:
     @activity.defn(name="turnkit.delegate")
     async def delegate(self, request: DelegateCalls) -> DelegateResult:
         """Record the delegated calls and their child turns (idempotent); see the module docstring."""
+        request = request.model_copy(update={"calls": await with_arguments(self.store, request.turn_id, request.calls)})
         parent_agent = resolve_agent(request.agent_name)
         # The hook is asked about every call first, outside any transaction: a slow approval service holds no
         # lock, and the control boundary below is checked after it answered (spec T92).
@@ -199,7 +200,7 @@ class ChildActivities:
     @activity.defn(name="turnkit.wait")
     async def wait(self, request: WaitRequest) -> WaitPlan:
         """The ``wait_for`` tool: validate and record the wait edges (all or none), report unfinished targets."""
-        call = request.call
+        [call] = await with_arguments(self.store, request.turn_id, [request.call])
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await tx.load_turn(request.turn_id)
             execution = await tx.find_tool_execution(turn.id, call.id)

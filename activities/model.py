@@ -47,6 +47,7 @@ from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.validation import storable_result
 from turnkit.waits import enter_waiting
 
 __all__ = ["ModelActivities"]
@@ -111,6 +112,7 @@ class ModelActivities:
                 result = await client.chat(request)
         except (ModelError, ConfigError) as err:
             raise _non_retryable(err) from err
+        result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         step = await self._persist(call, turn, request.model, result)
         if step.completed:
             await self._announce(turn)
@@ -325,8 +327,7 @@ class ModelActivities:
                 taken = _call_ids(await tx.list_turn_messages(turn.id))
                 result = result.model_copy(update={"parts": unique_call_ids(result.parts, taken)})
             tool_calls = [
-                ToolCallRef(id=tc.id, name=tc.name, arguments=tc.arguments, arguments_error=tc.arguments_error)
-                for tc in result.tool_calls
+                ToolCallRef.carried(tc.id, tc.name, tc.arguments, tc.arguments_error) for tc in result.tool_calls
             ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
             if result.output_data is not None and not tool_calls:
@@ -373,11 +374,8 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     for message in reversed(await tx.list_turn_messages(turn.id)):
         if message.role == "assistant" and message.metadata.get("request_id") == request_id:
             calls = [
-                ToolCallRef(
-                    id=str(part["id"]),
-                    name=str(part["name"]),
-                    arguments=dict(part.get("arguments") or {}),
-                    arguments_error=part.get("arguments_error"),
+                ToolCallRef.carried(
+                    str(part["id"]), str(part["name"]), dict(part.get("arguments") or {}), part.get("arguments_error")
                 )
                 for part in message.content
                 if part.get("type") == "tool_call"

@@ -29,9 +29,10 @@ from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.events import emit
-from turnkit.executions import open_tool_execution
+from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
+from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.transcript import append_tool_result, fail_execution
@@ -55,9 +56,13 @@ class ToolActivities:
     async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
-        tool = find_tool(request.agent_name, request.call.name)
         # Store phases ride out a database outage inside the attempt (issue 8): an at-most-once attempt is never
         # retried, so a failure here would otherwise record the call as failed.
+        [call] = await retry_store(  # large arguments come from the store
+            lambda: with_arguments(self.store, request.turn_id, [request.call]), what="tool arguments"
+        )
+        request = request.model_copy(update={"call": call})
+        tool = find_tool(request.agent_name, request.call.name)
         reserved = await retry_store(lambda: self._reserve(request, tool), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
@@ -83,6 +88,11 @@ class ToolActivities:
                     result = await tool.invoke(request.call.arguments, context)
         except _Denied as err:
             return await self._fail(turn, execution, err.verdict.message, err.verdict.details)
+        except UnstorableValue as err:
+            # The body ran and its effect happened; only its result cannot be stored (normalize_result: circular).
+            # Never report it as not run, never run it again (a replay-safe retry would build the same result): it
+            # completes, and the model is told why there is no result (issue 8 item 11).
+            result = {"result_unstorable": f"the tool ran, but {err}"}
         except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
             return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except Exception as err:

@@ -17,6 +17,7 @@ from turnkit.agent import resolve_agent
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
+from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.records import TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
@@ -89,6 +90,8 @@ class TurnActivities:
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
         """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn."""
+        skipped = await with_arguments(self.store, finish.turn_id, finish.skipped_calls)  # large ones: from the store
+        finish = finish.model_copy(update={"skipped_calls": skipped})
         turn = await self.store.load_turn(finish.turn_id)
         verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (spec §7.4)
         already_done = False
@@ -158,6 +161,8 @@ class TurnActivities:
     @activity.defn(name="turnkit.settle_tool")
     async def settle_tool(self, settle: SettleToolCall) -> ToolOutcome:
         """Record a tool call whose activity was lost (``interrupted``) or finally failed; first writer wins."""
+        [call] = await with_arguments(self.store, settle.turn_id, [settle.call])
+        settle = settle.model_copy(update={"call": call})
         turn = await self.store.load_turn(settle.turn_id)
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             execution = await tx.find_tool_execution(turn.id, settle.call.id)

@@ -8,29 +8,30 @@ import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from activities import store_retry
-from activities.store_retry import is_transient_store_error, retry_store
+from activities.store_retry import retry_store
+from turnkit.store.errors import transient_store_error
 
 
 def test_connection_failures_and_busy_databases_are_transient() -> None:
-    assert is_transient_store_error(ConnectionRefusedError(111, "Connect call failed"))
-    assert is_transient_store_error(ConnectionResetError())
+    assert transient_store_error(ConnectionRefusedError(111, "Connect call failed"))
+    assert transient_store_error(ConnectionResetError())
     locked = OperationalError("BEGIN IMMEDIATE", {}, sqlite3.OperationalError("database is locked"))
-    assert is_transient_store_error(locked)
+    assert transient_store_error(locked)
     invalidated = DBAPIError("SELECT 1", {}, Exception("server closed"), connection_invalidated=True)
-    assert is_transient_store_error(invalidated)
+    assert transient_store_error(invalidated)
     try:
         try:
             raise ConnectionResetError("reset by peer")
         except ConnectionResetError as inner:
             raise RuntimeError("wrapped") from inner
     except RuntimeError as wrapped:
-        assert is_transient_store_error(wrapped)  # the cause counts
+        assert transient_store_error(wrapped)  # the cause counts
 
 
 def test_data_and_constraint_errors_are_not_transient() -> None:
-    assert not is_transient_store_error(IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE failed")))
-    assert not is_transient_store_error(OperationalError("SELECT", {}, sqlite3.OperationalError("no such table")))
-    assert not is_transient_store_error(ValueError("A string literal cannot contain NUL (0x00) characters."))
+    assert not transient_store_error(IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE failed")))
+    assert not transient_store_error(OperationalError("SELECT", {}, sqlite3.OperationalError("no such table")))
+    assert not transient_store_error(ValueError("A string literal cannot contain NUL (0x00) characters."))
 
 
 async def test_retry_store_waits_out_transient_errors_and_raises_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from turnkit.budget import check_limits
 from turnkit.compaction import normalize_compaction
 from turnkit.config import settings
 from turnkit.errors import ConfigError
@@ -163,6 +164,16 @@ class Agent:
             raise ValueError("name is required")
         if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
             raise ValueError(f"unknown prompt mode: {prompt_mode}")
+        check_limits(
+            {
+                "max_iterations": max_iterations,
+                "max_tool_executions": max_tool_executions,
+                "max_tool_executions_by_name": max_tool_executions_by_name,
+                "timeout": timeout,
+                "max_depth": max_depth,
+                "max_spend": max_spend,
+            }
+        )
         compaction_options = normalize_compaction(compaction)
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)

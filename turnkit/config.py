@@ -97,6 +97,10 @@ class Settings:
     tool_heartbeat_timeout: float = 30.0
     """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
 
+    max_input_bytes: int | None = 256 * 1024
+    """Largest input accepted at the API, in UTF-8 bytes per field (ask/say/post text, metadata, context); checked
+    before anything is sent, well below Temporal's 2 MB payload limit. None disables the check (issue 8 item 12)."""
+
     compaction: bool | dict[str, Any] = True
     """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
@@ -121,13 +125,17 @@ def configure(**kwargs: Any) -> Settings:
         The process-wide :data:`settings` object.
 
     Raises:
-        ConfigError: A name is not a known setting (``"unknown setting: x"``), or ``compaction`` is invalid.
+        ConfigError: A name is not a known setting (``"unknown setting: x"``), ``compaction`` is invalid, or a budget
+            limit is one a turn cannot run under (negative; zero ``max_iterations`` or ``timeout``).
             Nothing is changed in that case.
     """
     # Check every name before assigning any, so a typo never leaves the settings half-applied.
     for key in kwargs:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
+    from turnkit.budget import check_limits  # late: turnkit.budget imports this module
+
+    check_limits(kwargs)  # zero or negative budgets are refused before any setting changes (issue 8 item 13)
     if "compaction" in kwargs:
         from turnkit.compaction import normalize_compaction  # late: it imports modules that import this one
 

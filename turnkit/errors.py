@@ -85,8 +85,13 @@ class CompactionError(Error):
     qualified_name: ClassVar[str] = "TurnKit::CompactionError"
 
 
-class InputError(Error):
-    """The input given to ``Agent.run`` does not satisfy the agent's ``input_schema``."""
+class InputError(Error, ValueError):
+    """Input the API cannot accept: ``Agent.run`` input that fails the agent's ``input_schema``, or a value the store
+    cannot hold (NUL, a lone surrogate, NaN, a name or key too long, text over ``max_input_bytes``), an empty text or
+    key, a malformed id. The message names the field. Nothing is sent or written when it is raised.
+
+    It is also a ``ValueError``: the spec's API misuse (Ruby ``ArgumentError``) is ``ValueError`` in Python.
+    """
 
     qualified_name: ClassVar[str] = "TurnKit::InputError"
 

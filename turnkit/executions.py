@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any, Final
 
 from turnkit.budget import tool_execution_denial
+from turnkit.payloads import ToolCallRef
 from turnkit.records import ToolExecutionRecord, TurnRecord
-from turnkit.store.store import StoreTx, utcnow
+from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import fail_execution
 
-__all__ = ["BUDGET_DENIED", "open_tool_execution"]
+__all__ = ["BUDGET_DENIED", "open_tool_execution", "with_arguments"]
 
 BUDGET_DENIED: Final = {"class": "TurnKit::BudgetError", "budget_denied": True}
 
@@ -41,3 +42,24 @@ async def open_tool_execution(
     if denial is not None:
         execution = await fail_execution(tx, turn, execution, denial, details=BUDGET_DENIED)
     return execution, denial
+
+
+async def with_arguments(store: Store, turn_id: str, calls: list[ToolCallRef]) -> list[ToolCallRef]:
+    """``calls`` with the arguments of every call that travelled without them, read from the turn's stored assistant
+    message (the newest one that proposed the call id). Calls that carry their arguments are returned as they are."""
+    if not any(call.arguments_stored for call in calls):
+        return calls
+    async with store.atomic() as tx:
+        messages = await tx.list_turn_messages(turn_id)
+    stored: dict[str, dict[str, Any]] = {}
+    for message in messages:  # oldest first: a later message's call wins
+        if message.role == "assistant":
+            for part in message.content:
+                if part.get("type") == "tool_call":
+                    stored[str(part.get("id"))] = dict(part.get("arguments") or {})
+    return [
+        call.model_copy(update={"arguments": stored.get(call.id, {}), "arguments_stored": False})
+        if call.arguments_stored
+        else call
+        for call in calls
+    ]

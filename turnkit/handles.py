@@ -33,6 +33,7 @@ from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import StoreTx, utcnow
+from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
 
 if TYPE_CHECKING:
@@ -61,7 +62,13 @@ class Conversation:
         return self.record.agent_name
 
     async def say(self, text: str, *, metadata: dict[str, Any] | None = None) -> MessageRecord:
-        """Append a user message without starting a turn."""
+        """Append a user message without starting a turn.
+
+        Raises:
+            InputError: ``text`` is empty or not storable, or ``metadata`` is not JSON (nothing is written).
+        """
+        check_text("text", text)
+        check_json("metadata", metadata)
         return await self._tk.store.append_message(self.id, role="user", text=text, metadata=metadata)
 
     async def ask(
@@ -90,14 +97,24 @@ class Conversation:
         ``paused=True`` submits it paused: an approval gate that runs nothing (and blocks the conversation) until
         :meth:`Turn.resume`.
         """
-        if not text:
-            raise ValueError("text is required")
+        # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
+        check_text("text", text)
+        check_name("agent", agent)
+        check_name("model", model)
+        for field, value in (("metadata", metadata), ("context", context), ("output_schema", output_schema)):
+            check_json(field, value)
+        if thinking is not _UNSET:
+            check_json("thinking", thinking)
+        check_json("principal", principal, lenient=True)
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
+        for wait_id in wait_ids:
+            check_id("wait_for", wait_id, "turn")
         if wait_ids:
             waiter_principal = principal if principal is not None else self.record.metadata.get("principal")
             await authorize("wait", waiter_principal, turn=None, targets=wait_ids)
         callback_id = callback.id if isinstance(callback, Conversation) else callback
         if callback_id is not None:
+            check_id("callback", callback_id, "conv")
             turn_principal = principal if principal is not None else self.record.metadata.get("principal")
             await authorize("callback", turn_principal, turn=None, destination_conversation=callback_id)
             await self._tk.store.load_conversation(callback_id)  # must exist: fail before anything is written
@@ -119,6 +136,8 @@ class Conversation:
             wait_for=wait_ids,
             paused=paused,
         )
+        # The whole update must stay far below Temporal's payload limit: a clear error instead of an RPC error.
+        check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
         await self._submit(request)
         turn = Turn(self._tk, request.turn_id)
         if wait and not paused:
@@ -162,14 +181,16 @@ class Conversation:
     ) -> DeliveryRecord:
         """Send ``text`` to another conversation (spec §1.3); its payload carries no principal."""
         destination_id = destination.id if isinstance(destination, Conversation) else destination
+        check_id("destination", destination_id, "conv")
         await authorize("send_message", principal, source_conversation=self.id, destination_conversation=destination_id)
         return await self._deliver(destination_id, text, key=key, principal=principal, include_principal=False)
 
     async def _deliver(
         self, destination_id: str, text: str, *, key: str, principal: Any, include_principal: bool
     ) -> DeliveryRecord:
-        if not key:
-            raise ValueError("key is required")
+        check_key("key", key)
+        check_text("text", text)
+        check_json("principal", principal, lenient=True)
         async with self._tk.store.atomic() as tx:
             delivery = await create_delivery(
                 tx,
@@ -346,13 +367,22 @@ class Turn:
         Works for any turn id, from any process. A queued turn has no workflow yet (its lane starts it when the
         turns before it are done), so until it appears this polls the store with a backoff.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise errors.InputError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
         handle = self._tk.client.get_workflow_handle(self.id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         delay = 0.02
         while True:
             try:
-                await handle.result()
+                # Bounded by the caller's timeout while the turn runs too (issue 8 item 13), not only while queued.
+                remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+                try:
+                    await asyncio.wait_for(handle.result(), remaining)
+                except TimeoutError:
+                    if (await self._tk.store.load_turn(self.id)).terminal:
+                        break  # finished already (e.g. timeout=0 on a finished turn): the record is the answer
+                    raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
                 break
             except WorkflowFailureError:
                 break  # a turn workflow that failed abnormally: the record tells what is known
@@ -390,8 +420,9 @@ class Turn:
         Returns one receipt per steered turn: ``{id, key, text, principal, turn_id, sequence}``, later with
         ``message_id`` and then ``request_id`` (read them with :meth:`control_state`). Idempotent by ``key``.
         """
-        if not isinstance(key, str) or not key:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError("key must be a non-empty string")
+        check_key("key", key)
+        check_text("text", text)
+        check_json("principal", principal, lenient=True)
         receipts: list[dict[str, Any]] = []
 
         async def steer_one(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
@@ -425,7 +456,7 @@ class Turn:
         run, or pass ``wait_for=`` to ``ask``). The spec's rules apply (no self, only submitted targets, no unfinished
         work in its own conversation, no cycles); a rejected call writes no edge.
         """
-        target_ids = [t.id if isinstance(t, Turn) else t for t in targets]
+        target_ids = [check_id("targets", t.id if isinstance(t, Turn) else t, "turn") for t in targets]
         record = await self._tk.store.load_turn(self.id)
         await authorize("wait", principal, turn=self.id, targets=target_ids)
         async with self._tk.store.atomic(turn_id=record.root_turn_id, wait_graph=True) as tx:
@@ -495,7 +526,7 @@ async def _signal(tk: TurnKit, workflow_id: str, signal: str) -> None:
 def _turnkit_error(cause: BaseException | None) -> Exception:
     """Map a failure reported by the lane back to the TurnKit error it started as."""
     if isinstance(cause, ApplicationError):
-        cls = getattr(errors, cause.type or "", None)
+        cls = getattr(errors, (cause.type or "").removeprefix("TurnKit::"), None)
         if isinstance(cls, type) and issubclass(cls, errors.Error):
             return cls(cause.message)
         return errors.Error(cause.message)

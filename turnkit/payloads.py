@@ -7,12 +7,14 @@ The module is pure (no clocks, no I/O) and is passed through the workflow sandbo
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
 __all__ = [
+    "INLINE_ARGUMENTS_BYTES",
     "DeliverBatch",
     "DeliverResult",
     "DeliverySignal",
@@ -159,13 +161,29 @@ class TurnOutcome(BaseModel):
     error_message: str | None = None
 
 
+#: Tool-call arguments larger than this (as JSON) do not travel in payloads: they are read from the turn's assistant
+#: message in the store (issue 8 item 12: 3 MB of arguments from a model must not exceed Temporal's 2 MB limit).
+INLINE_ARGUMENTS_BYTES: Final = 16 * 1024
+
+
 class ToolCallRef(BaseModel):
-    """One tool call proposed by the model, as the workflow dispatches it."""
+    """One tool call proposed by the model, as the workflow dispatches it (the workflow never reads ``arguments``)."""
 
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
     arguments_error: str | None = None
+    #: The arguments were too large to carry: they are left out here and loaded from the stored assistant message by
+    #: the activity that needs them (:func:`turnkit.executions.with_arguments`).
+    arguments_stored: bool = False
+
+    @classmethod
+    def carried(cls, id: str, name: str, arguments: dict[str, Any], arguments_error: str | None = None) -> ToolCallRef:
+        """The reference that crosses Temporal: with its arguments, unless they exceed
+        :data:`INLINE_ARGUMENTS_BYTES`."""
+        if len(json.dumps(arguments, default=str).encode("utf-8")) > INLINE_ARGUMENTS_BYTES:
+            return cls(id=id, name=name, arguments_error=arguments_error, arguments_stored=True)
+        return cls(id=id, name=name, arguments=arguments, arguments_error=arguments_error)
 
 
 class ModelCall(BaseModel):

@@ -37,6 +37,7 @@ class TurnKitPlugin(SimplePlugin):
 
     def __init__(self, store: Store | None = None) -> None:
         from activities import build_activities
+        from activities.store_failures import StoreFailureInterceptor
         from workflows import ALL_WORKFLOWS
 
         super().__init__(
@@ -44,5 +45,7 @@ class TurnKitPlugin(SimplePlugin):
             data_converter=pydantic_data_converter,
             workflows=ALL_WORKFLOWS,
             activities=build_activities(store) if store is not None else None,
+            # Deterministic store failures are not retried, in every activity (issue 8 item 1).
+            interceptors=[StoreFailureInterceptor()] if store is not None else None,
             workflow_runner=_sandbox,
         )

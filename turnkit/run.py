@@ -11,6 +11,7 @@ from turnkit.handles import Turn
 from turnkit.jsonschema import schema_errors
 from turnkit.model import Usage
 from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.validation import check_text
 
 if TYPE_CHECKING:
     from turnkit.agent import Agent
@@ -97,11 +98,12 @@ async def start_run(
         errors = schema_errors(input, agent.input_schema)
         if errors:
             raise InputError("; ".join(errors))  # before anything is written
+    text = check_text("task", task_text(task, input))  # before the conversation is written (issue 8 item 1)
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
     )
     turn = await conversation.ask(
-        task_text(task, input),
+        text,
         wait=False,
         prompt_mode="task",
         metadata={"source": "application", "task": True},

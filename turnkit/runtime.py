@@ -31,6 +31,7 @@ from turnkit.plugin import TurnKitPlugin
 from turnkit.records import DeliveryRecord
 from turnkit.run import Run, start_run
 from turnkit.store.store import Store
+from turnkit.validation import check_id, check_json, check_name
 
 __all__ = ["STATE_DIR", "TurnKit", "connect", "temporal_binary"]
 
@@ -70,6 +71,16 @@ class TurnKit:
 
         The agent is registered in this process; workers must register it too (``worker.py --app``).
         """
+        # Checked before anything is written (issue 8 item 1): names fit their columns, JSON is storable.
+        check_name("agent name", agent.name, optional=False)
+        check_name("model", model)
+        check_json("metadata", metadata)
+        check_json("context", context)
+        check_json("principal", principal, lenient=True)
+        subject_ref = _subject_ref(subject)
+        for part in ("type", "id"):
+            if subject_ref is not None and subject_ref[part] is not None:
+                check_name(f"subject {part}", str(subject_ref[part]))
         register(agent)
         meta: dict[str, Any] = dict(metadata or {})
         if context is not None:
@@ -83,7 +94,7 @@ class TurnKit:
             record = await tx.create_conversation(
                 agent_name=agent.name,
                 model=model or agent.effective_model,
-                subject=_subject_ref(subject),
+                subject=subject_ref,
                 metadata=meta,
             )
         return Conversation(self, record)
@@ -98,6 +109,7 @@ class TurnKit:
 
     async def load_conversation(self, conversation_id: str) -> Conversation:
         """The conversation ``conversation_id``; raises :class:`~turnkit.errors.RecordNotFound` when absent."""
+        check_id("conversation_id", conversation_id, "conv")
         return Conversation(self, await self.store.load_conversation(conversation_id))
 
     async def reconcile(self) -> list[DeliveryRecord]:
@@ -105,8 +117,12 @@ class TurnKit:
         return await reconcile_deliveries(self.store, self.client, self.task_queue)
 
     def turn(self, turn_id: str) -> Turn:
-        """A handle on any turn by id (also one submitted by another process); ``await .result()`` waits for it."""
-        return Turn(self, turn_id)
+        """A handle on any turn by id (also one submitted by another process); ``await .result()`` waits for it.
+
+        Raises:
+            InputError: ``turn_id`` is not a turn id (``turn_…``), e.g. a conversation id or ``""``.
+        """
+        return Turn(self, check_id("turn_id", turn_id, "turn"))
 
     @asynccontextmanager
     async def worker(self, **options: Any) -> AsyncGenerator[Worker, None]:

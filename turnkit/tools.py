@@ -51,6 +51,7 @@ from pydantic.fields import FieldInfo
 
 from turnkit.errors import ToolValidationError
 from turnkit.model import ToolSpec
+from turnkit.store.storable import UnstorableValue, storable
 
 if typing.TYPE_CHECKING:
     from turnkit.records import MessageRecord
@@ -185,12 +186,27 @@ def normalize_result(value: Any) -> dict[str, Any]:
     * anything else becomes ``{"result": str(value)}``, the Python counterpart of the gem's ``to_s``; so ``None``
       gives ``{"result": "None"}`` and a string is kept as-is.
 
+    The payload is storable on every backend alike (issue 8 item 11): NaN and infinities become ``null``, NUL and lone
+    surrogates in strings become U+FFFD.
+
     Args:
         value: What the tool returned.
 
     Returns:
         The JSON-compatible payload.
+
+    Raises:
+        UnstorableValue: The value cannot be serialised at all (it is circular); retrying the tool cannot help.
     """
+    try:
+        return storable(_normalize(value))
+    except (ValueError, RecursionError) as err:
+        if isinstance(err, UnstorableValue):
+            raise
+        raise UnstorableValue(f"the tool result cannot be stored: {_short_reason(err)}") from None
+
+
+def _normalize(value: Any) -> dict[str, Any]:
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -200,6 +216,15 @@ def normalize_result(value: Any) -> dict[str, Any]:
     if isinstance(value, list | tuple):
         return {"items": _jsonable(list(value))}  # pyright: ignore[reportUnknownArgumentType]
     return {"result": str(value)}
+
+
+def _short_reason(err: BaseException) -> str:
+    text = str(err)
+    if "ircular" in text:
+        return "it is circular (it contains itself)"
+    if isinstance(err, RecursionError) or "recursion" in text.lower():
+        return "it is nested too deeply"
+    return f"{type(err).__name__}: {text[:200]}"
 
 
 class _NoArguments(BaseModel):

@@ -22,7 +22,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.payloads import (
@@ -45,6 +46,10 @@ RECENT_WINDOW = 256
 #: Patch: deliveries reaching a busy lane wait for it to be idle (older runs appended them at once).
 DELIVER_WHEN_IDLE = "deliver-when-idle"
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+#: Patch: a submission gives up after SUBMIT_TIMEOUT (older runs retried it forever while holding the write lock).
+BOUNDED_SUBMIT = "bounded-submit"
+#: How long a submission may keep retrying a store that is away before the update is rejected (issue 8 item 1).
+SUBMIT_TIMEOUT = timedelta(seconds=60)
 
 
 @workflow.defn(name="ConversationWorkflow")
@@ -77,18 +82,25 @@ class ConversationWorkflow:
         """Append the trigger message, create the pending turn and queue it; returns its ids at once."""
         async with self._writing:
             wakes = self._wakes
+            # Never hold the write lock across an unbounded retry: a failing submit releases it and is rejected.
+            bounded = workflow.patched(BOUNDED_SUBMIT)
             try:
                 ticket = await workflow.execute_activity(
                     "turnkit.submit_turn",
                     request,
                     result_type=TurnTicket,
                     start_to_close_timeout=timedelta(seconds=30),
+                    schedule_to_close_timeout=SUBMIT_TIMEOUT if bounded else None,
                     retry_policy=STORE_RETRY,
                     summary="submit turn",
                 )
             except ActivityError as err:
                 # Reject the update (the caller gets the error); never fail the lane's workflow task.
                 cause = err.cause
+                if bounded and (err.retry_state == RetryState.TIMEOUT or isinstance(cause, ActivityTimeoutError)):
+                    # Retried until the bound (the store is away): say so, not the last attempt's driver error.
+                    message = f"the store did not accept the turn within {SUBMIT_TIMEOUT.total_seconds():.0f} s"
+                    raise ApplicationError(message, type="TurnKit::StoreError", non_retryable=True) from err
                 if isinstance(cause, ApplicationError):
                     raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
                 raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err

@@ -15,7 +15,6 @@ UPDATE``; on SQLite every write transaction is ``BEGIN IMMEDIATE``, which serial
 from __future__ import annotations
 
 import contextvars
-import json
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -50,6 +49,7 @@ from turnkit.store.schema import (
     TurnRow,
     WaitRow,
 )
+from turnkit.store.storable import storable, storable_text
 
 __all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "in_transaction", "utcnow"]
 
@@ -89,8 +89,12 @@ def utcnow() -> datetime:
 
 
 def canonical_json(value: Any) -> Any:
-    """A JSON deep copy with string keys, so that equal payloads compare equal (spec T76)."""
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """A JSON deep copy with string keys, so that equal payloads compare equal (spec T76).
+
+    It is also storable on every backend alike (issue 8 items 1, 11): NaN and infinities become null, NUL and lone
+    surrogates U+FFFD (see :func:`turnkit.store.storable.storable`); a circular value raises ``UnstorableValue``.
+    """
+    return storable(value)
 
 
 class Store:
@@ -879,6 +883,8 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
     for key, value in attrs.items():
         if key in ("options", "usage", "error", "output_data") and value is not None:
             value = canonical_json(value)
+        elif key == "output_text" and isinstance(value, str):
+            value = storable_text(value)  # a text column: NUL would fail on PostgreSQL (issue 8 item 1)
         elif key == "cost" and value is not None:
             value = Decimal(str(round(float(value), 6)))
         values[key] = value

@@ -1,0 +1,161 @@
+"""Deterministic vs transient store failures (issue 8 items 1, 11), classified from real SQLite and PostgreSQL errors.
+
+Each error is raised by the real driver through SQLAlchemy, the way a store activity meets it; none is constructed
+by hand. Deterministic ones must not be retried and their message must hold no SQL and no value; transient ones
+(a lock, a timeout, a refused connection) stay retryable.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from turnkit.store import Store
+from turnkit.store.errors import deterministic_store_error, store_failure_message, unavailable_message
+from turnkit.store.storable import UnstorableValue, storable
+
+SECRET = "secret-value-7f3a"
+
+
+@dataclass
+class Scratch:
+    engine: AsyncEngine
+    table: str
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+
+@pytest_asyncio.fixture
+async def db(database_url: str) -> AsyncIterator[Scratch]:
+    """A raw engine on the test database with a scratch table of its own (a varchar(8), a JSON column)."""
+    store = await Store.open(database_url)  # migrates; the scratch table lives beside the TurnKit tables
+    await store.close()
+    engine = create_async_engine(database_url, connect_args={"timeout": 5})
+    table = f"scratch_{uuid.uuid4().hex[:10]}"
+    json_type = "jsonb" if engine.dialect.name == "postgresql" else "json"
+    async with engine.begin() as conn:
+        await conn.execute(text(f"create table {table} (s varchar(8) not null, j {json_type})"))
+    try:
+        yield Scratch(engine, table)
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"drop table {table}"))
+        await engine.dispose()
+
+
+async def _error(engine: AsyncEngine, sql: str, params: dict[str, Any], table: str = "") -> BaseException:
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(sql.format(t=table)), params)
+    except Exception as err:
+        return err
+    raise AssertionError(f"no error from {sql!r}")
+
+
+def _assert_clean(message: str) -> None:
+    assert SECRET not in message and "insert" not in message.lower() and "[SQL" not in message, message
+
+
+async def test_values_the_database_rejects_are_deterministic(db: Scratch) -> None:
+    """Issue 8 item 1: NUL, a too-long string, NaN in JSON (PostgreSQL), NOT NULL and a lone surrogate (both)."""
+    cases = [
+        ("not null", "insert into {t} (s) values (:s)", {"s": None}),
+        ("lone surrogate", "insert into {t} (s) values (:s)", {"s": SECRET[:4] + "\ud800"}),
+    ]
+    if db.dialect == "postgresql":
+        cases += [
+            ("NUL in text", "insert into {t} (s) values (:s)", {"s": "a\x00" + SECRET}),
+            ("too long", "insert into {t} (s) values (:s)", {"s": SECRET * 3}),
+            ("NaN in JSON", "insert into {t} (s, j) values ('a', cast(:j as jsonb))", {"j": '{"x": NaN}'}),
+            ("NUL in JSON", "insert into {t} (s, j) values ('a', cast(:j as jsonb))", {"j": '{"x": "\\u0000"}'}),
+        ]
+    for label, sql, params in cases:
+        err = await _error(db.engine, sql, params, db.table)
+        assert deterministic_store_error(err), (label, type(err), err)
+        _assert_clean(store_failure_message(err))
+
+
+async def test_sqlite_lock_is_transient(database_url: str, tmp_path: Any) -> None:
+    """A held SQLite write lock ("database is locked") is retried, not failed."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip("SQLite only")
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("create table t (x int)")
+    holder.execute("begin immediate")
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 0})
+    try:
+        err = await _error(engine, "insert into t values (1)", {})
+        assert "locked" in str(err)
+        assert not deterministic_store_error(err)
+    finally:
+        holder.rollback()
+        holder.close()
+        await engine.dispose()
+
+
+async def test_postgres_timeouts_and_refused_connections_are_transient(db: Scratch) -> None:
+    """A statement timeout, a lock timeout and a refused connection are retried, not failed."""
+    if db.dialect != "postgresql":
+        pytest.skip("PostgreSQL only")
+    engine = db.engine
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("set local statement_timeout = 1"))
+            await conn.execute(text(f"select pg_sleep(1), '{SECRET}'"))
+    except Exception as err:
+        assert not deterministic_store_error(err), err
+        assert SECRET in str(err)  # SQLAlchemy's own text quotes the statement...
+        message = unavailable_message(err)
+        assert SECRET not in message and "select" not in message.lower(), message  # ...the short message does not
+        assert "SQLSTATE 57014" in message, message
+    else:
+        raise AssertionError("statement timeout did not fire")
+    async with engine.connect() as holder:
+        await holder.execute(text(f"lock table {db.table} in access exclusive mode"))
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(text("set local lock_timeout = 50"))
+                await conn.execute(text(f"select * from {db.table}"))
+        except Exception as err:
+            assert not deterministic_store_error(err), err
+        else:
+            raise AssertionError("lock timeout did not fire")
+        await holder.rollback()
+    url = make_url(str(engine.url)).set(port=1)
+    refused = create_async_engine(url, connect_args={"timeout": 2})
+    try:
+        async with refused.connect() as conn:
+            await conn.execute(text("select 1"))
+    except Exception as err:
+        assert not deterministic_store_error(err), err
+    finally:
+        await refused.dispose()
+
+
+def test_unstorable_values() -> None:
+    """Issue 8 item 11: storable() makes NaN null and NUL U+FFFD; a circular value is deterministic and named."""
+    assert storable({"n": float("nan"), "i": float("inf"), "s": "a\x00b", "k\x00": ["\udc00"]}) == {
+        "n": None,
+        "i": None,
+        "s": "a\ufffdb",
+        "k\ufffd": ["\ufffd"],
+    }
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    with pytest.raises(UnstorableValue, match="circular") as caught:
+        storable(loop)
+    assert deterministic_store_error(caught.value)
+    assert not deterministic_store_error(RuntimeError("anything else"))
+    assert not deterministic_store_error(ConnectionRefusedError())

@@ -1,0 +1,78 @@
+"""Making values storable: what the store writes is what every backend can hold (issue 8 items 1, 11).
+
+Values that did not come from the application (model output, tool results) are made to fit the store instead of
+failing a paid turn: NUL and lone surrogates become U+FFFD, NaN and infinities become ``null`` (what JSON itself does
+with them), anything else non-JSON becomes its ``str``. The result is the same on SQLite and PostgreSQL. A structure
+that cannot be serialised at all (a circular one) raises :class:`UnstorableValue`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+from turnkit.errors import StoreError
+
+__all__ = ["REPLACEMENT", "UNSTORABLE_CHARS", "UnstorableValue", "storable", "storable_text"]
+
+#: What replaces a character the store cannot hold (NUL, a lone surrogate).
+REPLACEMENT: Final = "\ufffd"
+
+#: NUL (PostgreSQL text and jsonb reject it) and surrogate code points (not encodable as UTF-8; a valid pair is one
+#: code point in a Python str, so any surrogate left in a str is a lone one).
+UNSTORABLE_CHARS: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+class UnstorableValue(StoreError, ValueError):
+    """A value cannot be stored at all (a circular structure): retrying cannot help."""
+
+    qualified_name = "TurnKit::StoreError"
+
+
+def storable_text(value: str) -> str:
+    """``value`` with NUL and lone surrogates replaced by U+FFFD (the store rejects them on PostgreSQL)."""
+    return UNSTORABLE_CHARS.sub(REPLACEMENT, value)
+
+
+def _nan_to_null(_constant: str) -> None:
+    return None
+
+
+def storable(value: Any) -> Any:
+    """A JSON copy of ``value`` that every store backend can hold, the same on SQLite and PostgreSQL.
+
+    Keys are sorted and stringified; NaN and infinities become ``null``; NUL and lone surrogates in strings and keys
+    become U+FFFD; other objects become their ``str``.
+
+    Raises:
+        UnstorableValue: ``value`` cannot be serialised at all (it is circular).
+    """
+    try:
+        encoded = json.dumps(value, sort_keys=True, default=str)
+    except (ValueError, RecursionError) as err:
+        raise UnstorableValue(f"value cannot be stored: {_short(err)}") from None
+    loaded = json.loads(encoded, parse_constant=_nan_to_null)
+    # json.dumps escapes NUL as \u0000 and surrogates as \udXXX: only then is a walk needed (emoji also match).
+    if "\\u0000" in encoded or "\\ud" in encoded:
+        return _replace_chars(loaded)
+    return loaded
+
+
+def _replace_chars(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable_text(k): _replace_chars(v) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    if isinstance(value, list):
+        return [_replace_chars(v) for v in value]  # pyright: ignore[reportUnknownVariableType]
+    return value
+
+
+def _short(err: BaseException) -> str:
+    text = str(err)
+    if "ircular" in text:
+        return "it is circular (it contains itself)"
+    if isinstance(err, RecursionError):
+        return "it is nested too deeply"
+    return text[:200]
