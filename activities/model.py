@@ -25,7 +25,7 @@ from activities.notify import announce_terminal
 from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
-from turnkit.budget import depth_denial, iteration_denial, spend_denial
+from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
 from turnkit.call_ids import provider_call_ids, unique_call_ids
 from turnkit.compaction import (
     active_messages,
@@ -234,7 +234,7 @@ class ModelActivities:
             if state.get("request_id") != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
                 denial = depth_denial(root, int(turn.options.get("depth", 0))) or iteration_denial(
-                    root, await tx.list_turns(root_turn_id=turn.root_turn_id)
+                    root, await tx.tree_usage(root.id)
                 )
                 if denial is not None:
                     return ModelStep(budget_error=denial)
@@ -322,10 +322,10 @@ class ModelActivities:
                 return committed, False  # a zombie attempt committed first: theirs stands
             if turn.status != "running":
                 return ModelStep(stopped=True), False  # cancelled or finished meanwhile: the late response is dropped
+            state = turn.state
             if result.tool_calls:
                 # Ids unique in the turn, or a repeated `call_0` would reuse the first call's execution (issue 8).
-                taken = _call_ids(await tx.list_turn_messages(turn.id))
-                result = result.model_copy(update={"parts": unique_call_ids(result.parts, taken)})
+                result = result.model_copy(update={"parts": await _unique_call_ids(tx, turn.id, result.parts, state)})
             tool_calls = [
                 ToolCallRef.carried(tc.id, tc.name, tc.arguments, tc.arguments_error) for tc in result.tool_calls
             ]
@@ -339,8 +339,8 @@ class ModelActivities:
                 content=result.parts,
                 turn_id=turn.id,
                 metadata=metadata,
+                request_id=call.request_id,  # indexed: a retry finds this response without listing the turn's
             )
-            state = turn.state
             state["phase"] = "tools" if tool_calls else "output"
             state["message_id"] = message.id
             turn = await _charge(tx, turn, result.usage, cost, options={**turn.options, "state": state})
@@ -370,30 +370,53 @@ class ModelActivities:
 
 
 async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> ModelStep | None:
-    """The step of a response already persisted for ``request_id``, if any (idempotent retries)."""
-    for message in reversed(await tx.list_turn_messages(turn.id)):
-        if message.role == "assistant" and message.metadata.get("request_id") == request_id:
-            calls = [
-                ToolCallRef.carried(
-                    str(part["id"]), str(part["name"]), dict(part.get("arguments") or {}), part.get("arguments_error")
-                )
-                for part in message.content
-                if part.get("type") == "tool_call"
-            ]
-            # A retry returns what the first attempt did, a spend denial included (it is monotonic).
-            denial = await _tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
-            return ModelStep(
-                message_id=message.id,
-                tool_calls=calls,
-                completed=not calls and turn.status == "completed",
-                budget_error=denial,
-            )
-    return None
+    """The step of a response already persisted for ``request_id``, if any (idempotent retries).
+
+    One indexed lookup by ``(turn, request id)``, so a model call costs the same at every iteration (issue 9).
+    """
+    message = await tx.find_response(turn.id, request_id)
+    if message is None:
+        return None
+    calls = [
+        ToolCallRef.carried(
+            str(part["id"]), str(part["name"]), dict(part.get("arguments") or {}), part.get("arguments_error")
+        )
+        for part in message.content
+        if part.get("type") == "tool_call"
+    ]
+    # A retry returns what the first attempt did, a spend denial included (it is monotonic).
+    denial = await _tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
+    return ModelStep(
+        message_id=message.id,
+        tool_calls=calls,
+        completed=not calls and turn.status == "completed",
+        budget_error=denial,
+    )
 
 
-def _call_ids(messages: list[MessageRecord]) -> set[str]:
-    """The tool-call ids already used in a turn's messages."""
-    return {str(p.get("id")) for m in messages for p in m.content if p.get("type") == "tool_call"}
+async def _unique_call_ids(
+    tx: StoreTx, turn_id: str, parts: list[dict[str, Any]], state: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``parts`` with tool-call ids unique in the turn, found by indexed lookups of these ids only (issue 9).
+
+    Every earlier call of the turn has its execution row by the time the model is asked again (a run, a failure, a
+    budget denial, a skip or a steering repair each create one), so "taken" means "has an execution". Renamed calls
+    get suffixes from ``state.call_id_suffix``, a per-turn counter, so that a model that says ``call_0`` every time
+    costs one lookup per response, not one per earlier rename; a suffix that meets a provider's own id is skipped.
+    """
+    start = int(state.get("call_id_suffix", 1))
+    proposed = [str(part.get("id") or "") for part in parts if part.get("type") == "tool_call"]
+    taken = await tx.existing_call_ids(turn_id, proposed)
+    while True:
+        renamed = unique_call_ids(parts, taken, start=start)
+        new_ids = {str(new["id"]) for new, old in zip(renamed, parts, strict=True) if new.get("id") != old.get("id")}
+        clashes = await tx.existing_call_ids(turn_id, new_ids)
+        if not clashes:
+            break
+        taken |= clashes
+    if new_ids:
+        state["call_id_suffix"] = max(start, *(int(i.rsplit("_", 1)[1]) + 1 for i in new_ids))
+    return renamed
 
 
 async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any], verdict: Verdict) -> ModelStep:
@@ -442,10 +465,12 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
 
 
 async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
-    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (spec §6.2)."""
-    tree = await tx.list_turns(root_turn_id=turn.root_turn_id)
-    root = next((t for t in tree if t.id == turn.root_turn_id), turn)
-    return spend_denial(root, tree)
+    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (spec §6.2): the root's running total,
+    one row, whatever the size of the tree."""
+    root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+    if limits_of(root)["max_spend"] is None:
+        return None  # no limit: nothing to read
+    return spend_denial(root, await tx.tree_usage(root.id))
 
 
 async def _charge(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:

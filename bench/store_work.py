@@ -58,6 +58,7 @@ class Call:
     rows: int = 0  # rows returned by SELECTs, the context read excluded
     context_rows: int = 0
     context_statements: int = 0
+    sql: list[str] = field(default_factory=list[str])  # the statements, for --trace
 
 
 @dataclass
@@ -93,6 +94,7 @@ def instrument(store: Store, counter: Counter) -> None:
     def _after(_conn: Any, cursor: Any, statement: str, _params: Any, _context: Any, _many: bool) -> None:
         call = counter.current()
         call.statements += 1
+        call.sql.append(" ".join(statement.split())[:160])
         if not statement.lstrip().lower().startswith("select"):
             return
         rows = getattr(cursor, "_rows", None)
@@ -149,7 +151,7 @@ async def postgres_database(url: str) -> AsyncGenerator[str]:
         await admin.close()
 
 
-async def measure(address: str, database_url: str) -> dict[int, dict[str, Figures]]:
+async def measure(address: str, database_url: str, trace: bool = False) -> dict[int, dict[str, Figures]]:
     """K -> activity type -> figures, one K-iteration turn each (after one warm-up turn)."""
     store = await Store.open(database_url)
     counter = Counter()
@@ -171,6 +173,9 @@ async def measure(address: str, database_url: str) -> dict[int, dict[str, Figure
                     if len(model) != k + 1 or len(tool) != k:
                         raise RuntimeError(f"K={k}: {len(model)} model calls, {len(tool)} tool calls")
                     results[k] = {MODEL: figures(model), TOOL: figures(tool)}
+                    if trace and k == ITERATIONS[0]:
+                        for label, calls in (("model call", model), ("tool call", tool)):
+                            print(f"-- the last {label} of K={k}:", *calls[-1].sql, sep="\n  ", file=sys.stderr)
     finally:
         await store.close()
     return results
@@ -200,7 +205,7 @@ def report(by_store: dict[str, dict[int, dict[str, Figures]]]) -> None:
         print()
 
 
-async def main(_args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), plugins=[TurnKitPlugin()], dev_server_log_level="never"
     )
@@ -209,16 +214,19 @@ async def main(_args: argparse.Namespace) -> None:
         by_store: dict[str, dict[int, dict[str, Figures]]] = defaultdict(dict)
         with tempfile.TemporaryDirectory(prefix="turnkit-bench-store-work-") as tmp:
             print("  sqlite …", file=sys.stderr, flush=True)
-            by_store["sqlite"] = await measure(address, f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}")
+            url = f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
+            by_store["sqlite"] = await measure(address, url, args.trace)
         postgres = os.environ.get("TURNKIT_BENCH_POSTGRES_URL")
         if postgres:
             print("  postgresql …", file=sys.stderr, flush=True)
             async with postgres_database(postgres) as url:
-                by_store["postgresql"] = await measure(address, url)
+                by_store["postgresql"] = await measure(address, url, args.trace)
         report(by_store)
     finally:
         await env.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", action="store_true", help="print the statements of the last calls of K=2")
+    asyncio.run(main(parser.parse_args()))

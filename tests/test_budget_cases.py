@@ -26,6 +26,7 @@ from turnkit.budget import (
 from turnkit.config import configure
 from turnkit.executions import open_tool_execution
 from turnkit.model import Usage
+from turnkit.records import TreeUsage
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools, say
@@ -158,6 +159,8 @@ async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, da
         executions = await restarted.list_tool_executions(root_turn_id=root.id)
         assert {t.id for t in tree} == {root.id, child.id}
         assert [counts_against_budget(e) for e in executions] == [True, False, False]
+        # issue 9: the root's running totals, which the reservations read, are the sums over these records.
+        assert await _tree_usage(restarted, root.id) == TreeUsage.from_records(tree, executions)
 
         # Reserving another status_tool is denied (one completed already; cancelled/denied ones do not count) ...
         by_name = "maximum executions reached for tool status_tool"
@@ -192,8 +195,20 @@ async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, da
         tree = await restarted.list_turns(root_turn_id=root.id)
         assert sum(t.cost or 0.0 for t in tree) == pytest.approx(0.11)
         assert spend_denial(root, tree) == COST_LIMIT == "cost limit reached"
+        executions = await restarted.list_tool_executions(root_turn_id=root.id)
+        usage = await _tree_usage(restarted, root.id)
+        assert usage == TreeUsage.from_records(tree, executions)
+        assert usage == TreeUsage(
+            iterations=2, tool_executions=1, tool_executions_by_name={"status_tool": 1}, cost=0.11
+        )
+        assert spend_denial(root, usage) == COST_LIMIT and iteration_denial(root, usage) == MAX_ITERATIONS
     finally:
         await restarted.close()
+
+
+async def _tree_usage(store: Store, root_turn_id: str) -> TreeUsage:
+    async with store.atomic() as tx:
+        return await tx.tree_usage(root_turn_id)
 
 
 # -- T38: tree-wide tool budget with parallel children ----------------------------------------------------------------

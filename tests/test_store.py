@@ -773,3 +773,146 @@ async def test_migrations_match_the_models(store: Store) -> None:
     async with store.engine.connect() as conn:
         diff = await conn.run_sync(_diff)
     assert diff == []
+
+
+# -- issue 9: root-tree counters and response request ids, on a database upgraded from revision 0001 -----------------
+
+
+@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """A database with no tables yet (PostgreSQL: a fresh one of its own, dropped afterwards)."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'upgrade.db'}"
+        return
+    from tests.dbfixtures import create_postgres_database, drop_postgres_database
+
+    admin = request.getfixturevalue("postgres_admin_url")
+    url = create_postgres_database(admin)
+    try:
+        yield url
+    finally:
+        drop_postgres_database(admin, url)
+
+
+def _rows_at_revision_0001(conn: Connection) -> None:
+    """The records of a root turn and its child as revision 0001 stored them (no counters, no request_uid)."""
+    from alembic import command
+    from sqlalchemy import JSON, Numeric, String, column, insert, table
+
+    from turnkit.store.migrate import alembic_config
+
+    command.upgrade(alembic_config(conn), "0001")
+    now = datetime.now(UTC)
+    turns = table(
+        "turnkit_turns",
+        *(column(c, String) for c in ("uid", "conversation_uid", "agent_name", "root_turn_uid", "status")),
+        column("context_message_sequence"),
+        column("options", JSON),
+        column("usage", JSON),
+        column("cost", Numeric(14, 6)),
+        column("created_at"),
+        column("updated_at"),
+    )
+    common = {"conversation_uid": "conversation_0002", "agent_name": "a", "status": "running", "usage": {}}
+    common |= {"context_message_sequence": 0, "created_at": now, "updated_at": now}
+    conn.execute(
+        insert(turns),
+        [
+            {"uid": "turn_root", "root_turn_uid": "turn_root", "options": {"state": {"iterations": 2}}, "cost": 0.05}
+            | common,
+            {"uid": "turn_child", "root_turn_uid": "turn_root", "options": {"state": {"iterations": 1}}, "cost": 0.025}
+            | common,
+        ],
+    )
+    executions = table(
+        "turnkit_tool_executions",
+        *(column(c, String) for c in ("uid", "turn_uid", "tool_call_id", "tool_name", "status")),
+        column("arguments", JSON),
+        column("error", JSON),
+        column("created_at"),
+        column("updated_at"),
+    )
+    denied = {"message": "maximum executions reached for tool a", "details": {"budget_denied": True}}
+    conn.execute(
+        insert(executions),
+        [
+            {"uid": f"te_{n}", "turn_uid": turn, "tool_call_id": f"c{n}", "tool_name": name, "status": status}
+            | {"arguments": {}, "error": error, "created_at": now, "updated_at": now}
+            for n, (turn, name, status, error) in enumerate(
+                [
+                    ("turn_root", "a", "completed", None),
+                    ("turn_child", "b", "running", None),
+                    ("turn_child", "a", "cancelled", None),  # skipped: no budget
+                    ("turn_root", "a", "failed", denied),  # budget-denied: no budget
+                    ("turn_root", "b", "interrupted", {"message": "unknown"}),
+                ]
+            )
+        ],
+    )
+    messages = table(
+        "turnkit_messages",
+        *(column(c, String) for c in ("uid", "conversation_uid", "turn_uid", "role", "kind")),
+        column("sequence"),
+        column("content", JSON),
+        column("metadata", JSON),
+        column("created_at"),
+        column("updated_at"),
+    )
+    summary = {"compaction": {"request_id": "req_2"}, "request_id": "req_2"}
+    conn.execute(
+        insert(messages),
+        [
+            {"uid": uid, "conversation_uid": "conversation_0002", "turn_uid": "turn_root", "role": role, "kind": kind}
+            | {"sequence": n + 1, "content": [], "metadata": metadata, "created_at": now, "updated_at": now}
+            for n, (uid, role, kind, metadata) in enumerate(
+                [
+                    ("message_user", "user", "text", {}),
+                    ("message_response", "assistant", "tool_call", {"request_id": "req_1"}),
+                    ("message_summary", "assistant", "context_summary", summary),
+                ]
+            )
+        ],
+    )
+
+
+async def test_upgrade_backfills_tree_counters_and_response_request_ids(empty_database_url: str) -> None:
+    """issue 9: an existing database upgraded to the counters checks budgets as the sums over its records did."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from turnkit.records import TreeUsage
+
+    engine = create_async_engine(empty_database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_rows_at_revision_0001)
+    finally:
+        await engine.dispose()
+
+    store = await Store.open(empty_database_url)  # upgrades to head
+    try:
+        async with store.atomic() as tx:
+            tree = await tx.list_turns(root_turn_id="turn_root")
+            executions = await tx.list_tool_executions(root_turn_id="turn_root")
+            usage = await tx.tree_usage("turn_root")
+            assert usage == TreeUsage.from_records(tree, executions)
+            assert usage == TreeUsage(
+                iterations=3, tool_executions=3, tool_executions_by_name={"a": 1, "b": 2}, cost=0.075
+            )
+            assert await tx.tree_usage("turn_child") == TreeUsage()  # only roots carry the totals
+            response = await tx.find_response("turn_root", "req_1")
+            assert response is not None and response.id == "message_response"
+            assert await tx.find_response("turn_root", "req_2") is None  # a summary is not a response
+
+            # Writes after the upgrade keep the totals equal to the sums over the records.
+            child = await tx.load_turn("turn_child")
+            await tx.update_turn(child.id, cost=0.125, options={"state": {"iterations": 4}})
+            await tx.claim_tool_execution("te_1", from_="running", to="cancelled")
+            await tx.claim_tool_execution("te_4", from_="interrupted", to="cancelled")
+            await tx.create_tool_execution(turn_id="turn_child", tool_call_id="c9", tool_name="a", status="running")
+            tree = await tx.list_turns(root_turn_id="turn_root")
+            executions = await tx.list_tool_executions(root_turn_id="turn_root")
+            usage = await tx.tree_usage("turn_root")
+            assert usage == TreeUsage.from_records(tree, executions)
+            assert usage == TreeUsage(iterations=6, tool_executions=2, tool_executions_by_name={"a": 2}, cost=0.175)
+    finally:
+        await store.close()

@@ -1,8 +1,11 @@
-"""Root-tree budgets (spec §6), counted from records inside the transaction that reserves.
+"""Root-tree budgets (spec §6), checked inside the transaction that reserves.
 
 Limits are the **root** turn's snapshot (``options.budget_limits``), and usage is counted over every turn sharing
-the root, so parallel children share one budget. Callers hold the root turn's row lock while they check and write,
-which makes check-and-reserve atomic; after a restart the counts are simply rebuilt from the rows.
+the root, so parallel children share one budget. Usage is the root row's running totals
+(:meth:`~turnkit.store.store.StoreTx.tree_usage`: one row, however long the turn or large the tree), which the store
+keeps equal to the sums over the records (spec §6.3) by updating them in the transaction of each counted write; the
+checks also accept the records themselves (:meth:`TreeUsage.from_records`). Callers hold the root turn's row lock
+while they check and write, which makes check-and-reserve atomic.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, Final
 
 from turnkit.config import settings
 from turnkit.errors import ConfigError
-from turnkit.records import ToolExecutionRecord, TurnRecord
+from turnkit.records import ToolExecutionRecord, TreeUsage, TurnRecord
 
 __all__ = [
     "COST_LIMIT",
@@ -96,10 +99,10 @@ def limits_of(root: TurnRecord) -> dict[str, Any]:
     return {key: snapshot.get(key, value) for key, value in defaults.items()}
 
 
-def iteration_denial(root: TurnRecord, tree: Sequence[TurnRecord]) -> str | None:
+def iteration_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:
     """The error if one more model request would exceed ``max_iterations`` over the tree, else None."""
     limit = limits_of(root)["max_iterations"]
-    used = sum(int(turn.state.get("iterations", 0)) for turn in tree)
+    used = _usage(tree).iterations
     return MAX_ITERATIONS if limit is not None and used >= int(limit) else None
 
 
@@ -111,35 +114,35 @@ def depth_denial(root: TurnRecord, depth: int) -> str | None:
 
 def counts_against_budget(execution: ToolExecutionRecord) -> bool:
     """Whether an execution uses tool budget: all but cancelled and budget-denied ones (spec §6.3)."""
-    if execution.status == "cancelled":
-        return False
-    details = (execution.error or {}).get("details") or {}
-    return not details.get("budget_denied")
+    return execution.counts_against_budget
 
 
 def tool_execution_denial(
-    root: TurnRecord, tree_executions: Sequence[ToolExecutionRecord], tool_name: str
+    root: TurnRecord, tree_executions: TreeUsage | Sequence[ToolExecutionRecord], tool_name: str
 ) -> str | None:
     """The error if one more execution of ``tool_name`` would exceed the tree's limits, else None.
 
-    ``tree_executions`` must not include the execution being reserved.
+    The usage (or ``tree_executions``) must not include the execution being reserved.
     """
     limits = limits_of(root)
-    counted = [execution for execution in tree_executions if counts_against_budget(execution)]
+    usage = tree_executions if isinstance(tree_executions, TreeUsage) else TreeUsage.from_records((), tree_executions)
     total_limit = limits["max_tool_executions"]
-    if total_limit is not None and len(counted) >= int(total_limit):
+    if total_limit is not None and usage.tool_executions >= int(total_limit):
         return MAX_TOOL_EXECUTIONS
     by_name: dict[str, Any] = {str(k): v for k, v in (limits["max_tool_executions_by_name"] or {}).items()}
     name_limit = by_name.get(tool_name)
-    if name_limit is not None and sum(1 for e in counted if e.tool_name == tool_name) >= int(name_limit):
+    if name_limit is not None and usage.tool_executions_by_name.get(tool_name, 0) >= int(name_limit):
         return f"maximum executions reached for tool {tool_name}"
     return None
 
 
-def spend_denial(root: TurnRecord, tree: Sequence[TurnRecord]) -> str | None:
+def spend_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:
     """The error if observed spend over the tree is strictly above ``max_spend``, else None."""
     limit = limits_of(root)["max_spend"]
     if limit is None:
         return None
-    spent = sum(turn.cost or 0.0 for turn in tree)
-    return COST_LIMIT if spent > float(limit) else None
+    return COST_LIMIT if _usage(tree).cost > float(limit) else None
+
+
+def _usage(tree: TreeUsage | Sequence[TurnRecord]) -> TreeUsage:
+    return tree if isinstance(tree, TreeUsage) else TreeUsage.from_records(tree)

@@ -15,11 +15,12 @@ from typing import Any
 __all__ = ["provider_call_ids", "unique_call_ids"]
 
 
-def unique_call_ids(parts: list[dict[str, Any]], taken: Iterable[str]) -> list[dict[str, Any]]:
+def unique_call_ids(parts: list[dict[str, Any]], taken: Iterable[str], *, start: int = 1) -> list[dict[str, Any]]:
     """``parts`` with every ``tool_call`` id unique among ``taken`` (the turn's ids so far) and each other.
 
     A call whose id is new keeps it unchanged; a repeated or empty one gets ``<id or "call">_<n>`` (letters, digits,
-    ``_`` and ``-`` only, as providers require) and its original id as ``provider_id``.
+    ``_`` and ``-`` only, as providers require), the first ``n >= start`` not taken, and its original id as
+    ``provider_id``.
     """
     used = {str(i) for i in taken}
     renamed: list[dict[str, Any]] = []
@@ -31,7 +32,7 @@ def unique_call_ids(parts: list[dict[str, Any]], taken: Iterable[str]) -> list[d
         call_id = original
         if not call_id or call_id in used:
             base = original or "call"
-            n = 1
+            n = start
             while f"{base}_{n}" in used:
                 n += 1
             call_id = f"{base}_{n}"

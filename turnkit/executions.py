@@ -30,7 +30,8 @@ async def open_tool_execution(
     ``budget_denied`` (its result appended) and returns the denial message, which fails the turn.
     """
     root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-    denial = tool_execution_denial(root, await tx.list_tool_executions(root_turn_id=root.id), tool_name)
+    # The root's running totals (one row), not the tree's executions: the check costs the same at every iteration.
+    denial = tool_execution_denial(root, await tx.tree_usage(root.id), tool_name)
     execution, _ = await tx.create_tool_execution(
         turn_id=turn.id,
         tool_call_id=tool_call_id,

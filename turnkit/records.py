@@ -6,7 +6,9 @@ Field names follow the spec (``*_id``); the SQL columns behind them are ``*_uid`
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,9 +26,11 @@ __all__ = [
     "MessageRecord",
     "ToolExecutionRecord",
     "ToolExecutionStatus",
+    "TreeUsage",
     "TurnRecord",
     "TurnStatus",
     "WaitRecord",
+    "counts_against_budget",
     "message_text",
 ]
 
@@ -135,6 +139,35 @@ class TurnRecord(BaseModel):
         return dict(self.options.get("state") or {})
 
 
+class TreeUsage(BaseModel):
+    """What a root tree has used of its budgets (spec §6.3): the running totals kept on the root turn's row.
+
+    Always equal to the sums over the tree's records (:meth:`from_records`); the store updates them in the
+    transaction of every write they count, so reading them is one row however large the tree is.
+    """
+
+    model_config = _RECORD_CONFIG
+
+    iterations: int = 0
+    tool_executions: int = 0
+    tool_executions_by_name: dict[str, int] = Field(default_factory=dict[str, int])
+    cost: float = 0.0
+
+    @classmethod
+    def from_records(cls, tree: Sequence[TurnRecord], executions: Sequence[ToolExecutionRecord] = ()) -> TreeUsage:
+        """The usage summed over a tree's turns and tool executions (spec §6.3 seeding from records)."""
+        by_name: dict[str, int] = {}
+        counted = [execution for execution in executions if execution.counts_against_budget]
+        for execution in counted:
+            by_name[execution.tool_name] = by_name.get(execution.tool_name, 0) + 1
+        return cls(
+            iterations=sum(int(turn.state.get("iterations", 0) or 0) for turn in tree),
+            tool_executions=len(counted),
+            tool_executions_by_name=by_name,
+            cost=float(sum(Decimal(str(turn.cost or 0)) for turn in tree)),
+        )
+
+
 class ToolExecutionRecord(BaseModel):
     """One durable record per tool-call id the model proposed in a turn (spec §2.5)."""
 
@@ -157,6 +190,20 @@ class ToolExecutionRecord(BaseModel):
     def idempotency_key(self) -> str:
         """The key a replay-safe tool must honour: the same on every attempt (spec §2.5)."""
         return f"turnkit:tool:{self.id}"
+
+    @property
+    def counts_against_budget(self) -> bool:
+        """Whether this execution uses tool budget (see :func:`counts_against_budget`)."""
+        return counts_against_budget(self.status, self.error)
+
+
+def counts_against_budget(status: str, error: Mapping[str, Any] | None) -> bool:
+    """Whether an execution in ``status`` with ``error`` uses tool budget: all but cancelled and budget-denied ones
+    (spec §6.3)."""
+    if status == "cancelled":
+        return False
+    details = (error or {}).get("details") or {}
+    return not (isinstance(details, Mapping) and details.get("budget_denied"))  # pyright: ignore[reportUnknownMemberType]
 
 
 class DeliveryRecord(BaseModel):

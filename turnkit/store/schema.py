@@ -102,6 +102,7 @@ class MessageRow(_Timestamps, Base):
         Index(f"ix_{TABLE_PREFIX}_messages_conversation_turn", "conversation_uid", "turn_uid"),
         Index(f"ix_{TABLE_PREFIX}_messages_turn", "turn_uid"),
         Index(f"ix_{TABLE_PREFIX}_messages_tool_execution", "tool_execution_uid"),
+        Index(f"ix_{TABLE_PREFIX}_messages_turn_request", "turn_uid", "request_uid"),
     )
 
     id: Mapped[int] = mapped_column(_PK, primary_key=True, autoincrement=True)
@@ -115,6 +116,9 @@ class MessageRow(_Timestamps, Base):
     tool_execution_uid: Mapped[str | None] = mapped_column(String(64))
     provider_message_id: Mapped[str | None] = mapped_column(String(255))
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", Json, nullable=False, default=dict)
+    #: The model request an assistant response answers (``metadata.request_id``), indexed with ``turn_uid`` so that
+    #: a retried model call finds its committed response without listing the turn's messages (issue 9).
+    request_uid: Mapped[str | None] = mapped_column(String(64))
 
 
 class TurnRow(_Timestamps, Base):
@@ -149,6 +153,14 @@ class TurnRow(_Timestamps, Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Running totals of the root tree (spec §6.3), kept on the root turn's row by the store in the transaction of
+    # each write they count, so a budget check reads one row instead of the whole tree (issue 9). Always equal to
+    # the sums over the records: model iterations (``options.state.iterations``), counted tool executions (by name
+    # too) and cost. Zero on non-root rows.
+    tree_iterations: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    tree_tool_executions: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    tree_tool_executions_by_name: Mapped[dict[str, Any]] = mapped_column(Json, nullable=False, default=dict)
+    tree_cost: Mapped[Decimal] = mapped_column(Numeric(14, 6), nullable=False, default=Decimal(0))
 
 
 class ToolExecutionRow(_Timestamps, Base):

@@ -26,6 +26,7 @@ from sqlalchemy import event, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import aliased
 
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_id
@@ -38,8 +39,10 @@ from turnkit.records import (
     DeliveryRecord,
     MessageRecord,
     ToolExecutionRecord,
+    TreeUsage,
     TurnRecord,
     WaitRecord,
+    counts_against_budget,
 )
 from turnkit.store.schema import (
     ConversationRow,
@@ -73,6 +76,7 @@ TURN_UPDATE_FIELDS: Final = frozenset(
 )
 TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "started_at", "completed_at"})
 DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
+_ZERO: Final = Decimal(0)
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (spec §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
@@ -310,11 +314,13 @@ class StoreTx:
         tool_execution_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         id: str | None = None,
+        request_id: str | None = None,
     ) -> MessageRecord:
         """Append a message with sequence ``max + 1``, atomically with the insert (gap-free under concurrency).
 
         ``text`` is shorthand for ``[{"type": "text", "text": text}]``. With an ``id`` that already exists the
-        stored message is returned and nothing is written.
+        stored message is returned and nothing is written. ``request_id`` marks an assistant response as the answer
+        to that model request (found again with :meth:`find_response`).
         """
         if role not in MESSAGE_ROLES:
             raise ValueError(f"unknown message role: {role}")
@@ -345,6 +351,7 @@ class StoreTx:
             content=canonical_json(parts),
             tool_execution_uid=tool_execution_id,
             metadata_=canonical_json(metadata or {}),
+            request_uid=request_id,
             created_at=now,
             updated_at=now,
         )
@@ -398,6 +405,16 @@ class StoreTx:
             select(MessageRow).where(MessageRow.turn_uid == turn_id).order_by(MessageRow.sequence)
         )
         return [_message(row) for row in rows]
+
+    async def find_response(self, turn_id: str, request_id: str) -> MessageRecord | None:
+        """The assistant response a turn persisted for model request ``request_id`` (an indexed lookup), or None."""
+        row = await self.session.scalar(
+            select(MessageRow)
+            .where(MessageRow.turn_uid == turn_id, MessageRow.request_uid == request_id)
+            .order_by(MessageRow.sequence.desc())
+            .limit(1)
+        )
+        return None if row is None else _message(row)
 
     async def tool_result_message(self, tool_execution_id: str) -> MessageRecord | None:
         """The tool-result message of an execution, if one was appended."""
@@ -453,6 +470,7 @@ class StoreTx:
             if found is None:
                 raise RuntimeError(f"turn {turn_id} vanished after a unique violation")
             return _turn(found)
+        await self._add_to_tree(row.root_turn_uid, _iterations(row.options))
         return _turn(row)
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
@@ -488,9 +506,11 @@ class StoreTx:
     async def update_turn(self, turn_id: str, **attrs: Any) -> TurnRecord:
         """Update whitelisted fields (spec §2.8) and touch ``updated_at``."""
         values = _turn_values(attrs)
+        other_root = await self._count_turn_change(turn_id, values)
         result = await self.session.execute(update(TurnRow).where(TurnRow.uid == turn_id).values(**values))
         if _rowcount(result) == 0:
             raise RecordNotFound(f"turn not found: {turn_id}")
+        await self._add_to_tree(*other_root)
         return await self.load_turn(turn_id)
 
     async def claim_turn(
@@ -501,12 +521,99 @@ class StoreTx:
         for status in [*expected, to]:
             _check_turn_status(status)
         values = _turn_values({**attrs, "status": to})
+        other_root = await self._count_turn_change(turn_id, values)
         result = await self.session.execute(
             update(TurnRow).where(TurnRow.uid == turn_id, TurnRow.status.in_(expected)).values(**values)
         )
         if _rowcount(result) == 0:
             return None
+        await self._add_to_tree(*other_root)
         return await self.load_turn(turn_id)
+
+    # Root-tree counters (spec §6.3): the sums over a tree's records, kept on its root row ----------------------
+
+    async def tree_usage(self, root_turn_id: str) -> TreeUsage:
+        """What the tree of ``root_turn_id`` has used: one row read, however large the tree (issue 9).
+
+        Equal to :meth:`TreeUsage.from_records` over the tree's turns and tool executions: every write of a counted
+        value (a turn's ``options.state.iterations`` or ``cost``, an execution's creation or status) updates the
+        root's totals in its own transaction. Hold the root's lock to check and then reserve.
+        """
+        row = (
+            await self.session.execute(
+                select(
+                    TurnRow.tree_iterations,
+                    TurnRow.tree_tool_executions,
+                    TurnRow.tree_tool_executions_by_name,
+                    TurnRow.tree_cost,
+                ).where(TurnRow.uid == root_turn_id)
+            )
+        ).one_or_none()
+        if row is None:
+            raise RecordNotFound(f"turn not found: {root_turn_id}")
+        iterations, tools, by_name, cost = row
+        return TreeUsage(
+            iterations=int(iterations or 0),
+            tool_executions=int(tools or 0),
+            tool_executions_by_name={str(k): int(v) for k, v in (by_name or {}).items() if v},
+            cost=float(cost or 0),
+        )
+
+    async def _add_to_tree(self, root_turn_id: str | None, iterations: int = 0, cost: Decimal = _ZERO) -> None:
+        """Add to the root's running totals of iterations and cost (in SQL; a no-op for zero)."""
+        values = _tree_increments(iterations, cost)
+        if root_turn_id is not None and values:
+            await self.session.execute(update(TurnRow).where(TurnRow.uid == root_turn_id).values(**values))
+
+    async def _count_turn_change(self, turn_id: str, values: dict[str, Any]) -> tuple[str | None, int, Decimal]:
+        """Before a turn write that may change its iterations or cost: the root-total increments it makes.
+
+        A root's own increments are added to ``values`` (the same UPDATE, so they apply exactly when it does);
+        another root's are returned for :meth:`_add_to_tree` once the write won. One row read (locked on PostgreSQL,
+        so that the change counted is the change made), and only for writes of ``options`` or ``cost``.
+        """
+        if "options" not in values and "cost" not in values:
+            return None, 0, _ZERO
+        query = select(TurnRow.root_turn_uid, TurnRow.options, TurnRow.cost).where(TurnRow.uid == turn_id)
+        if self.store.dialect == "postgresql":
+            query = query.with_for_update()
+            self._locked.add(("turn", turn_id))
+        row = (await self.session.execute(query)).one_or_none()
+        if row is None:
+            return None, 0, _ZERO
+        iterations = _iterations(values["options"]) - _iterations(row.options) if "options" in values else 0
+        cost = _money(values["cost"]) - _money(row.cost) if "cost" in values else _ZERO
+        if row.root_turn_uid == turn_id:
+            values.update(_tree_increments(iterations, cost))
+            return None, 0, _ZERO
+        return row.root_turn_uid, iterations, cost
+
+    async def _count_execution(self, turn_id: str, tool_name: str, delta: int) -> None:
+        """Add ``delta`` (+1 or -1) counted executions of ``tool_name`` by ``turn_id`` to its root's totals.
+
+        The by-name counts are a JSON map: read-modify-write, the root row found through the turn and locked in the
+        same statement (callers usually hold that lock already).
+        """
+        if not delta:
+            return
+        turn = aliased(TurnRow)
+        query = select(TurnRow.uid, TurnRow.tree_tool_executions_by_name).where(
+            TurnRow.uid == select(turn.root_turn_uid).where(turn.uid == turn_id).scalar_subquery()
+        )
+        if self.store.dialect == "postgresql":
+            query = query.with_for_update(of=TurnRow)
+        row = (await self.session.execute(query)).one_or_none()
+        if row is None:
+            return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
+        if self.store.dialect == "postgresql":
+            self._locked.add(("turn", row.uid))
+        counts = {str(k): int(v) for k, v in (row.tree_tool_executions_by_name or {}).items()}
+        counts[tool_name] = counts.get(tool_name, 0) + delta
+        await self.session.execute(
+            update(TurnRow)
+            .where(TurnRow.uid == row.uid)
+            .values(tree_tool_executions=TurnRow.tree_tool_executions + delta, tree_tool_executions_by_name=counts)
+        )
 
     async def list_turns(
         self,
@@ -582,7 +689,21 @@ class StoreTx:
             if found is None:
                 raise
             return found, False
+        if counts_against_budget(row.status, row.error):
+            await self._count_execution(turn_id, tool_name, 1)
         return _tool_execution(row), True
+
+    async def existing_call_ids(self, turn_id: str, tool_call_ids: Iterable[str]) -> set[str]:
+        """Which of ``tool_call_ids`` already have an execution in the turn (an indexed lookup of those ids only)."""
+        wanted = sorted({str(i) for i in tool_call_ids})
+        if not wanted:
+            return set()
+        rows = await self.session.scalars(
+            select(ToolExecutionRow.tool_call_id).where(
+                ToolExecutionRow.turn_uid == turn_id, ToolExecutionRow.tool_call_id.in_(wanted)
+            )
+        )
+        return set(rows)
 
     async def find_tool_execution(self, turn_id: str, tool_call_id: str) -> ToolExecutionRecord | None:
         """The execution of ``(turn_id, tool_call_id)``, or None."""
@@ -613,6 +734,17 @@ class StoreTx:
         values: dict[str, Any] = {"status": to, "updated_at": utcnow()}
         for key, value in attrs.items():
             values[key] = canonical_json(value) if key in ("result", "error") and value is not None else value
+        # Whether the execution counted against the budget before: pending and running ones always do (they carry
+        # no error); from any other status, read it (its row locked, so the count cannot drift).
+        counted_before = True
+        if not set(expected) <= {"pending", "running"}:
+            await self.lock_tool_execution(execution_id)
+            old = (
+                await self.session.execute(
+                    select(ToolExecutionRow.status, ToolExecutionRow.error).where(ToolExecutionRow.uid == execution_id)
+                )
+            ).one_or_none()
+            counted_before = old is None or counts_against_budget(old.status, old.error)
         result = await self.session.execute(
             update(ToolExecutionRow)
             .where(ToolExecutionRow.uid == execution_id, ToolExecutionRow.status.in_(expected))
@@ -620,7 +752,17 @@ class StoreTx:
         )
         if _rowcount(result) == 0:
             return None
-        return await self.load_tool_execution(execution_id)
+        settled = await self.load_tool_execution(execution_id)
+        delta = int(settled.counts_against_budget) - int(counted_before)
+        await self._count_execution(settled.turn_id, settled.tool_name, delta)
+        return settled
+
+    async def lock_tool_execution(self, execution_id: str) -> None:
+        """Lock an execution row until the transaction ends (a no-op on SQLite)."""
+        if self.store.dialect == "postgresql":
+            await self.session.execute(
+                select(ToolExecutionRow.id).where(ToolExecutionRow.uid == execution_id).with_for_update()
+            )
 
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
@@ -890,6 +1032,27 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
         values[key] = value
     values["updated_at"] = utcnow()
     return values
+
+
+def _tree_increments(iterations: int, cost: Decimal) -> dict[str, Any]:
+    """SQL increments of a root's ``tree_iterations`` and ``tree_cost`` (rounded like a turn's cost)."""
+    values: dict[str, Any] = {}
+    if iterations:
+        values["tree_iterations"] = TurnRow.tree_iterations + iterations
+    if cost:
+        values["tree_cost"] = func.round(TurnRow.tree_cost + cost, 6)
+    return values
+
+
+def _money(value: Any) -> Decimal:
+    """A cost as the store keeps it: a Decimal with 6 places (0 for None)."""
+    return Decimal(0) if value is None else Decimal(str(round(float(value), 6)))
+
+
+def _iterations(options: Any) -> int:
+    """A turn's model iterations from its ``options`` (``options.state.iterations``, spec §6.3)."""
+    state = (options or {}).get("state") if isinstance(options, dict) else None
+    return int((state or {}).get("iterations", 0) or 0) if isinstance(state, dict) else 0  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
 
 
 def _rowcount(result: Any) -> int:

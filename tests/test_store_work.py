@@ -1,0 +1,101 @@
+"""Store work per iteration does not grow with the turn's length (issue 9; measured by ``bench/store_work.py``).
+
+Every SQL statement the store runs inside a ``turnkit.model`` or ``tool:<name>`` activity is counted, with the rows
+its ``SELECT`` returned. The read that builds the model request (the turn's context, bounded by ``sequence <=``) is
+inherently as long as the conversation and is left out; everything else must cost the same at K = 2 and K = 8.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event
+from temporalio import activity
+
+import turnkit
+from turnkit.model import ModelRequest, Result
+from turnkit.runtime import TurnKit
+from turnkit.store import Store
+from turnkit.testing import ScriptedClient, call_tools
+
+
+@turnkit.tool(recovery="replay_safe")
+async def lookup(q: str) -> str:
+    """Look something up.
+
+    Args:
+        q: The query.
+    """
+    return f"result for {q}"
+
+
+def _looper(k: int) -> ScriptedClient:
+    def script(request: ModelRequest) -> Result:
+        done = 0
+        for message in reversed(request.messages):
+            if message.get("role") == "user":
+                break
+            done += message.get("role") == "tool"
+        if done < k:
+            return call_tools(("lookup", {"q": f"q{done}"}))
+        return Result.build(text=f"done after {done}")
+
+    return ScriptedClient(script)
+
+
+Work = dict[tuple[str, str], list[int]]  # (activity type, activity id) -> [statements, rows read]
+
+
+@contextmanager
+def counting(store: Store) -> Iterator[Work]:
+    """Statements and rows read per activity execution, the model request's context read excluded."""
+    work: Work = defaultdict(lambda: [0, 0])
+    engine = store.engine.sync_engine
+
+    def after(_conn: Any, cursor: Any, statement: str, _params: Any, _context: Any, _many: bool) -> None:
+        try:
+            info = activity.info()
+        except RuntimeError:
+            return
+        text = " ".join(statement.split()).lower()
+        if text.startswith("select") and "from turnkit_messages" in text and "turnkit_messages.sequence <=" in text:
+            return  # the context of the request: as long as the conversation, by nature
+        counts = work[(info.activity_type, info.activity_id)]
+        counts[0] += 1
+        if text.startswith("select"):
+            counts[1] += len(getattr(cursor, "_rows", None) or ())
+
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        yield work
+    finally:
+        event.remove(engine, "after_cursor_execute", after)
+
+
+async def _turn_work(tk: TurnKit, k: int) -> tuple[list[list[int]], list[list[int]]]:
+    """[statements, rows read] of each model call and each tool call of one K-iteration turn, in order."""
+    agent = turnkit.Agent(f"store_work_{k}", model="scripted", tools=[lookup], client=_looper(k), compaction=False)
+    with counting(tk.store) as work:
+        turn = await (await tk.conversation(agent)).ask("go")
+        assert turn.status == "completed" and turn.output_text == f"done after {k}", turn.error
+        by_type = {
+            kind: [counts for (t, _), counts in work.items() if t == kind] for kind in ("turnkit.model", "tool:lookup")
+        }
+    model, tools = by_type["turnkit.model"], by_type["tool:lookup"]
+    assert len(model) == k + 1 and len(tools) == k
+    return model, tools
+
+
+async def test_store_work_per_model_and_tool_call_does_not_grow_with_the_turn(tk: TurnKit) -> None:
+    """issue 9: the reads per model call at K = 8 are those at K = 2 (no listing of the turn's messages or tree)."""
+    short_model, short_tools = await _turn_work(tk, 2)
+    long_model, long_tools = await _turn_work(tk, 8)
+    # A model call that proposes a tool call, late in the turn, costs what the second one of a short turn does; so
+    # does the final answer, and every tool call.
+    assert long_model[-2] == short_model[-2] == short_model[1]
+    assert long_model[-1] == short_model[-1]
+    assert long_tools[-1] == short_tools[-1] == short_tools[0]
+    assert all(call == long_tools[0] for call in long_tools)
