@@ -6,7 +6,7 @@ from typing import Any, Final
 
 from turnkit.budget import tool_execution_denial
 from turnkit.payloads import ToolCallRef
-from turnkit.records import ToolExecutionRecord, TurnRecord
+from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import fail_execution
 
@@ -50,17 +50,28 @@ async def with_arguments(store: Store, turn_id: str, calls: list[ToolCallRef]) -
     message (the newest one that proposed the call id). Calls that carry their arguments are returned as they are."""
     if not any(call.arguments_stored for call in calls):
         return calls
+    wanted = {call.id for call in calls if call.arguments_stored}
     async with store.atomic() as tx:
-        messages = await tx.list_turn_messages(turn_id)
-    stored: dict[str, dict[str, Any]] = {}
-    for message in messages:  # oldest first: a later message's call wins
-        if message.role == "assistant":
-            for part in message.content:
-                if part.get("type") == "tool_call":
-                    stored[str(part.get("id"))] = dict(part.get("arguments") or {})
+        # The calls being run are the latest response's: one indexed read (issue 9). Only if one is not there (a
+        # response written before responses carried their request id), the turn's messages are read.
+        latest = await tx.latest_response(turn_id)
+        stored = _call_arguments([latest] if latest is not None else [])
+        if not wanted <= stored.keys():
+            stored = _call_arguments(await tx.list_turn_messages(turn_id))
     return [
         call.model_copy(update={"arguments": stored.get(call.id, {}), "arguments_stored": False})
         if call.arguments_stored
         else call
         for call in calls
     ]
+
+
+def _call_arguments(messages: list[MessageRecord]) -> dict[str, dict[str, Any]]:
+    """Call id -> arguments of the ``tool_call`` parts of ``messages``' assistant messages (a later one wins)."""
+    stored: dict[str, dict[str, Any]] = {}
+    for message in messages:  # oldest first: a later message's call wins
+        if message.role == "assistant":
+            for part in message.content:
+                if part.get("type") == "tool_call":
+                    stored[str(part.get("id"))] = dict(part.get("arguments") or {})
+    return stored

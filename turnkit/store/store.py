@@ -416,6 +416,16 @@ class StoreTx:
         )
         return None if row is None else _message(row)
 
+    async def latest_response(self, turn_id: str) -> MessageRecord | None:
+        """The turn's latest assistant response to a model request (an indexed lookup), or None."""
+        row = await self.session.scalar(
+            select(MessageRow)
+            .where(MessageRow.turn_uid == turn_id, MessageRow.request_uid.is_not(None))
+            .order_by(MessageRow.sequence.desc())
+            .limit(1)
+        )
+        return None if row is None else _message(row)
+
     async def tool_result_message(self, tool_execution_id: str) -> MessageRecord | None:
         """The tool-result message of an execution, if one was appended."""
         row = await self.session.scalar(
