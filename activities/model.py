@@ -186,7 +186,7 @@ class ModelActivities:
                 current = await tx.load_turn(turn.id)
                 if current.status != "running":
                     return None, False, None  # cancelled or finished meanwhile: the next step notices
-                summary = _summary_for(await tx.list_turn_messages(turn.id), call.request_id)
+                summary = await tx.find_response(turn.id, call.request_id, kind="context_summary")
                 if summary is not None:
                     return summary, False, None
                 summary = await tx.append_message(
@@ -196,6 +196,7 @@ class ModelActivities:
                     text=result.text.strip(),
                     turn_id=turn.id,
                     metadata=metadata,
+                    request_id=call.request_id,  # indexed: a concurrent attempt finds it with one read
                 )
                 charged = await _charge(tx, current, result.usage, cost)
                 return summary, True, await _tree_spend_denial(tx, charged)

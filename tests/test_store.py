@@ -858,7 +858,7 @@ def _rows_at_revision_0001(conn: Connection) -> None:
         column("created_at"),
         column("updated_at"),
     )
-    summary = {"compaction": {"request_id": "req_2"}, "request_id": "req_2"}
+    summary = {"compaction": {"request_id": "req_2"}}
     conn.execute(
         insert(messages),
         [
@@ -901,7 +901,11 @@ async def test_upgrade_backfills_tree_counters_and_response_request_ids(empty_da
             assert await tx.tree_usage("turn_child") == TreeUsage()  # only roots carry the totals
             response = await tx.find_response("turn_root", "req_1")
             assert response is not None and response.id == "message_response"
-            assert await tx.find_response("turn_root", "req_2") is None  # a summary is not a response
+            assert await tx.find_response("turn_root", "req_2") is None  # a summary is not a response ...
+            summary = await tx.find_response("turn_root", "req_2", kind="context_summary")
+            assert summary is not None and summary.id == "message_summary"  # ... but is found as a summary
+            latest = await tx.latest_response("turn_root")
+            assert latest is not None and latest.id == "message_response"
 
             # Writes after the upgrade keep the totals equal to the sums over the records.
             child = await tx.load_turn("turn_child")

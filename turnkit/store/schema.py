@@ -116,8 +116,9 @@ class MessageRow(_Timestamps, Base):
     tool_execution_uid: Mapped[str | None] = mapped_column(String(64))
     provider_message_id: Mapped[str | None] = mapped_column(String(255))
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", Json, nullable=False, default=dict)
-    #: The model request an assistant response answers (``metadata.request_id``), indexed with ``turn_uid`` so that
-    #: a retried model call finds its committed response without listing the turn's messages (issue 9).
+    #: The model request an assistant response answers (``metadata.request_id``), or that an automatic compaction
+    #: summary was made for (``metadata.compaction.request_id``), indexed with ``turn_uid`` so that a retried model
+    #: call finds what it committed without listing the turn's messages (issue 9).
     request_uid: Mapped[str | None] = mapped_column(String(64))
 
 

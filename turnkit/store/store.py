@@ -406,21 +406,29 @@ class StoreTx:
         )
         return [_message(row) for row in rows]
 
-    async def find_response(self, turn_id: str, request_id: str) -> MessageRecord | None:
-        """The assistant response a turn persisted for model request ``request_id`` (an indexed lookup), or None."""
-        row = await self.session.scalar(
-            select(MessageRow)
-            .where(MessageRow.turn_uid == turn_id, MessageRow.request_uid == request_id)
-            .order_by(MessageRow.sequence.desc())
-            .limit(1)
-        )
+    async def find_response(self, turn_id: str, request_id: str, *, kind: str | None = None) -> MessageRecord | None:
+        """The assistant response a turn persisted for model request ``request_id`` (an indexed lookup), or None.
+
+        A request may have two messages: the automatic compaction summary made before it (``kind=
+        "context_summary"``) and the response itself (any other kind, the default).
+        """
+        query = select(MessageRow).where(MessageRow.turn_uid == turn_id, MessageRow.request_uid == request_id)
+        if kind == "context_summary":
+            query = query.where(MessageRow.kind == kind)
+        else:
+            query = query.where(MessageRow.kind != "context_summary")
+        row = await self.session.scalar(query.order_by(MessageRow.sequence.desc()).limit(1))
         return None if row is None else _message(row)
 
     async def latest_response(self, turn_id: str) -> MessageRecord | None:
         """The turn's latest assistant response to a model request (an indexed lookup), or None."""
         row = await self.session.scalar(
             select(MessageRow)
-            .where(MessageRow.turn_uid == turn_id, MessageRow.request_uid.is_not(None))
+            .where(
+                MessageRow.turn_uid == turn_id,
+                MessageRow.request_uid.is_not(None),
+                MessageRow.kind != "context_summary",
+            )
             .order_by(MessageRow.sequence.desc())
             .limit(1)
         )

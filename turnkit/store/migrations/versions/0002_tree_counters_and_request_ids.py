@@ -51,7 +51,8 @@ def downgrade() -> None:
 
 
 def _backfill() -> None:
-    """The counters of every root from its tree's records, and ``request_uid`` of every assistant response.
+    """The counters of every root from its tree's records, and ``request_uid`` of every assistant response (and
+    automatic compaction summary).
 
     The rules are those of ``turnkit.budget`` at this revision, written out here so that the migration does not
     change when that module does.
@@ -117,11 +118,14 @@ def _backfill() -> None:
             )
         )
     responses = bind.execute(
-        sa.select(messages.c.id, messages.c.metadata).where(
-            messages.c.role == "assistant", messages.c.kind != "context_summary"
-        )
+        sa.select(messages.c.id, messages.c.kind, messages.c.metadata).where(messages.c.role == "assistant")
     ).all()
-    for id_, metadata in responses:
-        request_id = (metadata or {}).get("request_id")
+    for id_, kind, metadata in responses:
+        metadata = metadata or {}
+        if kind == "context_summary":
+            compaction = metadata.get("compaction")
+            request_id = compaction.get("request_id") if isinstance(compaction, dict) else None
+        else:
+            request_id = metadata.get("request_id")
         if request_id:
             bind.execute(sa.update(messages).where(messages.c.id == id_).values(request_uid=str(request_id)))
