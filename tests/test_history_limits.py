@@ -109,11 +109,12 @@ async def test_a_long_turn_continues_as_new_and_completes(database_url: str) -> 
     """Issue 8 item 5: a turn of 30 iterations (one tool call each) passes the history limit by continuing as new."""
     async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
         client = stepper(30)
-        conversation = await tk.conversation(turnkit.Agent("long-turn", model="scripted", tools=[step], client=client))
+        agent = turnkit.Agent("long-turn", model="scripted", tools=[step], client=client, max_iterations=40)
+        conversation = await tk.conversation(agent)
         turn = await conversation.ask("go", wait=False)
         done = await turn.result(timeout=180)
 
-        assert done.status == "completed" and done.output_text == "30 steps"
+        assert done.status == "completed" and done.output_text == "30 steps", done.error
         executions = await done.tool_executions()
         assert [e.arguments["n"] for e in executions] == list(range(1, 31))  # each step ran once, in order
         assert all(e.status == "completed" for e in executions)
@@ -157,14 +158,14 @@ async def test_a_terminated_turn_is_recorded_failed_and_the_lane_runs_the_next(t
 
 
 async def test_result_records_a_turn_whose_workflow_was_terminated_outside_a_lane(tk: TurnKit) -> None:
-    """Issue 8 item 5: ``Turn.result()`` never returns a non-terminal record: a sub-agent's turn (run by its parent,
-    not a lane) terminated by hand is recorded ``failed`` by the waiting caller, and its parent goes on."""
+    """Issue 8 item 5: a sub-agent's turn (run by its parent, not a lane) terminated by hand is recorded ``failed``
+    (by its parent, or by a caller of ``Turn.result()``, whichever sees it first); the parent goes on."""
     gate = Gate()
     slow = gated_tool(gate)
     child_client = ScriptedClient([call_tools(("slow", {})), "never"])
-    child = turnkit.Agent("worker-bee", model="scripted", tools=[slow], client=child_client)
+    child = turnkit.Agent("worker_bee", model="scripted", tools=[slow], client=child_client)
     lead = turnkit.Agent(
-        "queen", model="scripted", sub_agents=[child], client=ScriptedClient([call_tools(("worker-bee", {})), "ok"])
+        "queen", model="scripted", sub_agents=[child], client=ScriptedClient([call_tools(("worker_bee", {"task": "dig"})), "ok"])
     )
     turn = await (await tk.conversation(lead)).ask("go", wait=False)
     await asyncio.wait_for(gate.entered.wait(), 30)
