@@ -164,9 +164,8 @@ async def test_result_records_a_turn_whose_workflow_was_terminated_outside_a_lan
     slow = gated_tool(gate)
     child_client = ScriptedClient([call_tools(("slow", {})), "never"])
     child = turnkit.Agent("worker_bee", model="scripted", tools=[slow], client=child_client)
-    lead = turnkit.Agent(
-        "queen", model="scripted", sub_agents=[child], client=ScriptedClient([call_tools(("worker_bee", {"task": "dig"})), "ok"])
-    )
+    lead_client = ScriptedClient([call_tools(("worker_bee", {"task": "dig"})), "ok"])
+    lead = turnkit.Agent("queen", model="scripted", sub_agents=[child], client=lead_client)
     turn = await (await tk.conversation(lead)).ask("go", wait=False)
     await asyncio.wait_for(gate.entered.wait(), 30)
 
