@@ -20,6 +20,7 @@ from temporalio.client import Client
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
 from tests.faults import DevServer, dev_server
+from turnkit.builtin_tools import launch_agent
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
@@ -190,3 +191,41 @@ async def test_result_records_a_turn_whose_workflow_was_terminated_outside_a_lan
 
 async def _is_set(get: Any) -> bool:
     return await get() is not None
+
+
+async def test_result_records_a_launched_turn_whose_workflow_was_terminated(tk: TurnKit) -> None:
+    """Issue 8 item 5: ``Turn.result()`` never returns a non-terminal record: a launched agent's turn (abandoned by
+    its parent, followed by no lane) terminated by hand is recorded ``failed`` by the caller waiting for it, and its
+    completion callback is delivered."""
+    gate = Gate()
+    helper = turnkit.Agent(
+        "helper", model="scripted", tools=[gated_tool(gate)], client=ScriptedClient([call_tools(("slow", {})), "x"])
+    )
+    launch = call_tools(("launch_agent", {"agent_name": "helper", "task": "help", "callback": True}))
+    launcher = turnkit.Agent(
+        "launcher",
+        model="scripted",
+        tools=[launch_agent],
+        sub_agents=[helper],
+        client=ScriptedClient([launch, "launched", "got the callback"]),
+    )
+    conversation = await tk.conversation(launcher)
+    turn = await conversation.ask("start")
+    assert turn.status == "completed", turn.error
+    [execution] = await turn.tool_executions()
+    assert execution.result is not None, (execution.status, execution.error, execution.result)
+    launched = tk.turn(execution.result["turn_id"])
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await tk.client.get_workflow_handle(launched.id).terminate("operator")
+    try:
+        ended = await launched.result(timeout=60)
+        assert ended.status == "failed"
+        assert ended.error == {"class": "TurnKit::Error", "message": "turn workflow terminated"}
+
+        async def called_back() -> bool:
+            turns = await conversation.turns()
+            return len(turns) == 2 and all(t.record.terminal for t in turns)
+
+        await eventually(called_back, what="the completion callback to wake the launcher's conversation")
+    finally:
+        gate.opened.set()

@@ -78,7 +78,7 @@ class ConversationWorkflow:
         self._wake_pending = lane.wake_pending
         self._turns_started = lane.turns_started
         self._max_history_events = lane.max_history_events
-        self._active: str | None = None
+        self._active: str | None = lane.active.turn_id if lane.active else None
         self._deliver_when_idle = True  # set from the patch marker when run() starts
         self._follows_turns = False  # set from the patch marker when run() starts
         # The active turn as queued (carried if the lane continues as new while it runs), and whether its workflow
