@@ -16,6 +16,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.worker import Replayer
 
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
@@ -56,6 +57,18 @@ async def runs_of(client: Client, workflow_id: str) -> list[str]:
     runs = [execution async for execution in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
     runs.sort(key=lambda execution: execution.start_time)
     return [execution.status.name if execution.status else "RUNNING" for execution in runs]
+
+
+async def replay_every_run(client: Client, workflow_id: str) -> int:
+    """Replay each run of ``workflow_id`` with today's code, configured like a worker; returns how many."""
+    replayer = Replayer(workflows=[], plugins=[TurnKitPlugin()])
+    runs = 0
+    async for execution in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
+        await replayer.replay_workflow(
+            await client.get_workflow_handle(workflow_id, run_id=execution.run_id).fetch_history()
+        )
+        runs += 1
+    return runs
 
 
 @turnkit.tool(recovery="replay_safe")
@@ -104,6 +117,7 @@ async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in
             started = kinds.count(EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED)
             busy_rollovers += started > kinds.count(EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED)
         assert busy_rollovers >= 1
+        assert await replay_every_run(tk.client, conversation.id) == len(runs)  # the rollover paths replay
 
 
 async def test_a_long_turn_continues_as_new_and_completes(database_url: str) -> None:
@@ -122,6 +136,7 @@ async def test_a_long_turn_continues_as_new_and_completes(database_url: str) -> 
         assert client.calls == 31  # no model call repeated across runs
         runs = await runs_of(tk.client, turn.id)
         assert len(runs) >= 3 and set(runs[:-1]) == {"CONTINUED_AS_NEW"} and runs[-1] == "COMPLETED", runs
+        assert await replay_every_run(tk.client, turn.id) == len(runs)
 
 
 async def test_a_terminated_turn_is_recorded_failed_and_the_lane_runs_the_next(tk: TurnKit) -> None:
