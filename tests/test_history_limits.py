@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from itertools import pairwise
@@ -21,7 +22,7 @@ from temporalio.worker import Replayer
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
 from tests.faults import DevServer, dev_server
-from turnkit.builtin_tools import launch_agent
+from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
@@ -244,3 +245,49 @@ async def test_result_records_a_launched_turn_whose_workflow_was_terminated(tk: 
         await eventually(called_back, what="the completion callback to wake the launcher's conversation")
     finally:
         gate.opened.set()
+
+
+async def test_a_turn_waits_for_a_child_it_launched_before_continuing_as_new(database_url: str) -> None:
+    """Issue 8 item 5: a turn launches a helper, runs past the history limit (continuing as new), then ``wait_for``s
+    the helper: the new run cannot await it as a child, and waits for it through its wait row and end signal."""
+    gate = Gate()
+    helper = turnkit.Agent(
+        "helper", model="scripted", tools=[gated_tool(gate)], client=ScriptedClient([call_tools(("slow", {})), "hi"])
+    )
+
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        results = [m for m in request.messages if m["role"] == "tool"]
+        if not results:
+            return call_tools(("launch_agent", {"agent_name": "helper", "task": "help"}))
+        if len(results) <= 20:
+            return call_tools(("step", {"n": len(results)}))
+        if len(results) == 21:
+            launched = json.loads(str(results[0]["content"]))["turn_id"]
+            return call_tools(("wait_for", {"turn_ids": [launched]}))
+        return turnkit.Result.build(text=str(results[-1]["content"]))
+
+    launcher = turnkit.Agent(
+        "launcher",
+        model="scripted",
+        tools=[launch_agent, wait_for, step],
+        sub_agents=[helper],
+        client=ScriptedClient(script),
+        max_iterations=40,
+    )
+    async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
+        turn = await (await tk.conversation(launcher)).ask("go", wait=False)
+        try:
+            await asyncio.wait_for(gate.entered.wait(), 30)
+
+            async def waiting_after_rollover() -> bool:
+                return (await turn.refresh()).status == "waiting" and len(await runs_of(tk.client, turn.id)) >= 2
+
+            await eventually(waiting_after_rollover, timeout=60, what="the launcher to wait, after continuing as new")
+        finally:
+            gate.opened.set()
+        done = await turn.result(timeout=120)
+        assert done.status == "completed", done.error
+        waited = [e for e in await done.tool_executions() if e.tool_name == "wait_for"]
+        assert [e.status for e in waited] == ["completed"]
+        assert "hi" in done.output_text  # the helper's result, as wait_for returned it
+        assert await replay_every_run(tk.client, turn.id) >= 2
