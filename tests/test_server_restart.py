@@ -76,7 +76,8 @@ async def test_errors_while_the_server_is_away_are_turnkit_errors(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 8 item 6: with the server down, ``ask()`` retries its idempotent submission for a bounded time, then
-    raises a TurnKit error; ``Turn.result(timeout=)`` keeps waiting until its timeout."""
+    raises a TurnKit error; ``Turn.result(timeout=)`` keeps waiting until its timeout; ``post`` keeps its delivery
+    and says that its signal failed, as a TurnKit error."""
     monkeypatch.setattr(handles, "SUBMIT_RECONNECT_WINDOW", 2.0)
     gate = Gate()
     async with dev_server() as server, connected(server, database_url) as tk:
@@ -90,6 +91,9 @@ async def test_errors_while_the_server_is_away_are_turnkit_errors(
                     await conversation.ask("while away")
                 with pytest.raises(TimeoutError):
                     await turn.result(timeout=1)
+                with pytest.raises(turnkit.Error, match="stored delivery"):
+                    await conversation.post("noted while away", key=f"away-{conversation.id}")
+                assert [d.key for d in await conversation.inbox()] == [f"away-{conversation.id}"]  # kept for later
             finally:
                 gate.opened.set()
                 await server.start()

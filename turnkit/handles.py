@@ -57,7 +57,8 @@ _SERVER_AWAY = frozenset(
         RPCStatusCode.INTERNAL,
     }
 )
-#: How long a submission is repeated while the server is away before the caller gets a TurnKit error.
+#: How long a submission (or a delivery's signal) is repeated while the server is away before the caller gets a
+#: TurnKit error.
 SUBMIT_RECONNECT_WINDOW = 60.0
 
 
@@ -155,25 +156,19 @@ class Conversation:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"conversation · {self.agent_name}",
         )
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + SUBMIT_RECONNECT_WINDOW
-        delay = 0.1
-        while True:
+
+        async def submit() -> None:
             try:
                 await self._tk.client.execute_update_with_start_workflow(
                     ConversationWorkflow.submit, request, start_workflow_operation=start, id=request.turn_id
                 )
-                return
             except WorkflowUpdateFailedError as err:
                 raise _turnkit_error(err.cause) from err
             except WorkflowUpdateRPCTimeoutOrCancelledError as err:
                 raise errors.Error(f"submitting the turn to conversation {self.id} timed out") from err
-            except RPCError as err:
-                # Repeating is safe: the turn id is the update id and the submit activity is idempotent by it.
-                if err.status not in _SERVER_AWAY or loop.time() >= give_up:
-                    raise errors.Error(f"submitting the turn to conversation {self.id} failed: {err.message}") from err
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+
+        # Repeating is safe: the turn id is the update id and the submit activity is idempotent by it.
+        await _while_server_away(submit, f"submitting the turn to conversation {self.id}")
 
     async def messages(self) -> list[MessageRecord]:
         """Every message of the conversation, in sequence order."""
@@ -212,7 +207,10 @@ class Conversation:
                 include_principal=include_principal,
             )
         # After commit: the row is the truth, the signal only a wake-up (reconcile repairs a lost one).
-        await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
+        await _while_server_away(
+            lambda: signal_delivery(self._tk.client, self._tk.task_queue, delivery),
+            f"signalling the conversation of stored delivery {delivery.id} (`turnkit reconcile` retries it)",
+        )
         return delivery
 
     async def inbox(self) -> list[DeliveryRecord]:
@@ -520,6 +518,23 @@ class Turn:
 async def _signal(tk: TurnKit, workflow_id: str, signal: str) -> None:
     with suppress(RPCError):  # no workflow yet (queued) or already closed: the store is what counts
         await tk.client.get_workflow_handle(workflow_id).signal(signal)
+
+
+async def _while_server_away(call: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run ``call``, repeating it while the Temporal server is away (up to ``SUBMIT_RECONNECT_WINDOW`` seconds); any
+    other RPC failure, or one that outlasts the window, is raised as a TurnKit error that names ``what``."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + SUBMIT_RECONNECT_WINDOW
+    delay = 0.1
+    while True:
+        try:
+            await call()
+            return
+        except RPCError as err:
+            if err.status not in _SERVER_AWAY or loop.time() >= give_up:
+                raise errors.Error(f"{what} failed: {err.message}") from err
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def _turnkit_error(cause: BaseException | None) -> Exception:
