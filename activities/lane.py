@@ -4,21 +4,21 @@
   (``deliver``, ``wake``) makes a held lane ask the store again, never release blindly.
 * ``turnkit.end_turn``: a turn workflow the lane ran ended abnormally (terminated, timed out, failed): record it
   ``failed`` unless its record is terminal already.
-* ``turnkit.follow_turn``: after the lane continued as new while a turn ran, wait (heartbeating, retried) until that
-  turn's workflow closes, then do what ``end_turn`` does if it closed without a terminal record.
+* ``turnkit.follow_turn``: after the lane continued as new while a turn ran, has that turn ended? Registers the lane
+  as a waiter of the turn (its end signals the lane), and does what ``end_turn`` does if the turn's workflow closed
+  without a terminal record.
 """
 
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.heartbeat import heartbeating
 from turnkit.deliveries import sub_agent_turn_active
 from turnkit.payloads import EndTurn, TurnOutcome
 from turnkit.store.store import Store
-from turnkit.turn_end import ended_reason, fail_unfinished_turn
+from turnkit.turn_end import fail_unfinished_turn
 
 __all__ = ["LaneActivities"]
 
@@ -44,23 +44,42 @@ class LaneActivities:
         return _outcome(turn.id, turn.status, turn.error)
 
     @activity.defn(name="turnkit.follow_turn")
-    async def follow_turn(self, end: EndTurn) -> TurnOutcome:
-        """Wait for a turn's workflow (through its continue-as-new runs) to close; record a missing terminal status."""
-        client = activity.client()
-        reason = end.reason
-        async with heartbeating():
-            try:
-                await client.get_workflow_handle(end.turn_id).result()
-            except WorkflowFailureError as err:
-                reason = ended_reason(err.cause)
-            except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:
-                    raise  # the server is away: retried
-                reason = "turn workflow not found"
+    async def follow_turn(self, end: EndTurn) -> bool:
+        """Whether a turn the lane no longer parents (it continued as new while the turn ran) has ended.
+
+        The lane registers as a waiter of the turn: a wait row whose waiter is the conversation id (the lane's
+        workflow id), so the turn's end signals the lane (``target_finished``) as it signals waiting turns. The
+        record is read after the row committed, so no end is missed (see :mod:`turnkit.waits`). A turn workflow
+        that closed without a terminal record is recorded ``failed`` here (nothing else would signal that).
+        """
         turn = await self.store.load_turn(end.turn_id)
-        if not turn.terminal:
-            turn = await fail_unfinished_turn(self.store, client, activity.info().task_queue, end.turn_id, reason)
-        return _outcome(turn.id, turn.status, turn.error)
+        async with self.store.atomic() as tx:
+            await tx.create_wait(turn_id=turn.conversation_id, target_turn_id=turn.id)
+        turn = await self.store.load_turn(end.turn_id)
+        if turn.terminal:
+            return True
+        client = activity.client()
+        try:
+            status = (await client.get_workflow_handle(turn.id).describe()).status
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise  # the server is away: retried
+            reason = "turn workflow not found"
+        else:
+            if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+                return False
+            reason = _CLOSED.get(status, end.reason)
+        await fail_unfinished_turn(self.store, client, activity.info().task_queue, turn.id, reason)
+        return True
+
+
+#: How a closed turn workflow ended, for the error message of its record.
+_CLOSED = {
+    WorkflowExecutionStatus.TERMINATED: "turn workflow terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "turn workflow timed out",
+    WorkflowExecutionStatus.FAILED: "turn workflow failed",
+    WorkflowExecutionStatus.CANCELED: "turn workflow cancelled",
+}
 
 
 def _outcome(turn_id: str, status: str, error: dict[str, str] | None) -> TurnOutcome:

@@ -525,26 +525,29 @@ async def launch_callback(tk: TurnKit) -> list[Recorded]:
     return [turn.id]
 
 
-#: The rollover scenario's lane continues as new past this many events: after its first turn started and the second
-#: was submitted (the turn is still running), and not again in the run that follows the carried turn.
-ROLLOVER_EVENTS = 30
+#: The rollover scenario's lane continues as new past this many events: after a finished turn, a running one and a
+#: queued one (not before the last was submitted), and not again in the run that follows the running turn.
+ROLLOVER_EVENTS = 48
 
 
 async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
     """Issue 8 item 5: a lane past its history threshold while a turn runs continues as new, carrying its queue and
-    the running turn; the new run follows that turn (``turnkit.follow_turn``) to its end, then runs the queued one.
+    the running turn; the new run follows that turn (``turnkit.follow_turn``, then the turn's ``target_finished``
+    signal) to its end, then runs the queued one.
     Keeps the new run's history (the first run's is replayed by tests/test_history_limits.py)."""
     gate = _gate("rollover")
     conversation = await _conversation(
-        tk, DELIVERY_AGENT, [call_tools(("hold", {"gate": "rollover"})), "first done", "second done"]
+        tk, DELIVERY_AGENT, ["zero done", call_tools(("hold", {"gate": "rollover"})), "first done", "second done"]
     )
     lane = LaneInput(conversation_id=conversation.id, max_history_events=ROLLOVER_EVENTS)
     handle = await tk.client.start_workflow(
         ConversationWorkflow.run, lane, id=conversation.id, task_queue=tk.task_queue
     )
+    zero = await conversation.ask("zero")
+    assert (zero.status, zero.output_text) == ("completed", "zero done"), zero.error
     first = await conversation.ask("first", wait=False)
     await gate.wait_entered()
-    await _settled(tk, conversation.id, {CHILD_STARTED: 1}, what="the first turn running")
+    await _settled(tk, conversation.id, {CHILD_STARTED: 2}, what="the first turn running")
     status = await handle.query(ConversationWorkflow.status)
     assert status.run_history_events <= ROLLOVER_EVENTS, status
     second = await conversation.ask("second", wait=False)
@@ -559,6 +562,13 @@ async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
         return False
 
     await eventually(rolled_over, what="the lane to continue as new while the first turn runs")
+
+    # The new run asked the store once (the turn still runs) and waits for the turn's end signal, or a timer.
+    async def following() -> bool:
+        events = (await tk.client.get_workflow_handle(conversation.id).fetch_history()).events
+        return any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events)
+
+    await eventually(following, what="the new run to follow the turn")
     gate.opened.set()
     first, second = await first.result(timeout=60), await second.result(timeout=60)
     assert (first.status, first.output_text) == ("completed", "first done"), first.error

@@ -12,17 +12,19 @@ At most one turn of a conversation is active; submitted turns wait in FIFO order
   conversation in the order it happened, with the new input last.
 
 The lane continues-as-new when idle, carrying its queue, pending deliveries and bounded dedupe windows; and (patch
-``lane-follows-turns``) also while a turn runs when Temporal suggests it: turns are started with
-``ParentClosePolicy.ABANDON`` so they outlive the run, and the new run follows the carried turn to its end through
-``turnkit.follow_turn``. A turn workflow that ends without a terminal record (terminated, timed out, failed) is
-recorded ``failed`` by the lane before the next turn starts. A held lane (a sub-agent's turn runs here) is released
-only by the store's answer (patch ``lane-rechecks-hold``): ``deliver`` and ``wake`` make it ask again.
+``lane-follows-turns``) also while a turn runs, when its history is long: turns are started with
+``ParentClosePolicy.ABANDON`` so they outlive the run, and the new run follows the carried turn to its end (it
+registers as a waiter of the turn through ``turnkit.follow_turn``, so the turn's end signals it). A turn workflow
+that ends without a terminal record (terminated, timed out, failed) is recorded ``failed`` by the lane before the
+next turn starts. A held lane (a sub-agent's turn runs here) is released only by the store's answer (patch
+``lane-rechecks-hold``): ``deliver`` and ``wake`` make it ask again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from contextlib import suppress
 from datetime import timedelta
 
 from temporalio import workflow
@@ -45,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         TurnTicket,
     )
     from turnkit.turn_end import ended_reason
+    from turnkit.waits import TARGET_FINISHED_SIGNAL
     from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
@@ -58,8 +61,9 @@ DELIVER_WHEN_IDLE = "deliver-when-idle"
 LANE_FOLLOWS_TURNS = "lane-follows-turns"
 #: Patch (issue 8 item 7): a nudge makes a held lane re-check the store; no signal releases the hold by itself.
 LANE_RECHECKS_HOLD = "lane-rechecks-hold"
-#: Following a carried turn: one attempt lasts at most this long (then it is retried), heartbeating meanwhile.
-FOLLOW_TIMEOUT = timedelta(hours=1)
+#: Following a carried turn: its end signals the lane (`target_finished`); the store is asked again after this long
+#: anyway (a workflow that closed without a terminal record signals nothing).
+FOLLOW_POLL = timedelta(minutes=1)
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 
 
@@ -87,6 +91,8 @@ class ConversationWorkflow:
         self._active_started = False
         # A nudge arrived: a held lane asks the store whether the sub-agent's turn is still active.
         self._recheck = False
+        # The followed (carried) turn signalled its end.
+        self._followed_ended = False
         # A sub-agent's turn (run by its parent, not by this lane) is active here: deliveries wait for its `wake`.
         self._held = lane.held
         self._wakes = 0
@@ -153,6 +159,11 @@ class ConversationWorkflow:
         """A sub-agent's turn in this conversation ended: held deliveries may go in now."""
         self._wakes += 1
         self._nudge()
+
+    @workflow.signal(name=TARGET_FINISHED_SIGNAL)
+    def target_finished(self, turn_id: str) -> None:
+        """The turn this lane follows since it continued as new has ended (its wait row names this lane)."""
+        self._followed_ended = True
 
     def _nudge(self) -> None:
         if workflow.patched(LANE_RECHECKS_HOLD):
@@ -311,23 +322,36 @@ class ConversationWorkflow:
             self._clear_active()
 
     async def _follow_turn(self, queued: QueuedTurn) -> None:
-        """Follow a turn started by an earlier run of this lane (carried by continue-as-new) until it ends."""
+        """Follow a turn started by an earlier run of this lane (carried by continue-as-new) until it ends: ask the
+        store, then wait for the turn's end signal (or a while) and ask again."""
         self._active = queued.turn_id
         self._active_started = True
         try:
-            await self._end_turn("turnkit.follow_turn", queued, "", summary=f"follow {queued.turn_id}")
+            while True:
+                self._followed_ended = False  # a signal during the check asks again at once
+                ended = await workflow.execute_activity(
+                    "turnkit.follow_turn",
+                    EndTurn(turn_id=queued.turn_id),
+                    result_type=bool,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=STORE_RETRY,
+                    summary=f"has {queued.turn_id} ended?",
+                )
+                if ended:
+                    return
+                with suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._followed_ended, timeout=FOLLOW_POLL, timeout_summary="ask the store again"
+                    )
         finally:
             self._clear_active()
 
     async def _end_turn(self, activity: str, queued: QueuedTurn, reason: str, *, summary: str) -> None:
-        end = EndTurn(turn_id=queued.turn_id, reason=reason) if reason else EndTurn(turn_id=queued.turn_id)
-        following = activity == "turnkit.follow_turn"
         await workflow.execute_activity(
             activity,
-            end,
+            EndTurn(turn_id=queued.turn_id, reason=reason),
             result_type=TurnOutcome,
-            start_to_close_timeout=FOLLOW_TIMEOUT if following else timedelta(seconds=30),
-            heartbeat_timeout=timedelta(seconds=30) if following else None,
+            start_to_close_timeout=timedelta(seconds=30),
             retry_policy=STORE_RETRY,
             summary=summary,
         )
