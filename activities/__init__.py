@@ -10,6 +10,7 @@ from typing import Any
 
 from activities.children import ChildActivities
 from activities.deliveries import DeliveryActivities
+from activities.lane import LaneActivities
 from activities.model import ModelActivities
 from activities.tools import ToolActivities
 from activities.turns import TurnActivities
@@ -18,6 +19,7 @@ from turnkit.store.store import Store
 __all__ = [
     "ChildActivities",
     "DeliveryActivities",
+    "LaneActivities",
     "ModelActivities",
     "ToolActivities",
     "TurnActivities",
@@ -29,6 +31,7 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
     """Every TurnKit activity, bound to ``store`` (register them all on a worker)."""
     turns = TurnActivities(store)
     children = ChildActivities(store)
+    lane = LaneActivities(store)
     return [
         ModelActivities(store).model,
         ToolActivities(store).run_tool,
@@ -40,4 +43,7 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         children.join,
         children.wait,
         children.finish_wait,
+        lane.lane_held,
+        lane.end_turn,
+        lane.follow_turn,
     ]

@@ -18,17 +18,21 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
+from tests.engine import eventually
 from turnkit.agent import Agent, register
 from turnkit.builtin_tools import launch_agent, wait_for
+from turnkit.payloads import LaneInput
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
 from turnkit.tools import Tool, ToolContext
+from workflows.lane import ConversationWorkflow
 
 __all__ = [
     "SCENARIOS",
     "Recorded",
     "delivery_wake",
     "history_prefix",
+    "lane_busy_rollover",
     "lane_two_turns",
     "launch_callback",
     "pause_resume",
@@ -521,6 +525,63 @@ async def launch_callback(tk: TurnKit) -> list[Recorded]:
     return [turn.id]
 
 
+#: The rollover scenario's lane continues as new past this many events: after a finished turn, a running one and a
+#: queued one (not before the last was submitted), and not again in the run that follows the running turn.
+ROLLOVER_EVENTS = 48
+
+
+async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
+    """Issue 8 item 5: a lane past its history threshold while a turn runs continues as new, carrying its queue and
+    the running turn; the new run follows that turn (``turnkit.follow_turn``, then the turn's ``target_finished``
+    signal) to its end, then runs the queued one.
+    Keeps the new run's history (the first run's is replayed by tests/test_history_limits.py)."""
+    gate = _gate("rollover")
+    conversation = await _conversation(
+        tk, DELIVERY_AGENT, ["zero done", call_tools(("hold", {"gate": "rollover"})), "first done", "second done"]
+    )
+    lane = LaneInput(conversation_id=conversation.id, max_history_events=ROLLOVER_EVENTS)
+    handle = await tk.client.start_workflow(
+        ConversationWorkflow.run, lane, id=conversation.id, task_queue=tk.task_queue
+    )
+    zero = await conversation.ask("zero")
+    assert (zero.status, zero.output_text) == ("completed", "zero done"), zero.error
+    first = await conversation.ask("first", wait=False)
+    await gate.wait_entered()
+    await _settled(tk, conversation.id, {CHILD_STARTED: 2}, what="the first turn running")
+    status = await handle.query(ConversationWorkflow.status)
+    assert status.run_history_events <= ROLLOVER_EVENTS, status
+    second = await conversation.ask("second", wait=False)
+
+    async def rolled_over() -> bool:
+        latest = tk.client.get_workflow_handle(conversation.id)
+        if (await latest.describe()).run_id != handle.first_execution_run_id:
+            return (await latest.query(ConversationWorkflow.status)).active_turn_id == first.id
+        # The threshold is checked when a workflow task starts: if the submit's own task did not see it, the next
+        # task does (a `wake` is harmless here: no sub-agent turn holds this lane).
+        await latest.signal("wake")
+        return False
+
+    await eventually(rolled_over, what="the lane to continue as new while the first turn runs")
+
+    # The new run asked the store once (the turn still runs) and waits for the turn's end signal, or a timer.
+    async def following() -> bool:
+        events = (await tk.client.get_workflow_handle(conversation.id).fetch_history()).events
+        return any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events)
+
+    await eventually(following, what="the new run to follow the turn")
+    gate.opened.set()
+    first, second = await first.result(timeout=60), await second.result(timeout=60)
+    assert (first.status, first.output_text) == ("completed", "first done"), first.error
+    assert (second.status, second.output_text) == ("completed", "second done"), second.error
+    assert first.record.completed_at and second.record.started_at
+    assert first.record.completed_at <= second.record.started_at
+    await _lane_settled(tk, conversation.id, 1)
+    events = list((await tk.client.get_workflow_handle(conversation.id).fetch_history()).events)
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events]
+    assert "turnkit.follow_turn" in scheduled, "the latest run is not the one that followed the carried turn"
+    return [conversation.id]
+
+
 #: Scenario name (the prefix of its history files) -> scenario.
 SCENARIOS: dict[str, Scenario] = {
     "turn-tools": turn_tools,
@@ -534,4 +595,5 @@ SCENARIOS: dict[str, Scenario] = {
     "pause-resume": pause_resume,
     "steer": steer,
     "launch-callback": launch_callback,
+    "lane-busy-rollover": lane_busy_rollover,
 }

@@ -15,6 +15,7 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
@@ -33,6 +34,7 @@ from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import StoreTx, utcnow
+from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
 
@@ -42,6 +44,23 @@ if TYPE_CHECKING:
 __all__ = ["Conversation", "Turn"]
 
 _UNSET: Any = object()
+
+#: RPC statuses that mean the Temporal server is away or overloaded (a restart, a lost connection): the client
+#: reconnects by itself, so waiting goes on and an idempotent call is repeated (issue 8 item 6).
+_SERVER_AWAY = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.UNKNOWN,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.ABORTED,
+        RPCStatusCode.INTERNAL,
+    }
+)
+#: How long a submission (or a delivery's signal) is repeated while the server is away before the caller gets a
+#: TurnKit error.
+SUBMIT_RECONNECT_WINDOW = 60.0
 
 
 class Conversation:
@@ -156,12 +175,19 @@ class Conversation:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"conversation · {self.agent_name}",
         )
-        try:
-            await self._tk.client.execute_update_with_start_workflow(
-                ConversationWorkflow.submit, request, start_workflow_operation=start, id=request.turn_id
-            )
-        except WorkflowUpdateFailedError as err:
-            raise _turnkit_error(err.cause) from err
+
+        async def submit() -> None:
+            try:
+                await self._tk.client.execute_update_with_start_workflow(
+                    ConversationWorkflow.submit, request, start_workflow_operation=start, id=request.turn_id
+                )
+            except WorkflowUpdateFailedError as err:
+                raise _turnkit_error(err.cause) from err
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                raise errors.Error(f"submitting the turn to conversation {self.id} timed out") from err
+
+        # Repeating is safe: the turn id is the update id and the submit activity is idempotent by it.
+        await _while_server_away(submit, f"submitting the turn to conversation {self.id}")
 
     async def messages(self) -> list[MessageRecord]:
         """Every message of the conversation, in sequence order."""
@@ -202,7 +228,10 @@ class Conversation:
                 include_principal=include_principal,
             )
         # After commit: the row is the truth, the signal only a wake-up (reconcile repairs a lost one).
-        await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
+        await _while_server_away(
+            lambda: signal_delivery(self._tk.client, self._tk.task_queue, delivery),
+            f"signalling the conversation of stored delivery {delivery.id} (`turnkit reconcile` retries it)",
+        )
         return delivery
 
     async def inbox(self) -> list[DeliveryRecord]:
@@ -365,7 +394,9 @@ class Turn:
         """Wait until the turn is finished (completed, failed or cancelled), then return it refreshed.
 
         Works for any turn id, from any process. A queued turn has no workflow yet (its lane starts it when the
-        turns before it are done), so until it appears this polls the store with a backoff.
+        turns before it are done), so until it appears this polls the store with a backoff. A restart of the Temporal
+        server is waited out (bounded by ``timeout``). The record returned is always terminal: a turn workflow that
+        closed without a terminal record (terminated, timed out) is recorded ``failed`` here.
         """
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise errors.InputError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
@@ -374,6 +405,7 @@ class Turn:
         deadline = None if timeout is None else loop.time() + timeout
         delay = 0.02
         while True:
+            closed: str | None = None  # how the workflow ended, once it has
             try:
                 # Bounded by the caller's timeout while the turn runs too (issue 8 item 13), not only while queued.
                 remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
@@ -383,14 +415,19 @@ class Turn:
                     if (await self._tk.store.load_turn(self.id)).terminal:
                         break  # finished already (e.g. timeout=0 on a finished turn): the record is the answer
                     raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
-                break
-            except WorkflowFailureError:
-                break  # a turn workflow that failed abnormally: the record tells what is known
+                closed = "turn workflow ended without a terminal status"
+            except WorkflowFailureError as err:
+                closed = ended_reason(err.cause)  # terminated, timed out...: the record tells what is known
             except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:
-                    raise
+                # Not found: still queued. Server away: the client reconnects; the store tells meanwhile.
+                if err.status != RPCStatusCode.NOT_FOUND and err.status not in _SERVER_AWAY:
+                    raise errors.Error(f"waiting for turn {self.id} failed: {err.message}") from err
             record = await self._tk.store.load_turn(self.id)  # raises RecordNotFound for an unknown id
             if record.terminal:
+                break
+            if closed is not None:
+                tk = self._tk
+                await fail_unfinished_turn(tk.store, tk.client, tk.task_queue, self.id, closed)
                 break
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"turn {self.id} did not finish within {timeout} s")
@@ -521,6 +558,23 @@ class Turn:
 async def _signal(tk: TurnKit, workflow_id: str, signal: str) -> None:
     with suppress(RPCError):  # no workflow yet (queued) or already closed: the store is what counts
         await tk.client.get_workflow_handle(workflow_id).signal(signal)
+
+
+async def _while_server_away(call: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run ``call``, repeating it while the Temporal server is away (up to ``SUBMIT_RECONNECT_WINDOW`` seconds); any
+    other RPC failure, or one that outlasts the window, is raised as a TurnKit error that names ``what``."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + SUBMIT_RECONNECT_WINDOW
+    delay = 0.1
+    while True:
+        try:
+            await call()
+            return
+        except RPCError as err:
+            if err.status not in _SERVER_AWAY or loop.time() >= give_up:
+                raise errors.Error(f"{what} failed: {err.message}") from err
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def _turnkit_error(cause: BaseException | None) -> Exception:

@@ -127,6 +127,8 @@ class LaneInput(BaseModel):
     turns_started: int = 0
     #: Continue-as-new once idle with more history events than this (below Temporal's own suggestion).
     max_history_events: int = 2000
+    #: The turn this lane ran when it continued as new while busy: the new run follows it to its end.
+    active: QueuedTurn | None = None
 
 
 class LaneStatus(BaseModel):
@@ -150,6 +152,20 @@ class TurnInput(BaseModel):
     deadline: datetime | None = None
     #: 0 for a root turn; each sub-agent level adds one.
     depth: int = 0
+    #: Carried across continue-as-new (a long turn): the iterations done, resume signals seen, targets that signalled
+    #: their end, and the children launched by earlier runs (now followed through the store and their signals).
+    iteration: int = 0
+    resumes: int = 0
+    finished_turn_ids: list[str] = Field(default_factory=list[str])
+    launched_turn_ids: list[str] = Field(default_factory=list[str])
+
+
+class EndTurn(BaseModel):
+    """Input of ``turnkit.end_turn`` and ``turnkit.follow_turn``: a turn whose workflow ended (or may end) without
+    writing its terminal status; ``reason`` says how the workflow ended."""
+
+    turn_id: str
+    reason: str = "turn workflow ended without a terminal status"
 
 
 class TurnOutcome(BaseModel):

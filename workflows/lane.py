@@ -11,32 +11,44 @@ At most one turn of a conversation is active; submitted turns wait in FIFO order
   buffered, so it lands in the transcript after the active turn's messages: the next turn's model sees the
   conversation in the order it happened, with the new input last.
 
-The lane continues-as-new only when idle, carrying its queue, pending deliveries and bounded dedupe windows.
+The lane continues-as-new when idle, carrying its queue, pending deliveries and bounded dedupe windows; and (patch
+``lane-follows-turns``) also while a turn runs, when its history is long: turns are started with
+``ParentClosePolicy.ABANDON`` so they outlive the run, and the new run follows the carried turn to its end (it
+registers as a waiter of the turn through ``turnkit.follow_turn``, so the turn's end signals it). A turn workflow
+that ends without a terminal record (terminated, timed out, failed) is recorded ``failed`` by the lane before the
+next turn starts. A held lane (a sub-agent's turn runs here) is released only by the store's answer (patch
+``lane-rechecks-hold``): ``deliver`` and ``wake`` make it ask again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from contextlib import suppress
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.payloads import (
         DeliverBatch,
         DeliverResult,
         DeliverySignal,
+        EndTurn,
         LaneInput,
         LaneStatus,
         QueuedTurn,
         SubmitTurn,
         TurnInput,
+        TurnOutcome,
         TurnTicket,
     )
+    from turnkit.turn_end import ended_reason
+    from turnkit.waits import TARGET_FINISHED_SIGNAL
     from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
@@ -45,6 +57,14 @@ __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
 RECENT_WINDOW = 256
 #: Patch: deliveries reaching a busy lane wait for it to be idle (older runs appended them at once).
 DELIVER_WHEN_IDLE = "deliver-when-idle"
+#: Patch (issue 8 item 5): turns outlive the lane's run (ABANDON), the lane continues-as-new while busy and follows the
+#: carried turn, and a turn workflow that ended abnormally gets a terminal record.
+LANE_FOLLOWS_TURNS = "lane-follows-turns"
+#: Patch (issue 8 item 7): a nudge makes a held lane re-check the store; no signal releases the hold by itself.
+LANE_RECHECKS_HOLD = "lane-rechecks-hold"
+#: Following a carried turn: its end signals the lane (`target_finished`); the store is asked again after this long
+#: anyway (a workflow that closed without a terminal record signals nothing).
+FOLLOW_POLL = timedelta(minutes=1)
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 #: Patch: a submission gives up after SUBMIT_TIMEOUT (older runs retried it forever while holding the write lock).
 BOUNDED_SUBMIT = "bounded-submit"
@@ -67,8 +87,17 @@ class ConversationWorkflow:
         self._wake_pending = lane.wake_pending
         self._turns_started = lane.turns_started
         self._max_history_events = lane.max_history_events
-        self._active: str | None = None
+        self._active: str | None = lane.active.turn_id if lane.active else None
         self._deliver_when_idle = True  # set from the patch marker when run() starts
+        self._follows_turns = False  # set from the patch marker when run() starts
+        # The active turn as queued (carried if the lane continues as new while it runs), and whether its workflow
+        # has started (only then may the lane roll over: ABANDON applies to started children).
+        self._active_turn: QueuedTurn | None = lane.active
+        self._active_started = False
+        # A nudge arrived: a held lane asks the store whether the sub-agent's turn is still active.
+        self._recheck = False
+        # The followed (carried) turn signalled its end.
+        self._followed_ended = False
         # A sub-agent's turn (run by its parent, not by this lane) is active here: deliveries wait for its `wake`.
         self._held = lane.held
         self._wakes = 0
@@ -104,8 +133,10 @@ class ConversationWorkflow:
                 if isinstance(cause, ApplicationError):
                     raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
                 raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err
-            if ticket.busy and self._wakes == wakes:
-                self._held = True  # a sub-agent's turn runs here: its end (`wake`) lets the queue go on
+            if ticket.busy and (self._wakes == wakes or workflow.patched(LANE_RECHECKS_HOLD)):
+                # A sub-agent's turn runs here: its end (`wake`) lets the queue go on. A wake that came meanwhile
+                # asked for a re-check (patched), which runs after this handler releases the write lock.
+                self._held = True
             if ticket.turn_id not in self._recent_turns:  # a retried submit is not queued twice
                 self._queue.append(
                     QueuedTurn(
@@ -130,7 +161,7 @@ class ConversationWorkflow:
     def deliver(self, signal: DeliverySignal) -> None:
         """A delivery row was created for this conversation: apply it (duplicates are dropped)."""
         # Also a nudge: a held lane asks the store again, so `turnkit reconcile` heals a `wake` that never came.
-        self._held = False
+        self._nudge()
         if signal.delivery_id in self._recent_deliveries or signal.delivery_id in self._pending_deliveries:
             return
         self._pending_deliveries.append(signal.delivery_id)
@@ -139,7 +170,18 @@ class ConversationWorkflow:
     def wake(self) -> None:
         """A sub-agent's turn in this conversation ended: held deliveries may go in now."""
         self._wakes += 1
-        self._held = False
+        self._nudge()
+
+    @workflow.signal(name=TARGET_FINISHED_SIGNAL)
+    def target_finished(self, turn_id: str) -> None:
+        """The turn this lane follows since it continued as new has ended (its wait row names this lane)."""
+        self._followed_ended = True
+
+    def _nudge(self) -> None:
+        if workflow.patched(LANE_RECHECKS_HOLD):
+            self._recheck = True  # never release on a signal alone: the store says whether a turn still runs
+        else:
+            self._held = False
 
     @workflow.query(name="status")
     def status(self) -> LaneStatus:
@@ -158,16 +200,28 @@ class ConversationWorkflow:
     @workflow.run
     async def run(self, lane: LaneInput) -> None:
         self._deliver_when_idle = workflow.patched(DELIVER_WHEN_IDLE)
+        self._follows_turns = workflow.patched(LANE_FOLLOWS_TURNS)
+        if self._held and workflow.patched(LANE_RECHECKS_HOLD):
+            self._recheck = True  # a carried hold is re-checked once: its `wake` may have come to the old run
         turn: asyncio.Task[None] | None = None
+        if self._active_turn is not None:  # carried by continue-as-new (only runs with the patch carry one)
+            turn = asyncio.create_task(self._follow_turn(self._active_turn))
         while True:
             await workflow.wait_condition(functools.partial(self._has_work, turn))
             if turn is not None and turn.done():
                 turn = None
+            if self._held and self._recheck:
+                await self._recheck_hold()
+                continue
             idle = turn is None and not self._queue
             if self._pending_deliveries and not self._held and (idle or not self._deliver_when_idle):
                 await self._apply_deliveries(wake=idle)
                 continue
             if turn is not None:
+                if self._busy_rollover_due():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    if not turn.done():
+                        workflow.continue_as_new(self._carry(active=self._active_turn))
                 continue
             if self._queue and not self._held:
                 turn = asyncio.create_task(self._run_turn(self._queue.pop(0)))
@@ -181,18 +235,38 @@ class ConversationWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if (self._queue or self._pending_deliveries) and not self._held:
                 continue
-            workflow.continue_as_new(
-                LaneInput(
-                    conversation_id=self._conversation_id,
-                    queue=self._queue,
-                    recent_turn_ids=list(self._recent_turns),
-                    pending_delivery_ids=self._pending_deliveries,
-                    recent_delivery_ids=list(self._recent_deliveries),
-                    wake_pending=self._wake_pending,
-                    held=self._held,
-                    turns_started=self._turns_started,
-                    max_history_events=self._max_history_events,
-                )
+            workflow.continue_as_new(self._carry(active=None))
+
+    def _carry(self, *, active: QueuedTurn | None) -> LaneInput:
+        """The next run's input: everything this run keeps in memory."""
+        return LaneInput(
+            conversation_id=self._conversation_id,
+            queue=self._queue,
+            recent_turn_ids=list(self._recent_turns),
+            pending_delivery_ids=self._pending_deliveries,
+            recent_delivery_ids=list(self._recent_deliveries),
+            wake_pending=self._wake_pending,
+            held=self._held,
+            turns_started=self._turns_started,
+            max_history_events=self._max_history_events,
+            active=active,
+        )
+
+    def _busy_rollover_due(self) -> bool:
+        """Continue-as-new while a turn runs (patched): only once its workflow started, so it outlives this run."""
+        return self._follows_turns and self._active_started and self._should_continue_as_new()
+
+    async def _recheck_hold(self) -> None:
+        """Ask the store whether a sub-agent's turn is still active here; hold or release accordingly."""
+        self._recheck = False  # a nudge during the check asks again
+        async with self._writing:  # after a submit in flight: it may have set the hold from an older answer
+            self._held = await workflow.execute_activity(
+                "turnkit.lane_held",
+                self._conversation_id,
+                result_type=bool,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=STORE_RETRY,
+                summary="is a sub-agent turn active?",
             )
 
     async def _apply_deliveries(self, *, wake: bool) -> None:
@@ -209,7 +283,8 @@ class ConversationWorkflow:
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
             )
         if result.busy:
-            self._held = self._wakes == wakes  # unless that turn's end was signalled meanwhile: then try again
+            # Unless that turn's end was signalled meanwhile: then try again (patched: the wake asked for a re-check).
+            self._held = self._wakes == wakes or workflow.patched(LANE_RECHECKS_HOLD)
             return
         for delivery_id in batch:
             self._pending_deliveries.remove(delivery_id)
@@ -224,25 +299,79 @@ class ConversationWorkflow:
 
     async def _run_turn(self, queued: QueuedTurn) -> None:
         self._active = queued.turn_id
+        self._active_turn = queued
         self._turns_started += 1
+        turn_input = TurnInput(
+            turn_id=queued.turn_id,
+            conversation_id=self._conversation_id,
+            agent_name=queued.agent_name,
+            root_turn_id=queued.root_turn_id,
+            deadline=queued.deadline,
+        )
         try:
-            await workflow.execute_child_workflow(
-                TurnWorkflow.run,
-                TurnInput(
-                    turn_id=queued.turn_id,
-                    conversation_id=self._conversation_id,
-                    agent_name=queued.agent_name,
-                    root_turn_id=queued.root_turn_id,
-                    deadline=queued.deadline,
-                ),
-                id=queued.turn_id,
-                static_summary=f"turn · {queued.agent_name}",
-            )
+            if self._follows_turns:
+                # ABANDON: the turn outlives this run when the lane continues as new while it runs.
+                handle = await workflow.start_child_workflow(
+                    TurnWorkflow.run,
+                    turn_input,
+                    id=queued.turn_id,
+                    static_summary=f"turn · {queued.agent_name}",
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                )
+                self._active_started = True
+                await handle
+            else:
+                await workflow.execute_child_workflow(
+                    TurnWorkflow.run, turn_input, id=queued.turn_id, static_summary=f"turn · {queued.agent_name}"
+                )
         except ChildWorkflowError as err:
             # A turn that crashed (a bug, a termination) must not take the lane down with it.
             workflow.logger.warning("turn %s ended abnormally: %s", queued.turn_id, err.cause or err)
+            if self._follows_turns:
+                # Its record may still say `running`: make it terminal before the next turn starts.
+                await self._end_turn("turnkit.end_turn", queued, ended_reason(err.cause), summary="record abnormal end")
         finally:
-            self._active = None
+            self._clear_active()
+
+    async def _follow_turn(self, queued: QueuedTurn) -> None:
+        """Follow a turn started by an earlier run of this lane (carried by continue-as-new) until it ends: ask the
+        store, then wait for the turn's end signal (or a while) and ask again."""
+        self._active = queued.turn_id
+        self._active_started = True
+        try:
+            while True:
+                self._followed_ended = False  # a signal during the check asks again at once
+                ended = await workflow.execute_activity(
+                    "turnkit.follow_turn",
+                    EndTurn(turn_id=queued.turn_id),
+                    result_type=bool,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=STORE_RETRY,
+                    summary=f"has {queued.turn_id} ended?",
+                )
+                if ended:
+                    return
+                with suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._followed_ended, timeout=FOLLOW_POLL, timeout_summary="ask the store again"
+                    )
+        finally:
+            self._clear_active()
+
+    async def _end_turn(self, activity: str, queued: QueuedTurn, reason: str, *, summary: str) -> None:
+        await workflow.execute_activity(
+            activity,
+            EndTurn(turn_id=queued.turn_id, reason=reason),
+            result_type=TurnOutcome,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=STORE_RETRY,
+            summary=summary,
+        )
+
+    def _clear_active(self) -> None:
+        self._active = None
+        self._active_turn = None
+        self._active_started = False
 
     def _has_work(self, turn: asyncio.Task[None] | None) -> bool:
         """What the main loop waits for: (idle) a queued turn, a delivery, a wake or a rollover, or (busy) the active
@@ -250,8 +379,10 @@ class ConversationWorkflow:
         if turn is None:
             held = self._held  # a sub-agent's turn runs in this conversation: wait for its `wake`
             work = bool(self._queue or self._pending_deliveries or self._wake_pending) and not held
-            return work or self._should_continue_as_new()
-        return turn.done() or (bool(self._pending_deliveries) and not self._deliver_when_idle)
+            return work or (held and self._recheck) or self._should_continue_as_new()
+        if turn.done() or (bool(self._pending_deliveries) and not self._deliver_when_idle):
+            return True
+        return (self._held and self._recheck) or self._busy_rollover_due()
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()

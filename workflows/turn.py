@@ -3,6 +3,9 @@
 Temporal owns where the turn is; the store owns what it said. Each iteration is one ``turnkit.model`` activity
 (reserve the iteration, call the model, persist the response) followed by one activity per tool call, named
 ``tool:<name>``, with the retry policy of the tool's recovery mode. Payloads carry ids, never the transcript.
+
+A long turn continues as new at the top of an iteration when Temporal suggests it (patch ``turn-continues-as-new``),
+carrying what the workflow keeps in memory in its ``TurnInput``; everything else is in the store.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
 
@@ -25,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.payloads import (
         DelegateCalls,
         DelegateResult,
+        EndTurn,
         FinishTurn,
         FinishWait,
         JoinChildren,
@@ -40,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         WaitRequest,
     )
     from turnkit.records import INTERRUPTED_MESSAGE
+    from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
 
 __all__ = ["TurnWorkflow"]
@@ -52,6 +57,11 @@ TIMED_OUT = "turn timed out"
 TOOL_RAISED = "TurnKit::ToolRaised"
 #: Patch: an at-most-once attempt that failed for any reason but the tool raising is settled "interrupted".
 INTERRUPTED_UNLESS_RAISED = "at-most-once-interrupted-unless-raised"
+#: Patch (issue 8 item 5): a long turn continues as new instead of reaching the history limit.
+TURN_CONTINUES_AS_NEW = "turn-continues-as-new"
+#: Patch (issue 8 item 5): a sub-agent's turn workflow that ended abnormally (terminated, timed out) gets a terminal
+#: record from its parent before the join, so its result is structured and its record never stays `running`.
+TURN_ENDS_LOST_CHILDREN = "turn-ends-lost-children"
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -64,9 +74,21 @@ class TurnWorkflow:
         self._resume_mark = 0  # resume signals seen before the last store call
         self._finished: dict[str, None] = {}  # targets that signalled their end (an ordered set)
         self._children: dict[str, ChildWorkflowHandle[Any, Any]] = {}  # launched children, by turn id
+        self._launched: list[str] = []  # children launched by earlier runs (before continue-as-new)
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
+        # What an earlier run of this turn carried over (all empty for a new turn); signals may have landed already.
+        self._resumes += turn.resumes
+        self._resume_mark = turn.resumes
+        self._finished = {**dict.fromkeys(turn.finished_turn_ids), **self._finished}
+        self._launched = list(turn.launched_turn_ids)
+        ended = await self._run(turn)
+        if isinstance(ended, TurnInput):
+            workflow.continue_as_new(ended)
+        return ended
+
+    async def _run(self, turn: TurnInput) -> TurnOutcome | TurnInput:
         loop = asyncio.create_task(self._loop(turn))
         try:
             if turn.deadline is None:
@@ -95,9 +117,13 @@ class TurnWorkflow:
                 error_message="cancelled by application",
             )
 
-    async def _loop(self, turn: TurnInput) -> TurnOutcome:
-        iteration = 0
+    async def _loop(self, turn: TurnInput) -> TurnOutcome | TurnInput:
+        iteration = turn.iteration
         while True:
+            if workflow.info().is_continue_as_new_suggested() and workflow.patched(TURN_CONTINUES_AS_NEW):
+                # Between iterations nothing is in flight: let signal handlers land, then carry the memory over.
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return self._carry(turn, iteration)
             iteration += 1
             step = await self._model(turn, iteration)
             if isinstance(step, TurnOutcome):
@@ -121,6 +147,18 @@ class TurnWorkflow:
             ended = await self._dispatch(turn, step.tool_calls)
             if ended is not None:
                 return ended
+
+    def _carry(self, turn: TurnInput, iteration: int) -> TurnInput:
+        """The next run's input. Children launched before cannot be awaited as children there: the next run waits
+        for them through their wait rows and ``target_finished`` signals, like any other turn."""
+        return turn.model_copy(
+            update={
+                "iteration": iteration,
+                "resumes": self._resumes,
+                "finished_turn_ids": list(self._finished),
+                "launched_turn_ids": [*self._launched, *self._children],
+            }
+        )
 
     async def _dispatch(self, turn: TurnInput, calls: list[ToolCallRef]) -> TurnOutcome | None:
         """Run the calls in proposal order; a run of consecutive sub-agent calls fans out in parallel (spec §3.8)."""
@@ -195,7 +233,16 @@ class TurnWorkflow:
             if p.child is not None
         ]
         # A failed or cancelled child is a structured result for the parent, never an exception.
-        await asyncio.gather(*children, return_exceptions=True)
+        ends = await asyncio.gather(*children, return_exceptions=True)
+        lost = [(c.id, e) for c, e in zip(children, ends, strict=True) if isinstance(e, ChildWorkflowError)]
+        if lost and workflow.patched(TURN_ENDS_LOST_CHILDREN):
+            for child_id, err in lost:
+                await self._store_activity(
+                    "turnkit.end_turn",
+                    EndTurn(turn_id=child_id, reason=ended_reason(err.cause)),
+                    TurnOutcome,
+                    summary="record abnormal end",
+                )
         await self._store_activity(
             "turnkit.join",
             JoinChildren(

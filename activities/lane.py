@@ -1,0 +1,92 @@
+"""Activities the conversation lane uses to keep one turn at a time (issue 8 items 5 and 7).
+
+* ``turnkit.lane_held``: is a sub-agent's turn (run by its parent, not by the lane) still active here? A nudge
+  (``deliver``, ``wake``) makes a held lane ask the store again, never release blindly.
+* ``turnkit.end_turn``: a turn workflow the lane ran ended abnormally (terminated, timed out, failed): record it
+  ``failed`` unless its record is terminal already.
+* ``turnkit.follow_turn``: after the lane continued as new while a turn ran, has that turn ended? Registers the lane
+  as a waiter of the turn (its end signals the lane), and does what ``end_turn`` does if the turn's workflow closed
+  without a terminal record.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkit.deliveries import sub_agent_turn_active
+from turnkit.payloads import EndTurn, TurnOutcome
+from turnkit.store.store import Store
+from turnkit.turn_end import fail_unfinished_turn
+
+__all__ = ["LaneActivities"]
+
+
+class LaneActivities:
+    """Lane activities bound to a store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name="turnkit.lane_held")
+    async def lane_held(self, conversation_id: str) -> bool:
+        """Whether a sub-agent's turn is still active in the conversation (the lane keeps holding its queue)."""
+        async with self.store.atomic() as tx:
+            return await sub_agent_turn_active(tx, conversation_id)
+
+    @activity.defn(name="turnkit.end_turn")
+    async def end_turn(self, end: EndTurn) -> TurnOutcome:
+        """Record a turn whose workflow ended abnormally ``failed`` (a no-op on a terminal record)."""
+        turn = await fail_unfinished_turn(
+            self.store, activity.client(), activity.info().task_queue, end.turn_id, end.reason
+        )
+        return _outcome(turn.id, turn.status, turn.error)
+
+    @activity.defn(name="turnkit.follow_turn")
+    async def follow_turn(self, end: EndTurn) -> bool:
+        """Whether a turn the lane no longer parents (it continued as new while the turn ran) has ended.
+
+        The lane registers as a waiter of the turn: a wait row whose waiter is the conversation id (the lane's
+        workflow id), so the turn's end signals the lane (``target_finished``) as it signals waiting turns. The
+        record is read after the row committed, so no end is missed (see :mod:`turnkit.waits`). A turn workflow
+        that closed without a terminal record is recorded ``failed`` here (nothing else would signal that).
+        """
+        turn = await self.store.load_turn(end.turn_id)
+        async with self.store.atomic() as tx:
+            await tx.create_wait(turn_id=turn.conversation_id, target_turn_id=turn.id)
+        turn = await self.store.load_turn(end.turn_id)
+        if turn.terminal:
+            return True
+        client = activity.client()
+        try:
+            status = (await client.get_workflow_handle(turn.id).describe()).status
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise  # the server is away: retried
+            reason = "turn workflow not found"
+        else:
+            if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+                return False
+            reason = _CLOSED.get(status, end.reason)
+        await fail_unfinished_turn(self.store, client, activity.info().task_queue, turn.id, reason)
+        return True
+
+
+#: How a closed turn workflow ended, for the error message of its record.
+_CLOSED = {
+    WorkflowExecutionStatus.TERMINATED: "turn workflow terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "turn workflow timed out",
+    WorkflowExecutionStatus.FAILED: "turn workflow failed",
+    WorkflowExecutionStatus.CANCELED: "turn workflow cancelled",
+}
+
+
+def _outcome(turn_id: str, status: str, error: dict[str, str] | None) -> TurnOutcome:
+    error = error or {}
+    return TurnOutcome(
+        turn_id=turn_id,
+        status=status if status in ("completed", "failed", "cancelled") else "failed",  # type: ignore[arg-type]
+        error_class=error.get("class"),
+        error_message=error.get("message"),
+    )

@@ -1,0 +1,90 @@
+"""The single-active-turn invariant of a conversation (issue 8 item 7): a lane held for a sub-agent's turn stays held
+whatever signals arrive; a nudge (``deliver``, ``turnkit reconcile``) makes it re-check the store, never skip it."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from temporalio.api.enums.v1 import EventType
+
+import turnkit
+from tests.engine import eventually, held_tool, lane_buffers
+from turnkit.payloads import LaneStatus
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+
+_SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+
+
+async def lane_quiet(tk: TurnKit, conversation_id: str, signals: int) -> bool:
+    """The lane received ``signals`` signals and handled them: its history ends at a completed workflow task and no
+    activity it scheduled is still open (the store re-check, if any, has answered)."""
+    events = list((await tk.client.get_workflow_handle(conversation_id).fetch_history()).events)
+    kinds = [e.event_type for e in events]
+    scheduled = kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+    closed = kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) + kinds.count(
+        EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+    )
+    return (
+        kinds.count(_SIGNALED) >= signals
+        and kinds[-1] == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        and scheduled == closed
+    )
+
+
+async def test_a_delivery_and_reconcile_do_not_release_a_lane_held_for_a_sub_agent(tk: TurnKit) -> None:
+    """Issue 8 item 7: a sub-agent's turn runs in its child conversation and an ask there is held; a delivery and
+    `turnkit reconcile` then nudge the lane: no second turn runs until the sub-agent's turn ends, then the held turn
+    and the delivered input run, one at a time."""
+    release, hold = held_tool()
+
+    def child_script(request: turnkit.ModelRequest) -> turnkit.Result:
+        if request.messages[-1]["content"] == "dig":
+            return call_tools(("hold", {}))
+        return turnkit.Result.build(text=f"child saw {request.messages[-1]['content']}")
+
+    child = turnkit.Agent("digger", model="scripted", tools=[hold], client=ScriptedClient(child_script))
+    lead_client = ScriptedClient([call_tools(("digger", {"task": "dig"})), "done"])
+    parent = turnkit.Agent("lead", model="scripted", sub_agents=[child], client=lead_client)
+    turn = await (await tk.conversation(parent)).ask("go", wait=False)
+
+    async def child_turn() -> turnkit.TurnRecord | None:
+        tree = await tk.store.list_turns(root_turn_id=turn.id)
+        return next((t for t in tree if t.id != turn.id and t.status == "running"), None)
+
+    async def child_running() -> bool:
+        return await child_turn() is not None
+
+    await eventually(child_running, what="the sub-agent's turn")
+    record = await child_turn()
+    assert record is not None
+    child_conversation = await tk.load_conversation(record.conversation_id)
+    asked = await child_conversation.ask("also this", wait=False)  # starts the lane: held, a sub-agent turn runs
+
+    async def held() -> bool:
+        lane = await tk.client.get_workflow_handle(record.conversation_id).query("status", result_type=LaneStatus)
+        return lane.queued_turn_ids == [asked.id] and lane.active_turn_id is None
+
+    await eventually(held, what="the asked turn to be held in the lane")
+    posted = await child_conversation.post("and then this", key=f"nudge-{record.id}")  # signal 1: deliver
+    await eventually(lambda: lane_buffers(tk, record.conversation_id, posted.id), what="the lane to hold the post")
+    assert posted.id in {d.id for d in await tk.reconcile()}  # signal 2: deliver again
+    await eventually(lambda: lane_quiet(tk, record.conversation_id, 2), what="the lane to handle both nudges")
+
+    assert await held(), "a nudge released the hold"
+    assert [t.status for t in await child_conversation.turns()] == ["running", "pending"]  # one active turn
+    release.set()
+    assert (await turn.result(timeout=60)).status == "completed"
+    done = await asked.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "child saw also this"
+
+    async def all_done() -> bool:
+        turns = await child_conversation.turns()
+        return len(turns) == 3 and all(t.record.terminal for t in turns)
+
+    await eventually(all_done, what="the delivered input to wake a third turn")
+    records = [t.record for t in await child_conversation.turns()]
+    assert [r.output_text for r in records] == ["child saw {}", "child saw also this", "child saw and then this"]
+    for earlier, later in pairwise(records):
+        assert earlier.completed_at is not None and later.started_at is not None
+        assert earlier.completed_at <= later.started_at, "two turns of one conversation overlapped"

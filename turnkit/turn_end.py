@@ -1,0 +1,68 @@
+"""Turns whose workflow ended without a terminal record (issue 8 item 5): terminated, timed out, failed.
+
+A turn's record is made terminal by its own workflow (the model activity or ``turnkit.finish_turn``). When the
+workflow is terminated (by hand, or by the server at the history limit), times out or fails, nothing writes it, and
+the record would stay ``running`` for good. Whoever notices (the lane that ran the turn, a lane following a turn across
+continue-as-new, a caller of ``Turn.result()``) records it ``failed`` here. The write is a compare-and-set from every
+non-terminal status, so it never overwrites a real end; what follows a terminal write (completion callback, waiters,
+the sub-agent conversation's lane) happens as for any other end.
+"""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+from temporalio.exceptions import CancelledError, TerminatedError, TimeoutError
+
+from turnkit.deliveries import callback_verdict, completion_delivery, notify_completion, wake_lane
+from turnkit.events import emit
+from turnkit.records import TurnRecord
+from turnkit.store.store import Store, utcnow
+from turnkit.transcript import repair_transcript
+from turnkit.waits import notify_waiters
+
+__all__ = ["ENDED_CLASS", "ended_reason", "fail_unfinished_turn"]
+
+#: The error class recorded for a turn whose workflow ended without a terminal status.
+ENDED_CLASS = "TurnKit::Error"
+_ACTIVE = ("pending", "waiting", "paused", "running")
+
+
+async def fail_unfinished_turn(store: Store, client: Client, task_queue: str, turn_id: str, reason: str) -> TurnRecord:
+    """Record ``turn_id`` ``failed`` with ``reason`` unless it is terminal already; then announce its end.
+
+    Idempotent: a terminal record is left as it is (its announcements are repeated, which is harmless).
+    """
+    turn = await store.load_turn(turn_id)
+    verdict = await callback_verdict(turn)  # asked before the terminal write, never inside it (spec §7.4)
+    failed: TurnRecord | None = None
+    async with store.atomic(turn_id=turn.root_turn_id) as tx:
+        turn = await tx.load_turn(turn_id)
+        if not turn.terminal:
+            await repair_transcript(tx, turn)  # every tool call it proposed gets a result
+            failed = await tx.claim_turn(
+                turn.id,
+                from_=_ACTIVE,
+                to="failed",
+                error={"class": ENDED_CLASS, "message": reason},
+                completed_at=utcnow(),
+                claim_token=None,
+            )
+            turn = failed or await tx.load_turn(turn_id)
+            await completion_delivery(tx, turn, verdict)  # committed with the terminal write (spec §5.7)
+    if failed is not None:
+        await emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
+    await notify_completion(store, client, task_queue, turn.id)
+    await notify_waiters(store, client, turn.id)
+    await wake_lane(client, turn)
+    return turn
+
+
+def ended_reason(cause: BaseException | None) -> str:
+    """How a turn workflow ended, for the error message of its record."""
+    if isinstance(cause, TerminatedError):
+        return "turn workflow terminated"
+    if isinstance(cause, TimeoutError):
+        return "turn workflow timed out"
+    if isinstance(cause, CancelledError):
+        return "turn workflow cancelled"
+    return f"turn workflow failed: {cause}" if cause is not None else "turn workflow failed"
