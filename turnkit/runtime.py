@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,30 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from turnkit.agent import Agent, register
+from turnkit.check import Finding
+from turnkit.check import check as check_invariants
 from turnkit.config import TASK_QUEUE
 from turnkit.deliveries import reconcile as reconcile_deliveries
 from turnkit.errors import ConfigError
 from turnkit.handles import Conversation, Turn
 from turnkit.plugin import TurnKitPlugin
 from turnkit.records import DeliveryRecord
+from turnkit.repair import Repair
+from turnkit.repair import repair as repair_invariants
 from turnkit.run import Run, start_run
 from turnkit.store.store import Store
 
-__all__ = ["STATE_DIR", "TurnKit", "connect", "temporal_binary"]
+__all__ = ["STATE_DIR", "Reconciled", "TurnKit", "connect", "temporal_binary"]
 
 #: Where the embedded defaults keep their state (SQLite store, dev-server database).
 STATE_DIR = Path(".turnkit")
 _current: contextvars.ContextVar[TurnKit | None] = contextvars.ContextVar("turnkit_current", default=None)
+
+
+class Reconciled(list[DeliveryRecord]):
+    """What ``reconcile`` did: the pending deliveries it re-signalled (the list) and its repairs (``repairs``)."""
+
+    repairs: list[Repair]
 
 
 class TurnKit:
@@ -100,9 +110,27 @@ class TurnKit:
         """The conversation ``conversation_id``; raises :class:`~turnkit.errors.RecordNotFound` when absent."""
         return Conversation(self, await self.store.load_conversation(conversation_id))
 
-    async def reconcile(self) -> list[DeliveryRecord]:
-        """Re-signal every delivery still pending in the store (repairs lost signals); returns them."""
-        return await reconcile_deliveries(self.store, self.client, self.task_queue)
+    async def reconcile(self, *, repair: bool = True, grace: float = 10.0) -> Reconciled:
+        """Repair orphaned turns (:meth:`repair`), then re-signal every delivery still pending in the store.
+
+        Returns the pending deliveries (a list); what the repair step did is in its ``repairs`` attribute.
+        """
+        repairs = await self.repair(grace=grace) if repair else []
+        result = Reconciled(await reconcile_deliveries(self.store, self.client, self.task_queue))
+        result.repairs = repairs
+        return result
+
+    async def check(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Finding]:
+        """Every broken invariant of spec §5.13 in the store and Temporal (see :mod:`turnkit.check`); [] when clean.
+
+        ``since`` limits the check to records changed since then; findings about work that may still be moving are
+        reported once older than ``grace`` seconds.
+        """
+        return await check_invariants(self.store, self.client, since=since, grace=grace)
+
+    async def repair(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Repair]:
+        """Fix what :meth:`check` finds and can be fixed safely (see :mod:`turnkit.repair`); returns what it did."""
+        return await repair_invariants(self.store, self.client, self.task_queue, since=since, grace=grace)
 
     def turn(self, turn_id: str) -> Turn:
         """A handle on any turn by id (also one submitted by another process); ``await .result()`` waits for it."""
