@@ -129,8 +129,12 @@ def _lead(request: ModelRequest) -> Result:
 
 
 def _worker(tool: str, arguments: Any, answer: str) -> ScriptedClient:
+    """Calls ``tool`` once, then answers; after a *failed* call (not an ``interrupted`` one) it tries once more."""
+
     def script(request: ModelRequest) -> Result:
-        if _turn_messages(request):
+        results = _results(_turn_messages(request), tool)
+        failed = [r for r in results if '"error": true' in r and "unknown" not in r]
+        if results and not (len(failed) == len(results) == 1):
             return Result.build(text=answer)
         args = arguments(request) if callable(arguments) else arguments
         return call_tools((tool, args))

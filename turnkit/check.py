@@ -41,11 +41,14 @@ __all__ = [
     "SEQUENCE_GAP",
     "TOOL_CALL_RESULTS",
     "TURN_WITHOUT_WORKFLOW",
+    "UNANSWERED",
     "WAIT_WITHOUT_END",
     "WORKFLOW_CLOSED",
     "Finding",
     "Liveness",
     "check",
+    "held_by_lane",
+    "lane_statuses",
     "workflow_states",
 ]
 
@@ -209,27 +212,32 @@ async def workflow_states(client: Client, workflow_ids: Iterable[str]) -> dict[s
     return dict(await asyncio.gather(*(one(i) for i in dict.fromkeys(workflow_ids))))
 
 
-async def lane_statuses(client: Client, conversation_ids: Iterable[str]) -> dict[str, LaneStatus | None]:
-    """The ``status`` query of each running lane; None for a lane that is not running or does not answer."""
+#: A running lane that does not answer its status query in time (no worker serves its task queue right now).
+UNANSWERED: Final = "unanswered"
+
+
+async def lane_statuses(client: Client, conversation_ids: Iterable[str]) -> dict[str, LaneStatus | str | None]:
+    """The ``status`` query of each running lane; None for a lane that is not running, :data:`UNANSWERED` for a
+    running lane that does not answer."""
     ids = list(dict.fromkeys(conversation_ids))
     states = await workflow_states(client, ids)
 
-    async def one(conversation_id: str) -> tuple[str, LaneStatus | None]:
+    async def one(conversation_id: str) -> tuple[str, LaneStatus | str | None]:
         if states[conversation_id] != "running":
             return conversation_id, None
         with contextlib.suppress(RPCError, TimeoutError):
             handle = client.get_workflow_handle(conversation_id)
             async with asyncio.timeout(_QUERY_TIMEOUT):
                 return conversation_id, await handle.query("status", result_type=LaneStatus)
-        return conversation_id, None
+        return conversation_id, UNANSWERED
 
     return dict(await asyncio.gather(*(one(i) for i in ids)))
 
 
-def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | None]) -> bool:
+def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | str | None]) -> bool:
     """Whether the conversation's running lane has ``turn`` queued or active (a root turn waiting its turn)."""
     lane = lanes.get(turn.conversation_id)
-    return lane is not None and (turn.id in lane.queued_turn_ids or turn.id == lane.active_turn_id)
+    return isinstance(lane, LaneStatus) and (turn.id in lane.queued_turn_ids or turn.id == lane.active_turn_id)
 
 
 async def _workflows(ctx: _Context) -> None:
@@ -252,6 +260,8 @@ async def _workflows(ctx: _Context) -> None:
             ctx.add(WORKFLOW_CLOSED, [turn.id], f"turn is {turn.status} but its workflow is {state}")
         elif turn.updated_at <= ctx.cutoff:
             where = "" if turn.parent_turn_id else " nor queued in its conversation's lane"
+            if lanes.get(turn.conversation_id) == UNANSWERED:
+                where += " (the lane does not answer its status query: no worker?)"
             ctx.add(TURN_WITHOUT_WORKFLOW, [turn.id], f"turn is {turn.status} with no workflow{where}")
     for execution in open_executions:
         state = states[execution.turn_id]
@@ -305,7 +315,9 @@ async def _deliveries(ctx: _Context) -> None:
     lanes = await lane_statuses(ctx.client, [destination for _, destination in waiting])
     for delivery_id, destination in waiting:
         lane = lanes.get(destination)
-        if lane is None or delivery_id not in lane.pending_delivery_ids:
+        if lane == UNANSWERED:
+            continue  # a lane no worker serves right now may hold it: nothing to say yet
+        if not isinstance(lane, LaneStatus) or delivery_id not in lane.pending_delivery_ids:
             ctx.add(DELIVERY_NOT_CONSUMED, [delivery_id, destination], "pending delivery that no lane holds")
 
 

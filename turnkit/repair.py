@@ -33,6 +33,7 @@ from turnkit.check import (
     EXECUTION_WITHOUT_ATTEMPT,
     TOOL_CALL_RESULTS,
     TURN_WITHOUT_WORKFLOW,
+    UNANSWERED,
     WAIT_WITHOUT_END,
     WORKFLOW_CLOSED,
     Finding,
@@ -120,8 +121,8 @@ class _Fixer:
             return
         if turn.parent_turn_id is None:
             lanes = await lane_statuses(self.client, [turn.conversation_id])
-            if held_by_lane(turn, lanes):
-                return
+            if held_by_lane(turn, lanes) or lanes[turn.conversation_id] == UNANSWERED:
+                return  # queued; or its lane cannot tell now (no worker serves it): nothing safe to do yet
             if state == "missing" and turn.started_at is None and turn.status in ("pending", "paused"):
                 if await self._requeue(turn):
                     return
