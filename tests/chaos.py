@@ -1,11 +1,11 @@
 """The chaos harness (issue 8): seeded scenarios that run the job of :mod:`tests.chaos_app` under real faults and then
 hold the runtime to its promises.
 
-One :class:`ChaosRig` (a private PostgreSQL cluster, a private dev server on a database file, one real worker
-process) serves every seed; each seed gets fresh conversations and is judged only on records it created (``since``).
+One :class:`ChaosRig` (a private PostgreSQL cluster, a private dev server on a database file, two real worker
+processes) serves every seed; each seed gets fresh conversations and is judged only on records it created (``since``).
 Per seed, ``random.Random(seed)`` picks which of the enabled fault kinds strike, and when:
 
-``worker_kill``     SIGKILL the worker while a tool or the model hangs at a chosen point, then start a new one
+``worker_kill``     SIGKILL the worker in which a tool or the model hangs at a chosen point (another takes over)
 ``pg_outage``       stop the private PostgreSQL cluster (``pg_ctl -m immediate``) for ~2 s while the job runs
 ``pg_outage_during_tool``  the same outage, started while an at-most-once tool body runs (its commit meets it)
 ``server_restart``  SIGKILL and restart the dev server (same database file) while the job runs
@@ -60,10 +60,12 @@ ALL_FAULTS: Final = (
 )
 #: The fault kinds today's code survives (see the README's "What survives what"); ``TURNKIT_CHAOS_FAULTS=all``
 #: (or a comma list) turns on others.
-DEFAULT_FAULTS: Final = ("worker_kill", "slow_hook")
+DEFAULT_FAULTS: Final = ("worker_kill", "pg_outage", "server_restart", "slow_hook")
 #: How long a PostgreSQL outage lasts (``TURNKIT_CHAOS_OUTAGE``; issue 8 item 3 observed failures at 30 s).
 OUTAGE_SECONDS: Final = float(os.environ.get("TURNKIT_CHAOS_OUTAGE", "2"))
 SETTLE_TIMEOUT: Final = 60.0
+#: Worker processes serving the job: a killed one's work moves to the others at once.
+WORKERS: Final = 2
 #: Open turns unchanged this long, and all without a workflow, are orphans: settling stops waiting for them.
 ORPHAN_AFTER: Final = 5.0
 T = TypeVar("T")
@@ -97,25 +99,46 @@ class ChaosRig:
     store: Store
     client: Client
     task_queue: str
-    worker: WorkerProcess | None = None
+    workers: list[WorkerProcess] = field(default_factory=list[WorkerProcess])
+    _starting: list[asyncio.Task[None]] = field(default_factory=list[asyncio.Task[None]])
 
     @property
     def tk(self) -> TurnKit:
         return TurnKit(self.client, self.store, task_queue=self.task_queue)
 
     async def start_worker(self) -> None:
-        self.worker = await WorkerProcess.start(
+        worker = await WorkerProcess.start(
             app="tests.chaos_app",
             address=self.server.address,
             task_queue=self.task_queue,
             database_url=self.database_url,
             env={"TURNKIT_CHAOS_DIR": str(self.root), "TURNKIT_CHAOS_WORKER": "1"},
         )
+        self.workers.append(worker)
 
-    async def kill_worker(self) -> None:
-        if self.worker is not None:
-            await self.worker.kill()
-            self.worker = None
+    async def ensure_workers(self, count: int = WORKERS) -> None:
+        """``count`` live workers (replacements started after a kill are awaited here)."""
+        for task in self._starting:
+            with contextlib.suppress(Exception):
+                await task
+        self._starting.clear()
+        self.workers = [w for w in self.workers if w.process.returncode is None]
+        while len(self.workers) < count:
+            await self.start_worker()
+
+    async def kill_worker(self, pid: int) -> None:
+        """SIGKILL the worker process ``pid`` and start a replacement in the background (the others carry on)."""
+        for worker in [w for w in self.workers if w.process.pid == pid]:
+            await worker.kill()
+            self.workers.remove(worker)
+        self._starting.append(asyncio.create_task(self.start_worker()))
+
+    async def stop_workers(self) -> None:
+        await self.ensure_workers(0)
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                await worker.stop()
+        self.workers.clear()
 
     def set_faults(self, settings: dict[str, Any]) -> None:
         (self.root / "faults.json").write_text(json.dumps(settings))
@@ -134,12 +157,10 @@ async def chaos_rig() -> AsyncIterator[ChaosRig]:
             rig = ChaosRig(cluster, server, database_url, root, store, client, f"chaos-{uuid.uuid4().hex[:8]}")
             os.environ["TURNKIT_CHAOS_DIR"] = str(root)
             try:
-                await rig.start_worker()
+                await rig.ensure_workers()
                 yield rig
             finally:
-                if rig.worker is not None:
-                    with contextlib.suppress(Exception):
-                        await rig.worker.stop()
+                await rig.stop_workers()
                 await store.close()
                 shutil.rmtree(root, ignore_errors=True)
 
@@ -195,8 +216,7 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
             "hook": "raising" if "raising_hook" in chosen else "slow" if "slow_hook" in chosen else None,
         }
     )
-    if rig.worker is None or rig.worker.process.returncode is not None:
-        await rig.start_worker()
+    await rig.ensure_workers()
     tk = rig.tk
     # A PostgreSQL outage strikes at a random moment, or exactly while an at-most-once tool body runs (its commit
     # then meets the outage); a worker kill hangs the job at another point.
@@ -241,7 +261,8 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
 
 
 async def _kill_at(rig: ChaosRig, point: str, outcome: Outcome) -> None:
-    """Wait until the job hangs at ``point``, SIGKILL the worker there, release the point, start a new worker."""
+    """Wait until the job hangs at ``point``, SIGKILL the worker it hangs in, release the point (the other worker
+    takes over; a replacement starts in the background)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30
     while not (rig.root / "hung" / point).exists():
@@ -250,9 +271,8 @@ async def _kill_at(rig: ChaosRig, point: str, outcome: Outcome) -> None:
             (rig.root / "hang" / point).unlink(missing_ok=True)
             return
         await asyncio.sleep(0.05)
-    await rig.kill_worker()
+    await rig.kill_worker(int((rig.root / "hung" / point).read_text() or 0))
     (rig.root / "hang" / point).unlink(missing_ok=True)
-    await rig.start_worker()
 
 
 async def _pg_outage(rig: ChaosRig, delay: float, *, at: str | None, outcome: Outcome) -> None:

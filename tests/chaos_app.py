@@ -62,7 +62,7 @@ async def hang_point(point: str) -> None:
     """Block forever (until the worker is killed) if the test armed ``point``; record that it got there."""
     if (chaos_dir() / "hang" / point).exists():
         (chaos_dir() / "hung").mkdir(exist_ok=True)
-        (chaos_dir() / "hung" / point).touch()
+        (chaos_dir() / "hung" / point).write_text(str(os.getpid()))  # which worker to kill
         while (chaos_dir() / "hang" / point).exists():
             await asyncio.sleep(0.05)
 
@@ -179,10 +179,11 @@ def register_all() -> None:
 
 
 def _hook(action: str, principal: Any = None, **resources: Any) -> Any:
-    """Authorization: allows everything, but slowly (``slow``) or by raising on the child actions (``raising``)."""
+    """Authorization: allows everything, but slowly (``slow``: 0.2 s a call) or by raising on the child actions
+    (``raising``)."""
     mode = faults().get("hook")
     if mode == "slow":
-        time.sleep(0.3)
+        time.sleep(0.2)
     elif mode == "raising" and action in ("launch_agent", "callback", "wait"):
         raise RuntimeError(f"chaos: the approval service is down ({action})")
     return True
