@@ -160,7 +160,7 @@ async def _tool_call_results(ctx: _Context) -> None:
             MessageRow.role.in_(("assistant", "tool")), MessageRow.turn_uid.is_not(None)
         )
         if ctx.since is not None:
-            message_query = message_query.where(MessageRow.turn_uid.in_(list(statuses)))
+            message_query = message_query.where(MessageRow.turn_uid.in_(turn_query.with_only_columns(TurnRow.uid)))
         messages = (await tx.session.execute(message_query)).all()
     calls: dict[str, list[str]] = defaultdict(list)
     results: dict[str, Counter[str]] = defaultdict(Counter)
@@ -343,23 +343,17 @@ async def _waits(ctx: _Context) -> None:
 
 async def _budgets(ctx: _Context) -> None:
     """Spec §5.13.10: iterations and tool executions of a root tree stay within the root's limits."""
+    root_ids = select(TurnRow.uid).where(TurnRow.parent_turn_uid.is_(None), _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
-        roots = {
-            row.uid: _turn(row)
-            for row in await tx.session.scalars(
-                select(TurnRow).where(TurnRow.parent_turn_uid.is_(None), _recent(TurnRow.updated_at, ctx))
-            )
-        }
-        tree_rows = await tx.session.scalars(select(TurnRow).where(TurnRow.root_turn_uid.in_(list(roots))))
         trees: dict[str, list[TurnRecord]] = defaultdict(list)
-        for row in tree_rows:
+        for row in await tx.session.scalars(select(TurnRow).where(TurnRow.root_turn_uid.in_(root_ids))):
             trees[row.root_turn_uid].append(_turn(row))
+        roots = {root_id: turn for root_id, tree in trees.items() for turn in tree if turn.id == root_id}
         tree_of = {turn.id: root_id for root_id, tree in trees.items() for turn in tree}
+        in_trees = select(TurnRow.uid).where(TurnRow.root_turn_uid.in_(root_ids))
         executions = [
             _tool_execution(row)
-            for row in await tx.session.scalars(
-                select(ToolExecutionRow).where(ToolExecutionRow.turn_uid.in_(list(tree_of)))
-            )
+            for row in await tx.session.scalars(select(ToolExecutionRow).where(ToolExecutionRow.turn_uid.in_(in_trees)))
         ]
     counted: dict[str, list[str]] = defaultdict(list)
     for execution in executions:
