@@ -241,3 +241,29 @@ async def test_store_corruptions_are_reported(tk: TurnKit) -> None:
     left = _kinds(await tk.check(since=since, grace=0))
     assert (SEQUENCE_GAP, conversation.id) in left and (OVER_BUDGET, running[0].id) in left
     assert not {k for k, _ in left} & {ACTIVE_TURNS, TOOL_CALL_RESULTS, TURN_WITHOUT_WORKFLOW}
+
+
+async def test_reconcile_runs_the_repair_sweep(tk: TurnKit) -> None:
+    """issue 8 item 4: a woken root turn whose ``turnkit.deliver`` committed but whose completion was lost (written
+    here through the store API: trigger message and pending turn, no lane) is re-queued by ``reconcile``, runs, and
+    a second ``reconcile`` repairs nothing."""
+    since = utcnow()
+    agent = turnkit.Agent("woken", model="scripted", client=ScriptedClient(lambda r: "woke up"))
+    conversation = await tk.conversation(agent)
+    async with tk.store.atomic(conversation_id=conversation.id) as tx:
+        message = await tx.append_message(conversation.id, role="user", text="a delivered message")
+        orphan = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=agent.name,
+            context_message_sequence=message.sequence,
+            model="scripted",
+            options=turn_options(agent, trigger_message_id=message.id, context={}),
+            submitted_at=utcnow(),
+        )
+    reconciled = await tk.reconcile(grace=0)
+    assert [(r.action, r.ids[0]) for r in reconciled.repairs if r.ids[0] == orphan.id] == [("requeued", orphan.id)]
+    done = await tk.turn(orphan.id).result(timeout=60)
+    assert done.status == "completed" and done.output_text == "woke up"
+    assert [m.role for m in await conversation.messages()] == ["user", "assistant"]  # nothing written twice
+    assert not [r for r in (await tk.reconcile(grace=0)).repairs if r.ids[0] == orphan.id]
+    assert await tk.check(since=since, grace=0) == []

@@ -78,10 +78,17 @@ async def repair(
     since: datetime | None = None,
     grace: float = 10.0,
     findings: list[Finding] | None = None,
+    limit: int | None = None,
 ) -> list[Repair]:
-    """Run :func:`~turnkit.check.check` (unless ``findings`` are given) and fix what can be fixed safely."""
+    """Run :func:`~turnkit.check.check` (unless ``findings`` are given) and fix what can be fixed safely.
+
+    ``limit`` bounds the findings acted on in one pass (``reconcile`` uses ``settings.maintenance_batch_size``);
+    the next pass picks up the rest.
+    """
     if findings is None:
         findings = await check(store, client, since=since, grace=grace)
+    if limit is not None:
+        findings = findings[:limit]
     fixer = _Fixer(store, client, task_queue)
     # Turns first: failing a turn also settles its open executions and its unanswered calls.
     for finding in findings:

@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 from turnkit.agent import Agent, register
 from turnkit.check import Finding
 from turnkit.check import check as check_invariants
-from turnkit.config import TASK_QUEUE
+from turnkit.config import TASK_QUEUE, settings
 from turnkit.deliveries import reconcile as reconcile_deliveries
 from turnkit.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit.errors import ConfigError
@@ -113,11 +113,16 @@ class TurnKit:
         return Conversation(self, await self.store.load_conversation(conversation_id))
 
     async def reconcile(self, *, repair: bool = True, grace: float = 10.0) -> Reconciled:
-        """Repair orphaned turns (:meth:`repair`), then re-signal every delivery still pending in the store.
+        """Repair orphaned turns (:meth:`repair`, at most ``settings.maintenance_batch_size`` findings a pass),
+        then re-signal every delivery still pending in the store.
 
         Returns the pending deliveries (a list); what the repair step did is in its ``repairs`` attribute.
         """
-        repairs = await self.repair(grace=grace) if repair else []
+        repairs: list[Repair] = []
+        if repair:
+            repairs = await repair_invariants(
+                self.store, self.client, self.task_queue, grace=grace, limit=settings.maintenance_batch_size
+            )
         result = Reconciled(await reconcile_deliveries(self.store, self.client, self.task_queue))
         result.repairs = repairs
         return result
