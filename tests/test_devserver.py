@@ -86,3 +86,51 @@ def test_stopping_the_demo_stops_its_dev_server(tmp_path: Path, signum: signal.S
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+
+
+PROGRAM = '''
+import asyncio, pathlib, turnkit
+from turnkit.testing import ScriptedClient, call_tools
+
+@turnkit.tool(timeout=30)
+async def slow_write() -> dict:
+    """Write a file after a second."""
+    pathlib.Path("started").touch()
+    await asyncio.sleep(1.5)
+    pathlib.Path("finished").touch()
+    return {}
+
+def script(request):
+    return "done" if any(m["role"] == "tool" for m in request.messages) else call_tools(("slow_write", {}))
+
+agent = turnkit.register(turnkit.Agent("writer", model="scripted", tools=[slow_write], client=ScriptedClient(script)))
+
+async def main():
+    async with turnkit.connect(ui=False) as tk, tk.worker():
+        await (await tk.conversation(agent)).ask("write")
+
+if __name__ == "__main__":
+    asyncio.run(main())
+'''
+
+
+def test_sigterm_lets_the_worker_drain_before_the_server_stops(tmp_path: Path) -> None:
+    """issue 8 item 14: SIGTERM while a tool runs: the worker drains (the tool finishes), then the embedded dev
+    server stops and the program exits with 143."""
+    (tmp_path / "program.py").write_text(PROGRAM)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TEMPORAL_ADDRESS", None)
+    env.pop("TURNKIT_DATABASE_URL", None)
+    program = subprocess.Popen([sys.executable, "program.py"], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    try:
+        _wait_until(lambda: (tmp_path / "started").exists() or program.poll() is not None, 60, "the tool to start")
+        assert program.poll() is None, program.stderr.read() if program.stderr else ""
+        [server] = [pid for pid in _children(program.pid) if "temporal" in Path(f"/proc/{pid}/cmdline").read_text()]
+        program.send_signal(signal.SIGTERM)
+        assert program.wait(timeout=60) == 128 + signal.SIGTERM, program.stderr.read() if program.stderr else ""
+        assert (tmp_path / "finished").exists()  # the running tool was allowed to finish
+        _wait_until(lambda: not _alive(server), 30, f"dev server {server} to exit")
+    finally:
+        if program.poll() is None:
+            program.kill()
+            program.wait()

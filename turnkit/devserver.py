@@ -139,7 +139,7 @@ def stop_on_signals() -> Generator[list[int]]:
     the dev server stops). Yields the list of signals received (empty unless one arrived).
 
     SIGINT is left to asyncio (``asyncio.run`` already cancels the main task on Ctrl-C). A no-op outside the main
-    thread, where signal handlers cannot be installed.
+    thread (where signal handlers cannot be installed) and when the application handles SIGTERM itself.
     """
     received: list[int] = []
     task = asyncio.current_task()
@@ -151,9 +151,11 @@ def stop_on_signals() -> Generator[list[int]]:
             task.cancel()
 
     installed = False
+    # An application that handles SIGTERM itself keeps its handler (it decides when to leave connect()).
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        loop.add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)
-        installed = True
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            loop.add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)
+            installed = True
     try:
         yield received
     finally:
