@@ -271,7 +271,12 @@ class _Fixer:
             self._did("resignalled", [delivery_id], "pending delivery signalled to its lane again")
 
     async def wake(self, waiter_id: str, target_ids: tuple[str, ...]) -> None:
-        """Signal a waiter's ended targets again (the waiter dedupes them)."""
-        for target_id in target_ids:
+        """Signal a waiter's ended targets again (the waiter dedupes them). Only wait rows are signalled: a parent
+        waiting on its own children awaits their workflows, which no signal replaces."""
+        async with self.store.atomic() as tx:
+            edges = {edge.target_turn_id for edge in await tx.list_waits(turn_id=waiter_id)}
+        signalled = [target_id for target_id in target_ids if target_id in edges]
+        for target_id in signalled:
             await notify_waiters(self.store, self.client, target_id)
-        self._did("woken", [waiter_id], "ended targets signalled to the waiting turn again")
+        if signalled:
+            self._did("woken", [waiter_id], "ended targets signalled to the waiting turn again")
