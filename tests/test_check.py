@@ -23,6 +23,7 @@ from turnkit.check import (
     SEQUENCE_GAP,
     TOOL_CALL_RESULTS,
     TURN_WITHOUT_WORKFLOW,
+    WAIT_WITHOUT_END,
     WORKFLOW_CLOSED,
     Finding,
     workflow_states,
@@ -266,4 +267,32 @@ async def test_reconcile_runs_the_repair_sweep(tk: TurnKit) -> None:
     assert done.status == "completed" and done.output_text == "woke up"
     assert [m.role for m in await conversation.messages()] == ["user", "assistant"]  # nothing written twice
     assert not [r for r in (await tk.reconcile(grace=0)).repairs if r.ids[0] == orphan.id]
+    assert await tk.check(since=since, grace=0) == []
+
+
+async def test_a_lost_target_signal_is_reported_and_sent_again(tk: TurnKit) -> None:
+    """A turn waits (``ask(wait_for=…)``) on a turn of another conversation; the target ends without signalling it
+    (its terminal write is made through the store API, as if its worker died between the commit and the signal):
+    ``check`` reports the wait without an end, ``repair`` signals it again, and the waiter completes."""
+    since = utcnow()
+    target_agent = turnkit.Agent("target", model="scripted", client=ScriptedClient(lambda r: "unused"))
+    waiter_agent = turnkit.Agent("waiter", model="scripted", client=ScriptedClient(lambda r: "waited"))
+    elsewhere = await tk.conversation(target_agent)
+    async with tk.store.atomic() as tx:
+        target = await tx.create_turn(
+            conversation_id=elsewhere.id, agent_name=target_agent.name, status="running", submitted_at=utcnow()
+        )
+    waiter = await (await tk.conversation(waiter_agent)).ask("after the target", wait_for=[target.id], wait=False)
+
+    async def waiting() -> bool:
+        return (await waiter.refresh()).status == "waiting"
+
+    await eventually(waiting, what="the waiter to wait")
+    async with tk.store.atomic() as tx:
+        await tx.claim_turn(target.id, from_="running", to="completed", output_text="done", completed_at=utcnow())
+    findings = await tk.check(since=since, grace=0)
+    assert (WAIT_WITHOUT_END, waiter.id) in _kinds(findings), findings
+    done = await tk.repair(since=since, grace=0)
+    assert ("woken", waiter.id) in {(r.action, r.ids[0]) for r in done}, done
+    assert (await waiter.result(timeout=60)).status == "completed"
     assert await tk.check(since=since, grace=0) == []
