@@ -9,8 +9,10 @@ EXTRAS := test,postgres,providers,dev
 
 PYTEST_ARGS ?=
 ARGS ?=
+SEEDS ?= 300
+FAULTS ?=
 
-.PHONY: venv demo test lint worker bench bench-peers histories clean
+.PHONY: venv demo test chaos lint worker bench bench-peers histories clean
 
 venv: $(STAMP)
 
@@ -26,6 +28,10 @@ demo: venv
 # pytest's own exit code is saved so .ci/run can report it (make itself exits 2).
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; echo $$rc > $(VENV)/.pytest-exit; exit $$rc
+
+# The chaos suite alone, with more seeds (make test runs 30): `make chaos SEEDS=300 FAULTS=all`.
+chaos: venv
+	TURNKIT_CHAOS_SEEDS=$(SEEDS) TURNKIT_CHAOS_FAULTS=$(FAULTS) $(BIN)/python -m pytest -q -m chaos tests/test_chaos.py $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check turnkit workflows activities

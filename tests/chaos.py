@@ -1,0 +1,420 @@
+"""The chaos harness (issue 8): seeded scenarios that run the job of :mod:`tests.chaos_app` under real faults and then
+hold the runtime to its promises.
+
+One :class:`ChaosRig` (a private PostgreSQL cluster, a private dev server on a database file, two real worker
+processes) serves every seed; each seed gets fresh conversations and is judged only on records it created (``since``).
+Per seed, ``random.Random(seed)`` picks which of the enabled fault kinds strike, and when:
+
+``worker_kill``     SIGKILL the worker in which a tool or the model hangs at a chosen point (another takes over)
+``pg_outage``       stop the private PostgreSQL cluster (``pg_ctl -m immediate``) for ~2 s while the job runs
+``pg_outage_during_tool``  the same outage, started while an at-most-once tool body runs (its commit meets it)
+``server_restart``  SIGKILL and restart the dev server (same database file) while the job runs
+``lost_completion`` activities lose their completion after their commit (first attempt, seeded probability)
+``slow_hook``       the authorization hook takes 0.3 s per call
+``raising_hook``    the authorization hook raises for ``launch_agent``, ``callback`` and ``wait``
+``hostile``         NUL text, huge text, over-long model names and bad delivery keys against a conversation
+
+After each scenario: every turn the seed created is terminal, :func:`turnkit.check.check` finds nothing, no
+at-most-once effect ran twice, hostile input got a TurnKit error (or worked) and left its conversation working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
+
+import turnkit
+from tests import chaos_app
+from tests.faults import DevServer, PrivateCluster, dev_server, private_cluster
+from tests.workers import WorkerProcess
+from turnkit.check import TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, Finding, check
+from turnkit.plugin import TurnKitPlugin
+from turnkit.repair import Repair, repair
+from turnkit.runtime import TurnKit
+from turnkit.store.store import Store, utcnow
+
+__all__ = ["ALL_FAULTS", "DEFAULT_FAULTS", "ChaosRig", "Outcome", "chaos_rig", "enabled_faults", "run_scenario"]
+
+ALL_FAULTS: Final = (
+    "worker_kill",
+    "pg_outage",
+    "pg_outage_during_tool",
+    "server_restart",
+    "lost_completion",
+    "slow_hook",
+    "raising_hook",
+    "hostile",
+)
+#: The fault kinds today's code survives (see the README's "What survives what"); ``TURNKIT_CHAOS_FAULTS=all``
+#: (or a comma list) turns on others.
+DEFAULT_FAULTS: Final = ("worker_kill", "pg_outage", "server_restart", "slow_hook")
+#: How long a PostgreSQL outage lasts (``TURNKIT_CHAOS_OUTAGE``; issue 8 item 3 observed failures at 30 s).
+OUTAGE_SECONDS: Final = float(os.environ.get("TURNKIT_CHAOS_OUTAGE", "2"))
+SETTLE_TIMEOUT: Final = 60.0
+#: Worker processes serving the job: a killed one's work moves to the others at once.
+WORKERS: Final = 2
+#: Open turns unchanged this long, and all without a workflow, are orphans: settling stops waiting for them.
+ORPHAN_AFTER: Final = 5.0
+T = TypeVar("T")
+
+
+def enabled_faults() -> tuple[str, ...]:
+    """The fault kinds this run may inject: ``$TURNKIT_CHAOS_FAULTS`` (``all``, ``none`` or a comma list), else the
+    default."""
+    chosen = os.environ.get("TURNKIT_CHAOS_FAULTS", "").strip()
+    if not chosen:
+        return DEFAULT_FAULTS
+    if chosen == "all":
+        return ALL_FAULTS
+    if chosen == "none":
+        return ()
+    kinds = tuple(k.strip() for k in chosen.split(",") if k.strip())
+    unknown = set(kinds) - set(ALL_FAULTS)
+    if unknown:
+        raise ValueError(f"unknown chaos fault kinds: {', '.join(sorted(unknown))}")
+    return kinds
+
+
+@dataclass
+class ChaosRig:
+    """What every seed shares: the cluster, the dev server, the store, a client and the current worker."""
+
+    cluster: PrivateCluster
+    server: DevServer
+    database_url: str
+    root: Path
+    store: Store
+    client: Client
+    task_queue: str
+    workers: list[WorkerProcess] = field(default_factory=list[WorkerProcess])
+    _starting: list[asyncio.Task[None]] = field(default_factory=list[asyncio.Task[None]])
+
+    @property
+    def tk(self) -> TurnKit:
+        return TurnKit(self.client, self.store, task_queue=self.task_queue)
+
+    async def start_worker(self) -> None:
+        worker = await WorkerProcess.start(
+            app="tests.chaos_app",
+            address=self.server.address,
+            task_queue=self.task_queue,
+            database_url=self.database_url,
+            env={"TURNKIT_CHAOS_DIR": str(self.root), "TURNKIT_CHAOS_WORKER": "1"},
+        )
+        self.workers.append(worker)
+
+    async def ensure_workers(self, count: int = WORKERS) -> None:
+        """``count`` live workers (replacements started after a kill are awaited here)."""
+        for task in self._starting:
+            with contextlib.suppress(Exception):
+                await task
+        self._starting.clear()
+        self.workers = [w for w in self.workers if w.process.returncode is None]
+        while len(self.workers) < count:
+            await self.start_worker()
+
+    async def kill_worker(self, pid: int) -> None:
+        """SIGKILL the worker process ``pid`` and start a replacement in the background (the others carry on)."""
+        for worker in [w for w in self.workers if w.process.pid == pid]:
+            await worker.kill()
+            self.workers.remove(worker)
+        self._starting.append(asyncio.create_task(self.start_worker()))
+
+    async def stop_workers(self) -> None:
+        await self.ensure_workers(0)
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                await worker.stop()
+        self.workers.clear()
+
+    def set_faults(self, settings: dict[str, Any]) -> None:
+        (self.root / "faults.json").write_text(json.dumps(settings))
+
+
+@contextlib.asynccontextmanager
+async def chaos_rig() -> AsyncIterator[ChaosRig]:
+    """Start the shared cluster, dev server and worker (torn down afterwards)."""
+    with private_cluster() as cluster:
+        async with dev_server() as server:
+            root = Path(cluster.root.parent / f"turnkit-chaos-{uuid.uuid4().hex[:8]}")
+            root.mkdir()
+            database_url = cluster.url()
+            store = await Store.open(database_url)
+            client = await Client.connect(server.address, plugins=[TurnKitPlugin(store)])
+            rig = ChaosRig(cluster, server, database_url, root, store, client, f"chaos-{uuid.uuid4().hex[:8]}")
+            os.environ["TURNKIT_CHAOS_DIR"] = str(root)
+            try:
+                await rig.ensure_workers()
+                yield rig
+            finally:
+                await rig.stop_workers()
+                await store.close()
+                shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class Outcome:
+    """What a scenario found: the faults it injected and every broken promise (empty when all held)."""
+
+    seed: int
+    faults: list[str]
+    problems: list[str] = field(default_factory=list[str])
+    findings: list[Finding] = field(default_factory=list[Finding])
+    #: When check found something: what ``turnkit repair`` did about it, and what check found after that.
+    repairs: list[Repair] = field(default_factory=list[Repair])
+    after_repair: list[Finding] = field(default_factory=list[Finding])
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed} with faults {self.faults or ['none']}:"]
+        lines += [f"  {p}" for p in self.problems]
+        lines += [f"  check: {f}" for f in self.findings]
+        lines += [f"  repair: {r}" for r in self.repairs]
+        if self.findings:
+            lines += [f"  after repair: {f}" for f in self.after_repair] or ["  after repair: check is clean"]
+        return "\n".join(lines)
+
+
+async def _patiently(what: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
+    """Call ``what`` until it works (the database or the server may be away for a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await what()
+        except Exception:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Outcome:
+    """One seeded scenario: the job, the faults the seed draws from ``enabled``, then every check."""
+    rng = random.Random(seed)
+    chosen = sorted(kind for kind in enabled if rng.random() < 0.5)
+    outcome = Outcome(seed, chosen)
+    since = utcnow()
+    for leftover in ("hang", "hung"):
+        shutil.rmtree(rig.root / leftover, ignore_errors=True)
+    (rig.root / "hang").mkdir()
+    rig.set_faults(
+        {
+            "seed": seed,
+            "lose": 0.3 if "lost_completion" in chosen else 0.0,
+            "hook": "raising" if "raising_hook" in chosen else "slow" if "slow_hook" in chosen else None,
+        }
+    )
+    await rig.ensure_workers()
+    tk = rig.tk
+    # A PostgreSQL outage strikes at a random moment, or exactly while an at-most-once tool body runs (its commit
+    # then meets the outage); a worker kill hangs the job at another point.
+    outage_at = "charge" if "pg_outage_during_tool" in chosen else None
+    points = [p for p in chaos_app.HANG_POINTS if p != outage_at]
+    hang = rng.choice(points) if "worker_kill" in chosen else None
+    for point in (hang, outage_at):
+        if point is not None:
+            (rig.root / "hang" / point).touch()
+    order = f"ord-{seed}-{uuid.uuid4().hex[:6]}"
+    conversations: list[str] = []
+    try:
+        lead = await tk.conversation(chaos_app.lead)
+        inbox = await tk.conversation(chaos_app.inbox)
+        conversations += [lead.id, inbox.id]
+        await lead.ask(f"process order {order}", wait=False)
+        await lead.send_message(inbox, f"status of {order}?", key=f"status:{order}")
+        faults: list[Awaitable[None]] = []
+        if hang is not None:
+            faults.append(_kill_at(rig, hang, outcome))
+        if "pg_outage" in chosen or outage_at is not None:
+            faults.append(_pg_outage(rig, rng.uniform(0.0, 0.8), at=outage_at, outcome=outcome))
+        if "server_restart" in chosen:
+            faults.append(_server_restart(rig, rng.uniform(0.0, 0.8)))
+        if "hostile" in chosen:
+            faults.append(_hostile(tk, rng, outcome, conversations))
+        await asyncio.gather(*faults)
+        await _settle(rig, since, outcome)
+        await _completed(rig, since, [lead.id, inbox.id], outcome)
+        outcome.findings = await _patiently(lambda: check(rig.store, rig.client, since=since, grace=0))
+        if outcome.findings:  # the promise is broken already; say whether the repair sweep would heal it
+            outcome.repairs = await repair(rig.store, rig.client, rig.task_queue, since=since, grace=0)
+            await _settle(rig, since, Outcome(seed, chosen))
+            outcome.after_repair = await check(rig.store, rig.client, since=since, grace=0)
+        await _effects(rig, order, outcome)
+    except Exception as err:  # a scenario that breaks the harness is a finding too
+        outcome.problems.append(f"scenario raised {type(err).__name__}: {err}")
+    finally:
+        shutil.rmtree(rig.root / "hang", ignore_errors=True)
+        await _terminate_leftovers(rig, since, conversations)
+    return outcome
+
+
+async def _kill_at(rig: ChaosRig, point: str, outcome: Outcome) -> None:
+    """Wait until the job hangs at ``point``, SIGKILL the worker it hangs in, release the point (the other worker
+    takes over; a replacement starts in the background)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while not (rig.root / "hung" / point).exists():
+        if loop.time() > deadline:
+            outcome.problems.append(f"the job never reached hang point {point}")
+            (rig.root / "hang" / point).unlink(missing_ok=True)
+            return
+        await asyncio.sleep(0.05)
+    await rig.kill_worker(int((rig.root / "hung" / point).read_text() or 0))
+    (rig.root / "hang" / point).unlink(missing_ok=True)
+
+
+async def _pg_outage(rig: ChaosRig, delay: float, *, at: str | None, outcome: Outcome) -> None:
+    """Stop the cluster after ``delay`` (or once the job hangs at point ``at``, which is then released into the
+    outage), keep it down for ``OUTAGE_SECONDS``, start it again."""
+    if at is None:
+        await asyncio.sleep(delay)
+    else:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not (rig.root / "hung" / at).exists() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if loop.time() >= deadline:
+            outcome.problems.append(f"the job never reached point {at} for the outage")
+    await asyncio.to_thread(rig.cluster.stop)
+    if at is not None:
+        (rig.root / "hang" / at).unlink(missing_ok=True)
+    await asyncio.sleep(OUTAGE_SECONDS)
+    await asyncio.to_thread(rig.cluster.start)
+
+
+async def _server_restart(rig: ChaosRig, delay: float) -> None:
+    await asyncio.sleep(delay)
+    await rig.server.restart()
+
+
+_HOSTILE: Final = ("nul", "huge", "long_model", "empty_key", "long_key", "nul_key")
+
+
+async def _hostile(tk: TurnKit, rng: random.Random, outcome: Outcome, conversations: list[str]) -> None:
+    """Bad input against a conversation of its own: a clear TurnKit error (or success), then it still works."""
+    conversation = await _patiently(lambda: tk.conversation(chaos_app.plain))
+    conversations.append(conversation.id)
+    for kind in rng.sample(_HOSTILE, 2):
+        try:
+            async with asyncio.timeout(20):
+                if kind == "nul":
+                    await conversation.ask("a\x00b", wait=False)
+                elif kind == "huge":
+                    await conversation.ask("x" * 3_000_000, wait=False)
+                elif kind == "long_model":
+                    await conversation.ask("hi", model="m" * 300, wait=False)
+                else:
+                    key = {"empty_key": "", "long_key": "k" * 2000, "nul_key": "k\x00"}[kind]
+                    await conversation.post("hello", key=key)
+        except (turnkit.Error, ValueError, TypeError):
+            pass  # a clear error: what the user should see
+        except TimeoutError:
+            outcome.problems.append(f"hostile input {kind}: the call hung for 20 s")
+        except Exception as err:
+            outcome.problems.append(f"hostile input {kind}: raw {type(err).__name__}: {str(err)[:200]}")
+    try:
+        async with asyncio.timeout(30):
+            answered = await conversation.ask("are you still there?")
+        if answered.status != "completed":
+            outcome.problems.append(f"after hostile input the conversation's next turn is {answered.status}")
+    except Exception as err:
+        outcome.problems.append(f"after hostile input the conversation is stuck: {type(err).__name__}: {err}")
+
+
+async def _settle(rig: ChaosRig, since: datetime, outcome: Outcome) -> None:
+    """Wait until every turn the seed created is terminal and no delivery is pending (or give up and say so)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_TIMEOUT
+
+    async def open_work() -> tuple[list[str], list[str]]:
+        turns = [t for t in await rig.store.list_turns() if t.created_at >= since and not t.terminal]
+        async with rig.store.atomic() as tx:
+            pending = [d.id for d in await tx.list_deliveries(pending=True) if d.created_at >= since]
+        return [f"{t.id} ({t.agent_name}, {t.status})" for t in turns], pending
+
+    stuck: tuple[list[str], float] = ([], loop.time())
+    while True:
+        with contextlib.suppress(Exception):
+            turns, pending = await open_work()
+            if not turns and not pending:
+                return
+            if turns != stuck[0]:
+                stuck = (turns, loop.time())
+            elif loop.time() - stuck[1] > ORPHAN_AFTER and await _all_orphaned(rig, since, turns):
+                outcome.problems.append(f"turns orphaned (no workflow will ever end them): {', '.join(turns)}")
+                return
+            if loop.time() > deadline:
+                if turns:
+                    outcome.problems.append(f"turns not terminal after {SETTLE_TIMEOUT:.0f} s: {', '.join(turns)}")
+                if pending:
+                    outcome.problems.append(f"deliveries still pending: {', '.join(pending)}")
+                return
+        if loop.time() > deadline + 30:
+            outcome.problems.append("the store stayed unreachable")
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _completed(rig: ChaosRig, since: datetime, conversations: list[str], outcome: Outcome) -> None:
+    """The job's root turns (the order, the callback's wake-up, the message to the inbox) all completed: no fault
+    is a reason for a turn to fail."""
+    roots = [t for t in await _patiently(rig.store.list_turns) if t.created_at >= since and t.parent_turn_id is None]
+    for turn in roots:
+        if turn.conversation_id in conversations and turn.terminal and turn.status != "completed":
+            outcome.problems.append(f"root turn {turn.id} ({turn.agent_name}) {turn.status}: {turn.error}")
+    if not any(t.conversation_id == conversations[0] and t.status == "completed" for t in roots):
+        outcome.problems.append("the order's turn did not complete")
+
+
+async def _all_orphaned(rig: ChaosRig, since: datetime, turns: list[str]) -> bool:
+    """Whether ``check`` says that no workflow runs any of these open turns (waiting longer cannot help)."""
+    orphans = {
+        f.ids[0]
+        for f in await check(rig.store, rig.client, since=since, grace=0)
+        if f.kind in (TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED)
+    }
+    return all(turn.split()[0] in orphans for turn in turns)
+
+
+async def _effects(rig: ChaosRig, order: str, outcome: Outcome) -> None:
+    """At-most-once effects ran at most once per order, and an execution whose body ran is never recorded as not
+    having run (``failed``: the tool itself never raises here)."""
+    folder = rig.root / "effects" / "charge_card"
+    for path in folder.glob(f"{order}*") if folder.exists() else []:
+        runs = path.read_text().splitlines()
+        if len(runs) > 1:
+            outcome.problems.append(f"order {path.name} charged {len(runs)} times (executions {', '.join(runs)})")
+        for key in runs:
+            execution_id = key.removeprefix("turnkit:tool:")
+            async with rig.store.atomic() as tx:
+                execution = await tx.load_tool_execution(execution_id)
+            if execution.status not in ("completed", "interrupted"):
+                error = (execution.error or {}).get("message", "")
+                outcome.problems.append(
+                    f"charge {execution_id} ran but is recorded {execution.status}: {str(error)[:160]}"
+                )
+
+
+async def _terminate_leftovers(rig: ChaosRig, since: datetime, conversations: list[str]) -> None:
+    """Isolate seeds: stop whatever this seed left running (lanes and turns), so it cannot touch the next seed."""
+    with contextlib.suppress(Exception):
+        turns = [t for t in await _patiently(rig.store.list_turns) if t.created_at >= since]
+        ids = {t.id for t in turns} | {t.conversation_id for t in turns} | set(conversations)
+        for workflow_id in ids:
+            handle = rig.client.get_workflow_handle(workflow_id)
+            with contextlib.suppress(RPCError):
+                described = await handle.describe()
+                if described.status == WorkflowExecutionStatus.RUNNING:
+                    await handle.terminate("chaos: end of scenario")

@@ -1,0 +1,244 @@
+"""Application module of the chaos suite (issue 8): the agents of a small multi-agent job, tools that count their
+real effects in files, and the worker-side faults. Real worker processes load it (``worker.py --app
+tests.chaos_app`` with ``TURNKIT_CHAOS_WORKER=1``); the test process imports it for the same agent definitions.
+
+The job: ``lead`` delegates to two sub-agents in parallel (``scout`` runs a replay-safe ``sync_inventory``, ``clerk``
+an at-most-once ``charge_card``), launches ``reporter`` with a completion callback, charges the order itself (at
+most once; after a *failed* charge it tries once more, as a model would, but never after an ``interrupted`` one),
+and answers. The callback later wakes ``lead``'s conversation for a second turn.
+
+Effects land in ``$TURNKIT_CHAOS_DIR/effects/<tool>/<effect id>``, one line per run of the body: an at-most-once
+effect (a charge of one order) must have at most one line, whatever happened to workers, servers and databases.
+
+Worker-side faults are read from ``$TURNKIT_CHAOS_DIR/faults.json`` at each decision, so one worker process serves
+every seed: ``lose`` (probability that an activity's first attempt loses its completion *after* its body
+committed: Temporal retries a committed activity), ``hook`` (``slow`` or ``raising`` authorization), and hang
+points (``$TURNKIT_CHAOS_DIR/hang/<point>``: the body blocks there until the test kills the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
+
+import turnkit
+from turnkit.builtin_tools import launch_agent
+from turnkit.model import ModelRequest, Result
+from turnkit.testing import ScriptedClient, call_tools
+
+HANG_POINTS = ("charge", "sync", "reporter")
+
+
+def chaos_dir() -> Path:
+    return Path(os.environ["TURNKIT_CHAOS_DIR"])
+
+
+def faults() -> dict[str, Any]:
+    """The worker-side fault settings of the current seed."""
+    try:
+        return json.loads((chaos_dir() / "faults.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def effect(tool: str, effect_id: str, line: str) -> None:
+    """Record one real run of a tool body."""
+    folder = chaos_dir() / "effects" / tool
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / effect_id).open("a") as handle:
+        handle.write(line + "\n")
+
+
+async def hang_point(point: str) -> None:
+    """Block forever (until the worker is killed) if the test armed ``point``; record that it got there."""
+    if (chaos_dir() / "hang" / point).exists():
+        (chaos_dir() / "hung").mkdir(exist_ok=True)
+        (chaos_dir() / "hung" / point).write_text(str(os.getpid()))  # which worker to kill
+        while (chaos_dir() / "hang" / point).exists():
+            await asyncio.sleep(0.05)
+
+
+@turnkit.tool(timeout=5)
+async def charge_card(order: str, amount: int, context: turnkit.ToolContext) -> dict[str, Any]:
+    """Charge an order (an external effect: at most once).
+
+    Args:
+        order: The order id (one charge per order).
+        amount: Cents.
+    """
+    effect("charge_card", order, context.idempotency_key)
+    await hang_point("charge")
+    return {"charged": amount, "order": order}
+
+
+@turnkit.tool(recovery="replay_safe", timeout=5, max_attempts=8, initial_retry_interval=0.2)
+async def sync_inventory(sku: str, context: turnkit.ToolContext) -> dict[str, Any]:
+    """Sync one item (replay-safe: runs again with the same idempotency key).
+
+    Args:
+        sku: The item.
+    """
+    effect("sync_inventory", context.idempotency_key, sku)
+    await hang_point("sync")
+    return {"synced": sku}
+
+
+def _turn_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """The messages of the current turn: everything after the last user message."""
+    last_user = max((i for i, m in enumerate(request.messages) if m["role"] == "user"), default=-1)
+    return request.messages[last_user + 1 :]
+
+
+def _results(messages: list[dict[str, Any]], name: str) -> list[str]:
+    """The result texts of this turn's calls of tool ``name``."""
+    ids = {c["id"] for m in messages for c in m.get("tool_calls") or [] if c["name"] == name}
+    return [str(m["content"]) for m in messages if m["role"] == "tool" and m.get("tool_call_id") in ids]
+
+
+def _order(request: ModelRequest) -> str:
+    users = [str(m["content"]) for m in request.messages if m["role"] == "user" and "order " in str(m["content"])]
+    return users[-1].split("order ", 1)[1].split()[0] if users else "unknown"
+
+
+def _lead(request: ModelRequest) -> Result:
+    last = request.messages[-1] if request.messages else {}
+    if last.get("role") == "user" and '"turn_id"' in str(last.get("content")):
+        return Result.build(text="noted the report")  # the completion callback woke this conversation
+    turn = _turn_messages(request)
+    order = _order(request)
+    if not _results(turn, "scout") and not _results(turn, "clerk"):
+        return call_tools(("scout", {"task": f"sync stock for order {order}"}), ("clerk", {"task": f"order {order}-c"}))
+    if not _results(turn, "launch_agent"):
+        return call_tools(
+            ("launch_agent", {"agent_name": "reporter", "task": f"report order {order}", "callback": True})
+        )
+    charges = _results(turn, "charge_card")
+    failed = [c for c in charges if '"error": true' in c and "unknown" not in c]
+    if not charges or (len(charges) == len(failed) and len(charges) < 2):
+        return call_tools(("charge_card", {"order": order, "amount": 100}))
+    return Result.build(text=f"order {order} processed")
+
+
+def _worker(tool: str, arguments: Any, answer: str) -> ScriptedClient:
+    """Calls ``tool`` once, then answers; after a *failed* call (not an ``interrupted`` one) it tries once more."""
+
+    def script(request: ModelRequest) -> Result:
+        results = _results(_turn_messages(request), tool)
+        failed = [r for r in results if '"error": true' in r and "unknown" not in r]
+        if results and not (len(failed) == len(results) == 1):
+            return Result.build(text=answer)
+        args = arguments(request) if callable(arguments) else arguments
+        return call_tools((tool, args))
+
+    return ScriptedClient(script)
+
+
+class _Reporter:
+    async def chat(self, request: ModelRequest) -> Result:
+        await hang_point("reporter")
+        return Result.build(text="report ready")
+
+
+scout = turnkit.Agent(
+    "scout", model="scripted", tools=[sync_inventory], client=_worker("sync_inventory", {"sku": "S-1"}, "synced")
+)
+clerk = turnkit.Agent(
+    "clerk",
+    model="scripted",
+    tools=[charge_card],
+    client=_worker("charge_card", lambda r: {"order": _order(r), "amount": 5}, "charged"),
+)
+reporter = turnkit.Agent("reporter", model="scripted", client=_Reporter())
+lead = turnkit.Agent(
+    "lead",
+    model="scripted",
+    tools=[charge_card, launch_agent],
+    sub_agents=[scout, clerk, reporter],
+    client=ScriptedClient(_lead),
+)
+inbox = turnkit.Agent("inbox", model="scripted", client=ScriptedClient(lambda r: "ack"))
+plain = turnkit.Agent("plain", model="scripted", client=ScriptedClient(lambda r: "fine"))
+AGENTS = (lead, scout, clerk, reporter, inbox, plain)
+
+
+def register_all() -> None:
+    for agent in AGENTS:
+        turnkit.register(agent)
+
+
+# Worker-side faults ----------------------------------------------------------------------------------------------
+
+
+def _hook(action: str, principal: Any = None, **resources: Any) -> Any:
+    """Authorization: allows everything, but slowly (``slow``: 0.2 s a call) or by raising on the child actions
+    (``raising``)."""
+    mode = faults().get("hook")
+    if mode == "slow":
+        time.sleep(0.2)
+    elif mode == "raising" and action in ("launch_agent", "callback", "wait"):
+        raise RuntimeError(f"chaos: the approval service is down ({action})")
+    return True
+
+
+class LostCompletion(RuntimeError):
+    """Raised after an activity body committed: its completion never reaches Temporal, which retries it."""
+
+
+class _LoseCompletions(ActivityInboundInterceptor):
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        result = await self.next.execute_activity(input)
+        settings = faults()
+        info = activity.info()
+        chance = float(settings.get("lose") or 0.0)
+        if chance and info.attempt == 1:
+            draw = random.Random(f"{settings.get('seed')}/{info.workflow_id}/{info.activity_id}").random()
+            if draw < chance:
+                raise LostCompletion(f"chaos: completion of {info.activity_type} lost after its commit")
+        return result
+
+
+class ChaosInterceptor(Interceptor):
+    """Worker interceptor that loses activity completions (see :class:`_LoseCompletions`)."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _LoseCompletions(next)
+
+
+def install_worker_faults() -> None:
+    """In the worker process: short heartbeats (dead workers noticed fast), the hook, the interceptor."""
+    from turnkit.plugin import TurnKitPlugin
+
+    turnkit.configure(model_heartbeat_timeout=1.0, tool_heartbeat_timeout=1.0, authorize=_hook)
+    original = TurnKitPlugin.__init__
+
+    def with_interceptor(self: TurnKitPlugin, store: Any = None) -> None:
+        original(self, store)
+        if store is None:
+            return
+        # The worker's plugin (worker.py builds it after importing this module).
+        self.interceptors = [*(self.interceptors or []), ChaosInterceptor()]
+        configure = self.configure_worker
+
+        def fast_failover(config: Any) -> Any:
+            # Workflow tasks of a killed worker's cached workflows move to the shared queue after 1 s, not 10 s.
+            config = configure(config)
+            config["sticky_queue_schedule_to_start_timeout"] = timedelta(seconds=1)
+            return config
+
+        self.configure_worker = fast_failover  # type: ignore[method-assign]
+
+    TurnKitPlugin.__init__ = with_interceptor  # type: ignore[method-assign]
+
+
+register_all()
+if os.environ.get("TURNKIT_CHAOS_WORKER"):
+    install_worker_faults()

@@ -1,0 +1,44 @@
+"""The chaos suite (issue 8, "the chaos suite and the checker"): ``pytest -m chaos``.
+
+Each seed runs the multi-agent job of :mod:`tests.chaos_app` under the real faults its ``random.Random(seed)`` draws
+from the enabled kinds (see :mod:`tests.chaos`), then requires: every turn it created is terminal, ``turnkit
+check`` is clean, no at-most-once effect happened twice, and hostile input left its conversation working.
+
+``TURNKIT_CHAOS_SEEDS`` sets how many seeds run (default 30; ``make chaos SEEDS=300``), ``TURNKIT_CHAOS_FAULTS``
+which fault kinds may strike (``all``, or a comma list; default: the kinds today's code survives).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from tests import chaos_app
+from tests.chaos import ChaosRig, chaos_rig, enabled_faults, run_scenario
+from tests.faults import postgres_binaries
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.skipif(postgres_binaries() is None, reason="needs PostgreSQL server binaries for a private cluster"),
+]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "seed" in metafunc.fixturenames:
+        metafunc.parametrize("seed", range(int(os.environ.get("TURNKIT_CHAOS_SEEDS", "30"))))
+
+
+@pytest_asyncio.fixture(scope="module")
+async def rig() -> AsyncIterator[ChaosRig]:
+    async with chaos_rig() as shared:
+        yield shared
+
+
+async def test_chaos_seed(rig: ChaosRig, seed: int) -> None:
+    """issue 8: a seeded multi-agent job under real faults keeps every promise (see the module docstring)."""
+    chaos_app.register_all()
+    outcome = await run_scenario(rig, seed, enabled_faults())
+    assert not outcome.problems and not outcome.findings, outcome.describe()

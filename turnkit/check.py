@@ -1,0 +1,382 @@
+"""``turnkit check``: report every broken invariant of spec §5.13 found in the store and in Temporal.
+
+The store and Temporal are read, never written. Each :class:`Finding` names a kind, the ids involved and one
+sentence. Most checks are set-based SQL; Temporal is asked only about the turns that are not terminal (and the
+turns that still have an open tool execution), with bounded concurrency, so a store of thousands of finished turns
+costs a few queries. ``since`` limits the check to records created or changed since then.
+
+Work in flight is not a violation: a finding about something that may still be moving (a pending child turn whose
+parent has not started it yet, a delivery its lane has not applied yet, a waiter whose wake-up is on its way) is
+only reported once it is older than ``grace`` seconds. With every root turn terminal, ``grace=0`` is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import func, or_, select
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkit.budget import counts_against_budget, limits_of
+from turnkit.payloads import LaneStatus
+from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.store.schema import DeliveryRow, MessageRow, ToolExecutionRow, TurnRow
+from turnkit.store.store import Store, _tool_execution, _turn, utcnow  # pyright: ignore[reportPrivateUsage]
+
+__all__ = [
+    "ACTIVE_TURNS",
+    "DELIVERY_CONSUMED_TWICE",
+    "DELIVERY_NOT_CONSUMED",
+    "DELIVERY_WITHOUT_MESSAGE",
+    "EXECUTION_WITHOUT_ATTEMPT",
+    "OVER_BUDGET",
+    "SEQUENCE_GAP",
+    "TOOL_CALL_RESULTS",
+    "TURN_WITHOUT_WORKFLOW",
+    "UNANSWERED",
+    "WAIT_WITHOUT_END",
+    "WORKFLOW_CLOSED",
+    "Finding",
+    "Liveness",
+    "check",
+    "held_by_lane",
+    "lane_statuses",
+    "workflow_states",
+]
+
+ACTIVE_TURNS: Final = "multiple_active_turns"
+SEQUENCE_GAP: Final = "sequence_gap"
+TOOL_CALL_RESULTS: Final = "tool_call_results"
+EXECUTION_WITHOUT_ATTEMPT: Final = "execution_without_attempt"
+TURN_WITHOUT_WORKFLOW: Final = "turn_without_workflow"
+WORKFLOW_CLOSED: Final = "workflow_closed"
+DELIVERY_CONSUMED_TWICE: Final = "delivery_consumed_twice"
+DELIVERY_WITHOUT_MESSAGE: Final = "delivery_without_message"
+DELIVERY_NOT_CONSUMED: Final = "delivery_not_consumed"
+WAIT_WITHOUT_END: Final = "wait_without_end"
+OVER_BUDGET: Final = "tree_over_budget"
+
+#: Workflow state of a turn or lane id: "running", "missing" (never started), or the closed status in lowercase.
+Liveness = str
+_OPEN_EXECUTION: Final = ("pending", "running")
+_UNFINISHED: Final = ("pending", "running", "waiting", "paused")
+_DESCRIBE_CONCURRENCY: Final = 32
+#: A lane that does not answer its status query in time (no worker polls its task queue) holds nothing we know of.
+_QUERY_TIMEOUT: Final = 5.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken invariant: its kind, the ids it concerns, and a sentence saying what is wrong."""
+
+    kind: str
+    ids: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} [{', '.join(self.ids)}]: {self.message}"
+
+
+@dataclass
+class _Context:
+    store: Store
+    client: Client
+    since: datetime | None
+    cutoff: datetime
+    findings: list[Finding] = field(default_factory=list[Finding])
+
+    def add(self, kind: str, ids: Iterable[str], message: str) -> None:
+        self.findings.append(Finding(kind, tuple(ids), message))
+
+
+async def check(store: Store, client: Client, *, since: datetime | None = None, grace: float = 10.0) -> list[Finding]:
+    """Every broken invariant in the store and Temporal (empty when all is well); see the module docstring."""
+    ctx = _Context(store, client, since, utcnow() - timedelta(seconds=grace))
+    await _active_turns(ctx)
+    await _sequence_gaps(ctx)
+    await _tool_call_results(ctx)
+    await _workflows(ctx)
+    await _deliveries(ctx)
+    await _waits(ctx)
+    await _budgets(ctx)
+    return ctx.findings
+
+
+def _recent(column: Any, ctx: _Context) -> Any:
+    return column >= ctx.since if ctx.since is not None else True
+
+
+# Store-only checks -------------------------------------------------------------------------------------------------
+
+
+async def _active_turns(ctx: _Context) -> None:
+    """Spec §5.13.1: at most one running, waiting or (started and) paused turn per conversation."""
+    started_paused = (TurnRow.status == "paused") & TurnRow.started_at.is_not(None)
+    active = or_(TurnRow.status.in_(("running", "waiting")), started_paused)
+    query = select(TurnRow.conversation_uid, TurnRow.uid).where(active, _recent(TurnRow.updated_at, ctx))
+    async with ctx.store.atomic() as tx:
+        rows = (await tx.session.execute(query.order_by(TurnRow.created_at, TurnRow.id))).all()
+    by_conversation: dict[str, list[str]] = defaultdict(list)
+    for conversation_id, turn_id in rows:
+        by_conversation[conversation_id].append(turn_id)
+    for conversation_id, turns in by_conversation.items():
+        if len(turns) > 1:
+            ctx.add(ACTIVE_TURNS, [conversation_id, *turns], f"{len(turns)} turns are active in one conversation")
+
+
+async def _sequence_gaps(ctx: _Context) -> None:
+    """Message sequences of a conversation are 1..n without gaps or repeats."""
+    query = select(
+        MessageRow.conversation_uid,
+        func.count(),
+        func.count(func.distinct(MessageRow.sequence)),
+        func.min(MessageRow.sequence),
+        func.max(MessageRow.sequence),
+    ).group_by(MessageRow.conversation_uid)
+    if ctx.since is not None:
+        touched = select(MessageRow.conversation_uid).where(MessageRow.created_at >= ctx.since)
+        query = query.where(MessageRow.conversation_uid.in_(touched))
+    async with ctx.store.atomic() as tx:
+        rows = (await tx.session.execute(query)).all()
+    for conversation_id, count, distinct, low, high in rows:
+        if count != distinct or low != 1 or high != count:
+            ctx.add(SEQUENCE_GAP, [conversation_id], f"{count} messages with sequences {low}..{high}")
+
+
+async def _tool_call_results(ctx: _Context) -> None:
+    """Spec §5.13.8: every tool call of a finished turn has exactly one result; no call has two, ever."""
+    turn_query = select(TurnRow.uid, TurnRow.status).where(_recent(TurnRow.updated_at, ctx))
+    async with ctx.store.atomic() as tx:
+        statuses = dict((await tx.session.execute(turn_query)).all())
+        message_query = select(MessageRow.turn_uid, MessageRow.role, MessageRow.content).where(
+            MessageRow.role.in_(("assistant", "tool")), MessageRow.turn_uid.is_not(None)
+        )
+        if ctx.since is not None:
+            message_query = message_query.where(MessageRow.turn_uid.in_(turn_query.with_only_columns(TurnRow.uid)))
+        messages = (await tx.session.execute(message_query)).all()
+    calls: dict[str, list[str]] = defaultdict(list)
+    results: dict[str, Counter[str]] = defaultdict(Counter)
+    for turn_id, role, content in messages:
+        for part in _parts(content):
+            if role == "assistant" and part.get("type") == "tool_call":
+                calls[str(turn_id)].append(str(part.get("id")))
+            elif role == "tool" and part.get("type") == "tool_result":
+                results[str(turn_id)][str(part.get("tool_call_id"))] += 1
+    for turn_id in set(calls) | set(results):
+        status = statuses.get(turn_id)
+        if status is None:
+            continue
+        proposed = Counter(calls.get(turn_id, []))
+        for call_id, times in proposed.items():
+            got = results[turn_id][call_id]
+            if times > 1:
+                ctx.add(TOOL_CALL_RESULTS, [turn_id, call_id], f"tool-call id proposed {times} times in one turn")
+            if got > 1:
+                ctx.add(TOOL_CALL_RESULTS, [turn_id, call_id], f"tool call has {got} results")
+            elif got == 0 and status in TERMINAL_TURN_STATUSES:
+                ctx.add(TOOL_CALL_RESULTS, [turn_id, call_id], f"tool call of a {status} turn has no result")
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):  # some drivers hand JSON back as text
+        content = json.loads(content)
+    return [part for part in content or [] if isinstance(part, dict)]
+
+
+# Checks against Temporal -------------------------------------------------------------------------------------------
+
+
+async def workflow_states(client: Client, workflow_ids: Iterable[str]) -> dict[str, Liveness]:
+    """Describe each workflow id (bounded concurrency): ``running``, ``missing`` or its closed status."""
+    limit = asyncio.Semaphore(_DESCRIBE_CONCURRENCY)
+
+    async def one(workflow_id: str) -> tuple[str, Liveness]:
+        async with limit:
+            try:
+                described = await client.get_workflow_handle(workflow_id).describe()
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    return workflow_id, "missing"
+                raise
+        status = described.status or WorkflowExecutionStatus.RUNNING
+        return workflow_id, status.name.lower()
+
+    return dict(await asyncio.gather(*(one(i) for i in dict.fromkeys(workflow_ids))))
+
+
+#: A running lane that does not answer its status query in time (no worker serves its task queue right now).
+UNANSWERED: Final = "unanswered"
+
+
+async def lane_statuses(client: Client, conversation_ids: Iterable[str]) -> dict[str, LaneStatus | str | None]:
+    """The ``status`` query of each running lane; None for a lane that is not running, :data:`UNANSWERED` for a
+    running lane that does not answer."""
+    ids = list(dict.fromkeys(conversation_ids))
+    states = await workflow_states(client, ids)
+
+    async def one(conversation_id: str) -> tuple[str, LaneStatus | str | None]:
+        if states[conversation_id] != "running":
+            return conversation_id, None
+        with contextlib.suppress(RPCError, TimeoutError):
+            handle = client.get_workflow_handle(conversation_id)
+            async with asyncio.timeout(_QUERY_TIMEOUT):
+                return conversation_id, await handle.query("status", result_type=LaneStatus)
+        return conversation_id, UNANSWERED
+
+    return dict(await asyncio.gather(*(one(i) for i in ids)))
+
+
+def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | str | None]) -> bool:
+    """Whether the conversation's running lane has ``turn`` queued or active (a root turn waiting its turn)."""
+    lane = lanes.get(turn.conversation_id)
+    return isinstance(lane, LaneStatus) and (turn.id in lane.queued_turn_ids or turn.id == lane.active_turn_id)
+
+
+async def _workflows(ctx: _Context) -> None:
+    """Unfinished turns need a live workflow (or a place in their lane's queue); open executions a live turn."""
+    async with ctx.store.atomic() as tx:
+        unfinished = select(TurnRow).where(TurnRow.status.in_(_UNFINISHED), _recent(TurnRow.updated_at, ctx))
+        turns = [_turn(row) for row in await tx.session.scalars(unfinished)]
+        running = select(ToolExecutionRow).where(
+            ToolExecutionRow.status == "running", _recent(ToolExecutionRow.updated_at, ctx)
+        )
+        open_executions = [_tool_execution(row) for row in await tx.session.scalars(running)]
+    states = await workflow_states(ctx.client, [t.id for t in turns] + [e.turn_id for e in open_executions])
+    roots = [t for t in turns if t.parent_turn_id is None and states[t.id] != "running"]
+    lanes = await lane_statuses(ctx.client, [t.conversation_id for t in roots])
+    for turn in turns:
+        state = states[turn.id]
+        if state == "running" or held_by_lane(turn, lanes):
+            continue
+        if state != "missing":
+            ctx.add(WORKFLOW_CLOSED, [turn.id], f"turn is {turn.status} but its workflow is {state}")
+        elif turn.updated_at <= ctx.cutoff:
+            where = "" if turn.parent_turn_id else " nor queued in its conversation's lane"
+            if lanes.get(turn.conversation_id) == UNANSWERED:
+                where += " (the lane does not answer its status query: no worker?)"
+            ctx.add(TURN_WITHOUT_WORKFLOW, [turn.id], f"turn is {turn.status} with no workflow{where}")
+    for execution in open_executions:
+        state = states[execution.turn_id]
+        if state != "running":
+            ctx.add(
+                EXECUTION_WITHOUT_ATTEMPT,
+                [execution.id, execution.turn_id],
+                f"tool execution {execution.tool_name} is running but its turn's workflow is {state}",
+            )
+
+
+async def _deliveries(ctx: _Context) -> None:
+    """Spec §5.13.7: each delivery is appended exactly once; a pending one is held by its lane or on its way."""
+    async with ctx.store.atomic() as tx:
+        deliveries = (
+            await tx.session.execute(
+                select(
+                    DeliveryRow.uid,
+                    DeliveryRow.destination_conversation_uid,
+                    DeliveryRow.message_uid,
+                    DeliveryRow.delivered_at,
+                    DeliveryRow.created_at,
+                ).where(_recent(DeliveryRow.updated_at, ctx))
+            )
+        ).all()
+        # Messages that carry a delivery: user messages appended by the lane (metadata.delivery_id).
+        carried = (
+            await tx.session.execute(
+                select(MessageRow.uid, MessageRow.metadata_).where(
+                    MessageRow.role == "user", _recent(MessageRow.created_at, ctx)
+                )
+            )
+        ).all()
+    appended: dict[str, list[str]] = defaultdict(list)
+    for message_id, metadata in carried:
+        meta = json.loads(metadata) if isinstance(metadata, str) else metadata or {}
+        if meta.get("delivery_id"):
+            appended[str(meta["delivery_id"])].append(message_id)
+    waiting: list[tuple[str, str]] = []
+    for delivery_id, destination, message_id, delivered_at, created_at in deliveries:
+        messages = appended.get(delivery_id, [])
+        if len(messages) > 1:
+            ctx.add(DELIVERY_CONSUMED_TWICE, [delivery_id, *messages], f"delivery appended {len(messages)} times")
+        if delivered_at is not None and (message_id is None or message_id not in messages):
+            if ctx.since is None or message_id is None:
+                ctx.add(DELIVERY_WITHOUT_MESSAGE, [delivery_id], "delivery marked delivered but its message is missing")
+        elif delivered_at is None and created_at <= ctx.cutoff:
+            waiting.append((delivery_id, destination))
+    if not waiting:
+        return
+    lanes = await lane_statuses(ctx.client, [destination for _, destination in waiting])
+    for delivery_id, destination in waiting:
+        lane = lanes.get(destination)
+        if lane == UNANSWERED:
+            continue  # a lane no worker serves right now may hold it: nothing to say yet
+        if not isinstance(lane, LaneStatus) or delivery_id not in lane.pending_delivery_ids:
+            ctx.add(DELIVERY_NOT_CONSUMED, [delivery_id, destination], "pending delivery that no lane holds")
+
+
+async def _waits(ctx: _Context) -> None:
+    """A waiting turn whose targets all ended (and long enough ago for its wake-up to land) waits for nothing."""
+    async with ctx.store.atomic() as tx:
+        waiting = select(TurnRow).where(TurnRow.status == "waiting", _recent(TurnRow.updated_at, ctx))
+        waiters = [_turn(row) for row in await tx.session.scalars(waiting)]
+        target_ids = {str(t) for w in waiters for t in w.state.get("waiting_on") or []}
+        targets = {
+            row.uid: _turn(row)
+            for row in await tx.session.scalars(select(TurnRow).where(TurnRow.uid.in_(list(target_ids))))
+        }
+    for waiter in waiters:
+        waiting_on = [str(t) for t in waiter.state.get("waiting_on") or []]
+        ended = [targets.get(t) for t in waiting_on]
+        if not waiting_on or not all(t is not None and t.terminal for t in ended):
+            continue
+        last = max((t.updated_at for t in ended if t is not None), default=waiter.updated_at)
+        if last <= ctx.cutoff and waiter.updated_at <= ctx.cutoff:
+            ctx.add(WAIT_WITHOUT_END, [waiter.id, *waiting_on], "turn still waits although every target has ended")
+
+
+async def _budgets(ctx: _Context) -> None:
+    """Spec §5.13.10: iterations and tool executions of a root tree stay within the root's limits."""
+    root_ids = select(TurnRow.uid).where(TurnRow.parent_turn_uid.is_(None), _recent(TurnRow.updated_at, ctx))
+    async with ctx.store.atomic() as tx:
+        trees: dict[str, list[TurnRecord]] = defaultdict(list)
+        for row in await tx.session.scalars(select(TurnRow).where(TurnRow.root_turn_uid.in_(root_ids))):
+            trees[row.root_turn_uid].append(_turn(row))
+        roots = {root_id: turn for root_id, tree in trees.items() for turn in tree if turn.id == root_id}
+        tree_of = {turn.id: root_id for root_id, tree in trees.items() for turn in tree}
+        in_trees = select(TurnRow.uid).where(TurnRow.root_turn_uid.in_(root_ids))
+        executions = [
+            _tool_execution(row)
+            for row in await tx.session.scalars(select(ToolExecutionRow).where(ToolExecutionRow.turn_uid.in_(in_trees)))
+        ]
+    counted: dict[str, list[str]] = defaultdict(list)
+    for execution in executions:
+        if counts_against_budget(execution):
+            counted[tree_of[execution.turn_id]].append(execution.tool_name)
+    for root_id, root in roots.items():
+        limits = limits_of(root)
+        iterations = sum(int(t.state.get("iterations", 0)) for t in trees[root_id])
+        if limits["max_iterations"] is not None and iterations > int(limits["max_iterations"]):
+            ctx.add(OVER_BUDGET, [root_id], f"{iterations} iterations over a limit of {limits['max_iterations']}")
+        names = counted[root_id]
+        if limits["max_tool_executions"] is not None and len(names) > int(limits["max_tool_executions"]):
+            ctx.add(
+                OVER_BUDGET, [root_id], f"{len(names)} tool executions over a limit of {limits['max_tool_executions']}"
+            )
+        for name, limit in (limits["max_tool_executions_by_name"] or {}).items():
+            used = names.count(str(name))
+            if limit is not None and used > int(limit):
+                ctx.add(OVER_BUDGET, [root_id], f"{used} executions of {name} over a limit of {limit}")
+
+
+def summary(findings: Sequence[Finding]) -> str:
+    """One line per finding, or a line saying that every invariant holds."""
+    if not findings:
+        return "ok: every invariant holds"
+    return "\n".join(str(f) for f in findings)
