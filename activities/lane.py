@@ -38,7 +38,7 @@ class LaneActivities:
     @activity.defn(name="turnkit.end_turn")
     async def end_turn(self, end: EndTurn) -> TurnOutcome:
         """Record a turn whose workflow ended abnormally ``failed`` (a no-op on a terminal record)."""
-        turn = await fail_unfinished_turn(
+        turn, _ = await fail_unfinished_turn(
             self.store, activity.client(), activity.info().task_queue, end.turn_id, end.reason
         )
         return _outcome(turn.id, turn.status, turn.error)

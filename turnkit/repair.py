@@ -42,11 +42,12 @@ from turnkit.check import (
     lane_statuses,
     workflow_states,
 )
-from turnkit.deliveries import completion_delivery, notify_completion, signal_delivery, wake_lane
+from turnkit.deliveries import signal_delivery
 from turnkit.payloads import LaneInput, SubmitTurn, TurnInput
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
-from turnkit.store.store import Store, utcnow
+from turnkit.store.store import Store
 from turnkit.transcript import fail_execution, repair_transcript
+from turnkit.turn_end import fail_unfinished_turn
 from turnkit.waits import notify_waiters
 
 __all__ = ["LOST_WORKFLOW", "Repair", "repair"]
@@ -211,26 +212,11 @@ class _Fixer:
 
     async def _fail(self, turn: TurnRecord, message: str) -> None:
         """Fail ``turn`` as ``turnkit.finish_turn`` would: repair, CAS, completion delivery; then tell others."""
-        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
-            current = await tx.load_turn(turn.id)
-            if current.terminal:
-                return
-            await repair_transcript(tx, current)
-            finished = await tx.claim_turn(
-                turn.id,
-                from_=_UNFINISHED,
-                to="failed",
-                error={"class": LOST_WORKFLOW, "message": message},
-                completed_at=utcnow(),
-                claim_token=None,
-            )
-            if finished is None:
-                return
-            await completion_delivery(tx, finished)
-        await notify_completion(self.store, self.client, self.task_queue, turn.id)
-        await notify_waiters(self.store, self.client, turn.id)
-        await wake_lane(self.client, finished)
-        self._did("failed", [turn.id], message)
+        _, failed = await fail_unfinished_turn(
+            self.store, self.client, self.task_queue, turn.id, message, error_class=LOST_WORKFLOW
+        )
+        if failed:
+            self._did("failed", [turn.id], message)
 
     async def execution(self, execution_id: str, turn_id: str) -> None:
         """A ``running`` execution whose turn's workflow is gone: ``interrupted`` (outcome unknown) + its result."""

@@ -27,10 +27,13 @@ ENDED_CLASS = "TurnKit::Error"
 _ACTIVE = ("pending", "waiting", "paused", "running")
 
 
-async def fail_unfinished_turn(store: Store, client: Client, task_queue: str, turn_id: str, reason: str) -> TurnRecord:
+async def fail_unfinished_turn(
+    store: Store, client: Client, task_queue: str, turn_id: str, reason: str, *, error_class: str = ENDED_CLASS
+) -> tuple[TurnRecord, bool]:
     """Record ``turn_id`` ``failed`` with ``reason`` unless it is terminal already; then announce its end.
 
-    Idempotent: a terminal record is left as it is (its announcements are repeated, which is harmless).
+    Returns the record and whether this call failed it. Idempotent: a terminal record is left as it is (its
+    announcements are repeated, which is harmless).
     """
     turn = await store.load_turn(turn_id)
     verdict = await callback_verdict(turn)  # asked before the terminal write, never inside it (spec §7.4)
@@ -43,7 +46,7 @@ async def fail_unfinished_turn(store: Store, client: Client, task_queue: str, tu
                 turn.id,
                 from_=_ACTIVE,
                 to="failed",
-                error={"class": ENDED_CLASS, "message": reason},
+                error={"class": error_class, "message": reason},
                 completed_at=utcnow(),
                 claim_token=None,
             )
@@ -54,7 +57,7 @@ async def fail_unfinished_turn(store: Store, client: Client, task_queue: str, tu
     await notify_completion(store, client, task_queue, turn.id)
     await notify_waiters(store, client, turn.id)
     await wake_lane(client, turn)
-    return turn
+    return turn, failed is not None
 
 
 def ended_reason(cause: BaseException | None) -> str:
