@@ -59,9 +59,10 @@ async def _all_terminal(tk: TurnKit, since: Any) -> bool:
 
 
 async def test_lost_lane_orphans_are_reported_and_repaired(tk: TurnKit) -> None:
-    """A lane terminated for real while one turn runs a tool and one waits: the running turn's workflow closes with
-    it, its execution has no attempt left, the queued turn has no workflow; repair fails the first (its call becomes
-    ``interrupted``), re-queues the second (which then completes), and a second repair does nothing."""
+    """A lane and its running turn terminated for real (by an operator) while the turn runs a tool and another turn
+    waits in the lane: the running turn's execution has no attempt left, the queued turn has no workflow; repair
+    fails the first (its call becomes ``interrupted``), re-queues the second (which then completes), and a second
+    repair does nothing. (A lane's turns are abandoned children: terminating the lane alone leaves its turn running.)"""
     since = utcnow()
     gate = Gate()
     agent = turnkit.Agent("busy", model="scripted", tools=[gated_tool(gate)], client=_once_then("slow", {}))
@@ -70,11 +71,12 @@ async def test_lost_lane_orphans_are_reported_and_repaired(tk: TurnKit) -> None:
     await asyncio.wait_for(gate.entered.wait(), 30)
     second = await conversation.ask("two", wait=False)
     await tk.client.get_workflow_handle(conversation.id).terminate("test: the lane is lost")
+    await tk.client.get_workflow_handle(first.id).terminate("test: the turn is lost with it")
 
     async def closed() -> bool:
         return (await workflow_states(tk.client, [first.id]))[first.id] == "terminated"
 
-    await eventually(closed, what="the running turn's workflow to be terminated with its lane")
+    await eventually(closed, what="the running turn's workflow to be terminated")
     [execution] = await first.tool_executions()
     findings = await tk.check(since=since, grace=0)
     assert (WORKFLOW_CLOSED, first.id) in _kinds(findings), findings
