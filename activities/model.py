@@ -27,20 +27,13 @@ from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
 from turnkit.call_ids import provider_call_ids, unique_call_ids
-from turnkit.compaction import (
-    active_messages,
-    compaction_policy,
-    select_for_compaction,
-    should_compact,
-    summary_metadata,
-    summary_request,
-)
+from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
-from turnkit.errors import BudgetError, CompactionError, ConfigError, Error, ModelError, error_class_name
+from turnkit.errors import BudgetError, ConfigError, Error, ModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
@@ -138,48 +131,43 @@ class ModelActivities:
             return messages, None
         if not force and not should_compact(policy, active_messages(messages)):
             return messages, None
-        selection = select_for_compaction(messages, policy)
-        if selection is None:
-            return messages, None
-        model = policy["model"] or turn.model or agent.effective_model
-        request, input_tokens = summary_request(
-            selection,
-            policy,
-            model=model,
-            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
-        )
-        await emit(
-            "compaction.model.requested",
-            turn.id,
-            turn.conversation_id,
-            model=model,
-            tool_names=[],
-            message_count=len(request.messages),
-            prompt=_prompt_report(request),
-        )
+
+        async def requested(request: ModelRequest) -> None:
+            await emit(
+                "compaction.model.requested",
+                turn.id,
+                turn.conversation_id,
+                model=request.model,
+                tool_names=[],
+                message_count=len(request.messages),
+                prompt=_prompt_report(request),
+            )
+
         try:
-            client = policy["client"] or agent.effective_client
             async with heartbeating():
-                result = await client.chat(request)
-            if not result.text.strip():
-                raise CompactionError("compaction model returned an empty summary")
+                made = await summarise(
+                    messages,
+                    policy,
+                    agent,
+                    auto=True,
+                    fallback_model=turn.model,
+                    turn_id=turn.id,
+                    request_id=call.request_id,
+                    metadata={
+                        "turn_id": turn.id,
+                        "conversation_id": turn.conversation_id,
+                        "request_id": call.request_id,
+                    },
+                    on_request=requested,
+                )
         except BudgetError:
             raise
         except Exception as err:  # spec §3.10: automatic compaction never fails the turn
             compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
             return messages, None
-        cost = cost_from_usage(result.usage, result.model or model)
-        metadata = summary_metadata(
-            selection,
-            auto=True,
-            focus=None,
-            model=result.model or model,
-            input_tokens=input_tokens,
-            summary=result.text,
-            turn_id=turn.id,
-            created_at=utcnow(),
-            request_id=call.request_id,
-        )
+        if made is None:
+            return messages, None
+        cost = cost_from_usage(made.result.usage, made.model)
 
         async def write() -> tuple[MessageRecord | None, bool, str | None]:
             async with self.store.atomic(turn_id=call.root_turn_id) as tx:
@@ -193,12 +181,12 @@ class ModelActivities:
                     turn.conversation_id,
                     role="assistant",
                     kind="context_summary",
-                    text=result.text.strip(),
+                    text=made.text,
                     turn_id=turn.id,
-                    metadata=metadata,
+                    metadata=made.metadata,
                     request_id=call.request_id,  # indexed: a concurrent attempt finds it with one read
                 )
-                charged = await _charge(tx, current, result.usage, cost)
+                charged = await _charge(tx, current, made.result.usage, cost)
                 return summary, True, await _tree_spend_denial(tx, charged)
 
         summary, written, denial = await retry_store(write, what="compaction persist")
@@ -209,9 +197,9 @@ class ModelActivities:
                 "compaction.model.completed",
                 turn.id,
                 turn.conversation_id,
-                model=result.model or model,
+                model=made.model,
                 tool_call_count=0,
-                usage=result.usage.to_record(),
+                usage=made.result.usage.to_record(),
                 cost=cost.total,
             )
         return [*messages, summary], denial
