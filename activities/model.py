@@ -15,6 +15,7 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -33,7 +34,7 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
-from turnkit.errors import BudgetError, ConfigError, Error, ModelError, error_class_name
+from turnkit.errors import BudgetError, ConfigError, Error, ModelError, TransientModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
@@ -103,8 +104,8 @@ class ModelActivities:
         try:
             async with heartbeating():
                 result = await client.chat(request)
-        except (ModelError, ConfigError) as err:
-            raise _non_retryable(err) from err
+        except (ModelError, ConfigError, TransientModelError) as err:
+            raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         step = await self._persist(call, turn, request.model, result)
         if step.completed:
@@ -486,6 +487,20 @@ def _non_retryable(err: Error) -> ApplicationError:
     """A TurnKit error as a failure Temporal must not retry: the turn fails with it instead."""
     name = error_class_name(err).removeprefix("TurnKit::")
     return ApplicationError(str(err), type=name, non_retryable=True)
+
+
+def _provider_failure(err: ModelError | ConfigError | TransientModelError) -> ApplicationError:
+    """A model call's failure as Temporal sees it: the one place that maps provider errors (issue 11).
+
+    A :class:`TransientModelError` is retried under the model activity's retry policy (the SDKs do not retry on
+    their own); when the provider said how long to wait (``retry-after``), that is the next attempt's delay instead
+    of the policy's backoff. Its type stays ``TransientModelError``: a turn whose attempts run out fails with a
+    ``ModelError`` of the same message. Any other error fails the turn without a retry.
+    """
+    if isinstance(err, TransientModelError):
+        delay = None if err.retry_after is None else timedelta(seconds=err.retry_after)
+        return ApplicationError(str(err), type="TransientModelError", next_retry_delay=delay)
+    return _non_retryable(err)
 
 
 def _prompt_report(request: ModelRequest) -> dict[str, int]:

@@ -157,8 +157,11 @@ def retry_after(headers: Mapping[str, str], *, now: float | None = None) -> floa
     try:
         seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value.strip() else None
-        if parsed is None or parsed.tzinfo is None:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):  # neither seconds nor an HTTP date: no hint
+            return None
+        if parsed.tzinfo is None:
             return None
         seconds = parsed.timestamp() - (time.time() if now is None else now)
         return max(seconds, 0.0)
