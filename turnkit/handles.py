@@ -268,9 +268,10 @@ class Conversation:
         policy = compaction_policy(settings.compaction, agent.compaction)
         if policy is None:
             raise errors.CompactionError("compaction is disabled")
+        messages = await self.messages()  # a store failure is not a compaction failure
         try:
             summary = await summarise(
-                await self.messages(),
+                messages,
                 policy,
                 agent,
                 auto=False,
