@@ -15,6 +15,7 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -27,20 +28,13 @@ from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
 from turnkit.call_ids import provider_call_ids, unique_call_ids
-from turnkit.compaction import (
-    active_messages,
-    compaction_policy,
-    select_for_compaction,
-    should_compact,
-    summary_metadata,
-    summary_request,
-)
+from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
-from turnkit.errors import BudgetError, CompactionError, ConfigError, Error, ModelError, error_class_name
+from turnkit.errors import BudgetError, ConfigError, Error, ModelError, TransientModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
@@ -110,8 +104,8 @@ class ModelActivities:
         try:
             async with heartbeating():
                 result = await client.chat(request)
-        except (ModelError, ConfigError) as err:
-            raise _non_retryable(err) from err
+        except (ModelError, ConfigError, TransientModelError) as err:
+            raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         step = await self._persist(call, turn, request.model, result)
         if step.completed:
@@ -138,48 +132,43 @@ class ModelActivities:
             return messages, None
         if not force and not should_compact(policy, active_messages(messages)):
             return messages, None
-        selection = select_for_compaction(messages, policy)
-        if selection is None:
-            return messages, None
-        model = policy["model"] or turn.model or agent.effective_model
-        request, input_tokens = summary_request(
-            selection,
-            policy,
-            model=model,
-            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
-        )
-        await emit(
-            "compaction.model.requested",
-            turn.id,
-            turn.conversation_id,
-            model=model,
-            tool_names=[],
-            message_count=len(request.messages),
-            prompt=_prompt_report(request),
-        )
+
+        async def requested(request: ModelRequest) -> None:
+            await emit(
+                "compaction.model.requested",
+                turn.id,
+                turn.conversation_id,
+                model=request.model,
+                tool_names=[],
+                message_count=len(request.messages),
+                prompt=_prompt_report(request),
+            )
+
         try:
-            client = policy["client"] or agent.effective_client
             async with heartbeating():
-                result = await client.chat(request)
-            if not result.text.strip():
-                raise CompactionError("compaction model returned an empty summary")
+                made = await summarise(
+                    messages,
+                    policy,
+                    agent,
+                    auto=True,
+                    fallback_model=turn.model,
+                    turn_id=turn.id,
+                    request_id=call.request_id,
+                    metadata={
+                        "turn_id": turn.id,
+                        "conversation_id": turn.conversation_id,
+                        "request_id": call.request_id,
+                    },
+                    on_request=requested,
+                )
         except BudgetError:
             raise
         except Exception as err:  # spec §3.10: automatic compaction never fails the turn
             compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
             return messages, None
-        cost = cost_from_usage(result.usage, result.model or model)
-        metadata = summary_metadata(
-            selection,
-            auto=True,
-            focus=None,
-            model=result.model or model,
-            input_tokens=input_tokens,
-            summary=result.text,
-            turn_id=turn.id,
-            created_at=utcnow(),
-            request_id=call.request_id,
-        )
+        if made is None:
+            return messages, None
+        cost = cost_from_usage(made.result.usage, made.model)
 
         async def write() -> tuple[MessageRecord | None, bool, str | None]:
             async with self.store.atomic(turn_id=call.root_turn_id) as tx:
@@ -193,12 +182,12 @@ class ModelActivities:
                     turn.conversation_id,
                     role="assistant",
                     kind="context_summary",
-                    text=result.text.strip(),
+                    text=made.text,
                     turn_id=turn.id,
-                    metadata=metadata,
+                    metadata=made.metadata,
                     request_id=call.request_id,  # indexed: a concurrent attempt finds it with one read
                 )
-                charged = await _charge(tx, current, result.usage, cost)
+                charged = await _charge(tx, current, made.result.usage, cost)
                 return summary, True, await _tree_spend_denial(tx, charged)
 
         summary, written, denial = await retry_store(write, what="compaction persist")
@@ -209,9 +198,9 @@ class ModelActivities:
                 "compaction.model.completed",
                 turn.id,
                 turn.conversation_id,
-                model=result.model or model,
+                model=made.model,
                 tool_call_count=0,
-                usage=result.usage.to_record(),
+                usage=made.result.usage.to_record(),
                 cost=cost.total,
             )
         return [*messages, summary], denial
@@ -498,6 +487,20 @@ def _non_retryable(err: Error) -> ApplicationError:
     """A TurnKit error as a failure Temporal must not retry: the turn fails with it instead."""
     name = error_class_name(err).removeprefix("TurnKit::")
     return ApplicationError(str(err), type=name, non_retryable=True)
+
+
+def _provider_failure(err: ModelError | ConfigError | TransientModelError) -> ApplicationError:
+    """A model call's failure as Temporal sees it: the one place that maps provider errors (issue 11).
+
+    A :class:`TransientModelError` is retried under the model activity's retry policy (the SDKs do not retry on
+    their own); when the provider said how long to wait (``retry-after``), that is the next attempt's delay instead
+    of the policy's backoff. Its type stays ``TransientModelError``: a turn whose attempts run out fails with a
+    ``ModelError`` of the same message. Any other error fails the turn without a retry.
+    """
+    if isinstance(err, TransientModelError):
+        delay = None if err.retry_after is None else timedelta(seconds=err.retry_after)
+        return ApplicationError(str(err), type="TransientModelError", next_retry_delay=delay)
+    return _non_retryable(err)
 
 
 def _prompt_report(request: ModelRequest) -> dict[str, int]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final, Literal
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, Protocol
 
-from turnkit.errors import ConfigError
-from turnkit.model import ModelRequest
+from turnkit.errors import CompactionError, ConfigError
+from turnkit.model import Client, ModelRequest, Result
 from turnkit.records import MessageRecord
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "SUMMARY_SECTIONS",
     "SUMMARY_SYSTEM_PROMPT",
     "Selection",
+    "Summary",
     "active_messages",
     "compaction_policy",
     "estimate_tokens",
@@ -41,6 +42,7 @@ __all__ = [
     "normalize_compaction",
     "select_for_compaction",
     "should_compact",
+    "summarise",
     "summary_metadata",
     "summary_request",
     "summary_target_tokens",
@@ -447,3 +449,93 @@ def summary_metadata(
     if request_id is not None:
         meta["request_id"] = request_id
     return {"compaction": meta}
+
+
+class _Summariser(Protocol):
+    """What compaction needs of an agent: its client and model (the policy's may override both)."""
+
+    @property
+    def effective_client(self) -> Client: ...
+
+    @property
+    def effective_model(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A summary the compaction model wrote, ready to be stored as a ``context_summary`` message."""
+
+    text: str
+    """The summary, stripped."""
+    result: Result
+    """The compaction model's answer (its usage and model are charged by automatic compaction)."""
+    model: str
+    """The model that wrote it."""
+    metadata: dict[str, Any]
+    """The message's ``{"compaction": {...}}`` metadata."""
+
+
+async def summarise(
+    messages: Sequence[MessageRecord],
+    policy: Mapping[str, Any],
+    agent: _Summariser,
+    *,
+    auto: bool,
+    model: str | None = None,
+    fallback_model: str | None = None,
+    focus: str | None = None,
+    turn_id: str | None = None,
+    request_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    on_request: Callable[[ModelRequest], Awaitable[None]] | None = None,
+) -> Summary | None:
+    """The one compaction flow (spec §3.10), manual and automatic: select, ask the compaction model, check, describe.
+
+    Storing the summary is the caller's: manual compaction appends it to the conversation; automatic compaction
+    writes it in the turn's transaction, keyed on its ``request_id``.
+
+    Args:
+        messages: The conversation's messages.
+        policy: The merged policy (:func:`compaction_policy`).
+        agent: The agent; its client and model are used unless the policy names its own.
+        auto: Automatic (a turn's model phase) or manual (``Conversation.compact``).
+        model: The caller's model, before the policy's.
+        fallback_model: The model after the policy's, before the agent's (the conversation's or the turn's).
+        focus: An optional topic to focus on.
+        turn_id: The turn the summary is made for (automatic only).
+        request_id: The model request it is made for (automatic only).
+        metadata: The compaction request's metadata.
+        on_request: Awaited with the request just before the call (automatic compaction reports it).
+
+    Returns:
+        The summary, or None when there are not enough messages to compact.
+
+    Raises:
+        CompactionError: ``"compaction model returned an empty summary"``.
+        Exception: Whatever resolving the client or calling it raised (callers decide: manual wraps, auto logs).
+    """
+    selection = select_for_compaction(messages, policy)
+    if selection is None:
+        return None
+    chosen = model or policy["model"] or fallback_model or agent.effective_model
+    request, input_tokens = summary_request(selection, policy, model=chosen, focus=focus, metadata=metadata)
+    if on_request is not None:
+        await on_request(request)
+    client: Client = policy["client"] or agent.effective_client
+    result = await client.chat(request)
+    text = result.text.strip()
+    if not text:
+        raise CompactionError("compaction model returned an empty summary")
+    used = result.model or chosen
+    meta = summary_metadata(
+        selection,
+        auto=auto,
+        focus=focus,
+        model=used,
+        input_tokens=input_tokens,
+        summary=text,
+        turn_id=turn_id,
+        created_at=datetime.now(UTC),
+        request_id=request_id,
+    )
+    return Summary(text=text, result=result, model=used, metadata=meta)

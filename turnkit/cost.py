@@ -118,21 +118,17 @@ class Cost:
         if unknown:
             raise ConfigError(f"unknown cost keys: {', '.join(unknown)}")
         values: dict[str, float | None] = {str(k): None if v is None else float(v) for k, v in data.items()}
-        return cls(
-            input=values.get("input"),
-            output=values.get("output"),
-            cache_read=values.get("cache_read"),
-            cache_write=values.get("cache_write"),
-            thinking=values.get("thinking"),
-            total=values.get("total"),
-        )
+        return cls.from_components(values, total=values.get("total"))
 
     @classmethod
-    def from_components(cls, values: Mapping[str, float | None], *, strict: bool = False) -> Cost:
+    def from_components(
+        cls, values: Mapping[str, float | None], *, total: float | None = None, strict: bool = False
+    ) -> Cost:
         """Build a cost from a mapping of component amounts (missing components are unknown).
 
         Args:
-            values: Amounts by component name.
+            values: Amounts by component name (other keys are ignored).
+            total: An explicit total, e.g. reported by the provider.
             strict: Report no total when any component is unknown.
 
         Returns:
@@ -144,6 +140,7 @@ class Cost:
             cache_read=values.get("cache_read"),
             cache_write=values.get("cache_write"),
             thinking=values.get("thinking"),
+            total=total,
             strict=strict,
         )
 

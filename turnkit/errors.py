@@ -76,7 +76,14 @@ class TransientModelError(Exception):
     It is deliberately *not* a :class:`~turnkit.errors.ModelError`: the model activity turns every ``ModelError``
     into a non-retryable failure that fails the turn, while any other exception is retried by Temporal under the
     model activity's retry policy. The message has the same ``"<SDK class>: <message>"`` form as a ``ModelError``.
+    ``retry_after`` is the delay the provider asked for (its ``retry-after`` header): the model activity's next
+    attempt waits that long instead of its retry policy's backoff.
     """
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        """Create the error; ``retry_after`` in seconds, None when the provider asked for no delay."""
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class CompactionError(Error):

@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit import errors
 from turnkit.agent import resolve_agent
 from turnkit.authorization import Action, Verdict, authorize
-from turnkit.compaction import compaction_policy, select_for_compaction, summary_metadata, summary_request
+from turnkit.compaction import compaction_policy, summarise
 from turnkit.config import settings
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
 from turnkit.cost import total_cost, total_usage
@@ -33,7 +33,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.store.store import StoreTx, utcnow
+from turnkit.store.store import StoreTx
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
@@ -297,33 +297,26 @@ class Conversation:
         policy = compaction_policy(settings.compaction, agent.compaction)
         if policy is None:
             raise errors.CompactionError("compaction is disabled")
-        selection = select_for_compaction(await self.messages(), policy)
-        if selection is None:
-            raise errors.CompactionError("not enough messages to compact")
-        chosen = model or policy["model"] or self.record.model or agent.effective_model
-        request, input_tokens = summary_request(
-            selection, policy, model=chosen, focus=focus, metadata={"conversation_id": self.id}
-        )
+        messages = await self.messages()  # a store failure is not a compaction failure
         try:
-            client = policy["client"] or agent.effective_client
-            result = await client.chat(request)
+            summary = await summarise(
+                messages,
+                policy,
+                agent,
+                auto=False,
+                model=model,
+                fallback_model=self.record.model,
+                focus=focus,
+                metadata={"conversation_id": self.id},
+            )
+        except errors.CompactionError:
+            raise
         except Exception as err:
             raise errors.CompactionError(f"compaction failed: {err}") from err
-        text = result.text.strip()
-        if not text:
-            raise errors.CompactionError("compaction model returned an empty summary")
-        metadata = summary_metadata(
-            selection,
-            auto=False,
-            focus=focus,
-            model=result.model or chosen,
-            input_tokens=input_tokens,
-            summary=text,
-            turn_id=None,
-            created_at=utcnow(),
-        )
+        if summary is None:
+            raise errors.CompactionError("not enough messages to compact")
         return await self._tk.store.append_message(
-            self.id, role="assistant", kind="context_summary", text=text, metadata=metadata
+            self.id, role="assistant", kind="context_summary", text=summary.text, metadata=summary.metadata
         )
 
     async def usage(self) -> Usage:

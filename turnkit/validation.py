@@ -83,22 +83,20 @@ def check_name(field: str, value: Any, *, optional: bool = True) -> str | None:
     """An agent or model name: a non-empty ``str`` of at most :data:`MAX_NAME_CHARS` storable characters."""
     if value is None and optional:
         return None
-    if not isinstance(value, str) or not value:
-        raise InputError(f"{field} must be a non-empty string")
-    if len(value) > MAX_NAME_CHARS:
-        raise InputError(f"{field} is too long: {len(value)} characters (at most {MAX_NAME_CHARS})")
-    problem = _char_problem(value)
-    if problem is not None:
-        raise InputError(f"{field} {problem}")
-    return value
+    return _short_string(field, value, MAX_NAME_CHARS)
 
 
 def check_key(field: str, value: Any) -> str:
     """A delivery or steering key: a non-empty ``str`` of at most :data:`MAX_KEY_CHARS` storable characters."""
+    return _short_string(field, value, MAX_KEY_CHARS)
+
+
+def _short_string(field: str, value: Any, limit: int) -> str:
+    """A non-empty ``str`` of at most ``limit`` storable characters (names and keys)."""
     if not isinstance(value, str) or not value:
         raise InputError(f"{field} must be a non-empty string")
-    if len(value) > MAX_KEY_CHARS:
-        raise InputError(f"{field} is too long: {len(value)} characters (at most {MAX_KEY_CHARS})")
+    if len(value) > limit:
+        raise InputError(f"{field} is too long: {len(value)} characters (at most {limit})")
     problem = _char_problem(value)
     if problem is not None:
         raise InputError(f"{field} {problem}")

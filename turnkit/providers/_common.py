@@ -1,20 +1,35 @@
-"""What the provider clients share: error translation, output schemas and parsing, replay of provider parts."""
+"""What the provider clients share: the client skeleton (SDK construction, one call, error translation), result and
+usage assembly, output schemas and parsing, replay of provider parts.
+
+Each provider module keeps only its wire format: request parameters, response parsing, its SDK's classes.
+"""
 
 from __future__ import annotations
 
+import email.utils
 import json
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
 
 from turnkit.errors import ModelAccessError, ModelError, TransientModelError
+from turnkit.model import ModelRequest, Result, Usage
 
 __all__ = [
+    "ProviderClient",
+    "SdkErrors",
     "TransientModelError",
+    "build_result",
+    "count",
+    "exclusive_usage",
     "fully_required",
     "join_instructions",
     "output_data",
     "replay_data",
     "resolve_model",
+    "retry_after",
     "retryable_status",
     "sdk_error",
     "sdk_options",
@@ -22,24 +37,212 @@ __all__ = [
 ]
 
 
+_SDK = TypeVar("_SDK")
+_Answer = TypeVar("_Answer")
+
+
+@dataclass(frozen=True)
+class SdkErrors:
+    """An SDK's exception classes, as :func:`translated_errors` needs them."""
+
+    connection: type[Exception]
+    """Raised when no answer came (connection refused or lost, timeout)."""
+    status: type[Exception]
+    """Raised for an HTTP error answer; it has ``status_code`` and ``response.headers``."""
+    base: type[Exception]
+    """The SDK's base exception class."""
+
+
+class ProviderClient(Generic[_SDK, _Answer]):
+    """The skeleton of a :class:`turnkit.Client` on an official provider SDK; subclasses supply the wire format.
+
+    ``chat`` resolves the model, builds the SDK client on first use, makes exactly one HTTP call (the SDK's own
+    retries are off by default: the model activity's retry policy decides, and a provider's ``retry-after``
+    becomes its next retry delay, issue 11) and translates SDK errors into TurnKit's.
+    """
+
+    errors: ClassVar[SdkErrors]
+    """The SDK's exception classes."""
+
+    def __init__(self, model: str | None, client: _SDK | None, request_options: Mapping[str, Any] | None) -> None:
+        self.model = model or None
+        self.request_options: dict[str, Any] = dict(request_options or {})
+        self._client = client
+
+    @property
+    def sdk(self) -> _SDK:
+        """The SDK client: the one given, or one built on first use from the constructor arguments and environment.
+
+        Raises:
+            ModelAccessError: No credentials.
+        """
+        if self._client is None:
+            self._client = self._new_sdk()
+        return self._client
+
+    def _new_sdk(self) -> _SDK:
+        """A new SDK client (raises :class:`ModelAccessError` without credentials)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Close the SDK client's connections, also those of an SDK client that was passed in."""
+        if self._client is not None:
+            await self._client.close()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+
+    async def chat(self, request: ModelRequest) -> Result:
+        """Make one provider call (see the provider class for its API and its errors)."""
+        model = resolve_model(self.model, request.model)
+        sdk = self.sdk
+        params = self.request_params(request, model)
+        async with translated_errors(self.errors):
+            answer = await self._send(sdk, params)
+        return self._result(answer, request, model)
+
+    def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
+        """The SDK call's arguments for a request (exposed for inspection and tests)."""
+        raise NotImplementedError
+
+    async def _send(self, sdk: _SDK, params: dict[str, Any]) -> _Answer:
+        """The one SDK call."""
+        raise NotImplementedError
+
+    def _result(self, answer: _Answer, request: ModelRequest, model: str) -> Result:
+        """The answer as a :class:`Result` (raises :class:`ModelError` for an answer that is not usable)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        """Show the pinned model."""
+        return f"{type(self).__name__}(model={self.model!r})"
+
+
+@asynccontextmanager
+async def translated_errors(errors: SdkErrors) -> AsyncGenerator[None]:
+    """Translate the SDK exceptions raised inside into TurnKit's (the one place that decides what is retryable).
+
+    Raises:
+        TransientModelError: No answer, or an HTTP error worth retrying; it carries the provider's ``retry-after``.
+        ModelError: Any other HTTP error, or anything else the SDK raises (invalid arguments, an answer it cannot
+            parse): a retry would fail the same way.
+        ModelAccessError: The SDK found no credentials only when sending (a ``TypeError`` naming authentication).
+    """
+    try:
+        yield
+    except errors.connection as err:
+        raise sdk_error(err, retryable=True) from err
+    except errors.status as err:
+        status: int = err.status_code  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+        headers: Mapping[str, str] = err.response.headers  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+        retryable = retryable_status(status, headers)
+        raise sdk_error(err, retryable=retryable, retry_after=retry_after(headers) if retryable else None) from err
+    except (errors.base, TypeError, ValueError) as err:
+        if isinstance(err, TypeError) and "authentication" in str(err):
+            raise ModelAccessError(f"{type(err).__name__}: {err}") from err
+        raise sdk_error(err, retryable=False) from err
+
+
+def retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """The delay in seconds a provider asked for before the next attempt, or None when it asked for none.
+
+    ``retry-after-ms`` (milliseconds, OpenAI and Anthropic) wins over ``retry-after`` (seconds, or an HTTP date).
+    """
+    try:
+        millis = headers.get("retry-after-ms")
+        if millis is not None and 0 <= float(millis) < _NEVER:
+            return float(millis) / 1000
+    except ValueError:
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):  # neither seconds nor an HTTP date: no hint
+            return None
+        if parsed.tzinfo is None:
+            return None
+        seconds = parsed.timestamp() - (time.time() if now is None else now)
+        return max(seconds, 0.0)
+    return seconds if 0 <= seconds < _NEVER else None
+
+
+# A delay past this (or inf, nan) is not a retry hint.
+_NEVER = 366 * 24 * 3600.0
+
+
+def build_result(
+    parts: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    texts: list[str],
+    raw: Sequence[dict[str, Any]],
+    *,
+    kind: str,
+    usage: Usage,
+    model: str,
+    finish_reason: str | None,
+    structured: bool,
+) -> Result:
+    """A :class:`Result` in the spec's part order (§3.6): the parsed parts as they came, then every raw item in one
+    provider part of ``kind`` (replayed on the next call), then the ``tool_call`` parts."""
+    if raw:
+        parts = [*parts, {"type": "provider", "kind": kind, "data": list(raw)}]
+    return Result.build(
+        parts=[*parts, *calls],
+        usage=usage,
+        model=model,
+        finish_reason=finish_reason,
+        output_data=output_data("".join(texts)) if structured else None,
+    )
+
+
+def exclusive_usage(
+    *, input_tokens: int, output_tokens: int, cached: int, cache_write: int, thinking: int, cache_in_input: bool
+) -> Usage:
+    """Exclusive usage buckets (no token counted twice) from a provider's counts.
+
+    Thinking is always inside the provider's ``output_tokens`` and is subtracted; cache reads and writes are inside
+    ``input_tokens`` only when ``cache_in_input`` (OpenAI), not for Anthropic.
+    """
+    if cache_in_input:
+        input_tokens -= cached + cache_write
+    return Usage(
+        input_tokens=max(input_tokens, 0),
+        output_tokens=max(output_tokens - thinking, 0),
+        cached_tokens=cached,
+        cache_write_tokens=cache_write,
+        thinking_tokens=thinking,
+    )
+
+
+def count(usage: Mapping[str, Any], key: str, detail: str | None = None) -> int:
+    """A token count of a provider's JSON ``usage`` (``usage[key]``, or ``usage[key][detail]``), 0 when absent."""
+    value: Any = usage.get(key)
+    if detail is not None:
+        value = (value or {}).get(detail)
+    return int(value or 0)
+
+
 def sdk_options(**options: Any) -> dict[str, Any]:
     """The SDK client's keyword arguments that were given (None means "the SDK's default")."""
     return {key: value for key, value in options.items() if value is not None}
 
 
-def sdk_error(err: Exception, *, retryable: bool) -> Exception:
-    """The TurnKit exception for an SDK error raised after the SDK's own retries.
+def sdk_error(err: Exception, *, retryable: bool, retry_after: float | None = None) -> Exception:
+    """The TurnKit exception for an SDK error.
 
     Args:
         err: The SDK's exception.
         retryable: Whether a later attempt may succeed.
+        retry_after: Seconds the provider asked to wait before the next attempt (retryable errors only).
 
     Returns:
         A :class:`TransientModelError` when ``retryable``, else a :class:`~turnkit.errors.ModelError`; both with
         the message ``"<SDK class>: <message>"``.
     """
     message = f"{type(err).__name__}: {err}"
-    return TransientModelError(message) if retryable else ModelError(message)
+    return TransientModelError(message, retry_after=retry_after) if retryable else ModelError(message)
 
 
 def retryable_status(status: int, headers: Mapping[str, str]) -> bool:

@@ -11,16 +11,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import anthropic
+from anthropic.types import Message
 
 from turnkit.errors import ModelAccessError
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
+    ProviderClient,
+    SdkErrors,
+    build_result,
+    count,
+    exclusive_usage,
     join_instructions,
-    output_data,
     replay_data,
-    resolve_model,
-    retryable_status,
-    sdk_error,
     sdk_options,
     strict_schema,
 )
@@ -43,7 +45,7 @@ _ANSWER_TOKENS: Final = 4096
 _CACHED: Final = {"type": "ephemeral"}
 
 
-class AnthropicClient:
+class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
     """A :class:`turnkit.Client` for Claude models on the Messages API (``client.messages.create``).
 
     Example::
@@ -53,7 +55,13 @@ class AnthropicClient:
     Provider failures raise :class:`~turnkit.errors.ModelError` (the turn fails), or
     :class:`~turnkit.errors.TransientModelError` for rate limits, overload, 5xx answers and connection problems
     (the model activity retries them). A missing API key or model raises :class:`~turnkit.errors.ModelAccessError`.
+    ``chat`` makes one Messages API call and returns text, thinking and tool-call parts, plus the raw content blocks
+    as a provider part.
     """
+
+    errors = SdkErrors(
+        connection=anthropic.APIConnectionError, status=anthropic.APIStatusError, base=anthropic.AnthropicError
+    )
 
     def __init__(
         self,
@@ -63,7 +71,7 @@ class AnthropicClient:
         api_key: str | None = None,
         base_url: str | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        max_retries: int | None = None,
+        max_retries: int = 0,
         timeout: float | None = None,
         prompt_cache: bool = True,
         request_options: Mapping[str, Any] | None = None,
@@ -73,13 +81,14 @@ class AnthropicClient:
         Args:
             model: Pin this client to one model; None uses each request's model (the agent's ``model``, else
                 ``settings.default_model``).
-            client: A ready SDK client; when given, ``api_key``, ``base_url``, ``max_retries`` and ``timeout`` are
-                ignored.
+            client: A ready SDK client, used as it is (with its own ``max_retries``); when given, ``api_key``,
+                ``base_url``, ``max_retries`` and ``timeout`` are ignored.
             api_key: The API key; defaults to ``ANTHROPIC_API_KEY`` (or ``ANTHROPIC_AUTH_TOKEN``). For the SDK's
                 other credential sources (profiles, credential providers), pass a ready ``client``.
             base_url: The API base URL; defaults to the SDK's.
             max_tokens: The call's token limit; with thinking it is raised, when needed, to the budget plus 4096.
-            max_retries: The SDK's own retries before an error reaches TurnKit; defaults to the SDK's (2).
+            max_retries: The SDK's own retries inside one model activity attempt; 0 (the default) leaves retrying
+                to the model activity's retry policy, which honours the provider's ``retry-after`` (issue 11).
             timeout: Seconds per HTTP request; defaults to the SDK's, which refuses non-streaming requests whose
                 ``max_tokens`` could take longer than 10 minutes. Set it to allow large budgets.
             prompt_cache: Send the stable instructions as a cached system block when the request also has dynamic
@@ -87,69 +96,29 @@ class AnthropicClient:
             request_options: Extra ``messages.create`` arguments (e.g. ``temperature``, ``service_tier``);
                 arguments derived from the request take precedence.
         """
-        self.model = model or None
+        super().__init__(model, client, request_options)
         self.max_tokens = max_tokens
         self.prompt_cache = prompt_cache
-        self.request_options: dict[str, Any] = dict(request_options or {})
-        self._client = client
         self._api_key = api_key
         self._sdk_options = sdk_options(base_url=base_url, max_retries=max_retries, timeout=timeout)
 
-    @property
-    def sdk(self) -> anthropic.AsyncAnthropic:
-        """The SDK client: the one given, or one built on first use from the constructor arguments and environment.
+    def _new_sdk(self) -> anthropic.AsyncAnthropic:
+        api_key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
+        # The SDK itself only notices missing credentials when a request is sent, as a TypeError.
+        if not api_key and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
+            raise ModelAccessError("ANTHROPIC_API_KEY is not set")
+        credentials = {"api_key": api_key} if api_key else {}
+        return anthropic.AsyncAnthropic(**credentials, **self._sdk_options)
 
-        Raises:
-            ModelAccessError: No credentials (no ``api_key``, ``ANTHROPIC_API_KEY`` or ``ANTHROPIC_AUTH_TOKEN``).
-        """
-        if self._client is None:
-            api_key = self._api_key or os.environ.get("ANTHROPIC_API_KEY")
-            # The SDK itself only notices missing credentials when a request is sent, as a TypeError.
-            if not api_key and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
-                raise ModelAccessError("ANTHROPIC_API_KEY is not set")
-            credentials = {"api_key": api_key} if api_key else {}
-            self._client = anthropic.AsyncAnthropic(**credentials, **self._sdk_options)
-        return self._client
+    async def _send(self, sdk: anthropic.AsyncAnthropic, params: dict[str, Any]) -> Message:
+        return await sdk.messages.create(**params)
 
-    async def close(self) -> None:
-        """Close the SDK client's connections, also those of an SDK client that was passed in."""
-        if self._client is not None:
-            await self._client.close()
-
-    async def chat(self, request: ModelRequest) -> Result:
-        """Make one Messages API call.
-
-        Args:
-            request: The request.
-
-        Returns:
-            The answer: text, thinking and tool-call parts, plus the raw content blocks as a provider part.
-
-        Raises:
-            ModelAccessError: No model, or no credentials.
-            ModelError: The provider rejected the request.
-            TransientModelError: A failure worth retrying (rate limit, overload, 5xx, connection).
-        """
-        model = resolve_model(self.model, request.model)
-        sdk = self.sdk
-        params = self.request_params(request, model)
-        try:
-            message = await sdk.messages.create(**params)
-        except anthropic.APIConnectionError as err:
-            raise sdk_error(err, retryable=True) from err
-        except anthropic.APIStatusError as err:
-            raise sdk_error(err, retryable=retryable_status(err.status_code, err.response.headers)) from err
-        except (anthropic.AnthropicError, TypeError, ValueError) as err:
-            # Raised before anything is sent (credentials, arguments such as an oversized max_tokens): a retry
-            # would fail the same way.
-            if isinstance(err, TypeError) and "authentication" in str(err):
-                raise ModelAccessError(f"{type(err).__name__}: {err}") from err
-            raise sdk_error(err, retryable=False) from err
+    def _result(self, answer: Message, request: ModelRequest, model: str) -> Result:
         return result_from_content(
-            [block.to_dict(mode="json") for block in message.content],
-            message.usage.to_dict(mode="json"),
+            [block.to_dict(mode="json") for block in answer.content],
+            answer.usage.to_dict(mode="json"),
             model=model,
-            finish_reason=message.stop_reason,
+            finish_reason=answer.stop_reason,
             structured=request.output_schema is not None,
         )
 
@@ -185,10 +154,6 @@ class AnthropicClient:
                 {"type": "text", "text": request.dynamic_instructions},
             ]
         return join_instructions(request.instructions, request.dynamic_instructions)
-
-    def __repr__(self) -> str:
-        """Show the pinned model."""
-        return f"AnthropicClient(model={self.model!r})"
 
 
 def message_params(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -297,14 +262,16 @@ def result_from_content(
             )
         else:
             parts.append({"type": "provider", "kind": str(kind), "data": block})
-    if blocks:
-        parts.append({"type": "provider", "kind": PROVIDER_KIND, "data": list(blocks)})
-    return Result.build(
-        parts=[*parts, *calls],
+    return build_result(
+        parts,
+        calls,
+        texts,
+        blocks,
+        kind=PROVIDER_KIND,
         usage=usage_from(usage),
         model=model,
         finish_reason=finish_reason,
-        output_data=output_data("".join(texts)) if structured else None,
+        structured=structured,
     )
 
 
@@ -314,11 +281,11 @@ def usage_from(usage: Mapping[str, Any]) -> Usage:
     Anthropic already reports cache reads and writes outside ``input_tokens``; thinking is inside ``output_tokens``
     and is subtracted so that no token is counted twice.
     """
-    thinking = int((usage.get("output_tokens_details") or {}).get("thinking_tokens") or 0)
-    return Usage(
-        input_tokens=int(usage.get("input_tokens") or 0),
-        output_tokens=max(int(usage.get("output_tokens") or 0) - thinking, 0),
-        cached_tokens=int(usage.get("cache_read_input_tokens") or 0),
-        cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-        thinking_tokens=thinking,
+    return exclusive_usage(
+        input_tokens=count(usage, "input_tokens"),
+        output_tokens=count(usage, "output_tokens"),
+        cached=count(usage, "cache_read_input_tokens"),
+        cache_write=count(usage, "cache_creation_input_tokens"),
+        thinking=count(usage, "output_tokens_details", "thinking_tokens"),
+        cache_in_input=False,
     )

@@ -12,17 +12,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import openai
+from openai.types.responses import Response
 
 from turnkit.errors import ModelAccessError, ModelError
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
+    ProviderClient,
+    SdkErrors,
+    build_result,
+    count,
+    exclusive_usage,
     fully_required,
     join_instructions,
-    output_data,
     replay_data,
-    resolve_model,
-    retryable_status,
-    sdk_error,
     sdk_options,
     strict_schema,
 )
@@ -40,7 +42,7 @@ _LARGEST_EFFORT: Final = "high"
 _METADATA_LIMITS: Final = (16, 64, 512)
 
 
-class OpenAIClient:
+class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
     """A :class:`turnkit.Client` for OpenAI models on the Responses API (``client.responses.create``).
 
     Example::
@@ -50,7 +52,11 @@ class OpenAIClient:
     Provider failures raise :class:`~turnkit.errors.ModelError` (the turn fails), or
     :class:`~turnkit.errors.TransientModelError` for rate limits, 5xx answers and connection problems (the model
     activity retries them). A missing API key or model raises :class:`~turnkit.errors.ModelAccessError`.
+    ``chat`` makes one Responses API call and returns text, thinking and tool-call parts, plus the raw output items
+    as a provider part; a response that did not complete raises ``ModelError``.
     """
+
+    errors = SdkErrors(connection=openai.APIConnectionError, status=openai.APIStatusError, base=openai.OpenAIError)
 
     def __init__(
         self,
@@ -59,7 +65,7 @@ class OpenAIClient:
         client: openai.AsyncOpenAI | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
-        max_retries: int | None = None,
+        max_retries: int = 0,
         timeout: float | None = None,
         reasoning_summary: str | None = None,
         request_options: Mapping[str, Any] | None = None,
@@ -69,73 +75,37 @@ class OpenAIClient:
         Args:
             model: Pin this client to one model; None uses each request's model (the agent's ``model``, else
                 ``settings.default_model``).
-            client: A ready SDK client; when given, ``api_key``, ``base_url``, ``max_retries`` and ``timeout`` are
-                ignored.
+            client: A ready SDK client, used as it is (with its own ``max_retries``); when given, ``api_key``,
+                ``base_url``, ``max_retries`` and ``timeout`` are ignored.
             api_key: The API key; defaults to ``OPENAI_API_KEY``.
             base_url: The API base URL (an OpenAI-compatible endpoint); defaults to the SDK's.
-            max_retries: The SDK's own retries before an error reaches TurnKit; defaults to the SDK's (2).
+            max_retries: The SDK's own retries inside one model activity attempt; 0 (the default) leaves retrying
+                to the model activity's retry policy, which honours the provider's ``retry-after`` (issue 11).
             timeout: Seconds per HTTP request; defaults to the SDK's.
             reasoning_summary: ``"auto"``, ``"concise"`` or ``"detailed"`` to ask for reasoning summaries (they
                 become ``thinking`` parts) when a turn has a thinking option.
             request_options: Extra ``responses.create`` arguments (e.g. ``store``, ``max_output_tokens``,
                 ``service_tier``); arguments derived from the request take precedence.
         """
-        self.model = model or None
+        super().__init__(model, client, request_options)
         self.reasoning_summary = reasoning_summary
-        self.request_options: dict[str, Any] = dict(request_options or {})
-        self._client = client
         self._sdk_options = sdk_options(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout)
 
-    @property
-    def sdk(self) -> openai.AsyncOpenAI:
-        """The SDK client: the one given, or one built on first use from the constructor arguments and environment.
-
-        Raises:
-            ModelAccessError: No credentials (no ``api_key`` and no ``OPENAI_API_KEY``).
-        """
-        if self._client is None:
-            try:
-                self._client = openai.AsyncOpenAI(**self._sdk_options)
-            except openai.OpenAIError as err:
-                raise ModelAccessError(f"{type(err).__name__}: {err}") from err
-        return self._client
-
-    async def close(self) -> None:
-        """Close the SDK client's connections, also those of an SDK client that was passed in."""
-        if self._client is not None:
-            await self._client.close()
-
-    async def chat(self, request: ModelRequest) -> Result:
-        """Make one Responses API call.
-
-        Args:
-            request: The request.
-
-        Returns:
-            The answer: text, thinking and tool-call parts, plus the raw output items as a provider part.
-
-        Raises:
-            ModelAccessError: No model, or no credentials.
-            ModelError: The provider rejected the request, or the response did not complete.
-            TransientModelError: A failure worth retrying (rate limit, 5xx, connection).
-        """
-        model = resolve_model(self.model, request.model)
-        sdk = self.sdk
-        params = self.request_params(request, model)
+    def _new_sdk(self) -> openai.AsyncOpenAI:
         try:
-            response = await sdk.responses.create(**params)
-        except openai.APIConnectionError as err:
-            raise sdk_error(err, retryable=True) from err
-        except openai.APIStatusError as err:
-            raise sdk_error(err, retryable=retryable_status(err.status_code, err.response.headers)) from err
-        except (openai.OpenAIError, TypeError, ValueError) as err:
-            # Anything else the SDK raises (invalid arguments, an answer it cannot parse) fails the same way again.
-            raise sdk_error(err, retryable=False) from err
-        if response.status != "completed":
-            raise ModelError(_incomplete_message(response.to_dict(mode="json")))
-        usage = response.usage.to_dict(mode="json") if response.usage is not None else {}
+            return openai.AsyncOpenAI(**self._sdk_options)
+        except openai.OpenAIError as err:  # no api_key and no OPENAI_API_KEY
+            raise ModelAccessError(f"{type(err).__name__}: {err}") from err
+
+    async def _send(self, sdk: openai.AsyncOpenAI, params: dict[str, Any]) -> Response:
+        return await sdk.responses.create(**params)
+
+    def _result(self, answer: Response, request: ModelRequest, model: str) -> Result:
+        if answer.status != "completed":
+            raise ModelError(_incomplete_message(answer.to_dict(mode="json")))
+        usage = answer.usage.to_dict(mode="json") if answer.usage is not None else {}
         return result_from_output(
-            [item.to_dict(mode="json") for item in response.output],
+            [item.to_dict(mode="json") for item in answer.output],
             usage,
             model=model,
             structured=request.output_schema is not None,
@@ -163,10 +133,6 @@ class OpenAIClient:
         if metadata:
             params["metadata"] = metadata
         return params
-
-    def __repr__(self) -> str:
-        """Show the pinned model."""
-        return f"OpenAIClient(model={self.model!r})"
 
 
 def input_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -256,14 +222,16 @@ def result_from_output(
             calls.append(call.to_part())
         else:
             parts.append({"type": "provider", "kind": str(kind), "data": item})
-    if items:
-        parts.append({"type": "provider", "kind": PROVIDER_KIND, "data": list(items)})
-    return Result.build(
-        parts=[*parts, *calls],
+    return build_result(
+        parts,
+        calls,
+        texts,
+        items,
+        kind=PROVIDER_KIND,
         usage=usage_from(usage),
         model=model,
         finish_reason="tool_calls" if calls else "stop",
-        output_data=output_data("".join(texts)) if structured else None,
+        structured=structured,
     )
 
 
@@ -273,16 +241,13 @@ def usage_from(usage: Mapping[str, Any]) -> Usage:
     OpenAI counts cached (and cache-written) input inside ``input_tokens`` and reasoning inside ``output_tokens``;
     they are subtracted so that no token is counted twice.
     """
-    details: Mapping[str, Any] = usage.get("input_tokens_details") or {}
-    cached = int(details.get("cached_tokens") or 0)
-    cache_write = int(details.get("cache_write_tokens") or 0)
-    reasoning = int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
-    return Usage(
-        input_tokens=max(int(usage.get("input_tokens") or 0) - cached - cache_write, 0),
-        output_tokens=max(int(usage.get("output_tokens") or 0) - reasoning, 0),
-        cached_tokens=cached,
-        cache_write_tokens=cache_write,
-        thinking_tokens=reasoning,
+    return exclusive_usage(
+        input_tokens=count(usage, "input_tokens"),
+        output_tokens=count(usage, "output_tokens"),
+        cached=count(usage, "input_tokens_details", "cached_tokens"),
+        cache_write=count(usage, "input_tokens_details", "cache_write_tokens"),
+        thinking=count(usage, "output_tokens_details", "reasoning_tokens"),
+        cache_in_input=True,
     )
 
 

@@ -15,12 +15,12 @@ UPDATE``; on SQLite every write transaction is ``BEGIN IMMEDIATE``, which serial
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import event, func, select, text, update
 from sqlalchemy.engine import Connection
@@ -77,6 +77,7 @@ TURN_UPDATE_FIELDS: Final = frozenset(
 TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "started_at", "completed_at"})
 DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
+_Row = TypeVar("_Row")
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (spec §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
@@ -239,19 +240,31 @@ class StoreTx:
             await self.session.execute(select(TurnRow.id).where(TurnRow.uid == turn_id).with_for_update())
             self._locked.add(("turn", turn_id))
 
-    async def _insert(self, row: Any) -> bool:
-        """Insert ``row`` in a savepoint; False when a unique index rejected it (a concurrent creator won).
+    async def _get_or_create(
+        self, find: Callable[[], Awaitable[_Row | None]], build: Callable[[], _Row], *, look_first: bool = True
+    ) -> tuple[_Row, bool]:
+        """The row with a natural key, else a new one: ``(row, created)``. Every idempotent create goes through here.
 
-        Added with tests/test_store.py: without the savepoint, the loser of a create race on PostgreSQL got an
-        ``IntegrityError`` (and an aborted transaction) instead of the existing record.
+        ``find`` reads the row by its natural key (unique in the schema); ``build`` makes the new row. The insert
+        runs in a savepoint so that the loser of a concurrent create race on PostgreSQL (or SQLite) gets the
+        winner's row instead of an ``IntegrityError`` and an aborted transaction. ``look_first=False`` skips the
+        first read when the key was just generated (nothing can exist yet).
         """
+        if look_first:
+            existing = await find()
+            if existing is not None:
+                return existing, False
+        row = build()
         try:
             async with self.session.begin_nested():
                 self.session.add(row)
                 await self.session.flush()
         except IntegrityError:
-            return False
-        return True
+            found = await find()  # a concurrent creator won the unique index race: theirs is the row
+            if found is None:
+                raise
+            return found, False
+        return row, True
 
     # Conversations -----------------------------------------------------------------------------------------------
 
@@ -267,27 +280,22 @@ class StoreTx:
         """Create a conversation; with an ``id`` that already exists, return the existing record."""
         if not agent_name:
             raise ValueError("agent_name is required")
-        if id is not None:
-            existing = await self._conversation_row(id)
-            if existing is not None:
-                return _conversation(existing)
-        now = utcnow()
-        row = ConversationRow(
-            uid=id or new_id("conversation"),
-            agent_name=agent_name,
-            model=model,
-            subject_type=None if subject is None else _str_or_none(subject.get("type")),
-            subject_id=None if subject is None else _str_or_none(subject.get("id")),
-            metadata_=canonical_json(metadata or {}),
-            created_at=now,
-            updated_at=now,
-        )
-        # test_store fix: a concurrent creator of the same explicit id (PostgreSQL) gets theirs, not IntegrityError.
-        if not await self._insert(row):
-            found = await self._conversation_row(row.uid)
-            if found is None:
-                raise RuntimeError(f"conversation {row.uid} vanished after a unique violation")
-            return _conversation(found)
+        uid = id or new_id("conversation")
+
+        def build() -> ConversationRow:
+            now = utcnow()
+            return ConversationRow(
+                uid=uid,
+                agent_name=agent_name,
+                model=model,
+                subject_type=None if subject is None else _str_or_none(subject.get("type")),
+                subject_id=None if subject is None else _str_or_none(subject.get("id")),
+                metadata_=canonical_json(metadata or {}),
+                created_at=now,
+                updated_at=now,
+            )
+
+        row, _ = await self._get_or_create(lambda: self._conversation_row(uid), build, look_first=id is not None)
         return _conversation(row)
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
@@ -460,35 +468,30 @@ class StoreTx:
     ) -> TurnRecord:
         """Create a turn; with an ``id`` that already exists, return the existing record unchanged."""
         _check_turn_status(status)
-        if id is not None:
-            existing = await self._turn_row(id)
-            if existing is not None:
-                return _turn(existing)
         turn_id = id or new_id("turn")
-        now = utcnow()
-        row = TurnRow(
-            uid=turn_id,
-            conversation_uid=conversation_id,
-            agent_name=agent_name,
-            parent_turn_uid=parent_turn_id,
-            parent_tool_execution_uid=parent_tool_execution_id,
-            root_turn_uid=root_turn_id or turn_id,
-            context_message_sequence=context_message_sequence,
-            status=status,
-            model=model,
-            options=canonical_json(options or {}),
-            usage={},
-            submitted_at=submitted_at,
-            created_at=now,
-            updated_at=now,
-        )
-        # test_store fix: a concurrent creator of the same explicit id (PostgreSQL) gets theirs, not IntegrityError.
-        if not await self._insert(row):
-            found = await self._turn_row(turn_id)
-            if found is None:
-                raise RuntimeError(f"turn {turn_id} vanished after a unique violation")
-            return _turn(found)
-        await self._add_to_tree(row.root_turn_uid, _iterations(row.options))
+
+        def build() -> TurnRow:
+            now = utcnow()
+            return TurnRow(
+                uid=turn_id,
+                conversation_uid=conversation_id,
+                agent_name=agent_name,
+                parent_turn_uid=parent_turn_id,
+                parent_tool_execution_uid=parent_tool_execution_id,
+                root_turn_uid=root_turn_id or turn_id,
+                context_message_sequence=context_message_sequence,
+                status=status,
+                model=model,
+                options=canonical_json(options or {}),
+                usage={},
+                submitted_at=submitted_at,
+                created_at=now,
+                updated_at=now,
+            )
+
+        row, created = await self._get_or_create(lambda: self._turn_row(turn_id), build, look_first=id is not None)
+        if created:
+            await self._add_to_tree(row.root_turn_uid, _iterations(row.options))
         return _turn(row)
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
@@ -679,37 +682,29 @@ class StoreTx:
     ) -> tuple[ToolExecutionRecord, bool]:
         """Get or create the execution of ``(turn_id, tool_call_id)``. Returns ``(record, created)``."""
         _check_tool_status(status)
-        existing = await self.find_tool_execution(turn_id, tool_call_id)
-        if existing is not None:
-            return existing, False
-        now = utcnow()
-        row = ToolExecutionRow(
-            uid=new_id("tool_execution"),
-            turn_uid=turn_id,
-            tool_call_id=tool_call_id,
-            tool_name=tool_name,
-            status=status,
-            arguments=canonical_json(arguments or {}),
-            result=None if result is None else canonical_json(result),
-            error=None if error is None else canonical_json(error),
-            started_at=started_at,
-            completed_at=completed_at,
-            created_at=now,
-            updated_at=now,
-        )
-        try:
-            async with self.session.begin_nested():
-                self.session.add(row)
-                await self.session.flush()
-        except IntegrityError:
-            # A concurrent creator won the unique (turn_uid, tool_call_id) race: theirs is the execution.
-            found = await self.find_tool_execution(turn_id, tool_call_id)
-            if found is None:
-                raise
-            return found, False
-        if counts_against_budget(row.status, row.error):
+
+        def build() -> ToolExecutionRow:
+            now = utcnow()
+            return ToolExecutionRow(
+                uid=new_id("tool_execution"),
+                turn_uid=turn_id,
+                tool_call_id=tool_call_id,
+                tool_name=tool_name,
+                status=status,
+                arguments=canonical_json(arguments or {}),
+                result=None if result is None else canonical_json(result),
+                error=None if error is None else canonical_json(error),
+                started_at=started_at,
+                completed_at=completed_at,
+                created_at=now,
+                updated_at=now,
+            )
+
+        # Natural key: the unique (turn_uid, tool_call_id).
+        row, created = await self._get_or_create(lambda: self._tool_execution_row(turn_id, tool_call_id), build)
+        if created and counts_against_budget(row.status, row.error):
             await self._count_execution(turn_id, tool_name, 1)
-        return _tool_execution(row), True
+        return _tool_execution(row), created
 
     async def existing_call_ids(self, turn_id: str, tool_call_ids: Iterable[str]) -> set[str]:
         """Which of ``tool_call_ids`` already have an execution in the turn (an indexed lookup of those ids only)."""
@@ -725,12 +720,15 @@ class StoreTx:
 
     async def find_tool_execution(self, turn_id: str, tool_call_id: str) -> ToolExecutionRecord | None:
         """The execution of ``(turn_id, tool_call_id)``, or None."""
-        row = await self.session.scalar(
+        row = await self._tool_execution_row(turn_id, tool_call_id)
+        return None if row is None else _tool_execution(row)
+
+    async def _tool_execution_row(self, turn_id: str, tool_call_id: str) -> ToolExecutionRow | None:
+        return await self.session.scalar(
             select(ToolExecutionRow).where(
                 ToolExecutionRow.turn_uid == turn_id, ToolExecutionRow.tool_call_id == tool_call_id
             )
         )
-        return None if row is None else _tool_execution(row)
 
     async def load_tool_execution(self, execution_id: str) -> ToolExecutionRecord:
         """The execution; raises :class:`RecordNotFound` when absent."""
@@ -814,10 +812,10 @@ class StoreTx:
         if not key:
             raise ValueError("delivery key is required")
         payload = canonical_json(payload)
-        existing = await self._delivery_by_key(key)
-        if existing is None:
+
+        def build() -> DeliveryRow:
             now = utcnow()
-            row = DeliveryRow(
+            return DeliveryRow(
                 uid=new_id("delivery"),
                 source_conversation_uid=source_conversation_id,
                 destination_conversation_uid=destination_conversation_id,
@@ -827,15 +825,10 @@ class StoreTx:
                 created_at=now,
                 updated_at=now,
             )
-            try:
-                async with self.session.begin_nested():
-                    self.session.add(row)
-                    await self.session.flush()
-                return _delivery(row), True
-            except IntegrityError:
-                existing = await self._delivery_by_key(key)
-                if existing is None:
-                    raise
+
+        existing, created = await self._get_or_create(lambda: self._delivery_by_key(key), build)
+        if created:
+            return _delivery(existing), True
         same = (
             existing.source_conversation_uid == source_conversation_id
             and existing.destination_conversation_uid == destination_conversation_id
@@ -898,22 +891,18 @@ class StoreTx:
 
     async def create_wait(self, *, turn_id: str, target_turn_id: str) -> tuple[WaitRecord, bool]:
         """Create the edge ``turn_id → target_turn_id`` (idempotent). Returns ``(record, created)``."""
-        existing = await self.session.scalar(
-            select(WaitRow).where(WaitRow.turn_uid == turn_id, WaitRow.target_turn_uid == target_turn_id)
-        )
-        if existing is not None:
-            return _wait(existing), False
-        now = utcnow()
-        row = WaitRow(turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
-        # test_store fix: a concurrent creator of the same edge (PostgreSQL) gets theirs, not IntegrityError.
-        if not await self._insert(row):
-            found = await self.session.scalar(
+
+        async def find() -> WaitRow | None:
+            return await self.session.scalar(
                 select(WaitRow).where(WaitRow.turn_uid == turn_id, WaitRow.target_turn_uid == target_turn_id)
             )
-            if found is None:
-                raise RuntimeError(f"wait {turn_id} -> {target_turn_id} vanished after a unique violation")
-            return _wait(found), False
-        return _wait(row), True
+
+        def build() -> WaitRow:
+            now = utcnow()
+            return WaitRow(turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
+
+        row, created = await self._get_or_create(find, build)
+        return _wait(row), created
 
     async def list_waits(self, *, turn_id: str | None = None, target_turn_id: str | None = None) -> list[WaitRecord]:
         """Wait edges matching the filters, in creation order."""
