@@ -28,7 +28,6 @@ from contextlib import suppress
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ParentClosePolicy
@@ -49,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
+    from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT
     from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
@@ -65,7 +65,6 @@ LANE_RECHECKS_HOLD = "lane-rechecks-hold"
 #: Following a carried turn: its end signals the lane (`target_finished`); the store is asked again after this long
 #: anyway (a workflow that closed without a terminal record signals nothing).
 FOLLOW_POLL = timedelta(minutes=1)
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 #: Patch: a submission gives up after SUBMIT_TIMEOUT (older runs retried it forever while holding the write lock).
 BOUNDED_SUBMIT = "bounded-submit"
 #: How long a submission may keep retrying a store that is away before the update is rejected (issue 8 item 1).
@@ -118,7 +117,7 @@ class ConversationWorkflow:
                     "turnkit.submit_turn",
                     request,
                     result_type=TurnTicket,
-                    start_to_close_timeout=timedelta(seconds=30),
+                    start_to_close_timeout=STORE_TIMEOUT,
                     schedule_to_close_timeout=SUBMIT_TIMEOUT if bounded else None,
                     retry_policy=STORE_RETRY,
                     summary="submit turn",
@@ -264,7 +263,7 @@ class ConversationWorkflow:
                 "turnkit.lane_held",
                 self._conversation_id,
                 result_type=bool,
-                start_to_close_timeout=timedelta(seconds=30),
+                start_to_close_timeout=STORE_TIMEOUT,
                 retry_policy=STORE_RETRY,
                 summary="is a sub-agent turn active?",
             )
@@ -278,7 +277,7 @@ class ConversationWorkflow:
                 "turnkit.deliver",
                 DeliverBatch(conversation_id=self._conversation_id, delivery_ids=batch, wake=wake),
                 result_type=DeliverResult,
-                start_to_close_timeout=timedelta(seconds=30),
+                start_to_close_timeout=STORE_TIMEOUT,
                 retry_policy=STORE_RETRY,
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
             )
@@ -345,7 +344,7 @@ class ConversationWorkflow:
                     "turnkit.follow_turn",
                     EndTurn(turn_id=queued.turn_id),
                     result_type=bool,
-                    start_to_close_timeout=timedelta(seconds=30),
+                    start_to_close_timeout=STORE_TIMEOUT,
                     retry_policy=STORE_RETRY,
                     summary=f"has {queued.turn_id} ended?",
                 )
@@ -363,7 +362,7 @@ class ConversationWorkflow:
             activity,
             EndTurn(turn_id=queued.turn_id, reason=reason),
             result_type=TurnOutcome,
-            start_to_close_timeout=timedelta(seconds=30),
+            start_to_close_timeout=STORE_TIMEOUT,
             retry_policy=STORE_RETRY,
             summary=summary,
         )

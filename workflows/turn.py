@@ -23,6 +23,7 @@ from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHand
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.agent import resolve_agent
+    from turnkit.budget import TIMED_OUT
     from turnkit.builtin_tools import LaunchAgentTool, WaitForTool
     from turnkit.config import settings
     from turnkit.payloads import (
@@ -46,13 +47,10 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.records import INTERRUPTED_MESSAGE
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
+    from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT
 
 __all__ = ["TurnWorkflow"]
 
-# Store writes: quick, idempotent, safe to retry for as long as the database is away.
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
-STORE_TIMEOUT = timedelta(seconds=30)
-TIMED_OUT = "turn timed out"
 #: Failure type of an at-most-once tool attempt whose body raised (activities.tools.TOOL_RAISED).
 TOOL_RAISED = "TurnKit::ToolRaised"
 #: Patch: an at-most-once attempt that failed for any reason but the tool raising is settled "interrupted".
