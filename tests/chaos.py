@@ -46,7 +46,16 @@ from turnkit.repair import Repair, repair
 from turnkit.runtime import TurnKit
 from turnkit.store.store import Store, utcnow
 
-__all__ = ["ALL_FAULTS", "DEFAULT_FAULTS", "ChaosRig", "Outcome", "chaos_rig", "enabled_faults", "run_scenario"]
+__all__ = [
+    "ALL_FAULTS",
+    "DEFAULT_FAULTS",
+    "SUMMARY",
+    "ChaosRig",
+    "Outcome",
+    "chaos_rig",
+    "enabled_faults",
+    "run_scenario",
+]
 
 ALL_FAULTS: Final = (
     "worker_kill",
@@ -63,6 +72,8 @@ DEFAULT_FAULTS: Final = ALL_FAULTS
 #: How long a PostgreSQL outage lasts (``TURNKIT_CHAOS_OUTAGE``; issue 8 item 3 observed failures at 30 s).
 OUTAGE_SECONDS: Final = float(os.environ.get("TURNKIT_CHAOS_OUTAGE", "2"))
 SETTLE_TIMEOUT: Final = 60.0
+#: One line per chaos run (seeds, faults drawn, seeds with violations), printed in pytest's terminal summary.
+SUMMARY: list[str] = []
 #: Worker processes serving the job: a killed one's work moves to the others at once.
 WORKERS: Final = 2
 #: Open turns unchanged this long, and all without a workflow, are orphans: settling stops waiting for them.

@@ -13,6 +13,7 @@ import pytest_asyncio
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from tests.chaos import SUMMARY
 from tests.engine import Engine
 from turnkit.agent import unregister_all
 from turnkit.config import reset_settings
@@ -29,6 +30,11 @@ _exit_status: list[int] = []
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _exit_status.append(int(exitstatus))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in SUMMARY:  # the chaos suite's figures: seeds, faults drawn, violations
+        terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True)
