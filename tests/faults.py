@@ -13,6 +13,7 @@ import contextlib
 import glob
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -39,10 +40,22 @@ __all__ = [
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's ephemeral range.
+
+    Why not ``bind(0)``: that hands out an ephemeral port, and connecting to an ephemeral port before its server
+    listens can pair the connection with itself (TCP self-connect: the client's own source port is the one it
+    dials), which then hangs in the gRPC handshake.
+    """
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port found between 20000 and 32000")
 
 
 def postgres_binaries() -> Path | None:
@@ -169,8 +182,8 @@ class DevServer:
         deadline = loop.time() + timeout
         while True:
             try:
-                client = await Client.connect(self.address)
-                await client.workflow_service.get_system_info(GetSystemInfoRequest())
+                # Each attempt is bounded: a connection the server accepted but does not answer must not hang here.
+                await asyncio.wait_for(self._ping(), 5)
                 return
             except Exception:
                 if self.process is not None and self.process.poll() is not None:
@@ -178,6 +191,10 @@ class DevServer:
                 if loop.time() > deadline:
                     raise
                 await asyncio.sleep(0.1)
+
+    async def _ping(self) -> None:
+        client = await Client.connect(self.address)
+        await client.workflow_service.get_system_info(GetSystemInfoRequest())
 
     def stop(self) -> None:
         """SIGKILL the server (a crash: whatever it had committed to its database file survives)."""

@@ -97,7 +97,7 @@ def stepper(steps: int) -> ScriptedClient:
 async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in_order(database_url: str) -> None:
     """Issue 8 item 5: 12 turns queued at once keep the lane busy past the history limit; it continues as new while
     a turn runs, carrying the queue and following the running turn, and every turn completes in FIFO order."""
-    async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
+    async with asyncio.timeout(200), dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
         agent = turnkit.Agent("busy-lane", model="scripted", tools=[step], client=stepper(1))
         conversation = await tk.conversation(agent)
         turns = [await conversation.ask(f"question {i}", wait=False) for i in range(12)]

@@ -114,13 +114,17 @@ class EmbeddedDevServer:
             await self.stop()
             raise
 
+    async def _ping(self) -> None:
+        client = await Client.connect(self.address, namespace=self.namespace)
+        await client.workflow_service.get_system_info(GetSystemInfoRequest())
+
     async def _wait_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             with contextlib.suppress(Exception):
-                client = await Client.connect(self.address, namespace=self.namespace)
-                await client.workflow_service.get_system_info(GetSystemInfoRequest())
+                # Each attempt is bounded: a connection the server accepted but does not answer must not hang here.
+                await asyncio.wait_for(self._ping(), 5)
                 return
             if self.process is not None and self.process.poll() is not None:
                 where = f" (see {self.log})" if self.log else ""
