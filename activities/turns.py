@@ -6,6 +6,7 @@ Each is one transaction and idempotent: a retry finds what the first attempt com
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -25,7 +26,7 @@ from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution
 from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits
 
-__all__ = ["TurnActivities", "ticket_of"]
+__all__ = ["TurnActivities", "ticket_of", "unstaged"]
 
 
 class TurnActivities:
@@ -45,6 +46,10 @@ class TurnActivities:
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
                 agent = resolve_agent(request.agent_name or conversation.agent_name)
+                staged_id = request.staged_input_id
+                if staged_id is not None:  # the content travelled by id (issue 8 item 12)
+                    request = unstaged(request, await tx.load_staged_input(staged_id))
+                    await tx.delete_staged_input(staged_id)  # gone when the message and the turn commit
             except (RecordNotFound, ConfigError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
             message = await tx.append_message(
@@ -212,4 +217,16 @@ def outcome_of(turn: TurnRecord) -> TurnOutcome:
         status=status,  # type: ignore[arg-type]
         error_class=error.get("class"),
         error_message=error.get("message"),
+    )
+
+
+def unstaged(request: SubmitTurn, content: dict[str, Any]) -> SubmitTurn:
+    """``request`` with the content staged for it (``StoreTx.stage_input``) put back in its inline fields."""
+    return request.model_copy(
+        update={
+            "text": content.get("text", ""),
+            "context": content.get("context"),
+            "principal": content.get("principal"),
+            "message_metadata": content.get("metadata") or {},
+        }
     )

@@ -19,7 +19,7 @@ import turnkit
 from tests.engine import eventually, held_tool
 from tests.faults import private_cluster
 from turnkit.config import configure
-from turnkit.errors import InputError, StoreError
+from turnkit.errors import InputError, RecordNotFound, StoreError
 from turnkit.ids import new_id
 from turnkit.model import Result, ToolCall
 from turnkit.payloads import SubmitTurn
@@ -192,6 +192,47 @@ async def test_3_mb_of_tool_arguments_from_the_model_travel_by_id(tk: TurnKit) -
     assert client.calls == 2
 
 
+async def test_a_200_kib_ask_travels_by_id_and_its_content_stays_out_of_the_lane_history(tk: TurnKit) -> None:
+    """Issue 8 item 12: the text, context, principal and metadata of a 200 KiB ask are staged in the store and the
+    lane's submit update carries only their id: the turn completes with all of them, none is in the lane's history,
+    and the staged row is gone; an old-style inline submission still works (and is found in the history)."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    text = marker + "-text " + "z" * (200 * 1024)
+    client = ScriptedClient(["read it", "inline too"])
+    conversation = await tk.conversation(_agent(client))
+    turn = await conversation.ask(
+        text,
+        context={"note": f"{marker}-context"},
+        principal={"user": f"{marker}-principal"},
+        metadata={"tag": f"{marker}-metadata"},
+    )
+    assert turn.status == "completed" and turn.output_text == "read it"
+    [message] = [m for m in await conversation.messages() if m.role == "user"]
+    assert message.text == text and message.metadata == {"tag": f"{marker}-metadata"}
+    assert turn.record.options["context"] == {"note": f"{marker}-context"}
+    assert turn.record.options["principal"] == {"user": f"{marker}-principal"}
+    async with tk.store.atomic() as tx:
+        with pytest.raises(RecordNotFound, match="staged input not found"):
+            await tx.load_staged_input(message.id)
+
+    # A submission with inline content (an older client's) is still accepted as before.
+    inline = f"inline-{uuid.uuid4().hex}"
+    request = SubmitTurn(
+        conversation_id=conversation.id, turn_id=new_id("turn"), message_id=new_id("message"), text=inline
+    )
+    await conversation._submit(request)  # pyright: ignore[reportPrivateUsage]
+    old = tk.turn(request.turn_id)
+    await old.result(timeout=30)
+    assert old.status == "completed" and old.output_text == "inline too"
+
+    # Payload data is raw JSON bytes in the serialised history: the inline text is there, the staged content not.
+    history = await tk.client.get_workflow_handle(conversation.id).fetch_history()
+    raw = b"".join(event.SerializeToString() for event in history.events)
+    assert inline.encode() in raw  # the search finds what did cross a payload
+    assert marker.encode() not in raw
+    assert len(raw) < 64 * 1024, len(raw)
+
+
 async def test_result_timeout_bounds_a_running_turn(tk: TurnKit) -> None:
     """Issue 8 item 13: ``Turn.result(timeout=)`` gives up after its timeout while the turn runs, too."""
     release, hold = held_tool()
@@ -234,8 +275,20 @@ async def test_a_submit_during_a_store_outage_is_bounded_and_frees_the_lane(temp
                 assert (await conversation.ask("first")).output_text == "before"
                 cluster.stop()
                 started = time.monotonic()
-                with pytest.raises(StoreError, match="the store did not accept the turn within 60 s"):
+                # The ask stages its input first (issue 8 item 12): it fails at once, and nothing reaches the lane.
+                with pytest.raises(StoreError, match="the store did not accept the turn's input: the store is una"):
                     await conversation.ask("during the outage", wait=False)
+                assert time.monotonic() - started < 15
+                # A submission already in flight when the store went away (content inline) is bounded by the lane.
+                request = SubmitTurn(
+                    conversation_id=conversation.id,
+                    turn_id=new_id("turn"),
+                    message_id=new_id("message"),
+                    text="during the outage",
+                )
+                started = time.monotonic()
+                with pytest.raises(StoreError, match="the store did not accept the turn within 60 s"):
+                    await conversation._submit(request)  # pyright: ignore[reportPrivateUsage]
                 waited = time.monotonic() - started
                 # The last retry that fits the bound ends it: up to one backoff interval (10 s) before the bound.
                 assert SUBMIT_TIMEOUT.total_seconds() - 15 <= waited < SUBMIT_TIMEOUT.total_seconds() + 15, waited

@@ -920,3 +920,58 @@ async def test_upgrade_backfills_tree_counters_and_response_request_ids(empty_da
             assert usage == TreeUsage(iterations=6, tool_executions=2, tool_executions_by_name={"a": 2}, cost=0.175)
     finally:
         await store.close()
+
+
+# -- issue 8 item 12: staged inputs -----------------------------------------------------------------------------------
+
+
+async def test_staged_input_is_idempotent_by_id_and_deleted_once(store: Store) -> None:
+    """Issue 8 item 12: staging again keeps the first content; a deleted input is not found; deleting again is fine."""
+    content = {"text": "hi \x00", "context": None, "principal": {"user": "u"}, "metadata": {"k": 1}}
+    async with store.atomic() as tx:
+        assert await tx.stage_input("msg_staged", conversation_id="conv_a", content=content)
+        assert not await tx.stage_input("msg_staged", conversation_id="conv_a", content={"text": "other"})
+        assert await tx.load_staged_input("msg_staged") == content | {"text": "hi \ufffd"}  # made storable
+    async with store.atomic() as tx:
+        await tx.delete_staged_input("msg_staged")
+        await tx.delete_staged_input("msg_staged")
+        with pytest.raises(RecordNotFound, match="staged input not found: msg_staged"):
+            await tx.load_staged_input("msg_staged")
+
+
+async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url: str) -> None:
+    """Issue 8 item 12: a database at revision 0002 upgrades to the staged inputs table, and downgrades again."""
+    from alembic import command
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from turnkit.store.migrate import alembic_config
+
+    def tables_at(revision: str) -> Any:
+        def run(conn: Connection) -> set[str]:
+            command.upgrade(alembic_config(conn), revision)
+            return set(inspect(conn).get_table_names())
+
+        return run
+
+    engine = create_async_engine(empty_database_url)
+    try:
+        async with engine.begin() as conn:
+            assert "turnkit_staged_inputs" not in await conn.run_sync(tables_at("0002"))
+    finally:
+        await engine.dispose()
+    store = await Store.open(empty_database_url)  # upgrades to head
+    try:
+        async with store.atomic() as tx:
+            await tx.stage_input("msg_up", conversation_id="conv_up", content={"text": "upgraded"})
+            assert await tx.load_staged_input("msg_up") == {"text": "upgraded"}
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(_diff) == []
+
+        def downgrade(conn: Connection) -> set[str]:
+            command.downgrade(alembic_config(conn), "0002")
+            return set(inspect(conn).get_table_names())
+
+        async with store.engine.begin() as conn:
+            assert "turnkit_staged_inputs" not in await conn.run_sync(downgrade)
+    finally:
+        await store.close()

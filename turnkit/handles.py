@@ -33,6 +33,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.store.errors import deterministic_store_error, store_failure_message, unavailable_message
 from turnkit.store.store import StoreTx
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
@@ -155,13 +156,36 @@ class Conversation:
             wait_for=wait_ids,
             paused=paused,
         )
-        # The whole update must stay far below Temporal's payload limit: a clear error instead of an RPC error.
+        # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
-        await self._submit(request)
+        await self._submit(await self._staged(request))
         turn = Turn(self._tk, request.turn_id)
         if wait and not paused:
             return await turn.result()
         return await turn.refresh()
+
+    async def _staged(self, request: SubmitTurn) -> SubmitTurn:
+        """Write what the user wrote to the store; the update carries its id instead (issue 8 item 12).
+
+        Staged under the message id (one per ``ask``); a submission whose update fails leaves an orphan row that
+        nothing reads. A store that refuses the write fails the ``ask`` at once, before anything is sent.
+        """
+        content = {
+            "text": request.text,
+            "context": request.context,
+            "principal": request.principal,
+            "metadata": request.message_metadata,
+        }
+        try:
+            async with self._tk.store.atomic() as tx:
+                await tx.stage_input(request.message_id, conversation_id=self.id, content=content)
+        except errors.Error:
+            raise
+        except Exception as err:  # a driver error: a short TurnKit error, never the SQL text and its values
+            why = store_failure_message(err) if deterministic_store_error(err) else unavailable_message(err)
+            raise errors.StoreError(f"the store did not accept the turn's input: {why}") from err
+        empty = {"text": "", "context": None, "principal": None, "message_metadata": {}}
+        return request.model_copy(update={"staged_input_id": request.message_id, **empty})
 
     async def _submit(self, request: SubmitTurn) -> None:
         # Update-with-start: the lane is started if it is not running; the update returns once the turn exists.

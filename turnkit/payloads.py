@@ -48,12 +48,17 @@ class SubmitTurn(BaseModel):
     """The lane's ``submit`` update: append the trigger message and create the turn record (ids chosen by the caller).
 
     The caller picks ``turn_id`` and ``message_id`` so that a retried submission is recognised (idempotent creates).
+    With ``staged_input_id``, what the user wrote (``text``, ``context``, ``principal``, ``message_metadata``) is in
+    the store under that id and the inline fields are empty (issue 8 item 12); without it (older clients and
+    histories) they are inline.
     """
 
     conversation_id: str
     turn_id: str
     message_id: str
-    text: str
+    text: str = ""
+    #: The store's staged input holding the submission's content (``StoreTx.stage_input``); None: content inline.
+    staged_input_id: str | None = None
     agent_name: str | None = None
     model: str | None = None
     message_metadata: dict[str, Any] = Field(default_factory=dict[str, Any])

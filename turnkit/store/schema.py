@@ -22,6 +22,7 @@ __all__ = [
     "ConversationRow",
     "DeliveryRow",
     "MessageRow",
+    "StagedInputRow",
     "ToolExecutionRow",
     "TurnRow",
     "UTCDateTime",
@@ -219,3 +220,20 @@ class WaitRow(_Timestamps, Base):
     id: Mapped[int] = mapped_column(_PK, primary_key=True, autoincrement=True)
     turn_uid: Mapped[str] = mapped_column(String(64), nullable=False)
     target_turn_uid: Mapped[str] = mapped_column(String(64), nullable=False)
+
+
+class StagedInputRow(Base):
+    """``turnkit_staged_inputs``: what an ``ask`` submits (text, context, principal, metadata), written before the
+    lane's ``submit`` update so that the update carries only its id (issue 8 item 12).
+
+    The ``turnkit.submit_turn`` activity reads it and deletes it in the transaction that creates the message and the
+    turn. A row whose update never reached the lane is an orphan nothing reads.
+    """
+
+    __tablename__ = f"{TABLE_PREFIX}_staged_inputs"
+
+    id: Mapped[int] = mapped_column(_PK, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    conversation_uid: Mapped[str] = mapped_column(String(64), nullable=False)
+    content: Mapped[dict[str, Any]] = mapped_column(Json, nullable=False, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)

@@ -22,7 +22,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import event, func, select, text, update
+from sqlalchemy import delete, event, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -48,6 +48,7 @@ from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
     MessageRow,
+    StagedInputRow,
     ToolExecutionRow,
     TurnRow,
     WaitRow,
@@ -912,6 +913,35 @@ class StoreTx:
         if target_turn_id is not None:
             query = query.where(WaitRow.target_turn_uid == target_turn_id)
         return [_wait(row) for row in await self.session.scalars(query.order_by(WaitRow.id))]
+
+    # Staged inputs -----------------------------------------------------------------------------------------------
+
+    async def stage_input(self, staged_id: str, *, conversation_id: str, content: dict[str, Any]) -> bool:
+        """Write what a submission carries (text, context, principal, metadata) under ``staged_id``, so that the
+        lane's update carries only the id (issue 8 item 12). Idempotent by id: returns whether it was created.
+        """
+
+        def build() -> StagedInputRow:
+            return StagedInputRow(
+                uid=staged_id, conversation_uid=conversation_id, content=canonical_json(content), created_at=utcnow()
+            )
+
+        _, created = await self._get_or_create(lambda: self._staged_input_row(staged_id), build)
+        return created
+
+    async def load_staged_input(self, staged_id: str) -> dict[str, Any]:
+        """The content staged under ``staged_id``; raises :class:`RecordNotFound` when absent."""
+        row = await self._staged_input_row(staged_id)
+        if row is None:
+            raise RecordNotFound(f"staged input not found: {staged_id}")
+        return dict(row.content)
+
+    async def delete_staged_input(self, staged_id: str) -> None:
+        """Drop a staged input once its message exists (a no-op when it is gone already)."""
+        await self.session.execute(delete(StagedInputRow).where(StagedInputRow.uid == staged_id))
+
+    async def _staged_input_row(self, staged_id: str) -> StagedInputRow | None:
+        return await self.session.scalar(select(StagedInputRow).where(StagedInputRow.uid == staged_id))
 
 
 # Row → record conversion -----------------------------------------------------------------------------------------
