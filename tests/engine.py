@@ -7,9 +7,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import turnkit
+from turnkit.handles import Conversation, Turn
 from turnkit.model import ModelRequest, Result
 from turnkit.payloads import LaneStatus
+from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import Tool, tool
 
 
@@ -92,3 +96,44 @@ class HeldModel:
             await self.released.wait()
             return self.first
         return self.then(request) if callable(self.then) else Result.build(text=self.then)
+
+
+@dataclass
+class BusySubAgent:
+    """A lead's turn whose sub-agent (``digger``) holds its own turn in a tool, in the sub-agent's conversation."""
+
+    turn: Turn  #: the lead's turn
+    child: TurnRecord  #: the sub-agent's running turn
+    conversation: Conversation  #: the sub-agent's conversation
+    client: ScriptedClient  #: the sub-agent's model: "dig" calls ``hold``, anything else answers "child saw …"
+    release: asyncio.Event  #: lets the held tool finish
+
+
+async def busy_sub_agent(tk: TurnKit) -> BusySubAgent:
+    """Start a lead whose sub-agent's turn is held running in its own conversation (the lane of that conversation
+    does not run it: its parent does)."""
+    release, hold = held_tool()
+
+    def child_script(request: ModelRequest) -> Result:
+        if request.messages[-1]["content"] == "dig":
+            return call_tools(("hold", {}))
+        return Result.build(text=f"child saw {request.messages[-1]['content']}")
+
+    child_client = ScriptedClient(child_script)
+    child = turnkit.Agent("digger", model="scripted", tools=[hold], client=child_client)
+    lead_client = ScriptedClient([call_tools(("digger", {"task": "dig"})), "done"])
+    parent = turnkit.Agent("lead", model="scripted", sub_agents=[child], client=lead_client)
+    turn = await (await tk.conversation(parent)).ask("go", wait=False)
+
+    async def child_turn() -> TurnRecord | None:
+        tree = await tk.store.list_turns(root_turn_id=turn.id)
+        return next((t for t in tree if t.id != turn.id and t.status == "running"), None)
+
+    async def child_running() -> bool:
+        return await child_turn() is not None
+
+    await eventually(child_running, what="the sub-agent's turn")
+    record = await child_turn()
+    assert record is not None
+    conversation = await tk.load_conversation(record.conversation_id)
+    return BusySubAgent(turn=turn, child=record, conversation=conversation, client=child_client, release=release)

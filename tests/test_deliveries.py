@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from tests.engine import eventually, held_tool, lane_buffers
+from tests.engine import busy_sub_agent, eventually, held_tool, lane_buffers
 from turnkit.builtin_tools import send_message
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
@@ -203,30 +203,8 @@ async def test_reconcile_command(tk: TurnKit, engine: Any) -> None:
 async def test_input_for_a_sub_agent_conversation_waits_for_its_running_turn(tk: TurnKit) -> None:
     """A sub-agent's turn is run by its parent, not by its conversation's lane: the lane still keeps one turn at a
     time, and the input lands after the sub-agent's messages."""
-    release, hold = held_tool()
-
-    def child_script(request: turnkit.ModelRequest) -> turnkit.Result:
-        if request.messages[-1]["content"] == "dig":
-            return call_tools(("hold", {}))
-        return turnkit.Result.build(text=f"child saw {request.messages[-1]['content']}")
-
-    child_client = ScriptedClient(child_script)
-    child = turnkit.Agent("digger", model="scripted", tools=[hold], client=child_client)
-    lead_client = ScriptedClient([call_tools(("digger", {"task": "dig"})), "done"])
-    parent = turnkit.Agent("lead", model="scripted", sub_agents=[child], client=lead_client)
-    turn = await (await tk.conversation(parent)).ask("go", wait=False)
-
-    async def child_turn() -> turnkit.TurnRecord | None:
-        tree = await tk.store.list_turns(root_turn_id=turn.id)
-        return next((t for t in tree if t.id != turn.id and t.status == "running"), None)
-
-    async def child_running() -> bool:
-        return await child_turn() is not None
-
-    await eventually(child_running, what="the sub-agent's turn")
-    record = await child_turn()
-    assert record is not None
-    child_conversation = await tk.load_conversation(record.conversation_id)
+    busy = await busy_sub_agent(tk)
+    turn, record, child_conversation, release = busy.turn, busy.child, busy.conversation, busy.release
     posted = await child_conversation.post("and then this", key=f"more-{record.id}")
     await eventually(lambda: lane_buffers(tk, record.conversation_id, posted.id), what="the lane to hold the post")
     asked = await child_conversation.ask("also this", wait=False)
@@ -242,4 +220,4 @@ async def test_input_for_a_sub_agent_conversation_waits_for_its_running_turn(tk:
     await eventually(lambda: all_finished(child_conversation, 3), what="the held turn and input to run")
     outputs = [t.output_text for t in await child_conversation.turns()]
     assert outputs == ["child saw {}", "child saw also this", "child saw and then this"]
-    assert child_client.requests[-1].messages[-1]["content"] == "and then this"  # the held input comes last
+    assert busy.client.requests[-1].messages[-1]["content"] == "and then this"  # the held input comes last

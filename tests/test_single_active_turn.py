@@ -7,11 +7,9 @@ from itertools import pairwise
 
 from temporalio.api.enums.v1 import EventType
 
-import turnkit
-from tests.engine import eventually, held_tool, lane_buffers
+from tests.engine import busy_sub_agent, eventually, lane_buffers
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient, call_tools
 
 _SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
 
@@ -36,29 +34,8 @@ async def test_a_delivery_and_reconcile_do_not_release_a_lane_held_for_a_sub_age
     """Issue 8 item 7: a sub-agent's turn runs in its child conversation and an ask there is held; a delivery and
     `turnkit reconcile` then nudge the lane: no second turn runs until the sub-agent's turn ends, then the held turn
     and the delivered input run, one at a time."""
-    release, hold = held_tool()
-
-    def child_script(request: turnkit.ModelRequest) -> turnkit.Result:
-        if request.messages[-1]["content"] == "dig":
-            return call_tools(("hold", {}))
-        return turnkit.Result.build(text=f"child saw {request.messages[-1]['content']}")
-
-    child = turnkit.Agent("digger", model="scripted", tools=[hold], client=ScriptedClient(child_script))
-    lead_client = ScriptedClient([call_tools(("digger", {"task": "dig"})), "done"])
-    parent = turnkit.Agent("lead", model="scripted", sub_agents=[child], client=lead_client)
-    turn = await (await tk.conversation(parent)).ask("go", wait=False)
-
-    async def child_turn() -> turnkit.TurnRecord | None:
-        tree = await tk.store.list_turns(root_turn_id=turn.id)
-        return next((t for t in tree if t.id != turn.id and t.status == "running"), None)
-
-    async def child_running() -> bool:
-        return await child_turn() is not None
-
-    await eventually(child_running, what="the sub-agent's turn")
-    record = await child_turn()
-    assert record is not None
-    child_conversation = await tk.load_conversation(record.conversation_id)
+    busy = await busy_sub_agent(tk)
+    turn, record, child_conversation, release = busy.turn, busy.child, busy.conversation, busy.release
     asked = await child_conversation.ask("also this", wait=False)  # starts the lane: held, a sub-agent turn runs
 
     async def held() -> bool:
