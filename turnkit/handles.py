@@ -33,7 +33,12 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.store.errors import deterministic_store_error, store_failure_message, unavailable_message
+from turnkit.store.errors import (
+    deterministic_store_error,
+    store_failure_message,
+    transient_store_error,
+    unavailable_message,
+)
 from turnkit.store.store import StoreTx
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
@@ -62,6 +67,8 @@ _SERVER_AWAY = frozenset(
 #: How long a submission (or a delivery's signal) is repeated while the server is away before the caller gets a
 #: TurnKit error.
 SUBMIT_RECONNECT_WINDOW = 60.0
+#: How long ``ask`` keeps trying to stage its input while the store is away (the lane bounds its submit the same).
+STAGE_RETRY_WINDOW = 60.0
 
 
 class Conversation:
@@ -176,14 +183,24 @@ class Conversation:
             "principal": request.principal,
             "metadata": request.message_metadata,
         }
-        try:
-            async with self._tk.store.atomic() as tx:
-                await tx.stage_input(request.message_id, conversation_id=self.id, content=content)
-        except errors.Error:
-            raise
-        except Exception as err:  # a driver error: a short TurnKit error, never the SQL text and its values
-            why = store_failure_message(err) if deterministic_store_error(err) else unavailable_message(err)
-            raise errors.StoreError(f"the store did not accept the turn's input: {why}") from err
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + STAGE_RETRY_WINDOW
+        delay = 0.2
+        while True:
+            try:
+                async with self._tk.store.atomic() as tx:
+                    await tx.stage_input(request.message_id, conversation_id=self.id, content=content)
+                break
+            except errors.Error:
+                raise
+            except Exception as err:  # a driver error: a short TurnKit error, never the SQL text and its values
+                # A database blink is waited out (idempotent by id), as the lane waits out its submit (issue 8).
+                if transient_store_error(err) and loop.time() + delay < give_up:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                why = store_failure_message(err) if deterministic_store_error(err) else unavailable_message(err)
+                raise errors.StoreError(f"the store did not accept the turn's input: {why}") from err
         empty = {"text": "", "context": None, "principal": None, "message_metadata": {}}
         return request.model_copy(update={"staged_input_id": request.message_id, **empty})
 
