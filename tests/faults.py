@@ -25,7 +25,7 @@ from pathlib import Path
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from turnkit.devserver import fast_task_loading_args
+from turnkit.devserver import die_with_parent, fast_task_loading_args
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import temporal_binary
 
@@ -174,6 +174,7 @@ class DevServer:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),  # a killed test run leaves no server behind
         )
         await self.wait_ready()
 

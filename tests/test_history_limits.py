@@ -60,11 +60,15 @@ async def runs_of(client: Client, workflow_id: str) -> list[str]:
     return [execution.status.name if execution.status else "RUNNING" for execution in runs]
 
 
-async def replay_every_run(client: Client, workflow_id: str) -> int:
-    """Replay each run of ``workflow_id`` with today's code, configured like a worker; returns how many."""
+async def replay_closed_runs(client: Client, workflow_id: str) -> int:
+    """Replay each closed run of ``workflow_id`` with today's code, configured like a worker; returns how many.
+
+    Only closed runs: a run that just continued as new may show a history of one event for a moment (the server delays
+    its first workflow task, ``firstWorkflowTaskBackoff``), and the replayer waits forever on a history without a
+    workflow task. A closed run's history is final, and it holds every rollover path."""
     replayer = Replayer(workflows=[], plugins=[TurnKitPlugin()])
     runs = 0
-    async for execution in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
+    async for execution in client.list_workflows(f"WorkflowId = '{workflow_id}' AND ExecutionStatus != 'Running'"):
         await replayer.replay_workflow(
             await client.get_workflow_handle(workflow_id, run_id=execution.run_id).fetch_history()
         )
@@ -97,7 +101,7 @@ def stepper(steps: int) -> ScriptedClient:
 async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in_order(database_url: str) -> None:
     """Issue 8 item 5: 12 turns queued at once keep the lane busy past the history limit; it continues as new while
     a turn runs, carrying the queue and following the running turn, and every turn completes in FIFO order."""
-    async with asyncio.timeout(200), dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
+    async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
         agent = turnkit.Agent("busy-lane", model="scripted", tools=[step], client=stepper(1))
         conversation = await tk.conversation(agent)
         turns = [await conversation.ask(f"question {i}", wait=False) for i in range(12)]
@@ -118,7 +122,7 @@ async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in
             started = kinds.count(EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED)
             busy_rollovers += started > kinds.count(EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED)
         assert busy_rollovers >= 1
-        assert await replay_every_run(tk.client, conversation.id) == len(runs)  # the rollover paths replay
+        assert await replay_closed_runs(tk.client, conversation.id) == len(runs) - 1  # the rollover paths replay
 
 
 async def test_a_long_turn_continues_as_new_and_completes(database_url: str) -> None:
@@ -137,7 +141,7 @@ async def test_a_long_turn_continues_as_new_and_completes(database_url: str) -> 
         assert client.calls == 31  # no model call repeated across runs
         runs = await runs_of(tk.client, turn.id)
         assert len(runs) >= 3 and set(runs[:-1]) == {"CONTINUED_AS_NEW"} and runs[-1] == "COMPLETED", runs
-        assert await replay_every_run(tk.client, turn.id) == len(runs)
+        assert await replay_closed_runs(tk.client, turn.id) == len(runs)
 
 
 async def test_a_terminated_turn_is_recorded_failed_and_the_lane_runs_the_next(tk: TurnKit) -> None:
@@ -290,4 +294,4 @@ async def test_a_turn_waits_for_a_child_it_launched_before_continuing_as_new(dat
         waited = [e for e in await done.tool_executions() if e.tool_name == "wait_for"]
         assert [e.status for e in waited] == ["completed"]
         assert "hi" in done.output_text  # the helper's result, as wait_for returned it
-        assert await replay_every_run(tk.client, turn.id) >= 2
+        assert await replay_closed_runs(tk.client, turn.id) >= 2

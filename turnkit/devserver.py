@@ -53,6 +53,12 @@ _DYNAMIC_CONFIG: Final = (
 )
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child is SIGTERMed when the thread that forked it dies (Linux;
+    ``None`` elsewhere). Used for every server process TurnKit or its tests start, so none outlives a killed run."""
+    return _die_with_parent(os.getpid()) if sys.platform == "linux" else None
+
+
 def _die_with_parent(parent: int) -> Callable[[], None]:
     """A ``preexec_fn``: SIGTERM this child when the thread that forked it (the program's event loop) dies (Linux).
 
@@ -103,7 +109,7 @@ class EmbeddedDevServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent(),
             )
         finally:
             if not isinstance(log, int):
