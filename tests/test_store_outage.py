@@ -20,7 +20,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 import turnkit
-from tests.engine import Gate, HeldModel
+from tests.engine import Gate, HeldModel, gated_tool
 from tests.faults import PrivateCluster, private_cluster
 from turnkit.model import ModelRequest, Result
 from turnkit.plugin import TurnKitPlugin
@@ -126,3 +126,35 @@ async def test_turns_survive_a_store_outage_and_the_card_is_charged_once(
     assert len(charging_model.requests) == 2  # the call, then the answer: the model saw the charge go through
     late_turn = await asyncio.wait_for(submitted, 120)
     assert late_turn.status == "completed" and late_turn.output_text == "late answer"
+
+
+async def test_waiting_for_a_turn_waits_out_a_store_blink(outage_tk: TurnKit, cluster: PrivateCluster) -> None:
+    """Issue 8 item 3 (client side): ``Turn.result()`` and ``refresh()`` called while PostgreSQL is down wait for it
+    instead of raising the driver's error (chaos seed 10 found ``ask`` raising ``ConnectionRefusedError``)."""
+    gate = Gate()
+    slow = gated_tool(gate)
+
+    def script(request: ModelRequest) -> Result:
+        last = request.messages[-1]
+        if last["role"] == "user" and last["content"] == "slow":
+            return call_tools(("slow", {}))
+        return Result.build(text=f"answered {last['content']}")
+
+    conversation = await outage_tk.conversation(
+        turnkit.Agent("blinking", model="scripted", tools=[slow], client=ScriptedClient(script))
+    )
+    first = await conversation.ask("slow", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    queued = await conversation.ask("next", wait=False)  # no workflow yet: result() asks the store
+    await asyncio.to_thread(cluster.stop)
+    try:
+        waiting = asyncio.create_task(queued.result(timeout=90))
+        refreshing = asyncio.create_task(first.refresh())
+        await asyncio.sleep(2)  # the outage itself: both calls must still be waiting, not failed
+        assert not waiting.done() and not refreshing.done()
+    finally:
+        await asyncio.to_thread(cluster.start)
+    assert (await asyncio.wait_for(refreshing, 60)).status == "running"
+    gate.opened.set()
+    done = await waiting
+    assert done.status == "completed" and done.output_text == "answered next"

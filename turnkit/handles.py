@@ -33,12 +33,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.store.errors import (
-    deterministic_store_error,
-    store_failure_message,
-    transient_store_error,
-    unavailable_message,
-)
+from turnkit.store.patience import patiently
 from turnkit.store.store import StoreTx
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
@@ -183,24 +178,13 @@ class Conversation:
             "principal": request.principal,
             "metadata": request.message_metadata,
         }
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + STAGE_RETRY_WINDOW
-        delay = 0.2
-        while True:
-            try:
-                async with self._tk.store.atomic() as tx:
-                    await tx.stage_input(request.message_id, conversation_id=self.id, content=content)
-                break
-            except errors.Error:
-                raise
-            except Exception as err:  # a driver error: a short TurnKit error, never the SQL text and its values
-                # A database blink is waited out (idempotent by id), as the lane waits out its submit (issue 8).
-                if transient_store_error(err) and loop.time() + delay < give_up:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                why = store_failure_message(err) if deterministic_store_error(err) else unavailable_message(err)
-                raise errors.StoreError(f"the store did not accept the turn's input: {why}") from err
+
+        async def stage() -> None:
+            async with self._tk.store.atomic() as tx:
+                await tx.stage_input(request.message_id, conversation_id=self.id, content=content)
+
+        # A database blink is waited out (idempotent by id), as the lane waits out its submit (issue 8).
+        await patiently(stage, what="accept the turn's input", window=STAGE_RETRY_WINDOW)
         empty = {"text": "", "context": None, "principal": None, "message_metadata": {}}
         return request.model_copy(update={"staged_input_id": request.message_id, **empty})
 
@@ -420,17 +404,21 @@ class Turn:
         return self.record.error
 
     async def refresh(self) -> Turn:
-        """Re-read the record from the store."""
-        self._record = await self._tk.store.load_turn(self.id)
+        """Re-read the record from the store (a database blink is waited out, up to ``BLINK_WINDOW`` s)."""
+        self._record = await self._load()
         return self
+
+    async def _load(self) -> TurnRecord:
+        return await patiently(lambda: self._tk.store.load_turn(self.id), what=f"return turn {self.id}")
 
     async def result(self, *, timeout: float | None = None) -> Turn:
         """Wait until the turn is finished (completed, failed or cancelled), then return it refreshed.
 
         Works for any turn id, from any process. A queued turn has no workflow yet (its lane starts it when the
         turns before it are done), so until it appears this polls the store with a backoff. A restart of the Temporal
-        server is waited out (bounded by ``timeout``). The record returned is always terminal: a turn workflow that
-        closed without a terminal record (terminated, timed out) is recorded ``failed`` here.
+        server is waited out (bounded by ``timeout``), and so is a database blink (up to ``BLINK_WINDOW`` s). The
+        record returned is always terminal: a turn workflow that closed without a terminal record (terminated, timed
+        out) is recorded ``failed`` here.
         """
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise errors.InputError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
@@ -446,7 +434,7 @@ class Turn:
                 try:
                     await asyncio.wait_for(handle.result(), remaining)
                 except TimeoutError:
-                    if (await self._tk.store.load_turn(self.id)).terminal:
+                    if (await self._load()).terminal:
                         break  # finished already (e.g. timeout=0 on a finished turn): the record is the answer
                     raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
                 closed = "turn workflow ended without a terminal status"
@@ -456,7 +444,7 @@ class Turn:
                 # Not found: still queued. Server away: the client reconnects; the store tells meanwhile.
                 if err.status != RPCStatusCode.NOT_FOUND and err.status not in _SERVER_AWAY:
                     raise errors.Error(f"waiting for turn {self.id} failed: {err.message}") from err
-            record = await self._tk.store.load_turn(self.id)  # raises RecordNotFound for an unknown id
+            record = await self._load()  # raises RecordNotFound for an unknown id
             if record.terminal:
                 break
             if closed is not None:
