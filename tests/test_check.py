@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import timedelta
 from typing import Any
+
+import pytest
+from sqlalchemy import select
 
 import turnkit
 from tests.engine import Engine, Gate, eventually, gated_tool
@@ -28,11 +32,13 @@ from turnkit.check import (
     Finding,
     workflow_states,
 )
+from turnkit.errors import RecordNotFound
+from turnkit.ids import new_id
 from turnkit.model import ModelRequest, Result
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
-from turnkit.repair import LOST_WORKFLOW
+from turnkit.repair import LOST_WORKFLOW, STALE_STAGED_INPUT
 from turnkit.runtime import TurnKit
-from turnkit.store.schema import MessageRow
+from turnkit.store.schema import MessageRow, StagedInputRow
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.turn_options import turn_options
@@ -298,3 +304,23 @@ async def test_a_lost_target_signal_is_reported_and_sent_again(tk: TurnKit) -> N
     assert ("woken", waiter.id) in {(r.action, r.ids[0]) for r in done}, done
     assert (await waiter.result(timeout=60)).status == "completed"
     assert await tk.check(since=since, grace=0) == []
+
+
+async def test_repair_drops_staged_inputs_no_submission_consumed(tk: TurnKit) -> None:
+    """issue 8 item 12: an ``ask`` whose update never reached its lane leaves a staged input; ``repair`` drops it
+    once it is older than ``STALE_STAGED_INPUT`` (a fresh one may still be in flight, and is kept)."""
+    conversation = await tk.conversation(turnkit.Agent("stager", model="scripted", client=ScriptedClient(["ok"])))
+    old, fresh = new_id("message"), new_id("message")
+    async with tk.store.atomic() as tx:
+        for staged_id in (old, fresh):
+            await tx.stage_input(staged_id, conversation_id=conversation.id, content={"text": staged_id})
+        row = await tx.session.scalar(select(StagedInputRow).where(StagedInputRow.uid == old))
+        assert row is not None
+        row.created_at = utcnow() - STALE_STAGED_INPUT - timedelta(minutes=1)
+    repaired = await tk.repair(grace=0)
+    assert [(r.action, r.ids) for r in repaired if r.action == "dropped"] == [("dropped", (old,))]
+    async with tk.store.atomic() as tx:
+        assert await tx.load_staged_input(fresh) == {"text": fresh}
+        with pytest.raises(RecordNotFound):
+            await tx.load_staged_input(old)
+    assert not [r for r in await tk.repair(grace=0) if r.action == "dropped"]  # a second run finds nothing

@@ -10,6 +10,8 @@
 * A ``running`` tool execution whose turn's workflow is closed becomes ``interrupted`` with its result message.
 * A finished turn with an unanswered tool call gets the missing results (spec §5.8 repair).
 * A pending delivery no lane holds is signalled again; a waiter whose targets all ended is signalled again.
+* A staged input older than ``STALE_STAGED_INPUT`` is dropped: its ``ask`` failed before the lane took it (a
+  submission that reaches its lane consumes it within ``SUBMIT_TIMEOUT``, 60 s), so nothing will ever read it.
 
 Multiple active turns, sequence gaps, deliveries appended twice and trees over budget are reported, never
 "fixed": the record of what happened is not rewritten. Every fix is a compare-and-set on what was seen, so repair
@@ -45,23 +47,26 @@ from turnkit.check import (
 from turnkit.deliveries import signal_delivery
 from turnkit.payloads import LaneInput, SubmitTurn, TurnInput
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
-from turnkit.store.store import Store
+from turnkit.store.store import Store, utcnow
 from turnkit.transcript import fail_execution, repair_transcript
 from turnkit.turn_end import fail_unfinished_turn
 from turnkit.waits import notify_waiters
 
-__all__ = ["LOST_WORKFLOW", "Repair", "repair"]
+__all__ = ["LOST_WORKFLOW", "STALE_STAGED_INPUT", "Repair", "repair"]
 
 #: Error class of a turn failed by repair.
 LOST_WORKFLOW: Final = "TurnKit::LostWorkflow"
 _UNFINISHED: Final = ("pending", "running", "waiting", "paused")
 _REQUEUED_TEXT: Final = "(re-queued by turnkit repair)"
 _SUBMIT_TIMEOUT: Final = 15.0
+#: Age after which a staged input that no submission consumed is dropped (far past the lane's 60 s submit bound).
+STALE_STAGED_INPUT: Final = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
 class Repair:
-    """One thing repair did (``action``: requeued, started, failed, interrupted, answered, resignalled, woken)."""
+    """One thing repair did (``action``: requeued, started, failed, interrupted, answered, resignalled, woken,
+    dropped)."""
 
     action: str
     ids: tuple[str, ...]
@@ -104,6 +109,7 @@ async def repair(
             await fixer.delivery(finding.ids[0])
         elif finding.kind == WAIT_WITHOUT_END:
             await fixer.wake(finding.ids[0], finding.ids[1:])
+    await fixer.stale_staged_inputs()
     return fixer.done
 
 
@@ -115,6 +121,12 @@ class _Fixer:
 
     def _did(self, action: str, ids: list[str], message: str) -> None:
         self.done.append(Repair(action, tuple(ids), message))
+
+    async def stale_staged_inputs(self) -> None:
+        async with self.store.atomic() as tx:
+            dropped = await tx.drop_staged_inputs(older_than=utcnow() - STALE_STAGED_INPUT)
+        if dropped:
+            self._did("dropped", dropped, "staged input of an ask that never reached its lane")
 
     async def turn(self, turn_id: str) -> None:
         """Drive or fail an unfinished turn without a live workflow (re-read first: it may have moved on)."""

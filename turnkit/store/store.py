@@ -940,6 +940,14 @@ class StoreTx:
         """Drop a staged input once its message exists (a no-op when it is gone already)."""
         await self.session.execute(delete(StagedInputRow).where(StagedInputRow.uid == staged_id))
 
+    async def drop_staged_inputs(self, *, older_than: datetime) -> list[str]:
+        """Delete staged inputs written before ``older_than``: orphans of submissions whose update never reached
+        their lane (``turnkit repair``). Returns their ids."""
+        rows = await self.session.scalars(
+            delete(StagedInputRow).where(StagedInputRow.created_at < older_than).returning(StagedInputRow.uid)
+        )
+        return sorted(rows)
+
     async def _staged_input_row(self, staged_id: str) -> StagedInputRow | None:
         return await self.session.scalar(select(StagedInputRow).where(StagedInputRow.uid == staged_id))
 
