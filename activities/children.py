@@ -21,6 +21,7 @@ from turnkit.builtin_tools import WaitForTool, sub_agent_tool
 from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import turn_result
+from turnkit.dispatch import model_policy
 from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.ids import new_id
@@ -349,4 +350,5 @@ def _child_input(child: TurnRecord | None, request: DelegateCalls) -> TurnInput 
         root_turn_id=child.root_turn_id,
         deadline=request.deadline,
         depth=int(child.options.get("depth", request.depth + 1)),
+        model_policy=model_policy(),
     )

@@ -110,7 +110,11 @@ class DeliveryActivities:
 def _queued(turn: TurnRecord) -> QueuedTurn:
     ticket = ticket_of(turn)
     return QueuedTurn(
-        turn_id=turn.id, agent_name=turn.agent_name, root_turn_id=turn.root_turn_id, deadline=ticket.deadline
+        turn_id=turn.id,
+        agent_name=turn.agent_name,
+        root_turn_id=turn.root_turn_id,
+        deadline=ticket.deadline,
+        model_policy=ticket.model_policy,
     )
 
 

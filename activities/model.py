@@ -34,6 +34,7 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
+from turnkit.dispatch import call_policy
 from turnkit.errors import BudgetError, ConfigError, Error, ModelError, TransientModelError, error_class_name
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
@@ -316,8 +317,10 @@ class ModelActivities:
             if result.tool_calls:
                 # Ids unique in the turn, or a repeated `call_0` would reuse the first call's execution (issue 8).
                 result = result.model_copy(update={"parts": await _unique_call_ids(tx, turn.id, result.parts, state)})
+            agent = resolve_agent(turn.agent_name)
             tool_calls = [
-                ToolCallRef.carried(tc.id, tc.name, tc.arguments, tc.arguments_error) for tc in result.tool_calls
+                ToolCallRef.carried(tc.id, tc.name, tc.arguments, tc.arguments_error, call_policy(agent, tc.name))
+                for tc in result.tool_calls
             ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
             if result.output_data is not None and not tool_calls:
@@ -367,9 +370,14 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     message = await tx.find_response(turn.id, request_id)
     if message is None:
         return None
+    agent = resolve_agent(turn.agent_name)
     calls = [
         ToolCallRef.carried(
-            str(part["id"]), str(part["name"]), dict(part.get("arguments") or {}), part.get("arguments_error")
+            str(part["id"]),
+            str(part["name"]),
+            dict(part.get("arguments") or {}),
+            part.get("arguments_error"),
+            call_policy(agent, str(part["name"])),
         )
         for part in message.content
         if part.get("type") == "tool_call"

@@ -16,6 +16,7 @@ from activities.tools import find_tool
 from activities.tools import outcome_of as outcome_of_execution
 from turnkit.agent import resolve_agent
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
+from turnkit.dispatch import model_policy
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.executions import with_arguments
@@ -205,6 +206,7 @@ def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:
         trigger_message_id=str(turn.options.get("trigger_message_id", "")),
         deadline=deadline,
         busy=busy,
+        model_policy=model_policy(),
     )
 
 

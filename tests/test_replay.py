@@ -4,8 +4,9 @@
 * A scenario run now on the dev server replays at once (catches non-determinism within one version of the code).
 * A negative control: a deliberately changed ``TurnWorkflow`` must fail to replay a recorded history.
 
-``TurnWorkflow`` reads tool retry policies from the agent registry while replaying, so each test registers the
-scenario agents first (the autouse fixture empties the registry before every test).
+``TurnWorkflow`` reads how to dispatch each call from its model step (histories recorded before that read the agent
+registry while replaying), so each test registers the scenario agents first (the autouse fixture empties the
+registry before every test).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+import turnkit
 from tests.history_scenarios import SCENARIOS, register_scenario_agents, workflow_id
 from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
 from turnkit.plugin import PASSTHROUGH_MODULES, TurnKitPlugin
 from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
 from workflows import ALL_WORKFLOWS, ConversationWorkflow
 
 HISTORIES = sorted(Path(__file__).parent.glob("histories/*.json"))
@@ -71,6 +74,27 @@ async def test_fresh_history_replays(tk: TurnKit, scenario: str) -> None:
     replayer = turnkit_replayer()
     for history in histories:
         await replayer.replay_workflow(history)
+
+
+async def test_a_turn_replays_as_it_ran_after_its_agent_changed(tk: TurnKit) -> None:
+    """Issue 9 (workflow decisions never read the live registry): a turn that called a tool replays unchanged after
+    the agent is redefined so that the same name is a sub-agent; the dispatch travelled in the model step."""
+    lookup = turnkit.tool(recovery="replay_safe")(_lookup)
+    agent = turnkit.Agent(
+        "shifty", model="scripted", tools=[lookup], client=ScriptedClient([call_tools(("lookup", {})), "done"])
+    )
+    turn = await (await tk.conversation(agent)).ask("go")
+    assert turn.status == "completed" and [e.tool_name for e in await turn.tool_executions()] == ["lookup"]
+    history = await tk.client.get_workflow_handle(turn.id).fetch_history()
+
+    helper = turnkit.Agent("lookup", model="scripted", client=ScriptedClient(["as a sub-agent"]))
+    turnkit.register(turnkit.Agent("shifty", model="scripted", sub_agents=[helper], client=ScriptedClient(["x"])))
+    await turnkit_replayer().replay_workflow(history)  # raised NondeterminismError when the workflow asked the registry
+
+
+def _lookup() -> str:
+    """Look something up."""
+    return "found"
 
 
 # -- negative control -------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 __all__ = [
     "INLINE_ARGUMENTS_BYTES",
+    "CallPolicy",
     "DeliverBatch",
     "DeliverResult",
     "DeliverySignal",
@@ -22,6 +23,7 @@ __all__ = [
     "LaneInput",
     "LaneStatus",
     "ModelCall",
+    "ModelPolicy",
     "ModelStep",
     "QueuedTurn",
     "SettleToolCall",
@@ -35,6 +37,30 @@ __all__ = [
 ]
 
 
+class ModelPolicy(BaseModel):
+    """How the turn workflow schedules its ``turnkit.model`` activity, resolved from the settings by the activity that
+    creates the turn (issue 9: a workflow never reads global settings, so a changed setting cannot break the replay of
+    a turn in flight). ``None`` where it travels means an older payload: the workflow falls back to the settings."""
+
+    timeout: float
+    heartbeat: float
+    max_attempts: int
+
+
+class CallPolicy(BaseModel):
+    """How the turn workflow dispatches one proposed call, resolved from the agent's definition by the model activity
+    (issue 9: the workflow never reads the live agent registry). ``kind`` picks the path; the rest is the tool
+    activity's timeouts and retry policy (from its recovery mode)."""
+
+    kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown"]
+    at_most_once: bool = True
+    timeout: float = 30.0
+    heartbeat: float = 30.0
+    max_attempts: int = 1
+    initial_retry_interval: float = 1.0
+    maximum_retry_interval: float = 30.0
+
+
 class QueuedTurn(BaseModel):
     """A submitted turn waiting for its lane (carried across continue-as-new)."""
 
@@ -42,6 +68,7 @@ class QueuedTurn(BaseModel):
     agent_name: str
     root_turn_id: str
     deadline: datetime | None = None
+    model_policy: ModelPolicy | None = None
 
 
 class SubmitTurn(BaseModel):
@@ -112,6 +139,7 @@ class TurnTicket(BaseModel):
     deadline: datetime | None = None
     #: A sub-agent's turn is active in the conversation: the lane starts nothing until its ``wake``.
     busy: bool = False
+    model_policy: ModelPolicy | None = None
 
 
 class LaneInput(BaseModel):
@@ -163,6 +191,7 @@ class TurnInput(BaseModel):
     resumes: int = 0
     finished_turn_ids: list[str] = Field(default_factory=list[str])
     launched_turn_ids: list[str] = Field(default_factory=list[str])
+    model_policy: ModelPolicy | None = None
 
 
 class EndTurn(BaseModel):
@@ -197,14 +226,23 @@ class ToolCallRef(BaseModel):
     #: The arguments were too large to carry: they are left out here and loaded from the stored assistant message by
     #: the activity that needs them (:func:`turnkit.executions.with_arguments`).
     arguments_stored: bool = False
+    #: How to dispatch it (absent in older histories: the workflow then asks the agent registry, as it used to).
+    policy: CallPolicy | None = None
 
     @classmethod
-    def carried(cls, id: str, name: str, arguments: dict[str, Any], arguments_error: str | None = None) -> ToolCallRef:
+    def carried(
+        cls,
+        id: str,
+        name: str,
+        arguments: dict[str, Any],
+        arguments_error: str | None = None,
+        policy: CallPolicy | None = None,
+    ) -> ToolCallRef:
         """The reference that crosses Temporal: with its arguments, unless they exceed
         :data:`INLINE_ARGUMENTS_BYTES`."""
         if len(json.dumps(arguments, default=str).encode("utf-8")) > INLINE_ARGUMENTS_BYTES:
-            return cls(id=id, name=name, arguments_error=arguments_error, arguments_stored=True)
-        return cls(id=id, name=name, arguments=arguments, arguments_error=arguments_error)
+            return cls(id=id, name=name, arguments_error=arguments_error, arguments_stored=True, policy=policy)
+        return cls(id=id, name=name, arguments=arguments, arguments_error=arguments_error, policy=policy)
 
 
 class ModelCall(BaseModel):

@@ -45,6 +45,7 @@ from turnkit.check import (
     workflow_states,
 )
 from turnkit.deliveries import signal_delivery
+from turnkit.dispatch import model_policy
 from turnkit.payloads import LaneInput, SubmitTurn, TurnInput
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
 from turnkit.store.store import Store, utcnow
@@ -209,6 +210,7 @@ class _Fixer:
             root_turn_id=turn.root_turn_id,
             deadline=deadline,
             depth=int(turn.options.get("depth", 1)),
+            model_policy=model_policy(),
         )
         try:
             await self.client.start_workflow(

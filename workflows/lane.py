@@ -143,6 +143,7 @@ class ConversationWorkflow:
                         agent_name=ticket.agent_name,
                         root_turn_id=ticket.root_turn_id,
                         deadline=ticket.deadline,
+                        model_policy=ticket.model_policy,
                     )
                 )
                 _remember(self._recent_turns, ticket.turn_id)
@@ -306,6 +307,7 @@ class ConversationWorkflow:
             agent_name=queued.agent_name,
             root_turn_id=queued.root_turn_id,
             deadline=queued.deadline,
+            model_policy=queued.model_policy,
         )
         try:
             if self._follows_turns:

@@ -24,9 +24,9 @@ from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHand
 with workflow.unsafe.imports_passed_through():
     from turnkit.agent import resolve_agent
     from turnkit.budget import TIMED_OUT
-    from turnkit.builtin_tools import LaunchAgentTool, WaitForTool
-    from turnkit.config import settings
+    from turnkit.dispatch import call_policy, model_policy
     from turnkit.payloads import (
+        CallPolicy,
         DelegateCalls,
         DelegateResult,
         EndTurn,
@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         FinishWait,
         JoinChildren,
         ModelCall,
+        ModelPolicy,
         ModelStep,
         SettleToolCall,
         ToolCallInput,
@@ -160,13 +161,13 @@ class TurnWorkflow:
 
     async def _dispatch(self, turn: TurnInput, calls: list[ToolCallRef]) -> TurnOutcome | None:
         """Run the calls in proposal order; a run of consecutive sub-agent calls fans out in parallel (spec §3.8)."""
-        agent = resolve_agent(turn.agent_name)
+        kinds = [_policy_of(turn, call).kind for call in calls]
         index = 0
         while index < len(calls):
             call = calls[index]
-            if agent.sub_agent(call.name) is not None:
+            if kinds[index] == "sub_agent":
                 group = [call]
-                while index + len(group) < len(calls) and agent.sub_agent(calls[index + len(group)].name) is not None:
+                while index + len(group) < len(calls) and kinds[index + len(group)] == "sub_agent":
                     group.append(calls[index + len(group)])
                 delegated = await self._delegate(turn, group)
                 if delegated.paused:
@@ -178,10 +179,9 @@ class TurnWorkflow:
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", delegated.budget_error)
                 index += len(group)
                 continue
-            tool = agent.tool(call.name)
-            if isinstance(tool, LaunchAgentTool):
+            if kinds[index] == "launch_agent":
                 outcome = await self._launch(turn, call)
-            elif isinstance(tool, WaitForTool):
+            elif kinds[index] == "wait_for":
                 outcome = await self._wait_tool(turn, call)
             else:
                 outcome = await self._tool(turn, call)
@@ -336,17 +336,18 @@ class TurnWorkflow:
             request_id=str(workflow.uuid4()),
             iteration=iteration,
         )
+        policy = _model_policy(turn)
         try:
             return await workflow.execute_activity(
                 "turnkit.model",
                 call,
                 result_type=ModelStep,
-                start_to_close_timeout=timedelta(seconds=settings.model_timeout),
-                heartbeat_timeout=timedelta(seconds=settings.model_heartbeat_timeout),
+                start_to_close_timeout=timedelta(seconds=policy.timeout),
+                heartbeat_timeout=timedelta(seconds=policy.heartbeat),
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30),
-                    maximum_attempts=settings.model_max_attempts,
+                    maximum_attempts=policy.max_attempts,
                     non_retryable_error_types=["ModelError", "ConfigError", "ModelAccessError"],
                 ),
                 summary=f"model · {turn.agent_name} · iteration {iteration}",
@@ -358,7 +359,8 @@ class TurnWorkflow:
 
     async def _tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         self._resume_mark = self._resumes
-        timeout, heartbeat, retry = _tool_policy(turn.agent_name, call.name)
+        policy = _policy_of(turn, call)
+        timeout, heartbeat, retry = _tool_policy(policy)
         try:
             return await workflow.execute_activity(
                 f"tool:{call.name}",
@@ -380,7 +382,7 @@ class TurnWorkflow:
             # The attempt was lost (worker died, timed out) or the last retry failed: record that, never re-run an
             # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (spec §5.8).
             lost = isinstance(err.cause, ActivityTimeoutError)
-            if not lost and _at_most_once(turn.agent_name, call.name) and workflow.patched(INTERRUPTED_UNLESS_RAISED):
+            if not lost and policy.at_most_once and workflow.patched(INTERRUPTED_UNLESS_RAISED):
                 # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,
                 # the worker) may have come after the body ran, so it is "interrupted", never "failed".
                 lost = not (isinstance(err.cause, ApplicationError) and err.cause.type == TOOL_RAISED)
@@ -427,27 +429,33 @@ def _delegation(turn: TurnInput, calls: list[ToolCallRef], *, launch: bool) -> D
     )
 
 
-def _tool_policy(agent_name: str, tool_name: str) -> tuple[timedelta, timedelta, RetryPolicy]:
-    """Timeouts and retries of one tool call, from its recovery mode (the registry is code, so replay-stable)."""
-    tool = resolve_agent(agent_name).tool(tool_name)
-    if tool is None:  # unknown tool: the activity records the failure at once
+def _model_policy(turn: TurnInput) -> ModelPolicy:
+    """The model activity's timeouts, as the turn was created with them; from the settings for a turn whose input
+    predates ``model_policy`` (older histories replay as they ran)."""
+    return turn.model_policy or model_policy()
+
+
+def _policy_of(turn: TurnInput, call: ToolCallRef) -> CallPolicy:
+    """How to dispatch ``call``, as the model activity resolved it; from the agent registry for a call whose step
+    predates ``policy`` (older histories replay as they ran; the registry is code, so replay-stable for them)."""
+    return call.policy or call_policy(resolve_agent(turn.agent_name), call.name)
+
+
+def _tool_policy(policy: CallPolicy) -> tuple[timedelta, timedelta, RetryPolicy]:
+    """Timeouts and retries of one tool call, from its recovery mode."""
+    if policy.kind == "unknown":  # unknown tool: the activity records the failure at once
         return timedelta(seconds=30), timedelta(seconds=30), RetryPolicy(maximum_attempts=1)
-    timeout = timedelta(seconds=tool.timeout)
-    heartbeat = timedelta(seconds=min(tool.timeout, settings.tool_heartbeat_timeout))
-    if tool.recovery == "replay_safe":
+    timeout = timedelta(seconds=policy.timeout)
+    heartbeat = timedelta(seconds=policy.heartbeat)
+    if not policy.at_most_once:
         retry = RetryPolicy(
-            initial_interval=timedelta(seconds=tool.initial_retry_interval),
-            maximum_interval=timedelta(seconds=tool.maximum_retry_interval),
-            maximum_attempts=tool.max_attempts,
+            initial_interval=timedelta(seconds=policy.initial_retry_interval),
+            maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
+            maximum_attempts=policy.max_attempts,
         )
     else:
         retry = RetryPolicy(maximum_attempts=1)  # at most once: a lost attempt is "interrupted", never re-run
     return timeout, heartbeat, retry
-
-
-def _at_most_once(agent_name: str, tool_name: str) -> bool:
-    tool = resolve_agent(agent_name).tool(tool_name)
-    return tool is not None and tool.recovery != "replay_safe"
 
 
 def _failure(err: ActivityError) -> tuple[str, str]:

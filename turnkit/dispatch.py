@@ -1,0 +1,51 @@
+"""What a turn workflow needs to decide, resolved outside it (issue 9: workflow decisions never read the live agent
+registry or global settings).
+
+Activities run with the worker's agent definitions and settings; they resolve, once, how the workflow must schedule
+the model call (:func:`model_policy`) and dispatch each proposed call (:func:`call_policy`), and the result travels
+in the payloads. A workflow replaying a turn thus decides exactly as it did, whatever the definitions say today, and
+a worker that lacks an agent fails one activity clearly instead of failing workflow tasks forever.
+"""
+
+from __future__ import annotations
+
+from turnkit.agent import Agent
+from turnkit.builtin_tools import LaunchAgentTool, WaitForTool
+from turnkit.config import settings
+from turnkit.payloads import CallPolicy, ModelPolicy
+
+__all__ = ["call_policy", "model_policy"]
+
+
+def model_policy() -> ModelPolicy:
+    """The ``turnkit.model`` activity's timeouts and attempts, from the settings (spec §3.2)."""
+    return ModelPolicy(
+        timeout=settings.model_timeout,
+        heartbeat=settings.model_heartbeat_timeout,
+        max_attempts=settings.model_max_attempts,
+    )
+
+
+def call_policy(agent: Agent, name: str) -> CallPolicy:
+    """How the workflow dispatches a call to ``name`` proposed by ``agent``'s model: delegation to a sub-agent, a
+    coordination tool, or a tool activity with the timeouts and retries of its recovery mode; ``unknown`` when the
+    agent has no such tool (the tool activity then records the failure at once)."""
+    if agent.sub_agent(name) is not None:
+        return CallPolicy(kind="sub_agent")
+    tool = agent.tool(name)
+    if tool is None:
+        return CallPolicy(kind="unknown", at_most_once=False)
+    if isinstance(tool, LaunchAgentTool):
+        return CallPolicy(kind="launch_agent")
+    if isinstance(tool, WaitForTool):
+        return CallPolicy(kind="wait_for")
+    replay_safe = tool.recovery == "replay_safe"
+    return CallPolicy(
+        kind="tool",
+        at_most_once=not replay_safe,
+        timeout=tool.timeout,
+        heartbeat=min(tool.timeout, settings.tool_heartbeat_timeout),
+        max_attempts=tool.max_attempts if replay_safe else 1,
+        initial_retry_interval=tool.initial_retry_interval,
+        maximum_retry_interval=tool.maximum_retry_interval,
+    )
