@@ -29,7 +29,7 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; echo $$rc > $(VENV)/.pytest-exit; exit $$rc
 
-# The chaos suite alone, with more seeds (make test runs 10): `make chaos SEEDS=300` (FAULTS=a,b narrows the kinds).
+# The chaos suite alone, with more seeds (make test runs 30): `make chaos SEEDS=300` (FAULTS=a,b narrows the kinds).
 chaos: venv
 	TURNKIT_CHAOS_SEEDS=$(SEEDS) TURNKIT_CHAOS_FAULTS=$(FAULTS) $(BIN)/python -m pytest -q -m chaos tests/test_chaos.py $(PYTEST_ARGS)
 

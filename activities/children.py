@@ -17,7 +17,7 @@ from temporalio import activity
 from activities.tools import budget_denial, outcome_of
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict, check
-from turnkit.builtin_tools import WaitForTool, sub_agent_tool
+from turnkit.builtin_tools import LaunchAgentTool, WaitForTool, sub_agent_tool
 from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import turn_result
@@ -284,15 +284,11 @@ def _delegation_arguments(parent: Agent, call: ToolCallRef, *, launch: bool) -> 
     if call.arguments_error:
         raise ToolValidationError(call.arguments_error)
     if launch:
-        from turnkit.builtin_tools import LaunchAgentTool
-
         args = LaunchAgentTool().validate_arguments(call.arguments)
         name = str(args["agent_name"])
         if parent.sub_agent(name) is None:
             raise ToolError(f"unknown sub-agent: {name}")
         return name, str(args["task"]), bool(args.get("callback"))
-    from turnkit.builtin_tools import sub_agent_tool
-
     args = sub_agent_tool(call.name).validate_arguments(call.arguments)
     return call.name, str(args["task"]), False
 

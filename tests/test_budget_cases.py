@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit import runtime
 from turnkit.budget import (
     COST_LIMIT,
     MAX_ITERATIONS,
@@ -24,6 +23,7 @@ from turnkit.budget import (
     tool_execution_denial,
 )
 from turnkit.config import configure
+from turnkit.current import current_connection
 from turnkit.executions import open_tool_execution
 from turnkit.model import Usage
 from turnkit.records import TreeUsage
@@ -90,12 +90,9 @@ async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:  # T35
     conversation = await tk.load_conversation(run.record.conversation_id)
     assert await conversation.cost() == pytest.approx(2.26)  # Conversation#cost: over its turns
     assert (await conversation.usage()).total_tokens == 1_800_000
-    token = runtime._current.set(tk)  # what `async with turnkit.connect()` does
-    try:
+    with current_connection(tk):  # what `async with turnkit.connect()` does
         assert await pricer.cost() == pytest.approx(2.26)  # Agent#cost: every stored turn with its name
         assert (await pricer.usage()).total_tokens == 1_800_000
-    finally:
-        runtime._current.reset(token)
     assert run.record.usage["cost_details"] == pytest.approx(
         {"input": 1.0, "output": 1.0, "cache_read": 0.01, "cache_write": 0.25, "thinking": 0.0, "total": 2.26}
     )

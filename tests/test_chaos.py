@@ -4,7 +4,7 @@ Each seed runs the multi-agent job of :mod:`tests.chaos_app` under the real faul
 from the enabled kinds (see :mod:`tests.chaos`), then requires: every turn it created is terminal, ``turnkit
 check`` is clean, no at-most-once effect happened twice, and hostile input left its conversation working.
 
-``TURNKIT_CHAOS_SEEDS`` sets how many seeds run (default 10; ``make chaos SEEDS=300``), ``TURNKIT_CHAOS_FAULTS``
+``TURNKIT_CHAOS_SEEDS`` sets how many seeds run (default 30; ``make chaos SEEDS=300``), ``TURNKIT_CHAOS_FAULTS``
 which fault kinds may strike (a comma list, or ``none``; default: all of them). The run ends with one line:
 seeds, faults drawn by kind, and violations found.
 """
@@ -30,7 +30,7 @@ pytestmark = [
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "seed" in metafunc.fixturenames:
-        metafunc.parametrize("seed", range(int(os.environ.get("TURNKIT_CHAOS_SEEDS", "10"))))
+        metafunc.parametrize("seed", range(int(os.environ.get("TURNKIT_CHAOS_SEEDS", "30"))))
 
 
 _OUTCOMES: list[Outcome] = []

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.runtime import TurnKit, _current
+from turnkit.current import current_connection
+from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
 
@@ -29,11 +30,8 @@ async def test_run_aggregates_the_tree(tk: TurnKit) -> None:
     )
     client = ScriptedClient([call_tools(("child", {"task": "help"})), "root done"])
     root = turnkit.Agent("root", model="scripted", sub_agents=[child], client=client, input_schema=SCHEMA)
-    token = _current.set(tk)
-    try:
+    with current_connection(tk):
         run = await root.run("Classify", input={"company": "ACME"})
-    finally:
-        _current.reset(token)
     assert run.status == "completed" and run.output_text == "root done"
     first = (await run.messages())[0]
     assert first.text == 'Task:\nClassify\n\nInput:\n{\n  "company": "ACME"\n}'

@@ -12,10 +12,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from turnkit.budget import check_limits
-from turnkit.compaction import normalize_compaction
+from turnkit.builtin_tools import sub_agent_tool
+from turnkit.compaction_options import normalize_compaction
 from turnkit.config import settings
+from turnkit.cost import total_cost, total_usage
+from turnkit.current import current
 from turnkit.errors import ConfigError
+from turnkit.limits import check_limits
 from turnkit.model import Client, ToolSpec, Usage
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
@@ -226,8 +229,6 @@ class Agent:
 
     def tool_specs(self) -> list[ToolSpec]:
         """The specs of every tool the model may call: the agent's own, then one per sub-agent (delegation)."""
-        from turnkit.builtin_tools import sub_agent_tool
-
         return [each.spec() for each in self.tools] + [
             sub_agent_tool(each.name, each.description).spec() for each in self.sub_agents
         ]
@@ -278,22 +279,14 @@ class Agent:
         See :meth:`turnkit.runtime.TurnKit.run`; raises ``InputError`` before anything is written when ``input``
         does not match ``input_schema``.
         """
-        from turnkit.runtime import current
-
         return await current().run(self, task, input=input, wait=wait, **options)
 
     async def usage(self) -> Usage:
         """Tokens used by every stored turn of this agent's name, on the current connection (spec §1.2)."""
-        from turnkit.cost import total_usage
-        from turnkit.runtime import current
-
         return total_usage(await current().store.list_turns(agent_name=self.name))
 
     async def cost(self) -> float | None:
         """Observed USD cost of every stored turn of this agent's name (None when none is known)."""
-        from turnkit.cost import total_cost
-        from turnkit.runtime import current
-
         return total_cost(await current().store.list_turns(agent_name=self.name))
 
     def __repr__(self) -> str:

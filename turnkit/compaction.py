@@ -22,10 +22,12 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
-from turnkit.errors import CompactionError, ConfigError
+from turnkit.compaction_options import DEFAULTS, compaction_policy, normalize_compaction
+from turnkit.errors import CompactionError
 from turnkit.model import Client, ModelRequest, Result
+from turnkit.prompt import drop_unanswered_calls, project_message, project_messages
 from turnkit.records import MessageRecord
 
 __all__ = [
@@ -51,23 +53,6 @@ __all__ = [
 
 #: Logs automatic compaction failures (they are swallowed, spec §3.10).
 logger: Final = logging.getLogger("turnkit.compaction")
-
-#: The compaction options and their defaults (spec §3.10).
-DEFAULTS: Final[Mapping[str, Any]] = {
-    "enabled": True,
-    "threshold": 0.75,
-    "context_limit": 128_000,
-    "reserved_tokens": 20_000,
-    "head_messages": 0,
-    "tail_messages": 12,
-    "tail_tokens": 8_000,
-    "summary_ratio": 0.20,
-    "min_summary_tokens": 1_000,
-    "max_summary_tokens": 12_000,
-    "tool_output_max_chars": 2_000,
-    "model": None,
-    "client": None,
-}
 
 #: The Markdown sections every summary must have, in order.
 SUMMARY_SECTIONS: Final = (
@@ -98,62 +83,10 @@ SUMMARY_SYSTEM_PROMPT: Final = (
 _TRUNCATED: Final = "\n[truncated {count} characters]"
 
 
-def normalize_compaction(value: Any) -> dict[str, Any] | Literal[False] | None:
-    """Validate one compaction layer (``settings.compaction``, an agent's or a call's option).
-
-    Args:
-        value: None or True (inherit), False (disable) or a mapping of options from :data:`DEFAULTS`.
-
-    Returns:
-        None for "inherit", False, or a copy of the mapping with string keys.
-
-    Raises:
-        ConfigError: ``"compaction must be true, false or a mapping"``, or ``"unknown compaction option: x"``.
-    """
-    if value is None or value is True:
-        return None
-    if value is False:
-        return False
-    if not isinstance(value, Mapping):
-        raise ConfigError("compaction must be true, false or a mapping")
-    options = {str(key): item for key, item in value.items()}  # pyright: ignore[reportUnknownVariableType]
-    for key in options:
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown compaction option: {key}")
-    return options
-
-
-def compaction_policy(*layers: Any) -> dict[str, Any] | None:
-    """Merge compaction layers over :data:`DEFAULTS`, in order (later wins).
-
-    Args:
-        *layers: e.g. ``settings.compaction, agent.compaction, overrides``; each as for :func:`normalize_compaction`.
-
-    Returns:
-        The merged policy, or None when any layer is False or the merged ``enabled`` is false.
-
-    Raises:
-        ConfigError: A layer has the wrong type or an unknown key.
-    """
-    policy = dict(DEFAULTS)
-    disabled = False
-    for layer in layers:
-        normalized = normalize_compaction(layer)
-        if normalized is False:
-            disabled = True  # keep validating the other layers
-        elif normalized:
-            policy.update(normalized)
-    if disabled or not policy["enabled"]:
-        return None
-    return policy
-
-
 # -- estimate and "when" ----------------------------------------------------------------------------------------
 
 
 def _projected_chars(message: MessageRecord) -> int:
-    from turnkit.prompt import project_message
-
     chars = 0
     for projected in project_message(message):
         chars += len(str(projected.get("content") or ""))
@@ -400,8 +333,6 @@ def summary_request(
     Returns:
         ``(request, input_tokens)``, where ``input_tokens`` estimates the middle and any previous summary.
     """
-    from turnkit.prompt import drop_unanswered_calls, project_messages
-
     input_tokens = estimate_tokens(selection.middle) + estimate_tokens(selection.previous)
     target = summary_target_tokens(policy, input_tokens)
     projected = truncate_tool_output(

@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from turnkit.compaction_options import normalize_compaction
 from turnkit.errors import ConfigError
+from turnkit.limits import check_limits
 
 if TYPE_CHECKING:
     # Only for annotations: turnkit.cost imports this module, so a runtime import would be circular.
@@ -133,12 +135,8 @@ def configure(**kwargs: Any) -> Settings:
     for key in kwargs:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
-    from turnkit.budget import check_limits  # late: turnkit.budget imports this module
-
     check_limits(kwargs)  # zero or negative budgets are refused before any setting changes (issue 8 item 13)
     if "compaction" in kwargs:
-        from turnkit.compaction import normalize_compaction  # late: it imports modules that import this one
-
         normalized = normalize_compaction(kwargs["compaction"])
         kwargs["compaction"] = True if normalized is None else normalized
     for key, value in kwargs.items():

@@ -19,6 +19,7 @@ from turnkit.errors import RecordNotFound
 from turnkit.payloads import DeliverySignal, LaneInput
 from turnkit.records import DeliveryRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.workflow_names import DELIVER_SIGNAL, LANE_WORKFLOW, WAKE_SIGNAL
 
 __all__ = [
     "WAKE_SIGNAL",
@@ -122,15 +123,13 @@ async def completion_delivery(tx: StoreTx, turn: TurnRecord, verdict: Verdict) -
 
 async def signal_delivery(client: Client, task_queue: str, delivery: DeliveryRecord) -> None:
     """Wake the destination lane: signal-with-start ``deliver`` (starts the lane if it is not running)."""
-    from workflows.lane import ConversationWorkflow
-
     await client.start_workflow(
-        ConversationWorkflow.run,
+        LANE_WORKFLOW,
         LaneInput(conversation_id=delivery.destination_conversation_id),
         id=delivery.destination_conversation_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="deliver",
+        start_signal=DELIVER_SIGNAL,
         start_signal_args=[DeliverySignal(delivery_id=delivery.id)],
     )
 
@@ -154,10 +153,6 @@ async def notify_completion(store: Store, client: Client, task_queue: str, turn_
         delivery = await tx.find_delivery(f"completion:{turn_id}")
     if delivery is not None and delivery.delivered_at is None:
         await signal_delivery(client, task_queue, delivery)
-
-
-#: Signal to a conversation's lane: a turn it did not run (a sub-agent's) has ended there.
-WAKE_SIGNAL = "wake"
 
 
 async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:

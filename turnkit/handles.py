@@ -21,7 +21,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkit import errors
+import turnkit.errors as errors
 from turnkit.agent import resolve_agent
 from turnkit.authorization import Action, Verdict, authorize
 from turnkit.compaction import compaction_policy, summarise
@@ -31,13 +31,14 @@ from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
 from turnkit.model import Usage
-from turnkit.payloads import LaneInput, SubmitTurn
+from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.patience import patiently
 from turnkit.store.store import StoreTx
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
+from turnkit.workflow_names import LANE_WORKFLOW, SUBMIT_UPDATE
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -190,10 +191,8 @@ class Conversation:
 
     async def _submit(self, request: SubmitTurn) -> None:
         # Update-with-start: the lane is started if it is not running; the update returns once the turn exists.
-        from workflows.lane import ConversationWorkflow
-
         start = WithStartWorkflowOperation(
-            ConversationWorkflow.run,
+            LANE_WORKFLOW,
             LaneInput(conversation_id=self.id),
             id=self.id,
             task_queue=self._tk.task_queue,
@@ -204,7 +203,7 @@ class Conversation:
         async def submit() -> None:
             try:
                 await self._tk.client.execute_update_with_start_workflow(
-                    ConversationWorkflow.submit, request, start_workflow_operation=start, id=request.turn_id
+                    SUBMIT_UPDATE, request, start_workflow_operation=start, id=request.turn_id, result_type=TurnTicket
                 )
             except WorkflowUpdateFailedError as err:
                 raise _turnkit_error(err.cause) from err

@@ -12,7 +12,10 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities import build_activities
+from activities.store_failures import StoreFailureInterceptor
 from turnkit.store.store import Store
+from workflows import ALL_WORKFLOWS
 
 __all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
 
@@ -36,10 +39,6 @@ class TurnKitPlugin(SimplePlugin):
     """
 
     def __init__(self, store: Store | None = None) -> None:
-        from activities import build_activities
-        from activities.store_failures import StoreFailureInterceptor
-        from workflows import ALL_WORKFLOWS
-
         super().__init__(
             "turnkit.TurnKitPlugin",
             data_converter=pydantic_data_converter,

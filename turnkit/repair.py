@@ -46,12 +46,13 @@ from turnkit.check import (
 )
 from turnkit.deliveries import signal_delivery
 from turnkit.dispatch import model_policy
-from turnkit.payloads import LaneInput, SubmitTurn, TurnInput
+from turnkit.payloads import LaneInput, SubmitTurn, TurnInput, TurnTicket
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
 from turnkit.store.store import Store, utcnow
 from turnkit.transcript import fail_execution, repair_transcript
 from turnkit.turn_end import fail_unfinished_turn
 from turnkit.waits import notify_waiters
+from turnkit.workflow_names import LANE_WORKFLOW, SUBMIT_UPDATE, TURN_WORKFLOW
 
 __all__ = ["LOST_WORKFLOW", "STALE_STAGED_INPUT", "Repair", "repair"]
 
@@ -165,8 +166,6 @@ class _Fixer:
 
     async def _requeue(self, turn: TurnRecord) -> bool:
         """Submit the stored turn to its lane again (the submit activity finds it by id and writes nothing)."""
-        from workflows.lane import ConversationWorkflow
-
         request = SubmitTurn(
             conversation_id=turn.conversation_id,
             turn_id=turn.id,
@@ -175,7 +174,7 @@ class _Fixer:
             agent_name=turn.agent_name,
         )
         start = WithStartWorkflowOperation(
-            ConversationWorkflow.run,
+            LANE_WORKFLOW,
             LaneInput(conversation_id=turn.conversation_id),
             id=turn.conversation_id,
             task_queue=self.task_queue,
@@ -184,7 +183,11 @@ class _Fixer:
         try:
             async with asyncio.timeout(_SUBMIT_TIMEOUT):  # a lane no worker serves cannot take it now
                 await self.client.execute_update_with_start_workflow(
-                    ConversationWorkflow.submit, request, start_workflow_operation=start, id=f"repair-{turn.id}"
+                    SUBMIT_UPDATE,
+                    request,
+                    start_workflow_operation=start,
+                    id=f"repair-{turn.id}",
+                    result_type=TurnTicket,
                 )
         except (WorkflowUpdateFailedError, RPCError, TimeoutError):
             return False
@@ -196,8 +199,6 @@ class _Fixer:
 
     async def _start(self, turn: TurnRecord) -> None:
         """Start a launched child's ``TurnWorkflow`` (id = turn id) with the input its parent would have used."""
-        from workflows.turn import TurnWorkflow
-
         root = await self.store.load_turn(turn.root_turn_id)
         timeout = (root.options.get("budget_limits") or {}).get("timeout")
         deadline = None
@@ -214,7 +215,7 @@ class _Fixer:
         )
         try:
             await self.client.start_workflow(
-                TurnWorkflow.run,
+                TURN_WORKFLOW,
                 turn_input,
                 id=turn.id,
                 task_queue=self.task_queue,

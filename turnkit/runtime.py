@@ -9,7 +9,6 @@ store (default: a SQLite file under ``./.turnkit/``).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 import shutil
 import socket
@@ -27,6 +26,7 @@ from turnkit.agent import Agent, register
 from turnkit.check import Finding
 from turnkit.check import check as check_invariants
 from turnkit.config import TASK_QUEUE, settings
+from turnkit.current import current_connection
 from turnkit.deliveries import reconcile as reconcile_deliveries
 from turnkit.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit.errors import ConfigError
@@ -43,7 +43,6 @@ __all__ = ["STATE_DIR", "Reconciled", "TurnKit", "connect", "temporal_binary"]
 
 #: Where the embedded defaults keep their state (SQLite store, dev-server database).
 STATE_DIR = Path(".turnkit")
-_current: contextvars.ContextVar[TurnKit | None] = contextvars.ContextVar("turnkit_current", default=None)
 
 
 class Reconciled(list[DeliveryRecord]):
@@ -217,11 +216,8 @@ async def connect(
                     task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
                     ui_url=ui_url,
                 )
-                token = _current.set(tk)
-                try:
+                with current_connection(tk):
                     yield tk
-                finally:
-                    _current.reset(token)
             except asyncio.CancelledError:
                 if not received:
                     raise
@@ -233,14 +229,6 @@ async def connect(
         if server is not None:
             await server.stop()
         await store.close()
-
-
-def current() -> TurnKit:
-    """The TurnKit connection of the enclosing ``async with turnkit.connect()`` (what ``Agent.run`` uses)."""
-    tk = _current.get()
-    if tk is None:
-        raise ConfigError("no TurnKit connection: use `async with turnkit.connect() as tk` (or tk.run(agent, ...))")
-    return tk
 
 
 def temporal_binary() -> str:

@@ -49,7 +49,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from turnkit.errors import ToolValidationError
+from turnkit.errors import Error, LostClaim, ToolValidationError
 from turnkit.model import ToolSpec
 from turnkit.store.storable import UnstorableValue, storable
 
@@ -147,8 +147,6 @@ class ToolContext:
         Raises:
             LostClaim: The execution is no longer open; nothing was written.
         """
-        from turnkit.errors import Error, LostClaim
-
         if self.store is None:
             raise Error("ToolContext.say needs the worker's store (this context was built outside a worker)")
         async with self.store.atomic(turn_id=self.root_turn_id) as tx:
