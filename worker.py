@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from turnkit.config import TASK_QUEUE
 from turnkit.connection import add_connection_arguments, client_options_from_arguments
+from turnkit.errors import ConfigError
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.store import Store
@@ -76,7 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
-    asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    try:
+        client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
+    except ConfigError as error:
+        print(f"worker: error: {error}", file=sys.stderr, flush=True)
+        exit_process(2)
+    asyncio.run(run(args))
     exit_process(0)
 
 

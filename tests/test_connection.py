@@ -138,7 +138,7 @@ async def test_connect_reaches_the_server_of_the_profile(
 
 async def test_the_cli_and_the_worker_read_the_profile(tmp_path: Path, temporal_address: str) -> None:
     """``turnkit check`` and ``worker.py`` reach the dev server named by the profile alone; with nothing configured
-    the cluster verbs say what to set, and a missing profile is reported before anything connects."""
+    the cluster verbs say what to set, and a missing profile is a usage error of both."""
     config = _config(tmp_path, temporal_address)
     env = _environment(TEMPORAL_CONFIG_FILE=str(config), TEMPORAL_PROFILE="dev", TURNKIT_LOG_LEVEL="WARNING")
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
@@ -155,6 +155,9 @@ async def test_the_cli_and_the_worker_read_the_profile(tmp_path: Path, temporal_
     missing = cli("repair", "--profile", "staging", environment=env)
     assert missing.returncode == 2 and "'staging' not found" in missing.stderr
 
+    command = [sys.executable, str(ROOT / "worker.py"), "--profile", "staging"]
+    misspelt = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert misspelt.returncode == 2 and "'staging' not found" in misspelt.stderr, misspelt.stderr
     worker = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "worker.py"),
