@@ -42,11 +42,15 @@ class Installed:
         return self.venv / "bin" / "python"
 
     def env(self, **variables: str) -> dict[str, str]:
-        """A clean environment for the venv's programs: nothing of the checkout's Python path or Temporal settings."""
+        """A clean environment for the venv's programs: nothing of the checkout's Python path or Temporal settings
+        (an empty Temporal config file, so a developer's own ``~/.config/temporalio/temporal.toml`` is not read)."""
         keep = {
             k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("TEMPORAL_", "TURNKIT_"))
         }
-        return {**keep, "PATH": f"{self.venv / 'bin'}:{keep.get('PATH', '')}", **variables}
+        config = self.venv / "temporal.toml"
+        config.touch()
+        path = f"{self.venv / 'bin'}:{keep.get('PATH', '')}"
+        return {**keep, "PATH": path, "TEMPORAL_CONFIG_FILE": str(config), **variables}
 
 
 def _run(
@@ -117,9 +121,11 @@ for package in (turnkit, workflows, activities):
 for name in names:
     if name == "turnkit.store.migrations.env":
         continue  # Alembic's env script: runs only inside an Alembic command
-    # Each module is imported first, in a fresh set of our modules: a circular import fails whichever comes first.
-    for loaded in [m for m in sys.modules if m.split(".")[0] in ("turnkit", "workflows", "activities", "worker")]:
-        del sys.modules[loaded]
+    # Each entry point is imported first, in a fresh set of our modules: a circular import fails whichever comes
+    # first. turnkit's submodules need no fresh start: importing one runs turnkit/__init__ (which imports them) first.
+    if not name.startswith("turnkit."):
+        for loaded in [m for m in sys.modules if m.split(".")[0] in ("turnkit", "workflows", "activities", "worker")]:
+            del sys.modules[loaded]
     importlib.import_module(name)
 print(len(names), "modules;", turnkit.__file__)
 """
