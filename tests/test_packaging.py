@@ -1,0 +1,226 @@
+"""Issue 11, packaging and deployment: ``pip install`` of the wheel (not editable) works, and a turn runs from it.
+
+The wheel is built from a copy of the source tree (so nothing is written into the checkout), installed with its
+dependencies and the ``postgres`` and ``providers`` extras into a fresh virtualenv (no system site-packages) once per
+test run, and used from there: every module imports (no circular import), ``turnkit worker`` (the console script the
+Dockerfile runs) serves a turn that a script run with the new venv's Python submits, both importing TurnKit from the
+venv and opening a fresh SQLite store (so the Alembic migrations come from the wheel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("pyproject.toml", "worker.py", "turnkit", "workflows", "activities")
+EXTRAS = "postgres,providers"
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The wheel and the virtualenv it was installed into."""
+
+    wheel: Path
+    venv: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def env(self, **variables: str) -> dict[str, str]:
+        """A clean environment for the venv's programs: nothing of the checkout's Python path or Temporal settings
+        (an empty Temporal config file, so a developer's own ``~/.config/temporalio/temporal.toml`` is not read)."""
+        keep = {
+            k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("TEMPORAL_", "TURNKIT_"))
+        }
+        config = self.venv / "temporal.toml"
+        config.touch()
+        path = f"{self.venv / 'bin'}:{keep.get('PATH', '')}"
+        return {**keep, "PATH": path, "TEMPORAL_CONFIG_FILE": str(config), **variables}
+
+
+def _run(
+    command: list[str | Path], *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """Build the wheel and install it with its dependencies into a fresh venv (once per run: ~15 s)."""
+    base = tmp_path_factory.mktemp("packaging")
+    tree = base / "tree"
+    tree.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in SOURCES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, tree / name, ignore=ignore)
+        else:
+            shutil.copy2(source, tree / name)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", base / "dist", tree])
+    [wheel] = (base / "dist").glob("turnkit-*.whl")
+    venv = base / "venv"
+    _run([sys.executable, "-m", "venv", venv])  # without --system-site-packages: only what the wheel brings
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[{EXTRAS}]"])
+    return Installed(wheel=wheel, venv=venv)
+
+
+def _source_files() -> set[str]:
+    """Every file the wheel must carry: the listed packages' modules and the migrations' template."""
+    names = {"worker.py"}
+    for package in ("turnkit", "workflows", "activities"):
+        for path in (ROOT / package).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".mako", ".ini"):
+                names.add(path.relative_to(ROOT).as_posix())
+    return names
+
+
+def test_the_wheel_carries_every_package_and_the_migrations(installed: Installed) -> None:
+    """Every module of ``turnkit`` (with ``providers``, ``store``, the migrations and their template), ``workflows``
+    and ``activities`` is in the wheel, every package directory is in pyproject's package list, and the ``turnkit``
+    console script is declared."""
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        names = set(wheel.namelist())
+        entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
+    missing = _source_files() - names
+    assert not missing, f"not in the wheel: {sorted(missing)}"
+    assert any(n.startswith("turnkit/store/migrations/versions/0001_") for n in names)
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {
+        init.parent.relative_to(ROOT).as_posix().replace("/", ".")
+        for package in ("turnkit", "workflows", "activities")
+        for init in (ROOT / package).rglob("__init__.py")
+    }
+    assert packages <= listed, f"packages missing from pyproject's list: {sorted(packages - listed)}"
+    assert "turnkit = turnkit.cli:main" in entry_points
+
+
+IMPORT_EVERYTHING = """
+import importlib, pkgutil, sys
+import turnkit, workflows, activities
+names = ["worker"]
+for package in (turnkit, workflows, activities):
+    names += [package.__name__] + [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+for name in names:
+    if name == "turnkit.store.migrations.env":
+        continue  # Alembic's env script: runs only inside an Alembic command
+    # Each entry point is imported first, in a fresh set of our modules: a circular import fails whichever comes
+    # first. turnkit's submodules need no fresh start: importing one runs turnkit/__init__ (which imports them) first.
+    if not name.startswith("turnkit."):
+        for loaded in [m for m in sys.modules if m.split(".")[0] in ("turnkit", "workflows", "activities", "worker")]:
+            del sys.modules[loaded]
+    importlib.import_module(name)
+print(len(names), "modules;", turnkit.__file__)
+"""
+
+
+def test_every_module_imports_from_the_wheel(installed: Installed, tmp_path: Path) -> None:
+    """``import turnkit`` (and every other module, each imported first) works from the installed wheel, with no
+    circular import, and the console scripts start."""
+    done = _run([installed.python, "-c", IMPORT_EVERYTHING], cwd=tmp_path, env=installed.env())
+    assert str(installed.venv) in done.stdout, done.stdout
+    assert "usage: turnkit" in _run([installed.venv / "bin" / "turnkit", "--help"], env=installed.env()).stdout
+    worker_help = _run([installed.venv / "bin" / "turnkit", "worker", "--help"], env=installed.env()).stdout
+    assert "--app" in worker_help and "--profile" in worker_help
+
+
+APP = """
+import turnkit
+from turnkit.testing import ScriptedClient
+
+agent = turnkit.register(
+    turnkit.Agent("packaged", model="scripted", client=ScriptedClient(lambda request: "answered from the wheel"))
+)
+"""
+
+RUN_TURN = """
+import asyncio
+
+import turnkit
+import worker
+from turnkit.process import exit_process
+
+import packaged_app
+
+
+async def main() -> None:
+    # Everything from the environment: TEMPORAL_ADDRESS, TURNKIT_DATABASE_URL, TURNKIT_TASK_QUEUE.
+    async with turnkit.connect(ui=False) as tk:
+        run = await tk.run(packaged_app.agent, "hello")
+    print("turnkit", turnkit.__file__)
+    print("worker", worker.__file__)
+    print("answer", run.status, run.output_text)
+
+
+asyncio.run(main())
+exit_process(0)
+"""
+
+
+async def test_a_turn_runs_from_the_installed_wheel(
+    installed: Installed, tmp_path: Path, temporal_address: str
+) -> None:
+    """``turnkit worker --app …`` from the venv serves a turn submitted by a script run with the venv's Python, on
+    the test session's dev server and a new SQLite store; both import TurnKit from the venv, not the checkout."""
+    (tmp_path / "packaged_app.py").write_text(textwrap.dedent(APP))
+    (tmp_path / "run_turn.py").write_text(textwrap.dedent(RUN_TURN))
+    env = installed.env(
+        TEMPORAL_ADDRESS=temporal_address,
+        TURNKIT_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'store.db'}",
+        TURNKIT_TASK_QUEUE=f"packaged-{uuid.uuid4().hex[:8]}",
+        TURNKIT_LOG_LEVEL="WARNING",
+    )
+    worker = await asyncio.create_subprocess_exec(
+        str(installed.venv / "bin" / "turnkit"),
+        "worker",
+        "--app",
+        "packaged_app",
+        "--grace",
+        "1",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert worker.stdout is not None
+        async with asyncio.timeout(60):
+            ready = await worker.stdout.readline()
+        assert ready.startswith(b"worker ready"), ready
+        turn = await asyncio.create_subprocess_exec(
+            str(installed.python),
+            "run_turn.py",
+            cwd=tmp_path,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(120):
+            out, err = await turn.communicate()
+        assert turn.returncode == 0, out.decode() + err.decode()
+    finally:
+        worker.terminate()
+        async with asyncio.timeout(60):
+            await worker.wait()
+    lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
+    site_packages = installed.venv / "lib"
+    assert lines["turnkit"].startswith(str(site_packages)), lines
+    assert lines["worker"].startswith(str(site_packages)), lines
+    assert lines["answer"] == "completed answered from the wheel"
+    assert worker.returncode == 0
