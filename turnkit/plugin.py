@@ -12,10 +12,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities import build_activities
-from activities.store_failures import StoreFailureInterceptor
 from turnkit.store.store import Store
-from workflows import ALL_WORKFLOWS
 
 __all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
 
@@ -39,6 +36,12 @@ class TurnKitPlugin(SimplePlugin):
     """
 
     def __init__(self, store: Store | None = None) -> None:
+        # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
+        # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
+        from activities import build_activities
+        from activities.store_failures import StoreFailureInterceptor
+        from workflows import ALL_WORKFLOWS
+
         super().__init__(
             "turnkit.TurnKitPlugin",
             data_converter=pydantic_data_converter,
