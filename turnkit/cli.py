@@ -461,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
         code = asyncio.run(_COMMANDS[args.command](args))
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `turnkit events … | head`: the reader left; not an error of ours
+        code = 0
     exit_process(code)
 
 
