@@ -25,7 +25,9 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 import turnkit
 from tests.engine import Engine, Gate, eventually, gated_tool
+from tests.faults import dev_server
 from tests.history_scenarios import register_scenario_agents
+from tests.test_history_limits import limits, step, stepper, turnkit_on
 from turnkit import cli
 from turnkit.dbadmin import head_revision
 from turnkit.histories import Run
@@ -294,3 +296,21 @@ def test_worker_help_from_the_console_script() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: turnkit worker") and "--app" in done.stdout and "--grace" in done.stdout
+
+
+async def test_replay_walks_every_continued_as_new_run(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11 `turnkit replay`: a turn that continued as new (a private dev server with a low history limit) is
+    replayed run by run, every run of its chain named."""
+    async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
+        agent = turnkit.Agent("long-turn", model="scripted", tools=[step], client=stepper(12), max_iterations=20)
+        turn = await (await tk.conversation(agent)).ask("go")
+        assert turn.status == "completed", turn.record.error
+        runs = [w.run_id async for w in tk.client.list_workflows(f"WorkflowId = '{turn.id}'")]
+        assert len(runs) >= 2
+        capsys.readouterr()
+        assert (
+            await cli.run_command(["replay", turn.id, "--address", server.address, "--database-url", database_url]) == 0
+        )
+    out = capsys.readouterr().out
+    replayed = {line.split(" run ")[1].split()[0] for line in out.splitlines() if f"TurnWorkflow {turn.id} run" in line}
+    assert replayed == set(runs), out
