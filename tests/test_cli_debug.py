@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shutil
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,12 @@ from turnkit.dbadmin import head_revision
 from turnkit.histories import Run
 from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
 from turnkit.plugin import PASSTHROUGH_MODULES
+from turnkit.records import ToolExecutionRecord, TurnRecord
 from turnkit.replay import replay_runs, report
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
+from turnkit.timeline import render_html
+from turnkit.tree import TurnNode
 from workflows import ConversationWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,3 +319,66 @@ async def test_replay_walks_every_continued_as_new_run(database_url: str, capsys
     out = capsys.readouterr().out
     replayed = {line.split(" run ")[1].split()[0] for line in out.splitlines() if f"TurnWorkflow {turn.id} run" in line}
     assert replayed == set(runs), out
+
+
+def parallel_tree() -> TurnNode:
+    """A lead turn whose two sub-agent turns ran at the same time (records as the store returns them)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    def turn(
+        turn_id: str, agent: str, start: float, end: float, parent: str | None = None, via: str | None = None
+    ) -> TurnRecord:
+        return TurnRecord(
+            id=turn_id, conversation_id=f"conv_{turn_id[5:]}", agent_name=agent, root_turn_id="turn_lead",
+            parent_turn_id=parent, parent_tool_execution_id=via, status="completed", started_at=at(start),
+            completed_at=at(end), created_at=at(start), updated_at=at(end), usage={"input_tokens": 10},
+        )  # fmt: skip
+
+    def call(execution_id: str, turn_id: str, name: str, start: float, end: float) -> ToolExecutionRecord:
+        return ToolExecutionRecord(
+            id=execution_id, turn_id=turn_id, tool_call_id=f"call_{execution_id}", tool_name=name,
+            status="completed", started_at=at(start), completed_at=at(end), created_at=at(start), updated_at=at(end),
+        )  # fmt: skip
+
+    alpha = TurnNode(
+        turn("turn_alpha", "alpha", 1.0, 3.0, "turn_lead", "tool_a"), [call("tool_x", "turn_alpha", "lookup", 1.5, 2.5)]
+    )
+    beta = TurnNode(
+        turn("turn_beta", "beta", 1.2, 3.5, "turn_lead", "tool_b"), [call("tool_y", "turn_beta", "lookup", 2.0, 3.0)]
+    )
+    lead_calls = [call("tool_a", "turn_lead", "alpha", 0.9, 3.1), call("tool_b", "turn_lead", "beta", 0.9, 3.6)]
+    return TurnNode(turn("turn_lead", "lead", 0.0, 4.0), lead_calls, children=[alpha, beta])
+
+
+def bars(html: str) -> dict[str, tuple[float, float]]:
+    """``data-id`` -> (left %, right %) of every bar on the page."""
+    found = re.findall(r"data-id='([^']+)'[^>]*left:([\d.]+)%;width:([\d.]+)%", html)
+    return {bar_id: (float(left), float(left) + float(width)) for bar_id, left, width in found}
+
+
+def test_timeline_bars_of_parallel_sub_agents_overlap() -> None:
+    """Issue 11 `turnkit show --html`: one bar per turn and tool execution on one time axis; parallel sub-agents'
+    bars overlap, each sits inside its parent's."""
+    placed = bars(render_html([parallel_tree()]))
+    assert set(placed) == {"turn_lead", "turn_alpha", "turn_beta", "tool_a", "tool_b", "tool_x", "tool_y"}
+    assert placed["turn_lead"] == (0.0, 100.0)
+    (a_left, a_right), (b_left, b_right) = placed["turn_alpha"], placed["turn_beta"]
+    assert a_left < b_right and b_left < a_right  # they overlap
+    assert placed["tool_a"][0] <= a_left and a_right <= placed["tool_a"][1]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium package (headless)")
+def test_timeline_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """Issue 11 `turnkit show --html`: the page renders offline in headless Chromium, and a screenshot is taken."""
+    page = tmp_path / "timeline.html"
+    page.write_text(render_html([parallel_tree()], title="parallel"))
+    shot = tmp_path / "timeline.png"
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,400"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
+    assert dom.returncode == 0 and "turn_alpha" in dom.stdout and "turn_beta" in dom.stdout, dom.stderr
+    taken = subprocess.run([*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60)
+    assert taken.returncode == 0, taken.stderr
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000

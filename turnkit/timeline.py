@@ -1,7 +1,7 @@
 """``turnkit show --html FILE``: one self-contained HTML page with a timeline of a run's tree.
 
 One row per turn and per tool execution, in tree order, each a bar placed on a shared time axis (absolute
-positioning in percent of the tree's span), coloured by status. Inline CSS only, no scripts and no external assets,
+positioning in percent of the tree's span), coloured by status; a bar's ``data-id`` is its turn or execution id. Inline CSS only, no scripts and no external assets,
 so the page opens anywhere, offline.
 """
 
@@ -31,7 +31,7 @@ _STYLE = """
 body{font:13px/1.4 system-ui,sans-serif;margin:24px;color:#1f2933}
 h1{font-size:18px} h2{font-size:15px;margin-top:28px}
 .row{display:flex;align-items:center;height:24px;border-bottom:1px solid #eef1f4}
-.label{width:420px;flex:none;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.label{width:420px;box-sizing:border-box;flex:none;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 .lane{position:relative;flex:1;height:18px;background:#f7f9fb}
 .bar{position:absolute;top:2px;height:14px;border-radius:3px;min-width:2px;opacity:.9}
 .tool .bar{top:5px;height:8px}
@@ -77,13 +77,22 @@ def _rows(node: TurnNode, depth: int, rows: list[str], begin: datetime, span: fl
         label = f"<a href='{escape(links[turn.id], quote=True)}'>{escape(label)}</a>"
     else:
         label = escape(label)
-    rows.append(
-        _row("turn", depth, label, turn.started_at or turn.created_at, turn.completed_at, turn.status, begin, span)
-    )
+    start = turn.started_at or turn.created_at
+    rows.append(_row("turn", turn.id, depth, label, start, turn.completed_at, turn.status, begin, span))
     for execution in node.executions:
         text = escape(f"tool {execution.tool_name} · {execution.status}")
         rows.append(
-            _row("tool", depth + 1, text, execution.started_at, execution.completed_at, execution.status, begin, span)
+            _row(
+                "tool",
+                execution.id,
+                depth + 1,
+                text,
+                execution.started_at,
+                execution.completed_at,
+                execution.status,
+                begin,
+                span,
+            )
         )
         for child in node.children_of(execution.id):
             _rows(child, depth + 2, rows, begin, span, links)
@@ -95,6 +104,7 @@ def _rows(node: TurnNode, depth: int, rows: list[str], begin: datetime, span: fl
 
 def _row(
     kind: str,
+    record_id: str,
     depth: int,
     label: str,
     start: datetime | None,
@@ -109,7 +119,7 @@ def _row(
         width = ((end or utcnow()) - start).total_seconds() / span * 100
         took = ((end or utcnow()) - start).total_seconds()
         bar = (
-            f"<div class='bar' title='{took:.3f} s' style='left:{left:.3f}%;width:{max(width, 0.0):.3f}%;"
+            f"<div class='bar' data-id='{escape(record_id, quote=True)}' title='{took:.3f} s' style='left:{left:.3f}%;width:{max(width, 0.0):.3f}%;"
             f"background:{_COLOURS.get(status, '#9aa5b1')}'></div>"
         )
     pad = depth * 16
