@@ -1,8 +1,8 @@
 """``turnkit show --html FILE``: one self-contained HTML page with a timeline of a run's tree.
 
 One row per turn and per tool execution, in tree order, each a bar placed on a shared time axis (absolute
-positioning in percent of the tree's span), coloured by status; a bar's ``data-id`` is its turn or execution id. Inline CSS only, no scripts and no external assets,
-so the page opens anywhere, offline.
+positioning in percent of the tree's span), coloured by status; a bar's ``data-id`` is its turn or execution id.
+Inline CSS only, no scripts and no external assets, so the page opens anywhere, offline.
 """
 
 from __future__ import annotations
@@ -116,11 +116,11 @@ def _row(
     bar = ""
     if start is not None:
         left = (start - begin).total_seconds() / span * 100
-        width = ((end or utcnow()) - start).total_seconds() / span * 100
         took = ((end or utcnow()) - start).total_seconds()
+        width = max(took / span * 100, 0.0)
         bar = (
-            f"<div class='bar' data-id='{escape(record_id, quote=True)}' title='{took:.3f} s' style='left:{left:.3f}%;width:{max(width, 0.0):.3f}%;"
-            f"background:{_COLOURS.get(status, '#9aa5b1')}'></div>"
+            f"<div class='bar' data-id='{escape(record_id, quote=True)}' title='{took:.3f} s' "
+            f"style='left:{left:.3f}%;width:{width:.3f}%;background:{_COLOURS.get(status, '#9aa5b1')}'></div>"
         )
     pad = depth * 16
     return (
