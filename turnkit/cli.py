@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import logging
 import os
 import re
 import sys
@@ -208,12 +209,23 @@ async def _show(args: argparse.Namespace) -> int:
 
 
 async def _replay(args: argparse.Namespace) -> int:
+    _import_apps(args.app)
+    sdk_log = logging.getLogger("temporalio")
+    level = sdk_log.level
+    if not args.verbose:  # each failure is reported below; the SDK's tracebacks of failed activations are noise here
+        sdk_log.setLevel(logging.CRITICAL)
+    try:
+        return await _replay_runs(args)
+    finally:
+        sdk_log.setLevel(level)
+
+
+async def _replay_runs(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowHistory
 
     from turnkit.histories import Run, matching_runs, runs_of, tree_workflow_ids
-    from turnkit.replay import replay_runs, report
+    from turnkit.replay import replay_runs, report, turnkit_replayer
 
-    _import_apps(args.app)
     runs: list[Run] = []
     client = None
     if args.all:
@@ -238,7 +250,8 @@ async def _replay(args: argparse.Namespace) -> int:
         return 1
     ready = [run for run in runs if run.replayable]
     skipped = [run for run in runs if not run.replayable]
-    return report(await replay_runs(ready, timeout=args.timeout), skipped)
+    replayer = turnkit_replayer(quiet=not args.verbose)
+    return report(await replay_runs(ready, replayer=replayer, timeout=args.timeout), skipped)
 
 
 async def _history(args: argparse.Namespace) -> int:
@@ -278,8 +291,6 @@ async def _events(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    import logging
-
     import worker
     from turnkit.config import TASK_QUEUE
 
@@ -383,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--app", action="append", default=[], help="module that registers the agents (repeatable), as for the worker"
     )
     replay.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per replayed run (default 30)")
+    replay.add_argument("--verbose", "-v", action="store_true", help="also log the SDK's tracebacks of failed runs")
 
     history = verb(
         "history",

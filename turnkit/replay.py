@@ -9,6 +9,7 @@ agent registry while replaying, so the application's agents must be registered f
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from temporalio import workflow
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Replayer
 
 from turnkit.histories import Run
@@ -40,11 +42,22 @@ class ReplayOutcome:
         return self.status == "ok"
 
 
-def turnkit_replayer() -> Replayer:
-    """A replayer configured like a TurnKit worker (converter, sandbox pass-through, workflows)."""
+def turnkit_replayer(*, quiet: bool = False) -> Replayer:
+    """A replayer configured like a TurnKit worker (converter, sandbox pass-through, workflows).
+
+    ``quiet`` gives it its own SDK runtime that logs errors only: the SDK core warns about every failed workflow task,
+    which :func:`report` already describes (for a command; a process needs only one such runtime).
+    """
     from turnkit.plugin import TurnKitPlugin
 
-    return Replayer(workflows=[], plugins=[TurnKitPlugin()])
+    return Replayer(workflows=[], plugins=[TurnKitPlugin()], runtime=_quiet_runtime() if quiet else None)
+
+
+@functools.cache
+def _quiet_runtime() -> Runtime:
+    """One SDK runtime per process whose core logs errors only."""
+    quiet_logs = LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+    return Runtime(telemetry=TelemetryConfig(logging=quiet_logs))
 
 
 async def replay_runs(
@@ -87,7 +100,12 @@ def describe(outcome: ReplayOutcome) -> str:
             "    the history recorded the first thing named, today's code issued the second: a change to this "
             "workflow needs workflow.patched(...) to keep old runs replaying"
         )
-    return f"FAILED  {where}: {outcome.message}"
+    hint = (
+        " (pass --app with the module that registers it, as for the worker)"
+        if "register agent" in outcome.message
+        else ""
+    )
+    return f"FAILED  {where}: {outcome.message}{hint}"
 
 
 async def _abandon(task: asyncio.Task[object]) -> None:
