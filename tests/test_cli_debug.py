@@ -113,6 +113,8 @@ async def test_show_lists_the_tree_as_text_json_and_html(
     assert "tool researcher  completed" in text and "tool lookup  completed" in text
     assert f"http://ui.example:8233/namespaces/default/workflows/{child_id}" in text
 
+    assert await cli.run_command(["show", "turn_" + "0" * 24, *options(engine)]) == 1
+    assert "not found" in capsys.readouterr().err
     assert await cli.run_command(["show", turn.record.conversation_id, "--json", *options(engine)]) == 0
     (tree,) = json.loads(capsys.readouterr().out)["trees"]
     assert (tree["turn_id"], tree["agent"], tree["status"]) == (turn.id, "lead", "completed")
@@ -155,6 +157,9 @@ async def test_replay_names_every_run_and_an_exported_history_replays(
     assert WorkflowHistory.from_json(turn.id, capsys.readouterr().out).events
     assert await cli.run_command(["replay", str(exported)]) == 0  # a file needs no cluster
     assert f"OK  TurnWorkflow {child_id} run " in capsys.readouterr().out
+    run_id = (await tk.client.get_workflow_handle(child_id).describe()).run_id
+    assert await cli.run_command(["history", child_id, "--run-id", run_id, *options(engine)]) == 0
+    assert WorkflowHistory.from_json(child_id, capsys.readouterr().out).run_id == run_id
 
 
 async def test_replay_all_replays_closed_workflows_of_a_query(
