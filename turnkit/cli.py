@@ -199,10 +199,7 @@ async def _show(args: argparse.Namespace) -> int:
     links = ui_links(trees, args.ui, args.namespace)
     if args.html:
         Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
-    if args.json:
-        print(render_json(trees, links=links))
-    elif not args.html or args.html != "-":
-        print(render_text(trees, links=links))
+    print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
     if args.html:
         print(f"timeline written to {args.html}", file=sys.stderr)
     return 0

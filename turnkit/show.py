@@ -37,7 +37,8 @@ def render_text(trees: list[TurnNode], *, links: dict[str, str] | None = None) -
     lines: list[str] = []
     for tree in trees:
         _turn_lines(tree, "", lines, links or {})
-        total_cost = sum(node.turn.cost or 0.0 for node in tree.walk())
+        costs = [node.turn.cost for node in tree.walk() if node.turn.cost is not None]
+        total_cost = sum(costs) if costs else None
         total_tokens = sum(node.tokens for node in tree.walk())
         lines.append(f"  tree: {len(tree.walk())} turn(s) · {total_tokens} tokens · {_money(total_cost)}")
         lines.append("")
