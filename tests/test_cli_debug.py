@@ -299,7 +299,7 @@ def test_every_verb_has_help(verb: str, capsys: pytest.CaptureFixture[str]) -> N
             assert option in out
 
 
-def test_worker_help_from_the_console_script() -> None:
+def test_turnkit_worker_help() -> None:
     """Issue 11: `turnkit worker --help` prints the worker's options (it used to print nothing useful)."""
     done = subprocess.run(
         [sys.executable, "-m", "turnkit.cli", "worker", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
