@@ -1,5 +1,6 @@
-"""The ``turnkit`` command: ``turnkit check``, ``turnkit repair``, ``turnkit reconcile``, ``turnkit demo``,
-``turnkit worker``.
+"""The ``turnkit`` command.
+
+Operator verbs:
 
 * ``turnkit check`` reads the store and Temporal and prints every broken invariant of spec §5.13 (one line each:
   kind, ids, what is wrong); it exits 1 when anything is wrong, 0 when all is well.
@@ -8,25 +9,49 @@
 * ``turnkit reconcile`` runs the repair sweep, then re-signals every delivery still pending in the store, so a
   signal lost between a delivery's commit and its wake-up is repaired. Schedule it (cron, a Temporal schedule)
   against a real cluster: ``TEMPORAL_ADDRESS=… TURNKIT_DATABASE_URL=… turnkit reconcile``.
+* ``turnkit db upgrade | current``: the store's migrations (:mod:`turnkit.dbadmin`).
+* ``turnkit worker``, ``turnkit demo``.
 
-Every verb reads the Temporal connection from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's
-profile; see :mod:`turnkit.connection`); ``--address``, ``--namespace``, ``--profile`` and ``--config-file`` win.
+Debugger verbs (each in its own module; this one only parses arguments and connects):
+
+* ``turnkit show ID`` (:mod:`turnkit.show`, :mod:`turnkit.timeline`): the tree of a turn or conversation.
+* ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit.replay`): replay histories on today's code.
+* ``turnkit history TURN_ID`` (:mod:`turnkit.histories`): a history as JSON.
+* ``turnkit events TURN_ID [--follow]`` (:mod:`turnkit.event_stream`): a turn's events as they are recorded.
+
+Every verb takes the same connection options (:func:`connection_options`, :func:`temporal_client`,
+:func:`open_store`): the one place that turns options and environment into connections. The Temporal connection
+comes from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's profile; see :mod:`turnkit.connection`);
+``--address``, ``--namespace``, ``--profile`` and ``--config-file`` win.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import json
+import logging
 import os
 import re
+import sys
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from turnkit.connection import add_connection_arguments, client_options_from_arguments
 from turnkit.errors import ConfigError
 from turnkit.process import exit_process
 
-__all__ = ["main", "parse_since"]
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from turnkit.runtime import TurnKit
+    from turnkit.store.store import Store
+
+__all__ = ["build_parser", "connection_options", "main", "open_store", "parse_since", "run_command", "temporal_client"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -45,10 +70,67 @@ def parse_since(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-async def _reconcile(args: argparse.Namespace) -> int:
+# -- connections: the one place options and environment become a Temporal client and a store -----------------------
+
+
+def connection_options() -> argparse.ArgumentParser:
+    """The options every verb takes (a parent parser): Temporal address and namespace, the store, the task queue."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_connection_arguments(parent)
+    group = parent.add_argument_group("store and task queue (environment variables give the defaults)")
+    group.add_argument(
+        "--database-url",
+        default=os.environ.get("TURNKIT_DATABASE_URL"),
+        help="SQLAlchemy URL of the store (default $TURNKIT_DATABASE_URL, else SQLite under ./.turnkit/)",
+    )
+    group.add_argument(
+        "--task-queue",
+        default=os.environ.get("TURNKIT_TASK_QUEUE"),
+        help="task queue of TurnKit workflows and activities (default $TURNKIT_TASK_QUEUE or 'turnkit')",
+    )
+    return parent
+
+
+async def temporal_client(args: argparse.Namespace) -> Client:
+    """A Temporal client for ``args`` with the TurnKit plugin (data converter); needs a configured address."""
+    from temporalio.client import Client
+
+    from turnkit.plugin import TurnKitPlugin
+
+    return await Client.connect(**client_options_from_arguments(args), plugins=[TurnKitPlugin()])
+
+
+@asynccontextmanager
+async def open_store(args: argparse.Namespace, *, migrate: bool = False) -> AsyncGenerator[Store, None]:
+    """The store of ``args`` (read-only verbs do not migrate it), closed on exit."""
+    from turnkit.store.store import Store
+
+    store = await Store.open(args.database_url, migrate=migrate)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _connect(args: argparse.Namespace) -> AbstractAsyncContextManager[TurnKit]:
+    """A full TurnKit connection (Temporal client and store) for the operator verbs."""
     from turnkit.runtime import connect
 
-    async with connect(**_connect_arguments(args)) as tk:
+    return connect(
+        temporal_address=args.address,
+        namespace=args.namespace,
+        profile=args.profile,
+        config_file=args.config_file,
+        database_url=args.database_url,
+        task_queue=args.task_queue,
+    )
+
+
+# -- operator verbs ---------------------------------------------------------------------------------------------------
+
+
+async def _reconcile(args: argparse.Namespace) -> int:
+    async with _connect(args) as tk:
         pending = await tk.reconcile(repair=not args.no_repair, grace=args.grace)
     for done in pending.repairs:
         print(done)
@@ -58,9 +140,8 @@ async def _reconcile(args: argparse.Namespace) -> int:
 
 async def _check(args: argparse.Namespace) -> int:
     from turnkit.check import summary
-    from turnkit.runtime import connect
 
-    async with connect(**_connect_arguments(args)) as tk:
+    async with _connect(args) as tk:
         findings = await tk.check(since=args.since, grace=args.grace)
     print(summary(findings))
     return 1 if findings else 0
@@ -68,9 +149,8 @@ async def _check(args: argparse.Namespace) -> int:
 
 async def _repair(args: argparse.Namespace) -> int:
     from turnkit.check import summary
-    from turnkit.runtime import connect
 
-    async with connect(**_connect_arguments(args)) as tk:
+    async with _connect(args) as tk:
         done = await tk.repair(since=args.since, grace=args.grace)
         left = await tk.check(since=args.since, grace=args.grace)
     for repair in done:
@@ -80,64 +160,324 @@ async def _repair(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-def _connect_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """``turnkit.connect()``'s arguments from a verb's options (the connection ones resolved through envconfig)."""
-    return {
-        "temporal_address": args.address,
-        "namespace": args.namespace,
-        "profile": args.profile,
-        "config_file": args.config_file,
-        "database_url": args.database_url,
-        "task_queue": args.task_queue,
-    }
+async def _db(args: argparse.Namespace) -> int:
+    from turnkit import dbadmin
+
+    if args.action == "upgrade":
+        done = await dbadmin.upgrade(args.database_url)
+        print(
+            f"upgraded {done.current or '(empty)'} -> {done.head}"
+            if done.current != done.head
+            else f"at head {done.head}"
+        )
+        return 0
+    revisions = await dbadmin.current(args.database_url)
+    state = "(head)" if revisions.up_to_date else f"(head is {revisions.head}: run `turnkit db upgrade`)"
+    print(f"{revisions.current or '(not migrated)'} {state}")
+    return 0 if revisions.up_to_date else 1
 
 
-def _cluster_options(command: argparse.ArgumentParser, *, window: bool) -> None:
-    add_connection_arguments(command)
-    command.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
-    command.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE"))
-    command.add_argument(
-        "--grace", type=float, default=10.0, help="seconds before work in flight counts as lost (default 10)"
+# -- debugger verbs ---------------------------------------------------------------------------------------------------
+
+
+async def _show(args: argparse.Namespace) -> int:
+    from turnkit.errors import RecordNotFound
+    from turnkit.show import render_json, render_text, ui_links
+    from turnkit.timeline import render_html
+    from turnkit.tree import load_trees
+
+    async with open_store(args) as store:
+        try:
+            trees = await load_trees(store, args.id)
+        except RecordNotFound as err:
+            print(f"turnkit show: {err}", file=sys.stderr)
+            return 1
+    links = ui_links(trees, args.ui, args.namespace)
+    if args.html:
+        Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
+    print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
+    if args.html:
+        print(f"timeline written to {args.html}", file=sys.stderr)
+    return 0
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    _import_apps(args.app)
+    sdk_log = logging.getLogger("temporalio")
+    level = sdk_log.level
+    if not args.verbose:  # each failure is reported below; the SDK's tracebacks of failed activations are noise here
+        sdk_log.setLevel(logging.CRITICAL)
+    try:
+        return await _replay_runs(args)
+    finally:
+        sdk_log.setLevel(level)
+
+
+async def _replay_runs(args: argparse.Namespace) -> int:
+    from temporalio.client import WorkflowHistory
+
+    from turnkit.histories import Run, matching_runs, runs_of, tree_workflow_ids
+    from turnkit.replay import replay_runs, report, turnkit_replayer
+
+    runs: list[Run] = []
+    client = None
+    if args.all:
+        client = await temporal_client(args)
+        runs = await matching_runs(client, args.query)
+    for ident in args.ids:
+        path = Path(ident)
+        if ident.endswith(".json") and path.is_file():
+            history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+            runs.append(Run(path.stem, history.run_id, history))
+            continue
+        client = client or await temporal_client(args)
+        if ident.startswith(("turn_", "conv_")):
+            async with open_store(args) as store:
+                workflow_ids = await tree_workflow_ids(store, ident)
+        else:
+            workflow_ids = [ident]
+        for workflow_id in workflow_ids:
+            runs.extend(await runs_of(client, workflow_id, missing_ok=workflow_id != ident))
+    if not runs:
+        print("turnkit replay: no workflow runs to replay", file=sys.stderr)
+        return 1
+    ready = [run for run in runs if run.replayable]
+    skipped = [run for run in runs if not run.replayable]
+    replayer = turnkit_replayer(quiet=not args.verbose)
+    return report(await replay_runs(ready, replayer=replayer, timeout=args.timeout), skipped)
+
+
+async def _history(args: argparse.Namespace) -> int:
+    from turnkit.histories import run_history
+
+    client = await temporal_client(args)
+    run = await run_history(client, args.id, args.run_id)
+    text = run.history.to_json()
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        events = len(run.history.events)
+        print(
+            f"{run.workflow_type} {run.workflow_id} run {run.run_id}: {events} events -> {args.output}", file=sys.stderr
+        )
+    else:
+        sys.stdout.write(text + "\n")
+    return 0
+
+
+async def _events(args: argparse.Namespace) -> int:
+    from turnkit.errors import RecordNotFound
+    from turnkit.event_stream import follow, turn_events
+
+    async with open_store(args) as store:
+        try:
+            if args.follow:
+                async for event in follow(store, args.id, interval=args.interval):
+                    print(json.dumps(event.to_dict()) if args.json else event.line(), flush=True)
+            else:
+                events, _ = await turn_events(store, args.id)
+                for event in events:
+                    print(json.dumps(event.to_dict()) if args.json else event.line())
+        except RecordNotFound as err:
+            print(f"turnkit events: {err}", file=sys.stderr)
+            return 1
+    return 0
+
+
+async def _worker(args: argparse.Namespace) -> int:
+    import worker
+    from turnkit.config import TASK_QUEUE
+
+    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
+    args.task_queue = args.task_queue or TASK_QUEUE
+    sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
+    await worker.run(args)
+    return 0
+
+
+def _import_apps(modules: list[str]) -> None:
+    """Import the application modules that register agents (replay reads tool policies from the registry)."""
+    sys.path.insert(0, os.getcwd())
+    for module in modules:
+        importlib.import_module(module)
+
+
+# -- the parser -------------------------------------------------------------------------------------------------------
+
+_NEEDS_CLUSTER = {"reconcile", "check", "repair", "history", "worker"}
+_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "reconcile": _reconcile,
+    "check": _check,
+    "repair": _repair,
+    "db": _db,
+    "show": _show,
+    "replay": _replay,
+    "history": _history,
+    "events": _events,
+    "worker": _worker,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``turnkit`` argument parser (every verb has ``--help``)."""
+    common = connection_options()
+    parser = argparse.ArgumentParser(
+        prog="turnkit",
+        description="TurnKit: durable AI conversations on Temporal. `turnkit VERB --help` for a verb's options.",
     )
-    if window:
+    commands = parser.add_subparsers(dest="command", required=True, metavar="VERB")
+
+    def verb(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], help=summary, description=description)
+
+    def grace(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--grace", type=float, default=10.0, help="seconds before work in flight counts as lost (default 10)"
+        )
+
+    reconcile = verb("reconcile", "repair orphaned turns, re-signal pending deliveries", _RECONCILE_DOC)
+    grace(reconcile)
+    reconcile.add_argument("--no-repair", action="store_true", help="only re-signal pending deliveries")
+    for name, summary in (
+        ("check", "report every broken invariant (exit 1 when any)"),
+        ("repair", "fix what check finds and can be fixed safely"),
+    ):
+        command = verb(name, summary, summary)
+        grace(command)
         command.add_argument(
             "--since", type=parse_since, default=None, help="only records changed since (ISO time, or 30s/15m/2h/1d)"
         )
 
+    db = verb("db", "the store's migrations: upgrade, current", "Alembic migrations of the store.")
+    db.add_argument(
+        "action", choices=["upgrade", "current"], help="upgrade: migrate to head; current: print the revision"
+    )
+
+    show = verb(
+        "show",
+        "the tree of a turn or conversation (status, duration, tokens, cost)",
+        "Print the tree of turns of a run: the root turn, sub-agent turns nested under the tool call that started "
+        "them, tool executions and deliveries, with status, duration, iterations, tokens and cost. Reads the store.",
+    )
+    show.add_argument("id", metavar="TURN_ID|CONVERSATION_ID")
+    show.add_argument("--json", action="store_true", help="print JSON instead of text")
+    show.add_argument("--html", metavar="FILE", help="also write a self-contained HTML timeline of the tree to FILE")
+    show.add_argument(
+        "--ui",
+        default=os.environ.get("TURNKIT_UI"),
+        metavar="URL",
+        help="Temporal UI address, e.g. http://localhost:8233, to link each workflow (default $TURNKIT_UI)",
+    )
+
+    replay = verb(
+        "replay",
+        "replay workflow histories on the current code (exit 1 on nondeterminism)",
+        "Fetch the histories of a turn's tree (lane and turn workflows, every run including continued-as-new runs, "
+        "sub-agent turns), of a conversation, of any workflow id, or read history JSON files, and replay them on "
+        "the current code with the worker's plugin. Prints one line per run; exits 1 if any run fails to replay.",
+    )
+    replay.add_argument("ids", nargs="*", metavar="TURN_ID|CONVERSATION_ID|WORKFLOW_ID|FILE.json")
+    replay.add_argument("--all", action="store_true", help="replay every closed workflow matching --query")
+    replay.add_argument(
+        "--query",
+        default='WorkflowType = "TurnWorkflow" OR WorkflowType = "ConversationWorkflow"',
+        help="visibility query for --all (default: every TurnKit workflow)",
+    )
+    replay.add_argument(
+        "--app", action="append", default=[], help="module that registers the agents (repeatable), as for the worker"
+    )
+    replay.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per replayed run (default 30)")
+    replay.add_argument("--verbose", "-v", action="store_true", help="also log the SDK's tracebacks of failed runs")
+
+    history = verb(
+        "history",
+        "export a workflow history as JSON (for a bug report or a regression test)",
+        "Print a workflow's history as JSON (WorkflowHistory.to_json); load it with WorkflowHistory.from_json.",
+    )
+    history.add_argument("id", metavar="TURN_ID|WORKFLOW_ID")
+    history.add_argument("--run-id", help="a specific run (default: the latest)")
+    history.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+
+    events = verb(
+        "events",
+        "a turn's events (and its sub-agents'), optionally as they happen",
+        "Print a turn's events, derived from the store: turn started, messages, tool calls, deliveries, the end.",
+    )
+    events.add_argument("id", metavar="TURN_ID")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the turn ends")
+    events.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the demo job on the embedded defaults",
+        description="Run the demo job on the embedded defaults.",
+    )
+    demo.add_argument("--hold", action="store_true", help="keep the dev server (and its UI) up after the job")
+    worker = verb(
+        "worker",
+        "run a worker (same as worker.py)",
+        "Run a TurnKit worker until SIGTERM/SIGINT: imports the --app modules (which register agents and tools), "
+        "polls the task queue, and on shutdown lets running activities finish for up to --grace seconds.",
+    )
+    worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
+    worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    return parser
+
+
+_RECONCILE_DOC = (
+    "Repair orphaned turns, then re-signal every delivery still pending in the store. Schedule it against a real "
+    "cluster: TEMPORAL_ADDRESS=... TURNKIT_DATABASE_URL=... turnkit reconcile"
+)
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configured = False
+    if hasattr(args, "profile"):
+        try:
+            configured = "target_host" in client_options_from_arguments(args)
+        except ConfigError as error:  # a misspelt profile or config file: a usage error, not a traceback
+            parser.error(str(error))
+    needs = (
+        f"{args.command} needs a running cluster: set TEMPORAL_ADDRESS, a profile in Temporal's config file"
+        " (TEMPORAL_PROFILE, TEMPORAL_CONFIG_FILE), or pass --address"
+    )
+    if args.command in _NEEDS_CLUSTER - {"worker"} and not configured:
+        parser.error(needs)
+    if args.command == "replay":
+        if not args.ids and not args.all:
+            parser.error("replay needs a TURN_ID, CONVERSATION_ID, WORKFLOW_ID or FILE.json, or --all")
+        files_only = all(i.endswith(".json") and Path(i).is_file() for i in args.ids) and not args.all
+        if not files_only and not configured:
+            parser.error(needs)
+    return parser, args
+
+
+async def run_command(argv: list[str]) -> int:
+    """Run one ``turnkit`` verb (not ``demo``) in the current event loop; returns its exit status.
+
+    ``main`` runs this for the console script; tests await it in-process.
+    """
+    _, args = _parse(argv)
+    return await _COMMANDS[args.command](args)
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``turnkit`` console script."""
-    parser = argparse.ArgumentParser(prog="turnkit", description="TurnKit: durable AI conversations on Temporal.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    reconcile = commands.add_parser("reconcile", help="repair orphaned turns, re-signal pending deliveries")
-    _cluster_options(reconcile, window=False)
-    reconcile.add_argument("--no-repair", action="store_true", help="only re-signal pending deliveries")
-    check = commands.add_parser("check", help="report every broken invariant (exit 1 when any)")
-    _cluster_options(check, window=True)
-    repair = commands.add_parser("repair", help="fix what check finds and can be fixed safely")
-    _cluster_options(repair, window=True)
-    commands.add_parser("demo", help="run the demo job on the embedded defaults")
-    commands.add_parser("worker", help="run a worker (same options as worker.py)", add_help=False)
-    args, rest = parser.parse_known_args(argv)
-    commands_of = {"reconcile": _reconcile, "check": _check, "repair": _repair}
-    if args.command in commands_of:
-        try:
-            configured = "target_host" in client_options_from_arguments(args)
-        except ConfigError as error:
-            parser.error(str(error))
-        if not configured:
-            parser.error(
-                f"{args.command} needs a running cluster: set TEMPORAL_ADDRESS, a profile in Temporal's config file"
-                " (TEMPORAL_PROFILE, TEMPORAL_CONFIG_FILE), or pass --address"
-            )
-        exit_process(asyncio.run(commands_of[args.command](args)))
+    _, args = _parse(argv)
     if args.command == "demo":
         from turnkit.demo import main as demo
 
+        sys.argv = ["turnkit demo", *(["--hold"] if args.hold else [])]  # the demo parses its own arguments
         demo()  # exits the process itself
-    import worker
-
-    worker.main(rest)
+    try:
+        code = asyncio.run(_COMMANDS[args.command](args))
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:  # `turnkit events … | head`: the reader left; not an error of ours
+        code = 0
+    exit_process(code)
 
 
 if __name__ == "__main__":

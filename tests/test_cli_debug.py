@@ -1,0 +1,389 @@
+"""The debugger's verbs of the ``turnkit`` command (issue 11, "The `turnkit` command"), on the real dev server.
+
+A lead agent delegates to a sub-agent that calls a tool; then ``show`` (text, ``--json``, ``--html``), ``replay``,
+``history``, ``events --follow`` and ``db current`` run against that run, in-process through
+:func:`turnkit.cli.run_command` (the function the console script runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+import turnkit
+from tests.engine import Engine, Gate, eventually, gated_tool
+from tests.faults import dev_server
+from tests.history_scenarios import register_scenario_agents
+from tests.test_history_limits import limits, step, stepper, turnkit_on
+from turnkit import cli
+from turnkit.dbadmin import head_revision
+from turnkit.histories import Run
+from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
+from turnkit.plugin import PASSTHROUGH_MODULES
+from turnkit.records import ToolExecutionRecord, TurnRecord
+from turnkit.replay import replay_runs, report
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+from turnkit.timeline import render_html
+from turnkit.tree import TurnNode
+from workflows import ConversationWorkflow
+
+ROOT = Path(__file__).resolve().parent.parent
+TURN_TOOLS_HISTORY = sorted((ROOT / "tests" / "histories").glob("turn-tools-TurnWorkflow-v*.json"))[-1]
+
+
+@turnkit.tool(recovery="replay_safe")
+def lookup(q: str) -> dict[str, Any]:
+    """Look something up.
+
+    Args:
+        q: The query.
+    """
+    return {"answer": q.upper()}
+
+
+def lead_agent(sub_tools: list[Any] | None = None) -> turnkit.Agent:
+    """A lead that delegates once to ``researcher`` (which calls a tool), then answers."""
+    researcher = turnkit.Agent(
+        "researcher",
+        description="Finds things out.",
+        model="scripted",
+        tools=sub_tools or [lookup],
+        client=ScriptedClient(
+            [call_tools((sub_tools[0].name, {}) if sub_tools else ("lookup", {"q": "x"})), "found x"]
+        ),
+    )
+    client = ScriptedClient([call_tools(("researcher", {"task": "find x"})), "x it is"])
+    return turnkit.Agent("lead", model="scripted", sub_agents=[researcher], client=client)
+
+
+def options(engine: Engine) -> list[str]:
+    return ["--address", engine.temporal_address, "--database-url", engine.database_url]
+
+
+async def run_tree(tk: TurnKit) -> tuple[turnkit.Turn, str]:
+    """A completed lead turn with one sub-agent turn; returns the lead turn and the sub-agent turn's id."""
+    conversation = await tk.conversation(lead_agent())
+    turn = await conversation.ask("what is x?")
+    assert turn.status == "completed", turn.record.error
+    (child,) = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    return turn, child.id
+
+
+async def lane_settled(tk: TurnKit, conversation_id: str) -> None:
+    """The lane (still running) has its last workflow task completed, so its history is a stable prefix."""
+
+    async def settled() -> bool:
+        events = list((await tk.client.get_workflow_handle(conversation_id).fetch_history()).events)
+        return bool(events) and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+
+    await eventually(settled, what="the lane to settle")
+
+
+async def test_show_lists_the_tree_as_text_json_and_html(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 11 `turnkit show`: both turns with status, agent, tokens and the UI link; --json parses; --html
+    writes one self-contained page naming both turns."""
+    turn, child_id = await run_tree(tk)
+    capsys.readouterr()
+    ui = ["--ui", "http://ui.example:8233"]
+    assert await cli.run_command(["show", turn.id, *ui, *options(engine)]) == 0
+    text = capsys.readouterr().out
+    lead_line = next(line for line in text.splitlines() if line.startswith(turn.id))
+    assert "lead" in lead_line and "completed" in lead_line and "iter" in lead_line
+    child_line = next(line for line in text.splitlines() if line.strip().startswith(child_id))
+    assert "researcher" in child_line and "completed" in child_line
+    assert child_line.index(child_id) > lead_line.index(turn.id)  # nested
+    assert "tool researcher  completed" in text and "tool lookup  completed" in text
+    assert f"http://ui.example:8233/namespaces/default/workflows/{child_id}" in text
+
+    assert await cli.run_command(["show", "turn_" + "0" * 24, *options(engine)]) == 1
+    assert "not found" in capsys.readouterr().err
+    assert await cli.run_command(["show", turn.record.conversation_id, "--json", *options(engine)]) == 0
+    (tree,) = json.loads(capsys.readouterr().out)["trees"]
+    assert (tree["turn_id"], tree["agent"], tree["status"]) == (turn.id, "lead", "completed")
+    (child,) = tree["children"]
+    assert (child["turn_id"], child["status"], child["iterations"]) == (child_id, "completed", 2)
+    assert child["tokens"] > 0 and tree["duration_seconds"] > 0
+    assert [e["tool_name"] for e in child["tool_executions"]] == ["lookup"]
+
+    page = tmp_path / "run.html"
+    assert await cli.run_command(["show", turn.id, "--html", str(page), *options(engine)]) == 0
+    html = page.read_text()
+    assert turn.id in html and child_id in html and html.count("class='bar'") == 4  # 2 turns, 2 tool executions
+    assert "<script" not in html and "<link" not in html and "src=" not in html
+
+
+async def test_replay_names_every_run_and_an_exported_history_replays(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 11 `turnkit replay` / `turnkit history`: the lane, the lead turn and the sub-agent turn replay (one
+    line each, exit 0); a history exported as JSON loads with WorkflowHistory.from_json and replays."""
+    turn, child_id = await run_tree(tk)
+    await lane_settled(tk, turn.record.conversation_id)
+    capsys.readouterr()
+    assert await cli.run_command(["replay", turn.id, *options(engine)]) == 0
+    out = capsys.readouterr().out
+    for workflow_id, workflow_type in (
+        (turn.record.conversation_id, "ConversationWorkflow"),
+        (turn.id, "TurnWorkflow"),
+        (child_id, "TurnWorkflow"),
+    ):
+        assert any(line.startswith(f"OK  {workflow_type} {workflow_id} run ") for line in out.splitlines()), out
+    assert "all OK" in out
+
+    exported = tmp_path / f"{child_id}.json"
+    assert await cli.run_command(["history", child_id, "-o", str(exported), *options(engine)]) == 0
+    history = WorkflowHistory.from_json(child_id, exported.read_text())
+    assert history.events[0].workflow_execution_started_event_attributes.workflow_type.name == "TurnWorkflow"
+    capsys.readouterr()
+    assert await cli.run_command(["history", turn.id, *options(engine)]) == 0  # to stdout, for `> turn.json`
+    assert WorkflowHistory.from_json(turn.id, capsys.readouterr().out).events
+    assert await cli.run_command(["replay", str(exported)]) == 0  # a file needs no cluster
+    assert f"OK  TurnWorkflow {child_id} run " in capsys.readouterr().out
+    run_id = (await tk.client.get_workflow_handle(child_id).describe()).run_id
+    assert await cli.run_command(["history", child_id, "--run-id", run_id, *options(engine)]) == 0
+    assert WorkflowHistory.from_json(child_id, capsys.readouterr().out).run_id == run_id
+
+
+async def test_replay_all_replays_closed_workflows_of_a_query(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 11 `turnkit replay --all --query`: every matching closed workflow is replayed; running ones are not."""
+    turn, child_id = await run_tree(tk)
+    query = f'WorkflowId = "{turn.id}" OR WorkflowId = "{child_id}" OR WorkflowId = "{turn.record.conversation_id}"'
+
+    async def visible() -> bool:
+        found = [w async for w in tk.client.list_workflows(query) if w.close_time is not None]
+        return len(found) == 2
+
+    await eventually(visible, what="both turns in visibility")
+    capsys.readouterr()
+    assert await cli.run_command(["replay", "--all", "--query", query, *options(engine)]) == 0
+    out = capsys.readouterr().out
+    assert f"OK  TurnWorkflow {turn.id} " in out and f"OK  TurnWorkflow {child_id} " in out
+    assert turn.record.conversation_id not in out  # the lane is still running
+    assert "replayed 2 run(s) of 2 workflow(s): all OK" in out
+
+
+@workflow.defn(name="TurnWorkflow")
+class ChangedTurnWorkflow:
+    """``TurnWorkflow`` after a careless edit: the same deadline timer, but its first activity is no longer the
+    model call (as in tests/test_replay.py's negative control)."""
+
+    @workflow.run
+    async def run(self, turn: TurnInput) -> TurnOutcome:
+        finish = asyncio.create_task(
+            workflow.execute_activity(
+                "turnkit.finish_turn",
+                FinishTurn(turn_id=turn.turn_id, status="completed"),
+                result_type=TurnOutcome,
+                start_to_close_timeout=timedelta(seconds=30),
+            )
+        )
+        if turn.deadline is not None:
+            remaining = (turn.deadline - workflow.now()).total_seconds()
+            await workflow.wait_condition(finish.done, timeout=max(remaining, 0.001))
+        return await finish
+
+
+async def test_replay_reports_nondeterminism_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11 `turnkit replay`: a history the changed code no longer fits is reported with its workflow id, run
+    id, the recorded event and the command issued instead, and the exit status is 1."""
+    register_scenario_agents()
+    history = WorkflowHistory.from_json("recorded-turn", TURN_TOOLS_HISTORY.read_text())
+    run = Run("recorded-turn", history.run_id, history)
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES, "tests")
+    changed = Replayer(
+        workflows=[ConversationWorkflow, ChangedTurnWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
+    )
+    (outcome,) = await replay_runs([run], replayer=changed, timeout=30)
+    assert outcome.status == "nondeterministic"
+    assert report([outcome]) == 1
+    out = capsys.readouterr().out
+    assert f"NONDETERMINISM  TurnWorkflow recorded-turn run {history.run_id}" in out
+    assert (
+        "scheduled event 'turnkit.model' does not match activity type of activity command 'turnkit.finish_turn'" in out
+    )
+    # The same history on today's code replays: the failure above is the change, not the tool.
+    assert await cli.run_command(["replay", str(TURN_TOOLS_HISTORY)]) == 0
+
+
+async def test_replay_is_bounded_by_a_timeout_and_skips_runs_without_a_workflow_task() -> None:
+    """A run that has just continued as new (one event, no workflow task yet) is not replayable; a replay that
+    hangs is cut off by the timeout."""
+    full = WorkflowHistory.from_json("t", TURN_TOOLS_HISTORY.read_text())
+    first_only = WorkflowHistory("t", [full.events[0]])
+    run = Run("t", full.run_id, first_only)
+    assert not run.replayable and Run("t", full.run_id, full).replayable
+    register_scenario_agents()
+    (outcome,) = await replay_runs([run], timeout=1.0)
+    assert outcome.status == "failed" and "within 1 s" in outcome.message
+
+
+async def test_events_follow_ends_when_the_turn_ends(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 11 `turnkit events --follow`: events print as they are recorded, and the command exits 0 once the
+    turn is terminal."""
+    _seen.clear()
+    gate = Gate()
+    conversation = await tk.conversation(lead_agent([gated_tool(gate, "slow")]))
+    turn = await conversation.ask("what is x?", wait=False)
+    following = asyncio.create_task(
+        cli.run_command(["events", turn.id, "--follow", "--interval", "0.1", *options(engine)])
+    )
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await eventually(lambda: _printed(capsys, "tool_call.started"), what="the sub-agent's tool call to show")
+    assert not following.done()
+    gate.opened.set()
+    assert await asyncio.wait_for(following, 30) == 0
+    out = "".join(_seen) + capsys.readouterr().out
+    for kind in ("turn.started", "message.user", "tool_call.created", "tool_call.completed", "turn.completed"):
+        assert kind in out, out
+    assert out.index("tool_call.completed") < out.rindex("turn.completed")
+    assert out.splitlines()[-1].split()[1] == turn.id  # the lead's end comes last
+
+
+_seen: list[str] = []
+
+
+async def _printed(capsys: pytest.CaptureFixture[str], text: str) -> bool:
+    _seen.append(capsys.readouterr().out)
+    return text in "".join(_seen)
+
+
+async def test_db_current_and_upgrade(engine: Engine, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Issue 11 `turnkit db current | upgrade`: the head revision of a migrated store; a fresh one is upgraded."""
+    capsys.readouterr()
+    assert await cli.run_command(["db", "current", "--database-url", engine.database_url]) == 0
+    assert capsys.readouterr().out.strip() == f"{head_revision()} (head)"
+    fresh = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    assert await cli.run_command(["db", "current", "--database-url", fresh]) == 1
+    assert await cli.run_command(["db", "upgrade", "--database-url", fresh]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"upgraded (empty) -> {head_revision()}"
+    assert await cli.run_command(["db", "current", "--database-url", fresh]) == 0
+
+
+VERBS = ["reconcile", "check", "repair", "db", "show", "replay", "history", "events", "demo", "worker"]
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_verb_has_help(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11: `--help` works for every verb, and every verb but demo takes the same connection options."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([verb, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: turnkit {verb}")
+    if verb != "demo":
+        for option in ("--address", "--namespace", "--database-url", "--task-queue"):
+            assert option in out
+
+
+def test_turnkit_worker_help() -> None:
+    """Issue 11: `turnkit worker --help` prints the worker's options (it used to print nothing useful)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "worker", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: turnkit worker") and "--app" in done.stdout and "--grace" in done.stdout
+
+
+async def test_replay_walks_every_continued_as_new_run(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11 `turnkit replay`: a turn that continued as new (a private dev server with a low history limit) is
+    replayed run by run, every run of its chain named."""
+    async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
+        agent = turnkit.Agent("long-turn", model="scripted", tools=[step], client=stepper(12), max_iterations=20)
+        turn = await (await tk.conversation(agent)).ask("go")
+        assert turn.status == "completed", turn.record.error
+        runs = [w.run_id async for w in tk.client.list_workflows(f"WorkflowId = '{turn.id}'")]
+        assert len(runs) >= 2
+        capsys.readouterr()
+        assert (
+            await cli.run_command(["replay", turn.id, "--address", server.address, "--database-url", database_url]) == 0
+        )
+    out = capsys.readouterr().out
+    replayed = {line.split(" run ")[1].split()[0] for line in out.splitlines() if f"TurnWorkflow {turn.id} run" in line}
+    assert replayed == set(runs), out
+
+
+def parallel_tree() -> TurnNode:
+    """A lead turn whose two sub-agent turns ran at the same time (records as the store returns them)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    def turn(
+        turn_id: str, agent: str, start: float, end: float, parent: str | None = None, via: str | None = None
+    ) -> TurnRecord:
+        return TurnRecord(
+            id=turn_id, conversation_id=f"conv_{turn_id[5:]}", agent_name=agent, root_turn_id="turn_lead",
+            parent_turn_id=parent, parent_tool_execution_id=via, status="completed", started_at=at(start),
+            completed_at=at(end), created_at=at(start), updated_at=at(end), usage={"input_tokens": 10},
+        )  # fmt: skip
+
+    def call(execution_id: str, turn_id: str, name: str, start: float, end: float) -> ToolExecutionRecord:
+        return ToolExecutionRecord(
+            id=execution_id, turn_id=turn_id, tool_call_id=f"call_{execution_id}", tool_name=name,
+            status="completed", started_at=at(start), completed_at=at(end), created_at=at(start), updated_at=at(end),
+        )  # fmt: skip
+
+    alpha = TurnNode(
+        turn("turn_alpha", "alpha", 1.0, 3.0, "turn_lead", "tool_a"), [call("tool_x", "turn_alpha", "lookup", 1.5, 2.5)]
+    )
+    beta = TurnNode(
+        turn("turn_beta", "beta", 1.2, 3.5, "turn_lead", "tool_b"), [call("tool_y", "turn_beta", "lookup", 2.0, 3.0)]
+    )
+    lead_calls = [call("tool_a", "turn_lead", "alpha", 0.9, 3.1), call("tool_b", "turn_lead", "beta", 0.9, 3.6)]
+    return TurnNode(turn("turn_lead", "lead", 0.0, 4.0), lead_calls, children=[alpha, beta])
+
+
+def bars(html: str) -> dict[str, tuple[float, float]]:
+    """``data-id`` -> (left %, right %) of every bar on the page."""
+    found = re.findall(r"data-id='([^']+)'[^>]*left:([\d.]+)%;width:([\d.]+)%", html)
+    return {bar_id: (float(left), float(left) + float(width)) for bar_id, left, width in found}
+
+
+def test_timeline_bars_of_parallel_sub_agents_overlap() -> None:
+    """Issue 11 `turnkit show --html`: one bar per turn and tool execution on one time axis; parallel sub-agents'
+    bars overlap, each sits inside its parent's."""
+    placed = bars(render_html([parallel_tree()]))
+    assert set(placed) == {"turn_lead", "turn_alpha", "turn_beta", "tool_a", "tool_b", "tool_x", "tool_y"}
+    assert placed["turn_lead"] == (0.0, 100.0)
+    (a_left, a_right), (b_left, b_right) = placed["turn_alpha"], placed["turn_beta"]
+    assert a_left < b_right and b_left < a_right  # they overlap
+    assert placed["tool_a"][0] <= a_left and a_right <= placed["tool_a"][1]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium package (headless)")
+def test_timeline_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """Issue 11 `turnkit show --html`: the page renders offline in headless Chromium, and a screenshot is taken."""
+    page = tmp_path / "timeline.html"
+    page.write_text(render_html([parallel_tree()], title="parallel"))
+    shot = tmp_path / "timeline.png"
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,400"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
+    assert dom.returncode == 0 and "turn_alpha" in dom.stdout and "turn_beta" in dom.stdout, dom.stderr
+    taken = subprocess.run([*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60)
+    assert taken.returncode == 0, taken.stderr
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
