@@ -20,9 +20,11 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from turnkit.config import TASK_QUEUE
+from turnkit.config import TASK_QUEUE, settings
+from turnkit.errors import ConfigError
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
+from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
 
 log = logging.getLogger("turnkit.worker")
@@ -47,6 +49,8 @@ async def run(args: argparse.Namespace) -> None:
     store = await Store.open(args.database_url)
     try:
         client = await Client.connect(args.address, namespace=args.namespace, plugins=[TurnKitPlugin(store)])
+        if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
+            await require_search_attributes(client)
         worker = Worker(
             client,
             task_queue=args.task_queue,
@@ -69,7 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
-    asyncio.run(run(parse_args(argv)))
+    try:
+        asyncio.run(run(parse_args(argv)))
+    except ConfigError as err:  # e.g. missing search attributes: say what to do, without a traceback
+        print(f"turnkit worker: {err}", file=sys.stderr, flush=True)
+        exit_process(2)
     exit_process(0)
 
 

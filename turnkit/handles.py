@@ -33,6 +33,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.errors import (
     deterministic_store_error,
     store_failure_message,
@@ -215,6 +216,7 @@ class Conversation:
             task_queue=self._tk.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"conversation · {self.agent_name}",
+            search_attributes=lane_search_attributes(self.id, self.agent_name) if settings.search_attributes else None,
         )
 
         async def submit() -> None:
