@@ -216,7 +216,8 @@ async def test_workers_name_missing_search_attributes(database_url: str) -> None
     """Issue 11 "Search attributes": on a namespace without TurnKit's attributes, `worker.py` and the in-process
     worker refuse to start with an error naming each missing one and the commands that create them; with
     `search_attributes=False` a turn runs without them (nothing wedges); once the README's commands registered them
-    the worker starts and the turn is searchable."""
+    the worker starts and the turn is searchable. A client starting a lane on such a namespace gets an error that
+    says what to do."""
     async with dev_server(search_attributes=False) as server:
         script = await run_worker_script(server, database_url)
         assert script.returncode == 2, script.stderr
@@ -236,10 +237,17 @@ async def test_workers_name_missing_search_attributes(database_url: str) -> None
             for command in create_commands("default"):
                 assert command in message
 
-            # Opted out: no attributes are sent, none are upserted, and the turn runs.
-            configure(search_attributes=False)
+            # A client that starts a lane anyway gets Temporal's refusal, with what to do about it.
             agent = turnkit.Agent("sa_plain", model="scripted", client=ScriptedClient(["plain", "searchable"]))
             conversation = await tk.conversation(agent)
+            with pytest.raises(turnkit.Error) as refused:
+                await conversation.ask("refused", wait=False)
+            # Temporal names the first unknown attribute it met (map order: any of the lane's two).
+            assert "search attribute TurnKit" in str(refused.value), refused.value
+            assert "temporal operator search-attribute create" in str(refused.value)
+
+            # Opted out: no attributes are sent, none are upserted, and the turn runs.
+            configure(search_attributes=False)
             async with tk.worker():
                 plain = await conversation.ask("without attributes")
             assert plain.status == "completed"

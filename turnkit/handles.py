@@ -33,7 +33,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.search_attributes import lane_search_attributes
+from turnkit.search_attributes import lane_search_attributes, registration_hint
 from turnkit.store.errors import (
     deterministic_store_error,
     store_failure_message,
@@ -608,7 +608,7 @@ async def _while_server_away(call: Callable[[], Awaitable[None]], what: str) -> 
             return
         except RPCError as err:
             if err.status not in _SERVER_AWAY or loop.time() >= give_up:
-                raise errors.Error(f"{what} failed: {err.message}") from err
+                raise errors.Error(f"{what} failed: {err.message}{registration_hint(err.message)}") from err
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
 

@@ -37,6 +37,7 @@ __all__ = [
     "has_turnkit_attributes",
     "lane_search_attributes",
     "missing_search_attributes",
+    "registration_hint",
     "require_search_attributes",
     "turn_search_attributes",
 ]
@@ -101,6 +102,16 @@ def create_commands(namespace: str = "default", names: Sequence[str] | None = No
         f"temporal operator search-attribute create --namespace {namespace} --name {name} --type Keyword"
         for name in wanted
     ]
+
+
+def registration_hint(message: str) -> str:
+    """What to do about a start Temporal rejected for an unregistered TurnKit attribute ("" for any other error)."""
+    if "search attribute TurnKit" not in message:
+        return ""
+    return (
+        " (register TurnKit's search attributes on the namespace with `temporal operator search-attribute create`,"
+        " see the README's 'Finding runs in the Temporal UI', or run with turnkit.configure(search_attributes=False))"
+    )
 
 
 async def missing_search_attributes(client: Client) -> list[str]:

@@ -18,6 +18,9 @@ registers as a waiter of the turn through ``turnkit.follow_turn``, so the turn's
 that ends without a terminal record (terminated, timed out, failed) is recorded ``failed`` by the lane before the
 next turn starts. A held lane (a sub-agent's turn runs here) is released only by the store's answer (patch
 ``lane-rechecks-hold``): ``deliver`` and ``wake`` make it ask again.
+
+Seeing it run (issue 11): the lane's current details say what runs and what waits; a lane started with TurnKit's
+search attributes starts its turns with theirs (patch ``search-attributes``, see :mod:`turnkit.search_attributes`).
 """
 
 from __future__ import annotations

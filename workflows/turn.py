@@ -6,6 +6,10 @@ Temporal owns where the turn is; the store owns what it said. Each iteration is 
 
 A long turn continues as new at the top of an iteration when Temporal suggests it (patch ``turn-continues-as-new``),
 carrying what the workflow keeps in memory in its ``TurnInput``; everything else is in the store.
+
+Seeing it run (issue 11): the current details say where the turn is (iteration, model, tool, waiting on whom); a
+turn started with TurnKit's search attributes keeps ``TurnKitTurnStatus`` current and starts its sub-agents with
+theirs (patch ``search-attributes``, see :mod:`turnkit.search_attributes`).
 """
 
 from __future__ import annotations
