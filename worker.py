@@ -22,11 +22,12 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from turnkit.config import TASK_QUEUE
+from turnkit.config import TASK_QUEUE, settings
 from turnkit.connection import add_connection_arguments, client_options_from_arguments
 from turnkit.errors import ConfigError
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
+from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
 
 log = logging.getLogger("turnkit.worker")
@@ -55,6 +56,8 @@ async def run(args: argparse.Namespace) -> None:
     store = await Store.open(args.database_url)
     try:
         client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store)])
+        if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
+            await require_search_attributes(client)
         worker = Worker(
             client,
             task_queue=args.task_queue,
@@ -80,10 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
-    except ConfigError as error:
-        print(f"worker: error: {error}", file=sys.stderr, flush=True)
+        asyncio.run(run(args))
+    except ConfigError as error:  # also missing search attributes: say what to do, without a traceback
+        print(f"turnkit worker: {error}", file=sys.stderr, flush=True)
         exit_process(2)
-    asyncio.run(run(args))
     exit_process(0)
 
 

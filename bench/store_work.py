@@ -43,6 +43,7 @@ from bench.peers import workload
 from bench.peers.turnkit_app import AGENT
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 
 ITERATIONS = (2, 10, 20)
@@ -207,7 +208,10 @@ def report(by_store: dict[str, dict[int, dict[str, Figures]]]) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(), plugins=[TurnKitPlugin()], dev_server_log_level="never"
+        dev_server_existing_path=temporal_binary(),
+        plugins=[TurnKitPlugin()],
+        dev_server_log_level="never",
+        search_attributes=ALL_SEARCH_ATTRIBUTES,
     )
     try:
         address = env.client.service_client.config.target_host

@@ -46,6 +46,7 @@ import turnkit
 from bench.baseline import BaselineWorkflow, noop
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -374,6 +375,7 @@ async def main(args: argparse.Namespace) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         plugins=[TurnKitPlugin()],
+        search_attributes=ALL_SEARCH_ATTRIBUTES,
         dev_server_log_level="never",  # its update-rejection errors would interleave with the table,
     )
     try:

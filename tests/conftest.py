@@ -21,6 +21,7 @@ from turnkit.devserver import fast_task_loading_args
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 
 pytest_plugins = ["tests.dbfixtures"]
@@ -52,6 +53,7 @@ async def temporal() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=temporal_binary(),
         dev_server_extra_args=fast_task_loading_args(),
         plugins=[TurnKitPlugin()],
+        search_attributes=ALL_SEARCH_ATTRIBUTES,
     )
     yield env
     await env.shutdown()

@@ -28,6 +28,7 @@ from temporalio.client import Client
 from turnkit.devserver import die_with_parent, fast_task_loading_args
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import temporal_binary
+from turnkit.search_attributes import dev_server_flags
 
 __all__ = [
     "DevServer",
@@ -139,10 +140,12 @@ def private_cluster() -> Iterator[PrivateCluster]:
 @dataclass
 class DevServer:
     """A ``temporal server start-dev`` process of the test's own, with its state in a database file, so that a
-    restart keeps every workflow (``restart()``); ``extra`` passes more flags (``--dynamic-config-value ...``)."""
+    restart keeps every workflow (``restart()``); ``extra`` passes more flags (``--dynamic-config-value ...``).
+    TurnKit's search attributes are registered unless ``search_attributes`` is False (a namespace without them)."""
 
     root: Path
     extra: list[str] = field(default_factory=list[str])
+    search_attributes: bool = True
     port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -170,6 +173,7 @@ class DevServer:
                 "--log-level",
                 "error",
                 *fast_task_loading_args(),
+                *(dev_server_flags() if self.search_attributes else []),
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
@@ -213,9 +217,10 @@ class DevServer:
 
 
 @contextlib.asynccontextmanager
-async def dev_server(*extra: str) -> AsyncIterator[DevServer]:
+async def dev_server(*extra: str, search_attributes: bool = True) -> AsyncIterator[DevServer]:
     """A private dev server on a database file in a temporary directory, killed afterwards."""
-    server = DevServer(root=Path(tempfile.mkdtemp(prefix="turnkit-temporal-")), extra=list(extra))
+    root = Path(tempfile.mkdtemp(prefix="turnkit-temporal-"))
+    server = DevServer(root=root, extra=list(extra), search_attributes=search_attributes)
     try:
         await server.start()
         yield server

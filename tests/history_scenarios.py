@@ -238,9 +238,11 @@ async def _settled(
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             events = []
+        # An upsert of search attributes is recorded after its workflow task completed: nothing is in flight then.
+        last = [e for e in events if e.event_type != EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES][-1:]
         if (
-            events
-            and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+            last
+            and last[0].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
             and all(sum(1 for e in events if e.event_type == t) >= n for t, n in counts.items())
         ):
             return

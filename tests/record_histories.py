@@ -22,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.history_scenarios import SCENARIOS, history_prefix, register_scenario_agents, workflow_id
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 
 HISTORIES_DIR = Path(__file__).parent / "histories"
@@ -37,7 +38,9 @@ async def record(names: list[str], *, version: int, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     register_scenario_agents()
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(), plugins=[TurnKitPlugin()])
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), plugins=[TurnKitPlugin()], search_attributes=ALL_SEARCH_ATTRIBUTES
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="turnkit-histories-") as tmp:
             store = await Store.open(f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}")

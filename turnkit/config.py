@@ -103,6 +103,11 @@ class Settings:
     """Largest input accepted at the API, in UTF-8 bytes per field (ask/say/post text, metadata, context); checked
     before anything is sent, well below Temporal's 2 MB payload limit. None disables the check (issue 8 item 12)."""
 
+    search_attributes: bool = True
+    """Start lanes and turns with TurnKit's search attributes (:mod:`turnkit.search_attributes`) and have workers
+    check at start-up that the namespace has them. False: no attributes (for a namespace where they cannot be
+    registered); workflows started without them never set any."""
+
     compaction: bool | dict[str, Any] = True
     """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""

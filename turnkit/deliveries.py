@@ -15,9 +15,11 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.authorization import DENIAL_CLASS, Verdict, check
+from turnkit.config import settings
 from turnkit.errors import RecordNotFound
 from turnkit.payloads import DeliverySignal, LaneInput
 from turnkit.records import DeliveryRecord, TurnRecord
+from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.workflow_names import DELIVER_SIGNAL, LANE_WORKFLOW, WAKE_SIGNAL
 
@@ -123,14 +125,17 @@ async def completion_delivery(tx: StoreTx, turn: TurnRecord, verdict: Verdict) -
 
 async def signal_delivery(client: Client, task_queue: str, delivery: DeliveryRecord) -> None:
     """Wake the destination lane: signal-with-start ``deliver`` (starts the lane if it is not running)."""
+    conversation_id = delivery.destination_conversation_id
     await client.start_workflow(
         LANE_WORKFLOW,
-        LaneInput(conversation_id=delivery.destination_conversation_id),
-        id=delivery.destination_conversation_id,
+        LaneInput(conversation_id=conversation_id),
+        id=conversation_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         start_signal=DELIVER_SIGNAL,
         start_signal_args=[DeliverySignal(delivery_id=delivery.id)],
+        # The agent is not known here: the lane adds it when it runs its first turn.
+        search_attributes=lane_search_attributes(conversation_id) if settings.search_attributes else None,
     )
 
 

@@ -28,6 +28,7 @@ from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
 from turnkit.errors import ConfigError
+from turnkit.search_attributes import dev_server_flags
 
 __all__ = ["FAST_TASK_LOADING", "EmbeddedDevServer", "fast_task_loading_args", "stop_on_signals"]
 
@@ -98,7 +99,7 @@ class EmbeddedDevServer:
         command += ["--ui-port", str(self.ui_port)] if self.ui_port else ["--headless"]
         for setting in _DYNAMIC_CONFIG:
             command += ["--dynamic-config-value", setting]
-        return command
+        return command + dev_server_flags()  # TurnKit's search attributes, registered at start
 
     async def start(self, timeout: float = 60.0) -> None:
         """Start the server and wait until its frontend answers; raises ``ConfigError`` if it exits first."""

@@ -33,6 +33,7 @@ from turnkit.ids import new_id
 from turnkit.model import Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.search_attributes import lane_search_attributes, registration_hint
 from turnkit.store.patience import patiently
 from turnkit.store.store import StoreTx
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
@@ -198,6 +199,7 @@ class Conversation:
             task_queue=self._tk.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary=f"conversation · {self.agent_name}",
+            search_attributes=lane_search_attributes(self.id, self.agent_name) if settings.search_attributes else None,
         )
 
         async def submit() -> None:
@@ -593,7 +595,7 @@ async def _while_server_away(call: Callable[[], Awaitable[None]], what: str) -> 
             return
         except RPCError as err:
             if err.status not in _SERVER_AWAY or loop.time() >= give_up:
-                raise errors.Error(f"{what} failed: {err.message}") from err
+                raise errors.Error(f"{what} failed: {err.message}{registration_hint(err.message)}") from err
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
 

@@ -44,10 +44,12 @@ from turnkit.check import (
     lane_statuses,
     workflow_states,
 )
+from turnkit.config import settings
 from turnkit.deliveries import signal_delivery
 from turnkit.dispatch import model_policy
 from turnkit.payloads import LaneInput, SubmitTurn, TurnInput, TurnTicket
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
+from turnkit.search_attributes import lane_search_attributes, turn_search_attributes
 from turnkit.store.store import Store, utcnow
 from turnkit.transcript import fail_execution, repair_transcript
 from turnkit.turn_end import fail_unfinished_turn
@@ -179,6 +181,9 @@ class _Fixer:
             id=turn.conversation_id,
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=(
+                lane_search_attributes(turn.conversation_id, turn.agent_name) if settings.search_attributes else None
+            ),
         )
         try:
             async with asyncio.timeout(_SUBMIT_TIMEOUT):  # a lane no worker serves cannot take it now
@@ -220,6 +225,16 @@ class _Fixer:
                 id=turn.id,
                 task_queue=self.task_queue,
                 static_summary=f"launched · {turn.agent_name} (repaired)",
+                search_attributes=(
+                    turn_search_attributes(
+                        conversation_id=turn.conversation_id,
+                        agent_name=turn.agent_name,
+                        root_turn_id=turn.root_turn_id,
+                        parent_turn_id=turn.parent_turn_id,
+                    )
+                    if settings.search_attributes
+                    else None
+                ),
             )
         except WorkflowAlreadyStartedError:
             return  # someone else started it meanwhile: nothing to repair

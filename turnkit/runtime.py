@@ -38,6 +38,7 @@ from turnkit.records import DeliveryRecord
 from turnkit.repair import Repair
 from turnkit.repair import repair as repair_invariants
 from turnkit.run import Run, start_run
+from turnkit.search_attributes import require_search_attributes
 from turnkit.store.store import Store
 from turnkit.validation import check_id, check_json, check_name
 
@@ -162,7 +163,14 @@ class TurnKit:
 
     @asynccontextmanager
     async def worker(self, **options: Any) -> AsyncGenerator[Worker, None]:
-        """Run an in-process worker for the duration of the block (demo, tests). ``options`` go to ``Worker``."""
+        """Run an in-process worker for the duration of the block (demo, tests). ``options`` go to ``Worker``.
+
+        Raises:
+            ConfigError: the namespace lacks TurnKit's search attributes (unless ``settings.search_attributes`` is
+                False); the message names them and gives the commands that register them.
+        """
+        if settings.search_attributes:
+            await require_search_attributes(self.client)
         options.setdefault("graceful_shutdown_timeout", timedelta(seconds=5))
         worker = Worker(self.client, task_queue=self.task_queue, **options)
         async with worker:

@@ -18,6 +18,9 @@ registers as a waiter of the turn through ``turnkit.follow_turn``, so the turn's
 that ends without a terminal record (terminated, timed out, failed) is recorded ``failed`` by the lane before the
 next turn starts. A held lane (a sub-agent's turn runs here) is released only by the store's answer (patch
 ``lane-rechecks-hold``): ``deliver`` and ``wake`` make it ask again.
+
+Seeing it run (issue 11): the lane's current details say what runs and what waits; a lane started with TurnKit's
+search attributes starts its turns with theirs (patch ``search-attributes``, see :mod:`turnkit.search_attributes`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         TurnOutcome,
         TurnTicket,
     )
+    from turnkit.search_attributes import AGENT, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
     from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT
@@ -69,6 +73,9 @@ FOLLOW_POLL = timedelta(minutes=1)
 BOUNDED_SUBMIT = "bounded-submit"
 #: How long a submission may keep retrying a store that is away before the update is rejected (issue 8 item 1).
 SUBMIT_TIMEOUT = timedelta(seconds=60)
+#: Patch (issue 11): turns start with TurnKit's search attributes and the lane adds its agent when it lacks it; only
+#: when the lane was started with them itself (see :mod:`turnkit.search_attributes`).
+SEARCH_ATTRIBUTES = "search-attributes"
 
 
 @workflow.defn(name="ConversationWorkflow")
@@ -102,6 +109,8 @@ class ConversationWorkflow:
         self._wakes = 0
         # Store writes of the lane happen one at a time, so queue order = creation order = message order.
         self._writing = asyncio.Lock()
+        # Start turns with search attributes and add the agent's (set when run() starts).
+        self._search = False
 
     # Messages -------------------------------------------------------------------------------------------------------
 
@@ -147,6 +156,7 @@ class ConversationWorkflow:
                     )
                 )
                 _remember(self._recent_turns, ticket.turn_id)
+            self._show()
             return ticket
 
     @submit.validator
@@ -165,6 +175,7 @@ class ConversationWorkflow:
         if signal.delivery_id in self._recent_deliveries or signal.delivery_id in self._pending_deliveries:
             return
         self._pending_deliveries.append(signal.delivery_id)
+        self._show()
 
     @workflow.signal(name="wake")
     def wake(self) -> None:
@@ -201,15 +212,21 @@ class ConversationWorkflow:
     async def run(self, lane: LaneInput) -> None:
         self._deliver_when_idle = workflow.patched(DELIVER_WHEN_IDLE)
         self._follows_turns = workflow.patched(LANE_FOLLOWS_TURNS)
+        # Only when the start carried TurnKit's attributes: then the namespace has them (never a wedge).
+        self._search = has_turnkit_attributes(workflow.info().typed_search_attributes) and workflow.patched(
+            SEARCH_ATTRIBUTES
+        )
         if self._held and workflow.patched(LANE_RECHECKS_HOLD):
             self._recheck = True  # a carried hold is re-checked once: its `wake` may have come to the old run
         turn: asyncio.Task[None] | None = None
         if self._active_turn is not None:  # carried by continue-as-new (only runs with the patch carry one)
             turn = asyncio.create_task(self._follow_turn(self._active_turn))
         while True:
+            self._show()
             await workflow.wait_condition(functools.partial(self._has_work, turn))
             if turn is not None and turn.done():
                 turn = None
+            self._show()
             if self._held and self._recheck:
                 await self._recheck_hold()
                 continue
@@ -301,6 +318,17 @@ class ConversationWorkflow:
         self._active = queued.turn_id
         self._active_turn = queued
         self._turns_started += 1
+        self._show()
+        attributes = None
+        if self._search:
+            if workflow.info().typed_search_attributes.get(AGENT) is None:  # started by a delivery: no agent yet
+                workflow.upsert_search_attributes([AGENT.value_set(queued.agent_name)])
+            attributes = turn_search_attributes(
+                conversation_id=self._conversation_id,
+                agent_name=queued.agent_name,
+                root_turn_id=queued.root_turn_id,
+                parent_turn_id=None,
+            )
         turn_input = TurnInput(
             turn_id=queued.turn_id,
             conversation_id=self._conversation_id,
@@ -318,12 +346,17 @@ class ConversationWorkflow:
                     id=queued.turn_id,
                     static_summary=f"turn · {queued.agent_name}",
                     parent_close_policy=ParentClosePolicy.ABANDON,
+                    search_attributes=attributes,
                 )
                 self._active_started = True
                 await handle
             else:
                 await workflow.execute_child_workflow(
-                    TurnWorkflow.run, turn_input, id=queued.turn_id, static_summary=f"turn · {queued.agent_name}"
+                    TurnWorkflow.run,
+                    turn_input,
+                    id=queued.turn_id,
+                    static_summary=f"turn · {queued.agent_name}",
+                    search_attributes=attributes,
                 )
         except ChildWorkflowError as err:
             # A turn that crashed (a bug, a termination) must not take the lane down with it.
@@ -339,6 +372,7 @@ class ConversationWorkflow:
         store, then wait for the turn's end signal (or a while) and ask again."""
         self._active = queued.turn_id
         self._active_started = True
+        self._show()
         try:
             while True:
                 self._followed_ended = False  # a signal during the check asks again at once
@@ -373,6 +407,18 @@ class ConversationWorkflow:
         self._active = None
         self._active_turn = None
         self._active_started = False
+
+    def _show(self) -> None:
+        """The current details shown in the UI: ``running turn_… · 2 queued · 1 delivery pending``."""
+        parts = [f"running {self._active}" if self._active else "idle"]
+        if self._queue:
+            parts.append(f"{len(self._queue)} queued")
+        if self._pending_deliveries:
+            count = len(self._pending_deliveries)
+            parts.append(f"{count} {'delivery' if count == 1 else 'deliveries'} pending")
+        if self._held:
+            parts.append("held: a sub-agent's turn runs here")
+        workflow.set_current_details(" · ".join(parts))
 
     def _has_work(self, turn: asyncio.Task[None] | None) -> bool:
         """What the main loop waits for: (idle) a queued turn, a delivery, a wake or a rollover, or (busy) the active

@@ -6,6 +6,10 @@ Temporal owns where the turn is; the store owns what it said. Each iteration is 
 
 A long turn continues as new at the top of an iteration when Temporal suggests it (patch ``turn-continues-as-new``),
 carrying what the workflow keeps in memory in its ``TurnInput``; everything else is in the store.
+
+Seeing it run (issue 11): the current details say where the turn is (iteration, model, tool, waiting on whom); a
+turn started with TurnKit's search attributes keeps ``TurnKitTurnStatus`` current and starts its sub-agents with
+theirs (patch ``search-attributes``, see :mod:`turnkit.search_attributes`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
@@ -46,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         WaitRequest,
     )
     from turnkit.records import INTERRUPTED_MESSAGE
+    from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
     from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT
@@ -61,6 +66,9 @@ TURN_CONTINUES_AS_NEW = "turn-continues-as-new"
 #: Patch (issue 8 item 5): a sub-agent's turn workflow that ended abnormally (terminated, timed out) gets a terminal
 #: record from its parent before the join, so its result is structured and its record never stays `running`.
 TURN_ENDS_LOST_CHILDREN = "turn-ends-lost-children"
+#: Patch (issue 11): the turn keeps its ``TurnKitTurnStatus`` search attribute current and starts its sub-agents with
+#: TurnKit's search attributes; only when it was started with them itself (see :mod:`turnkit.search_attributes`).
+SEARCH_ATTRIBUTES = "search-attributes"
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -74,6 +82,9 @@ class TurnWorkflow:
         self._finished: dict[str, None] = {}  # targets that signalled their end (an ordered set)
         self._children: dict[str, ChildWorkflowHandle[Any, Any]] = {}  # launched children, by turn id
         self._launched: list[str] = []  # children launched by earlier runs (before continue-as-new)
+        self._search = False  # keep the search attributes current (set when run() starts)
+        self._status = "running"  # the TurnKitTurnStatus value last set
+        self._iteration = 0  # for the current details
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
@@ -82,10 +93,32 @@ class TurnWorkflow:
         self._resume_mark = turn.resumes
         self._finished = {**dict.fromkeys(turn.finished_turn_ids), **self._finished}
         self._launched = list(turn.launched_turn_ids)
+        self._iteration = turn.iteration
+        attributes = workflow.info().typed_search_attributes
+        # Upserts only when the start carried TurnKit's attributes: then the namespace has them (never a wedge).
+        self._search = has_turnkit_attributes(attributes) and workflow.patched(SEARCH_ATTRIBUTES)
+        self._status = attributes.get(TURN_STATUS) or "running"
+        self._details("starting")
         ended = await self._run(turn)
         if isinstance(ended, TurnInput):
+            self._details("continuing as new")
             workflow.continue_as_new(ended)
+        self._set_status(ended.status)
+        details = ended.status if ended.error_class is None else f"{ended.status} · {ended.error_class}"
+        workflow.set_current_details(f"{details} after {_count(self._iteration, 'iteration')}")
         return ended
+
+    def _set_status(self, status: str) -> None:
+        """Keep ``TurnKitTurnStatus`` current (one upsert per change, patched and only with proof of registration)."""
+        if status == self._status:
+            return
+        self._status = status
+        if self._search:
+            workflow.upsert_search_attributes([TURN_STATUS.value_set(status)])
+
+    def _details(self, doing: str) -> None:
+        """The current details shown in the UI: where the turn is."""
+        workflow.set_current_details(f"iteration {self._iteration} · {doing}")
 
     async def _run(self, turn: TurnInput) -> TurnOutcome | TurnInput:
         loop = asyncio.create_task(self._loop(turn))
@@ -124,6 +157,8 @@ class TurnWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._carry(turn, iteration)
             iteration += 1
+            self._iteration = iteration
+            self._details(f"model · {turn.agent_name}")
             step = await self._model(turn, iteration)
             if isinstance(step, TurnOutcome):
                 return step
@@ -226,12 +261,19 @@ class TurnWorkflow:
                 static_summary=f"sub-agent · {p.child.agent_name}",
                 cancellation_type=ChildWorkflowCancellationType.ABANDON,
                 parent_close_policy=ParentClosePolicy.ABANDON,
+                search_attributes=self._child_attributes(turn, p.child),
             )
             for p in plan.plans
             if p.child is not None
         ]
+        if children:
+            self._set_status("waiting")
+            names = ", ".join(c.name for c in group)
+            self._details(f"waiting on {_count(len(children), 'sub-agent')}: {names}")
         # A failed or cancelled child is a structured result for the parent, never an exception.
         ends = await asyncio.gather(*children, return_exceptions=True)
+        self._set_status("running")
+        self._details("sub-agents done")
         lost = [(c.id, e) for c, e in zip(children, ends, strict=True) if isinstance(e, ChildWorkflowError)]
         if lost and workflow.patched(TURN_ENDS_LOST_CHILDREN):
             for child_id, err in lost:
@@ -269,6 +311,7 @@ class TurnWorkflow:
                 id=launched.child.turn_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 static_summary=f"launched · {launched.child.agent_name}",
+                search_attributes=self._child_attributes(turn, launched.child),
             )
             self._children[launched.child.turn_id] = handle
         return ToolOutcome(execution_id=launched.execution_id, status="completed", budget_error=plan.budget_error)
@@ -291,12 +334,27 @@ class TurnWorkflow:
             summary="wait_for · done",
         )
 
+    def _child_attributes(self, turn: TurnInput, child: TurnInput) -> TypedSearchAttributes | None:
+        """A sub-agent's search attributes (None unless this turn keeps its own: patched, and proven registered)."""
+        if not self._search:
+            return None
+        return turn_search_attributes(
+            conversation_id=child.conversation_id,
+            agent_name=child.agent_name,
+            root_turn_id=child.root_turn_id,
+            parent_turn_id=turn.turn_id,
+        )
+
     async def _wait_for_targets(self, target_ids: list[str]) -> None:
         own = [self._children[t] for t in target_ids if t in self._children]
+        others = [t for t in target_ids if t not in self._children]
+        if own or not all(t in self._finished for t in others):
+            self._set_status("waiting")
+            self._details(f"waiting on {_count(len(target_ids), 'turn')}")
         if own:
             await asyncio.gather(*own, return_exceptions=True)  # our own children: child-workflow awaits
-        others = [t for t in target_ids if t not in self._children]
         await workflow.wait_condition(lambda: all(t in self._finished for t in others))
+        self._set_status("running")
 
     @workflow.signal(name="resume")
     def resume(self) -> None:
@@ -306,7 +364,11 @@ class TurnWorkflow:
     async def _wait_for_resume(self) -> None:
         # A resume that arrived while the store call ran counts: the call is simply re-checked at once.
         mark = self._resume_mark
+        if self._resumes <= mark:
+            self._set_status("paused")
+            self._details("paused · waiting for resume")
         await workflow.wait_condition(lambda: self._resumes > mark)
+        self._set_status("running")
 
     @workflow.signal(name=TARGET_FINISHED_SIGNAL)
     def target_finished(self, turn_id: str) -> None:
@@ -359,6 +421,7 @@ class TurnWorkflow:
 
     async def _tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         self._resume_mark = self._resumes
+        self._details(f"tool {call.name}")
         policy = _policy_of(turn, call)
         timeout, heartbeat, retry = _tool_policy(policy)
         try:
@@ -415,6 +478,10 @@ class TurnWorkflow:
             retry_policy=STORE_RETRY,
             summary=f"finish · {finish.status}",
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _delegation(turn: TurnInput, calls: list[ToolCallRef], *, launch: bool) -> DelegateCalls:

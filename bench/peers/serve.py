@@ -154,7 +154,8 @@ async def serve(name: str, server_flags: list[str], options: dict[str, Any], out
     system: System = module.System(**options)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=server_flags,
+        # A system may need flags of its own (TurnKit: its search attributes).
+        dev_server_extra_args=[*server_flags, *getattr(module, "SERVER_FLAGS", [])],
         dev_server_log_level="never",
     )
     try:

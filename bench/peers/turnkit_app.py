@@ -18,8 +18,12 @@ import turnkit
 from bench.peers import workload
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
+from turnkit.search_attributes import dev_server_flags
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
+
+#: `temporal server start-dev` flags this system needs: TurnKit's search attributes.
+SERVER_FLAGS = dev_server_flags()
 
 
 @turnkit.tool(name=workload.TOOL_NAME, recovery="replay_safe")
