@@ -20,9 +20,10 @@ import yaml
 
 import worker
 from turnkit.connection import client_options
+from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"postgresql", "temporal", "temporal-ui", "worker"}
+SERVICES = {"postgresql", "temporal", "temporal-setup", "temporal-ui", "worker"}
 WORKER_ENVIRONMENT = {"TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TURNKIT_DATABASE_URL", "TURNKIT_TASK_QUEUE"}
 ENTRY_POINT = ["turnkit", "worker"]
 
@@ -48,7 +49,7 @@ def _default(value: str) -> str:
 
 
 def test_the_services_and_ports_match_the_readme(compose: dict[str, dict], deploying: str) -> None:
-    """The four services are those the README lists, each published port is the one it names, and the UI and the
+    """The services are those the README lists, each published port is the one it names, and the UI and the
     worker reach Temporal at the ``temporal`` service's port."""
     assert set(compose) == SERVICES
     for name in SERVICES:
@@ -57,6 +58,7 @@ def test_the_services_and_ports_match_the_readme(compose: dict[str, dict], deplo
     assert published == {
         "postgresql": [["5432", "5432"]],
         "temporal": [["7233", "7233"]],
+        "temporal-setup": [],
         "temporal-ui": [["8080", "8080"]],
         "worker": [],
     }
@@ -64,6 +66,18 @@ def test_the_services_and_ports_match_the_readme(compose: dict[str, dict], deplo
         for host, _ in ports:
             assert f"localhost:{host}" in deploying, f"{name}'s port {host} is not in the README"
     assert compose["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
+
+
+def test_the_stack_registers_every_search_attribute_before_the_worker_starts(compose: dict[str, dict]) -> None:
+    """Issue 11: the worker checks TurnKit's search attributes at start-up, so the stack registers each of them (as
+    Keyword, on the worker's namespace) in a one-off service the worker waits for."""
+    setup = compose["temporal-setup"]
+    script = " ".join(setup["command"])
+    for key in ALL_SEARCH_ATTRIBUTES:
+        assert key.name in script, f"{key.name} is not registered by temporal-setup"
+    assert "--type Keyword" in script and "--namespace default" in script
+    assert setup["environment"]["TEMPORAL_ADDRESS"] == compose["worker"]["environment"]["TEMPORAL_ADDRESS"]
+    assert compose["worker"]["depends_on"]["temporal-setup"]["condition"] == "service_completed_successfully"
 
 
 def test_the_worker_is_built_from_the_dockerfile_and_wired_to_the_stack(
