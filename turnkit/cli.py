@@ -192,7 +192,8 @@ async def _show(args: argparse.Namespace) -> int:
         except RecordNotFound as err:
             print(f"turnkit show: {err}", file=sys.stderr)
             return 1
-    links = ui_links(trees, args.ui, args.namespace)
+    # The namespace names the UI pages: as configured (envconfig, --namespace), though show itself needs no cluster.
+    links = ui_links(trees, args.ui, client_options_from_arguments(args)["namespace"]) if args.ui else {}
     if args.html:
         Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
     print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
