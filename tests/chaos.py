@@ -78,6 +78,9 @@ SUMMARY: list[str] = []
 WORKERS: Final = 2
 #: Open turns unchanged this long, and all without a workflow, are orphans: settling stops waiting for them.
 ORPHAN_AFTER: Final = 5.0
+#: A check that finds something is repeated after this long (and after the job settles again): the check itself uses
+#: no grace, so it must not judge work that a retry was about to finish.
+RECHECK_AFTER: Final = OUTAGE_SECONDS + 3.0
 T = TypeVar("T")
 
 
@@ -259,6 +262,13 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
         await _settle(rig, since, outcome)
         await _completed(rig, since, [lead.id, inbox.id], outcome)
         outcome.findings = await _patiently(lambda: check(rig.store, rig.client, since=since, grace=0))
+        if outcome.findings:
+            # Work may be in flight that no open record showed when the job settled (a lane's deferred wake-up
+            # retrying an activity whose completion was lost): the check runs with no grace, so let that land and
+            # judge again. What is still found then is a broken promise.
+            await asyncio.sleep(RECHECK_AFTER)
+            await _settle(rig, since, outcome)
+            outcome.findings = await _patiently(lambda: check(rig.store, rig.client, since=since, grace=0))
         if outcome.findings:  # the promise is broken already; say whether the repair sweep would heal it
             outcome.repairs = await repair(rig.store, rig.client, rig.task_queue, since=since, grace=0)
             await _settle(rig, since, Outcome(seed, chosen))
@@ -364,7 +374,10 @@ async def _settle(rig: ChaosRig, since: datetime, outcome: Outcome) -> None:
                 return
             if turns != stuck[0]:
                 stuck = (turns, loop.time())
-            elif loop.time() - stuck[1] > ORPHAN_AFTER and await _all_orphaned(rig, since, turns):
+            elif turns and loop.time() - stuck[1] > ORPHAN_AFTER and await _all_orphaned(rig, since, turns):
+                # Only open turns can be judged orphans early. A pending delivery may be in flight for longer: an
+                # activity that committed it and lost its signal to a restarting server is retried only once its
+                # attempt times out (30 s); it counts as lost only if it is still pending at the deadline.
                 outcome.problems.append(f"turns orphaned (no workflow will ever end them): {', '.join(turns)}")
                 return
             if loop.time() > deadline:

@@ -175,17 +175,19 @@ async def test_lost_delivery_signal_from_the_cli(engine: Engine) -> None:
             payload={"text": "hello"},
         )
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    async def cli(*args: str) -> subprocess.CompletedProcess[str]:
         options = ["--address", engine.temporal_address, "--database-url", engine.database_url]
         options += ["--task-queue", tk.task_queue, "--since", since.isoformat(), "--grace", "0"]
         command = [sys.executable, "-m", "turnkit.cli", *args, *options]
-        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        # Off the event loop: the in-process worker must go on (it may hold SQLite's write lock mid-transaction,
+        # and a blocked loop would keep it until the CLI's own transaction gave up: "database is locked").
+        return await asyncio.to_thread(subprocess.run, command, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
-    checked = cli("check")
+    checked = await cli("check")
     assert checked.returncode == 1, checked.stderr
     assert f"{DELIVERY_NOT_CONSUMED} [{delivery.id}, {destination.id}]" in checked.stdout
     async with tk.worker():
-        repaired = cli("repair")
+        repaired = await cli("repair")
         assert f"resignalled [{delivery.id}]" in repaired.stdout, repaired.stdout + repaired.stderr
 
         async def applied() -> bool:
@@ -193,7 +195,7 @@ async def test_lost_delivery_signal_from_the_cli(engine: Engine) -> None:
             return current.delivered_at is not None and await _all_terminal(tk, since)
 
         await eventually(applied, timeout=60, what="the re-signalled delivery to be applied and its turn to end")
-        clean = cli("check")
+        clean = await cli("check")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "every invariant holds" in clean.stdout
 
