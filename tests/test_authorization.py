@@ -173,9 +173,12 @@ async def test_a_cascade_denied_for_one_child_changes_nothing(tk: TurnKit) -> No
 
     async def child_running() -> bool:
         tree = await tk.store.list_turns(root_turn_id=turn.id)
-        return len(tree) == 2 and [t.status for t in tree] == ["waiting", "running"]  # the parent waits on it
+        if len(tree) != 2 or [t.status for t in tree] != ["waiting", "running"]:  # the parent waits on it
+            return False
+        # Inside its held tool: a tool call not yet authorized when the policy below is set would be denied.
+        return [e.status for e in await tk.turn(tree[1].id).tool_executions()] == ["running"]
 
-    await eventually(child_running, what="the child turn")
+    await eventually(child_running, what="the child turn inside its held tool")
     kid = next(t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id)
     turnkit.configure(authorize=Policy(deny_turn=kid.id))
     for control in (turn.pause, turn.cancel):
