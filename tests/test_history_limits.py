@@ -111,6 +111,15 @@ async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in
         for earlier, later in pairwise(t.record for t in done):
             assert earlier.completed_at is not None and later.started_at is not None
             assert earlier.completed_at <= later.started_at, "two turns of one conversation overlapped"
+
+        # Visibility is eventually consistent: wait until it shows the lane's current run as the one running run.
+        async def visible() -> bool:
+            current = (await tk.client.get_workflow_handle(conversation.id).describe()).run_id
+            listed = [e async for e in tk.client.list_workflows(f"WorkflowId = '{conversation.id}'")]
+            running = [e.run_id for e in listed if e.status is None or e.status.name == "RUNNING"]
+            return running == [current]
+
+        await eventually(visible, timeout=30, what="the lane's current run in visibility")
         runs = await runs_of(tk.client, conversation.id)
         assert len(runs) >= 2 and set(runs[:-1]) == {"CONTINUED_AS_NEW"}, runs
         assert runs[-1] == "RUNNING"
