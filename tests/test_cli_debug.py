@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -30,10 +29,10 @@ from tests.engine import Engine, Gate, eventually, gated_tool
 from tests.faults import dev_server
 from tests.history_scenarios import register_scenario_agents
 from tests.test_history_limits import limits, step, stepper, turnkit_on
+from tests.test_replay import AlteredTurnWorkflow
 from turnkit import cli
 from turnkit.dbadmin import head_revision
 from turnkit.histories import Run
-from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
 from turnkit.plugin import PASSTHROUGH_MODULES
 from turnkit.records import ToolExecutionRecord, TurnRecord
 from turnkit.replay import replay_runs, report
@@ -182,27 +181,6 @@ async def test_replay_all_replays_closed_workflows_of_a_query(
     assert "replayed 2 run(s) of 2 workflow(s): all OK" in out
 
 
-@workflow.defn(name="TurnWorkflow")
-class ChangedTurnWorkflow:
-    """``TurnWorkflow`` after a careless edit: the same deadline timer, but its first activity is no longer the
-    model call (as in tests/test_replay.py's negative control)."""
-
-    @workflow.run
-    async def run(self, turn: TurnInput) -> TurnOutcome:
-        finish = asyncio.create_task(
-            workflow.execute_activity(
-                "turnkit.finish_turn",
-                FinishTurn(turn_id=turn.turn_id, status="completed"),
-                result_type=TurnOutcome,
-                start_to_close_timeout=timedelta(seconds=30),
-            )
-        )
-        if turn.deadline is not None:
-            remaining = (turn.deadline - workflow.now()).total_seconds()
-            await workflow.wait_condition(finish.done, timeout=max(remaining, 0.001))
-        return await finish
-
-
 async def test_replay_reports_nondeterminism_in_words(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 11 `turnkit replay`: a history the changed code no longer fits is reported with its workflow id, run
     id, the recorded event and the command issued instead, and the exit status is 1."""
@@ -211,7 +189,7 @@ async def test_replay_reports_nondeterminism_in_words(capsys: pytest.CaptureFixt
     run = Run("recorded-turn", history.run_id, history)
     restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES, "tests")
     changed = Replayer(
-        workflows=[ConversationWorkflow, ChangedTurnWorkflow],
+        workflows=[ConversationWorkflow, AlteredTurnWorkflow],
         data_converter=pydantic_data_converter,
         workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
     )

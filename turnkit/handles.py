@@ -435,8 +435,9 @@ class Turn:
                 try:
                     await asyncio.wait_for(handle.result(), remaining)
                 except TimeoutError:
-                    if (await self._load()).terminal:
-                        break  # finished already (e.g. timeout=0 on a finished turn): the record is the answer
+                    if (record := await self._load()).terminal:
+                        self._record = record  # finished already (e.g. timeout=0 on a finished turn)
+                        return self
                     raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
                 closed = "turn workflow ended without a terminal status"
             except WorkflowFailureError as err:
@@ -447,7 +448,8 @@ class Turn:
                     raise errors.Error(f"waiting for turn {self.id} failed: {err.message}") from err
             record = await self._load()  # raises RecordNotFound for an unknown id
             if record.terminal:
-                break
+                self._record = record  # the record just read is the answer: no second read
+                return self
             if closed is not None:
                 tk = self._tk
                 await fail_unfinished_turn(tk.store, tk.client, tk.task_queue, self.id, closed)
