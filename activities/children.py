@@ -70,7 +70,7 @@ class ChildActivities:
                     if await tx.find_tool_execution(turn.id, call.id) is None:
                         boundary, _ = await control_boundary(tx, turn)
                         if boundary is not None:
-                            return DelegateResult(paused=boundary == "paused", steered=boundary == "steered")
+                            return DelegateResult(boundary=boundary)
                 plan, budget_error = await self._delegate_one(tx, request, parent_agent, call, asked[index])
             result.plans.append(plan)
             if budget_error is not None:
@@ -93,7 +93,7 @@ class ChildActivities:
             turn = await tx.load_turn(request.turn_id)
             if await tx.find_tool_execution(turn.id, call.id) is not None:
                 return _Asked(Verdict("tool", True), child_id)
-        principal = turn.options.get("principal")
+        principal = turn.options.principal
         tool = parent_agent.tool(call.name) if request.launch else sub_agent_tool(call.name)
         verdict = await check("tool", principal, turn=turn, tool=tool, arguments=call.arguments)
         if not verdict.allowed:
@@ -216,7 +216,7 @@ class ChildActivities:
                     return WaitPlan(execution_id=execution.id, settled=True)
         try:
             # Asked here, between transactions: ``tool`` like every tool call, then ``wait`` (spec §7.3).
-            principal = turn.options.get("principal")
+            principal = turn.options.principal
             tool = resolve_agent(turn.agent_name).tool(call.name) or WaitForTool()
             verdict = await check("tool", principal, turn=turn, tool=tool, arguments=call.arguments)
             if not verdict.allowed:
@@ -305,7 +305,7 @@ async def _create_child(
     turn_id: str,
 ) -> TurnRecord:
     """A child conversation with lineage metadata, its task message, and the child turn (spec §4.3 build_child)."""
-    principal = parent.options.get("principal")
+    principal = parent.options.principal
     lineage: dict[str, Any] = {
         "parent_conversation_id": parent.conversation_id,
         "parent_turn_id": parent.id,
@@ -345,6 +345,6 @@ def _child_input(child: TurnRecord | None, request: DelegateCalls) -> TurnInput 
         agent_name=child.agent_name,
         root_turn_id=child.root_turn_id,
         deadline=request.deadline,
-        depth=int(child.options.get("depth", request.depth + 1)),
+        depth=request.depth + 1 if child.options.depth is None else child.options.depth,
         model_policy=model_policy(),
     )

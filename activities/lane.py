@@ -17,6 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.deliveries import sub_agent_turn_active
 from turnkit.payloads import EndTurn, TurnOutcome
+from turnkit.records import TERMINAL_TURN_STATUSES
 from turnkit.store.store import Store
 from turnkit.turn_end import fail_unfinished_turn
 
@@ -86,7 +87,7 @@ def _outcome(turn_id: str, status: str, error: dict[str, str] | None) -> TurnOut
     error = error or {}
     return TurnOutcome(
         turn_id=turn_id,
-        status=status if status in ("completed", "failed", "cancelled") else "failed",  # type: ignore[arg-type]
+        status=status if status in TERMINAL_TURN_STATUSES else "failed",  # type: ignore[arg-type]
         error_class=error.get("class"),
         error_message=error.get("message"),
     )

@@ -42,6 +42,7 @@ from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.turn_state import TurnState
 from turnkit.validation import storable_result
 from turnkit.waits import enter_waiting
 
@@ -60,7 +61,9 @@ class ModelActivities:
         # Store phases ride out a database outage inside the attempt: a retry would spend a model attempt (issue 8).
         reserved = await retry_store(lambda: self._reserve(call), what="model reserve")
         if isinstance(reserved, ModelStep):
-            if reserved.completed:  # the attempt that committed this response may have died before signalling
+            if (
+                reserved.outcome == "completed"
+            ):  # the attempt that committed this response may have died before signalling
                 await self._announce(await retry_store(lambda: self.store.load_turn(call.turn_id), what="model"))
             return reserved
         turn, messages, first_start = reserved
@@ -73,12 +76,12 @@ class ModelActivities:
             raise _non_retryable(err) from err
         messages, denial = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
-            return ModelStep(budget_error=denial)
+            return ModelStep(outcome="budget_exceeded", budget_error=denial)
         specs = agent.tool_specs()
         stable, dynamic = build_instructions(
             agent,
             depth=0,
-            prompt_mode=turn.options.get("prompt_mode"),
+            prompt_mode=turn.options.prompt_mode,
             tools=specs,
             now=turn.started_at or utcnow(),
         )
@@ -89,8 +92,8 @@ class ModelActivities:
             tools=specs,
             instructions=stable,
             dynamic_instructions=dynamic or None,
-            thinking=turn.options.get("thinking"),
-            output_schema=turn.options.get("output_schema"),
+            thinking=turn.options.thinking,
+            output_schema=turn.options.output_schema,
             metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
         )
         await emit(
@@ -109,7 +112,7 @@ class ModelActivities:
             raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         step = await self._persist(call, turn, request.model, result)
-        if step.completed:
+        if step.outcome == "completed":
             await self._announce(turn)
         return step
 
@@ -127,7 +130,7 @@ class ModelActivities:
         concurrent attempt committed its summary finds it in the write transaction and uses it instead of writing a
         second one. Failures other than budget errors are logged and swallowed: the turn goes on uncompacted.
         """
-        force = turn.options.get("compact")
+        force = turn.options.compact
         policy = compaction_policy(settings.compaction, agent.compaction)
         if policy is None or force is False or _summary_for(messages, call.request_id) is not None:
             return messages, None
@@ -214,55 +217,52 @@ class ModelActivities:
             if committed is not None:
                 return committed
             if turn.status not in ("pending", "waiting", "running", "paused"):
-                return ModelStep(stopped=True)
+                return ModelStep(outcome="stopped")
             boundary, turn = await control_boundary(tx, turn)
             if boundary == "paused":
-                return ModelStep(paused=True)
+                return ModelStep(outcome="paused")
             state = turn.state
-            if state.get("phase") == "output" and "candidate" in state:
+            if state.holds_answer:
                 # An answer held back at a pause, with no steering since: publish it without asking again.
                 return await _publish_candidate(tx, turn, state, publish)
-            if state.get("request_id") != call.request_id:
+            if state.request_id != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                denial = depth_denial(root, int(turn.options.get("depth", 0))) or iteration_denial(
+                denial = depth_denial(root, turn.options.depth or 0) or iteration_denial(
                     root, await tx.tree_usage(root.id)
                 )
                 if denial is not None:
-                    return ModelStep(budget_error=denial)
-                if not state.get("phase") and not state.get("wait_input"):
+                    return ModelStep(outcome="budget_exceeded", budget_error=denial)
+                if state.phase is None and not state.wait_input:
                     waiting_on = await _join_application_waits(tx, turn, state)
                     if waiting_on:
                         await enter_waiting(tx, turn.id, waiting_on)
-                        return ModelStep(waiting_on=waiting_on)
-                state.pop("waiting_on", None)
-                state["iterations"] = int(state.get("iterations", 0)) + 1
-                state["request_id"] = call.request_id
-                state["phase"] = "model"
+                        return ModelStep(outcome="waiting", waiting_on=waiting_on)
+                state.waiting_on = None
+                state.iterations += 1
+                state.request_id = call.request_id
+                state.phase = "model"
                 stamped = stamp_request(turn, call.request_id)  # receipts: queued → message_id → request_id
                 if stamped is not None:
-                    turn = turn.model_copy(update={"options": {**turn.options, "controls": stamped}})
+                    turn = turn.model_copy(update={"options": turn.options.with_controls(stamped)})
             messages = await tx.list_messages(
                 turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
             )
             # Spec §3.2: the first request that included each delivered message (for input_status).
-            delivery_requests: dict[str, Any] = dict(state.get("delivery_requests") or {})
             for message in messages:
                 delivery_id = message.metadata.get("delivery_id")
-                if delivery_id and delivery_id not in delivery_requests:
-                    delivery_requests[delivery_id] = call.request_id
-            if delivery_requests:
-                state["delivery_requests"] = delivery_requests
+                if delivery_id and delivery_id not in state.delivery_requests:
+                    state.delivery_requests[str(delivery_id)] = call.request_id
             now = utcnow()
             claimed = await tx.claim_turn(
                 turn.id,
                 from_=("pending", "waiting", "running"),
                 to="running",
-                options={**turn.options, "state": state},
+                options=turn.options.with_state(state),
                 started_at=turn.started_at or now,
                 heartbeat_at=now,
             )
             if claimed is None:
-                return ModelStep(stopped=True)
+                return ModelStep(outcome="stopped")
             return claimed, messages, turn.started_at is None
 
     async def _publish_verdict(self, call: ModelCall) -> Verdict:
@@ -273,7 +273,7 @@ class ModelActivities:
         if settings.authorize is None:
             return Verdict("callback", True)
         turn = await self.store.load_turn(call.turn_id)
-        if turn.state.get("phase") == "output" and "candidate" in turn.state:
+        if turn.options.state.holds_answer:
             return await callback_verdict(turn)
         return Verdict("callback", True)
 
@@ -298,7 +298,7 @@ class ModelActivities:
                 usage=result.usage.to_record(),
                 cost=cost.total,
             )
-            if step.completed:
+            if step.outcome == "completed":
                 await emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
         return step
 
@@ -312,7 +312,9 @@ class ModelActivities:
             if committed is not None:
                 return committed, False  # a zombie attempt committed first: theirs stands
             if turn.status != "running":
-                return ModelStep(stopped=True), False  # cancelled or finished meanwhile: the late response is dropped
+                return ModelStep(
+                    outcome="stopped"
+                ), False  # cancelled or finished meanwhile: the late answer is dropped
             state = turn.state
             if result.tool_calls:
                 # Ids unique in the turn, or a repeated `call_0` would reuse the first call's execution (issue 8).
@@ -334,18 +336,23 @@ class ModelActivities:
                 metadata=metadata,
                 request_id=call.request_id,  # indexed: a retry finds this response without listing the turn's
             )
-            state["phase"] = "tools" if tool_calls else "output"
-            state["message_id"] = message.id
-            turn = await _charge(tx, turn, result.usage, cost, options={**turn.options, "state": state})
+            state.phase = "tools" if tool_calls else "output"
+            state.message_id = message.id
+            turn = await _charge(tx, turn, result.usage, cost, options=turn.options.with_state(state))
             denial = await _tree_spend_denial(tx, turn)
             if denial is not None:
-                return ModelStep(message_id=message.id, tool_calls=tool_calls, budget_error=denial), True
+                over = ModelStep(
+                    outcome="budget_exceeded", message_id=message.id, tool_calls=tool_calls, budget_error=denial
+                )
+                return over, True
             if not tool_calls and has_pending_controls(turn):
                 # Controls arrived while the model answered: they apply before publication (spec §5.10).
-                state = {**state, "phase": "output", "candidate": result.text, "output_data": result.output_data}
-                turn = await tx.update_turn(turn.id, options={**turn.options, "state": state})
+                state = state.model_copy(
+                    update={"phase": "output", "candidate": result.text, "output_data": result.output_data}
+                )
+                turn = await tx.update_turn(turn.id, options=turn.options.with_state(state))
                 boundary, _ = await control_boundary(tx, turn)
-                step = ModelStep(message_id=message.id, paused=boundary == "paused", steered=boundary == "steered")
+                step = ModelStep(outcome=boundary or "tools", message_id=message.id)
                 return step, True
             if not tool_calls:
                 completed = await tx.claim_turn(
@@ -359,7 +366,8 @@ class ModelActivities:
                 )
                 if completed is not None:
                     await completion_delivery(tx, completed, verdict)  # with the terminal write (spec §5.7)
-        return ModelStep(message_id=message.id, tool_calls=tool_calls, completed=not tool_calls), True
+        outcome = "tools" if tool_calls else "completed"
+        return ModelStep(outcome=outcome, message_id=message.id, tool_calls=tool_calls), True
 
 
 async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> ModelStep | None:
@@ -384,16 +392,13 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     ]
     # A retry returns what the first attempt did, a spend denial included (it is monotonic).
     denial = await _tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
-    return ModelStep(
-        message_id=message.id,
-        tool_calls=calls,
-        completed=not calls and turn.status == "completed",
-        budget_error=denial,
-    )
+    completed = not calls and turn.status == "completed"
+    outcome = "budget_exceeded" if denial else "completed" if completed else "tools"
+    return ModelStep(outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial)
 
 
 async def _unique_call_ids(
-    tx: StoreTx, turn_id: str, parts: list[dict[str, Any]], state: dict[str, Any]
+    tx: StoreTx, turn_id: str, parts: list[dict[str, Any]], state: TurnState
 ) -> list[dict[str, Any]]:
     """``parts`` with tool-call ids unique in the turn, found by indexed lookups of these ids only (issue 9).
 
@@ -402,7 +407,7 @@ async def _unique_call_ids(
     get suffixes from ``state.call_id_suffix``, a per-turn counter, so that a model that says ``call_0`` every time
     costs one lookup per response, not one per earlier rename; a suffix that meets a provider's own id is skipped.
     """
-    start = int(state.get("call_id_suffix", 1))
+    start = state.call_id_suffix
     proposed = [str(part.get("id") or "") for part in parts if part.get("type") == "tool_call"]
     taken = await tx.existing_call_ids(turn_id, proposed)
     while True:
@@ -413,28 +418,28 @@ async def _unique_call_ids(
             break
         taken |= clashes
     if new_ids:
-        state["call_id_suffix"] = max(start, *(int(i.rsplit("_", 1)[1]) + 1 for i in new_ids))
+        state.call_id_suffix = max(start, *(int(i.rsplit("_", 1)[1]) + 1 for i in new_ids))
     return renamed
 
 
-async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: dict[str, Any], verdict: Verdict) -> ModelStep:
+async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, verdict: Verdict) -> ModelStep:
     completed = await tx.claim_turn(
         turn.id,
         from_=("pending", "running"),
         to="completed",
-        output_text=state.get("candidate") or "",
-        output_data=state.get("output_data"),
+        output_text=state.candidate or "",
+        output_data=state.output_data,
         started_at=turn.started_at or utcnow(),
         completed_at=utcnow(),
         claim_token=None,
     )
     if completed is None:
-        return ModelStep(stopped=True)
+        return ModelStep(outcome="stopped")
     await completion_delivery(tx, completed, verdict)
-    return ModelStep(message_id=state.get("message_id"), completed=True)
+    return ModelStep(outcome="completed", message_id=state.message_id)
 
 
-async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: dict[str, Any]) -> list[str]:
+async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: TurnState) -> list[str]:
     """Spec §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
 
     Returns the unfinished targets (the workflow waits for their signals), or [] after appending the
@@ -449,7 +454,7 @@ async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: dict[str
         return unfinished
     text = json.dumps({"wait_results": [turn_result(target) for target in targets]}, sort_keys=True, default=str)
     await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id)
-    state["wait_input"] = True
+    state.wait_input = True
     return []
 
 
@@ -466,7 +471,7 @@ async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
     """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (spec §6.2): the root's running total,
     one row, whatever the size of the tree."""
     root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-    if limits_of(root)["max_spend"] is None:
+    if limits_of(root).max_spend is None:
         return None  # no limit: nothing to read
     return spend_denial(root, await tx.tree_usage(root.id))
 

@@ -31,7 +31,7 @@ from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_n
 from turnkit.events import emit
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
-from turnkit.records import INTERRUPTED_MESSAGE, ToolExecutionRecord, TurnRecord
+from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
 from turnkit.tools import Tool, ToolContext, normalize_result
@@ -42,8 +42,6 @@ __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outco
 #: The failure type of an at-most-once tool attempt whose body raised (its outcome is known: it failed). Any other
 #: failure of such an attempt leaves the outcome unknown, and the workflow records the call "interrupted".
 TOOL_RAISED = "TurnKit::ToolRaised"
-
-OPEN = ("pending", "running")
 
 
 class ToolActivities:
@@ -75,7 +73,7 @@ class ToolActivities:
             execution_id=execution.id,
             tool_call_id=execution.tool_call_id,
             idempotency_key=execution.idempotency_key,
-            principal=turn.options.get("principal"),
+            principal=turn.options.principal,
             agent_name=turn.agent_name,
             attempt=activity.info().attempt,
             store=self.store,
@@ -113,7 +111,7 @@ class ToolActivities:
     ) -> dict[str, Any]:
         """The ``send_message`` tool: a delivery keyed ``message:<execution id>`` (stable across retries)."""
         args = tool.validate_arguments(arguments)
-        principal = turn.options.get("principal")
+        principal = turn.options.principal
         destination = str(args["conversation_id"])
         verdict = await check(
             "send_message", principal, source_conversation=turn.conversation_id, destination_conversation=destination
@@ -157,9 +155,7 @@ class ToolActivities:
             turn = await tx.load_turn(request.turn_id)
             if await tx.find_tool_execution(turn.id, request.call.id) is not None:
                 return Verdict("tool", True)
-        return await check(
-            "tool", turn.options.get("principal"), turn=turn, tool=tool, arguments=request.call.arguments
-        )
+        return await check("tool", turn.options.principal, turn=turn, tool=tool, arguments=request.call.arguments)
 
     async def _reserve_in_tx(
         self, request: ToolCallInput, tool: Tool | None, verdict: Verdict, created: list[TurnRecord]
@@ -168,16 +164,16 @@ class ToolActivities:
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await tx.load_turn(request.turn_id)
             execution = await tx.find_tool_execution(turn.id, call.id)
-            if execution is not None and execution.status not in OPEN:
+            if execution is not None and execution.status not in OPEN_EXECUTION_STATUSES:
                 await append_tool_result(tx, turn, execution)  # recovery: make sure its result is in the transcript
                 return outcome_of(execution, tool)
             if turn.status not in ("pending", "running", "paused"):
-                return ToolOutcome(stopped=True)  # cancelled: nothing more runs
+                return ToolOutcome(outcome="stopped")  # cancelled: nothing more runs
             if execution is None:
                 # The control boundary before an external effect (spec §5.10).
                 boundary, turn = await control_boundary(tx, turn)
                 if boundary is not None:
-                    return ToolOutcome(paused=boundary == "paused", steered=boundary == "steered")
+                    return ToolOutcome(outcome=boundary)
                 if turn.status == "pending":  # resumed after a pause
                     turn = await tx.claim_turn(turn.id, from_="pending", to="running") or turn
                 execution, denial = await open_tool_execution(
@@ -219,7 +215,7 @@ class ToolActivities:
     ) -> ToolOutcome:
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             settled = await tx.claim_tool_execution(
-                execution.id, from_=OPEN, to="completed", result=result, completed_at=utcnow()
+                execution.id, from_=OPEN_EXECUTION_STATUSES, to="completed", result=result, completed_at=utcnow()
             )
             if settled is None:  # interrupted or cancelled first: the late result is dropped
                 # Its result message (e.g. "outcome unknown") is written if missing: every call gets one result.
@@ -256,7 +252,8 @@ def outcome_of(execution: ToolExecutionRecord, tool: Tool | None, *, budget_erro
     """The workflow's view of an execution (the same on a retry as on the attempt that settled it)."""
     terminal = bool(tool is not None and tool.is_terminal and execution.status == "completed")
     budget_error = budget_error or budget_denial(execution)
-    return ToolOutcome(execution_id=execution.id, status=execution.status, terminal=terminal, budget_error=budget_error)
+    outcome = "budget_exceeded" if budget_error else "terminal" if terminal else "done"
+    return ToolOutcome(outcome=outcome, execution_id=execution.id, status=execution.status, budget_error=budget_error)
 
 
 def budget_denial(execution: ToolExecutionRecord) -> str | None:

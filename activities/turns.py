@@ -5,7 +5,6 @@ Each is one transaction and idempotent: a retry finds what the first attempt com
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -21,7 +20,7 @@ from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
-from turnkit.records import TurnRecord
+from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
 from turnkit.turn_options import turn_options
@@ -153,13 +152,13 @@ class TurnActivities:
         tool = resolve_agent(turn.agent_name).tool(execution.tool_name)
         text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
         await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
-        state = {**turn.state, "phase": "output", "terminal_tool_name": execution.tool_name}
+        state = turn.state.model_copy(update={"phase": "output", "terminal_tool_name": execution.tool_name})
         return await tx.claim_turn(
             turn.id,
             from_=("pending", "running"),
             to="completed",
             output_text=text,
-            options={**turn.options, "state": state},
+            options=turn.options.with_state(state),
             completed_at=utcnow(),
             claim_token=None,
         )
@@ -194,16 +193,13 @@ class TurnActivities:
 
 def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:
     """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
-    timeout = (turn.options.get("budget_limits") or {}).get("timeout")
-    deadline = None
-    if timeout is not None and turn.submitted_at is not None:
-        deadline = turn.submitted_at + timedelta(seconds=float(timeout))
+    deadline = turn.deadline
     return TurnTicket(
         turn_id=turn.id,
         conversation_id=turn.conversation_id,
         agent_name=turn.agent_name,
         root_turn_id=turn.root_turn_id,
-        trigger_message_id=str(turn.options.get("trigger_message_id", "")),
+        trigger_message_id=turn.options.trigger_message_id or "",
         deadline=deadline,
         busy=busy,
         model_policy=model_policy(),
@@ -213,7 +209,7 @@ def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:
 def outcome_of(turn: TurnRecord) -> TurnOutcome:
     """The workflow result for a finished turn record."""
     error = turn.error or {}
-    status = turn.status if turn.status in ("completed", "failed", "cancelled") else "failed"
+    status = turn.status if turn.status in TERMINAL_TURN_STATUSES else "failed"
     return TurnOutcome(
         turn_id=turn.id,
         status=status,  # type: ignore[arg-type]

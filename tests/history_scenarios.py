@@ -454,7 +454,7 @@ async def pause_resume(tk: TurnKit) -> list[Recorded]:
     turn = await conversation.ask("start", wait=False)
     await gate.wait_entered()
     paused = await turn.pause()
-    assert paused.status == "running" and paused.record.options["controls"]["pause_requested"] is True
+    assert paused.status == "running" and paused.record.options.controls_or_default.pause_requested is True
     gate.opened.set()
     # turnkit.model, the tool, then turnkit.model again: its boundary acknowledges the pause without calling the
     # model, and the workflow waits for the resume signal.

@@ -113,7 +113,7 @@ async def test_callback_denied_at_submission_and_at_the_end(tk: TurnKit) -> None
     gate.set()
     done = await turn.result(timeout=60)
     assert done.status == "completed"
-    assert done.record.options["callback_denied"]["message"] == "not authorized to callback"
+    assert done.record.options.callback_denied["message"] == "not authorized to callback"
     assert await boss.inbox() == []
 
 
@@ -152,7 +152,11 @@ async def test_control_and_read_denials_change_nothing(tk: TurnKit, action: str)
     with pytest.raises(turnkit.AuthorizationError, match=f"not authorized to {action}"):
         await calls[action]("other")
     record = (await turn.refresh()).record
-    assert record.status == "paused" and record.options["controls"] == {"pause_requested": True, "inputs": []}
+    assert (
+        record.status == "paused"
+        and record.options.controls_or_default.pause_requested
+        and not record.options.controls_or_default.inputs
+    )
     await calls[action]("owner")  # the owner may
     await turn.cancel(principal="owner")
 
@@ -187,7 +191,7 @@ async def test_a_cascade_denied_for_one_child_changes_nothing(tk: TurnKit) -> No
     with pytest.raises(turnkit.AuthorizationError):
         await turn.steer("x", key="k", descendants="cascade")
     for record in await tk.store.list_turns(root_turn_id=turn.id):
-        assert record.status in ("waiting", "running") and "controls" not in record.options
+        assert record.status in ("waiting", "running") and record.options.controls is None
     turnkit.configure(authorize=None)
     gate.set()
     assert (await turn.result(timeout=60)).status == "completed"
@@ -311,7 +315,7 @@ async def test_a_raising_callback_hook_keeps_the_final_answer(tk: TurnKit, caplo
         turn = await (await job.ask("x", callback=boss, wait=False)).result(timeout=60)
     assert turn.status == "completed" and turn.output_text == "final answer"
     assert client.calls == 1 and hook.raised == 1
-    denied = turn.record.options["callback_denied"]
+    denied = turn.record.options.callback_denied
     assert denied["class"] == "TurnKit::AuthorizationError" and denied["message"] == "not authorized to callback"
     assert denied["hook_error"] == "ApprovalServiceDown"
     assert await boss.inbox() == [] and await job.outbox() == []

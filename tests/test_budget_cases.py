@@ -30,6 +30,7 @@ from turnkit.records import TreeUsage
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools, say
+from turnkit.turn_state import TurnState
 
 BUDGET_ERROR = "TurnKit::BudgetError"
 
@@ -176,9 +177,9 @@ async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, da
         # One more iteration succeeds (1 of 2 used over the tree) and the next is denied.
         assert iteration_denial(root, tree) is None
         async with restarted.atomic(turn_id=root.id) as tx:
-            await tx.update_turn(child.id, options={**child.options, "state": {"iterations": 1}})
+            await tx.update_turn(child.id, options=child.options.with_state(TurnState(iterations=1)))
         tree = await restarted.list_turns(root_turn_id=root.id)
-        assert sum(int(t.state.get("iterations", 0)) for t in tree) == 2
+        assert sum(t.options.state.iterations for t in tree) == 2
         assert iteration_denial(root, tree) == MAX_ITERATIONS == "maximum iterations reached"
 
         # Spend: 0.05 seeded; reaching exactly 0.10 is allowed, adding 0.06 (0.11 > 0.10) is denied.
@@ -283,7 +284,7 @@ async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:  # T
 
     tree = await tk.store.list_turns(root_turn_id=turn.id)
     assert len(tree) == 3
-    iterations = {t.agent_name: int(t.state.get("iterations", 0)) for t in tree}
+    iterations = {t.agent_name: t.options.state.iterations for t in tree}
     assert sum(iterations.values()) == 2, f"iterations persisted over the tree: {iterations}"
     calls = {name: c.calls for name, c in child_clients.items()}
     assert sorted(calls.values()) == [0, 1], f"only one child's model may be called: {calls}"

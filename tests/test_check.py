@@ -42,6 +42,7 @@ from turnkit.store.schema import MessageRow, StagedInputRow
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.turn_options import turn_options
+from turnkit.turn_state import TurnState
 
 
 def _kinds(findings: list[Finding]) -> set[tuple[str, str]]:
@@ -210,8 +211,9 @@ async def test_store_corruptions_are_reported(tk: TurnKit) -> None:
     async with tk.store.atomic() as tx:
         message = await tx.append_message(conversation.id, role="user", text="hi")
         options = turn_options(agent, trigger_message_id=message.id, context={})
-        options["budget_limits"] = {**options["budget_limits"], "max_iterations": 1}
-        options["state"] = {"iterations": 3}
+        assert options.budget_limits is not None
+        options.budget_limits.max_iterations = 1
+        options.state = TurnState(iterations=3)
         running = [
             await tx.create_turn(
                 conversation_id=conversation.id, agent_name=agent.name, status="running", options=options

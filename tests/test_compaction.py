@@ -391,7 +391,7 @@ async def test_a_retried_model_activity_does_not_summarise_twice(engine: Engine)
     summaries = [m for m in await conversation.messages() if m.kind == "context_summary"]
     assert len(summaries) == 1 and summaries[0].metadata["compaction"]["request_id"] == "req_1"
     turn = await tk.store.load_turn(record.id)
-    assert turn.state["iterations"] == 1
+    assert turn.options.state.iterations == 1
     assert turn.usage["input_tokens"] == 20  # the compaction call and the main call, each charged once
 
     # A zombie attempt that read the history before the summary was written writes no second one.

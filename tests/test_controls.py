@@ -56,7 +56,7 @@ async def test_pause_during_a_long_tool_then_resume(tk: TurnKit) -> None:
     await asyncio.wait_for(gate.entered.wait(), 30)
 
     paused = await turn.pause()
-    assert paused.status == "running" and paused.record.options["controls"]["pause_requested"] is True
+    assert paused.status == "running" and paused.record.options.controls_or_default.pause_requested is True
     gate.opened.set()
 
     async def acknowledged() -> bool:
@@ -82,11 +82,11 @@ async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> No
     await turn.pause()
     model.released.set()
     await eventually(lambda: _status_is(turn, "paused"), what="the turn to pause before publishing")
-    assert turn.output_text == "" and turn.record.state["phase"] == "output"
+    assert turn.output_text == "" and turn.record.options.state.phase == "output"
     await turn.resume()
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "kept"
-    assert len(model.requests) == 1 and done.record.state["iterations"] == 1
+    assert len(model.requests) == 1 and done.record.options.state.iterations == 1
 
 
 async def test_approval_gate_blocks_the_conversation_until_resumed(tk: TurnKit) -> None:

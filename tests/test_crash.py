@@ -98,7 +98,7 @@ async def test_committed_model_response_is_not_requested_again(engine: Engine, c
     requests = crash_app.lines("model")
     assert len(requests) == 2, requests  # one per iteration: the committed first response was reused
     assert len(set(requests)) == 2
-    assert done.record.state["iterations"] == 2
+    assert done.record.options.state.iterations == 2
     assistant = [m for m in await conversation.messages() if m.role == "assistant"]
     assert len(assistant) == 2  # no duplicate assistant message from the retried activity
 
@@ -160,7 +160,7 @@ async def test_killed_after_the_model_response_committed(engine: Engine, crash_d
     """T43 / T52: the worker dies right after the tool-call response was committed."""
 
     async def phase_is_tools(turn: turnkit.Turn) -> None:
-        assert (await turn.refresh()).record.state["phase"] == "tools"
+        assert (await turn.refresh()).record.options.state.phase == "tools"
 
     conversation, done = await crash_and_recover(
         engine,
@@ -172,7 +172,7 @@ async def test_killed_after_the_model_response_committed(engine: Engine, crash_d
     )
     assert len(crash_app.lines("model")) == 2  # the committed response was reused, not requested again
     assert crash_app.lines("file_note") == ["memo"]  # the tool ran exactly once
-    assert done.record.state["iterations"] == 2
+    assert done.record.options.state.iterations == 2
     results = [m for m in await conversation.messages() if m.kind == "tool_result"]
     assert len(results) == 1
 

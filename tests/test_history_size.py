@@ -42,7 +42,7 @@ async def history_bytes(tk: TurnKit, k: int) -> int:
     conversation = await tk.conversation(iterations_agent(k))
     turn = await conversation.ask("read the pages")
     assert turn.status == "completed", turn.error
-    assert turn.record.state["iterations"] == k
+    assert turn.record.options.state.iterations == k
     history = await tk.client.get_workflow_handle(turn.id).fetch_history()
     return sum(event.ByteSize() for event in history.events)
 

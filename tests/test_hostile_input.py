@@ -210,8 +210,8 @@ async def test_a_200_kib_ask_travels_by_id_and_its_content_stays_out_of_the_lane
     assert turn.status == "completed" and turn.output_text == "read it"
     [message] = [m for m in await conversation.messages() if m.role == "user"]
     assert message.text == text and message.metadata == {"tag": f"{marker}-metadata"}
-    assert turn.record.options["context"] == {"note": f"{marker}-context"}
-    assert turn.record.options["principal"] == {"user": f"{marker}-principal"}
+    assert turn.record.options.context == {"note": f"{marker}-context"}
+    assert turn.record.options.principal == {"user": f"{marker}-principal"}
     async with tk.store.atomic() as tx:
         with pytest.raises(RecordNotFound, match="staged input not found"):
             await tx.load_staged_input(message.id)

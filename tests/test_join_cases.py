@@ -209,7 +209,7 @@ async def test_only_the_owner_may_control_and_the_owner_sequence_ends_cancelled(
             await call()
     record = (await turn.refresh()).record
     assert record.status == "paused", "T89: denied controls must not change the run"
-    assert record.options["controls"] == {"pause_requested": True, "inputs": []}
+    assert record.options.controls_or_default.pause_requested and not record.options.controls_or_default.inputs
     assert await conversation.inbox() == [], "T89: a denied post creates no delivery"
     assert [m.text for m in await conversation.messages()] == ["x"]
     assert client.calls == 0
@@ -236,7 +236,7 @@ async def test_two_concurrent_resumes_of_an_approval_gate_call_the_model_once(tk
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "approved"
     assert client.calls == 1, f"T91: two resumes must make exactly 1 model call, made {client.calls}"
-    assert done.record.state["iterations"] == 1
+    assert done.record.options.state.iterations == 1
     assert [m.role for m in await conversation.messages()] == ["user", "assistant"]
 
 
@@ -259,7 +259,7 @@ async def test_output_schema_reaches_the_client_and_output_data_is_stored(tk: Tu
     assert client.requests[0].output_schema == turn_schema, "T02: the per-turn schema overrides the agent's"
     assert scored.status == "completed" and scored.output_data == {"score": 7}
     stored = await tk.store.load_turn(scored.id)
-    assert stored.output_data == {"score": 7} and stored.options["output_schema"] == turn_schema
+    assert stored.output_data == {"score": 7} and stored.options.output_schema == turn_schema
 
     labelled = await conversation.ask("label it")
     assert client.requests[1].output_schema == agent_schema, "T02: the client receives the agent's schema"
@@ -277,9 +277,9 @@ async def test_thinking_per_turn_overrides_and_none_disables(tk: TurnKit) -> Non
     off = await conversation.ask("Hi", thinking=None)
     assert [r.thinking for r in client.requests] == [{"budget": 4000}, {"effort": "high"}, None], "T06"
     assert all(t.status == "completed" for t in (default, high, off))
-    assert default.record.options["thinking"] == {"budget": 4000}
-    assert high.record.options["thinking"] == {"effort": "high"}
-    stored = (await tk.store.load_turn(off.id)).options
+    assert default.record.options.thinking == {"budget": 4000}
+    assert high.record.options.thinking == {"effort": "high"}
+    stored = (await tk.store.load_turn(off.id)).options.stored()
     assert "thinking" in stored and stored["thinking"] is None, "T06: an explicit None is persisted as None"
 
 

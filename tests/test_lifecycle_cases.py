@@ -229,10 +229,10 @@ async def test_cancel_during_a_model_call_with_posted_input_continues_as_the_own
 
     await eventually(continuation_finished, what="the posted input's continuation turn")
     _, continuation = await conversation.turns()
-    assert continuation.record.options["principal"] == "owner"  # the conversation's, never the sender's
+    assert continuation.record.options.principal == "owner"  # the conversation's, never the sender's
     [message] = [m for m in await conversation.messages() if m.metadata.get("delivery_id") == posted.id]
     assert message.text == "follow-up" and message.metadata["principal"] == "sender"
-    assert continuation.record.options["trigger_message_id"] == message.id
+    assert continuation.record.options.trigger_message_id == message.id
     assert continuation.status == "completed" and continuation.output_text == "continued"
     assert len(model.requests) == 2
     later = [m["content"] for m in model.requests[1].messages]

@@ -36,7 +36,7 @@ async def test_run_aggregates_the_tree(tk: TurnKit) -> None:
     first = (await run.messages())[0]
     assert first.text == 'Task:\nClassify\n\nInput:\n{\n  "company": "ACME"\n}'
     assert first.metadata == {"source": "application", "task": True}
-    assert run.record.options["prompt_mode"] == "task"
+    assert run.record.options.prompt_mode == "task"
     assert "executing an application task" in client.requests[0].instructions
     records = await run.turn_records()
     assert len(records) == 2 and len(await run.child_turn_records()) == 1

@@ -84,7 +84,7 @@ async def test_ids_have_spec_prefixes_and_24_lowercase_hex(store: Store) -> None
     assert re.fullmatch(rf"tool_{ID_RE}", execution.id)
     assert re.fullmatch(rf"delivery_{ID_RE}", delivery.id)
     assert turn.root_turn_id == turn.id  # root defaults to the turn itself
-    assert turn.status == "pending" and turn.options == {} and turn.usage == {}
+    assert turn.status == "pending" and turn.options.stored() == {} and turn.usage == {}
     assert execution.status == "pending" and execution.arguments == {}
 
 
@@ -104,7 +104,7 @@ async def test_create_with_existing_id_returns_existing_and_writes_nothing(store
     turn_again = await _turn(store, conversation_id, id=turn_id, model="m2", options={"y": 2}, status="running")
     assert turn_again.model_dump() == turn.model_dump()
     loaded = await store.load_turn(turn_id)
-    assert loaded.status == "pending" and loaded.model == "m1" and loaded.options == {"x": 1}
+    assert loaded.status == "pending" and loaded.model == "m1" and loaded.options.stored() == {"x": 1}
     assert await _count(store, TurnRow.id, TurnRow.uid == turn_id) == 1
 
     message_id = new_id("message")
@@ -224,7 +224,7 @@ async def test_update_turn_whitelist_status_and_updated_at(store: Store) -> None
     reloaded = await store.load_turn(turn.id)
     assert reloaded.model_dump() == updated.model_dump()
     assert reloaded.error == {"class": "X", "message": "boom"}
-    assert reloaded.options == {"keep": {"me": True}}
+    assert reloaded.options.stored() == {"keep": {"me": True}}
     assert reloaded.created_at == turn.created_at
 
     async with store.atomic() as tx:
@@ -696,7 +696,7 @@ async def test_timestamps_json_and_cost_round_trip(store: Store) -> None:
 
     assert loaded_conversation.metadata == metadata
     assert loaded_conversation.subject == {"type": "Account", "id": "42"}
-    assert loaded_turn.options == nested_options
+    assert loaded_turn.options.stored() == nested_options
     assert loaded_turn.usage == {"input_tokens": 10, "cost_details": {"total": 0.123456}}
     assert loaded_turn.output_data == {"list": [1, 2, {"k": None}]}
     assert isinstance(loaded_turn.cost, float) and loaded_turn.cost == pytest.approx(0.123456, abs=1e-9)
@@ -723,8 +723,9 @@ async def test_timestamps_json_and_cost_round_trip(store: Store) -> None:
             await tx.update_turn(turn.id, heartbeat_at=datetime(2026, 1, 1))
         assert isinstance(refused.value.orig, ValueError)
     # Reads are copies: mutating one changes nothing stored.
-    loaded_turn.options["state"]["phase"] = "mutated"
-    assert (await store.load_turn(turn.id)).options == nested_options
+    loaded_turn.state.phase = "model"
+    loaded_turn.options.state.phase = "model"
+    assert (await store.load_turn(turn.id)).options.stored() == nested_options
 
 
 # 13. Schema ----------------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ async def test_parallel_delegation_returns_results_in_call_order(tk: TurnKit) ->
     child_conversation = await tk.store.load_conversation(children[0].conversation_id)
     assert child_conversation.metadata["parent_turn_id"] == turn.id
     assert child_conversation.metadata["principal"] == "owner"
-    assert children[0].options["principal"] == "owner"
+    assert children[0].options.principal == "owner"
 
 
 async def test_failed_child_is_a_structured_result(tk: TurnKit) -> None:

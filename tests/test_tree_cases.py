@@ -76,7 +76,7 @@ async def status_of(tk: TurnKit, turn_id: str) -> str:
 
 
 def controls(record: turnkit.TurnRecord) -> dict[str, Any]:
-    return dict(record.options.get("controls") or {})
+    return record.options.controls_or_default.model_dump()
 
 
 async def workflows_closed(tk: TurnKit, turn_ids: list[str]) -> bool:
@@ -184,7 +184,7 @@ async def test_cascade_cancel_keeps_the_persisted_context(tk: TurnKit, start: st
         await eventually(lambda: _entered(gates), what="the leaf inside its tool")
         before = {t.agent_name: t for t in await tk.store.list_turns(root_turn_id=root.id)}
         assert set(before) == {"t79_root", "t79_mid", "t79_leaf"}
-        assert before["t79_root"].options["context"] == {"tenant": "acme"}
+        assert before["t79_root"].options.context == {"tenant": "acme"}
 
         cancelled = await root.cancel(descendants="cascade")
         assert cancelled.status == "cancelled" and cancelled.error == CANCELLED
@@ -196,12 +196,12 @@ async def test_cascade_cancel_keeps_the_persisted_context(tk: TurnKit, start: st
             "T79: a cascade cancel leaves every turn of the tree cancelled"
         )
         assert all(t.error == CANCELLED for t in after.values())
-        assert (await root.refresh()).record.options["context"] == {"tenant": "acme"}, "T79: run.turn.context"
+        assert (await root.refresh()).record.options.context == {"tenant": "acme"}, "T79: run.turn.context"
         for name, record in after.items():
             # Each turn keeps the context it was built with; children get the task only, never the run's context
             # (spec §4.3 "Children do not receive the parent's history, tools or run context").
-            assert record.options["context"] == before[name].options["context"], f"{name}'s context changed"
-        assert after["t79_mid"].options["context"] == {} and after["t79_leaf"].options["context"] == {}
+            assert record.options.context == before[name].options.context, f"{name}'s context changed"
+        assert after["t79_mid"].options.context == {} and after["t79_leaf"].options.context == {}
         assert root_client.calls == 1 and mid_client.calls == 1
     finally:
         gates.open_all()
@@ -330,7 +330,7 @@ async def test_one_delivery_applied_concurrently_twice_gives_one_message_and_one
         assert len(turns) == 1, f"T77: exactly 1 continuation turn, got {len(turns)}"
         [turn] = turns
         assert turn.submitted_at is not None and turn.status == "pending"
-        assert turn.options["trigger_message_id"] == message.id and turn.options["principal"] == "owner"
+        assert turn.options.trigger_message_id == message.id and turn.options.principal == "owner"
         assert [r.turn.turn_id for r in (first, second) if r.turn is not None] == [turn.id]
         async with tk.store.atomic() as tx:
             stored = await tx.load_delivery(delivery.id)
@@ -381,7 +381,7 @@ async def test_a_failing_mark_in_the_lane_writes_nothing_then_delivers_once(
     status = await conversation.input_status(posted.id)
     assert status["message_id"] == message.id and status["delivered_at"] is not None
     [turn] = await tk.store.list_turns(conversation_id=conversation.id)
-    assert turn.status == "completed" and turn.options["trigger_message_id"] == message.id
+    assert turn.status == "completed" and turn.options.trigger_message_id == message.id
     assert status["application"]["turn_id"] == turn.id
     assert [m.metadata.get("delivery_id") for m in await tk.store.list_messages(conversation.id)].count(posted.id) == 1
     assert client.calls == 1

@@ -61,7 +61,7 @@ async def test_three_iteration_tool_turn(tk: TurnKit) -> None:
     assert client.calls == 3
     assert (turn.usage.input_tokens, turn.usage.output_tokens) == (30, 15)  # 10 + 5 tokens per scripted call
     assert turn.usage.total_tokens > 0
-    assert turn.record.state["iterations"] == 3
+    assert turn.record.options.state.iterations == 3
 
 
 @turnkit.tool

@@ -11,11 +11,12 @@ while they check and write, which makes check-and-reserve atomic.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from turnkit.config import settings
 from turnkit.limits import check_limits
 from turnkit.records import ToolExecutionRecord, TreeUsage, TurnRecord
+from turnkit.turn_state import BudgetLimits
 
 __all__ = [
     "COST_LIMIT",
@@ -39,30 +40,30 @@ MAX_DEPTH: Final = "maximum sub-agent depth reached"
 TIMED_OUT: Final = "turn timed out"
 
 
-def limits_of(root: TurnRecord) -> dict[str, Any]:
-    """The root's snapshotted limits, with process settings for any limit it lacks (legacy turns)."""
-    snapshot: dict[str, Any] = dict(root.options.get("budget_limits") or {})
-    defaults: dict[str, Any] = {
-        "max_iterations": settings.max_iterations,
-        "max_tool_executions": settings.max_tool_executions,
-        "max_tool_executions_by_name": dict(settings.max_tool_executions_by_name),
-        "max_depth": settings.max_depth,
-        "timeout": settings.timeout,
-        "max_spend": settings.max_spend,
-    }
-    return {key: snapshot.get(key, value) for key, value in defaults.items()}
+def limits_of(root: TurnRecord) -> BudgetLimits:
+    """The root's snapshotted limits, with the process settings for any limit it lacks (rows older than a limit)."""
+    snapshot = root.options.budget_limits or BudgetLimits()
+    defaults = BudgetLimits(
+        max_iterations=settings.max_iterations,
+        max_tool_executions=settings.max_tool_executions,
+        max_tool_executions_by_name={str(k): v for k, v in settings.max_tool_executions_by_name.items()},
+        max_depth=settings.max_depth,
+        timeout=settings.timeout,
+        max_spend=settings.max_spend,
+    )
+    return defaults.model_copy(update={name: getattr(snapshot, name) for name in snapshot.model_fields_set})
 
 
 def iteration_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:
     """The error if one more model request would exceed ``max_iterations`` over the tree, else None."""
-    limit = limits_of(root)["max_iterations"]
+    limit = limits_of(root).max_iterations
     used = _usage(tree).iterations
     return MAX_ITERATIONS if limit is not None and used >= int(limit) else None
 
 
 def depth_denial(root: TurnRecord, depth: int) -> str | None:
     """The error if a turn at ``depth`` is deeper than the root's ``max_depth`` (a root is depth 0)."""
-    limit = limits_of(root)["max_depth"]
+    limit = limits_of(root).max_depth
     return MAX_DEPTH if limit is not None and depth > int(limit) else None
 
 
@@ -80,11 +81,10 @@ def tool_execution_denial(
     """
     limits = limits_of(root)
     usage = tree_executions if isinstance(tree_executions, TreeUsage) else TreeUsage.from_records((), tree_executions)
-    total_limit = limits["max_tool_executions"]
+    total_limit = limits.max_tool_executions
     if total_limit is not None and usage.tool_executions >= int(total_limit):
         return MAX_TOOL_EXECUTIONS
-    by_name: dict[str, Any] = {str(k): v for k, v in (limits["max_tool_executions_by_name"] or {}).items()}
-    name_limit = by_name.get(tool_name)
+    name_limit = limits.max_tool_executions_by_name.get(tool_name)
     if name_limit is not None and usage.tool_executions_by_name.get(tool_name, 0) >= int(name_limit):
         return f"maximum executions reached for tool {tool_name}"
     return None
@@ -92,7 +92,7 @@ def tool_execution_denial(
 
 def spend_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:
     """The error if observed spend over the tree is strictly above ``max_spend``, else None."""
-    limit = limits_of(root)["max_spend"]
+    limit = limits_of(root).max_spend
     if limit is None:
         return None
     return COST_LIMIT if _usage(tree).cost > float(limit) else None

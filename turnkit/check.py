@@ -27,7 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.budget import counts_against_budget, limits_of
 from turnkit.payloads import LaneStatus
-from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.schema import DeliveryRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.store import Store, _tool_execution, _turn, utcnow  # pyright: ignore[reportPrivateUsage]
 
@@ -66,8 +66,6 @@ OVER_BUDGET: Final = "tree_over_budget"
 
 #: Workflow state of a turn or lane id: "running", "missing" (never started), or the closed status in lowercase.
 Liveness = str
-_OPEN_EXECUTION: Final = ("pending", "running")
-_UNFINISHED: Final = ("pending", "running", "waiting", "paused")
 _DESCRIBE_CONCURRENCY: Final = 32
 #: A lane that does not answer its status query in time (no worker polls its task queue) holds nothing we know of.
 _QUERY_TIMEOUT: Final = 5.0
@@ -243,7 +241,7 @@ def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | str | None]) ->
 async def _workflows(ctx: _Context) -> None:
     """Unfinished turns need a live workflow (or a place in their lane's queue); open executions a live turn."""
     async with ctx.store.atomic() as tx:
-        unfinished = select(TurnRow).where(TurnRow.status.in_(_UNFINISHED), _recent(TurnRow.updated_at, ctx))
+        unfinished = select(TurnRow).where(TurnRow.status.in_(ACTIVE_TURN_STATUSES), _recent(TurnRow.updated_at, ctx))
         turns = [_turn(row) for row in await tx.session.scalars(unfinished)]
         running = select(ToolExecutionRow).where(
             ToolExecutionRow.status == "running", _recent(ToolExecutionRow.updated_at, ctx)
@@ -326,13 +324,13 @@ async def _waits(ctx: _Context) -> None:
     async with ctx.store.atomic() as tx:
         waiting = select(TurnRow).where(TurnRow.status == "waiting", _recent(TurnRow.updated_at, ctx))
         waiters = [_turn(row) for row in await tx.session.scalars(waiting)]
-        target_ids = {str(t) for w in waiters for t in w.state.get("waiting_on") or []}
+        target_ids = {t for w in waiters for t in w.options.state.waiting_on or []}
         targets = {
             row.uid: _turn(row)
             for row in await tx.session.scalars(select(TurnRow).where(TurnRow.uid.in_(list(target_ids))))
         }
     for waiter in waiters:
-        waiting_on = [str(t) for t in waiter.state.get("waiting_on") or []]
+        waiting_on = list(waiter.options.state.waiting_on or [])
         ended = [targets.get(t) for t in waiting_on]
         if not waiting_on or not all(t is not None and t.terminal for t in ended):
             continue
@@ -361,17 +359,17 @@ async def _budgets(ctx: _Context) -> None:
             counted[tree_of[execution.turn_id]].append(execution.tool_name)
     for root_id, root in roots.items():
         limits = limits_of(root)
-        iterations = sum(int(t.state.get("iterations", 0)) for t in trees[root_id])
-        if limits["max_iterations"] is not None and iterations > int(limits["max_iterations"]):
-            ctx.add(OVER_BUDGET, [root_id], f"{iterations} iterations over a limit of {limits['max_iterations']}")
+        iterations = sum(t.options.state.iterations for t in trees[root_id])
+        if limits.max_iterations is not None and iterations > limits.max_iterations:
+            ctx.add(OVER_BUDGET, [root_id], f"{iterations} iterations over a limit of {limits.max_iterations}")
         names = counted[root_id]
-        if limits["max_tool_executions"] is not None and len(names) > int(limits["max_tool_executions"]):
+        if limits.max_tool_executions is not None and len(names) > limits.max_tool_executions:
             ctx.add(
-                OVER_BUDGET, [root_id], f"{len(names)} tool executions over a limit of {limits['max_tool_executions']}"
+                OVER_BUDGET, [root_id], f"{len(names)} tool executions over a limit of {limits.max_tool_executions}"
             )
-        for name, limit in (limits["max_tool_executions_by_name"] or {}).items():
-            used = names.count(str(name))
-            if limit is not None and used > int(limit):
+        for name, limit in limits.max_tool_executions_by_name.items():
+            used = names.count(name)
+            if limit is not None and used > limit:
                 ctx.add(OVER_BUDGET, [root_id], f"{used} executions of {name} over a limit of {limit}")
 
 

@@ -15,6 +15,7 @@ from turnkit.errors import Error, ToolError
 from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import StoreTx, canonical_json, utcnow
 from turnkit.transcript import repair_transcript
+from turnkit.turn_state import SteeringInput, TurnControls
 
 __all__ = [
     "CANCELLED_ERROR",
@@ -37,12 +38,9 @@ FINISHED: Final = (*TERMINAL_TURN_STATUSES, "stale")
 Boundary = Literal["paused", "steered"] | None
 
 
-def controls_of(turn: TurnRecord) -> dict[str, Any]:
-    """A copy of ``options.controls`` with its defaults."""
-    controls: dict[str, Any] = dict(turn.options.get("controls") or {})
-    controls.setdefault("pause_requested", False)
-    controls["inputs"] = [dict(i) for i in controls.get("inputs") or []]
-    return controls
+def controls_of(turn: TurnRecord) -> TurnControls:
+    """A copy of ``options.controls`` (none requested when absent), to change and write back."""
+    return turn.options.controls_or_default.model_copy(deep=True)
 
 
 async def selected_turns(tx: StoreTx, turn: TurnRecord, descendants: str) -> list[TurnRecord]:
@@ -65,15 +63,15 @@ async def selected_turns(tx: StoreTx, turn: TurnRecord, descendants: str) -> lis
     return selected
 
 
-async def _write_controls(tx: StoreTx, turn: TurnRecord, controls: dict[str, Any], **attrs: Any) -> TurnRecord:
-    return await tx.update_turn(turn.id, options={**turn.options, "controls": controls}, **attrs)
+async def _write_controls(tx: StoreTx, turn: TurnRecord, controls: TurnControls, **attrs: Any) -> TurnRecord:
+    return await tx.update_turn(turn.id, options=turn.options.with_controls(controls), **attrs)
 
 
 async def apply_pause(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
     """Request a pause; a turn that is not running is paused at once (spec §5.10)."""
     if turn.status in FINISHED:
         return turn
-    controls = {**controls_of(turn), "pause_requested": True}
+    controls = controls_of(turn).model_copy(update={"pause_requested": True})
     status = turn.status if turn.status == "running" else "paused"
     return await _write_controls(tx, turn, controls, status=status)
 
@@ -85,10 +83,10 @@ async def apply_resume(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
     """
     if turn.status in FINISHED:
         return turn
-    controls = {**controls_of(turn), "pause_requested": False}
+    controls = controls_of(turn).model_copy(update={"pause_requested": False})
     status = turn.status
     if status == "paused":
-        status = "waiting" if turn.state.get("waiting_on") else "pending"
+        status = "waiting" if turn.options.state.waiting_on else "pending"
     return await _write_controls(tx, turn, controls, status=status)
 
 
@@ -101,26 +99,26 @@ async def apply_steer(
     """
     controls = controls_of(turn)
     principal = canonical_json(principal)
-    for existing in controls["inputs"]:
-        if existing.get("key") == key:
-            if existing.get("text") == text and existing.get("principal") == principal:
-                return existing
+    for existing in controls.inputs:
+        if existing.key == key:
+            if existing.text == text and existing.principal == principal:
+                return existing.receipt()
             raise ToolError("steering key is already used for a different input")
     if turn.status in FINISHED:
         if target:
             raise Error(f"cannot steer a {turn.status} turn; post next-turn input instead")
         return None
-    receipt = {
-        "id": str(uuid.uuid4()),
-        "key": key,
-        "text": text,
-        "principal": principal,
-        "turn_id": turn.id,
-        "sequence": len(controls["inputs"]) + 1,
-    }
-    controls["inputs"].append(receipt)
+    steering = SteeringInput(
+        id=str(uuid.uuid4()),
+        key=key,
+        text=text,
+        principal=principal,
+        turn_id=turn.id,
+        sequence=len(controls.inputs) + 1,
+    )
+    controls.inputs.append(steering)
     await _write_controls(tx, turn, controls)
-    return receipt
+    return steering.receipt()
 
 
 async def apply_cancel(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
@@ -141,8 +139,7 @@ async def apply_cancel(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
 
 def has_pending_controls(turn: TurnRecord) -> bool:
     """A pause was requested, or steering waits to be applied: a boundary must run before publishing output."""
-    controls = controls_of(turn)
-    return bool(controls["pause_requested"]) or any(not i.get("message_id") for i in controls["inputs"])
+    return turn.options.controls_or_default.pending
 
 
 async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, TurnRecord]:
@@ -152,36 +149,34 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
     steering"), then appends each input as a user message and resets the phase to ``model``.
     """
     controls = controls_of(turn)
-    if controls["pause_requested"]:
+    if controls.pause_requested:
         paused = await tx.claim_turn(turn.id, from_=("pending", "waiting", "running"), to="paused")
         return "paused", paused or turn
-    queued = [i for i in controls["inputs"] if not i.get("message_id")]
+    queued = [steering for steering in controls.inputs if steering.message_id is None]
     if not queued:
         return None, turn
     # Every proposal without a result gets one before the human's words reach the model.
     await repair_transcript(tx, turn, skip_message=STEERING_SKIP)
-    for receipt in queued:
+    for steering in queued:
         message = await tx.append_message(
             turn.conversation_id,
             role="user",
-            text=str(receipt["text"]),
+            text=steering.text,
             turn_id=turn.id,
-            metadata={"steering_id": receipt["id"], "principal": receipt.get("principal")},
+            metadata={"steering_id": steering.id, "principal": steering.principal},
         )
-        receipt["message_id"] = message.id
-    state = {**turn.state, "phase": "model"}
-    for key in ("parts", "candidate", "output_data", "terminal_tool_name"):
-        state.pop(key, None)
-    turn = await tx.update_turn(turn.id, options={**turn.options, "controls": controls, "state": state})
+        steering.message_id = message.id
+    options = turn.options.with_controls(controls).with_state(turn.state.asking_again())
+    turn = await tx.update_turn(turn.id, options=options)
     return "steered", turn
 
 
-def stamp_request(turn: TurnRecord, request_id: str) -> dict[str, Any] | None:
-    """Receipts inserted in the transcript but not yet in a request get this ``request_id`` (the first one)."""
+def stamp_request(turn: TurnRecord, request_id: str) -> TurnControls | None:
+    """Steering inputs in the transcript but not yet in a request get this ``request_id`` (the first one)."""
     controls = controls_of(turn)
     changed = False
-    for receipt in controls["inputs"]:
-        if receipt.get("message_id") and not receipt.get("request_id"):
-            receipt["request_id"] = request_id
+    for steering in controls.inputs:
+        if steering.message_id is not None and steering.request_id is None:
+            steering.request_id = request_id
             changed = True
     return controls if changed else None

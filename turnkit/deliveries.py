@@ -18,7 +18,7 @@ from turnkit.authorization import DENIAL_CLASS, Verdict, check
 from turnkit.config import settings
 from turnkit.errors import RecordNotFound
 from turnkit.payloads import DeliverySignal, LaneInput
-from turnkit.records import DeliveryRecord, TurnRecord
+from turnkit.records import ACTIVE_TURN_STATUSES, DeliveryRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.workflow_names import DELIVER_SIGNAL, LANE_WORKFLOW, WAKE_SIGNAL
@@ -91,10 +91,10 @@ async def callback_verdict(turn: TurnRecord) -> Verdict:
 
     Allowed at once when the turn has no callback: the hook is only asked when there is something to deliver.
     """
-    destination = turn.options.get("callback_conversation_id")
+    destination = turn.options.callback_conversation_id
     if not destination:
         return Verdict("callback", True)
-    return await check("callback", turn.options.get("principal"), turn=turn.id, destination_conversation=destination)
+    return await check("callback", turn.options.principal, turn=turn.id, destination_conversation=destination)
 
 
 async def completion_delivery(tx: StoreTx, turn: TurnRecord, verdict: Verdict) -> DeliveryRecord | None:
@@ -103,15 +103,15 @@ async def completion_delivery(tx: StoreTx, turn: TurnRecord, verdict: Verdict) -
     ``verdict`` is :func:`callback_verdict`, asked before the transaction. Denied, the terminal state stands and
     ``options.callback_denied`` records the denial instead of a delivery (spec §7.4).
     """
-    destination = turn.options.get("callback_conversation_id")
-    if not destination or not turn.terminal or "callback_denied" in turn.options:
+    destination = turn.options.callback_conversation_id
+    if not destination or not turn.terminal or turn.options.callback_denied is not None:
         return None  # the first decision stands, whatever a retry's hook says
     if not verdict.allowed:
         if await tx.find_delivery(f"completion:{turn.id}") is None:
             denied: dict[str, Any] = {"class": DENIAL_CLASS, "message": verdict.message, "at": utcnow().isoformat()}
             if verdict.hook_error is not None:
                 denied["hook_error"] = verdict.hook_error
-            await tx.update_turn(turn.id, options={**turn.options, "callback_denied": denied})
+            await tx.update_turn(turn.id, options=turn.options.model_copy(update={"callback_denied": denied}))
         return None
     return await create_delivery(
         tx,
@@ -166,8 +166,8 @@ async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:
     The lane then holds new input and new turns until that turn's end sends it ``wake`` (:func:`wake_lane`), so a
     conversation still has one active turn at a time.
     """
-    active = ("pending", "waiting", "paused", "running")
-    return bool(await tx.list_turns(conversation_id=conversation_id, statuses=active, has_parent=True))
+    active = await tx.list_turns(conversation_id=conversation_id, statuses=ACTIVE_TURN_STATUSES, has_parent=True)
+    return bool(active)
 
 
 async def wake_lane(client: Client, turn: TurnRecord) -> None:

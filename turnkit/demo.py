@@ -150,7 +150,7 @@ async def run_demo(*, hold: bool = False) -> None:
         usage = turn.usage
         print(
             f"\nUsage: {usage.input_tokens} input + {usage.output_tokens} output = {usage.total_tokens} tokens "
-            f"over {turn.record.state.get('iterations')} model iterations"
+            f"over {turn.record.options.state.iterations} model iterations"
         )
         print("\nWorkflows to look up in the Temporal UI:")
         print(f"  conversation lane  ConversationWorkflow  {conversation.id}")

@@ -95,7 +95,7 @@ async def _node_events(store: Store, node: TurnNode) -> list[StreamEvent]:
     found += event(turn.created_at, "turn.created", parent, "created")
     found += event(turn.started_at, "turn.started", f"model {turn.model or '-'}", "started")
     messages = await store.list_messages(turn.conversation_id, turn_id=turn.id)
-    trigger = turn.options.get("trigger_message_id")
+    trigger = turn.options.trigger_message_id
     if trigger and all(message.id != trigger for message in messages):
         async with store.atomic() as tx:
             with suppress(RecordNotFound):

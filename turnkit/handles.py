@@ -291,7 +291,7 @@ class Conversation:
                 raise ValueError("delivery belongs to another conversation")
             application = None
             for turn in await tx.list_turns(conversation_id=self.id):
-                request_id = (turn.state.get("delivery_requests") or {}).get(delivery_id)
+                request_id = turn.options.state.delivery_requests.get(delivery_id)
                 if request_id:
                     application = {"turn_id": turn.id, "request_id": request_id}
                     break
@@ -523,7 +523,7 @@ class Turn:
         await authorize("wait", principal, turn=self.id, targets=target_ids)
         async with self._tk.store.atomic(turn_id=record.root_turn_id, wait_graph=True) as tx:
             record = await tx.load_turn(self.id)
-            if record.status not in ("pending", "paused") or record.state.get("phase"):
+            if record.status not in ("pending", "paused") or record.options.state.phase is not None:
                 raise errors.Error("only pending turns can wait")
             waited = await add_waits(tx, record, target_ids)
             await enter_waiting(tx, record.id, [t.id for t in waited if not t.terminal])
@@ -533,7 +533,9 @@ class Turn:
         """``{"status", "controls"}``: the pause request and every steering receipt."""
         record = await self._tk.store.load_turn(self.id)
         await authorize("read_control", principal, turn=record)
-        return {"status": record.status, "controls": controls_of(record)}
+        controls = controls_of(record)
+        receipts = [steering.receipt() for steering in controls.inputs]
+        return {"status": record.status, "controls": {"pause_requested": controls.pause_requested, "inputs": receipts}}
 
     async def _control(
         self,

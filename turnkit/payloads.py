@@ -11,7 +11,9 @@ import json
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from turnkit.records import TerminalTurnStatus, ToolExecutionStatus
 
 __all__ = [
     "INLINE_ARGUMENTS_BYTES",
@@ -23,6 +25,7 @@ __all__ = [
     "LaneInput",
     "LaneStatus",
     "ModelCall",
+    "ModelOutcome",
     "ModelPolicy",
     "ModelStep",
     "QueuedTurn",
@@ -30,6 +33,7 @@ __all__ = [
     "SubmitTurn",
     "ToolCallInput",
     "ToolCallRef",
+    "ToolNext",
     "ToolOutcome",
     "TurnInput",
     "TurnOutcome",
@@ -206,7 +210,7 @@ class TurnOutcome(BaseModel):
     """Result of a ``TurnWorkflow``: the terminal status; output and usage are in the store."""
 
     turn_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: TerminalTurnStatus
     error_class: str | None = None
     error_message: str | None = None
 
@@ -258,23 +262,39 @@ class ModelCall(BaseModel):
     iteration: int
 
 
+#: What the turn does after a model step (one tag, handled in one place by the workflow):
+#: ``tools`` run the proposed calls (none: ask again), ``completed`` the answer was published, ``budget_exceeded`` fail
+#: with ``budget_error``, ``stopped`` the turn ended elsewhere (cancelled), ``waiting`` wait for ``waiting_on``, then
+#: ask again, ``paused`` wait for ``resume``, then ask again, ``steered`` steering was applied: ask again.
+ModelOutcome = Literal["tools", "completed", "budget_exceeded", "stopped", "waiting", "paused", "steered"]
+
+
 class ModelStep(BaseModel):
     """Result of ``turnkit.model``: what the workflow needs to go on, not the response text."""
 
+    outcome: ModelOutcome = "tools"
     message_id: str | None = None
     tool_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
-    #: The response had no tool calls and the turn was completed in the same transaction.
-    completed: bool = False
-    #: A budget limit stopped the turn (the response, if any, is already persisted).
+    #: Why a budget limit stopped the turn (``budget_exceeded``; the response, if any, is already persisted).
     budget_error: str | None = None
-    #: The turn is no longer running (cancelled or finished elsewhere): stop without writing.
-    stopped: bool = False
-    #: Application-level waits (``ask(wait_for=...)``) not yet finished: wait for these, then call again.
+    #: Application-level waits (``ask(wait_for=...)``) not finished yet (``waiting``).
     waiting_on: list[str] = Field(default_factory=list[str])
-    #: The control boundary acknowledged a pause: wait for ``resume``, then call again.
-    paused: bool = False
-    #: Steering arrived while the answer was being written: it was applied; ask the model again.
-    steered: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flags(cls, data: Any) -> Any:
+        """Results recorded before the tag (histories of older releases) carried one boolean per outcome."""
+        return _tagged(
+            data,
+            [
+                ("waiting_on", "waiting"),
+                ("paused", "paused"),
+                ("steered", "steered"),
+                ("stopped", "stopped"),
+                ("budget_error", "budget_exceeded"),
+                ("completed", "completed"),
+            ],
+        )
 
 
 class ToolCallInput(BaseModel):
@@ -287,20 +307,34 @@ class ToolCallInput(BaseModel):
     call: ToolCallRef
 
 
+#: What the turn does after one proposed call: ``done`` go on with the next call, ``terminal`` the tool ends the turn,
+#: ``budget_exceeded`` fail with ``budget_error``, ``stopped`` the turn was cancelled, ``paused`` (nothing ran) wait
+#: for ``resume``, then retry the call, ``steered`` the remaining calls were superseded: ask the model again.
+ToolNext = Literal["done", "terminal", "budget_exceeded", "stopped", "paused", "steered"]
+
+
 class ToolOutcome(BaseModel):
     """Result of a tool activity: the execution's id and status, not its result."""
 
+    outcome: ToolNext = "done"
     execution_id: str = ""
-    status: Literal["pending", "running", "completed", "failed", "cancelled", "interrupted"] = "pending"
-    #: The tool ends the turn (spec §3.8 terminal tools) and completed.
-    terminal: bool = False
+    status: ToolExecutionStatus = "pending"
     budget_error: str | None = None
-    #: The control boundary before the call acknowledged a pause (nothing ran): wait for ``resume``, then retry.
-    paused: bool = False
-    #: Steering was applied before the call: the remaining calls were superseded; ask the model again.
-    steered: bool = False
-    #: The turn is no longer running (cancelled): stop.
-    stopped: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flags(cls, data: Any) -> Any:
+        """Results recorded before the tag carried one boolean per outcome."""
+        return _tagged(
+            data,
+            [
+                ("stopped", "stopped"),
+                ("paused", "paused"),
+                ("steered", "steered"),
+                ("budget_error", "budget_exceeded"),
+                ("terminal", "terminal"),
+            ],
+        )
 
 
 class SettleToolCall(BaseModel):
@@ -317,7 +351,7 @@ class FinishTurn(BaseModel):
     """Input of ``turnkit.finish_turn``: the terminal write of a turn the model activity did not complete."""
 
     turn_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: TerminalTurnStatus
     error_class: str | None = None
     error_message: str | None = None
     #: For a turn ended by a terminal tool: its execution, and the calls after it to skip.
@@ -350,10 +384,20 @@ class DelegateResult(BaseModel):
 
     plans: list[ChildPlan] = Field(default_factory=list[ChildPlan])
     budget_error: str | None = None
-    #: The control boundary before creating the children acknowledged a pause (nothing was created).
-    paused: bool = False
-    #: Steering was applied before creating the children: the calls were superseded.
-    steered: bool = False
+    #: The control boundary before creating the children: ``paused`` (nothing was created) or ``steered`` (the calls
+    #: were superseded); None: the plans stand.
+    boundary: Literal["paused", "steered"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flags(cls, data: Any) -> Any:
+        """Results recorded before ``boundary`` carried one boolean per boundary."""
+        if isinstance(data, dict) and "boundary" not in data:
+            flags: dict[str, Any] = dict(data)  # pyright: ignore[reportUnknownArgumentType]
+            paused, steered = flags.pop("paused", False), flags.pop("steered", False)
+            flags["boundary"] = "paused" if paused else "steered" if steered else None
+            return flags
+        return data
 
 
 class JoinChildren(BaseModel):
@@ -387,3 +431,17 @@ class FinishWait(BaseModel):
     turn_id: str
     root_turn_id: str
     execution_id: str
+
+
+def _tagged(data: Any, flags: list[tuple[str, str]]) -> Any:
+    """``data`` with its ``outcome`` tag: as given, or from the first legacy flag that is set (their old precedence)."""
+    if not isinstance(data, dict) or "outcome" in data:
+        return data
+    fields: dict[str, Any] = dict(data)  # pyright: ignore[reportUnknownArgumentType]
+    tag = next((outcome for flag, outcome in flags if fields.get(flag)), None)
+    for flag, _ in flags:
+        if flag not in ("budget_error", "waiting_on"):
+            fields.pop(flag, None)
+    if tag is not None:
+        fields["outcome"] = tag
+    return fields

@@ -7,23 +7,31 @@ Field names follow the spec (``*_id``); the SQL columns behind them are ``*_uid`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from turnkit.turn_state import TurnOptions, TurnState
+
 __all__ = [
+    "ACTIVE_TURN_STATUSES",
     "INTERRUPTED_MESSAGE",
     "MESSAGE_KINDS",
     "MESSAGE_ROLES",
+    "OPEN_EXECUTION_STATUSES",
     "TERMINAL_TOOL_EXECUTION_STATUSES",
     "TERMINAL_TURN_STATUSES",
     "TOOL_EXECUTION_STATUSES",
     "TURN_STATUSES",
+    "ActiveTurnStatus",
     "ConversationRecord",
     "DeliveryRecord",
     "MessageRecord",
+    "OpenExecutionStatus",
+    "TerminalExecutionStatus",
+    "TerminalTurnStatus",
     "ToolExecutionRecord",
     "ToolExecutionStatus",
     "TreeUsage",
@@ -34,23 +42,23 @@ __all__ = [
     "message_text",
 ]
 
-TurnStatus = Literal["pending", "waiting", "paused", "running", "completed", "failed", "cancelled", "stale"]
-ToolExecutionStatus = Literal["pending", "running", "completed", "failed", "cancelled", "interrupted"]
-
-TURN_STATUSES: Final = (
-    "pending",
-    "waiting",
-    "paused",
-    "running",
-    "completed",
-    "failed",
-    "cancelled",
-    "stale",
-)
+#: A turn that has not finished: queued or running, waiting on other turns, or paused by a human.
+ActiveTurnStatus = Literal["pending", "waiting", "paused", "running"]
 #: The terminal set used for waits, callbacks and cancellation (spec §1.6). ``stale`` is not in it.
-TERMINAL_TURN_STATUSES: Final = ("completed", "failed", "cancelled")
-TOOL_EXECUTION_STATUSES: Final = ("pending", "running", "completed", "failed", "cancelled", "interrupted")
-TERMINAL_TOOL_EXECUTION_STATUSES: Final = ("completed", "failed", "cancelled", "interrupted")
+TerminalTurnStatus = Literal["completed", "failed", "cancelled"]
+TurnStatus = Literal[ActiveTurnStatus, TerminalTurnStatus, "stale"]
+#: A tool execution whose outcome is not known yet.
+OpenExecutionStatus = Literal["pending", "running"]
+TerminalExecutionStatus = Literal["completed", "failed", "cancelled", "interrupted"]
+ToolExecutionStatus = Literal[OpenExecutionStatus, TerminalExecutionStatus]
+
+# Every status set is derived from the Literals above (issue 9: one place to change a status).
+TURN_STATUSES: Final[tuple[TurnStatus, ...]] = get_args(TurnStatus)
+ACTIVE_TURN_STATUSES: Final[tuple[ActiveTurnStatus, ...]] = get_args(ActiveTurnStatus)
+TERMINAL_TURN_STATUSES: Final[tuple[TerminalTurnStatus, ...]] = get_args(TerminalTurnStatus)
+TOOL_EXECUTION_STATUSES: Final[tuple[ToolExecutionStatus, ...]] = get_args(ToolExecutionStatus)
+OPEN_EXECUTION_STATUSES: Final[tuple[OpenExecutionStatus, ...]] = get_args(OpenExecutionStatus)
+TERMINAL_TOOL_EXECUTION_STATUSES: Final[tuple[TerminalExecutionStatus, ...]] = get_args(TerminalExecutionStatus)
 MESSAGE_ROLES: Final = ("user", "assistant", "tool")
 MESSAGE_KINDS: Final = ("text", "tool_call", "tool_result", "context_summary", "image", "media_analysis")
 
@@ -114,7 +122,7 @@ class TurnRecord(BaseModel):
     context_message_sequence: int = 0
     status: TurnStatus = "pending"
     model: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict[str, Any])
+    options: TurnOptions = Field(default_factory=TurnOptions)
     usage: dict[str, Any] = Field(default_factory=dict[str, Any])
     cost: float | None = None
     error: dict[str, Any] | None = None
@@ -134,9 +142,17 @@ class TurnRecord(BaseModel):
         return self.status in TERMINAL_TURN_STATUSES
 
     @property
-    def state(self) -> dict[str, Any]:
-        """The runtime state kept in ``options.state`` (a copy)."""
-        return dict(self.options.get("state") or {})
+    def deadline(self) -> datetime | None:
+        """When the tree of this (root) turn times out: its submission plus its ``timeout`` limit (None: never)."""
+        limits = self.options.budget_limits
+        if limits is None or limits.timeout is None or self.submitted_at is None:
+            return None
+        return self.submitted_at + timedelta(seconds=float(limits.timeout))
+
+    @property
+    def state(self) -> TurnState:
+        """The turn loop's state (``options.state``), a copy to change and write back."""
+        return self.options.state.model_copy(deep=True)
 
 
 class TreeUsage(BaseModel):
@@ -161,7 +177,7 @@ class TreeUsage(BaseModel):
         for execution in counted:
             by_name[execution.tool_name] = by_name.get(execution.tool_name, 0) + 1
         return cls(
-            iterations=sum(int(turn.state.get("iterations", 0) or 0) for turn in tree),
+            iterations=sum(turn.options.state.iterations for turn in tree),
             tool_executions=len(counted),
             tool_executions_by_name=by_name,
             cost=float(sum(Decimal(str(turn.cost or 0)) for turn in tree)),

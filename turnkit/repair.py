@@ -60,7 +60,6 @@ __all__ = ["LOST_WORKFLOW", "STALE_STAGED_INPUT", "Repair", "repair"]
 
 #: Error class of a turn failed by repair.
 LOST_WORKFLOW: Final = "TurnKit::LostWorkflow"
-_UNFINISHED: Final = ("pending", "running", "waiting", "paused")
 _REQUEUED_TEXT: Final = "(re-queued by turnkit repair)"
 _SUBMIT_TIMEOUT: Final = 15.0
 #: Age after which a staged input that no submission consumed is dropped (far past the lane's 60 s submit bound).
@@ -171,7 +170,7 @@ class _Fixer:
         request = SubmitTurn(
             conversation_id=turn.conversation_id,
             turn_id=turn.id,
-            message_id=str(turn.options.get("trigger_message_id") or f"message_requeue_{turn.id}"),
+            message_id=str(turn.options.trigger_message_id or f"message_requeue_{turn.id}"),
             text=_REQUEUED_TEXT,
             agent_name=turn.agent_name,
         )
@@ -205,17 +204,14 @@ class _Fixer:
     async def _start(self, turn: TurnRecord) -> None:
         """Start a launched child's ``TurnWorkflow`` (id = turn id) with the input its parent would have used."""
         root = await self.store.load_turn(turn.root_turn_id)
-        timeout = (root.options.get("budget_limits") or {}).get("timeout")
-        deadline = None
-        if timeout is not None and root.submitted_at is not None:
-            deadline = root.submitted_at + timedelta(seconds=float(timeout))
+        deadline = root.deadline
         turn_input = TurnInput(
             turn_id=turn.id,
             conversation_id=turn.conversation_id,
             agent_name=turn.agent_name,
             root_turn_id=turn.root_turn_id,
             deadline=deadline,
-            depth=int(turn.options.get("depth", 1)),
+            depth=1 if turn.options.depth is None else turn.options.depth,
             model_policy=model_policy(),
         )
         try:

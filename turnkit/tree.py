@@ -30,7 +30,7 @@ class TurnNode:
     @property
     def iterations(self) -> int:
         """Model iterations the turn has entered."""
-        return int(self.turn.state.get("iterations", 0) or 0)
+        return self.turn.options.state.iterations
 
     @property
     def tokens(self) -> int:

@@ -15,7 +15,7 @@ from temporalio.exceptions import CancelledError, TerminatedError, TimeoutError
 
 from turnkit.deliveries import callback_verdict, completion_delivery, notify_completion, wake_lane
 from turnkit.events import emit
-from turnkit.records import TurnRecord
+from turnkit.records import ACTIVE_TURN_STATUSES, TurnRecord
 from turnkit.store.store import Store, utcnow
 from turnkit.transcript import repair_transcript
 from turnkit.waits import notify_waiters
@@ -24,7 +24,6 @@ __all__ = ["ENDED_CLASS", "ended_reason", "fail_unfinished_turn"]
 
 #: The error class recorded for a turn whose workflow ended without a terminal status.
 ENDED_CLASS = "TurnKit::Error"
-_ACTIVE = ("pending", "waiting", "paused", "running")
 
 
 async def fail_unfinished_turn(
@@ -44,7 +43,7 @@ async def fail_unfinished_turn(
             await repair_transcript(tx, turn)  # every tool call it proposed gets a result
             failed = await tx.claim_turn(
                 turn.id,
-                from_=_ACTIVE,
+                from_=ACTIVE_TURN_STATUSES,
                 to="failed",
                 error={"class": error_class, "message": reason},
                 completed_at=utcnow(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from turnkit.agent import Agent
+from turnkit.turn_state import BudgetLimits, TurnControls, TurnOptions
 
 __all__ = ["turn_options"]
 
@@ -22,12 +23,12 @@ def turn_options(
     callback_conversation_id: str | None = None,
     depth: int | None = None,
     paused: bool = False,
-) -> dict[str, Any]:
+) -> TurnOptions:
     """``options`` of a new turn: limits snapshotted now, thinking (an explicit None disables it), context, and
     the optional keys only when they are set."""
     options: dict[str, Any] = {
         "trigger_message_id": trigger_message_id,
-        "budget_limits": agent.budget_limits(),
+        "budget_limits": BudgetLimits.model_validate(agent.budget_limits()),
         "thinking": thinking if thinking_set else agent.thinking,
         "context": context,
     }
@@ -40,5 +41,5 @@ def turn_options(
     }
     options.update({key: value for key, value in optional.items() if value is not None})
     if paused:
-        options["controls"] = {"pause_requested": True, "inputs": []}
-    return options
+        options["controls"] = TurnControls(pause_requested=True)
+    return TurnOptions.model_validate(options)

@@ -85,7 +85,7 @@ async def enter_waiting(tx: StoreTx, turn_id: str, target_ids: Sequence[str]) ->
     turn = await tx.load_turn(turn_id)
     if turn.terminal or not target_ids:
         return turn
-    options = {**turn.options, "state": {**turn.state, "waiting_on": list(target_ids)}}
+    options = turn.options.with_state(turn.state.model_copy(update={"waiting_on": list(target_ids)}))
     moved = await tx.claim_turn(turn.id, from_=("pending", "running"), to="waiting", options=options)
     return moved or await tx.update_turn(turn.id, options=options)
 
@@ -93,10 +93,9 @@ async def enter_waiting(tx: StoreTx, turn_id: str, target_ids: Sequence[str]) ->
 async def leave_waiting(tx: StoreTx, turn_id: str) -> TurnRecord:
     """The turn's targets have ended: ``waiting`` becomes ``running`` again (a pause requested meanwhile stays)."""
     turn = await tx.load_turn(turn_id)
-    if turn.terminal or "waiting_on" not in turn.state:
+    if turn.terminal or turn.options.state.waiting_on is None:
         return turn
-    state = {k: v for k, v in turn.state.items() if k != "waiting_on"}
-    options = {**turn.options, "state": state}
+    options = turn.options.with_state(turn.state.model_copy(update={"waiting_on": None}))
     moved = await tx.claim_turn(turn.id, from_="waiting", to="running", options=options)
     return moved or await tx.update_turn(turn.id, options=options)
 

@@ -162,25 +162,25 @@ class TurnWorkflow:
             step = await self._model(turn, iteration)
             if isinstance(step, TurnOutcome):
                 return step
-            if step.waiting_on:
-                # Application-level waits (spec §5.5): nothing reserved yet; wait, then ask again.
-                await self._wait_for_targets(step.waiting_on)
-                iteration -= 1
-                continue
-            if step.paused:
-                await self._wait_for_resume()
-                continue
-            if step.steered:
-                continue  # the steering input is in the transcript: ask the model again
-            if step.stopped:
-                return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
-            if step.budget_error:
-                return await self._finish(turn, "failed", "TurnKit::BudgetError", step.budget_error)
-            if step.completed:
-                return TurnOutcome(turn_id=turn.turn_id, status="completed")
-            ended = await self._dispatch(turn, step.tool_calls)
-            if ended is not None:
-                return ended
+            match step.outcome:
+                case "waiting":
+                    # Application-level waits (docs/design.md "Waits"): nothing reserved yet; wait, then ask again.
+                    await self._wait_for_targets(step.waiting_on)
+                    iteration -= 1
+                case "paused":
+                    await self._wait_for_resume()
+                case "steered":
+                    pass  # the steering input is in the transcript: ask the model again
+                case "stopped":
+                    return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
+                case "budget_exceeded":
+                    return await self._finish(turn, "failed", "TurnKit::BudgetError", step.budget_error or "")
+                case "completed":
+                    return TurnOutcome(turn_id=turn.turn_id, status="completed")
+                case "tools":
+                    ended = await self._dispatch(turn, step.tool_calls)
+                    if ended is not None:
+                        return ended
 
     def _carry(self, turn: TurnInput, iteration: int) -> TurnInput:
         """The next run's input. Children launched before cannot be awaited as children there: the next run waits
@@ -205,10 +205,10 @@ class TurnWorkflow:
                 while index + len(group) < len(calls) and kinds[index + len(group)] == "sub_agent":
                     group.append(calls[index + len(group)])
                 delegated = await self._delegate(turn, group)
-                if delegated.paused:
+                if delegated.boundary == "paused":
                     await self._wait_for_resume()
                     continue  # the same group again: its boundary is checked anew
-                if delegated.steered:
+                if delegated.boundary == "steered":
                     return None  # superseded by human steering: back to the model
                 if delegated.budget_error:
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", delegated.budget_error)
@@ -220,24 +220,26 @@ class TurnWorkflow:
                 outcome = await self._wait_tool(turn, call)
             else:
                 outcome = await self._tool(turn, call)
-            if outcome.stopped:
-                return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
-            if outcome.paused:
-                await self._wait_for_resume()
-                continue  # the same call again: its boundary is checked anew
-            if outcome.steered:
-                return None  # the remaining proposals were superseded: back to the model
-            if outcome.budget_error:
-                return await self._finish(turn, "failed", "TurnKit::BudgetError", outcome.budget_error)
-            if outcome.terminal:
-                finish = FinishTurn(
-                    turn_id=turn.turn_id,
-                    status="completed",
-                    terminal_execution_id=outcome.execution_id,
-                    skipped_calls=calls[index + 1 :],
-                )
-                return await self._finish_with(finish)
-            index += 1
+            match outcome.outcome:
+                case "stopped":
+                    return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
+                case "paused":
+                    await self._wait_for_resume()
+                    continue  # the same call again: its boundary is checked anew
+                case "steered":
+                    return None  # the remaining proposals were superseded: back to the model
+                case "budget_exceeded":
+                    return await self._finish(turn, "failed", "TurnKit::BudgetError", outcome.budget_error or "")
+                case "terminal":
+                    finish = FinishTurn(
+                        turn_id=turn.turn_id,
+                        status="completed",
+                        terminal_execution_id=outcome.execution_id,
+                        skipped_calls=calls[index + 1 :],
+                    )
+                    return await self._finish_with(finish)
+                case "done":
+                    index += 1
         return None
 
     async def _delegate(self, turn: TurnInput, group: list[ToolCallRef]) -> DelegateResult:
@@ -249,7 +251,7 @@ class TurnWorkflow:
             DelegateResult,
             summary=f"delegate · {', '.join(c.name for c in group)}",
         )
-        if plan.paused or plan.steered:
+        if plan.boundary is not None:
             return plan
         # ABANDON: cancelling this turn alone (descendants="retain") leaves its children running; a cascading
         # cancel cancels each of them explicitly.
@@ -301,8 +303,8 @@ class TurnWorkflow:
         plan = await self._store_activity(
             "turnkit.delegate", _delegation(turn, [call], launch=True), DelegateResult, summary="launch_agent"
         )
-        if plan.paused or plan.steered:
-            return ToolOutcome(paused=plan.paused, steered=plan.steered)
+        if plan.boundary is not None:
+            return ToolOutcome(outcome=plan.boundary)
         [launched] = plan.plans
         if launched.child is not None:
             handle = await workflow.start_child_workflow(
@@ -314,7 +316,12 @@ class TurnWorkflow:
                 search_attributes=self._child_attributes(turn, launched.child),
             )
             self._children[launched.child.turn_id] = handle
-        return ToolOutcome(execution_id=launched.execution_id, status="completed", budget_error=plan.budget_error)
+        return ToolOutcome(
+            outcome="budget_exceeded" if plan.budget_error else "done",
+            execution_id=launched.execution_id,
+            status="completed",
+            budget_error=plan.budget_error,
+        )
 
     async def _wait_tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``wait_for``: wait rows in the store, woken by the targets' signals (or awaits on our own children)."""
@@ -325,7 +332,7 @@ class TurnWorkflow:
             summary="wait_for",
         )
         if plan.settled:
-            return ToolOutcome(execution_id=plan.execution_id, status="failed")
+            return ToolOutcome(outcome="done", execution_id=plan.execution_id, status="failed")
         await self._wait_for_targets(plan.unfinished_ids)
         return await self._store_activity(
             "turnkit.finish_wait",

@@ -54,6 +54,7 @@ from turnkit.store.schema import (
     WaitRow,
 )
 from turnkit.store.storable import storable, storable_text
+from turnkit.turn_state import TurnOptions
 
 __all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "in_transaction", "utcnow"]
 
@@ -464,7 +465,7 @@ class StoreTx:
         context_message_sequence: int = 0,
         status: str = "pending",
         model: str | None = None,
-        options: dict[str, Any] | None = None,
+        options: TurnOptions | dict[str, Any] | None = None,
         submitted_at: datetime | None = None,
     ) -> TurnRecord:
         """Create a turn; with an ``id`` that already exists, return the existing record unchanged."""
@@ -483,7 +484,7 @@ class StoreTx:
                 context_message_sequence=context_message_sequence,
                 status=status,
                 model=model,
-                options=canonical_json(options or {}),
+                options=canonical_json(options.stored() if isinstance(options, TurnOptions) else options or {}),
                 usage={},
                 submitted_at=submitted_at,
                 created_at=now,
@@ -1068,7 +1069,9 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
         _check_turn_status(attrs["status"])
     values: dict[str, Any] = {}
     for key, value in attrs.items():
-        if key in ("options", "usage", "error", "output_data") and value is not None:
+        if key == "options" and isinstance(value, TurnOptions):
+            value = canonical_json(value.stored())
+        elif key in ("options", "usage", "error", "output_data") and value is not None:
             value = canonical_json(value)
         elif key == "output_text" and isinstance(value, str):
             value = storable_text(value)  # a text column: NUL would fail on PostgreSQL (issue 8 item 1)
