@@ -321,7 +321,7 @@ class ModelActivities:
                 result = result.model_copy(update={"parts": await _unique_call_ids(tx, turn.id, result.parts, state)})
             agent = resolve_agent(turn.agent_name)
             tool_calls = [
-                ToolCallRef.carried(tc.id, tc.name, tc.arguments, tc.arguments_error, call_policy(agent, tc.name))
+                ToolCallRef.carried(tc.id, tc.name, tc.arguments_error, call_policy(agent, tc.name))
                 for tc in result.tool_calls
             ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
@@ -383,7 +383,6 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
         ToolCallRef.carried(
             str(part["id"]),
             str(part["name"]),
-            dict(part.get("arguments") or {}),
             part.get("arguments_error"),
             call_policy(agent, str(part["name"])),
         )

@@ -7,16 +7,14 @@ The module is pure (no clocks, no I/O) and is passed through the workflow sandbo
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from turnkit.records import TerminalTurnStatus, ToolExecutionStatus
 
 __all__ = [
-    "INLINE_ARGUMENTS_BYTES",
     "CallPolicy",
     "DeliverBatch",
     "DeliverResult",
@@ -215,20 +213,20 @@ class TurnOutcome(BaseModel):
     error_message: str | None = None
 
 
-#: Tool-call arguments larger than this (as JSON) do not travel in payloads: they are read from the turn's assistant
-#: message in the store (issue 8 item 12: 3 MB of arguments from a model must not exceed Temporal's 2 MB limit).
-INLINE_ARGUMENTS_BYTES: Final = 16 * 1024
-
-
 class ToolCallRef(BaseModel):
-    """One tool call proposed by the model, as the workflow dispatches it (the workflow never reads ``arguments``)."""
+    """One tool call proposed by the model, as the workflow dispatches it: its id, name and dispatch policy.
+
+    Its arguments stay in the store (the turn's assistant message): a sub-agent's task, a ``send_message`` text or a
+    3 MB argument never crosses a Temporal payload (issue 9). The activity that needs them reads them
+    (:func:`turnkit.executions.with_arguments`). Refs in older histories carry them inline (``arguments_stored``
+    False): they are used as they came.
+    """
 
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
     arguments_error: str | None = None
-    #: The arguments were too large to carry: they are left out here and loaded from the stored assistant message by
-    #: the activity that needs them (:func:`turnkit.executions.with_arguments`).
+    #: The arguments are left out here and loaded from the stored assistant message.
     arguments_stored: bool = False
     #: How to dispatch it (absent in older histories: the workflow then asks the agent registry, as it used to).
     policy: CallPolicy | None = None
@@ -238,15 +236,11 @@ class ToolCallRef(BaseModel):
         cls,
         id: str,
         name: str,
-        arguments: dict[str, Any],
         arguments_error: str | None = None,
         policy: CallPolicy | None = None,
     ) -> ToolCallRef:
-        """The reference that crosses Temporal: with its arguments, unless they exceed
-        :data:`INLINE_ARGUMENTS_BYTES`."""
-        if len(json.dumps(arguments, default=str).encode("utf-8")) > INLINE_ARGUMENTS_BYTES:
-            return cls(id=id, name=name, arguments_error=arguments_error, arguments_stored=True, policy=policy)
-        return cls(id=id, name=name, arguments=arguments, arguments_error=arguments_error, policy=policy)
+        """The reference that crosses Temporal: ids and the dispatch policy, never the arguments."""
+        return cls(id=id, name=name, arguments_error=arguments_error, arguments_stored=True, policy=policy)
 
 
 class ModelCall(BaseModel):
