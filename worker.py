@@ -44,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        default=os.environ.get("TURNKIT_TRACING", "") not in ("", "0", "false"),
+        help="trace with OpenTelemetry's global tracer provider, which an --app module sets (TURNKIT_TRACING=1; "
+        "needs the otel extra)",
+    )
     return parser.parse_args(argv)
 
 
@@ -55,7 +62,7 @@ async def run(args: argparse.Namespace) -> None:
     address = options.pop("target_host", DEFAULT_ADDRESS)
     store = await Store.open(args.database_url)
     try:
-        client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store)])
+        client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store, tracing=args.tracing)])
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
         worker = Worker(
