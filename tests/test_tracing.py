@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 import turnkit
+import worker as worker_main
 from tests.engine import eventually
 from turnkit.cost import cost_from_usage
 from turnkit.errors import InputError
@@ -209,6 +210,32 @@ async def test_each_turn_of_a_conversation_is_the_trace_of_its_own_ask(
         # The submit's activity of each ask is in that ask's trace too.
         submits = [s for s in _named(spans, "RunActivity:turnkit.submit_turn") if _trace_id(s) == _trace_id(ask)]
         assert len(submits) == 1
+
+
+async def test_connect_and_the_worker_take_the_tracing_option(
+    temporal: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 11: ``turnkit.connect(tracing=…)`` traces its client and in-process workers; ``worker.py --tracing``."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    address = temporal.client.service_client.config.target_host
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'connect.db'}"
+    agent = turnkit.Agent("solo", model="scripted", client=ScriptedClient(["hello"]))
+    queue = f"tq-{uuid.uuid4().hex[:12]}"
+    connected = turnkit.connect(temporal_address=address, database_url=database_url, task_queue=queue, tracing=provider)
+    async with connected as tk, tk.worker():
+        turn = await (await tk.conversation(agent)).ask("hi")
+    provider.shutdown()
+    [ask] = _named(exporter.get_finished_spans(), "StartUpdateWithStartWorkflow:ConversationWorkflow")
+    [model] = _named(exporter.get_finished_spans(), "RunActivity:turnkit.model", **{"turnkit.turn_id": turn.id})
+    assert _trace_id(model) == _trace_id(ask)
+
+    assert worker_main.parse_args(["--tracing"]).tracing is True
+    monkeypatch.delenv("TURNKIT_TRACING", raising=False)
+    assert worker_main.parse_args([]).tracing is False
+    monkeypatch.setenv("TURNKIT_TRACING", "1")
+    assert worker_main.parse_args([]).tracing is True
 
 
 def test_tracing_is_off_by_default_and_imports_nothing() -> None:

@@ -11,7 +11,8 @@ On (``TurnKitPlugin(tracing=True)`` or a ``TracerProvider`` / ``Tracer``), two i
   so without it every turn of a conversation would join the trace of its first ``ask``. It keeps, per submitted
   turn, the context of the ``submit`` update (the caller's ``ask``) and starts the turn's workflow under it: each
   turn is one trace, from the ask through the lane's submit, the turn workflow, its model and tool activities, and
-  its sub-agents' turns (children inherit the context). See ``docs/design.md`` ("How a turn travels").
+  its sub-agents' turns (children inherit the context). How a turn travels: ``docs/design.md``, "``ask``: from a
+  user's text to a running turn".
 
 The model activity's span carries the GenAI semantic-convention attributes (``gen_ai.operation.name`` ``chat``,
 model, provider, token counts) and ``turnkit.cost.usd``; a tool activity's span ``execute_tool``, the tool's name
