@@ -29,6 +29,7 @@ from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
+from turnkit.tracing import add_tracing_argument
 
 log = logging.getLogger("turnkit.worker")
 
@@ -44,13 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
-    parser.add_argument(
-        "--tracing",
-        action="store_true",
-        default=os.environ.get("TURNKIT_TRACING", "") not in ("", "0", "false"),
-        help="trace with OpenTelemetry's global tracer provider, which an --app module sets (TURNKIT_TRACING=1; "
-        "needs the otel extra)",
-    )
+    add_tracing_argument(parser)
     return parser.parse_args(argv)
 
 

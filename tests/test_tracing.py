@@ -26,6 +26,7 @@ from temporalio.worker import Replayer
 import turnkit
 import worker as worker_main
 from tests.engine import eventually
+from turnkit.cli import build_parser
 from turnkit.cost import cost_from_usage
 from turnkit.errors import InputError
 from turnkit.model import Usage
@@ -236,6 +237,9 @@ async def test_connect_and_the_worker_take_the_tracing_option(
     assert worker_main.parse_args([]).tracing is False
     monkeypatch.setenv("TURNKIT_TRACING", "1")
     assert worker_main.parse_args([]).tracing is True
+    assert build_parser().parse_args(["worker", "--app", "x"]).tracing is True  # `turnkit worker` as well
+    monkeypatch.delenv("TURNKIT_TRACING")
+    assert build_parser().parse_args(["worker", "--tracing"]).tracing is True
 
 
 def test_tracing_is_off_by_default_and_imports_nothing() -> None:

@@ -21,7 +21,10 @@ and call id. Both carry ``turnkit.turn_id``, ``turnkit.conversation_id`` and ``t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+import os
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
 
 from temporalio.converter import PayloadConverter
@@ -48,7 +51,14 @@ if TYPE_CHECKING:
     #: What ``tracing=`` accepts.
     Tracing = bool | TracerProvider | Tracer | None
 
-__all__ = ["TRACER_NAME", "TurnTraceInterceptor", "record_model_call", "record_tool_call", "tracing_interceptors"]
+__all__ = [
+    "TRACER_NAME",
+    "TurnTraceInterceptor",
+    "add_tracing_argument",
+    "record_model_call",
+    "record_tool_call",
+    "tracing_interceptors",
+]
 
 #: The instrumentation name of TurnKit's tracer (``tracing=True`` or a ``TracerProvider``).
 TRACER_NAME: Final = "turnkit"
@@ -96,6 +106,17 @@ def tracing_interceptors(tracing: Tracing) -> list[Interceptor]:
     return [TracingInterceptor(tracer), TurnTraceInterceptor()]
 
 
+def add_tracing_argument(parser: argparse.ArgumentParser) -> None:
+    """Add a worker's ``--tracing`` (default ``$TURNKIT_TRACING``): trace with the global tracer provider."""
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        default=os.environ.get("TURNKIT_TRACING", "").lower() not in ("", "0", "false", "no"),
+        help="trace with OpenTelemetry's global tracer provider, which an --app module sets up (TURNKIT_TRACING=1; "
+        "needs the otel extra)",
+    )
+
+
 def _propagator() -> TextMapPropagator:
     """The propagator of temporalio's ``TracingInterceptor`` (W3C trace context and baggage), built on the host."""
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -130,6 +151,20 @@ class _TurnTraceInbound(WorkflowInboundInterceptor):
     propagator: Any = None
     context: Any = None
 
+    @contextmanager
+    def attached(self, carrier: Mapping[str, str]) -> Generator[None]:
+        """Make the carrier's context current for the block (in this workflow task's asyncio task)."""
+        context = self.propagator.extract(carrier)
+        token = self.context.attach(context)
+        try:
+            yield
+        finally:
+            # An evicted workflow's coroutine is closed by the garbage collector, in another contextvars context,
+            # where the token is not valid: skip the detach there rather than have OpenTelemetry log an error.
+            if self.context.get_current() is context:
+                with suppress(ValueError):
+                    token.var.reset(token)
+
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         """Keep the carriers of submitted turns, by turn id, until the lane starts them.
 
@@ -145,11 +180,8 @@ class _TurnTraceInbound(WorkflowInboundInterceptor):
         if header is None:
             return await super().handle_update_handler(input)
         carrier: Mapping[str, str] = PayloadConverter.default.from_payloads([header])[0] or {}
-        token = self.context.attach(self.propagator.extract(carrier))
-        try:
+        with self.attached(carrier):
             ticket = await super().handle_update_handler(input)
-        finally:
-            self.context.detach(token)
         turn_id = getattr(ticket, "turn_id", None)
         if isinstance(turn_id, str) and carrier:
             self.turn_carriers[turn_id] = carrier
@@ -168,12 +200,8 @@ class _TurnTraceOutbound(WorkflowOutboundInterceptor):
         carrier = self.inbound.turn_carriers.pop(input.id, None)
         if carrier is None:
             return await super().start_child_workflow(input)
-        context = self.inbound.context
-        token = context.attach(self.inbound.propagator.extract(carrier))
-        try:
+        with self.inbound.attached(carrier):
             return await super().start_child_workflow(input)
-        finally:
-            context.detach(token)
 
 
 # -- attributes on the activities' spans ----------------------------------------------------------------------------
