@@ -29,6 +29,7 @@ from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
+from turnkit.tracing import add_tracing_argument
 
 log = logging.getLogger("turnkit.worker")
 
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    add_tracing_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -55,7 +57,7 @@ async def run(args: argparse.Namespace) -> None:
     address = options.pop("target_host", DEFAULT_ADDRESS)
     store = await Store.open(args.database_url)
     try:
-        client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store)])
+        client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store, tracing=args.tracing)])
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
         worker = Worker(

@@ -42,6 +42,7 @@ from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.tracing import record_model_call
 from turnkit.turn_state import TurnState
 from turnkit.validation import storable_result
 from turnkit.waits import enter_waiting
@@ -280,6 +281,7 @@ class ModelActivities:
     async def _persist(self, call: ModelCall, turn: TurnRecord, model: str, result: Result) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
+        record_model_call(turn, request_model=model, response_model=result.model, usage=result.usage, cost=cost.total)
         # A final answer's completion callback is authorised before the terminal write's transaction (spec §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)

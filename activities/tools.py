@@ -35,6 +35,7 @@ from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolEx
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
 from turnkit.tools import Tool, ToolContext, normalize_result
+from turnkit.tracing import record_tool_call
 from turnkit.transcript import append_tool_result, fail_execution
 
 __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outcome_of"]
@@ -54,6 +55,7 @@ class ToolActivities:
     async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
+        record_tool_call(request)
         # Store phases ride out a database outage inside the attempt (issue 8): an at-most-once attempt is never
         # retried, so a failure here would otherwise record the call as failed.
         [call] = await retry_store(  # large arguments come from the store

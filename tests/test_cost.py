@@ -1,13 +1,18 @@
-"""Cost computation (spec §6.5; T35, T36), settings (§9) and error names (§8)."""
+"""Cost computation (spec §6.5; T35, T36; known prices from genai-prices, issue 11), settings (§9) and error names
+(§8)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 
+import genai_prices
 import pytest
 
 from turnkit.config import TASK_QUEUE, configure, reset_settings, settings
-from turnkit.cost import Cost, cost_from_usage
+from turnkit.cost import Cost, cost_from_usage, known_price
 from turnkit.errors import (
     BudgetError,
     ConfigError,
@@ -105,6 +110,84 @@ def test_cost_totals_and_aggregate() -> None:
     assert Cost.aggregate([Cost(total=0.01), Cost(total=0.02)]).total == pytest.approx(0.03)
     assert Cost.aggregate([Cost(total=0.01), Cost()]).total is None
     assert Cost.aggregate([]).total is None
+
+
+# -- known prices (genai-prices) --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["gpt-4o", "gpt-4o-mini", "claude-sonnet-4-20250514", "claude-sonnet-4", "o3-mini", "gemini-2.5-pro"],
+)
+def test_known_models_are_priced_as_genai_prices_prices_their_total_usage(model: str) -> None:
+    """issue 11: our buckets are exclusive, genai-prices' input and output counts are totals; the mapping agrees."""
+    usage = Usage(input_tokens=12_000, cached_tokens=3_000, cache_write_tokens=2_000, output_tokens=800)
+    totals = genai_prices.Usage(
+        input_tokens=12_000 + 3_000 + 2_000, cache_read_tokens=3_000, cache_write_tokens=2_000, output_tokens=800
+    )
+    expected = float(genai_prices.calc_price(totals, model).total_price)
+    cost = cost_from_usage(usage, model)
+    assert cost.total == pytest.approx(expected, rel=1e-12)
+    assert cost.to_dict() == {"total": cost.total}  # tiered prices: no per-bucket split is claimed
+
+    # Reasoning is part of genai-prices' output count, like the provider bills it.
+    thinking = Usage(input_tokens=1_000, output_tokens=300, thinking_tokens=700)
+    billed = genai_prices.Usage(input_tokens=1_000, output_tokens=1_000, output_reasoning_tokens=700)
+    assert known_price(thinking, model) == pytest.approx(float(genai_prices.calc_price(billed, model).total_price))
+
+
+def test_known_price_counts_cache_tokens_once() -> None:
+    """issue 11: Claude Sonnet 4 at $3 input, $0.30 cache read, $3.75 cache write, $15 output per million tokens."""
+    usage = Usage(input_tokens=1_000, cached_tokens=200, cache_write_tokens=300, output_tokens=500)
+    # 1000 x 3 + 200 x 0.30 + 300 x 3.75 + 500 x 15 = 11,685 USD per million tokens. Passing our uncached input as
+    # genai-prices' input total would give 0.010185 (the cache tokens taken out of it), and pricing every input
+    # token as input 0.012.
+    assert cost_from_usage(usage, "claude-sonnet-4-20250514").total == pytest.approx(0.011685)
+    # GPT-4o has no cache-write price: cache writes are priced as input (2.5), cache reads at 1.25.
+    assert cost_from_usage(usage, "gpt-4o").total == pytest.approx((1_300 * 2.5 + 200 * 1.25 + 500 * 10) / 1e6)
+
+
+def test_known_prices_come_after_provider_calculator_and_rates() -> None:
+    """issue 11: genai-prices is the rule after ``cost_rates`` (spec §6.5 order), and unknown models stay unpriced."""
+    usage = Usage(input_tokens=1_000_000)
+    assert cost_from_usage(usage, "gpt-4o").total == pytest.approx(2.5)
+    configure(cost_rates={"gpt-4o": {"input": 1.0}})
+    assert cost_from_usage(usage, "gpt-4o").total == pytest.approx(1.0)
+    configure(cost_rates={}, cost_calculator=lambda u, m: 0.25)
+    assert cost_from_usage(usage, "gpt-4o").total == 0.25
+    assert cost_from_usage(Usage(input_tokens=1, cost=0.5), "gpt-4o").total == 0.5
+    configure(cost_calculator=None)
+    assert cost_from_usage(usage, "scripted").empty
+    assert known_price(usage, "no-such-model-xyz") is None
+
+
+def test_pricing_never_reaches_the_network() -> None:
+    """issue 11: prices come from the data bundled with genai-prices; no socket is opened, at import or at call."""
+    script = textwrap.dedent(
+        """
+        import socket
+
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"network access: {args!r}")
+
+        socket.socket.connect = refuse
+        socket.socket.connect_ex = refuse
+        socket.getaddrinfo = refuse
+        socket.create_connection = refuse
+
+        import threading
+        from turnkit.cost import cost_from_usage
+        from turnkit.model import Usage
+
+        cost = cost_from_usage(Usage(input_tokens=1_000_000, output_tokens=1_000_000), "gpt-4o")
+        print(cost.total, sorted(t.name for t in threading.enumerate()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    total, threads = done.stdout.split(" ", 1)
+    assert float(total) == pytest.approx(12.5)
+    assert threads.strip() == "['MainThread']"  # no background price updater was started
 
 
 # -- settings -------------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from turnkit.connection import add_connection_arguments, client_options_from_arguments
 from turnkit.errors import ConfigError
 from turnkit.process import exit_process
+from turnkit.tracing import add_tracing_argument
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -422,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    add_tracing_argument(worker)
     return parser
 
 

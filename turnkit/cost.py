@@ -2,12 +2,13 @@
 
 A :class:`Cost` has optional per-component amounts and an optional explicit total. :func:`cost_from_usage` prices
 a :class:`~turnkit.model.Usage` with the first rule that applies: the provider's own figure, the application's
-``cost_calculator``, or the configured ``cost_rates``. An unpriced call gives an empty cost (total None), which adds
-nothing to budgets.
+``cost_calculator``, the configured ``cost_rates``, or the known prices of ``genai-prices`` (``pip install
+'turnkit[prices]'``). An unpriced call gives an empty cost (total None), which adds nothing to budgets.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -17,7 +18,9 @@ from turnkit.errors import ConfigError
 from turnkit.model import Usage
 from turnkit.records import TurnRecord
 
-__all__ = ["COMPONENTS", "Cost", "cost_from_usage", "total_cost", "total_usage"]
+__all__ = ["COMPONENTS", "Cost", "cost_from_usage", "known_price", "total_cost", "total_usage"]
+
+logger = logging.getLogger("turnkit.cost")
 
 #: Cost components, in display order.
 COMPONENTS: Final = ("input", "output", "cache_read", "cache_write", "thinking")
@@ -208,14 +211,18 @@ def _cost_from_rates(usage: Usage, rates: Mapping[str, Any]) -> Cost:
 
 
 def cost_from_usage(usage: Usage, model: str | None) -> Cost:
-    """Price one model call (spec §6.5 rules 1-3 and 5).
+    """Price one model call (spec §6.5 rules 1-5).
 
     1. A provider-reported ``usage.cost`` becomes the total.
     2. ``settings.cost_calculator(usage, model)``, when set and not returning None: a :class:`Cost` is used as-is,
        a mapping is read with :meth:`Cost.from_dict`, and a number becomes the total.
     3. ``settings.cost_rates[model]``: USD per million tokens per component; strict, so the total is None when a
        bucket with tokens has no rate.
-    4. Otherwise an empty cost. (The gem's rule 4, the RubyLLM model registry, has no equivalent here.)
+    4. The model's known prices, from the ``genai-prices`` package when it is installed (the gem's rule 4, its
+       model registry): the total only, for the prices may be tiered. Its data is the snapshot bundled with the
+       package; TurnKit never fetches newer prices (``genai_prices.UpdatePrices`` is never started), so pricing
+       never reaches the network.
+    5. Otherwise an empty cost.
 
     Args:
         usage: The call's usage.
@@ -244,7 +251,47 @@ def cost_from_usage(usage: Usage, model: str | None) -> Cost:
         rates = settings.cost_rates.get(model)
         if rates is not None:
             return _cost_from_rates(usage, rates)
+        known = known_price(usage, model)
+        if known is not None:
+            return Cost(total=known)
     return Cost()
+
+
+def known_price(usage: Usage, model: str) -> float | None:
+    """The USD price of ``usage`` on ``model`` from ``genai-prices``; None when it is not installed or has no price.
+
+    genai-prices counts overlapping totals: its ``input_tokens`` includes cache reads and writes, and its
+    ``output_tokens`` includes reasoning, while our buckets are exclusive. The totals are rebuilt here, with the
+    cache and reasoning counts given as the parts of them that are priced differently.
+
+    Args:
+        usage: The call's usage.
+        model: The model that answered (``gpt-4o``, ``claude-sonnet-4-20250514``, …).
+
+    Returns:
+        The price, or None.
+    """
+    try:
+        from genai_prices import Usage as PricedUsage
+        from genai_prices import calc_price
+    except ImportError:
+        return None
+    counts = {
+        "input_tokens": usage.input_tokens + usage.cached_tokens + usage.cache_write_tokens,
+        "cache_read_tokens": usage.cached_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "output_tokens": usage.output_tokens + usage.thinking_tokens,
+        "output_reasoning_tokens": usage.thinking_tokens,
+    }
+    try:
+        # The bundled data: calc_price only uses fetched prices if the application started UpdatePrices itself.
+        price = calc_price(PricedUsage(**{k: v for k, v in counts.items() if v}), model)
+    except LookupError:  # an unknown model or provider
+        return None
+    except ValueError as err:  # usage it cannot price: the call is paid for, so it is recorded unpriced, not failed
+        logger.warning("genai-prices could not price %s: %s", model, err)
+        return None
+    return float(price.total_price)
 
 
 def total_usage(turns: Iterable[TurnRecord]) -> Usage:

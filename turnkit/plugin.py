@@ -5,7 +5,9 @@ The worker, the tests and the replayer all use it, so replay is configured exact
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.plugin import SimplePlugin
@@ -13,6 +15,10 @@ from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from turnkit.store.store import Store
+from turnkit.tracing import tracing_interceptors
+
+if TYPE_CHECKING:
+    from turnkit.tracing import Tracing
 
 __all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
 
@@ -20,11 +26,14 @@ __all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
 PASSTHROUGH_MODULES = ("turnkit", "pydantic", "pydantic_core", "annotated_types", "sqlalchemy", "activities")
 
 
-def _sandbox(runner: WorkflowRunner | None) -> WorkflowRunner:
-    restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
-    if isinstance(runner, SandboxedWorkflowRunner):
-        return replace(runner, restrictions=restrictions)
-    return SandboxedWorkflowRunner(restrictions=restrictions)
+def _sandbox(*extra: str) -> Callable[[WorkflowRunner | None], WorkflowRunner]:
+    def runner_for(runner: WorkflowRunner | None) -> WorkflowRunner:
+        restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES, *extra)
+        if isinstance(runner, SandboxedWorkflowRunner):
+            return replace(runner, restrictions=restrictions)
+        return SandboxedWorkflowRunner(restrictions=restrictions)
+
+    return runner_for
 
 
 class TurnKitPlugin(SimplePlugin):
@@ -33,21 +42,34 @@ class TurnKitPlugin(SimplePlugin):
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
             no activities are registered.
+        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit.tracing`): False (the
+            default) is off and imports nothing; True uses the global tracer provider; a ``TracerProvider`` or a
+            ``Tracer`` is used as given. Give it to the client's plugin: the worker built on that client and the
+            calls it makes (``ask``) are then traced alike.
+
+    Raises:
+        InputError: ``tracing`` is not one of these.
+        ConfigError: ``tracing`` is on and OpenTelemetry is not installed.
     """
 
-    def __init__(self, store: Store | None = None) -> None:
+    def __init__(self, store: Store | None = None, *, tracing: Tracing = False) -> None:
         # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
         from activities import build_activities
         from activities.store_failures import StoreFailureInterceptor
         from workflows import ALL_WORKFLOWS
 
+        # Tracing first: its activity span then also covers the store-failure interceptor's work.
+        traced = tracing_interceptors(tracing)
+        interceptors: list[Any] = list(traced)
+        if store is not None:
+            # Deterministic store failures are not retried, in every activity (issue 8 item 1).
+            interceptors.append(StoreFailureInterceptor())
         super().__init__(
             "turnkit.TurnKitPlugin",
             data_converter=pydantic_data_converter,
             workflows=ALL_WORKFLOWS,
             activities=build_activities(store) if store is not None else None,
-            # Deterministic store failures are not retried, in every activity (issue 8 item 1).
-            interceptors=[StoreFailureInterceptor()] if store is not None else None,
-            workflow_runner=_sandbox,
+            interceptors=interceptors or None,
+            workflow_runner=_sandbox("opentelemetry") if traced else _sandbox(),
         )

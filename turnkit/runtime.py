@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -41,6 +41,9 @@ from turnkit.run import Run, start_run
 from turnkit.search_attributes import require_search_attributes
 from turnkit.store.store import Store
 from turnkit.validation import check_id, check_json, check_name
+
+if TYPE_CHECKING:
+    from turnkit.tracing import Tracing
 
 __all__ = ["STATE_DIR", "Reconciled", "TurnKit", "connect", "temporal_binary"]
 
@@ -188,6 +191,7 @@ async def connect(
     profile: str | None = None,
     config_file: str | os.PathLike[str] | None = None,
     api_key: str | None = None,
+    tracing: Tracing = False,
 ) -> AsyncGenerator[TurnKit, None]:
     """Connect to Temporal and the store (arguments, then the environment, else the embedded defaults); closes both
     on exit.
@@ -206,6 +210,9 @@ async def connect(
         profile: The profile of Temporal's config file; default ``$TEMPORAL_PROFILE``, else ``default``.
         config_file: Temporal's TOML config file; default ``$TEMPORAL_CONFIG_FILE``, else its default location.
         api_key: Temporal Cloud API key (turns TLS on); default the envconfig one (``$TEMPORAL_API_KEY``).
+        tracing: OpenTelemetry tracing of the client and its in-process workers (``pip install 'turnkit[otel]'``):
+            True uses the global tracer provider, a ``TracerProvider`` or ``Tracer`` is used as given; off by
+            default (see :mod:`turnkit.tracing`).
     """
     options: dict[str, Any] = client_options(
         address=temporal_address, namespace=namespace, api_key=api_key, profile=profile, config_file=config_file
@@ -213,7 +220,11 @@ async def connect(
     address: str | None = options.pop("target_host", None)
     namespace = str(options["namespace"])
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
-    plugin = TurnKitPlugin(store)
+    try:
+        plugin = TurnKitPlugin(store, tracing=tracing)
+    except Exception:
+        await store.close()  # a bad `tracing` value, or OpenTelemetry missing: nothing may stay open
+        raise
     server: EmbeddedDevServer | None = None
     ui_url = None
     try:
