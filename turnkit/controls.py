@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Final, Literal
 
 from turnkit.errors import Error, ToolError
-from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import StoreTx, canonical_json, utcnow
 from turnkit.transcript import repair_transcript
 from turnkit.turn_state import SteeringInput, TurnControls
@@ -31,7 +31,7 @@ __all__ = [
     "stamp_request",
 ]
 
-CANCELLED_ERROR: Final = {"class": "TurnKit::Cancelled", "message": "cancelled by application"}
+CANCELLED_ERROR: Final = {"class": CANCELLED_CLASS, "message": CANCELLED_MESSAGE}
 STEERING_SKIP: Final = "not executed: superseded by human steering"
 FINISHED: Final = (*TERMINAL_TURN_STATUSES, "stale")
 

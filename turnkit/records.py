@@ -17,6 +17,8 @@ from turnkit.turn_state import TurnOptions, TurnState
 
 __all__ = [
     "ACTIVE_TURN_STATUSES",
+    "CANCELLED_CLASS",
+    "CANCELLED_MESSAGE",
     "INTERRUPTED_MESSAGE",
     "MESSAGE_KINDS",
     "MESSAGE_ROLES",
@@ -63,6 +65,9 @@ MESSAGE_ROLES: Final = ("user", "assistant", "tool")
 MESSAGE_KINDS: Final = ("text", "tool_call", "tool_result", "context_summary", "image", "media_analysis")
 
 #: What the model is told when a tool's outcome is unknown (spec §5.8).
+#: The error of a turn cancelled by the application (``Turn.cancel``): the store's record and the workflow's result.
+CANCELLED_CLASS: Final = "TurnKit::Cancelled"
+CANCELLED_MESSAGE: Final = "cancelled by application"
 INTERRUPTED_MESSAGE: Final = (
     "Tool execution was interrupted before a result was recorded. It is unknown whether the operation ran; "
     "do not assume it did or did not."

@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
         WaitPlan,
         WaitRequest,
     )
-    from turnkit.records import INTERRUPTED_MESSAGE
+    from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, INTERRUPTED_MESSAGE
     from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
@@ -145,8 +145,8 @@ class TurnWorkflow:
             return TurnOutcome(
                 turn_id=turn.turn_id,
                 status="cancelled",
-                error_class="TurnKit::Cancelled",
-                error_message="cancelled by application",
+                error_class=CANCELLED_CLASS,
+                error_message=CANCELLED_MESSAGE,
             )
 
     async def _loop(self, turn: TurnInput) -> TurnOutcome | TurnInput:
