@@ -3,8 +3,9 @@
 An offline, scripted model (each agent has its own script, a pure function of the request) plays a ``lead`` agent
 that prepares a short brief. Its first answer makes four tool calls at once:
 
-* ``launch_agent`` starts ``fact_checker`` on its own, with a **completion callback**: the lead does not wait for it;
-  when it finishes, its result is delivered to the lead's conversation, which wakes up for a second turn.
+* ``launch_agent`` starts ``fact_checker`` on its own, with a **completion callback**: the lead does not wait for its
+  slow cross-check; when it finishes, its result is delivered to the lead's conversation, which wakes up for a second
+  turn.
 * three **delegations** run as parallel child turns: ``researcher`` and ``surveyor`` look things up with
   replay-safe tools (retried on failure; each lookup takes a moment, like a real service), and ``archivist`` files a
   note with ``save_note``, an **at-most-once** tool (never run twice, keyed by its idempotency key).
@@ -57,7 +58,7 @@ NOTES_DIR: Final = STATE_DIR / "notes"
 TIMELINE: Final = STATE_DIR / "demo-timeline.html"
 #: How long a call to the encyclopedia or the note service takes: long enough for the parallel sub-agents to
 #: overlap visibly in the timeline, short enough for the whole demo to take a few seconds.
-SERVICE_SECONDS: Final = 0.4
+SERVICE_SECONDS: Final = 0.6
 #: The question the demo asks the lead.
 QUESTION: Final = "Prepare a short brief on durable agents: what are Temporal and TurnKit, and how tall is Everest?"
 #: The scripted model's price, reported with each call as a provider would (USD per million tokens).
@@ -79,6 +80,19 @@ async def lookup_fact(topic: str) -> dict[str, Any]:
     if fact is None:
         raise turnkit.ToolError(f"no fact about {topic!r}; known topics: {', '.join(sorted(FACTS))}")
     return {"topic": topic, "fact": fact}
+
+
+@turnkit.tool(recovery="replay_safe", timeout=10)
+async def cross_check(claim: str) -> dict[str, Any]:
+    """Cross-check a claim against several sources (slow: meant to run in the background).
+
+    Args:
+        claim: The claim, with its figures, e.g. "Mount Everest is 8,849 m tall."
+    """
+    await asyncio.sleep(3 * SERVICE_SECONDS)  # three remote sources, one after the other
+    figures = re.findall(r"\d[\d,]*", claim)
+    supported = bool(figures) and any(all(figure in fact for figure in figures) for fact in FACTS.values())
+    return {"claim": claim, "sources": 3, "supported": supported}
 
 
 @turnkit.tool(recovery="replay_safe", timeout=10)
@@ -167,12 +181,13 @@ def _archivist(request: ModelRequest) -> Result:
 
 
 def _fact_checker(request: ModelRequest) -> Result:
-    """Checks the Everest claim against the encyclopedia."""
+    """Cross-checks the claim its task quotes, then gives the verdict."""
     results = _tool_results(request)
     if not results:
-        return call_tools(("lookup_fact", {"topic": "everest"}), usage=_usage(request))
-    verdict = "confirmed" if "8,849" in str(results[0].get("fact")) else "not confirmed"
-    return _answer(f"The height of 8,849 m is {verdict} by the encyclopedia.", request)
+        claim = _task(request).split(": ", 1)[-1]
+        return call_tools(("cross_check", {"claim": claim}), usage=_usage(request))
+    verdict = "confirmed" if results[0].get("supported") else "not confirmed"
+    return _answer(f"{results[0].get('claim')!r} is {verdict} by {results[0].get('sources')} sources.", request)
 
 
 def _completion(request: ModelRequest) -> dict[str, Any] | None:
@@ -199,7 +214,7 @@ def _lead(request: ModelRequest) -> Result:
                 "launch_agent",
                 {
                     "agent_name": "fact_checker",
-                    "task": "Check the claim that Mount Everest is 8,849 m tall.",
+                    "task": "Check this claim: Mount Everest is 8,849 m tall.",
                     "callback": True,
                 },
             ),
@@ -221,7 +236,7 @@ def _agent(name: str, description: str, script: Any, tools: list[Any]) -> turnki
 researcher = _agent("researcher", "Looks topics up in the local encyclopedia.", _researcher, [lookup_fact])
 surveyor = _agent("surveyor", "Measures things and converts units.", _surveyor, [lookup_fact, convert_units])
 archivist = _agent("archivist", "Files notes for the user.", _archivist, [save_note])
-fact_checker = _agent("fact_checker", "Checks a claim against the encyclopedia.", _fact_checker, [lookup_fact])
+fact_checker = _agent("fact_checker", "Cross-checks a claim against several sources.", _fact_checker, [cross_check])
 
 #: The lead: the root of the tree, so its limits are the whole tree's budget.
 lead_agent = turnkit.register(
@@ -303,9 +318,8 @@ def _print_report(tk: TurnKit, run: DemoRun, timeline: Path) -> None:
     print("\nSub-agents, in seconds since the lead started:")
     for name, start, end, status in spans:
         print(f"  {name:<13} {start:5.2f} → {end:5.2f}  {status}")
-    last_start, first_end = max((s[1] for s in spans), default=0.0), min((s[2] for s in spans), default=0.0)
-    if last_start < first_end:
-        print(f"  all {len(spans)} were running at once from {last_start:.2f} s to {first_end:.2f} s")
+    peak, since, until = _peak_concurrency([(start, end) for _, start, end, _ in spans])
+    print(f"  {peak} of {len(spans)} were running at once from {since:.2f} s to {until:.2f} s")
     print(f"\nTimeline: {timeline.resolve()}")
 
     print(f"\nIn the Temporal UI ({tk.ui_url}):" if tk.ui_url else "\nWorkflow ids:")
@@ -317,6 +331,16 @@ def _print_report(tk: TurnKit, run: DemoRun, timeline: Path) -> None:
     for label, kind, workflow_id in rows:
         link = f"  {workflow_url(tk.ui_url, namespace, workflow_id)}" if tk.ui_url else ""
         print(f"  {label:<14} {kind:<21} {workflow_id}{link}")
+
+
+def _peak_concurrency(spans: list[tuple[float, float]]) -> tuple[int, float, float]:
+    """The most spans running at one moment, and the first window (start, end) in which that many ran."""
+    best = (0, 0.0, 0.0)
+    for start, _ in sorted(spans):
+        running = [end for begin, end in spans if begin <= start < end]
+        if len(running) > best[0]:
+            best = (len(running), start, min(running))
+    return best
 
 
 async def run_demo(*, hold: bool = False) -> None:
