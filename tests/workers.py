@@ -19,7 +19,14 @@ class WorkerProcess:
 
     @classmethod
     async def start(
-        cls, *, app: str, address: str, task_queue: str, database_url: str, env: dict[str, str] | None = None
+        cls,
+        *,
+        app: str,
+        address: str,
+        task_queue: str,
+        database_url: str,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> WorkerProcess:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -34,7 +41,7 @@ class WorkerProcess:
             database_url,
             "--grace",
             "1",
-            cwd=str(ROOT),
+            cwd=str(cwd),  # worker.py's own directory (ROOT) is on its import path, whatever the working directory
             env={**os.environ, "TURNKIT_LOG_LEVEL": "WARNING", **(env or {})},
             stdout=asyncio.subprocess.PIPE,
         )
