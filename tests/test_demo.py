@@ -156,4 +156,4 @@ async def test_worker_py_runs_the_demo_app(engine: Engine, tmp_path: Path) -> No
     lead, woken = await check_demo_tree(engine.tk.store, run.conversation.id, tmp_path)
     assert [tree.turn.id for tree in run.trees] == [lead.turn.id, woken.turn.id]
     assert run.lead_turn.id == lead.turn.id and run.callback_turn.id == woken.turn.id
-    assert run.tree_usage.iterations == 11 and run.limits["max_spend"] == 0.05
+    assert run.tree_usage.iterations == 11 and run.limits.max_spend == 0.05
