@@ -27,7 +27,7 @@ from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
-from turnkit.call_ids import provider_call_ids, unique_call_ids
+from turnkit.call_ids import unique_call_ids
 from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
@@ -39,8 +39,8 @@ from turnkit.errors import BudgetError, ConfigError, Error, ModelError, Transien
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
+from turnkit.request import build_model_request
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.validation import storable_result
 from turnkit.waits import enter_waiting
@@ -74,25 +74,8 @@ class ModelActivities:
         messages, denial = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
             return ModelStep(budget_error=denial)
-        specs = agent.tool_specs()
-        stable, dynamic = build_instructions(
-            agent,
-            depth=0,
-            prompt_mode=turn.options.get("prompt_mode"),
-            tools=specs,
-            now=turn.started_at or utcnow(),
-        )
-        request = ModelRequest(
-            model=turn.model or agent.effective_model,
-            # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-            messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages)))),
-            tools=specs,
-            instructions=stable,
-            dynamic_instructions=dynamic or None,
-            thinking=turn.options.get("thinking"),
-            output_schema=turn.options.get("output_schema"),
-            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
-        )
+        # The same builder as Turn.preview (turnkit.request): a preview cannot drift from what is sent.
+        request = await build_model_request(self.store, turn, agent, messages, request_id=call.request_id)
         await emit(
             "model.requested",
             turn.id,

@@ -112,6 +112,20 @@ class Settings:
     """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
 
+    prompt_sections: tuple[str, ...] | list[str] | None = None
+    """The system prompt's section list in ``full`` mode when the agent sets none; None means
+    :data:`turnkit.prompt.DEFAULT_SECTIONS` (see docs/design.md, "The system prompt")."""
+
+    prompt_behavior: str | None = None
+    """Replaces the text of the prompt's ``behavior`` section in every mode; None keeps TurnKit's."""
+
+    prompt_data_max_chars: int = 20_000
+    """Characters kept of each subject or live-context block; longer ones are truncated."""
+
+    context_contributors: list[Any] = field(default_factory=list[Any])
+    """Callables that add live context to root prompts; copied into each agent at construction (in front of the
+    agent's own) unless the agent says ``inherit_globals=False``."""
+
 
 #: The process-wide settings object. Mutate it through :func:`configure`.
 settings: Final = Settings()
