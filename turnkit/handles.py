@@ -85,6 +85,11 @@ class Conversation:
         """The name of the agent the conversation is bound to."""
         return self.record.agent_name
 
+    @property
+    def subject_prompt(self) -> str:
+        """The subject's ``to_prompt()`` text, snapshotted when the conversation was created (``""`` when none)."""
+        return str(self.record.metadata.get("turnkit_subject_prompt") or "")
+
     async def say(self, text: str, *, metadata: dict[str, Any] | None = None) -> MessageRecord:
         """Append a user message without starting a turn.
 
