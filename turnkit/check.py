@@ -120,9 +120,10 @@ def _recent(column: Any, ctx: _Context) -> Any:
 async def _active_turns(ctx: _Context) -> None:
     """Spec §5.13.1: at most one running, waiting or (started and) paused turn per conversation."""
     started_paused = (TurnRow.status == "paused") & TurnRow.started_at.is_not(None)
-    active = or_(TurnRow.status.in_(("running", "waiting")), started_paused)
-    submitted = TurnRow.submitted_at.is_not(None)  # a prepared turn waiting for others runs nothing yet
-    query = select(TurnRow.conversation_uid, TurnRow.uid).where(active, submitted, _recent(TurnRow.updated_at, ctx))
+    # A prepared (unsubmitted) turn that waits for others runs nothing yet: it is not active.
+    submitted_waiting = (TurnRow.status == "waiting") & TurnRow.submitted_at.is_not(None)
+    active = or_(TurnRow.status == "running", submitted_waiting, started_paused)
+    query = select(TurnRow.conversation_uid, TurnRow.uid).where(active, _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
         rows = (await tx.session.execute(query.order_by(TurnRow.created_at, TurnRow.id))).all()
     by_conversation: dict[str, list[str]] = defaultdict(list)
@@ -246,7 +247,9 @@ async def _workflows(ctx: _Context) -> None:
     async with ctx.store.atomic() as tx:
         # Prepared turns (built, not submitted) are not work in flight: nothing is meant to run them yet.
         unfinished = select(TurnRow).where(
-            TurnRow.status.in_(_UNFINISHED), TurnRow.submitted_at.is_not(None), _recent(TurnRow.updated_at, ctx)
+            TurnRow.status.in_(_UNFINISHED),
+            or_(TurnRow.submitted_at.is_not(None), TurnRow.status == "running"),
+            _recent(TurnRow.updated_at, ctx),
         )
         turns = [_turn(row) for row in await tx.session.scalars(unfinished)]
         running = select(ToolExecutionRow).where(
