@@ -45,6 +45,9 @@ async def test_prepared_run_is_pending_until_run(tk: TurnKit) -> None:
     assert await no_workflow(tk, run.id) and await no_workflow(tk, run.record.conversation_id)
     assert run.id not in [t.id for t in await tk.store.list_submitted_turns()]
     assert [f for f in await tk.check(grace=0) if run.id in f.ids] == []
+    reconciled = await tk.reconcile(grace=0)  # maintenance neither submits nor fails a prepared run
+    assert [r for r in reconciled.repairs if run.id in r.ids] == []
+    assert (await run.refresh()).is_pending and run.record.submitted_at is None and client.calls == 0
     # Prepared runs take their callback at submission.
     with pytest.raises(InputError, match="perform_later"):
         await tk.run(agent, "y", prepare=True, callback=run.record.conversation_id)
