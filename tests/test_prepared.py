@@ -7,13 +7,16 @@ model activity's own function), and ``perform_later`` / ``run`` submit it.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
+from tests.engine import held_tool
 from turnkit.errors import Error, InputError
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient
+from turnkit.testing import ScriptedClient, call_tools
 
 
 @turnkit.tool
@@ -116,3 +119,24 @@ async def test_paused_prepared_turn_with_a_callback(tk: TurnKit) -> None:
     await turn.result()
     assert turn.is_completed and turn.output_text == "approved" and client.calls == 1
     assert [d.key for d in await inbox.inbox()] == [f"completion:{turn.id}"]
+
+
+async def test_prepared_run_waits_then_is_submitted(tk: TurnKit) -> None:
+    """T62: ``run(prepare=True).wait_for(child).perform_later()``: the run is ``waiting`` at submission (its target
+    is unfinished); once the target ends, the run's first model request carries the ``wait_results`` message."""
+    release, hold = held_tool()
+    target_agent = turnkit.Agent(
+        "target", model="scripted", tools=[hold], client=ScriptedClient([call_tools(("hold", {})), "child out"])
+    )
+    child = await (await tk.conversation(target_agent)).ask("work", wait=False)
+    client = ScriptedClient(["joined"])
+    parent = await tk.run(turnkit.Agent("parent", model="scripted", client=client), "merge", prepare=True)
+    await parent.wait_for(child)
+    await parent.perform_later()
+    assert parent.is_waiting and parent.is_background and client.calls == 0
+
+    release.set()
+    await parent.result(timeout=60)
+    assert parent.is_completed and parent.output_text == "joined" and client.calls == 1
+    last = client.requests[0].messages[-1]
+    assert last["role"] == "user" and json.loads(last["content"])["wait_results"][0]["result"] == "child out"
