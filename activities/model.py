@@ -75,7 +75,10 @@ class ModelActivities:
         if denial is not None:
             return ModelStep(budget_error=denial)
         # The same builder as Turn.preview (turnkit.request): a preview cannot drift from what is sent.
-        request = await build_model_request(self.store, turn, agent, messages, request_id=call.request_id)
+        request = await retry_store(
+            lambda: build_model_request(self.store, turn, agent, messages, request_id=call.request_id),
+            what="model request",
+        )
         await emit(
             "model.requested",
             turn.id,

@@ -195,3 +195,16 @@ def test_data_block_wraps_escapes_and_truncates() -> None:
     block = data_block({"b": 1, "a": "<x>"}, trusted=True, max_chars=1000)
     assert block.splitlines()[1:] == ["<prompt-data>", json.dumps({"a": "&lt;x&gt;", "b": 1}), "</prompt-data>"]
     assert data_block("abcdef", trusted=False, max_chars=3).splitlines()[2] == "abc" + TRUNCATED
+
+
+def test_prompt_settings_are_checked_before_any_change() -> None:
+    """``configure`` refuses unknown sections, a negative ``prompt_data_max_chars`` and non-callable contributors,
+    and changes nothing then."""
+    with pytest.raises(turnkit.ConfigError, match="unknown prompt section: footer"):
+        configure(prompt_sections=["agent", "footer"], prompt_behavior="never applied")
+    with pytest.raises(turnkit.ConfigError, match="prompt_data_max_chars must be an integer >= 0"):
+        configure(prompt_data_max_chars=-1)
+    with pytest.raises(turnkit.ConfigError, match="context_contributors must be a list of callables"):
+        configure(context_contributors=["not callable"])
+    assert (turnkit.settings.prompt_sections, turnkit.settings.prompt_behavior) == (None, None)
+    assert configure(prompt_sections=["tools"]).prompt_sections == ("tools",)

@@ -20,6 +20,7 @@ from turnkit.current import current
 from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
 from turnkit.model import Client, ToolSpec, Usage
+from turnkit.prompt_sections import check_prompt_sections
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
 if TYPE_CHECKING:
@@ -28,9 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ORCHESTRATOR_PREAMBLE",
     "PROMPT_MODES",
-    "PROMPT_SECTIONS",
     "Agent",
-    "check_prompt_sections",
     "normalize_thinking",
     "register",
     "registered_agents",
@@ -48,20 +47,6 @@ ORCHESTRATOR_PREAMBLE: Final = (
 
 #: Valid system-prompt modes (spec §3.4).
 PROMPT_MODES: Final = ("full", "minimal", "task", "none")
-
-#: Every section a system prompt may have (spec §3.4), in their default order; ``sub_agent`` shows only at depth > 0.
-PROMPT_SECTIONS: Final = (
-    "agent",
-    "sub_agent",
-    "instructions",
-    "behavior",
-    "loaded_skills",
-    "available_skills",
-    "tools",
-    "subject",
-    "live_context",
-    "environment",
-)
 
 _THINKING_KEYS: Final = ("effort", "budget")
 
@@ -188,7 +173,8 @@ class Agent:
                 options (spec §3.10).
             system_prompt: None (the generated prompt), a string that replaces it, or a callable that receives the
                 built :class:`~turnkit.prompt.SystemPrompt` and returns the final text.
-            prompt_sections: Overrides the prompt's section list (names from :data:`PROMPT_SECTIONS`).
+            prompt_sections: Overrides the prompt's section list (names from
+                :data:`turnkit.prompt_sections.PROMPT_SECTIONS`).
             context_contributors: Callables adding live context to the prompt, each called with a
                 :class:`~turnkit.prompt.PromptBuildContext` (sync or ``async def``).
             inherit_globals: Copy ``settings.context_contributors`` in front of the agent's own (at construction).
@@ -342,22 +328,6 @@ class Agent:
         """Show the name, model and tool names."""
         names = [each.name for each in self.tools] + [each.name for each in self.sub_agents]
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={names!r})"
-
-
-def check_prompt_sections(sections: Iterable[str]) -> tuple[str, ...]:
-    """``sections`` as a tuple, each a known section name.
-
-    Raises:
-        ValueError: ``"unknown prompt section: x"``.
-        TypeError: ``sections`` is a single string.
-    """
-    if isinstance(sections, str):
-        raise TypeError("prompt_sections must be a list of section names, not a string")
-    resolved = tuple(sections)
-    for name in resolved:
-        if name not in PROMPT_SECTIONS:
-            raise ValueError(f"unknown prompt section: {name}")
-    return resolved
 
 
 def _resolve_tools(tools: Iterable[Any]) -> tuple[Tool, ...]:

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from turnkit.agent import PROMPT_MODES, Agent, check_prompt_sections
+from turnkit.agent import PROMPT_MODES, Agent
 from turnkit.config import settings
 from turnkit.live_context import LIVE_CONTEXT_PREAMBLE, LiveContextContribution, data_block, xml_escape
 from turnkit.model import ToolSpec
+from turnkit.prompt_sections import check_prompt_sections
 from turnkit.records import MessageRecord
 
 __all__ = [
