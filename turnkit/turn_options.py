@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from turnkit.agent import Agent
-from turnkit.errors import InputError
+from turnkit.errors import ConfigError, InputError
 from turnkit.limits import check_limits
 
 __all__ = ["BUDGET_LIMITS", "check_budget", "turn_options"]
@@ -37,7 +37,7 @@ def check_budget(budget: dict[str, Any] | None) -> dict[str, Any]:
     limits = {name: value for name, value in budget.items() if value is not None}
     try:
         check_limits(limits)
-    except Exception as err:
+    except ConfigError as err:
         raise InputError(f"budget: {err}") from err
     if "max_tool_executions_by_name" in limits:
         limits["max_tool_executions_by_name"] = {str(k): v for k, v in limits["max_tool_executions_by_name"].items()}
