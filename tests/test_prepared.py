@@ -1,4 +1,4 @@
-"""Prepared turns and preview (spec §1.4, §1.5, §5.2; T04, T05) on a real dev server.
+"""Prepared turns and preview (spec §1.4, §1.5, §5.2; T04, T05, T40, T62) on a real dev server.
 
 A prepared turn is built (``Conversation.build_turn``, ``run(prepare=True)``) but not submitted: ``pending`` with no
 ``submitted_at``, no workflow, no model call. ``preview`` shows the request its model call will send (built by the
@@ -16,7 +16,9 @@ import turnkit
 from tests.engine import held_tool
 from turnkit.errors import Error, InputError
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
+from turnkit.turn_options import turn_options
 
 
 @turnkit.tool
@@ -140,3 +142,32 @@ async def test_prepared_run_waits_then_is_submitted(tk: TurnKit) -> None:
     assert parent.is_completed and parent.output_text == "joined" and client.calls == 1
     last = client.requests[0].messages[-1]
     assert last["role"] == "user" and json.loads(last["content"])["wait_results"][0]["result"] == "child out"
+
+
+async def test_reconcile_runs_lost_submitted_work_and_leaves_previews(tk: TurnKit) -> None:
+    """T40: a prepared (preview) run and a submitted run whose submission never reached its lane (written to the
+    store only, as if the enqueue failed); ``reconcile`` queues the submitted run, which completes with one model
+    call, and the preview stays ``pending`` with no ``submitted_at``."""
+    client = ScriptedClient(["recovered"])
+    agent = turnkit.Agent("lost", model="scripted", client=client)
+    preview_run = await tk.run(agent, "only a preview", prepare=True)
+    conversation = await tk.conversation(agent)
+    async with tk.store.atomic(conversation_id=conversation.id) as tx:
+        message = await tx.append_message(conversation.id, role="user", text="submitted, never enqueued")
+        lost = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=agent.name,
+            context_message_sequence=message.sequence,
+            model="scripted",
+            options=turn_options(agent, trigger_message_id=message.id, context={}),
+            submitted_at=utcnow(),
+        )
+
+    reconciled = await tk.reconcile(grace=0)
+    assert [(r.action, r.ids[0]) for r in reconciled.repairs] == [("requeued", lost.id)]
+    done = await tk.turn(lost.id).result(timeout=60)
+    assert done.status == "completed" and done.output_text == "recovered" and client.calls == 1
+    assert [m["content"] for m in client.requests[0].messages] == ["submitted, never enqueued"]
+    await preview_run.refresh()
+    assert preview_run.is_pending and preview_run.record.submitted_at is None
+    assert await no_workflow(tk, preview_run.id)
