@@ -293,6 +293,16 @@ async def test_sub_agents_get_minimal_mode_and_none_mode(tk: TurnKit) -> None:
     assert "<live_context>" in root_request.dynamic_instructions and "acme" in root_request.dynamic_instructions
 
 
+def test_prompt_options_are_validated() -> None:
+    with pytest.raises(TypeError, match="system_prompt must be a string or a callable"):
+        Agent("a", system_prompt=42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="context_contributors must be callables"):
+        Agent("a", context_contributors=["live"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="list of section names, not a string"):
+        Agent("a", prompt_sections="tools")
+    assert Agent("a", prompt_sections=["tools"]).prompt_sections == ("tools",)
+
+
 def test_unknown_prompt_mode() -> None:
     agent = Agent("a")
     with pytest.raises(ValueError, match="unknown prompt mode: loud"):

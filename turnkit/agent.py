@@ -176,14 +176,15 @@ class Agent:
             prompt_sections: Overrides the prompt's section list (names from
                 :data:`turnkit.prompt_sections.PROMPT_SECTIONS`).
             context_contributors: Callables adding live context to the prompt, each called with a
-                :class:`~turnkit.prompt.PromptBuildContext` (sync or ``async def``).
+                :class:`~turnkit.live_context.PromptBuildContext` (sync or ``async def``).
             inherit_globals: Copy ``settings.context_contributors`` in front of the agent's own (at construction).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
                 an unknown prompt mode or an unknown prompt section.
             ConfigError: ``compaction`` has the wrong type or an unknown option.
-            TypeError: A tools entry is not a TurnKit tool, or a sub-agent is not an Agent.
+            TypeError: A tools entry is not a TurnKit tool, a sub-agent is not an Agent, ``system_prompt`` is neither
+                a string nor a callable, a context contributor is not callable, or ``prompt_sections`` is a string.
         """
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
