@@ -497,8 +497,10 @@ def _provider_failure(err: ModelError | ConfigError | TransientModelError) -> Ap
     return _non_retryable(err)
 
 
-def _prompt_report(request: ModelRequest) -> dict[str, int]:
-    """The size of what is sent: characters of instructions and messages (the ``model.requested`` report)."""
+def _prompt_report(request: ModelRequest) -> dict[str, Any]:
+    """The size of what is sent: characters of instructions and messages, with the system prompt's report (hash,
+    sections, stable/dynamic sizes, tool count) when the request has one (the ``model.requested`` report)."""
     instructions = len(request.instructions) + len(request.dynamic_instructions or "")
     messages = sum(len(str(m.get("content") or "")) for m in request.messages)
-    return {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
+    sizes = {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
+    return {**request.report, **sizes}
