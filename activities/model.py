@@ -27,7 +27,7 @@ from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
-from turnkit.call_ids import provider_call_ids, unique_call_ids
+from turnkit.call_ids import unique_call_ids
 from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
@@ -39,8 +39,8 @@ from turnkit.errors import BudgetError, ConfigError, Error, ModelError, Transien
 from turnkit.events import emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
+from turnkit.request import build_model_request
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.tracing import record_model_call
 from turnkit.turn_state import TurnState
@@ -78,24 +78,10 @@ class ModelActivities:
         messages, denial = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
-        specs = agent.tool_specs()
-        stable, dynamic = build_instructions(
-            agent,
-            depth=0,
-            prompt_mode=turn.options.prompt_mode,
-            tools=specs,
-            now=turn.started_at or utcnow(),
-        )
-        request = ModelRequest(
-            model=turn.model or agent.effective_model,
-            # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-            messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages)))),
-            tools=specs,
-            instructions=stable,
-            dynamic_instructions=dynamic or None,
-            thinking=turn.options.thinking,
-            output_schema=turn.options.output_schema,
-            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
+        # The same builder as Turn.preview (turnkit.request): a preview cannot drift from what is sent.
+        request = await retry_store(
+            lambda: build_model_request(self.store, turn, agent, messages, request_id=call.request_id),
+            what="model request",
         )
         await emit(
             "model.requested",
@@ -517,8 +503,10 @@ def _provider_failure(err: ModelError | ConfigError | TransientModelError) -> Ap
     return _non_retryable(err)
 
 
-def _prompt_report(request: ModelRequest) -> dict[str, int]:
-    """The size of what is sent: characters of instructions and messages (the ``model.requested`` report)."""
+def _prompt_report(request: ModelRequest) -> dict[str, Any]:
+    """The size of what is sent: characters of instructions and messages, with the system prompt's report (hash,
+    sections, stable/dynamic sizes, tool count) when the request has one (the ``model.requested`` report)."""
     instructions = len(request.instructions) + len(request.dynamic_instructions or "")
     messages = sum(len(str(m.get("content") or "")) for m in request.messages)
-    return {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
+    sizes = {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
+    return {**request.report, **sizes}

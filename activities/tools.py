@@ -12,6 +12,7 @@ Exactly-once bookkeeping around an at-most-once or replay-safe body:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from turnkit.events import emit
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
+from turnkit.request import subject_prompt_of
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
 from turnkit.tools import Tool, ToolContext, normalize_result
@@ -68,6 +70,7 @@ class ToolActivities:
             return reserved
         turn, execution = reserved
         assert tool is not None  # _reserve settles unknown tools
+        conversation = await retry_store(lambda: self.store.load_conversation(turn.conversation_id), what="tool")
         context = ToolContext(
             turn_id=turn.id,
             conversation_id=turn.conversation_id,
@@ -79,6 +82,9 @@ class ToolActivities:
             agent_name=turn.agent_name,
             attempt=activity.info().attempt,
             store=self.store,
+            context=copy.deepcopy(turn.options.context),
+            subject=conversation.subject,
+            subject_prompt=subject_prompt_of(conversation),
         )
         try:
             if isinstance(tool, SendMessageTool):

@@ -20,11 +20,11 @@ from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import emit
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
+from turnkit.prepared import submit_prepared
 from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
-from turnkit.turn_options import turn_options
-from turnkit.waits import add_waits
+from turnkit.turn_build import create_turn
 
 __all__ = ["TurnActivities", "ticket_of", "unstaged"]
 
@@ -42,6 +42,8 @@ class TurnActivities:
         async with self.store.atomic(conversation_id=request.conversation_id, wait_graph=graph) as tx:
             existing = await tx.find_turn(request.turn_id)
             if existing is not None:
+                if existing.submitted_at is None and existing.parent_turn_id is None:
+                    existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
                 return ticket_of(existing, busy=await sub_agent_turn_active(tx, existing.conversation_id))
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
@@ -52,43 +54,10 @@ class TurnActivities:
                     await tx.delete_staged_input(staged_id)  # gone when the message and the turn commit
             except (RecordNotFound, ConfigError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
-            message = await tx.append_message(
-                conversation.id,
-                role="user",
-                text=request.text,
-                id=request.message_id,
-                metadata=request.message_metadata,
-            )
-            principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
-            options = turn_options(
-                agent,
-                trigger_message_id=message.id,
-                context=request.context
-                if request.context is not None
-                else conversation.metadata.get("turnkit_context", {}),
-                principal=principal,
-                thinking=request.thinking,
-                thinking_set=request.thinking_set,
-                output_schema=request.output_schema,
-                prompt_mode=request.prompt_mode,
-                callback_conversation_id=request.callback_conversation_id,
-                paused=request.paused,
-            )
-            turn = await tx.create_turn(
-                status="paused" if request.paused else "pending",
-                id=request.turn_id,
-                conversation_id=conversation.id,
-                agent_name=agent.name,
-                context_message_sequence=message.sequence,
-                model=request.model or conversation.model or agent.effective_model,
-                options=options,
-                submitted_at=utcnow(),
-            )
-            if request.wait_for:
-                try:
-                    await add_waits(tx, turn, request.wait_for)
-                except ToolError as err:  # rolls back the turn and its trigger message too
-                    raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
+            try:
+                turn = await create_turn(tx, conversation, agent, request, submitted=True)
+            except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
+                raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
             busy = await sub_agent_turn_active(tx, conversation.id)
         return ticket_of(turn, busy=busy)
 

@@ -301,3 +301,31 @@ async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:  # T
     assert turn.status == "failed"
     assert turn.error == {"class": BUDGET_ERROR, "message": MAX_ITERATIONS}
     assert client.calls == 1
+
+
+# -- per-turn budget (spec §1.4 build_turn budget) ------------------------------------------------------------------
+
+
+@turnkit.tool
+def ping() -> str:
+    """Ping."""
+    return "pong"
+
+
+async def test_a_per_turn_budget_overrides_the_agents_limits(tk: TurnKit) -> None:
+    """``ask(budget=...)`` limits this turn's tree over the agent's limits (the others are kept); a bad budget is an
+    InputError before anything is written."""
+    client = ScriptedClient([call_tools(("ping", {})), "never reached"])
+    agent = turnkit.Agent("pinger", model="scripted", client=client, tools=[ping], max_tool_executions=7)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("ping once", budget={"max_iterations": 1})
+
+    assert turn.status == "failed" and turn.error == {"class": BUDGET_ERROR, "message": MAX_ITERATIONS}
+    assert client.calls == 1
+    limits = turn.record.options.budget_limits
+    assert limits is not None and (limits.max_iterations, limits.max_tool_executions) == (1, 7)
+    with pytest.raises(turnkit.InputError, match="unknown budget limit: max_iters"):
+        await conversation.ask("x", budget={"max_iters": 2})
+    with pytest.raises(turnkit.InputError, match="max_iterations must be an integer >= 1"):
+        await conversation.ask("x", budget={"max_iterations": 0})
+    assert len(await conversation.turns()) == 1

@@ -172,3 +172,25 @@ async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
 async def test_unknown_turn_id_raises(tk: TurnKit) -> None:
     with pytest.raises(turnkit.RecordNotFound):
         await tk.turn("turn_000000000000000000000000").result(timeout=5)
+
+
+async def test_turn_context_policy_audit_and_status_predicates(tk: TurnKit) -> None:
+    """``Turn.context`` is a copy of the context the turn was built with; ``policy_audit`` is None when no output
+    policy ran; exactly one status predicate is true, the one of the loaded record."""
+    agent = turnkit.Agent("plain", model="scripted", client=ScriptedClient(["ok"]))
+    conversation = await tk.conversation(agent, context={"tenant": "acme"})
+    prepared = await conversation.build_turn("hi", context={"tenant": "globex", "tags": ["a"]})
+    context = prepared.context
+    context["tags"].append("b")  # a deep copy: the record is unchanged
+    assert prepared.context == {"tenant": "globex", "tags": ["a"]}
+    predicates = ("is_pending", "is_waiting", "is_paused", "is_running", "is_completed", "is_failed", "is_cancelled")
+    assert [p for p in (*predicates, "is_stale") if getattr(prepared, p)] == ["is_pending"]
+
+    turn = await prepared.run()
+    assert [p for p in (*predicates, "is_stale") if getattr(turn, p)] == ["is_completed"]
+    assert turn.policy_audit is None and turn.is_background
+    gated = await conversation.build_turn("again", paused=True)
+    assert gated.context == {"tenant": "acme"}  # the conversation's context when the turn gives none
+    assert [p for p in (*predicates, "is_stale") if getattr(gated, p)] == ["is_paused"]
+    await gated.cancel()
+    assert [p for p in (*predicates, "is_stale") if getattr(gated, p)] == ["is_cancelled"]

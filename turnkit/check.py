@@ -118,7 +118,9 @@ def _recent(column: Any, ctx: _Context) -> Any:
 async def _active_turns(ctx: _Context) -> None:
     """Spec §5.13.1: at most one running, waiting or (started and) paused turn per conversation."""
     started_paused = (TurnRow.status == "paused") & TurnRow.started_at.is_not(None)
-    active = or_(TurnRow.status.in_(("running", "waiting")), started_paused)
+    # A prepared (unsubmitted) turn that waits for others runs nothing yet: it is not active.
+    submitted_waiting = (TurnRow.status == "waiting") & TurnRow.submitted_at.is_not(None)
+    active = or_(TurnRow.status == "running", submitted_waiting, started_paused)
     query = select(TurnRow.conversation_uid, TurnRow.uid).where(active, _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
         rows = (await tx.session.execute(query.order_by(TurnRow.created_at, TurnRow.id))).all()
@@ -241,7 +243,12 @@ def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | str | None]) ->
 async def _workflows(ctx: _Context) -> None:
     """Unfinished turns need a live workflow (or a place in their lane's queue); open executions a live turn."""
     async with ctx.store.atomic() as tx:
-        unfinished = select(TurnRow).where(TurnRow.status.in_(ACTIVE_TURN_STATUSES), _recent(TurnRow.updated_at, ctx))
+        # Prepared turns (built, not submitted) are not work in flight: nothing is meant to run them yet.
+        unfinished = select(TurnRow).where(
+            TurnRow.status.in_(ACTIVE_TURN_STATUSES),
+            or_(TurnRow.submitted_at.is_not(None), TurnRow.status == "running"),
+            _recent(TurnRow.updated_at, ctx),
+        )
         turns = [_turn(row) for row in await tx.session.scalars(unfinished)]
         running = select(ToolExecutionRow).where(
             ToolExecutionRow.status == "running", _recent(ToolExecutionRow.updated_at, ctx)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from turnkit.compaction_options import normalize_compaction
 from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
+from turnkit.prompt_sections import check_prompt_sections
 
 if TYPE_CHECKING:
     # Only for annotations: turnkit.cost imports this module, so a runtime import would be circular.
@@ -112,6 +113,20 @@ class Settings:
     """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
 
+    prompt_sections: tuple[str, ...] | list[str] | None = None
+    """The system prompt's section list in ``full`` mode when the agent sets none; None means
+    :data:`turnkit.prompt.DEFAULT_SECTIONS` (see docs/design.md, "The system prompt")."""
+
+    prompt_behavior: str | None = None
+    """Replaces the text of the prompt's ``behavior`` section in every mode; None keeps TurnKit's."""
+
+    prompt_data_max_chars: int = 20_000
+    """Characters kept of each subject or live-context block; longer ones are truncated."""
+
+    context_contributors: list[Any] = field(default_factory=list[Any])
+    """Callables that add live context to root prompts; copied into each agent at construction (in front of the
+    agent's own) unless the agent says ``inherit_globals=False``."""
+
 
 #: The process-wide settings object. Mutate it through :func:`configure`.
 settings: Final = Settings()
@@ -141,6 +156,7 @@ def configure(**kwargs: Any) -> Settings:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
     check_limits(kwargs)  # zero or negative budgets are refused before any setting changes (issue 8 item 13)
+    _check_prompt_settings(kwargs)
     if "compaction" in kwargs:
         normalized = normalize_compaction(kwargs["compaction"])
         kwargs["compaction"] = True if normalized is None else normalized
@@ -150,6 +166,28 @@ def configure(**kwargs: Any) -> Settings:
             value = {str(name): limit for name, limit in value.items()}  # pyright: ignore[reportUnknownVariableType]
         setattr(settings, key, value)
     return settings
+
+
+def _check_prompt_settings(kwargs: dict[str, Any]) -> None:
+    """Refuse prompt settings no prompt can be built with, before any setting changes."""
+    sections = kwargs.get("prompt_sections")
+    if sections is not None:
+        try:
+            kwargs["prompt_sections"] = check_prompt_sections(sections)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from err
+    if "prompt_data_max_chars" in kwargs:
+        limit = kwargs["prompt_data_max_chars"]
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"prompt_data_max_chars must be an integer >= 0, not {limit!r}")
+    contributors = kwargs.get("context_contributors")
+    if contributors is not None:
+        if isinstance(contributors, str | bytes) or not all(callable(each) for each in contributors):
+            raise ConfigError("context_contributors must be a list of callables")
+        kwargs["context_contributors"] = list(contributors)
+    behavior = kwargs.get("prompt_behavior")
+    if behavior is not None and not isinstance(behavior, str):
+        raise ConfigError("prompt_behavior must be a string or None")
 
 
 def reset_settings() -> Settings:

@@ -7,6 +7,7 @@ Handles talk to Temporal for execution (submit, await) and read records from the
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
@@ -30,13 +31,16 @@ from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_stee
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
-from turnkit.model import Usage
+from turnkit.model import ModelRequest, Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
+from turnkit.prepared import SUBMITTABLE, preview_request
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, registration_hint
 from turnkit.store.patience import patiently
 from turnkit.store.store import StoreTx
+from turnkit.turn_build import create_turn
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
+from turnkit.turn_options import check_budget
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
 from turnkit.workflow_names import LANE_WORKFLOW, SUBMIT_UPDATE
@@ -85,6 +89,11 @@ class Conversation:
         """The name of the agent the conversation is bound to."""
         return self.record.agent_name
 
+    @property
+    def subject_prompt(self) -> str:
+        """The subject's ``to_prompt()`` text, snapshotted when the conversation was created (``""`` when none)."""
+        return str(self.record.metadata.get("turnkit_subject_prompt") or "")
+
     async def say(self, text: str, *, metadata: dict[str, Any] | None = None) -> MessageRecord:
         """Append a user message without starting a turn.
 
@@ -111,6 +120,8 @@ class Conversation:
         callback: Conversation | str | None = None,
         wait_for: list[Turn | str] | None = None,
         paused: bool = False,
+        compact: bool | None = None,
+        budget: dict[str, Any] | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -119,17 +130,13 @@ class Conversation:
         turn's result is delivered to that conversation (key ``completion:<turn_id>``). With ``wait_for``, the turn
         starts only once those turns finished, and their results are its input (spec §5.5 application joins).
         ``paused=True`` submits it paused: an approval gate that runs nothing (and blocks the conversation) until
-        :meth:`Turn.resume`.
+        :meth:`Turn.resume`. ``compact=True`` compacts the history before the first model call, ``False`` never
+        compacts this turn. ``budget`` sets limits for this turn's tree over the agent's (e.g. ``{"max_iterations":
+        3}``).
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
-        check_text("text", text)
-        check_name("agent", agent)
-        check_name("model", model)
-        for field, value in (("metadata", metadata), ("context", context), ("output_schema", output_schema)):
-            check_json(field, value)
-        if thinking is not _UNSET:
-            check_json("thinking", thinking)
-        check_json("principal", principal, lenient=True)
+        self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        check_budget(budget)
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
         for wait_id in wait_ids:
             check_id("wait_for", wait_id, "turn")
@@ -159,6 +166,8 @@ class Conversation:
             callback_conversation_id=callback_id,
             wait_for=wait_ids,
             paused=paused,
+            compact=compact,
+            budget=budget,
         )
         # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
@@ -167,6 +176,78 @@ class Conversation:
         if wait and not paused:
             return await turn.result()
         return await turn.refresh()
+
+    async def build_turn(
+        self,
+        text: str,
+        *,
+        agent: str | None = None,
+        model: str | None = None,
+        thinking: dict[str, Any] | None = _UNSET,
+        output_schema: dict[str, Any] | None = None,
+        prompt_mode: str | None = None,
+        context: dict[str, Any] | None = None,
+        principal: Any = None,
+        metadata: dict[str, Any] | None = None,
+        paused: bool = False,
+        compact: bool | None = None,
+        budget: dict[str, Any] | None = None,
+    ) -> Turn:
+        """Append ``text`` and build its turn without submitting it (spec §1.4 ``build_turn``; a *prepared* turn).
+
+        The turn is ``pending`` (``paused`` with ``paused=True``) with no ``submitted_at``: its frozen context ends at
+        ``text``, nothing runs it and no lane queues it. Inspect it with :meth:`Turn.preview`, attach waits with
+        :meth:`Turn.wait_for`, then submit it with :meth:`Turn.perform_later` or :meth:`Turn.run`. The options are
+        those of :meth:`ask`.
+        """
+        self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        check_budget(budget)
+        request = SubmitTurn(
+            conversation_id=self.id,
+            turn_id=new_id("turn"),
+            message_id=new_id("message"),
+            text=text,
+            agent_name=agent,
+            model=model,
+            message_metadata=dict(metadata or {}),
+            thinking=None if thinking is _UNSET else thinking,
+            thinking_set=thinking is not _UNSET,
+            output_schema=output_schema,
+            prompt_mode=prompt_mode,
+            context=context,
+            principal=principal,
+            paused=paused,
+            compact=compact,
+            budget=budget,
+        )
+        agent_def = resolve_agent(agent or self.agent_name)
+        async with self._tk.store.atomic(conversation_id=self.id) as tx:
+            record = await create_turn(tx, await tx.load_conversation(self.id), agent_def, request, submitted=False)
+        return Turn(self._tk, record.id, record)
+
+    @staticmethod
+    def _check_turn_input(
+        text: str,
+        agent: str | None,
+        model: str | None,
+        thinking: Any,
+        output_schema: dict[str, Any] | None,
+        context: dict[str, Any] | None,
+        principal: Any,
+        metadata: dict[str, Any] | None,
+        compact: bool | None,
+    ) -> None:
+        """Check a new turn's input before anything is sent or written (issue 8 item 1)."""
+        check_text("text", text)
+        check_name("agent", agent)
+        check_name("model", model)
+        for field, value in (("metadata", metadata), ("context", context), ("output_schema", output_schema)):
+            check_json(field, value)
+        if thinking is not _UNSET:
+            check_json("thinking", thinking)
+        check_json("principal", principal, lenient=True)
+        if compact is not None and not isinstance(compact, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise errors.InputError(f"compact must be True, False or None, not {compact!r}")
 
     async def _staged(self, request: SubmitTurn) -> SubmitTurn:
         """Write what the user wrote to the store; the update carries its id instead (issue 8 item 12).
@@ -403,6 +484,111 @@ class Turn:
     def error(self) -> dict[str, Any] | None:
         """``{class, message}`` of a failed or cancelled turn."""
         return self.record.error
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The run's context the turn was built with (a deep copy: changing it changes nothing stored)."""
+        return copy.deepcopy(self.record.options.context)
+
+    @property
+    def policy_audit(self) -> dict[str, Any] | None:
+        """The output-policy audit (``options.state.policy_audit``, else the legacy ``options.policy_audit``); None
+        when no output policy ran."""
+        return self.record.options.policy_audit
+
+    @property
+    def is_background(self) -> bool:
+        """True once the turn is submitted (``submitted_at`` set); False for a prepared turn (spec ``background?``)."""
+        return self.record.submitted_at is not None
+
+    @property
+    def is_pending(self) -> bool:
+        """``status == "pending"`` (of the loaded record; ``refresh()`` re-reads it)."""
+        return self.record.status == "pending"
+
+    @property
+    def is_waiting(self) -> bool:
+        """``status == "waiting"``."""
+        return self.record.status == "waiting"
+
+    @property
+    def is_paused(self) -> bool:
+        """``status == "paused"``."""
+        return self.record.status == "paused"
+
+    @property
+    def is_running(self) -> bool:
+        """``status == "running"``."""
+        return self.record.status == "running"
+
+    @property
+    def is_completed(self) -> bool:
+        """``status == "completed"``."""
+        return self.record.status == "completed"
+
+    @property
+    def is_failed(self) -> bool:
+        """``status == "failed"``."""
+        return self.record.status == "failed"
+
+    @property
+    def is_cancelled(self) -> bool:
+        """``status == "cancelled"``."""
+        return self.record.status == "cancelled"
+
+    @property
+    def is_stale(self) -> bool:
+        """``status == "stale"``."""
+        return self.record.status == "stale"
+
+    async def preview(self) -> ModelRequest:
+        """The request the turn's next model call would send, built by the model activity's own builder, without
+        calling the model or writing anything (spec §1.5 ``preview``; T05): model, messages, tools, the system prompt
+        (``instructions``, ``dynamic_instructions``), thinking, output schema, metadata and the prompt ``report``.
+
+        Raises:
+            ConfigError: The turn's agent is not registered in this process.
+        """
+        return await preview_request(self._tk.store, await self._load())
+
+    async def perform_later(self, *, callback: Conversation | str | None = None) -> Turn:
+        """Submit a prepared turn (:meth:`Conversation.build_turn`) to its conversation's lane; returns at once.
+
+        It is queued behind the conversation's turns; a paused one stays paused until :meth:`resume`. Submitting a
+        submitted turn again changes nothing. With ``callback``, its result is delivered to that conversation.
+
+        Raises:
+            Error: ``"only pending or paused turns can be submitted"``.
+            AuthorizationError: The ``callback`` is denied for the turn's principal (nothing is written).
+        """
+        record = await self._load()
+        callback_id = callback.id if isinstance(callback, Conversation) else callback
+        if callback_id is not None:
+            check_id("callback", callback_id, "conv")
+            await authorize("callback", record.options.principal, turn=record.id, destination_conversation=callback_id)
+            await self._tk.store.load_conversation(callback_id)  # must exist: fail before anything is written
+        async with self._tk.store.atomic(turn_id=record.root_turn_id) as tx:
+            record = await tx.load_turn(self.id)
+            if record.status not in SUBMITTABLE:
+                raise errors.Error("only pending or paused turns can be submitted")
+            if callback_id is not None and record.options.callback_conversation_id != callback_id:
+                options = record.options.model_copy(update={"callback_conversation_id": callback_id})
+                record = await tx.update_turn(record.id, options=options)
+        if record.parent_turn_id is None:  # a sub-agent's turn is run by its parent, never by the lane
+            request = SubmitTurn(
+                conversation_id=record.conversation_id,
+                turn_id=record.id,
+                message_id=record.options.trigger_message_id or "",
+                agent_name=record.agent_name,
+            )
+            conversation = Conversation(self._tk, await self._tk.store.load_conversation(record.conversation_id))
+            await conversation._submit(request)  # pyright: ignore[reportPrivateUsage]
+        return await self.refresh()
+
+    async def run(self, *, callback: Conversation | str | None = None, timeout: float | None = None) -> Turn:
+        """Submit a prepared turn (:meth:`perform_later`) and wait until it has finished (spec ``run!``; T04)."""
+        await self.perform_later(callback=callback)
+        return await self.result(timeout=timeout)
 
     async def refresh(self) -> Turn:
         """Re-read the record from the store (a database blink is waited out, up to ``BLINK_WINDOW`` s)."""

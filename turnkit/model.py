@@ -275,6 +275,8 @@ class ModelRequest(BaseModel):
     thinking: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    report: dict[str, Any] = Field(default_factory=dict[str, Any])
+    """The system prompt's report: ``{chars, hash, stable_chars, dynamic_chars, sections, tool_count}``."""
 
     @property
     def tool_names(self) -> list[str]:

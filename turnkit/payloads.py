@@ -103,6 +103,10 @@ class SubmitTurn(BaseModel):
     wait_for: list[str] = Field(default_factory=list[str])
     #: Submit paused: an approval gate that runs nothing until ``resume`` (spec §5.10).
     paused: bool = False
+    #: Compaction for this turn: True forces it before the first model call, False disables it, None: the policy.
+    compact: bool | None = None
+    #: Budget limits for this turn's tree, merged over the agent's (spec §6.1 names).
+    budget: dict[str, Any] | None = None
 
 
 class DeliverySignal(BaseModel):

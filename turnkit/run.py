@@ -90,10 +90,19 @@ async def start_run(
     subject: Any = None,
     metadata: dict[str, Any] | None = None,
     callback: Any = None,
+    prepare: bool = False,
+    compact: bool | None = None,
+    budget: dict[str, Any] | None = None,
 ) -> Run:
-    """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``."""
+    """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
+
+    With ``prepare=True`` the turn is built but not submitted (spec ``run(async: true)``): the pending run is
+    returned, for :meth:`Turn.preview`, :meth:`Turn.wait_for`, then :meth:`Turn.perform_later` or :meth:`Turn.run`.
+    """
     if not task:
         raise ValueError("task is required")
+    if prepare and callback is not None:
+        raise InputError("a prepared run takes its callback when it is submitted: run.perform_later(callback=...)")
     if agent.input_schema is not None:
         errors = schema_errors(input, agent.input_schema)
         if errors:
@@ -102,12 +111,14 @@ async def start_run(
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
     )
+    metadata = {"source": "application", "task": True}
+    if prepare:
+        turn = await conversation.build_turn(
+            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget
+        )
+        return Run(tk, turn.id, turn.record)
     turn = await conversation.ask(
-        text,
-        wait=False,
-        prompt_mode="task",
-        metadata={"source": "application", "task": True},
-        callback=callback,
+        text, wait=False, prompt_mode="task", metadata=metadata, callback=callback, compact=compact, budget=budget
     )
     run = Run(tk, turn.id, turn.record)
     return await run.result() if wait else run

@@ -120,7 +120,9 @@ class TurnKit:
         """Run ``task`` in a new conversation of ``agent`` (spec §1.2 ``Agent#run``); returns a :class:`Run`.
 
         ``input`` is checked against the agent's ``input_schema`` first (``InputError``, nothing written) and added
-        to the task message as JSON. ``options``: ``principal``, ``context``, ``subject``, ``metadata``, ``callback``.
+        to the task message as JSON. ``options``: ``principal``, ``context``, ``subject``, ``metadata``, ``callback``,
+        ``compact``, ``budget``, and ``prepare=True`` to build the run's turn without submitting it (spec
+        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``).
         """
         return await start_run(self, agent, task, input=input, wait=wait, **options)
 

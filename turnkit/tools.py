@@ -136,6 +136,13 @@ class ToolContext:
     """Derived from ``execution_id`` when not given; a given value must equal the derived one."""
     store: Store | None = dataclasses.field(default=None, repr=False, compare=False)
     """The worker's store, for :meth:`say` (None outside a worker)."""
+    context: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
+    """The run's context (the ``context=`` of ``ask``/``run``, else the conversation's): a copy, so changing it
+    changes nothing stored. Sub-agents' turns get an empty one (they get the task only)."""
+    subject: dict[str, Any] | None = None
+    """The conversation's subject reference ``{type, id}``, when it has one."""
+    subject_prompt: str = ""
+    """The subject's text snapshotted when the conversation was created (``""`` when none)."""
 
     async def say(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> MessageRecord:
         """Append a user message to this turn's conversation, fenced by this call (spec §5.4).

@@ -206,6 +206,12 @@ class Store:
                 has_parent=has_parent,
             )
 
+    async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
+        """Every submitted turn (``submitted_at`` set), ordered by ``created_at, id`` (see
+        :meth:`StoreTx.list_submitted_turns`)."""
+        async with self.atomic() as tx:
+            return await tx.list_submitted_turns(limit=limit)
+
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
     ) -> list[ToolExecutionRecord]:
@@ -666,6 +672,14 @@ class StoreTx:
             query = query.where(TurnRow.agent_name == agent_name)
         rows = await self.session.scalars(query.order_by(TurnRow.created_at, TurnRow.id))
         return [_turn(row) for row in rows]
+
+    async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
+        """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (spec §2.9): an
+        inventory for applications; prepared turns (``build_turn``) are not in it until they are submitted."""
+        query = select(TurnRow).where(TurnRow.submitted_at.is_not(None)).order_by(TurnRow.created_at, TurnRow.id)
+        if limit is not None:
+            query = query.limit(limit)
+        return [_turn(row) for row in await self.session.scalars(query)]
 
     # Tool executions ---------------------------------------------------------------------------------------------
 
