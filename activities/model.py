@@ -5,7 +5,7 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 1. **Reserve** (under the root turn's lock): if this ``request_id`` already has a persisted response, return it
    (a retry after commit never calls the model again); otherwise count the iteration against the root tree's
    ``max_iterations`` and record ``state.request_id``. Read the turn's frozen context.
-2. **Call** the agent's client, heartbeating. First, when the history is long, **compact** it (spec §3.10): one
+2. **Call** the agent's client, heartbeating. First, when the history is long, **compact** it (behaviour §3.10): one
    summariser call, then in its own transaction a ``context_summary`` message keyed on the ``request_id`` (so a
    retry never writes a second one); the request is built from the compacted projection.
 3. **Persist** (under the root turn's lock): usage, cost, the assistant message and the new phase, and, when the
@@ -110,7 +110,7 @@ class ModelActivities:
     async def _auto_compact(
         self, call: ModelCall, turn: TurnRecord, agent: Agent, messages: list[MessageRecord]
     ) -> tuple[list[MessageRecord], str | None]:
-        """Automatic compaction at the start of a model phase (spec §3.10); returns the messages and a budget denial.
+        """Automatic compaction as a model phase starts (behaviour §3.10); returns the messages and a budget denial.
 
         At most one summary per ``request_id``: a retried attempt finds the summary it already wrote among the
         turn's messages and does not call the compaction model again; an attempt that read the history before a
@@ -154,7 +154,7 @@ class ModelActivities:
                 )
         except BudgetError:
             raise
-        except Exception as err:  # spec §3.10: automatic compaction never fails the turn
+        except Exception as err:  # behaviour §3.10: automatic compaction never fails the turn
             compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
             return messages, None
         if made is None:
@@ -234,7 +234,7 @@ class ModelActivities:
             messages = await tx.list_messages(
                 turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
             )
-            # Spec §3.2: the first request that included each delivered message (for input_status).
+            # Behaviour §3.2: the first request that included each delivered message (for input_status).
             for message in messages:
                 delivery_id = message.metadata.get("delivery_id")
                 if delivery_id and delivery_id not in state.delivery_requests:
@@ -268,7 +268,7 @@ class ModelActivities:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
         record_model_call(turn, request_model=model, response_model=result.model, usage=result.usage, cost=cost.total)
-        # A final answer's completion callback is authorised before the terminal write's transaction (spec §7.4):
+        # A final answer's completion callback is authorised before the terminal write's transaction (behaviour §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
@@ -334,7 +334,7 @@ class ModelActivities:
                 )
                 return over, True
             if not tool_calls and has_pending_controls(turn):
-                # Controls arrived while the model answered: they apply before publication (spec §5.10).
+                # Controls arrived while the model answered: they apply before publication (behaviour §5.10).
                 state = state.model_copy(
                     update={"phase": "output", "candidate": result.text, "output_data": result.output_data}
                 )
@@ -353,7 +353,7 @@ class ModelActivities:
                     claim_token=None,
                 )
                 if completed is not None:
-                    await completion_delivery(tx, completed, verdict)  # with the terminal write (spec §5.7)
+                    await completion_delivery(tx, completed, verdict)  # with the terminal write (behaviour §5.7)
         outcome = "tools" if tool_calls else "completed"
         return ModelStep(outcome=outcome, message_id=message.id, tool_calls=tool_calls), True
 
@@ -427,7 +427,7 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
 
 
 async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: TurnState) -> list[str]:
-    """Spec §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
+    """Behaviour §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
 
     Returns the unfinished targets (the workflow waits for their signals), or [] after appending the
     ``{"wait_results": [...]}`` message and marking ``state.wait_input``.
@@ -455,7 +455,7 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
 
 
 async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
-    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (spec §6.2): the root's running total,
+    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (behaviour §6.2): the root's running total,
     one row, whatever the size of the tree."""
     root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
     if limits_of(root).max_spend is None:

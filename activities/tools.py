@@ -152,7 +152,7 @@ class ToolActivities:
         return reserved
 
     async def _ask_tool(self, request: ToolCallInput, tool: Tool | None) -> Verdict:
-        """Ask ``tool`` for a call about to be opened, before the reserving transaction (spec §3.8 step 7, §7.3).
+        """Ask ``tool`` for a call about to be opened, before the reserving transaction (behaviour §3.8 step 7, §7.3).
 
         Every tool, ``send_message`` included; nothing to ask for an unknown tool, unparseable arguments (they fail
         anyway) or a call already opened (a retry, or a settled call's recovery).
@@ -178,7 +178,7 @@ class ToolActivities:
             if turn.status not in ("pending", "running", "paused"):
                 return ToolOutcome(outcome="stopped")  # cancelled: nothing more runs
             if execution is None:
-                # The control boundary before an external effect (spec §5.10).
+                # The control boundary before an external effect (behaviour §5.10).
                 boundary, turn = await control_boundary(tx, turn)
                 if boundary is not None:
                     return ToolOutcome(outcome=boundary)

@@ -37,7 +37,7 @@ class TurnActivities:
 
     @activity.defn(name="turnkit.submit_turn")
     async def submit_turn(self, request: SubmitTurn) -> TurnTicket:
-        """Append the trigger message and create the submitted, pending turn (spec §1.4); idempotent by turn id."""
+        """Append the trigger message and create the submitted, pending turn (behaviour §1.4); idempotent by turn id."""
         graph = bool(request.wait_for)  # the wait-graph lock comes before any row lock
         async with self.store.atomic(conversation_id=request.conversation_id, wait_graph=graph) as tx:
             existing = await tx.find_turn(request.turn_id)
@@ -67,7 +67,7 @@ class TurnActivities:
         skipped = await with_arguments(self.store, finish.turn_id, finish.skipped_calls)  # large ones: from the store
         finish = finish.model_copy(update={"skipped_calls": skipped})
         turn = await self.store.load_turn(finish.turn_id)
-        verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (spec §7.4)
+        verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (behaviour §7.4)
         already_done = False
         finished: TurnRecord | None = None
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
@@ -90,7 +90,7 @@ class TurnActivities:
                 )
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
-                await completion_delivery(tx, turn, verdict)  # committed with the terminal write (spec §5.7)
+                await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
         await announce_terminal(self.store, turn)
         if already_done:
             return outcome_of(turn)
@@ -103,7 +103,7 @@ class TurnActivities:
         return outcome_of(turn)
 
     async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
-        """Spec §3.8: skip the calls after a terminal tool, append its completion message, complete the turn."""
+        """Behaviour §3.8: skip the calls after a terminal tool, append its completion message, complete the turn."""
         assert finish.terminal_execution_id is not None
         execution = await tx.load_tool_execution(finish.terminal_execution_id)
         for call in finish.skipped_calls:

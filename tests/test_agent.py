@@ -1,4 +1,4 @@
-"""Agent options and validation (spec §1.2; T07, T09, T20, T23), the registry, and the system prompt (§3.4)."""
+"""Agent options and validation (behaviour §1.2; T07, T09, T20, T23), the registry, and the system prompt (§3.4)."""
 
 from __future__ import annotations
 

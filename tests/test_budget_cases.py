@@ -1,4 +1,4 @@
-"""Budgets and cost acceptance cases (spec §6, §10 T34, T35, T37, T38, T39) on SQLite and PostgreSQL.
+"""Budgets and cost acceptance cases (behaviour §6, §10 T34, T35, T37, T38, T39) on SQLite and PostgreSQL.
 
 The engine tests run real turns on the session's Temporal dev server through the ``tk`` fixture; the T37 test works
 on store records alone, through a store reopened on the same database (a restart).
@@ -59,7 +59,7 @@ async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnK
     assert await run.tree_cost() == pytest.approx(0.02)
     assert run.usage.total_tokens == 15
     assert client.calls == 1
-    # The response was persisted before the limit was compared (spec §6.2: observed, not reserved).
+    # The response was persisted before the limit was compared (behaviour §6.2: observed, not reserved).
     assistant = [m for m in await run.messages() if m.role == "assistant"]
     assert [m.text for m in assistant] == ["expensive"]
 
@@ -108,7 +108,7 @@ async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, da
     limits = turnkit.Agent(
         "t37", model="scripted", max_iterations=2, max_tool_executions_by_name={"status_tool": 1}, max_spend=0.10
     ).budget_limits()
-    # A sub-agent with loose limits of its own: only the root's snapshot counts for the tree (spec §6.1).
+    # A sub-agent with loose limits of its own: only the root's snapshot counts for the tree (behaviour §6.1).
     loose = turnkit.Agent("t37-child", model="scripted", max_iterations=50, max_spend=100.0).budget_limits()
 
     # Persisted state before the "crash": iterations=1, cost 0.05, one completed status_tool execution, plus
@@ -303,7 +303,7 @@ async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:  # T
     assert client.calls == 1
 
 
-# -- per-turn budget (spec §1.4 build_turn budget) ------------------------------------------------------------------
+# -- per-turn budget (behaviour §1.4 build_turn budget) -------------------------------------------------------------
 
 
 @turnkit.tool

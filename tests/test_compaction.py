@@ -1,4 +1,4 @@
-"""Context compaction (spec §3.10): policy, estimate, selection, projection, automatic and manual compaction."""
+"""Context compaction (behaviour §3.10): policy, estimate, selection, projection, automatic and manual compaction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Spec §10 acceptance cases on a real Temporal dev server (SQLite and PostgreSQL).
+"""Behaviour §10 acceptance cases on a real Temporal dev server (SQLite and PostgreSQL).
 
 Joins and waits (T58, T59, T65), human controls and authorization (T89, T91), turn options and the model request
 (T02, T06, T08), and tool failures seen by the model (T18, T19).
@@ -154,7 +154,7 @@ async def test_join_defers_an_invalid_calls_result_until_the_group_ends(tk: Turn
 async def test_wait_rejected_as_a_lane_cycle_is_accepted_after_cancel(tk: TurnKit) -> None:  # T65
     a_client = ScriptedClient(["a done"])
     a_conv = await tk.conversation(turnkit.Agent("cycle_a", model="scripted", client=a_client))
-    a = await a_conv.ask("a", paused=True)  # not started: it may still wait (spec §5.5 transition)
+    a = await a_conv.ask("a", paused=True)  # not started: it may still wait (behaviour §5.5 transition)
     x_client = ScriptedClient(lambda r: "x done")
     x_conv = await tk.conversation(turnkit.Agent("cycle_x", model="scripted", client=x_client))
     c = await x_conv.ask("c", wait_for=[a], wait=False)  # lane X: c (waits on a), then b

@@ -1,4 +1,4 @@
-"""Prepared turns and preview (spec §1.4, §1.5, §5.2; T04, T05, T40, T62) on a real dev server.
+"""Prepared turns and preview (behaviour §1.4, §1.5, §5.2; T04, T05, T40, T62) on a real dev server.
 
 A prepared turn is built (``Conversation.build_turn``, ``run(prepare=True)``) but not submitted: ``pending`` with no
 ``submitted_at``, no workflow, no model call. ``preview`` shows the request its model call will send (built by the

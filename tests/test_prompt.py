@@ -1,4 +1,5 @@
-"""System prompt control and live context (spec §3.4, §1.2), on a real dev server: what the scripted model received.
+"""System prompt control and live context (behaviour §3.4, §1.2), on a real dev server: what the scripted model
+received.
 
 ``system_prompt`` (a string or a callable), ``prompt_sections``, ``prompt_behavior``, ``inherit_globals``,
 ``prompt_data_max_chars``, ``context_contributors``, the subject section, and the run's ``context`` as the first,

@@ -1,4 +1,4 @@
-"""``agent.run`` / ``tk.run``: a root turn and its tree (spec §1.7)."""
+"""``agent.run`` / ``tk.run``: a root turn and its tree (behaviour §1.7)."""
 
 from __future__ import annotations
 

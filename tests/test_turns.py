@@ -122,7 +122,7 @@ async def test_max_tool_executions_fails_the_turn_and_answers_every_call(tk: Tur
     executions = await turn.tool_executions()
     assert [e.status for e in executions] == ["completed", "failed", "cancelled"]
     assert executions[1].error is not None and executions[1].error["details"]["budget_denied"] is True
-    # Spec §5.13 invariant 8: every proposed call has exactly one tool result, even on a failed turn.
+    # Behaviour §5.13 invariant 8: every proposed call has exactly one tool result, even on a failed turn.
     results = [m for m in await conversation.messages() if m.kind == "tool_result"]
     assert sorted(m.content[0]["tool_call_id"] for m in results) == sorted(e.tool_call_id for e in executions)
 

@@ -1,4 +1,4 @@
-"""Agent definitions and the process-wide agent registry (spec §1.2 and §9).
+"""Agent definitions and the process-wide agent registry (behaviour §1.2 and §9).
 
 An :class:`Agent` is an immutable, in-memory definition; only its name is persisted. Workers rebuild the agent of a
 stored turn through the registry, so every process must :func:`register` the same agents at boot.
@@ -45,14 +45,14 @@ ORCHESTRATOR_PREAMBLE: Final = (
     "the task is done, and stay within the runtime, cost and iteration limits you are given."
 )
 
-#: Valid system-prompt modes (spec §3.4).
+#: Valid system-prompt modes (behaviour §3.4).
 PROMPT_MODES: Final = ("full", "minimal", "task", "none")
 
 _THINKING_KEYS: Final = ("effort", "budget")
 
 
 def normalize_thinking(thinking: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Validate and normalise a thinking option (spec §1.2).
+    """Validate and normalise a thinking option (behaviour §1.2).
 
     Args:
         thinking: None, or a mapping with ``effort`` and/or ``budget`` (an int) and no other keys.
@@ -109,7 +109,7 @@ class Agent:
     prompt_mode: str | None
     """The agent's prompt mode; ``"task"`` by default for orchestrators, else None (chosen per turn)."""
     compaction: dict[str, Any] | bool | None
-    """Compaction options merged over ``settings.compaction`` (spec §3.10); False disables, None inherits."""
+    """Compaction options merged over ``settings.compaction`` (behaviour §3.10); False disables, None inherits."""
     system_prompt: str | Callable[[Any], Any] | None
     """None: the generated prompt. A string replaces it. A callable gets the built
     :class:`~turnkit.prompt.SystemPrompt` and returns the final text (no dynamic part then)."""
@@ -158,7 +158,7 @@ class Agent:
             tools: Tool instances, Tool subclasses (instantiated with no arguments) or ``@tool`` functions.
             sub_agents: Agents exposed as delegation tools named after them.
             client: Model client; falls back to ``settings.client``.
-            max_iterations: Budget limit (spec §6); None falls back to the setting of the same name.
+            max_iterations: Budget limit (behaviour §6); None falls back to the setting of the same name.
             max_tool_executions: Budget limit; None falls back to the setting.
             max_tool_executions_by_name: Per-tool budget limits; None falls back to the setting.
             timeout: Seconds; None falls back to the setting.
@@ -168,9 +168,9 @@ class Agent:
             output_schema: JSON schema for structured output.
             input_schema: JSON schema that ``run`` inputs must satisfy.
             orchestrator: Prepend the orchestrator preamble and default the prompt mode to ``"task"``.
-            prompt_mode: ``"full"``, ``"minimal"``, ``"task"`` or ``"none"`` (spec §3.4).
+            prompt_mode: ``"full"``, ``"minimal"``, ``"task"`` or ``"none"`` (behaviour §3.4).
             compaction: None or True (inherit ``settings.compaction``), False (disable) or a mapping of compaction
-                options (spec §3.10).
+                options (behaviour §3.10).
             system_prompt: None (the generated prompt), a string that replaces it, or a callable that receives the
                 built :class:`~turnkit.prompt.SystemPrompt` and returns the final text.
             prompt_sections: Overrides the prompt's section list (names from
@@ -208,7 +208,7 @@ class Agent:
         if any(not callable(each) for each in contributors):
             raise TypeError("context_contributors must be callables")
         if inherit_globals:
-            # Copied now (spec §1.2): a later change of the setting does not reach agents already defined.
+            # Copied now (behaviour §1.2): a later change of the setting does not reach agents already defined.
             contributors = tuple(settings.context_contributors) + contributors
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)
@@ -289,7 +289,7 @@ class Agent:
         return client
 
     def budget_limits(self) -> dict[str, Any]:
-        """The agent's budget limits, each falling back to the setting of the same name (spec §6.1).
+        """The agent's budget limits, each falling back to the setting of the same name (behaviour §6.1).
 
         Returns:
             ``max_iterations``, ``timeout``, ``max_depth``, ``max_tool_executions``,
@@ -318,7 +318,7 @@ class Agent:
         return await current().run(self, task, input=input, wait=wait, **options)
 
     async def usage(self) -> Usage:
-        """Tokens used by every stored turn of this agent's name, on the current connection (spec §1.2)."""
+        """Tokens used by every stored turn of this agent's name, on the current connection (behaviour §1.2)."""
         return total_usage(await current().store.list_turns(agent_name=self.name))
 
     async def cost(self) -> float | None:

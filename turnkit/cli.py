@@ -2,7 +2,7 @@
 
 Operator verbs:
 
-* ``turnkit check`` reads the store and Temporal and prints every broken invariant of spec §5.13 (one line each:
+* ``turnkit check`` reads the store and Temporal and prints every broken invariant of behaviour §5.13 (one line each:
   kind, ids, what is wrong); it exits 1 when anything is wrong, 0 when all is well.
 * ``turnkit repair`` fixes what ``check`` finds and can be fixed safely, prints what it did and what is left, and
   exits 1 when something is left.

@@ -1,4 +1,4 @@
-"""Process-wide TurnKit settings (spec §9).
+"""Process-wide TurnKit settings (behaviour §9).
 
 ``settings`` is one mutable object for the whole process; :func:`configure` changes it and :func:`reset_settings`
 puts the defaults back (for tests). Code should read ``settings.<knob>`` at the moment it needs a value, never copy
@@ -35,16 +35,16 @@ __all__ = [
 #: The Temporal task queue TurnKit workflows and activities run on.
 TASK_QUEUE: Final = "turnkit"
 
-#: Receives each lifecycle event (spec §3.11).
+#: Receives each lifecycle event (behaviour §3.11).
 EventCallback = Callable[[Any], Any]
 
-#: ``(usage, model) -> Cost | dict | number | None`` (spec §6.5 rule 2).
+#: ``(usage, model) -> Cost | dict | number | None`` (behaviour §6.5 rule 2).
 CostCalculator = Callable[["Usage", "str | None"], "Cost | Mapping[str, Any] | float | int | None"]
 
 
 @dataclass
 class Settings:
-    """The TurnKit configuration knobs used by the runtime (spec §9)."""
+    """The TurnKit configuration knobs used by the runtime (behaviour §9)."""
 
     default_model: str = "claude-sonnet-4-5"
     """Model used when neither the agent nor the conversation sets one."""
@@ -53,7 +53,7 @@ class Settings:
     """Default model client; an agent's own ``client`` wins."""
 
     max_iterations: int = 25
-    """Model-phase entries allowed over a root tree (spec §6.1)."""
+    """Model-phase entries allowed over a root tree (behaviour §6.1)."""
 
     timeout: float = 300.0
     """Seconds of wall time allowed since the root turn was submitted or started."""
@@ -79,14 +79,14 @@ class Settings:
     authorize: Callable[..., Any] | None = None
     """Authorization hook ``authorize(action, principal=..., **resources)`` (sync or ``async def``, or an object with
     such an ``.authorize``); must return literally ``True``, anything else (an exception included) denies. None allows
-    everything (spec §7; see :mod:`turnkit.authorization`)."""
+    everything (behaviour §7; see :mod:`turnkit.authorization`)."""
 
     maintenance_batch_size: int = 100
     """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
 
     on_event: EventCallback | list[EventCallback] | tuple[EventCallback, ...] | None = None
     """Event callback(s) (sync or ``async def``), called with each :class:`turnkit.events.Event` after its write
-    committed (spec §3.11); sync ones run in a thread; exceptions are logged (see :mod:`turnkit.events`)."""
+    committed (behaviour §3.11); sync ones run in a thread; exceptions are logged (see :mod:`turnkit.events`)."""
 
     model_timeout: float = 300.0
     """Seconds one model request may take (the ``turnkit.model`` activity's start-to-close timeout)."""
@@ -110,7 +110,7 @@ class Settings:
     registered); workflows started without them never set any."""
 
     compaction: bool | dict[str, Any] = True
-    """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
+    """Context compaction (behaviour §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
 
     prompt_sections: tuple[str, ...] | list[str] | None = None

@@ -18,7 +18,7 @@ __all__ = ["call_policy", "model_policy"]
 
 
 def model_policy() -> ModelPolicy:
-    """The ``turnkit.model`` activity's timeouts and attempts, from the settings (spec §3.2)."""
+    """The ``turnkit.model`` activity's timeouts and attempts, from the settings (behaviour §3.2)."""
     return ModelPolicy(
         timeout=settings.model_timeout,
         heartbeat=settings.model_heartbeat_timeout,

@@ -1,4 +1,4 @@
-"""Lifecycle events (spec §3.11), delivered to ``settings.on_event`` after the corresponding store write committed.
+"""Lifecycle events (behaviour §3.11), delivered to ``settings.on_event`` after the corresponding store write committed.
 
 Events are observations, not durable records. Each callback (sync, or ``async def``) is awaited in turn, so one
 emitter's events arrive in order; a sync callback runs in a thread (:mod:`turnkit.callbacks`), never on the

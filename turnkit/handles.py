@@ -73,7 +73,7 @@ STAGE_RETRY_WINDOW = 60.0
 
 
 class Conversation:
-    """A durable thread bound to one agent (spec §1.3). Get one from :meth:`TurnKit.conversation`."""
+    """A durable thread bound to one agent (behaviour §1.3). Get one from :meth:`TurnKit.conversation`."""
 
     def __init__(self, tk: TurnKit, record: ConversationRecord) -> None:
         self._tk = tk
@@ -126,9 +126,9 @@ class Conversation:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
         Returns at once with ``wait=False`` (the turn is ``pending``); otherwise when the turn has finished.
-        ``thinking=None`` disables the agent's thinking for this turn (spec §1.4). With ``callback``, the finished
+        ``thinking=None`` disables the agent's thinking for this turn (behaviour §1.4). With ``callback``, the finished
         turn's result is delivered to that conversation (key ``completion:<turn_id>``). With ``wait_for``, the turn
-        starts only once those turns finished, and their results are its input (spec §5.5 application joins).
+        starts only once those turns finished, and their results are its input (behaviour §5.5 application joins).
         ``paused=True`` submits it paused: an approval gate that runs nothing (and blocks the conversation) until
         :meth:`Turn.resume`. ``compact=True`` compacts the history before the first model call, ``False`` never
         compacts this turn. ``budget`` sets limits for this turn's tree over the agent's (e.g. ``{"max_iterations":
@@ -193,7 +193,7 @@ class Conversation:
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
     ) -> Turn:
-        """Append ``text`` and build its turn without submitting it (spec §1.4 ``build_turn``; a *prepared* turn).
+        """Append ``text`` and build its turn without submitting it (behaviour §1.4 ``build_turn``; a *prepared* turn).
 
         The turn is ``pending`` (``paused`` with ``paused=True``) with no ``submitted_at``: its frozen context ends at
         ``text``, nothing runs it and no lane queues it. Inspect it with :meth:`Turn.preview`, attach waits with
@@ -301,7 +301,7 @@ class Conversation:
         return await self._tk.store.list_messages(self.id)
 
     async def post(self, text: str, *, key: str, principal: Any = None) -> DeliveryRecord:
-        """Durable next-turn input for this conversation (spec §1.3 ``post``), idempotent by ``key``.
+        """Durable next-turn input for this conversation (behaviour §1.3 ``post``), idempotent by ``key``.
 
         The sender's ``principal`` is recorded with the message; the turn it wakes acts for this conversation.
         Retrying with the same key and payload returns the same delivery; a different payload raises ``ToolError``.
@@ -312,7 +312,7 @@ class Conversation:
     async def send_message(
         self, destination: Conversation | str, text: str, *, key: str, principal: Any = None
     ) -> DeliveryRecord:
-        """Send ``text`` to another conversation (spec §1.3); its payload carries no principal."""
+        """Send ``text`` to another conversation (behaviour §1.3); its payload carries no principal."""
         destination_id = destination.id if isinstance(destination, Conversation) else destination
         check_id("destination", destination_id, "conv")
         await authorize("send_message", principal, source_conversation=self.id, destination_conversation=destination_id)
@@ -352,7 +352,7 @@ class Conversation:
             return await tx.list_deliveries(source_conversation_id=self.id)
 
     async def messages_after(self, sequence: int, *, principal: Any = None) -> list[MessageRecord]:
-        """Messages after ``sequence``, without thinking or provider parts (spec §1.3; the store is unchanged)."""
+        """Messages after ``sequence``, without thinking or provider parts (behaviour §1.3; the store is unchanged)."""
         await authorize("read_messages", principal, destination_conversation=self.id)
         async with self._tk.store.atomic() as tx:
             messages = await tx.list_messages(self.id, after_sequence=sequence)
@@ -383,7 +383,7 @@ class Conversation:
         }
 
     async def compact(self, *, focus: str | None = None, model: str | None = None) -> MessageRecord:
-        """Summarise the middle of this conversation now (spec §3.10 manual compaction).
+        """Summarise the middle of this conversation now (behaviour §3.10 manual compaction).
 
         The policy is ``settings.compaction`` merged with the agent's ``compaction``. The summary is appended as an
         assistant ``context_summary`` message without a turn; later turns see it in place of the messages it covers.
@@ -427,7 +427,7 @@ class Conversation:
         )
 
     async def usage(self) -> Usage:
-        """Tokens used by every turn of this conversation (spec §1.3)."""
+        """Tokens used by every turn of this conversation (behaviour §1.3)."""
         return total_usage(await self._tk.store.list_turns(conversation_id=self.id))
 
     async def cost(self) -> float | None:
@@ -441,7 +441,7 @@ class Conversation:
 
 
 class Turn:
-    """A handle on one turn (spec §1.5): its record, and a way to wait for it."""
+    """A handle on one turn (behaviour §1.5): its record, and a way to wait for it."""
 
     def __init__(self, tk: TurnKit, turn_id: str, record: TurnRecord | None = None) -> None:
         self._tk = tk
@@ -457,7 +457,7 @@ class Turn:
 
     @property
     def status(self) -> str:
-        """``pending``, ``running``, ``completed``, ``failed``… (spec §1.6)."""
+        """``pending``, ``running``, ``completed``, ``failed``… (behaviour §1.6)."""
         return self.record.status
 
     @property
@@ -543,7 +543,7 @@ class Turn:
 
     async def preview(self) -> ModelRequest:
         """The request the turn's next model call would send, built by the model activity's own builder, without
-        calling the model or writing anything (spec §1.5 ``preview``; T05): model, messages, tools, the system prompt
+        calling the model or writing anything (``preview``, behaviour §1.5; T05): model, messages, tools, system prompt
         (``instructions``, ``dynamic_instructions``), thinking, output schema, metadata and the prompt ``report``.
 
         Raises:
@@ -646,7 +646,7 @@ class Turn:
             delay = min(delay * 2, 0.5)
         return await self.refresh()
 
-    # Human controls (spec §5.9, §5.10) ------------------------------------------------------------------------
+    # Human controls (behaviour §5.9, §5.10) ------------------------------------------------------------------------
 
     async def pause(self, *, descendants: str = "retain", principal: Any = None) -> Turn:
         """Pause at the next control boundary (at once when not running); progress is kept. Only resume unpauses."""
@@ -698,10 +698,10 @@ class Turn:
         return await self.refresh()
 
     async def wait_for(self, *targets: Turn | str, principal: Any = None) -> Turn:
-        """Make this not-yet-started turn wait for other turns; their results become its input (spec §5.5).
+        """Make this not-yet-started turn wait for other turns; their results become its input (behaviour §5.5).
 
         Only a turn that has not started can wait (submit it with ``paused=True`` to attach waits before it can
-        run, or pass ``wait_for=`` to ``ask``). The spec's rules apply (no self, only submitted targets, no unfinished
+        run, or pass ``wait_for=`` to ``ask``). TurnKit's rules apply (no self, only submitted targets, no unfinished
         work in its own conversation, no cycles); a rejected call writes no edge.
         """
         target_ids = [check_id("targets", t.id if isinstance(t, Turn) else t, "turn") for t in targets]
@@ -735,7 +735,7 @@ class Turn:
         root = (await self._tk.store.load_turn(self.id)).root_turn_id
         callbacks: dict[str, Verdict] = {}  # the turns asked about, with their completion callback's verdict
         while True:
-            # Every selected turn is authorised before any change (spec §5.10), outside the write transaction.
+            # Every selected turn is authorised before any change (behaviour §5.10), outside the write transaction.
             async with self._tk.store.atomic() as tx:
                 selected = await selected_turns(tx, await tx.load_turn(self.id), descendants)
             for each in selected:

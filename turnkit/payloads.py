@@ -101,11 +101,11 @@ class SubmitTurn(BaseModel):
     callback_conversation_id: str | None = None
     #: Turns this one waits for before its first model request (their results become its input).
     wait_for: list[str] = Field(default_factory=list[str])
-    #: Submit paused: an approval gate that runs nothing until ``resume`` (spec §5.10).
+    #: Submit paused: an approval gate that runs nothing until ``resume`` (behaviour §5.10).
     paused: bool = False
     #: Compaction for this turn: True forces it before the first model call, False disables it, None: the policy.
     compact: bool | None = None
-    #: Budget limits for this turn's tree, merged over the agent's (spec §6.1 names).
+    #: Budget limits for this turn's tree, merged over the agent's (behaviour §6.1 names).
     budget: dict[str, Any] | None = None
 
 
@@ -120,7 +120,7 @@ class DeliverBatch(BaseModel):
 
     conversation_id: str
     delivery_ids: list[str] = Field(default_factory=list[str])
-    #: The lane is idle: start a turn for the delivered input (spec §5.11 ``wake``).
+    #: The lane is idle: start a turn for the delivered input (behaviour §5.11 ``wake``).
     wake: bool = False
 
 

@@ -1,4 +1,4 @@
-"""Prepared turns (spec §1.4, §5.2; cases T04, T05): built now, previewed, submitted later.
+"""Prepared turns (behaviour §1.4, §5.2; cases T04, T05): built now, previewed, submitted later.
 
 ``Conversation.build_turn`` writes the trigger message and a ``pending`` turn whose ``submitted_at`` is None: its
 frozen context is fixed, but no lane has it and nothing runs it (``turnkit check`` does not count it as lost work).
@@ -37,7 +37,7 @@ async def submit_prepared(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
 
 
 async def preview_request(store: Store, turn: TurnRecord) -> ModelRequest:
-    """The request the next model call of ``turn`` would send; nothing is called or written (spec §1.5 ``preview``).
+    """The request the next model call of ``turn`` would send; nothing is called or written (behaviour §1.5).
 
     Messages are read as the model activity reads them (the frozen context plus the turn's own); ``request_id`` is
     the reserved request's, None before the first.

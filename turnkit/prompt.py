@@ -1,4 +1,4 @@
-"""The system prompt (spec §3.4) and the provider-neutral message projection (spec §3.5 step 4).
+"""The system prompt (behaviour §3.4) and the provider-neutral message projection (behaviour §3.5 step 4).
 
 Both are pure functions of their inputs: the caller passes the clock (``now``), the records and the live-context
 contributions already collected, so the same inputs always give the same prompt. That keeps prompt caching
@@ -76,7 +76,7 @@ _SUB_AGENT_TEXT: Final = (
 _TOOLS_PREAMBLE: Final = "Call a tool only when it helps. Each entry lists the tool's parameters."
 _NO_TOOLS: Final = "(none) No tools are available in this turn; answer directly."
 
-#: The ``full`` and ``task`` section list (spec §3.4 ``DEFAULT_SECTIONS``).
+#: The ``full`` and ``task`` section list (behaviour §3.4 ``DEFAULT_SECTIONS``).
 DEFAULT_SECTIONS: Final = (
     "agent",
     "instructions",
@@ -89,7 +89,7 @@ DEFAULT_SECTIONS: Final = (
     "environment",
 )
 
-#: Sections per prompt mode (spec §3.4); ``none`` has no sections, only :data:`NONE_MODE_PROMPT`.
+#: Sections per prompt mode (behaviour §3.4); ``none`` has no sections, only :data:`NONE_MODE_PROMPT`.
 MODE_SECTIONS: Final[dict[str, tuple[str, ...]]] = {
     "full": DEFAULT_SECTIONS,
     "task": DEFAULT_SECTIONS,
@@ -128,7 +128,7 @@ SUMMARY_PREAMBLE: Final = (
 
 @dataclass(frozen=True)
 class SystemPrompt:
-    """A built system prompt (spec §3.4): its rendered sections, split into a stable and a dynamic part.
+    """A built system prompt (behaviour §3.4): its rendered sections, split into a stable and a dynamic part.
 
     ``str(prompt)`` is the whole prompt (``stable``, a blank line, ``dynamic``). Adapters may cache ``stable``.
     An agent's ``system_prompt`` callable receives this object.
@@ -172,7 +172,7 @@ def resolve_prompt_mode(agent: Agent, *, depth: int, prompt_mode: str | None) ->
 
 def resolve_sections(agent: Agent, mode: str) -> tuple[str, ...]:
     """The section list: the agent's ``prompt_sections``, else ``settings.prompt_sections`` (only in ``full``
-    mode), else the mode's list (spec §3.4).
+    mode), else the mode's list (behaviour §3.4).
 
     Raises:
         ValueError: ``"unknown prompt section: x"``, or an unknown mode.
@@ -197,7 +197,7 @@ def build_system_prompt(
     subject_prompt: str = "",
     live_context: Sequence[LiveContextContribution] = (),
 ) -> SystemPrompt:
-    """Build a turn's system prompt (spec §3.4).
+    """Build a turn's system prompt (behaviour §3.4).
 
     Sections go into the stable part until the first dynamic one (``subject``, ``live_context`` or
     ``environment``); adapters may cache the stable part.
@@ -375,7 +375,7 @@ def _compact_json(values: dict[str, Any]) -> str:
 
 
 def project_message(message: MessageRecord) -> list[dict[str, Any]]:
-    """Project one stored message into provider-neutral message dicts (spec §3.5 step 4).
+    """Project one stored message into provider-neutral message dicts (behaviour §3.5 step 4).
 
     Args:
         message: The stored message.
@@ -435,7 +435,7 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
 def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
     """Project stored messages, in order, into the ``messages`` of a :class:`~turnkit.model.ModelRequest`.
 
-    Compaction ranges and delivery placement (spec §3.5 steps 2 and 3) are the caller's job; this is step 4.
+    Compaction ranges and delivery placement (behaviour §3.5 steps 2 and 3) are the caller's job; this is step 4.
 
     Args:
         messages: The messages to send, already selected and ordered.
@@ -450,7 +450,7 @@ def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
 
 
 def drop_unanswered_calls(projected: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop tool calls whose result is not in the history (invariant: every call has a result, spec §3.5).
+    """Drop tool calls whose result is not in the history (invariant: every call has a result, behaviour §3.5).
 
     A turn's own calls always have results by the time it asks the model again. Another turn's may not: a turn
     submitted while an earlier one was between a tool call and its result has a frozen snapshot that holds the call

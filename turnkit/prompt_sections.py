@@ -1,4 +1,4 @@
-"""The names of the system prompt's sections (spec §3.4), pure so that settings and agents can check them."""
+"""The names of the system prompt's sections (behaviour §3.4), pure so that settings and agents can check them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Final
 
 __all__ = ["PROMPT_SECTIONS", "check_prompt_sections"]
 
-#: Every section a system prompt may have (spec §3.4), in their default order; ``sub_agent`` shows only at depth > 0.
+#: Every section a system prompt may have (behaviour §3.4), in default order; ``sub_agent`` shows only at depth > 0.
 PROMPT_SECTIONS: Final = (
     "agent",
     "sub_agent",

@@ -1,4 +1,4 @@
-"""The model request of a turn (spec §3.3): one function for the model activity and for ``Turn.preview``.
+"""The model request of a turn (behaviour §3.3): one function for the model activity and for ``Turn.preview``.
 
 Because both call :func:`build_model_request`, a preview shows exactly what the next model call would send: the same
 system prompt (sections, live context, subject), the same projected messages and the same tools. Only the inputs
@@ -49,7 +49,7 @@ async def build_model_request(
     request_id: str | None,
     now: datetime | None = None,
 ) -> ModelRequest:
-    """The request the next model call of ``turn`` sends (spec §3.3); no model is called and nothing is written.
+    """The request the next model call of ``turn`` sends (behaviour §3.3); no model is called and nothing is written.
 
     Args:
         store: Read for the conversation (subject, contributors' context) when the prompt needs it.
@@ -88,7 +88,7 @@ async def build_model_request(
         live_context=live_context,
     )
     if agent.system_prompt is not None:
-        # A replacement has no dynamic part (spec §3.3); the report describes what is sent.
+        # A replacement has no dynamic part (behaviour §3.3); the report describes what is sent.
         text = agent.system_prompt if isinstance(agent.system_prompt, str) else await _called(agent, prompt)
         sent = {} if isinstance(agent.system_prompt, str) else prompt.sections
         prompt = SystemPrompt(mode=prompt.mode, stable=text, dynamic="", sections=sent, tool_count=len(specs))

@@ -1,4 +1,4 @@
-"""``Run``: a root turn and its whole tree (spec §1.7), what ``agent.run(task)`` returns."""
+"""``Run``: a root turn and its whole tree (behaviour §1.7), what ``agent.run(task)`` returns."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class Run(Turn):
 
 
 def task_text(task: str, input: Any) -> str:
-    """The task message (spec §1.2 ``run``): the task alone, or ``Task:…\\n\\nInput:…`` (JSON unless a string)."""
+    """The task message (behaviour §1.2 ``run``): the task alone, or ``Task:…\\n\\nInput:…`` (JSON unless a string)."""
     if input is None:
         return task
     body = input if isinstance(input, str) else json.dumps(input, indent=2, sort_keys=True, default=str)

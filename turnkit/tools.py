@@ -1,4 +1,4 @@
-"""Tools: functions the model may call (spec §4.1 and §3.8).
+"""Tools: functions the model may call (behaviour §4.1 and §3.8).
 
 Two ways to define one:
 
@@ -28,7 +28,7 @@ Two ways to define one:
 
 A tool body that raises :class:`turnkit.errors.ToolError` fails its execution on purpose: the model sees the
 message and the turn continues. A returned mapping that contains ``"error"`` is still a *successful* result. Other
-exceptions are crashes in background turns (spec §3.8 step 12).
+exceptions are crashes in background turns (behaviour §3.8 step 12).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ RECOVERY_MODES: Final[tuple[Recovery, ...]] = ("at_most_once", "replay_safe")
 _RECOVERY_ALIASES: Final = {"unknown": "at_most_once"}
 
 #: ``False`` (an ordinary tool), ``True`` (ends the turn), a completion message, or a callable building the
-#: completion message from the result (spec §3.8).
+#: completion message from the result (behaviour §3.8).
 Terminal = bool | str | Callable[[dict[str, Any]], "str | None"]
 
 RESERVED_PARAMETER: Final = "context"
@@ -145,7 +145,7 @@ class ToolContext:
     """The subject's text snapshotted when the conversation was created (``""`` when none)."""
 
     async def say(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> MessageRecord:
-        """Append a user message to this turn's conversation, fenced by this call (spec §5.4).
+        """Append a user message to this turn's conversation, fenced by this call (behaviour §5.4).
 
         The write commits only while the call's execution is still open (pending or running), checked under the
         root turn's lock, which cancellation takes too: a tool that goes on after its turn was cancelled, or after
@@ -169,7 +169,7 @@ class ToolContext:
 
     def __post_init__(self) -> None:
         """Derive (or check) the idempotency key from the execution id."""
-        # It must never disagree with the execution record (spec §2.5): replay-safe tools rely on it being stable.
+        # It must never disagree with the execution record (behaviour §2.5): replay-safe tools rely on it being stable.
         expected = f"turnkit:tool:{self.execution_id}"
         if not self.idempotency_key:
             object.__setattr__(self, "idempotency_key", expected)
@@ -183,7 +183,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def normalize_result(value: Any) -> dict[str, Any]:
-    """Normalise a tool's return value into the stored result payload (spec §3.8 step 11).
+    """Normalise a tool's return value into the stored result payload (behaviour §3.8 step 11).
 
     * a mapping becomes a JSON-compatible dict with string keys (a dict holding ``"error"`` is still a success);
     * a list or tuple becomes ``{"items": [...]}``;
@@ -275,7 +275,7 @@ class Tool:
     initial_retry_interval: ClassVar[float] = 1.0
     maximum_retry_interval: ClassVar[float] = 30.0
     terminal: ClassVar[Terminal] = False
-    """Whether a completed call ends the turn, and with which completion message (spec §3.8)."""
+    """Whether a completed call ends the turn, and with which completion message (behaviour §3.8)."""
     Arguments: ClassVar[type[BaseModel]] = _NoArguments
     """The parameters, as a pydantic model; subclasses declare ``class Arguments(BaseModel): ...``."""
 
@@ -342,7 +342,7 @@ class Tool:
         )
 
     def completion_message(self, result: Mapping[str, Any]) -> str:
-        """The output text of a turn ended by this (terminal) tool (spec §3.8).
+        """The output text of a turn ended by this (terminal) tool (behaviour §3.8).
 
         The declared message if ``terminal`` is a string, or the callable's answer; failing that
         ``result["result"]``; failing that ``"Completed via <name>."``.
@@ -415,7 +415,7 @@ class Tool:
             raise ToolValidationError(_describe_validation_error(exc)) from None
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate the model's arguments (spec §4.1).
+        """Validate the model's arguments (behaviour §4.1).
 
         Args:
             arguments: The arguments as proposed by the model.

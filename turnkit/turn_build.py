@@ -1,4 +1,4 @@
-"""Creating a turn from a user's text: the trigger message and the pending turn record (spec §1.4 ``build_turn``).
+"""Creating a turn from a user's text: the trigger message and the pending turn record (behaviour §1.4 ``build_turn``).
 
 One function for both ways a root turn is created: submitted through its conversation's lane (``ask``; the lane's
 ``turnkit.submit_turn`` activity) and prepared without being submitted (``build_turn``; see

@@ -1,4 +1,4 @@
-"""The options a turn persists when it is built (spec §1.4), in one place for every way a turn is created."""
+"""The options a turn persists when it is built (behaviour §1.4), in one place for every way a turn is created."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from turnkit.turn_state import BudgetLimits, TurnControls, TurnOptions
 
 __all__ = ["BUDGET_LIMITS", "check_budget", "turn_options"]
 
-#: The limits a per-turn ``budget`` may set (spec §6.1).
+#: The limits a per-turn ``budget`` may set (behaviour §6.1).
 BUDGET_LIMITS = (
     "max_iterations",
     "timeout",
