@@ -205,6 +205,14 @@ class ModelActivities:
                 return committed
             if turn.status not in ("pending", "waiting", "running", "paused"):
                 return ModelStep(outcome="stopped")
+            before = turn.options.state
+            if before.request_id != call.request_id and before.phase is None and not before.wait_input:
+                # The turn's input comes first: the results of the turns it waits on, then any steering that arrived
+                # meanwhile (the boundary below); steering first would set the phase and skip this join.
+                waiting_on, turn = await _join_application_waits(tx, turn)
+                if waiting_on:
+                    await enter_waiting(tx, turn.id, waiting_on)
+                    return ModelStep(outcome="waiting", waiting_on=waiting_on)
             boundary, turn = await control_boundary(tx, turn)
             if boundary == "paused":
                 return ModelStep(outcome="paused")
@@ -219,11 +227,6 @@ class ModelActivities:
                 )
                 if denial is not None:
                     return ModelStep(outcome="budget_exceeded", budget_error=denial)
-                if state.phase is None and not state.wait_input:
-                    waiting_on = await _join_application_waits(tx, turn, state)
-                    if waiting_on:
-                        await enter_waiting(tx, turn.id, waiting_on)
-                        return ModelStep(outcome="waiting", waiting_on=waiting_on)
                 state.waiting_on = None
                 state.iterations += 1
                 state.request_id = call.request_id
@@ -426,23 +429,24 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
     return ModelStep(outcome="completed", message_id=state.message_id)
 
 
-async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: TurnState) -> list[str]:
+async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[str], TurnRecord]:
     """Behaviour §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
 
     Returns the unfinished targets (the workflow waits for their signals), or [] after appending the
-    ``{"wait_results": [...]}`` message and marking ``state.wait_input``.
+    ``{"wait_results": [...]}`` message and writing ``state.wait_input`` (in this transaction, so a pause or steering
+    applied next cannot make a later request join again); with the turn as it now is.
     """
     edges = await tx.list_waits(turn_id=turn.id)
     if not edges:
-        return []
+        return [], turn
     targets = [await tx.load_turn(edge.target_turn_id) for edge in edges]
     unfinished = [target.id for target in targets if not target.terminal]
     if unfinished:
-        return unfinished
+        return unfinished, turn
     text = json.dumps({"wait_results": [turn_result(target) for target in targets]}, sort_keys=True, default=str)
     await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id)
-    state.wait_input = True
-    return []
+    state = turn.state.model_copy(update={"wait_input": True})
+    return [], await tx.update_turn(turn.id, options=turn.options.with_state(state))
 
 
 def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecord | None:

@@ -366,3 +366,27 @@ async def test_error_shaped_data_is_a_completed_execution(tk: TurnKit) -> None: 
     [message] = await tool_messages(tk, turn.id)
     assert message.content[0]["error"] is False
     assert tool_results(client.requests[1]) == [{"error": "ordinary data"}]
+
+
+async def test_steering_a_waiting_turn_keeps_its_wait_results(tk: TurnKit) -> None:
+    """Behaviour §5.5 with §5.10: a turn that waits on another (``ask(wait_for=...)``) and is steered meanwhile gets,
+    in its first request, the target's result and then the steering input (the steering must not skip the join)."""
+    target_conv = await tk.conversation(turnkit.Agent("steer_target", model="scripted", client=ScriptedClient(["t"])))
+    target = await target_conv.ask("target", paused=True)
+    waiter_client = ScriptedClient(["w done"])
+    waiter_conv = await tk.conversation(turnkit.Agent("steer_waiter", model="scripted", client=waiter_client))
+    waiter = await waiter_conv.ask("after the target", wait_for=[target], wait=False)
+    await eventually(lambda: _status_is(tk, waiter.id, "waiting"), what="the waiter waiting on its target")
+    await waiter.steer("also say hello", key="hello-1")
+
+    await target.resume()
+    done = await waiter.result(timeout=60)
+    assert done.status == "completed" and waiter_client.calls == 1
+    contents = [str(m.get("content")) for m in waiter_client.requests[0].messages if m.get("role") == "user"]
+    assert "wait_results" in contents[-2], contents
+    assert json.loads(contents[-2])["wait_results"][0]["turn_id"] == target.id
+    assert contents[-1] == "also say hello"
+
+
+async def _status_is(tk: TurnKit, turn_id: str, status: str) -> bool:
+    return (await tk.store.load_turn(turn_id)).status == status
