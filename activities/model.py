@@ -222,8 +222,13 @@ class ModelActivities:
                 return await _publish_candidate(tx, turn, state, publish)
             if state.request_id != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                denial = depth_denial(root, turn.options.depth or 0) or iteration_denial(
-                    root, await tx.tree_usage(root.id)
+                usage = await tx.tree_usage(root.id)
+                # Loop start (behaviour §6.2): depth, then the tree's observed spend (a child may have overspent
+                # since this turn's last call), then the iteration this request would count.
+                denial = (
+                    depth_denial(root, turn.options.depth or 0)
+                    or spend_denial(root, usage)
+                    or iteration_denial(root, usage)
                 )
                 if denial is not None:
                     return ModelStep(outcome="budget_exceeded", budget_error=denial)
