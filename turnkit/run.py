@@ -21,7 +21,45 @@ __all__ = ["Run", "start_run", "task_text"]
 
 
 class Run(Turn):
-    """A root turn plus aggregate views over every turn that shares its root (children, launched agents)."""
+    """A root turn plus aggregate views over every turn that shares its root (children, launched agents).
+
+    ``usage`` and ``cost`` are the whole tree's (behaviour §6.4), as of the last :meth:`refresh` or :meth:`result`;
+    the root turn's own are ``turn_usage`` and ``turn_cost``.
+    """
+
+    _tree: list[TurnRecord] | None = None
+
+    async def refresh(self) -> Run:
+        """Re-read the root and its tree from the store."""
+        await super().refresh()
+        self._tree = await self.turn_records()
+        return self
+
+    async def result(self, *, timeout: float | None = None) -> Run:
+        """Wait until the root turn has finished (see :meth:`Turn.result`), then read its tree."""
+        await super().result(timeout=timeout)
+        self._tree = await self.turn_records()
+        return self
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by the whole tree (the root alone until the tree was read)."""
+        return total_usage(self._tree) if self._tree is not None else self.turn_usage
+
+    @property
+    def cost(self) -> float | None:
+        """Observed USD cost of the whole tree (None when none is known; the root's until the tree was read)."""
+        return total_cost(self._tree) if self._tree is not None else self.turn_cost
+
+    @property
+    def turn_usage(self) -> Usage:
+        """Tokens used by the root turn alone."""
+        return Usage.from_dict(self.record.usage)
+
+    @property
+    def turn_cost(self) -> float | None:
+        """Observed USD cost of the root turn alone."""
+        return self.record.cost
 
     @property
     def root_turn_id(self) -> str:
@@ -63,12 +101,6 @@ class Run(Turn):
     async def tool_executions(self) -> list[ToolExecutionRecord]:
         """Every tool execution of the tree."""
         return await self._tk.store.list_tool_executions(root_turn_id=self.root_turn_id)
-
-    async def result(self, *, timeout: float | None = None) -> Run:
-        """Wait until the root turn has finished; returns this run refreshed."""
-        await super().result(timeout=timeout)
-        return self
-
 
 def task_text(task: str, input: Any) -> str:
     """The task message (behaviour §1.2 ``run``): the task alone, or ``Task:…\\n\\nInput:…`` (JSON unless a string)."""
