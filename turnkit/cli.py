@@ -422,6 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    worker.add_argument(
+        "--queue", dest="task_queue", default=argparse.SUPPRESS, metavar="NAME", help="same as --task-queue"
+    )
+    worker.add_argument(
+        "--only",
+        choices=["tools"],
+        default=None,
+        help="tools: register only the tool activity (no workflows, no model or store activities), for the tools "
+        "whose task_queue is this queue: a worker on a GPU box (@tool(task_queue=...))",
+    )
     return parser
 
 

@@ -12,6 +12,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from turnkit.errors import ConfigError
 from turnkit.store.store import Store
 
 __all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
@@ -33,20 +34,29 @@ class TurnKitPlugin(SimplePlugin):
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
             no activities are registered.
+        tools_only: Register only the tool activity (no workflows, no model or store activities): a worker on a
+            tool's own task queue (``@tool(task_queue="gpu")``, ``worker.py --queue gpu --only tools``). It runs
+            whatever tool calls are scheduled on its queue: the tools whose ``task_queue`` is that queue, and on a
+            turns' queue the tools without one. Needs ``store``: a tool call's records are written where it runs.
     """
 
-    def __init__(self, store: Store | None = None) -> None:
+    def __init__(self, store: Store | None = None, *, tools_only: bool = False) -> None:
         # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
-        from activities import build_activities
+        from activities import build_activities, build_tool_activities
         from activities.store_failures import StoreFailureInterceptor
         from workflows import ALL_WORKFLOWS
 
+        if tools_only and store is None:
+            raise ConfigError("a tools-only TurnKitPlugin needs the store: tool calls write their records")
+        activities = None
+        if store is not None:
+            activities = build_tool_activities(store) if tools_only else build_activities(store)
         super().__init__(
             "turnkit.TurnKitPlugin",
             data_converter=pydantic_data_converter,
-            workflows=ALL_WORKFLOWS,
-            activities=build_activities(store) if store is not None else None,
+            workflows=None if tools_only else ALL_WORKFLOWS,
+            activities=activities,
             # Deterministic store failures are not retried, in every activity (issue 8 item 1).
             interceptors=[StoreFailureInterceptor()] if store is not None else None,
             workflow_runner=_sandbox,
