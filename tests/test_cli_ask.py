@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import Engine
+from tests.engine import Engine, eventually
 from tests.workers import WorkerProcess
+from turnkit.ask import live_pollers
 from turnkit.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +121,11 @@ async def test_ask_uses_the_worker_that_polls_the_queue(engine: Engine) -> None:
         database_url=engine.database_url,
     )
     try:
+
+        async def polling() -> bool:
+            return bool(await live_pollers(engine.tk))
+
+        await eventually(polling, what="the worker process polling the task queue")
         ran = await turnkit_cli("ask", "--app", "tests.ask_app", "lead", "What is Temporal?", *cluster(engine))
     finally:
         assert await worker.stop() == 0

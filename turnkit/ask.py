@@ -28,8 +28,10 @@ from typing import Literal, TextIO
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.service import RPCError
 
 from turnkit.agent import Agent
+from turnkit.errors import ConfigError
 from turnkit.event_stream import StreamEvent, follow
 from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
@@ -65,14 +67,24 @@ async def live_pollers(tk: TurnKit, *, freshness: float = POLLER_FRESHNESS) -> l
 
 
 async def choose_worker(tk: TurnKit, mode: WorkerMode, *, embedded: bool) -> tuple[bool, str]:
-    """Whether to run an in-process worker for this turn, and why (see the module docstring)."""
+    """Whether to run an in-process worker for this turn, and why (see the module docstring).
+
+    Raises:
+        ConfigError: ``auto`` on a cluster that will not say who polls the task queue.
+    """
     if mode == "in-process":
         return True, "in-process (--worker in-process)"
     if mode == "external":
         return False, f"the workers polling task queue {tk.task_queue} (--worker external)"
     if embedded:
         return True, "in-process (embedded dev server: no other worker can poll it)"
-    pollers = await live_pollers(tk)
+    try:
+        pollers = await live_pollers(tk)
+    except RPCError as err:  # e.g. a role that may not describe task queues: let the person choose
+        raise ConfigError(
+            f"cannot tell whether a worker polls task queue {tk.task_queue} ({err.message}): "
+            "pass --worker in-process or --worker external"
+        ) from err
     if pollers:
         return False, f"{len(pollers)} worker(s) polling task queue {tk.task_queue}: {', '.join(sorted(pollers))}"
     return True, f"in-process (no worker polls task queue {tk.task_queue})"

@@ -305,24 +305,28 @@ async def _ask(args: argparse.Namespace) -> int:
         logging.getLogger("temporalio").setLevel(logging.CRITICAL)
     # Nothing configured: connect() starts the embedded dev server, and nobody else can be polling it.
     embedded = "target_host" not in client_options_from_arguments(args)
-    async with connect(
-        temporal_address=args.address,
-        namespace=args.namespace,
-        profile=args.profile,
-        config_file=args.config_file,
-        database_url=args.database_url,
-        task_queue=args.task_queue,
-        ui=False,
-    ) as tk:
-        record = await ask_turn(
-            tk,
-            agent,
-            args.text,
-            worker=args.worker,
-            embedded=embedded,
-            progress=None if args.quiet else sys.stderr,
-            interval=args.interval,
-        )
+    try:
+        async with connect(
+            temporal_address=args.address,
+            namespace=args.namespace,
+            profile=args.profile,
+            config_file=args.config_file,
+            database_url=args.database_url,
+            task_queue=args.task_queue,
+            ui=False,
+        ) as tk:
+            record = await ask_turn(
+                tk,
+                agent,
+                args.text,
+                worker=args.worker,
+                embedded=embedded,
+                progress=None if args.quiet else sys.stderr,
+                interval=args.interval,
+            )
+    except ConfigError as err:  # missing search attributes, a cluster that will not describe its task queue
+        print(f"turnkit ask: {err}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(record.model_dump(mode="json"), indent=2))
     elif record.status == "completed":
