@@ -12,9 +12,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio import activity
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 import turnkit
 from tests import tool_queue_app
@@ -24,6 +27,7 @@ from turnkit.agent import register
 from turnkit.dispatch import call_policy
 from turnkit.payloads import CallPolicy
 from turnkit.records import INTERRUPTED_MESSAGE
+from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tool_queues import misrouted
 
 pytestmark = pytest.mark.crash
@@ -187,3 +191,55 @@ def test_the_queue_travels_in_the_call_policy() -> None:
     assert misrouted(tool_queue_app.embed, tool_queue_app.GPU_QUEUE) is None
     message = misrouted(tool_queue_app.embed, "turnkit")
     assert message is not None and "tool embed runs on task queue" in message
+
+
+class _MovedElsewhere(Interceptor):
+    """Gives the tool a queue of its own as its activity starts: the worker's definitions now disagree with those the
+    call was dispatched by (as in a deploy that adds ``task_queue`` while turns run)."""
+
+    def __init__(self, tool: turnkit.Tool, queue: str) -> None:
+        self.tool, self.queue = tool, queue
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        owner = self
+
+        class Inbound(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                if activity.info().activity_type == f"tool:{owner.tool.name}":  # after the model step dispatched it
+                    type(owner.tool).task_queue = owner.queue
+                return await self.next.execute_activity(input)
+
+        return Inbound(next)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_call_on_a_queue_its_tool_does_not_declare_is_failed_not_run(engine: Engine) -> None:
+    """A call that arrives on the turn's queue for a tool that (by this worker's definitions) runs on another queue is
+    not run there: its execution fails with a message naming both queues, the model sees it, the turn goes on."""
+    runs: list[str] = []
+
+    @turnkit.tool
+    def develop(film: str) -> str:
+        """Develop a film (needs the darkroom box).
+
+        Args:
+            film: Which film.
+        """
+        runs.append(film)
+        return "developed"
+
+    client = ScriptedClient([call_tools(("develop", {"film": "roll-1"})), "could not develop it"])
+    agent = turnkit.Agent("darkroom", model="scripted", tools=[develop], client=client)
+    try:
+        async with engine.tk.worker(interceptors=[_MovedElsewhere(develop, "darkroom")]):
+            turn = await (await engine.tk.conversation(agent)).ask("develop roll-1")
+    finally:
+        type(develop).task_queue = None
+    assert turn.status == "completed", turn.record.error
+    assert runs == []  # never run on a queue it does not belong to
+    [execution] = await turn.tool_executions()
+    assert execution.status == "failed"
+    assert execution.error is not None
+    message = str(execution.error["message"])
+    assert f"tool develop runs on task queue 'darkroom', but its call arrived on '{engine.tk.task_queue}'" in message
+    assert "tool develop runs on task queue 'darkroom'" in str(client.requests[-1].messages[-1]["content"])
