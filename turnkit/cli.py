@@ -347,7 +347,11 @@ async def _worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     args.task_queue = args.task_queue or TASK_QUEUE
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
-    await worker.run(args)
+    try:
+        await worker.run(args)
+    except ConfigError as error:  # missing search attributes, --only tools on a queue no tool runs on
+        print(f"turnkit worker: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
