@@ -36,6 +36,7 @@ from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolEx
 from turnkit.request import subject_prompt_of
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
+from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.tracing import record_tool_call
 from turnkit.transcript import append_tool_result, fail_execution
@@ -65,7 +66,8 @@ class ToolActivities:
         )
         request = request.model_copy(update={"call": call})
         tool = find_tool(request.agent_name, request.call.name)
-        reserved = await retry_store(lambda: self._reserve(request, tool), what="tool reserve")
+        wrong_queue = misrouted(tool, activity.info().task_queue) if tool is not None else None
+        reserved = await retry_store(lambda: self._reserve(request, tool, wrong_queue), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
         turn, execution = reserved
@@ -142,11 +144,11 @@ class ToolActivities:
         return delivery.model_dump(mode="json")
 
     async def _reserve(
-        self, request: ToolCallInput, tool: Tool | None
+        self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         verdict = await self._ask_tool(request, tool)
         created: list[TurnRecord] = []
-        reserved = await self._reserve_in_tx(request, tool, verdict, created)
+        reserved = await self._reserve_in_tx(request, tool, verdict, created, wrong_queue)
         for turn in created:  # events fire after the commit
             await emit("tool_call.created", turn.id, turn.conversation_id, id=request.call.id, name=request.call.name)
         return reserved
@@ -166,7 +168,12 @@ class ToolActivities:
         return await check("tool", turn.options.principal, turn=turn, tool=tool, arguments=request.call.arguments)
 
     async def _reserve_in_tx(
-        self, request: ToolCallInput, tool: Tool | None, verdict: Verdict, created: list[TurnRecord]
+        self,
+        request: ToolCallInput,
+        tool: Tool | None,
+        verdict: Verdict,
+        created: list[TurnRecord],
+        wrong_queue: str | None = None,
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         call = request.call
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -193,6 +200,8 @@ class ToolActivities:
                 failure: tuple[str, dict[str, Any]] | None = None
                 if tool is None:
                     failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
+                elif wrong_queue is not None:  # never run it where it does not belong (a box without its GPU)
+                    failure = (wrong_queue, {"class": "TurnKit::ConfigError"})
                 elif call.arguments_error:
                     failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
                 elif not verdict.allowed:  # asked before this transaction

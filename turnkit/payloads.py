@@ -52,7 +52,7 @@ class ModelPolicy(BaseModel):
 class CallPolicy(BaseModel):
     """How the turn workflow dispatches one proposed call, resolved from the agent's definition by the model activity
     (issue 9: the workflow never reads the live agent registry). ``kind`` picks the path; the rest is the tool
-    activity's timeouts and retry policy (from its recovery mode)."""
+    activity's timeouts and retry policy (from its recovery mode) and the task queue it is scheduled on."""
 
     kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown"]
     at_most_once: bool = True
@@ -61,6 +61,8 @@ class CallPolicy(BaseModel):
     max_attempts: int = 1
     initial_retry_interval: float = 1.0
     maximum_retry_interval: float = 30.0
+    #: The tool's own task queue (``@tool(task_queue=…)``); None: the turn's queue (as in older histories).
+    task_queue: str | None = None
 
 
 class QueuedTurn(BaseModel):

@@ -102,6 +102,7 @@ class Run(Turn):
         """Every tool execution of the tree."""
         return await self._tk.store.list_tool_executions(root_turn_id=self.root_turn_id)
 
+
 def task_text(task: str, input: Any) -> str:
     """The task message (behaviour §1.2 ``run``): the task alone, or ``Task:…\\n\\nInput:…`` (JSON unless a string)."""
     if input is None:
