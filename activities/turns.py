@@ -44,7 +44,8 @@ class TurnActivities:
             if existing is not None:
                 if existing.submitted_at is None and existing.parent_turn_id is None:
                     existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
-                return ticket_of(existing, busy=await sub_agent_turn_active(tx, existing.conversation_id))
+                busy = await sub_agent_turn_active(tx, existing.conversation_id)
+                return ticket_of(existing, busy=busy, root=await _root_of(tx, existing))
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
                 agent = resolve_agent(request.agent_name or conversation.agent_name)
@@ -52,6 +53,14 @@ class TurnActivities:
                 if staged_id is not None:  # the content travelled by id (issue 8 item 12)
                     request = unstaged(request, await tx.load_staged_input(staged_id))
                     await tx.delete_staged_input(staged_id)  # gone when the message and the turn commit
+                if request.root_turn_id is not None:
+                    joined = await tx.load_turn(request.root_turn_id)
+                    if joined.root_turn_id != joined.id:
+                        raise ApplicationError(
+                            f"root_turn_id {joined.id} is not a root turn (its root is {joined.root_turn_id})",
+                            type="InputError",
+                            non_retryable=True,
+                        )
             except (RecordNotFound, ConfigError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
             try:
@@ -59,7 +68,8 @@ class TurnActivities:
             except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
             busy = await sub_agent_turn_active(tx, conversation.id)
-        return ticket_of(turn, busy=busy)
+            root = await _root_of(tx, turn)
+        return ticket_of(turn, busy=busy, root=root)
 
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
@@ -160,9 +170,14 @@ class TurnActivities:
         return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name))
 
 
-def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:
+async def _root_of(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+    """The root of ``turn``'s tree (itself, unless it joined another run's tree)."""
+    return turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+
+
+def ticket_of(turn: TurnRecord, *, busy: bool = False, root: TurnRecord | None = None) -> TurnTicket:
     """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
-    deadline = turn.deadline
+    deadline = (root or turn).deadline
     return TurnTicket(
         turn_id=turn.id,
         conversation_id=turn.conversation_id,

@@ -103,6 +103,8 @@ class SubmitTurn(BaseModel):
     callback_conversation_id: str | None = None
     #: Turns this one waits for before its first model request (their results become its input).
     wait_for: list[str] = Field(default_factory=list[str])
+    #: Join this existing root tree (``run(parent_run=…)``, behaviour §1.2): shared budgets, usage and deadline.
+    root_turn_id: str | None = None
     #: Submit paused: an approval gate that runs nothing until ``resume`` (behaviour §5.10).
     paused: bool = False
     #: Compaction for this turn: True forces it before the first model call, False disables it, None: the policy.

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnkit.cost import total_cost, total_usage
 from turnkit.errors import InputError
-from turnkit.handles import Turn
+from turnkit.handles import Turn, joined_root
 from turnkit.jsonschema import schema_errors
 from turnkit.model import Usage
 from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
@@ -126,14 +126,21 @@ async def start_run(
     prepare: bool = False,
     compact: bool | None = None,
     budget: dict[str, Any] | None = None,
+    parent_run: Run | None = None,
+    root_turn_id: str | None = None,
 ) -> Run:
     """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
 
     With ``prepare=True`` the turn is built but not submitted (spec ``run(async: true)``): the pending run is
     returned, for :meth:`Turn.preview`, :meth:`Turn.wait_for`, then :meth:`Turn.perform_later` or :meth:`Turn.run`.
+    With ``parent_run`` (or ``root_turn_id``) the run's turn joins that tree instead of starting its own (T10).
     """
     if not task:
         raise ValueError("task is required")
+    if parent_run is not None:
+        if root_turn_id is not None and root_turn_id != parent_run.root_turn_id:
+            raise InputError("give parent_run or root_turn_id, not two different trees")
+        root_turn_id = parent_run.root_turn_id
     if prepare and callback is not None:
         raise InputError("a prepared run takes its callback when it is submitted: run.perform_later(callback=...)")
     if agent.input_schema is not None:
@@ -141,17 +148,25 @@ async def start_run(
         if errors:
             raise InputError("; ".join(errors))  # before anything is written
     text = check_text("task", task_text(task, input))  # before the conversation is written (issue 8 item 1)
+    root_turn_id = await joined_root(tk.store, root_turn_id)
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
     )
     metadata = {"source": "application", "task": True}
     if prepare:
         turn = await conversation.build_turn(
-            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget
+            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget, root_turn_id=root_turn_id
         )
         return Run(tk, turn.id, turn.record)
     turn = await conversation.ask(
-        text, wait=False, prompt_mode="task", metadata=metadata, callback=callback, compact=compact, budget=budget
+        text,
+        wait=False,
+        prompt_mode="task",
+        metadata=metadata,
+        callback=callback,
+        compact=compact,
+        budget=budget,
+        root_turn_id=root_turn_id,
     )
     run = Run(tk, turn.id, turn.record)
     return await run.result() if wait else run
