@@ -168,7 +168,7 @@ class Store:
             finally:
                 _current_tx.reset(token)
         # Committed (a rollback raised above and skips this): what waited for the commit runs now, outside any
-        # transaction (lifecycle events, docs/design.md "Events").
+        # transaction (lifecycle events, docs/design.md "Events: after the commit, once").
         for callback in tx.committed_callbacks:
             await callback()
 
