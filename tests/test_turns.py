@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 import turnkit
+from tests.engine import HeldModel
+from turnkit.model import Result
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -27,7 +30,7 @@ def boom(reason: str) -> dict[str, Any]:
     raise turnkit.ToolError(f"boom: {reason}")
 
 
-def agent(client: ScriptedClient, **limits: Any) -> turnkit.Agent:
+def agent(client: ScriptedClient | HeldModel, **limits: Any) -> turnkit.Agent:
     return turnkit.Agent("tester", model="scripted", tools=[lookup, boom], client=client, **limits)
 
 
@@ -161,12 +164,19 @@ async def test_terminal_tool_ends_the_turn_and_skips_the_rest(tk: TurnKit) -> No
 
 
 async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
-    client = ScriptedClient(["hi"])
-    conversation = await tk.conversation(agent(client))
+    """Spec §1.4: a turn submitted without waiting is returned ``pending`` (here it queues behind a running turn of
+    its conversation, so it cannot have started); another handle, by id, waits for its result."""
+    held = HeldModel(Result.build(text="first"), then="hi")
+    conversation = await tk.conversation(agent(held))
+    first = await conversation.ask("one", wait=False)
+    await asyncio.wait_for(held.entered.wait(), 30)
     pending = await conversation.ask("hello", wait=False)
-    assert pending.status in ("pending", "running", "completed")
+    assert pending.status == "pending"
+    assert (await tk.store.load_turn(pending.id)).status == "pending" and len(held.requests) == 1
+    held.released.set()
     same = await tk.turn(pending.id).result(timeout=30)
     assert same.status == "completed" and same.output_text == "hi"
+    assert (await first.result(timeout=30)).output_text == "first"
 
 
 async def test_unknown_turn_id_raises(tk: TurnKit) -> None:
