@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -98,13 +99,42 @@ async def test_tool_failures_are_results_the_model_sees(tk: TurnKit) -> None:
 
 
 async def test_invalid_json_arguments_fail_the_call_not_the_turn(tk: TurnKit) -> None:
+    """T17: a call whose arguments are the invalid JSON "{" fails with "invalid JSON arguments", the tool is never
+    called, and the turn goes on to "recovered" (the model saw the error as the call's result)."""
+    called: list[Any] = []
+
+    @turnkit.tool(name="lookup")
+    def counting_lookup(q: str = "") -> dict[str, Any]:
+        """Counts its calls."""
+        called.append(q)
+        return {"answer": q}
+
     call = turnkit.ToolCall.parse("call_json", "lookup", "{")
     client = ScriptedClient([turnkit.Result.build(tool_calls=[call]), "recovered"])
-    turn = await (await tk.conversation(agent(client))).ask("go")
-    assert turn.status == "completed"
+    a = turnkit.Agent("t17", model="scripted", tools=[counting_lookup], client=client)
+    turn = await (await tk.conversation(a)).ask("go")
+    assert turn.status == "completed" and turn.output_text == "recovered"
     [execution] = await turn.tool_executions()
     assert execution.status == "failed" and execution.error is not None
     assert execution.error["message"] == "invalid JSON arguments"
+    assert called == [], "T17: the tool must never be called"
+    [result] = [m for m in client.requests[1].messages if m["role"] == "tool"]
+    assert result["tool_call_id"] == execution.tool_call_id
+    assert json.loads(result["content"]) == {"error": True, "message": "invalid JSON arguments"}
+    assert client.calls == 2
+
+
+async def test_a_plain_ask_calls_the_client_once_with_the_agents_model_and_one_user_message(tk: TurnKit) -> None:
+    """T01: a fake client returning "hello"; ask("Hi") completes with "hello", after one client call with the
+    agent's model and a single user message."""
+    client = ScriptedClient(["hello"])
+    a = turnkit.Agent("t01", model="model-t01", client=client)
+    turn = await (await tk.conversation(a)).ask("Hi")
+    assert turn.status == "completed" and turn.output_text == "hello"
+    assert client.calls == 1
+    [request] = client.requests
+    assert request.model == "model-t01"
+    assert request.messages == [{"role": "user", "content": "Hi"}]
 
 
 async def test_max_iterations_fails_the_turn(tk: TurnKit) -> None:
