@@ -154,6 +154,8 @@ async def test_launch_agent_with_callback(tk: TurnKit) -> None:
 
 
 async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
+    """T61: the ``wait_for`` tool on a submitted turn leaves the waiter ``waiting``; once the target ran, the waiter
+    completes with 2 model calls and 1 tool execution (the ``wait_for`` call, completed with the target's result)."""
     release, hold = held_tool()
 
     target_agent = turnkit.Agent(
@@ -174,6 +176,10 @@ async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
     assert done.status == "completed" and done.output_text == "waited"
     [result] = last_tool_results(waiter_client.requests[1])
     assert result["results"][0]["turn_id"] == target.id and result["results"][0]["result"] == "target done"
+    assert waiter_client.calls == 2, "T61: 2 model calls"
+    [execution] = await done.tool_executions()
+    assert (execution.tool_name, execution.status) == ("wait_for", "completed"), "T61: 1 tool execution"
+    assert execution.result == result
 
 
 async def test_wait_rules_and_cycles(tk: TurnKit) -> None:
