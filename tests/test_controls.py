@@ -75,14 +75,24 @@ async def test_pause_during_a_long_tool_then_resume(tk: TurnKit) -> None:
 
 
 async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> None:
+    """T84: paused with a model call in flight, the turn stays ``running`` with ``pause_requested``; once the
+    answer is back it is ``paused`` with no claim token, phase "output" and no output; reconcile changes nothing;
+    two resumes complete it with "kept" after 1 model call and 1 iteration."""
     model = HeldModel(turnkit.Result.build(text="kept"))
     agent = turnkit.Agent("thinker", model="scripted", client=model)
     turn = await (await tk.conversation(agent)).ask("think", wait=False)
     await asyncio.wait_for(model.entered.wait(), 30)
-    await turn.pause()
+    paused = await turn.pause()
+    assert paused.status == "running" and paused.record.options.controls_or_default.pause_requested
     model.released.set()
     await eventually(lambda: _status_is(turn, "paused"), what="the turn to pause before publishing")
     assert turn.output_text == "" and turn.record.options.state.phase == "output"
+    assert turn.record.claim_token is None
+    await tk.reconcile(grace=0)
+    still = await turn.refresh()
+    assert (still.status, still.output_text, still.record.options.state.phase) == ("paused", "", "output")
+    assert len(model.requests) == 1
+    await turn.resume()
     await turn.resume()
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "kept"
