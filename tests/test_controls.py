@@ -354,6 +354,31 @@ async def test_pause_steer_cancel_resume_while_the_model_answers(tk: TurnKit) ->
     assert len(model.requests) == 1
 
 
+async def test_reconcile_during_a_paused_model_call_then_cancel_and_resume(tk: TurnKit) -> None:
+    """T94: a model call in flight and a pause; reconcile repairs nothing (no claim expires here: the turn's workflow
+    still owns it, so it stays ``running`` with ``pause_requested`` until the call returns, instead of the gem's
+    ``paused``); ``cancel`` then ``resume`` leaves it ``cancelled``, and the late response writes nothing."""
+    model = HeldModel(turnkit.Result.build(text="too late"))
+    conversation = await tk.conversation(turnkit.Agent("t94", model="scripted", client=model))
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+
+    await turn.pause()
+    reconciled = await tk.reconcile(grace=0)
+    assert [r for r in reconciled.repairs if turn.id in str(r)] == []
+    pausing = await turn.refresh()
+    assert pausing.status == "running" and pausing.record.options.controls_or_default.pause_requested
+    cancelled = await turn.cancel()
+    resumed = await turn.resume()
+    assert cancelled.status == "cancelled" and resumed.status == "cancelled"
+    model.released.set()
+
+    done = await turn.result(timeout=60)
+    assert done.status == "cancelled" and done.output_text == ""
+    assert [m.role for m in await conversation.messages()] == ["user"], "T94: the late response writes nothing"
+    assert done.usage.total_tokens == 0 and len(model.requests) == 1
+
+
 async def test_a_paused_waiting_parent_fails_at_its_deadline(tk: TurnKit) -> None:  # T88
     gate = Gate()
     child_client = ScriptedClient(
