@@ -212,3 +212,30 @@ async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
 async def test_unknown_turn_id_raises(tk: TurnKit) -> None:
     with pytest.raises(turnkit.RecordNotFound):
         await tk.turn("turn_000000000000000000000000").result(timeout=5)
+
+
+async def test_a_replay_safe_tool_failing_twice_after_its_effect_runs_three_times_with_one_key(tk: TurnKit) -> None:
+    """T46 (the attempt dies by raising, not by a worker crash: the worker-kill variant is test_crash.py's): a
+    replay_safe tool whose first two attempts fail right after their external commit is called 3 times, always with
+    the same idempotency key; the effect, keyed by it, happened once; there is one execution record."""
+    keys: list[str] = []
+    effects: dict[str, int] = {}
+
+    @turnkit.tool(recovery="replay_safe", max_attempts=5, initial_retry_interval=0.1)
+    async def sync_inventory(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Sync the inventory (an idempotent external write)."""
+        keys.append(context.idempotency_key)
+        effects.setdefault(context.idempotency_key, len(effects) + 1)  # the external system dedupes by key
+        if len(keys) <= 2:
+            raise ConnectionError("lost the connection after the external commit")
+        return {"synced": effects[context.idempotency_key]}
+
+    client = ScriptedClient([call_tools(("sync_inventory", {})), "synced"])
+    a = turnkit.Agent("t46", model="scripted", tools=[sync_inventory], client=client)
+    turn = await (await tk.conversation(a)).ask("sync")
+    assert turn.status == "completed" and turn.output_text == "synced"
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed" and execution.result == {"synced": 1}
+    assert keys == [f"turnkit:tool:{execution.id}"] * 3, "T46: 3 calls, one idempotency key"
+    assert effects == {keys[0]: 1}, "T46: one external effect"
+    assert client.calls == 2
