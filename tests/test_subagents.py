@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import turnkit
+from activities.children import ChildActivities
 from tests.engine import eventually, held_tool
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.runtime import TurnKit
@@ -296,3 +297,34 @@ async def test_turn_wait_for_before_it_starts(tk: TurnKit) -> None:
     assert last["role"] == "user" and json.loads(last["content"])["wait_results"][0]["result"] == "target out"
     with pytest.raises(turnkit.Error, match="only pending turns can wait"):
         await done.wait_for(target)
+
+
+async def test_delegation_failing_after_the_first_child_committed_recovers_without_a_duplicate(
+    tk: TurnKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T60: the delegating activity fails right after the first child's transaction committed; its retry (the
+    recovery) finds that child and creates the second: the parent completes with 2 children and 2 model calls."""
+    original = ChildActivities._delegate_one
+    committed: list[str] = []
+    failed: list[str] = []
+
+    async def flaky(self: ChildActivities, tx: Any, request: Any, parent: Any, call: Any, asked: Any) -> Any:
+        if committed and not failed:  # the first child's transaction is over: fail before the second one
+            failed.append(call.id)
+            raise RuntimeError("dispatcher died after the first child (injected)")
+        result = await original(self, tx, request, parent, call, asked)
+        committed.append(call.id)
+        return result
+
+    monkeypatch.setattr(ChildActivities, "_delegate_one", flaky)
+    subs = [worker_agent(n, seconds=0.05) for n in ("alpha", "beta")]
+    client = ScriptedClient([call_tools(("alpha", {"task": "a"}), ("beta", {"task": "b"})), "merged"])
+    boss = turnkit.Agent("t60", model="scripted", sub_agents=subs, client=client)
+    turn = await (await tk.conversation(boss)).ask("split")
+    assert failed, "the injected failure must have happened"
+    assert turn.status == "completed" and turn.output_text == "merged"
+    children = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    assert sorted(c.agent_name for c in children) == ["alpha", "beta"], "T60: 2 children, no duplicate"
+    assert all(c.status == "completed" for c in children)
+    assert client.calls == 2, "T60: 2 parent model calls"
+    assert [e.tool_name for e in await turn.tool_executions()] == ["alpha", "beta"]
