@@ -10,7 +10,9 @@ import pytest
 
 import turnkit
 from tests.engine import HeldModel
+from turnkit.ids import new_id
 from turnkit.model import Result
+from turnkit.payloads import SubmitTurn
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -239,3 +241,22 @@ async def test_a_replay_safe_tool_failing_twice_after_its_effect_runs_three_time
     assert keys == [f"turnkit:tool:{execution.id}"] * 3, "T46: 3 calls, one idempotency key"
     assert effects == {keys[0]: 1}, "T46: one external effect"
     assert client.calls == 2
+
+
+async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnKit) -> None:
+    """T41 (perform is the lane running a submission): the same submission delivered twice at once, and again once
+    the turn finished, runs the turn once: one model call, one trigger message, and the turn is completed."""
+    client = ScriptedClient(["once"])
+    conversation = await tk.conversation(agent(client))
+    request = SubmitTurn(
+        conversation_id=conversation.id, turn_id=new_id("turn"), message_id=new_id("message"), text="do it"
+    )
+    submit = conversation._submit  # pyright: ignore[reportPrivateUsage]
+    await asyncio.gather(submit(request), submit(request))
+    done = await tk.turn(request.turn_id).result(timeout=60)
+    await submit(request)
+    again = await tk.turn(request.turn_id).result(timeout=60)
+    assert done.status == again.status == "completed" and again.output_text == "once"
+    assert client.calls == 1, f"T41: the model must be called once, was called {client.calls} times"
+    assert [(m.role, m.text) for m in await conversation.messages()] == [("user", "do it"), ("assistant", "once")]
+    assert [t.id for t in await conversation.turns()] == [request.turn_id]
