@@ -1,4 +1,4 @@
-"""Sub-agents, launched agents and waits (spec §4.3, §5.5): the store side of child workflows.
+"""Sub-agents, launched agents and waits (behaviour §4.3, §5.5): the store side of child workflows.
 
 * ``turnkit.delegate`` records each delegated call (an execution, a child conversation with lineage metadata, the
   task message and the child turn), idempotently by the call, and tells the workflow which child workflows to run.
@@ -65,7 +65,7 @@ class ChildActivities:
             async with self.store.atomic(turn_id=request.root_turn_id) as tx:
                 if index == 0:
                     # The control boundary inside delegation, in the transaction that creates the first child, so
-                    # no pause or steer can land between the check and the creation (spec §5.5, §5.10).
+                    # no pause or steer can land between the check and the creation (behaviour §5.5, §5.10).
                     turn = await tx.load_turn(request.turn_id)
                     if await tx.find_tool_execution(turn.id, call.id) is None:
                         boundary, _ = await control_boundary(tx, turn)
@@ -83,7 +83,7 @@ class ChildActivities:
         return result
 
     async def _ask(self, request: DelegateCalls, parent_agent: Agent, call: ToolCallRef) -> _Asked:
-        """The hook's verdict on one delegated call, in the spec's order (``tool``, ``launch_agent``, ``callback``,
+        """The hook's verdict on one delegated call, in TurnKit's order (``tool``, ``launch_agent``, ``callback``,
         the implicit join's ``wait``); the first denial is the verdict. Nothing is asked for a call already opened.
         """
         child_id = new_id("turn")  # the child's id, known before it is created, so ``wait`` can name it
@@ -136,7 +136,7 @@ class ChildActivities:
             return plan, denial
         defer = not request.launch  # a delegation group appends its results at the join, in call order
         verdict = asked.verdict
-        if verdict.action == "tool" and not verdict.allowed:  # spec §3.8 step 7: before the arguments are used
+        if verdict.action == "tool" and not verdict.allowed:  # behaviour §3.8 step 7: before the arguments are used
             await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=not defer)
             return plan, None
         try:
@@ -147,7 +147,7 @@ class ChildActivities:
                 tx, turn, execution, str(err), details={"class": error_class_name(err)}, append=not defer
             )
             return plan, None
-        if not verdict.allowed and verdict.action != "wait":  # launch_agent or callback: no child (spec §7.4)
+        if not verdict.allowed and verdict.action != "wait":  # launch_agent or callback: no child (behaviour §7.4)
             await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=not defer)
             return plan, None
         savepoint = await tx.session.begin_nested()
@@ -155,7 +155,7 @@ class ChildActivities:
             tx, turn, execution, sub_agent, task, depth=request.depth + 1, callback=callback, turn_id=asked.child_id
         )
         if not verdict.allowed:
-            # The implicit join is a wait: denied, the child's creation rolls back with it (spec §7.4).
+            # The implicit join is a wait: denied, the child's creation rolls back with it (behaviour §7.4).
             await savepoint.rollback()
             await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=False)
             return plan, None
@@ -218,7 +218,7 @@ class ChildActivities:
                 if denial is not None:
                     return WaitPlan(execution_id=execution.id, settled=True)
         try:
-            # Asked here, between transactions: ``tool`` like every tool call, then ``wait`` (spec §7.3).
+            # Asked here, between transactions: ``tool`` like every tool call, then ``wait`` (behaviour §7.3).
             principal = turn.options.principal
             tool = resolve_agent(turn.agent_name).tool(call.name) or WaitForTool()
             verdict = await check("tool", principal, turn=turn, tool=tool, arguments=call.arguments)
@@ -309,7 +309,7 @@ async def _create_child(
     callback: bool,
     turn_id: str,
 ) -> TurnRecord:
-    """A child conversation with lineage metadata, its task message, and the child turn (spec §4.3 build_child)."""
+    """A child conversation with lineage metadata, its task message, and the child turn (behaviour §4.3 build_child)."""
     principal = parent.options.principal
     lineage: dict[str, Any] = {
         "parent_conversation_id": parent.conversation_id,
@@ -322,7 +322,7 @@ async def _create_child(
     options = turn_options(
         agent,
         trigger_message_id=message.id,
-        context={},  # children get the task only, not the parent's context (spec §4.3)
+        context={},  # children get the task only, not the parent's context (behaviour §4.3)
         principal=principal,
         depth=depth,
         callback_conversation_id=parent.conversation_id if callback else None,

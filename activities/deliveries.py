@@ -1,4 +1,4 @@
-"""The ``turnkit.deliver`` activity: apply deliveries to a conversation, and wake it when idle (spec §5.11)."""
+"""The ``turnkit.deliver`` activity: apply deliveries to a conversation, and wake it when idle (behaviour §5.11)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class DeliveryActivities:
         return DeliverResult(delivered_ids=delivered, turn=turn)
 
     async def _wake(self, tx: StoreTx, conversation_id: str) -> QueuedTurn | None:
-        """Start a turn for delivered input no turn has consumed yet; None when there is none (spec §5.11).
+        """Start a turn for delivered input no turn has consumed yet; None when there is none (behaviour §5.11).
 
         The woken turn's id is derived from this activity's identity, so a retry whose first attempt committed the
         turn but lost its completion finds that turn and returns it (issue 8): the lane runs it, none is orphaned.
@@ -88,7 +88,7 @@ class DeliveryActivities:
                 "cannot wake %s: agent %r is not registered", conversation_id, conversation.agent_name
             )
             return None
-        # The woken turn acts for the destination conversation, never for the sender (spec §7.2).
+        # The woken turn acts for the destination conversation, never for the sender (behaviour §7.2).
         options = turn_options(
             agent,
             trigger_message_id=trigger.id,
@@ -139,7 +139,7 @@ async def _unconsumed(tx: StoreTx, conversation_id: str, message_id: str | None)
 
 
 async def _next_delivery_trigger(tx: StoreTx, conversation_id: str) -> MessageRecord | None:
-    """The latest delivered message beyond every submitted turn's snapshot (spec §2.9 ``next_delivery_trigger``)."""
+    """The newest delivered message beyond each submitted turn's snapshot (behaviour §2.9)."""
     turns = await tx.list_turns(conversation_id=conversation_id)
     consumed = max((t.context_message_sequence for t in turns if t.submitted_at is not None), default=0)
     messages = await tx.list_messages(conversation_id, after_sequence=consumed)

@@ -5,7 +5,7 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 1. **Reserve** (under the root turn's lock): if this ``request_id`` already has a persisted response, return it
    (a retry after commit never calls the model again); otherwise count the iteration against the root tree's
    ``max_iterations`` and record ``state.request_id``. Read the turn's frozen context.
-2. **Call** the agent's client, heartbeating. First, when the history is long, **compact** it (spec §3.10): one
+2. **Call** the agent's client, heartbeating. First, when the history is long, **compact** it (behaviour §3.10): one
    summariser call, then in its own transaction a ``context_summary`` message keyed on the ``request_id`` (so a
    retry never writes a second one); the request is built from the compacted projection.
 3. **Persist** (under the root turn's lock): usage, cost, the assistant message and the new phase, and, when the
@@ -27,7 +27,7 @@ from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
-from turnkit.call_ids import provider_call_ids, unique_call_ids
+from turnkit.call_ids import unique_call_ids
 from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
@@ -39,8 +39,8 @@ from turnkit.errors import BudgetError, ConfigError, Error, ModelError, Transien
 from turnkit.events import announce, announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.prompt import build_instructions, drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord, TurnRecord
+from turnkit.request import build_model_request
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.tracing import record_model_call
 from turnkit.turn_state import TurnState
@@ -78,24 +78,10 @@ class ModelActivities:
         messages, denial = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
-        specs = agent.tool_specs()
-        stable, dynamic = build_instructions(
-            agent,
-            depth=0,
-            prompt_mode=turn.options.prompt_mode,
-            tools=specs,
-            now=turn.started_at or utcnow(),
-        )
-        request = ModelRequest(
-            model=turn.model or agent.effective_model,
-            # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-            messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages)))),
-            tools=specs,
-            instructions=stable,
-            dynamic_instructions=dynamic or None,
-            thinking=turn.options.thinking,
-            output_schema=turn.options.output_schema,
-            metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": call.request_id},
+        # The same builder as Turn.preview (turnkit.request): a preview cannot drift from what is sent.
+        request = await retry_store(
+            lambda: build_model_request(self.store, turn, agent, messages, request_id=call.request_id),
+            what="model request",
         )
         await emit(
             "model.requested",
@@ -124,7 +110,7 @@ class ModelActivities:
     async def _auto_compact(
         self, call: ModelCall, turn: TurnRecord, agent: Agent, messages: list[MessageRecord]
     ) -> tuple[list[MessageRecord], str | None]:
-        """Automatic compaction at the start of a model phase (spec §3.10); returns the messages and a budget denial.
+        """Automatic compaction as a model phase starts (behaviour §3.10); returns the messages and a budget denial.
 
         At most one summary per ``request_id``: a retried attempt finds the summary it already wrote among the
         turn's messages and does not call the compaction model again; an attempt that read the history before a
@@ -168,7 +154,7 @@ class ModelActivities:
                 )
         except BudgetError:
             raise
-        except Exception as err:  # spec §3.10: automatic compaction never fails the turn
+        except Exception as err:  # behaviour §3.10: automatic compaction never fails the turn
             compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
             return messages, None
         if made is None:
@@ -220,6 +206,14 @@ class ModelActivities:
                 return committed
             if turn.status not in ("pending", "waiting", "running", "paused"):
                 return ModelStep(outcome="stopped")
+            before = turn.options.state
+            if before.request_id != call.request_id and before.phase is None and not before.wait_input:
+                # The turn's input comes first: the results of the turns it waits on, then any steering that arrived
+                # meanwhile (the boundary below); steering first would set the phase and skip this join.
+                waiting_on, turn = await _join_application_waits(tx, turn)
+                if waiting_on:
+                    await enter_waiting(tx, turn.id, waiting_on)
+                    return ModelStep(outcome="waiting", waiting_on=waiting_on)
             boundary, turn = await control_boundary(tx, turn)
             if boundary == "paused":
                 return ModelStep(outcome="paused")
@@ -229,16 +223,16 @@ class ModelActivities:
                 return await _publish_candidate(tx, turn, state, publish)
             if state.request_id != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                denial = depth_denial(root, turn.options.depth or 0) or iteration_denial(
-                    root, await tx.tree_usage(root.id)
+                usage = await tx.tree_usage(root.id)
+                # Loop start (behaviour §6.2): depth, then the tree's observed spend (a child may have overspent
+                # since this turn's last call), then the iteration this request would count.
+                denial = (
+                    depth_denial(root, turn.options.depth or 0)
+                    or spend_denial(root, usage)
+                    or iteration_denial(root, usage)
                 )
                 if denial is not None:
                     return ModelStep(outcome="budget_exceeded", budget_error=denial)
-                if state.phase is None and not state.wait_input:
-                    waiting_on = await _join_application_waits(tx, turn, state)
-                    if waiting_on:
-                        await enter_waiting(tx, turn.id, waiting_on)
-                        return ModelStep(outcome="waiting", waiting_on=waiting_on)
                 state.waiting_on = None
                 state.iterations += 1
                 state.request_id = call.request_id
@@ -249,7 +243,7 @@ class ModelActivities:
             messages = await tx.list_messages(
                 turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
             )
-            # Spec §3.2: the first request that included each delivered message (for input_status).
+            # Behaviour §3.2: the first request that included each delivered message (for input_status).
             for message in messages:
                 delivery_id = message.metadata.get("delivery_id")
                 if delivery_id and delivery_id not in state.delivery_requests:
@@ -283,7 +277,7 @@ class ModelActivities:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
         record_model_call(turn, request_model=model, response_model=result.model, usage=result.usage, cost=cost.total)
-        # A final answer's completion callback is authorised before the terminal write's transaction (spec §7.4):
+        # A final answer's completion callback is authorised before the terminal write's transaction (behaviour §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
@@ -339,7 +333,7 @@ class ModelActivities:
                 metadata=metadata,
                 request_id=call.request_id,  # indexed: a retry finds this response without listing the turn's
             )
-            # Spec §3.7: message.created, then tool_call.created per proposed call, once this response committed.
+            # Behaviour §3.7: message.created, then tool_call.created per proposed call, once this response committed.
             announce_message(tx, message)
             for ref in tool_calls:
                 announce(tx, "tool_call.created", turn.id, turn.conversation_id, id=ref.id, name=ref.name)
@@ -353,7 +347,7 @@ class ModelActivities:
                 )
                 return over, True
             if not tool_calls and has_pending_controls(turn):
-                # Controls arrived while the model answered: they apply before publication (spec §5.10).
+                # Controls arrived while the model answered: they apply before publication (behaviour §5.10).
                 state = state.model_copy(
                     update={"phase": "output", "candidate": result.text, "output_data": result.output_data}
                 )
@@ -372,7 +366,7 @@ class ModelActivities:
                     claim_token=None,
                 )
                 if completed is not None:
-                    await completion_delivery(tx, completed, verdict)  # with the terminal write (spec §5.7)
+                    await completion_delivery(tx, completed, verdict)  # with the terminal write (behaviour §5.7)
         outcome = "tools" if tool_calls else "completed"
         return ModelStep(outcome=outcome, message_id=message.id, tool_calls=tool_calls), True
 
@@ -446,23 +440,24 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
     return ModelStep(outcome="completed", message_id=state.message_id)
 
 
-async def _join_application_waits(tx: StoreTx, turn: TurnRecord, state: TurnState) -> list[str]:
-    """Spec §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
+async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[str], TurnRecord]:
+    """Behaviour §5.3 step 4: a turn with waits starts only once its targets finished, with their results as input.
 
     Returns the unfinished targets (the workflow waits for their signals), or [] after appending the
-    ``{"wait_results": [...]}`` message and marking ``state.wait_input``.
+    ``{"wait_results": [...]}`` message and writing ``state.wait_input`` (in this transaction, so a pause or steering
+    applied next cannot make a later request join again); with the turn as it now is.
     """
     edges = await tx.list_waits(turn_id=turn.id)
     if not edges:
-        return []
+        return [], turn
     targets = [await tx.load_turn(edge.target_turn_id) for edge in edges]
     unfinished = [target.id for target in targets if not target.terminal]
     if unfinished:
-        return unfinished
+        return unfinished, turn
     text = json.dumps({"wait_results": [turn_result(target) for target in targets]}, sort_keys=True, default=str)
     announce_message(tx, await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id))
-    state.wait_input = True
-    return []
+    state = turn.state.model_copy(update={"wait_input": True})
+    return [], await tx.update_turn(turn.id, options=turn.options.with_state(state))
 
 
 def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecord | None:
@@ -475,7 +470,7 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
 
 
 async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
-    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (spec §6.2): the root's running total,
+    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (behaviour §6.2): the root's running total,
     one row, whatever the size of the tree."""
     root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
     if limits_of(root).max_spend is None:
@@ -523,8 +518,10 @@ def _provider_failure(err: ModelError | ConfigError | TransientModelError) -> Ap
     return _non_retryable(err)
 
 
-def _prompt_report(request: ModelRequest) -> dict[str, int]:
-    """The size of what is sent: characters of instructions and messages (the ``model.requested`` report)."""
+def _prompt_report(request: ModelRequest) -> dict[str, Any]:
+    """The size of what is sent: characters of instructions and messages, with the system prompt's report (hash,
+    sections, stable/dynamic sizes, tool count) when the request has one (the ``model.requested`` report)."""
     instructions = len(request.instructions) + len(request.dynamic_instructions or "")
     messages = sum(len(str(m.get("content") or "")) for m in request.messages)
-    return {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
+    sizes = {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
+    return {**request.report, **sizes}

@@ -12,6 +12,7 @@ Exactly-once bookkeeping around an at-most-once or replay-safe body:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,8 +32,10 @@ from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_n
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
+from turnkit.request import subject_prompt_of
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
+from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.tracing import record_tool_call
 from turnkit.transcript import announce_settled, append_tool_result, fail_execution
@@ -62,11 +65,13 @@ class ToolActivities:
         )
         request = request.model_copy(update={"call": call})
         tool = find_tool(request.agent_name, request.call.name)
-        reserved = await retry_store(lambda: self._reserve(request, tool), what="tool reserve")
+        wrong_queue = misrouted(tool, activity.info().task_queue) if tool is not None else None
+        reserved = await retry_store(lambda: self._reserve(request, tool, wrong_queue), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
         turn, execution = reserved
         assert tool is not None  # _reserve settles unknown tools
+        conversation = await retry_store(lambda: self.store.load_conversation(turn.conversation_id), what="tool")
         context = ToolContext(
             turn_id=turn.id,
             conversation_id=turn.conversation_id,
@@ -78,6 +83,9 @@ class ToolActivities:
             agent_name=turn.agent_name,
             attempt=activity.info().attempt,
             store=self.store,
+            context=copy.deepcopy(turn.options.context),
+            subject=conversation.subject,
+            subject_prompt=subject_prompt_of(conversation),
         )
         try:
             if isinstance(tool, SendMessageTool):
@@ -135,13 +143,13 @@ class ToolActivities:
         return delivery.model_dump(mode="json")
 
     async def _reserve(
-        self, request: ToolCallInput, tool: Tool | None
+        self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         verdict = await self._ask_tool(request, tool)
-        return await self._reserve_in_tx(request, tool, verdict)
+        return await self._reserve_in_tx(request, tool, verdict, wrong_queue)
 
     async def _ask_tool(self, request: ToolCallInput, tool: Tool | None) -> Verdict:
-        """Ask ``tool`` for a call about to be opened, before the reserving transaction (spec §3.8 step 7, §7.3).
+        """Ask ``tool`` for a call about to be opened, before the reserving transaction (behaviour §3.8 step 7, §7.3).
 
         Every tool, ``send_message`` included; nothing to ask for an unknown tool, unparseable arguments (they fail
         anyway) or a call already opened (a retry, or a settled call's recovery).
@@ -155,7 +163,11 @@ class ToolActivities:
         return await check("tool", turn.options.principal, turn=turn, tool=tool, arguments=request.call.arguments)
 
     async def _reserve_in_tx(
-        self, request: ToolCallInput, tool: Tool | None, verdict: Verdict
+        self,
+        request: ToolCallInput,
+        tool: Tool | None,
+        verdict: Verdict,
+        wrong_queue: str | None = None,
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         call = request.call
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -167,7 +179,7 @@ class ToolActivities:
             if turn.status not in ("pending", "running", "paused"):
                 return ToolOutcome(outcome="stopped")  # cancelled: nothing more runs
             if execution is None:
-                # The control boundary before an external effect (spec §5.10).
+                # The control boundary before an external effect (behaviour §5.10).
                 boundary, turn = await control_boundary(tx, turn)
                 if boundary is not None:
                     return ToolOutcome(outcome=boundary)
@@ -181,6 +193,8 @@ class ToolActivities:
                 failure: tuple[str, dict[str, Any]] | None = None
                 if tool is None:
                     failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
+                elif wrong_queue is not None:  # never run it where it does not belong (a box without its GPU)
+                    failure = (wrong_queue, {"class": "TurnKit::ConfigError"})
                 elif call.arguments_error:
                     failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
                 elif not verdict.allowed:  # asked before this transaction

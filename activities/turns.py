@@ -20,11 +20,11 @@ from turnkit.errors import ConfigError, RecordNotFound, ToolError
 from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
+from turnkit.prepared import submit_prepared
 from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
-from turnkit.turn_options import turn_options
-from turnkit.waits import add_waits
+from turnkit.turn_build import create_turn
 
 __all__ = ["TurnActivities", "ticket_of", "unstaged"]
 
@@ -37,11 +37,13 @@ class TurnActivities:
 
     @activity.defn(name="turnkit.submit_turn")
     async def submit_turn(self, request: SubmitTurn) -> TurnTicket:
-        """Append the trigger message and create the submitted, pending turn (spec §1.4); idempotent by turn id."""
+        """Append the trigger message and create the submitted, pending turn (behaviour §1.4); idempotent by turn id."""
         graph = bool(request.wait_for)  # the wait-graph lock comes before any row lock
         async with self.store.atomic(conversation_id=request.conversation_id, wait_graph=graph) as tx:
             existing = await tx.find_turn(request.turn_id)
             if existing is not None:
+                if existing.submitted_at is None and existing.parent_turn_id is None:
+                    existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
                 return ticket_of(existing, busy=await sub_agent_turn_active(tx, existing.conversation_id))
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
@@ -52,43 +54,10 @@ class TurnActivities:
                     await tx.delete_staged_input(staged_id)  # gone when the message and the turn commit
             except (RecordNotFound, ConfigError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
-            message = await tx.append_message(
-                conversation.id,
-                role="user",
-                text=request.text,
-                id=request.message_id,
-                metadata=request.message_metadata,
-            )
-            principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
-            options = turn_options(
-                agent,
-                trigger_message_id=message.id,
-                context=request.context
-                if request.context is not None
-                else conversation.metadata.get("turnkit_context", {}),
-                principal=principal,
-                thinking=request.thinking,
-                thinking_set=request.thinking_set,
-                output_schema=request.output_schema,
-                prompt_mode=request.prompt_mode,
-                callback_conversation_id=request.callback_conversation_id,
-                paused=request.paused,
-            )
-            turn = await tx.create_turn(
-                status="paused" if request.paused else "pending",
-                id=request.turn_id,
-                conversation_id=conversation.id,
-                agent_name=agent.name,
-                context_message_sequence=message.sequence,
-                model=request.model or conversation.model or agent.effective_model,
-                options=options,
-                submitted_at=utcnow(),
-            )
-            if request.wait_for:
-                try:
-                    await add_waits(tx, turn, request.wait_for)
-                except ToolError as err:  # rolls back the turn and its trigger message too
-                    raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
+            try:
+                turn = await create_turn(tx, conversation, agent, request, submitted=True)
+            except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
+                raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
             busy = await sub_agent_turn_active(tx, conversation.id)
         return ticket_of(turn, busy=busy)
 
@@ -98,7 +67,7 @@ class TurnActivities:
         skipped = await with_arguments(self.store, finish.turn_id, finish.skipped_calls)  # large ones: from the store
         finish = finish.model_copy(update={"skipped_calls": skipped})
         turn = await self.store.load_turn(finish.turn_id)
-        verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (spec §7.4)
+        verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (behaviour §7.4)
         already_done = False
         finished: TurnRecord | None = None
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
@@ -121,7 +90,7 @@ class TurnActivities:
                 )
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
-                await completion_delivery(tx, turn, verdict)  # committed with the terminal write (spec §5.7)
+                await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
             # Only the write that ended the turn reports it: not a retry, nor a turn cancelled meanwhile.
             if finished is not None and finished.status == "completed":
                 announce(
@@ -138,7 +107,7 @@ class TurnActivities:
         return outcome_of(turn)
 
     async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
-        """Spec §3.8: skip the calls after a terminal tool, append its completion message, complete the turn."""
+        """Behaviour §3.8: skip the calls after a terminal tool, append its completion message, complete the turn."""
         assert finish.terminal_execution_id is not None
         execution = await tx.load_tool_execution(finish.terminal_execution_id)
         for call in finish.skipped_calls:

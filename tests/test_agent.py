@@ -1,4 +1,4 @@
-"""Agent options and validation (spec §1.2; T07, T09, T20, T23), the registry, and the system prompt (§3.4)."""
+"""Agent options and validation (behaviour §1.2; T07, T09, T20, T23), the registry, and the system prompt (§3.4)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from turnkit.agent import (
 from turnkit.config import configure, reset_settings
 from turnkit.errors import ConfigError
 from turnkit.prompt import NONE_MODE_PROMPT, build_instructions, xml_escape
-from turnkit.testing import ScriptedClient
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import Tool, ToolContext, tool
 
 
@@ -262,14 +263,57 @@ def test_task_mode_for_orchestrators_and_runs() -> None:  # T03, T09
     assert "executing an application task" in stable
 
 
-def test_sub_agents_get_minimal_mode_and_none_mode() -> None:
-    agent = Agent("child", instructions="Draft.")
-    stable, dynamic = build_instructions(agent, depth=1, prompt_mode=None, tools=[], now=NOW)
-    assert "<sub_agent>" in stable
-    assert "<environment>" in dynamic
-    assert build_instructions(agent, depth=0, prompt_mode="none", tools=[], now=NOW) == (NONE_MODE_PROMPT, "")
+async def test_sub_agents_get_minimal_mode_and_none_mode(tk: TurnKit) -> None:
+    """A real sub-agent turn gets the minimal prompt (a <sub_agent> section, no subject or live context), a sub-agent
+    in ``none`` mode gets the one-line prompt, and the root keeps the full prompt: the model activity passes the
+    turn's own depth (it used to pass 0, so children got the root's prompt)."""
+    child_client = ScriptedClient(["drafted"])
+    quiet_client = ScriptedClient(["quiet done"])
+    child = Agent("child", instructions="Draft.", model="scripted", client=child_client)
+    quiet = Agent("quiet", model="scripted", prompt_mode="none", client=quiet_client)
+    boss_client = ScriptedClient([call_tools(("child", {"task": "draft it"}), ("quiet", {"task": "hush"})), "merged"])
+    boss = Agent("boss", model="scripted", sub_agents=[child, quiet], client=boss_client)
+    conversation = await tk.conversation(boss, context={"tenant": "acme"}, subject=_Subject())
+    turn = await conversation.ask("delegate")
+    assert turn.status == "completed" and turn.output_text == "merged"
+
+    [request] = child_client.requests
+    assert "<sub_agent>" in request.instructions and "You are a sub-agent" in request.instructions
+    assert "<instructions>\nDraft.\n</instructions>" in request.instructions
+    assert request.dynamic_instructions is not None and "<environment>" in request.dynamic_instructions
+    assert "<live_context>" not in request.dynamic_instructions
+    assert "<subject_context>" not in request.dynamic_instructions
+    assert request.report["sections"] == ["agent", "sub_agent", "instructions", "behavior", "tools", "environment"]
+    [hushed] = quiet_client.requests
+    assert (hushed.instructions, hushed.dynamic_instructions) == (NONE_MODE_PROMPT, None)
+    root_request = boss_client.requests[0]
+    assert "<sub_agent>" not in root_request.instructions
+    assert root_request.dynamic_instructions is not None
+    assert "<subject_context>" in root_request.dynamic_instructions
+    assert "<live_context>" in root_request.dynamic_instructions and "acme" in root_request.dynamic_instructions
+
+
+def test_prompt_options_are_validated() -> None:
+    with pytest.raises(TypeError, match="system_prompt must be a string or a callable"):
+        Agent("a", system_prompt=42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="context_contributors must be callables"):
+        Agent("a", context_contributors=["live"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="list of section names, not a string"):
+        Agent("a", prompt_sections="tools")
+    assert Agent("a", prompt_sections=["tools"]).prompt_sections == ("tools",)
+
+
+def test_unknown_prompt_mode() -> None:
+    agent = Agent("a")
     with pytest.raises(ValueError, match="unknown prompt mode: loud"):
         build_instructions(agent, depth=0, prompt_mode="loud", tools=[], now=NOW)
+
+
+class _Subject:
+    id = 7
+
+    def to_prompt(self) -> str:
+        return "Order 7: two lamps"
 
 
 def test_naive_now_is_utc_and_prompt_is_deterministic() -> None:

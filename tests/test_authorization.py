@@ -1,4 +1,4 @@
-"""Authorization (spec §7): one hook, asked before every guarded action; one denial test per action."""
+"""Authorization (behaviour §7): one hook, asked before every guarded action; one denial test per action."""
 
 from __future__ import annotations
 
@@ -250,7 +250,7 @@ class Raising:
 
 
 def hook_denial(execution: turnkit.ToolExecutionRecord, action: str) -> bool:
-    """A denial recorded with the hook's exception class (spec §7.4 details, plus ``hook_error``)."""
+    """A denial recorded with the hook's exception class (behaviour §7.4 details, plus ``hook_error``)."""
     details = (execution.error or {}).get("details") or {}
     return (
         denial(execution)

@@ -1,4 +1,4 @@
-"""Budgets and cost acceptance cases (spec §6, §10 T34, T35, T37, T38, T39) on SQLite and PostgreSQL.
+"""Budgets and cost acceptance cases (behaviour §6, §10 T34, T35, T37, T38, T39) on SQLite and PostgreSQL.
 
 The engine tests run real turns on the session's Temporal dev server through the ``tk`` fixture; the T37 test works
 on store records alone, through a store reopened on the same database (a restart).
@@ -58,7 +58,7 @@ async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnK
     assert await run.tree_cost() == pytest.approx(0.02)
     assert run.usage.total_tokens == 15
     assert client.calls == 1
-    # The response was persisted before the limit was compared (spec §6.2: observed, not reserved).
+    # The response was persisted before the limit was compared (behaviour §6.2: observed, not reserved).
     assistant = [m for m in await run.messages() if m.role == "assistant"]
     assert [m.text for m in assistant] == ["expensive"]
 
@@ -107,7 +107,7 @@ async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, da
     limits = turnkit.Agent(
         "t37", model="scripted", max_iterations=2, max_tool_executions_by_name={"status_tool": 1}, max_spend=0.10
     ).budget_limits()
-    # A sub-agent with loose limits of its own: only the root's snapshot counts for the tree (spec §6.1).
+    # A sub-agent with loose limits of its own: only the root's snapshot counts for the tree (behaviour §6.1).
     loose = turnkit.Agent("t37-child", model="scripted", max_iterations=50, max_spend=100.0).budget_limits()
 
     # Persisted state before the "crash": iterations=1, cost 0.05, one completed status_tool execution, plus
@@ -300,3 +300,47 @@ async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:  # T
     assert turn.status == "failed"
     assert turn.error == {"class": BUDGET_ERROR, "message": MAX_ITERATIONS}
     assert client.calls == 1
+
+
+# -- per-turn budget (behaviour §1.4 build_turn budget) -------------------------------------------------------------
+
+
+@turnkit.tool
+def ping() -> str:
+    """Ping."""
+    return "pong"
+
+
+async def test_a_per_turn_budget_overrides_the_agents_limits(tk: TurnKit) -> None:
+    """``ask(budget=...)`` limits this turn's tree over the agent's limits (the others are kept); a bad budget is an
+    InputError before anything is written."""
+    client = ScriptedClient([call_tools(("ping", {})), "never reached"])
+    agent = turnkit.Agent("pinger", model="scripted", client=client, tools=[ping], max_tool_executions=7)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("ping once", budget={"max_iterations": 1})
+
+    assert turn.status == "failed" and turn.error == {"class": BUDGET_ERROR, "message": MAX_ITERATIONS}
+    assert client.calls == 1
+    limits = turn.record.options.budget_limits
+    assert limits is not None and (limits.max_iterations, limits.max_tool_executions) == (1, 7)
+    with pytest.raises(turnkit.InputError, match="unknown budget limit: max_iters"):
+        await conversation.ask("x", budget={"max_iters": 2})
+    with pytest.raises(turnkit.InputError, match="max_iterations must be an integer >= 1"):
+        await conversation.ask("x", budget={"max_iterations": 0})
+    assert len(await conversation.turns()) == 1
+
+
+async def test_a_child_that_overspent_stops_its_parent_before_another_model_call(tk: TurnKit) -> None:
+    """Behaviour §6.2, loop start: the tree's seeded spend is checked before each model call, so once a sub-agent's
+    call took the tree over the root's ``max_spend``, the parent fails with "cost limit reached" without asking its
+    model again (it used to make one more call and fail only after paying for it)."""
+    child_client = ScriptedClient([say("pricey", usage=Usage(input_tokens=10, output_tokens=5, cost=0.02))])
+    child = turnkit.Agent("spendy_child", description="Spends.", model="scripted", client=child_client)
+    parent_client = ScriptedClient([call_tools(("spendy_child", {"task": "spend"})), "never asked"])
+    parent = turnkit.Agent("spend_parent", model="scripted", sub_agents=[child], client=parent_client, max_spend=0.01)
+    run = await tk.run(parent, "delegate")
+
+    assert run.status == "failed" and run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
+    assert parent_client.calls == 1, "the parent asked its model again after the tree overspent"
+    assert child_client.calls == 1
+    assert await run.tree_cost() == pytest.approx(0.02)

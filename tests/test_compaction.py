@@ -1,4 +1,4 @@
-"""Context compaction (spec §3.10): policy, estimate, selection, projection, automatic and manual compaction."""
+"""Context compaction (behaviour §3.10): policy, estimate, selection, projection, automatic and manual compaction."""
 
 from __future__ import annotations
 
@@ -450,3 +450,23 @@ async def test_manual_compaction_errors(tk: TurnKit) -> None:  # T33
     with pytest.raises(CompactionError, match="compaction failed: scripted client has no more results"):
         await broken.compact()
     assert not [m for c in (empty, broken) for m in await c.messages() if m.kind == "context_summary"]
+
+
+async def test_ask_compact_forces_or_disables_compaction(tk: TurnKit) -> None:
+    """``ask(compact=True)`` compacts before the first model call although the history is below the threshold;
+    ``ask(compact=False)`` never compacts, although the agent's policy would."""
+    forced_client = responder("## Active Task\nForced.", ["forced answer"])
+    forced = await seeded(tk, turnkit.Agent("forced", model="scripted", client=forced_client, compaction=_TAIL2))
+    turn = await forced.ask("go", compact=True)
+    assert turn.status == "completed" and forced_client.calls == 2
+    assert forced_client.requests[0].metadata["compaction"] is True
+    assert SUMMARY_QUESTION in contents(forced_client.requests[1])
+    assert turn.record.options.compact is True
+
+    kept_client = responder("never", ["kept answer"])
+    kept = await seeded(tk, turnkit.Agent("kept", model="scripted", client=kept_client, compaction=_SMALL))
+    turn = await kept.ask("go", compact=False)
+    assert turn.status == "completed" and kept_client.calls == 1
+    assert "context_summary" not in [m.kind for m in await kept.messages()]
+    with pytest.raises(turnkit.InputError, match="compact must be True, False or None"):
+        await kept.ask("go", compact="yes")  # type: ignore[arg-type]

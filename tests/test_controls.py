@@ -1,4 +1,4 @@
-"""Human controls on a real Temporal dev server: pause, resume, steer, cancel (spec §5.9, §5.10)."""
+"""Human controls on a real Temporal dev server: pause, resume, steer, cancel (behaviour §5.9, §5.10)."""
 
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> N
     await asyncio.wait_for(gate.entered.wait(), 30)
 
     paused = await turn.pause(descendants="cascade")
-    assert paused.status == "paused"  # a parent waiting on its child holds no claim: paused at once (spec §5.10)
+    assert paused.status == "paused"  # a parent waiting on its child holds no claim: paused at once (behaviour §5.10)
     gate.opened.set()
     child_turn = next(t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id)
     await eventually(lambda: _status_is(tk.turn(child_turn.id), "paused"), what="the child to pause")

@@ -1,4 +1,4 @@
-"""Cost computation (spec §6.5; T35, T36; known prices from genai-prices, issue 11), settings (§9) and error names
+"""Cost computation (behaviour §6.5; T35, T36; known prices from genai-prices, issue 11), settings (§9) and error names
 (§8)."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_known_price_counts_cache_tokens_once() -> None:
 
 
 def test_known_prices_come_after_provider_calculator_and_rates() -> None:
-    """issue 11: genai-prices is the rule after ``cost_rates`` (spec §6.5 order), and unknown models stay unpriced."""
+    """issue 11: genai-prices is the rule after ``cost_rates`` (behaviour §6.5), and unknown models stay unpriced."""
     usage = Usage(input_tokens=1_000_000)
     assert cost_from_usage(usage, "gpt-4o").total == pytest.approx(2.5)
     configure(cost_rates={"gpt-4o": {"input": 1.0}})

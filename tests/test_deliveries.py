@@ -56,7 +56,7 @@ async def test_post_wakes_an_idle_conversation_with_the_destination_principal(tk
 
     [turn] = await turns_of(conversation)
     assert turn.status == "completed"
-    assert turn.record.options.principal == "executor"  # never the sender's (spec §7.2)
+    assert turn.record.options.principal == "executor"  # never the sender's (behaviour §7.2)
     [message] = [m for m in await conversation.messages() if m.metadata.get("delivery_id")]
     assert message.text == "hello there" and message.metadata["principal"] == "sender"
     assert turn.record.options.trigger_message_id == message.id

@@ -1,5 +1,5 @@
-"""``on_event`` callbacks (spec §3.11, issue 8 item 9): after the commit, off the event loop, sync or async, in order
-per emitter, and a callback that raises or blocks never fails, retries or stalls the worker."""
+"""``on_event`` callbacks (behaviour §3.11, issue 8 item 9): after the commit, off the event loop, sync or async,
+in order per emitter, and a callback that raises or blocks never fails, retries or stalls the worker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Spec §10 acceptance cases on a real Temporal dev server (SQLite and PostgreSQL).
+"""Behaviour §10 acceptance cases on a real Temporal dev server (SQLite and PostgreSQL).
 
 Joins and waits (T58, T59, T65), human controls and authorization (T89, T91), turn options and the model request
 (T02, T06, T08), and tool failures seen by the model (T18, T19).
@@ -154,7 +154,7 @@ async def test_join_defers_an_invalid_calls_result_until_the_group_ends(tk: Turn
 async def test_wait_rejected_as_a_lane_cycle_is_accepted_after_cancel(tk: TurnKit) -> None:  # T65
     a_client = ScriptedClient(["a done"])
     a_conv = await tk.conversation(turnkit.Agent("cycle_a", model="scripted", client=a_client))
-    a = await a_conv.ask("a", paused=True)  # not started: it may still wait (spec §5.5 transition)
+    a = await a_conv.ask("a", paused=True)  # not started: it may still wait (behaviour §5.5 transition)
     x_client = ScriptedClient(lambda r: "x done")
     x_conv = await tk.conversation(turnkit.Agent("cycle_x", model="scripted", client=x_client))
     c = await x_conv.ask("c", wait_for=[a], wait=False)  # lane X: c (waits on a), then b
@@ -374,3 +374,27 @@ async def test_error_shaped_data_is_a_completed_execution(tk: TurnKit) -> None: 
     [message] = await tool_messages(tk, turn.id)
     assert message.content[0]["error"] is False
     assert tool_results(client.requests[1]) == [{"error": "ordinary data"}]
+
+
+async def test_steering_a_waiting_turn_keeps_its_wait_results(tk: TurnKit) -> None:
+    """Behaviour §5.5 with §5.10: a turn that waits on another (``ask(wait_for=...)``) and is steered meanwhile gets,
+    in its first request, the target's result and then the steering input (the steering must not skip the join)."""
+    target_conv = await tk.conversation(turnkit.Agent("steer_target", model="scripted", client=ScriptedClient(["t"])))
+    target = await target_conv.ask("target", paused=True)
+    waiter_client = ScriptedClient(["w done"])
+    waiter_conv = await tk.conversation(turnkit.Agent("steer_waiter", model="scripted", client=waiter_client))
+    waiter = await waiter_conv.ask("after the target", wait_for=[target], wait=False)
+    await eventually(lambda: _status_is(tk, waiter.id, "waiting"), what="the waiter waiting on its target")
+    await waiter.steer("also say hello", key="hello-1")
+
+    await target.resume()
+    done = await waiter.result(timeout=60)
+    assert done.status == "completed" and waiter_client.calls == 1
+    contents = [str(m.get("content")) for m in waiter_client.requests[0].messages if m.get("role") == "user"]
+    assert "wait_results" in contents[-2], contents
+    assert json.loads(contents[-2])["wait_results"][0]["turn_id"] == target.id
+    assert contents[-1] == "also say hello"
+
+
+async def _status_is(tk: TurnKit, turn_id: str, status: str) -> bool:
+    return (await tk.store.load_turn(turn_id)).status == status

@@ -72,7 +72,7 @@ async def test_concurrent_asks_from_many_callers_all_run_once(tk: TurnKit) -> No
 
 async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered_call(tk: TurnKit) -> None:
     """Turn b's frozen snapshot holds turn a's tool call but not its result: the call is left out of b's request
-    (every call in a request has its result, spec §3.5), its text is kept."""
+    (every call in a request has its result, behaviour §3.5), its text is kept."""
     release, hold = held_tool()
     client = ScriptedClient([call_tools(("hold", {}), text="let me check"), "a done", "b done"])
     conversation = await tk.conversation(turnkit.Agent("checker", model="scripted", tools=[hold], client=client))

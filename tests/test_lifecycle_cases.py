@@ -1,4 +1,4 @@
-"""Spec §10 lifecycle cases on a real Temporal dev server: events (T12), a crashing event observer (T72),
+"""Behaviour §10 lifecycle cases on a real Temporal dev server: events (T12), a crashing event observer (T72),
 cascade cancel of a middle child (T80), cancel with input pending (T81) and late writes after cancel (T82, T103).
 """
 
@@ -59,7 +59,7 @@ def observe_late_completions(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Tool
 async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -> None:  # T12
     events: list[turnkit.Event] = []
     turnkit.configure(on_event=events.append)
-    client = ScriptedClient([say("hello", usage=turnkit.Usage())])  # zero usage, as the spec's FakeClient
+    client = ScriptedClient([say("hello", usage=turnkit.Usage())])  # zero usage, as TurnKit's FakeClient
     conversation = await tk.conversation(turnkit.Agent("plain", model="scripted", client=client))
     turn = await conversation.ask("Hi")
     assert turn.status == "completed" and turn.output_text == "hello"
@@ -71,7 +71,7 @@ async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -
     for event in mine:
         by_type.setdefault(event.type, event)
 
-    # Spec §3.11 payloads for T12's four events; collect every difference so one run reports them all.
+    # Behaviour §3.11 payloads for T12's four events; collect every difference so one run reports them all.
     required = {
         "turn.started": {"status", "model"},
         "model.requested": {"model", "tool_names", "message_count", "prompt"},
@@ -104,7 +104,7 @@ async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -
     ) != ("completed", "hello"):
         problems.append(f"turn.completed payload is {completed_turn.payload!r}")
     emitted = [e.type for e in mine]
-    assert not problems, "spec §3.11/T12 events differ:\n  " + "\n  ".join(problems) + f"\nemitted: {emitted}"
+    assert not problems, "behaviour §3.11/T12 events differ:\n  " + "\n  ".join(problems) + f"\nemitted: {emitted}"
 
 
 async def test_a_raising_turn_completed_observer_keeps_the_turn_and_its_callback(tk: TurnKit) -> None:  # T72
@@ -288,7 +288,7 @@ async def test_a_tool_writing_after_cancel_leaves_no_trace(tk: TurnKit, monkeypa
     assert [type(e) for e in write_errors] == [turnkit.LostClaim]
     texts = [m.text for m in await conversation.messages()]
     assert late_text not in texts, (
-        "T82: the tool's conversation.say after cancel was persisted; spec §5.4/§5.9 fence a cancelled "
+        "T82: the tool's conversation.say after cancel was persisted; behaviour §5.4/§5.9 fence a cancelled "
         f"execution's writes (write errors: {write_errors!r}); messages: {texts}"
     )
 
@@ -325,7 +325,7 @@ async def test_a_late_completion_after_the_execution_was_interrupted_is_dropped(
     results = [m for m in await conversation.messages() if m.role == "tool"]
     assert not any('"late": true' in (p.get("text") or "") for m in results for p in m.content), "late result kept"
     # The late result is dropped; the call still gets exactly one result, the interrupted one (its error),
-    # so the next request keeps invariant 8 (every tool call has a result). The spec's Ruby case appends none.
+    # so the next request keeps invariant 8 (every tool call has a result). TurnKit's Ruby case appends none.
     [result] = [m for m in results if m.tool_execution_id == execution.id]
     assert result.metadata.get("interrupted") is True and "interrupted under the tool" in result.content[0]["text"]
     assert not [e for e in events if e.type == "tool_call.completed"], "a dropped completion is not 'completed'"

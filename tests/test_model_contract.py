@@ -1,4 +1,4 @@
-"""The model-client contract (spec §3.6), the scripted test client, and message projection (spec §3.5; T13)."""
+"""The model-client contract (behaviour §3.6), the scripted test client, message projection (behaviour §3.5; T13)."""
 
 from __future__ import annotations
 

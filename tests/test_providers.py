@@ -51,7 +51,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
     "required": ["answer", "sources"],
 }
 
-# A history as TurnKit projects it (spec §3.5): a tool loop that ran on some other client, then a new question.
+# A history as TurnKit projects it (behaviour §3.5): a tool loop that ran on some other client, then a new question.
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "look up a and b"},
     {

@@ -106,6 +106,7 @@ class AlteredTurnWorkflow:
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
+        workflow.patched("search-attributes")  # the edit kept the patches: only the first activity changed
         finish = asyncio.create_task(
             workflow.execute_activity(
                 "turnkit.finish_turn",

@@ -1,4 +1,4 @@
-"""``agent.run`` / ``tk.run``: a root turn and its tree (spec §1.7)."""
+"""``agent.run`` / ``tk.run``: a root turn and its tree (behaviour §1.7)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 
 import turnkit
 from turnkit.current import current_connection
+from turnkit.model import Usage
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.testing import ScriptedClient, call_tools, say
 
 
 @turnkit.tool
@@ -63,3 +64,21 @@ async def test_agent_run_needs_a_connection() -> None:
     agent = turnkit.Agent("lonely", model="scripted", client=ScriptedClient(["x"]))
     with pytest.raises(turnkit.ConfigError, match="no TurnKit connection"):
         await agent.run("hello")
+
+
+async def test_run_usage_and_cost_are_the_whole_trees(tk: TurnKit) -> None:
+    """Behaviour §6.4: ``Run.usage`` and ``Run.cost`` aggregate over the root tree (a sub-agent's tokens and cost
+    included); ``turn_usage`` / ``turn_cost`` are the root turn's own."""
+    child_client = ScriptedClient([say("child", usage=Usage(input_tokens=7, output_tokens=3, cost=0.5))])
+    child = turnkit.Agent("tree_child", description="Helps.", model="scripted", client=child_client)
+    lead_client = ScriptedClient(
+        [
+            call_tools(("tree_child", {"task": "help"}), usage=Usage(input_tokens=10, output_tokens=1, cost=0.25)),
+            say("lead done", usage=Usage(input_tokens=20, output_tokens=2, cost=0.125)),
+        ]
+    )
+    lead = turnkit.Agent("tree_lead", model="scripted", sub_agents=[child], client=lead_client)
+    run = await tk.run(lead, "delegate")
+    assert run.status == "completed", run.error
+    assert run.turn_usage.total_tokens == 33 and run.turn_cost == pytest.approx(0.375)
+    assert run.usage.total_tokens == 43 and run.cost == pytest.approx(0.875)

@@ -1,4 +1,4 @@
-"""The store contract (spec §2.8 to §2.10, §10 T75, T76, T99, T100) on SQLite and PostgreSQL.
+"""The store contract (behaviour §2.8 to §2.10, §10 T75, T76, T99, T100) on SQLite and PostgreSQL.
 
 Every test runs once per backend through the ``database_url`` fixture. The PostgreSQL database is shared by the
 whole session, so tests only look at records they created (fresh ids, unique agent names and keys).

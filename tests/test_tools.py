@@ -1,4 +1,4 @@
-"""Tool DSL, argument validation, invocation and result normalisation (spec §4.1, §3.8; T19-T22)."""
+"""Tool DSL, argument validation, invocation and result normalisation (behaviour §4.1, §3.8; T19-T22)."""
 
 from __future__ import annotations
 

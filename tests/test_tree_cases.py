@@ -1,4 +1,4 @@
-"""Spec §10 cases about turn trees and deliveries on a real Temporal dev server (SQLite and PostgreSQL).
+"""Behaviour §10 cases about turn trees and deliveries on a real Temporal dev server (SQLite and PostgreSQL).
 
 Cascade controls and an independent run of the same agent (T87), the persisted context after a cascade cancel (T79),
 and deliveries applied atomically and exactly once (T77).
@@ -111,7 +111,7 @@ async def test_cascade_controls_spare_an_independent_run_of_the_child_agent(tk: 
         assert await status_of(tk, turn.id) == "waiting", "a parent blocked on its child is `waiting`"
 
         paused = await turn.pause(descendants="cascade")
-        assert paused.status == "paused"  # waiting, so paused at once (spec §5.10)
+        assert paused.status == "paused"  # waiting, so paused at once (behaviour §5.10)
         child_now = await tk.store.load_turn(child_record.id)
         assert child_now.status == "running" and controls(child_now)["pause_requested"] is True
         other = await tk.store.load_turn(independent.id)
@@ -177,7 +177,7 @@ async def test_cascade_cancel_keeps_the_persisted_context(tk: TurnKit, start: st
     try:
         if start == "run":
             root: turnkit.Turn = await tk.run(root_agent, "split", context=context, wait=False)
-        else:  # the turn's context wins over the conversation's (spec §1.4 build_turn)
+        else:  # the turn's context wins over the conversation's (behaviour §1.4 build_turn)
             conversation = await tk.conversation(root_agent, context={"tenant": "conversation-default"})
             root = await conversation.ask("split", context=context, wait=False)
         context["tenant"] = "mutated after the call"  # the persisted context is a copy
@@ -200,7 +200,7 @@ async def test_cascade_cancel_keeps_the_persisted_context(tk: TurnKit, start: st
         assert (await root.refresh()).record.options.context == {"tenant": "acme"}, "T79: run.turn.context"
         for name, record in after.items():
             # Each turn keeps the context it was built with; children get the task only, never the run's context
-            # (spec §4.3 "Children do not receive the parent's history, tools or run context").
+            # (behaviour §4.3 "Children do not receive the parent's history, tools or run context").
             assert record.options.context == before[name].options.context, f"{name}'s context changed"
         assert after["t79_mid"].options.context == {} and after["t79_leaf"].options.context == {}
         assert root_client.calls == 1 and mid_client.calls == 1

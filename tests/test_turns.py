@@ -157,7 +157,7 @@ async def test_max_tool_executions_fails_the_turn_and_answers_every_call(tk: Tur
     executions = await turn.tool_executions()
     assert [e.status for e in executions] == ["completed", "failed", "cancelled"]
     assert executions[1].error is not None and executions[1].error["details"]["budget_denied"] is True
-    # Spec §5.13 invariant 8: every proposed call has exactly one tool result, even on a failed turn.
+    # Behaviour §5.13 invariant 8: every proposed call has exactly one tool result, even on a failed turn.
     results = [m for m in await conversation.messages() if m.kind == "tool_result"]
     assert sorted(m.content[0]["tool_call_id"] for m in results) == sorted(e.tool_call_id for e in executions)
 
@@ -214,6 +214,28 @@ async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
 async def test_unknown_turn_id_raises(tk: TurnKit) -> None:
     with pytest.raises(turnkit.RecordNotFound):
         await tk.turn("turn_000000000000000000000000").result(timeout=5)
+
+
+async def test_turn_context_policy_audit_and_status_predicates(tk: TurnKit) -> None:
+    """``Turn.context`` is a copy of the context the turn was built with; ``policy_audit`` is None when no output
+    policy ran; exactly one status predicate is true, the one of the loaded record."""
+    agent = turnkit.Agent("plain", model="scripted", client=ScriptedClient(["ok"]))
+    conversation = await tk.conversation(agent, context={"tenant": "acme"})
+    prepared = await conversation.build_turn("hi", context={"tenant": "globex", "tags": ["a"]})
+    context = prepared.context
+    context["tags"].append("b")  # a deep copy: the record is unchanged
+    assert prepared.context == {"tenant": "globex", "tags": ["a"]}
+    predicates = ("is_pending", "is_waiting", "is_paused", "is_running", "is_completed", "is_failed", "is_cancelled")
+    assert [p for p in (*predicates, "is_stale") if getattr(prepared, p)] == ["is_pending"]
+
+    turn = await prepared.run()
+    assert [p for p in (*predicates, "is_stale") if getattr(turn, p)] == ["is_completed"]
+    assert turn.policy_audit is None and turn.is_background
+    gated = await conversation.build_turn("again", paused=True)
+    assert gated.context == {"tenant": "acme"}  # the conversation's context when the turn gives none
+    assert [p for p in (*predicates, "is_stale") if getattr(gated, p)] == ["is_paused"]
+    await gated.cancel()
+    assert [p for p in (*predicates, "is_stale") if getattr(gated, p)] == ["is_cancelled"]
 
 
 async def test_a_replay_safe_tool_failing_twice_after_its_effect_runs_three_times_with_one_key(tk: TurnKit) -> None:

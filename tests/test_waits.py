@@ -1,4 +1,4 @@
-"""Wait-graph rules in the store (spec §5.5, T63-T66), on SQLite and PostgreSQL."""
+"""Wait-graph rules in the store (behaviour §5.5, T63-T66), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

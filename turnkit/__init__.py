@@ -32,8 +32,10 @@ from turnkit.errors import (
 )
 from turnkit.events import Event
 from turnkit.handles import Conversation, Turn
+from turnkit.live_context import LiveContextContribution, PromptBuildContext
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.plugin import TurnKitPlugin
+from turnkit.prompt import SystemPrompt
 from turnkit.records import (
     ConversationRecord,
     DeliveryRecord,
@@ -61,17 +63,20 @@ __all__ = [
     "Error",
     "Event",
     "InputError",
+    "LiveContextContribution",
     "LostClaim",
     "MessageRecord",
     "ModelAccessError",
     "ModelError",
     "ModelRequest",
+    "PromptBuildContext",
     "RecordNotFound",
     "Result",
     "Run",
     "Settings",
     "Store",
     "StoreError",
+    "SystemPrompt",
     "Tool",
     "ToolCall",
     "ToolContext",

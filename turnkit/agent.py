@@ -1,4 +1,4 @@
-"""Agent definitions and the process-wide agent registry (spec §1.2 and §9).
+"""Agent definitions and the process-wide agent registry (behaviour §1.2 and §9).
 
 An :class:`Agent` is an immutable, in-memory definition; only its name is persisted. Workers rebuild the agent of a
 stored turn through the registry, so every process must :func:`register` the same agents at boot.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -20,6 +20,7 @@ from turnkit.current import current
 from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
 from turnkit.model import Client, ToolSpec, Usage
+from turnkit.prompt_sections import check_prompt_sections
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
 if TYPE_CHECKING:
@@ -44,14 +45,14 @@ ORCHESTRATOR_PREAMBLE: Final = (
     "the task is done, and stay within the runtime, cost and iteration limits you are given."
 )
 
-#: Valid system-prompt modes (spec §3.4).
+#: Valid system-prompt modes (behaviour §3.4).
 PROMPT_MODES: Final = ("full", "minimal", "task", "none")
 
 _THINKING_KEYS: Final = ("effort", "budget")
 
 
 def normalize_thinking(thinking: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Validate and normalise a thinking option (spec §1.2).
+    """Validate and normalise a thinking option (behaviour §1.2).
 
     Args:
         thinking: None, or a mapping with ``effort`` and/or ``budget`` (an int) and no other keys.
@@ -108,7 +109,17 @@ class Agent:
     prompt_mode: str | None
     """The agent's prompt mode; ``"task"`` by default for orchestrators, else None (chosen per turn)."""
     compaction: dict[str, Any] | bool | None
-    """Compaction options merged over ``settings.compaction`` (spec §3.10); False disables, None inherits."""
+    """Compaction options merged over ``settings.compaction`` (behaviour §3.10); False disables, None inherits."""
+    system_prompt: str | Callable[[Any], Any] | None
+    """None: the generated prompt. A string replaces it. A callable gets the built
+    :class:`~turnkit.prompt.SystemPrompt` and returns the final text (no dynamic part then)."""
+    prompt_sections: tuple[str, ...] | None
+    """The agent's own section list (any mode), or None for the mode's (see :func:`turnkit.prompt.resolve_sections`)."""
+    context_contributors: tuple[Callable[..., Any], ...]
+    """Live-context contributors: the global ones copied at construction (unless ``inherit_globals=False``), then
+    the agent's."""
+    inherit_globals: bool
+    """Whether ``settings.context_contributors`` were copied in."""
 
     def __init__(
         self,
@@ -132,6 +143,10 @@ class Agent:
         orchestrator: bool = False,
         prompt_mode: str | None = None,
         compaction: Mapping[str, Any] | bool | None = None,
+        system_prompt: str | Callable[[Any], Any] | None = None,
+        prompt_sections: Iterable[str] | None = None,
+        context_contributors: Iterable[Callable[..., Any]] = (),
+        inherit_globals: bool = True,
     ) -> None:
         """Define an agent.
 
@@ -143,7 +158,7 @@ class Agent:
             tools: Tool instances, Tool subclasses (instantiated with no arguments) or ``@tool`` functions.
             sub_agents: Agents exposed as delegation tools named after them.
             client: Model client; falls back to ``settings.client``.
-            max_iterations: Budget limit (spec §6); None falls back to the setting of the same name.
+            max_iterations: Budget limit (behaviour §6); None falls back to the setting of the same name.
             max_tool_executions: Budget limit; None falls back to the setting.
             max_tool_executions_by_name: Per-tool budget limits; None falls back to the setting.
             timeout: Seconds; None falls back to the setting.
@@ -153,15 +168,23 @@ class Agent:
             output_schema: JSON schema for structured output.
             input_schema: JSON schema that ``run`` inputs must satisfy.
             orchestrator: Prepend the orchestrator preamble and default the prompt mode to ``"task"``.
-            prompt_mode: ``"full"``, ``"minimal"``, ``"task"`` or ``"none"`` (spec §3.4).
+            prompt_mode: ``"full"``, ``"minimal"``, ``"task"`` or ``"none"`` (behaviour §3.4).
             compaction: None or True (inherit ``settings.compaction``), False (disable) or a mapping of compaction
-                options (spec §3.10).
+                options (behaviour §3.10).
+            system_prompt: None (the generated prompt), a string that replaces it, or a callable that receives the
+                built :class:`~turnkit.prompt.SystemPrompt` and returns the final text.
+            prompt_sections: Overrides the prompt's section list (names from
+                :data:`turnkit.prompt_sections.PROMPT_SECTIONS`).
+            context_contributors: Callables adding live context to the prompt, each called with a
+                :class:`~turnkit.live_context.PromptBuildContext` (sync or ``async def``).
+            inherit_globals: Copy ``settings.context_contributors`` in front of the agent's own (at construction).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
-                or an unknown prompt mode.
+                an unknown prompt mode or an unknown prompt section.
             ConfigError: ``compaction`` has the wrong type or an unknown option.
-            TypeError: A tools entry is not a TurnKit tool, or a sub-agent is not an Agent.
+            TypeError: A tools entry is not a TurnKit tool, a sub-agent is not an Agent, ``system_prompt`` is neither
+                a string nor a callable, a context contributor is not callable, or ``prompt_sections`` is a string.
         """
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
@@ -178,6 +201,15 @@ class Agent:
             }
         )
         compaction_options = normalize_compaction(compaction)
+        if system_prompt is not None and not isinstance(system_prompt, str) and not callable(system_prompt):
+            raise TypeError("system_prompt must be a string or a callable")
+        sections = None if prompt_sections is None else check_prompt_sections(prompt_sections)
+        contributors = tuple(context_contributors)
+        if any(not callable(each) for each in contributors):
+            raise TypeError("context_contributors must be callables")
+        if inherit_globals:
+            # Copied now (behaviour §1.2): a later change of the setting does not reach agents already defined.
+            contributors = tuple(settings.context_contributors) + contributors
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)
         _check_unique_names(resolved_tools, resolved_sub_agents)
@@ -212,6 +244,10 @@ class Agent:
             "orchestrator": bool(orchestrator),
             "prompt_mode": prompt_mode or ("task" if orchestrator else None),
             "compaction": compaction_options,
+            "system_prompt": system_prompt,
+            "prompt_sections": sections,
+            "context_contributors": contributors,
+            "inherit_globals": bool(inherit_globals),
         }
         for key, value in values.items():
             # The dataclass is frozen; this is the one place its fields are written.
@@ -253,7 +289,7 @@ class Agent:
         return client
 
     def budget_limits(self) -> dict[str, Any]:
-        """The agent's budget limits, each falling back to the setting of the same name (spec §6.1).
+        """The agent's budget limits, each falling back to the setting of the same name (behaviour §6.1).
 
         Returns:
             ``max_iterations``, ``timeout``, ``max_depth``, ``max_tool_executions``,
@@ -282,7 +318,7 @@ class Agent:
         return await current().run(self, task, input=input, wait=wait, **options)
 
     async def usage(self) -> Usage:
-        """Tokens used by every stored turn of this agent's name, on the current connection (spec §1.2)."""
+        """Tokens used by every stored turn of this agent's name, on the current connection (behaviour §1.2)."""
         return total_usage(await current().store.list_turns(agent_name=self.name))
 
     async def cost(self) -> float | None:

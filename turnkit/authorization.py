@@ -1,4 +1,4 @@
-"""The authorization hook (spec §7): one application callable, asked before every guarded action.
+"""The authorization hook (behaviour §7): one application callable, asked before every guarded action.
 
 ``turnkit.configure(authorize=fn)``; ``fn(action, principal=..., **resources)`` (or an object with such an
 ``.authorize`` method), sync or ``async def``, must return literally ``True``. Anything else denies: a truthy value,
@@ -38,10 +38,10 @@ Action = Literal[
     "read_control",
     "read_messages",
 ]
-#: Every guarded action, in the spec's order (spec §7.3).
+#: Every guarded action, in TurnKit's order (behaviour §7.3).
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)
 
-#: The error class recorded with a denial (spec §7.4).
+#: The error class recorded with a denial (behaviour §7.4).
 DENIAL_CLASS: Final = "TurnKit::AuthorizationError"
 
 
@@ -62,7 +62,7 @@ class Verdict:
 
     @property
     def details(self) -> dict[str, Any]:
-        """A denied tool execution's ``error.details`` (spec §7.4), with ``hook_error`` when the hook raised."""
+        """A denied tool execution's ``error.details`` (behaviour §7.4), with ``hook_error`` when the hook raised."""
         details: dict[str, Any] = {"class": DENIAL_CLASS, "authorization_denied": True}
         if self.hook_error is not None:
             details["hook_error"] = self.hook_error
@@ -83,7 +83,7 @@ async def check(action: Action, principal: Any, **resources: Any) -> Verdict:
     ask = getattr(hook, "authorize", hook)  # an object with .authorize(...) or a plain callable
     try:
         answer = await call_application(ask, action, principal=principal, **resources)
-    except Exception as err:  # spec §7.1: anything but a literal True denies, an exception included
+    except Exception as err:  # behaviour §7.1: anything but a literal True denies, an exception included
         # A hook still thinking when the activity attempt's time is nearly up raised TimeoutError (turnkit.callbacks).
         logger.warning("the authorization hook raised on %r; the action is denied", action, exc_info=err)
         return Verdict(action, False, hook_error=error_class_name(err), cause=err)

@@ -1,9 +1,9 @@
-"""Root-tree budgets (spec §6), checked inside the transaction that reserves.
+"""Root-tree budgets (behaviour §6), checked inside the transaction that reserves.
 
 Limits are the **root** turn's snapshot (``options.budget_limits``), and usage is counted over every turn sharing
 the root, so parallel children share one budget. Usage is the root row's running totals
 (:meth:`~turnkit.store.store.StoreTx.tree_usage`: one row, however long the turn or large the tree), which the store
-keeps equal to the sums over the records (spec §6.3) by updating them in the transaction of each counted write; the
+keeps equal to the sums over the records (behaviour §6.3) by updating them in the transaction of each counted write; the
 checks also accept the records themselves (:meth:`TreeUsage.from_records`). Callers hold the root turn's row lock
 while they check and write, which makes check-and-reserve atomic.
 """
@@ -68,7 +68,7 @@ def depth_denial(root: TurnRecord, depth: int) -> str | None:
 
 
 def counts_against_budget(execution: ToolExecutionRecord) -> bool:
-    """Whether an execution uses tool budget: all but cancelled and budget-denied ones (spec §6.3)."""
+    """Whether an execution uses tool budget: all but cancelled and budget-denied ones (behaviour §6.3)."""
     return execution.counts_against_budget
 
 

@@ -1,4 +1,4 @@
-"""Built-in coordination tools (spec §4.3), opt-in: add them to an agent's ``tools``.
+"""Built-in coordination tools (behaviour §4.3), opt-in: add them to an agent's ``tools``.
 
 Coordination tools hold no external effect of their own: their durability comes from delivery keys and child ids,
 so the runtime executes them itself (inside the tool activity, with the store and the Temporal client) instead of
@@ -50,7 +50,7 @@ send_message = SendMessageTool()
 
 
 class SubAgentTool(CoordinationTool):
-    """Delegation to a sub-agent (spec §4.3): runs a child turn in a new child conversation and returns its result.
+    """Delegation to a sub-agent (behaviour §4.3): runs a child turn in a new child conversation and returns its result.
 
     Build one per sub-agent with :func:`sub_agent_tool`; the runtime runs the child as a child workflow, and
     consecutive sub-agent calls in one model response run in parallel.

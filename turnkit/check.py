@@ -1,4 +1,4 @@
-"""``turnkit check``: report every broken invariant of spec §5.13 found in the store and in Temporal.
+"""``turnkit check``: report every broken invariant of behaviour §5.13 found in the store and in Temporal.
 
 The store and Temporal are read, never written. Each :class:`Finding` names a kind, the ids involved and one
 sentence. Most checks are set-based SQL; Temporal is asked only about the turns that are not terminal (and the
@@ -116,9 +116,11 @@ def _recent(column: Any, ctx: _Context) -> Any:
 
 
 async def _active_turns(ctx: _Context) -> None:
-    """Spec §5.13.1: at most one running, waiting or (started and) paused turn per conversation."""
+    """Behaviour §5.13.1: at most one running, waiting or (started and) paused turn per conversation."""
     started_paused = (TurnRow.status == "paused") & TurnRow.started_at.is_not(None)
-    active = or_(TurnRow.status.in_(("running", "waiting")), started_paused)
+    # A prepared (unsubmitted) turn that waits for others runs nothing yet: it is not active.
+    submitted_waiting = (TurnRow.status == "waiting") & TurnRow.submitted_at.is_not(None)
+    active = or_(TurnRow.status == "running", submitted_waiting, started_paused)
     query = select(TurnRow.conversation_uid, TurnRow.uid).where(active, _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
         rows = (await tx.session.execute(query.order_by(TurnRow.created_at, TurnRow.id))).all()
@@ -150,7 +152,7 @@ async def _sequence_gaps(ctx: _Context) -> None:
 
 
 async def _tool_call_results(ctx: _Context) -> None:
-    """Spec §5.13.8: every tool call of a finished turn has exactly one result; no call has two, ever."""
+    """Behaviour §5.13.8: every tool call of a finished turn has exactly one result; no call has two, ever."""
     turn_query = select(TurnRow.uid, TurnRow.status).where(_recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
         statuses = dict((await tx.session.execute(turn_query)).all())
@@ -241,7 +243,12 @@ def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | str | None]) ->
 async def _workflows(ctx: _Context) -> None:
     """Unfinished turns need a live workflow (or a place in their lane's queue); open executions a live turn."""
     async with ctx.store.atomic() as tx:
-        unfinished = select(TurnRow).where(TurnRow.status.in_(ACTIVE_TURN_STATUSES), _recent(TurnRow.updated_at, ctx))
+        # Prepared turns (built, not submitted) are not work in flight: nothing is meant to run them yet.
+        unfinished = select(TurnRow).where(
+            TurnRow.status.in_(ACTIVE_TURN_STATUSES),
+            or_(TurnRow.submitted_at.is_not(None), TurnRow.status == "running"),
+            _recent(TurnRow.updated_at, ctx),
+        )
         turns = [_turn(row) for row in await tx.session.scalars(unfinished)]
         running = select(ToolExecutionRow).where(
             ToolExecutionRow.status == "running", _recent(ToolExecutionRow.updated_at, ctx)
@@ -272,7 +279,7 @@ async def _workflows(ctx: _Context) -> None:
 
 
 async def _deliveries(ctx: _Context) -> None:
-    """Spec §5.13.7: each delivery is appended exactly once; a pending one is held by its lane or on its way."""
+    """Behaviour §5.13.7: each delivery is appended exactly once; a pending one is held by its lane or on its way."""
     async with ctx.store.atomic() as tx:
         deliveries = (
             await tx.session.execute(
@@ -340,7 +347,7 @@ async def _waits(ctx: _Context) -> None:
 
 
 async def _budgets(ctx: _Context) -> None:
-    """Spec §5.13.10: iterations and tool executions of a root tree stay within the root's limits."""
+    """Behaviour §5.13.10: iterations and tool executions of a root tree stay within the root's limits."""
     root_ids = select(TurnRow.uid).where(TurnRow.parent_turn_uid.is_(None), _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
         trees: dict[str, list[TurnRecord]] = defaultdict(list)

@@ -1,4 +1,4 @@
-"""Context compaction (spec §3.10): summarise the middle of a long history into one ``context_summary`` message.
+"""Context compaction (behaviour §3.10): summarise the middle of a long history into one ``context_summary`` message.
 
 Everything here is a pure function of its inputs; the model activity (automatic compaction) and
 :meth:`turnkit.handles.Conversation.compact` (manual compaction) do the I/O.
@@ -51,7 +51,7 @@ __all__ = [
     "truncate_tool_output",
 ]
 
-#: Logs automatic compaction failures (they are swallowed, spec §3.10).
+#: Logs automatic compaction failures (they are swallowed, behaviour §3.10).
 logger: Final = logging.getLogger("turnkit.compaction")
 
 #: The Markdown sections every summary must have, in order.
@@ -98,7 +98,7 @@ def _projected_chars(message: MessageRecord) -> int:
 def message_tokens(message: MessageRecord) -> int:
     """Estimated tokens of one message: ``ceil(chars / 4) + 8``.
 
-    The characters are those the model sees (spec §3.10 counts ``message.text``; with content-part messages that
+    The characters are those the model sees (behaviour §3.10 counts ``message.text``; with content-part messages that
     would miss tool calls and tool results, so their projected text and arguments are counted too).
     """
     return math.ceil(_projected_chars(message) / 4) + 8
@@ -132,7 +132,7 @@ def _summary_range(message: MessageRecord) -> tuple[int, int] | None:
 
 
 def active_messages(messages: Sequence[MessageRecord]) -> list[MessageRecord]:
-    """Apply the compaction projection (spec §3.5 step 2) to messages in sequence order.
+    """Apply the compaction projection (behaviour §3.5 step 2) to messages in sequence order.
 
     A summary is active unless the start of its range (its own sequence when it has no range) lies in the range
     of a newer summary. Inactive summaries are left out. Messages inside an active summary's range are replaced by
@@ -200,7 +200,7 @@ class Selection:
 
 
 def select_for_compaction(messages: Sequence[MessageRecord], policy: Mapping[str, Any]) -> Selection | None:
-    """Choose head, middle and tail of the projected ``messages`` (spec §3.10 "Selection").
+    """Choose head, middle and tail of the projected ``messages`` (behaviour §3.10 "Selection").
 
     The tail walks back from the end: at most ``tail_messages`` messages and ``tail_tokens`` tokens, at least one.
     It then extends backwards until every tool result in it has its call in it, and the head extends forwards until
@@ -360,7 +360,7 @@ def summary_metadata(
     created_at: datetime,
     request_id: str | None = None,
 ) -> dict[str, Any]:
-    """The ``metadata`` of a summary message: ``{"compaction": {...}}`` with the spec's keys.
+    """The ``metadata`` of a summary message: ``{"compaction": {...}}`` with TurnKit's keys.
 
     ``request_id`` (automatic compaction only) is the model request the summary was made for; it makes the write
     idempotent under activity retries.
@@ -420,7 +420,8 @@ async def summarise(
     metadata: Mapping[str, Any] | None = None,
     on_request: Callable[[ModelRequest], Awaitable[None]] | None = None,
 ) -> Summary | None:
-    """The one compaction flow (spec §3.10), manual and automatic: select, ask the compaction model, check, describe.
+    """The one compaction flow (behaviour §3.10), manual and automatic: select, ask the compaction model, check,
+    describe.
 
     Storing the summary is the caller's: manual compaction appends it to the conversation; automatic compaction
     writes it in the turn's transaction, keyed on its ``request_id``.

@@ -1,4 +1,4 @@
-"""Compaction options (spec §3.10): their defaults, and how the layers (``settings.compaction``, an agent's
+"""Compaction options (behaviour §3.10): their defaults, and how the layers (``settings.compaction``, an agent's
 ``compaction``, a call's overrides) are validated and merged. Pure, so settings and agent definitions validate their
 layer without importing the compaction machinery (which builds prompts from agents)."""
 
@@ -11,7 +11,7 @@ from turnkit.errors import ConfigError
 
 __all__ = ["DEFAULTS", "compaction_policy", "normalize_compaction"]
 
-#: The compaction options and their defaults (spec §3.10).
+#: The compaction options and their defaults (behaviour §3.10).
 DEFAULTS: Final[Mapping[str, Any]] = {
     "enabled": True,
     "threshold": 0.75,

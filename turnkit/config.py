@@ -1,4 +1,4 @@
-"""Process-wide TurnKit settings (spec §9).
+"""Process-wide TurnKit settings (behaviour §9).
 
 ``settings`` is one mutable object for the whole process; :func:`configure` changes it and :func:`reset_settings`
 puts the defaults back (for tests). Code should read ``settings.<knob>`` at the moment it needs a value, never copy
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from turnkit.compaction_options import normalize_compaction
 from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
+from turnkit.prompt_sections import check_prompt_sections
 
 if TYPE_CHECKING:
     # Only for annotations: turnkit.cost imports this module, so a runtime import would be circular.
@@ -34,16 +35,16 @@ __all__ = [
 #: The Temporal task queue TurnKit workflows and activities run on.
 TASK_QUEUE: Final = "turnkit"
 
-#: Receives each lifecycle event (spec §3.11).
+#: Receives each lifecycle event (behaviour §3.11).
 EventCallback = Callable[[Any], Any]
 
-#: ``(usage, model) -> Cost | dict | number | None`` (spec §6.5 rule 2).
+#: ``(usage, model) -> Cost | dict | number | None`` (behaviour §6.5 rule 2).
 CostCalculator = Callable[["Usage", "str | None"], "Cost | Mapping[str, Any] | float | int | None"]
 
 
 @dataclass
 class Settings:
-    """The TurnKit configuration knobs used by the runtime (spec §9)."""
+    """The TurnKit configuration knobs used by the runtime (behaviour §9)."""
 
     default_model: str = "claude-sonnet-4-5"
     """Model used when neither the agent nor the conversation sets one."""
@@ -52,7 +53,7 @@ class Settings:
     """Default model client; an agent's own ``client`` wins."""
 
     max_iterations: int = 25
-    """Model-phase entries allowed over a root tree (spec §6.1)."""
+    """Model-phase entries allowed over a root tree (behaviour §6.1)."""
 
     timeout: float = 300.0
     """Seconds of wall time allowed since the root turn was submitted or started."""
@@ -78,14 +79,14 @@ class Settings:
     authorize: Callable[..., Any] | None = None
     """Authorization hook ``authorize(action, principal=..., **resources)`` (sync or ``async def``, or an object with
     such an ``.authorize``); must return literally ``True``, anything else (an exception included) denies. None allows
-    everything (spec §7; see :mod:`turnkit.authorization`)."""
+    everything (behaviour §7; see :mod:`turnkit.authorization`)."""
 
     maintenance_batch_size: int = 100
     """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
 
     on_event: EventCallback | list[EventCallback] | tuple[EventCallback, ...] | None = None
     """Event callback(s) (sync or ``async def``), called with each :class:`turnkit.events.Event` after its write
-    committed (spec §3.11); sync ones run in a thread; exceptions are logged (see :mod:`turnkit.events`)."""
+    committed (behaviour §3.11); sync ones run in a thread; exceptions are logged (see :mod:`turnkit.events`)."""
 
     model_timeout: float = 300.0
     """Seconds one model request may take (the ``turnkit.model`` activity's start-to-close timeout)."""
@@ -109,8 +110,22 @@ class Settings:
     registered); workflows started without them never set any."""
 
     compaction: bool | dict[str, Any] = True
-    """Context compaction (spec §3.10): True (the defaults), False (disabled) or a mapping of options from
+    """Context compaction (behaviour §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
+
+    prompt_sections: tuple[str, ...] | list[str] | None = None
+    """The system prompt's section list in ``full`` mode when the agent sets none; None means
+    :data:`turnkit.prompt.DEFAULT_SECTIONS` (see docs/design.md, "The system prompt")."""
+
+    prompt_behavior: str | None = None
+    """Replaces the text of the prompt's ``behavior`` section in every mode; None keeps TurnKit's."""
+
+    prompt_data_max_chars: int = 20_000
+    """Characters kept of each subject or live-context block; longer ones are truncated."""
+
+    context_contributors: list[Any] = field(default_factory=list[Any])
+    """Callables that add live context to root prompts; copied into each agent at construction (in front of the
+    agent's own) unless the agent says ``inherit_globals=False``."""
 
 
 #: The process-wide settings object. Mutate it through :func:`configure`.
@@ -141,6 +156,7 @@ def configure(**kwargs: Any) -> Settings:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
     check_limits(kwargs)  # zero or negative budgets are refused before any setting changes (issue 8 item 13)
+    _check_prompt_settings(kwargs)
     if "compaction" in kwargs:
         normalized = normalize_compaction(kwargs["compaction"])
         kwargs["compaction"] = True if normalized is None else normalized
@@ -150,6 +166,28 @@ def configure(**kwargs: Any) -> Settings:
             value = {str(name): limit for name, limit in value.items()}  # pyright: ignore[reportUnknownVariableType]
         setattr(settings, key, value)
     return settings
+
+
+def _check_prompt_settings(kwargs: dict[str, Any]) -> None:
+    """Refuse prompt settings no prompt can be built with, before any setting changes."""
+    sections = kwargs.get("prompt_sections")
+    if sections is not None:
+        try:
+            kwargs["prompt_sections"] = check_prompt_sections(sections)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from err
+    if "prompt_data_max_chars" in kwargs:
+        limit = kwargs["prompt_data_max_chars"]
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"prompt_data_max_chars must be an integer >= 0, not {limit!r}")
+    contributors = kwargs.get("context_contributors")
+    if contributors is not None:
+        if isinstance(contributors, str | bytes) or not all(callable(each) for each in contributors):
+            raise ConfigError("context_contributors must be a list of callables")
+        kwargs["context_contributors"] = list(contributors)
+    behavior = kwargs.get("prompt_behavior")
+    if behavior is not None and not isinstance(behavior, str):
+        raise ConfigError("prompt_behavior must be a string or None")
 
 
 def reset_settings() -> Settings:

@@ -1,4 +1,4 @@
-"""Human controls (spec §5.9, §5.10): pause, resume, steer, cancel — store side.
+"""Human controls (behaviour §5.9, §5.10): pause, resume, steer, cancel — store side.
 
 ``options.controls`` is the durable source of truth; every control write takes the root turn's lock, the same lock
 the model and tool activities take at their **control boundary**, which is where a running turn acknowledges a
@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 from turnkit.errors import Error, ToolError
 from turnkit.events import announce_message
-from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import StoreTx, canonical_json, utcnow
 from turnkit.transcript import repair_transcript
 from turnkit.turn_state import SteeringInput, TurnControls
@@ -32,7 +32,7 @@ __all__ = [
     "stamp_request",
 ]
 
-CANCELLED_ERROR: Final = {"class": "TurnKit::Cancelled", "message": "cancelled by application"}
+CANCELLED_ERROR: Final = {"class": CANCELLED_CLASS, "message": CANCELLED_MESSAGE}
 STEERING_SKIP: Final = "not executed: superseded by human steering"
 FINISHED: Final = (*TERMINAL_TURN_STATUSES, "stale")
 
@@ -69,7 +69,7 @@ async def _write_controls(tx: StoreTx, turn: TurnRecord, controls: TurnControls,
 
 
 async def apply_pause(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
-    """Request a pause; a turn that is not running is paused at once (spec §5.10)."""
+    """Request a pause; a turn that is not running is paused at once (behaviour §5.10)."""
     if turn.status in FINISHED:
         return turn
     controls = controls_of(turn).model_copy(update={"pause_requested": True})
@@ -94,7 +94,7 @@ async def apply_resume(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
 async def apply_steer(
     tx: StoreTx, turn: TurnRecord, *, text: str, key: str, principal: Any, target: bool
 ) -> dict[str, Any] | None:
-    """Queue a steering input on ``turn`` and return its receipt (idempotent by key; spec §5.10 ``steer!``).
+    """Queue a steering input on ``turn`` and return its receipt (idempotent by key; behaviour §5.10 ``steer!``).
 
     A finished target raises; a finished descendant is skipped (None).
     """
@@ -123,7 +123,7 @@ async def apply_steer(
 
 
 async def apply_cancel(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
-    """End the turn ``cancelled`` now: open executions are interrupted and every call answered (spec §5.9)."""
+    """End the turn ``cancelled`` now: open executions are interrupted and every call answered (behaviour §5.9)."""
     if turn.status in TERMINAL_TURN_STATUSES:
         return turn
     await repair_transcript(tx, turn)
@@ -144,7 +144,7 @@ def has_pending_controls(turn: TurnRecord) -> bool:
 
 
 async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, TurnRecord]:
-    """Spec §5.10 ``control_boundary!`` (under the root lock): acknowledge a pause, or apply queued steering.
+    """Behaviour §5.10 ``control_boundary!`` (under the root lock): acknowledge a pause, or apply queued steering.
 
     Steering first answers every proposal of the last model response that has no result yet ("superseded by human
     steering"), then appends each input as a user message and resets the phase to ``model``.

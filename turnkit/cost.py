@@ -1,4 +1,4 @@
-"""Cost of model calls in USD (spec §6.5).
+"""Cost of model calls in USD (behaviour §6.5).
 
 A :class:`Cost` has optional per-component amounts and an optional explicit total. :func:`cost_from_usage` prices
 a :class:`~turnkit.model.Usage` with the first rule that applies: the provider's own figure, the application's
@@ -149,7 +149,7 @@ class Cost:
 
     @classmethod
     def aggregate(cls, costs: Iterable[Cost]) -> Cost:
-        """Sum costs (spec §6.5).
+        """Sum costs (behaviour §6.5).
 
         Per component when any cost carries components; else the totals, when none of them is None; else an
         empty cost.
@@ -211,7 +211,7 @@ def _cost_from_rates(usage: Usage, rates: Mapping[str, Any]) -> Cost:
 
 
 def cost_from_usage(usage: Usage, model: str | None) -> Cost:
-    """Price one model call (spec §6.5 rules 1-5).
+    """Price one model call (behaviour §6.5 rules 1-5).
 
     1. A provider-reported ``usage.cost`` becomes the total.
     2. ``settings.cost_calculator(usage, model)``, when set and not returning None: a :class:`Cost` is used as-is,

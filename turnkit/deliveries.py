@@ -1,4 +1,4 @@
-"""Durable messaging (spec §5.11): deliveries are rows first, signals second.
+"""Durable messaging (behaviour §5.11): deliveries are rows first, signals second.
 
 A delivery is created idempotently by its globally unique key, then its destination lane is woken by
 signal-with-start ``deliver``. The store is authoritative: a lost signal is repaired by :func:`reconcile`, a
@@ -74,7 +74,7 @@ async def create_delivery(
 
 
 def turn_result(turn: TurnRecord) -> dict[str, Any]:
-    """``SubAgentTool.result`` (spec §4.3): the shape of completion payloads and sub-agent results, nils dropped."""
+    """``SubAgentTool.result`` (behaviour §4.3): the shape of completion payloads and sub-agent results (no nils)."""
     result: dict[str, Any] = {
         "conversation_id": turn.conversation_id,
         "turn_id": turn.id,
@@ -101,7 +101,7 @@ async def completion_delivery(tx: StoreTx, turn: TurnRecord, verdict: Verdict) -
     """The completion callback of a finished turn (key ``completion:<turn_id>``), created with its terminal write.
 
     ``verdict`` is :func:`callback_verdict`, asked before the transaction. Denied, the terminal state stands and
-    ``options.callback_denied`` records the denial instead of a delivery (spec §7.4).
+    ``options.callback_denied`` records the denial instead of a delivery (behaviour §7.4).
     """
     destination = turn.options.callback_conversation_id
     if not destination or not turn.terminal or turn.options.callback_denied is not None:

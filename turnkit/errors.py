@@ -1,11 +1,11 @@
-"""TurnKit's error hierarchy (spec §8).
+"""TurnKit's error hierarchy (behaviour §8).
 
-Every error TurnKit raises on purpose derives from :class:`Error`. Each class carries the spec's Ruby-style name in
+Every error TurnKit raises on purpose derives from :class:`Error`. Each class carries TurnKit's Ruby-style name in
 ``qualified_name`` because that string is what gets persisted in error records (``{"class": "TurnKit::BudgetError",
 ...}``), and applications written against the gem's records compare against those literals.
 
 Definition-time and API misuse (the gem's Ruby ``ArgumentError``) is raised as Python's ``ValueError``, or
-``TypeError`` when a value has the wrong type, with the spec's message.
+``TypeError`` when a value has the wrong type, with TurnKit's message.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ class Error(Exception):
 
 
 class AuthorizationError(Error):
-    """The authorization policy denied an action (``"not authorized to <action>"``, spec §7)."""
+    """The authorization policy denied an action (``"not authorized to <action>"``, behaviour §7)."""
 
     qualified_name: ClassVar[str] = "TurnKit::AuthorizationError"
 
 
 class BudgetError(Error):
-    """A budget limit of spec §6 was reached (iterations, tool executions, depth, timeout or spend)."""
+    """A budget limit of behaviour §6 was reached (iterations, tool executions, depth, timeout or spend)."""
 
     qualified_name: ClassVar[str] = "TurnKit::BudgetError"
 
@@ -87,7 +87,7 @@ class TransientModelError(Exception):
 
 
 class CompactionError(Error):
-    """A manual compaction failed (spec §3.10)."""
+    """A manual compaction failed (behaviour §3.10)."""
 
     qualified_name: ClassVar[str] = "TurnKit::CompactionError"
 
@@ -97,7 +97,7 @@ class InputError(Error, ValueError):
     cannot hold (NUL, a lone surrogate, NaN, a name or key too long, text over ``max_input_bytes``), an empty text or
     key, a malformed id. The message names the field. Nothing is sent or written when it is raised.
 
-    It is also a ``ValueError``: the spec's API misuse (Ruby ``ArgumentError``) is ``ValueError`` in Python.
+    It is also a ``ValueError``: TurnKit's API misuse (Ruby ``ArgumentError``) is ``ValueError`` in Python.
     """
 
     qualified_name: ClassVar[str] = "TurnKit::InputError"
@@ -132,7 +132,7 @@ class RecordNotFound(StoreError, LookupError):
 
 
 class LostClaim(Error):
-    """A fenced write happened after this worker lost ownership of the turn or tool execution (spec §5.4)."""
+    """A fenced write happened after this worker lost ownership of the turn or tool execution (behaviour §5.4)."""
 
     qualified_name: ClassVar[str] = "TurnKit::LostClaim"
 
@@ -147,7 +147,7 @@ class ToolError(Error):
 
 
 class ToolValidationError(ToolError):
-    """The model's arguments for a tool are invalid (spec §4.1 ``validate_arguments``)."""
+    """The model's arguments for a tool are invalid (behaviour §4.1 ``validate_arguments``)."""
 
     qualified_name: ClassVar[str] = "TurnKit::ToolValidationError"
 

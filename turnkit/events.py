@@ -1,4 +1,4 @@
-"""Lifecycle events (spec §3.11), delivered to ``settings.on_event`` after the corresponding store write committed.
+"""Lifecycle events (behaviour §3.11), delivered to ``settings.on_event`` after the corresponding store write committed.
 
 A write's events are registered inside its transaction with :func:`announce` (or :func:`announce_message`) and sent
 by :meth:`~turnkit.store.store.Store.atomic` once it committed: a rolled-back write announces nothing, and an attempt
@@ -67,7 +67,7 @@ def announce(tx: StoreTx, type: str, turn_id: str, conversation_id: str, **paylo
 
 
 def announce_message(tx: StoreTx, message: MessageRecord) -> None:
-    """``message.created {message_id, role, kind}`` for a turn's message just written in ``tx`` (spec §3.7)."""
+    """``message.created {message_id, role, kind}`` for a turn's message just written in ``tx`` (behaviour §3.7)."""
     if message.turn_id is not None:
         announce(
             tx,

@@ -24,7 +24,7 @@ async def open_tool_execution(
     arguments: dict[str, Any],
     status: str = "running",
 ) -> tuple[ToolExecutionRecord, str | None]:
-    """Create the execution of a new call and reserve tool budget for it over the root tree (spec §6.2).
+    """Create the execution of a new call and reserve tool budget for it over the root tree (behaviour §6.2).
 
     Call it under the root turn's lock. A denied reservation settles the execution ``failed`` with
     ``budget_denied`` (its result appended) and returns the denial message, which fails the turn.

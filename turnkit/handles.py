@@ -7,6 +7,7 @@ Handles talk to Temporal for execution (submit, await) and read records from the
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
@@ -30,13 +31,16 @@ from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_stee
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
-from turnkit.model import Usage
+from turnkit.model import ModelRequest, Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
+from turnkit.prepared import SUBMITTABLE, preview_request
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, registration_hint
 from turnkit.store.patience import patiently
 from turnkit.store.store import StoreTx
+from turnkit.turn_build import create_turn
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
+from turnkit.turn_options import check_budget
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
 from turnkit.workflow_names import LANE_WORKFLOW, SUBMIT_UPDATE
@@ -69,7 +73,7 @@ STAGE_RETRY_WINDOW = 60.0
 
 
 class Conversation:
-    """A durable thread bound to one agent (spec §1.3). Get one from :meth:`TurnKit.conversation`."""
+    """A durable thread bound to one agent (behaviour §1.3). Get one from :meth:`TurnKit.conversation`."""
 
     def __init__(self, tk: TurnKit, record: ConversationRecord) -> None:
         self._tk = tk
@@ -84,6 +88,11 @@ class Conversation:
     def agent_name(self) -> str:
         """The name of the agent the conversation is bound to."""
         return self.record.agent_name
+
+    @property
+    def subject_prompt(self) -> str:
+        """The subject's ``to_prompt()`` text, snapshotted when the conversation was created (``""`` when none)."""
+        return str(self.record.metadata.get("turnkit_subject_prompt") or "")
 
     async def say(self, text: str, *, metadata: dict[str, Any] | None = None) -> MessageRecord:
         """Append a user message without starting a turn.
@@ -111,25 +120,23 @@ class Conversation:
         callback: Conversation | str | None = None,
         wait_for: list[Turn | str] | None = None,
         paused: bool = False,
+        compact: bool | None = None,
+        budget: dict[str, Any] | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
         Returns at once with ``wait=False`` (the turn is ``pending``); otherwise when the turn has finished.
-        ``thinking=None`` disables the agent's thinking for this turn (spec §1.4). With ``callback``, the finished
+        ``thinking=None`` disables the agent's thinking for this turn (behaviour §1.4). With ``callback``, the finished
         turn's result is delivered to that conversation (key ``completion:<turn_id>``). With ``wait_for``, the turn
-        starts only once those turns finished, and their results are its input (spec §5.5 application joins).
+        starts only once those turns finished, and their results are its input (behaviour §5.5 application joins).
         ``paused=True`` submits it paused: an approval gate that runs nothing (and blocks the conversation) until
-        :meth:`Turn.resume`.
+        :meth:`Turn.resume`. ``compact=True`` compacts the history before the first model call, ``False`` never
+        compacts this turn. ``budget`` sets limits for this turn's tree over the agent's (e.g. ``{"max_iterations":
+        3}``).
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
-        check_text("text", text)
-        check_name("agent", agent)
-        check_name("model", model)
-        for field, value in (("metadata", metadata), ("context", context), ("output_schema", output_schema)):
-            check_json(field, value)
-        if thinking is not _UNSET:
-            check_json("thinking", thinking)
-        check_json("principal", principal, lenient=True)
+        self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        check_budget(budget)
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
         for wait_id in wait_ids:
             check_id("wait_for", wait_id, "turn")
@@ -159,6 +166,8 @@ class Conversation:
             callback_conversation_id=callback_id,
             wait_for=wait_ids,
             paused=paused,
+            compact=compact,
+            budget=budget,
         )
         # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
@@ -167,6 +176,78 @@ class Conversation:
         if wait and not paused:
             return await turn.result()
         return await turn.refresh()
+
+    async def build_turn(
+        self,
+        text: str,
+        *,
+        agent: str | None = None,
+        model: str | None = None,
+        thinking: dict[str, Any] | None = _UNSET,
+        output_schema: dict[str, Any] | None = None,
+        prompt_mode: str | None = None,
+        context: dict[str, Any] | None = None,
+        principal: Any = None,
+        metadata: dict[str, Any] | None = None,
+        paused: bool = False,
+        compact: bool | None = None,
+        budget: dict[str, Any] | None = None,
+    ) -> Turn:
+        """Append ``text`` and build its turn without submitting it (behaviour §1.4 ``build_turn``; a *prepared* turn).
+
+        The turn is ``pending`` (``paused`` with ``paused=True``) with no ``submitted_at``: its frozen context ends at
+        ``text``, nothing runs it and no lane queues it. Inspect it with :meth:`Turn.preview`, attach waits with
+        :meth:`Turn.wait_for`, then submit it with :meth:`Turn.perform_later` or :meth:`Turn.run`. The options are
+        those of :meth:`ask`.
+        """
+        self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        check_budget(budget)
+        request = SubmitTurn(
+            conversation_id=self.id,
+            turn_id=new_id("turn"),
+            message_id=new_id("message"),
+            text=text,
+            agent_name=agent,
+            model=model,
+            message_metadata=dict(metadata or {}),
+            thinking=None if thinking is _UNSET else thinking,
+            thinking_set=thinking is not _UNSET,
+            output_schema=output_schema,
+            prompt_mode=prompt_mode,
+            context=context,
+            principal=principal,
+            paused=paused,
+            compact=compact,
+            budget=budget,
+        )
+        agent_def = resolve_agent(agent or self.agent_name)
+        async with self._tk.store.atomic(conversation_id=self.id) as tx:
+            record = await create_turn(tx, await tx.load_conversation(self.id), agent_def, request, submitted=False)
+        return Turn(self._tk, record.id, record)
+
+    @staticmethod
+    def _check_turn_input(
+        text: str,
+        agent: str | None,
+        model: str | None,
+        thinking: Any,
+        output_schema: dict[str, Any] | None,
+        context: dict[str, Any] | None,
+        principal: Any,
+        metadata: dict[str, Any] | None,
+        compact: bool | None,
+    ) -> None:
+        """Check a new turn's input before anything is sent or written (issue 8 item 1)."""
+        check_text("text", text)
+        check_name("agent", agent)
+        check_name("model", model)
+        for field, value in (("metadata", metadata), ("context", context), ("output_schema", output_schema)):
+            check_json(field, value)
+        if thinking is not _UNSET:
+            check_json("thinking", thinking)
+        check_json("principal", principal, lenient=True)
+        if compact is not None and not isinstance(compact, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise errors.InputError(f"compact must be True, False or None, not {compact!r}")
 
     async def _staged(self, request: SubmitTurn) -> SubmitTurn:
         """Write what the user wrote to the store; the update carries its id instead (issue 8 item 12).
@@ -220,7 +301,7 @@ class Conversation:
         return await self._tk.store.list_messages(self.id)
 
     async def post(self, text: str, *, key: str, principal: Any = None) -> DeliveryRecord:
-        """Durable next-turn input for this conversation (spec §1.3 ``post``), idempotent by ``key``.
+        """Durable next-turn input for this conversation (behaviour §1.3 ``post``), idempotent by ``key``.
 
         The sender's ``principal`` is recorded with the message; the turn it wakes acts for this conversation.
         Retrying with the same key and payload returns the same delivery; a different payload raises ``ToolError``.
@@ -231,7 +312,7 @@ class Conversation:
     async def send_message(
         self, destination: Conversation | str, text: str, *, key: str, principal: Any = None
     ) -> DeliveryRecord:
-        """Send ``text`` to another conversation (spec §1.3); its payload carries no principal."""
+        """Send ``text`` to another conversation (behaviour §1.3); its payload carries no principal."""
         destination_id = destination.id if isinstance(destination, Conversation) else destination
         check_id("destination", destination_id, "conv")
         await authorize("send_message", principal, source_conversation=self.id, destination_conversation=destination_id)
@@ -271,7 +352,7 @@ class Conversation:
             return await tx.list_deliveries(source_conversation_id=self.id)
 
     async def messages_after(self, sequence: int, *, principal: Any = None) -> list[MessageRecord]:
-        """Messages after ``sequence``, without thinking or provider parts (spec §1.3; the store is unchanged)."""
+        """Messages after ``sequence``, without thinking or provider parts (behaviour §1.3; the store is unchanged)."""
         await authorize("read_messages", principal, destination_conversation=self.id)
         async with self._tk.store.atomic() as tx:
             messages = await tx.list_messages(self.id, after_sequence=sequence)
@@ -302,7 +383,7 @@ class Conversation:
         }
 
     async def compact(self, *, focus: str | None = None, model: str | None = None) -> MessageRecord:
-        """Summarise the middle of this conversation now (spec §3.10 manual compaction).
+        """Summarise the middle of this conversation now (behaviour §3.10 manual compaction).
 
         The policy is ``settings.compaction`` merged with the agent's ``compaction``. The summary is appended as an
         assistant ``context_summary`` message without a turn; later turns see it in place of the messages it covers.
@@ -346,7 +427,7 @@ class Conversation:
         )
 
     async def usage(self) -> Usage:
-        """Tokens used by every turn of this conversation (spec §1.3)."""
+        """Tokens used by every turn of this conversation (behaviour §1.3)."""
         return total_usage(await self._tk.store.list_turns(conversation_id=self.id))
 
     async def cost(self) -> float | None:
@@ -360,7 +441,7 @@ class Conversation:
 
 
 class Turn:
-    """A handle on one turn (spec §1.5): its record, and a way to wait for it."""
+    """A handle on one turn (behaviour §1.5): its record, and a way to wait for it."""
 
     def __init__(self, tk: TurnKit, turn_id: str, record: TurnRecord | None = None) -> None:
         self._tk = tk
@@ -376,7 +457,7 @@ class Turn:
 
     @property
     def status(self) -> str:
-        """``pending``, ``running``, ``completed``, ``failed``… (spec §1.6)."""
+        """``pending``, ``running``, ``completed``, ``failed``… (behaviour §1.6)."""
         return self.record.status
 
     @property
@@ -403,6 +484,111 @@ class Turn:
     def error(self) -> dict[str, Any] | None:
         """``{class, message}`` of a failed or cancelled turn."""
         return self.record.error
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The run's context the turn was built with (a deep copy: changing it changes nothing stored)."""
+        return copy.deepcopy(self.record.options.context)
+
+    @property
+    def policy_audit(self) -> dict[str, Any] | None:
+        """The output-policy audit (``options.state.policy_audit``, else the legacy ``options.policy_audit``); None
+        when no output policy ran."""
+        return self.record.options.policy_audit
+
+    @property
+    def is_background(self) -> bool:
+        """True once the turn is submitted (``submitted_at`` set); False for a prepared turn (spec ``background?``)."""
+        return self.record.submitted_at is not None
+
+    @property
+    def is_pending(self) -> bool:
+        """``status == "pending"`` (of the loaded record; ``refresh()`` re-reads it)."""
+        return self.record.status == "pending"
+
+    @property
+    def is_waiting(self) -> bool:
+        """``status == "waiting"``."""
+        return self.record.status == "waiting"
+
+    @property
+    def is_paused(self) -> bool:
+        """``status == "paused"``."""
+        return self.record.status == "paused"
+
+    @property
+    def is_running(self) -> bool:
+        """``status == "running"``."""
+        return self.record.status == "running"
+
+    @property
+    def is_completed(self) -> bool:
+        """``status == "completed"``."""
+        return self.record.status == "completed"
+
+    @property
+    def is_failed(self) -> bool:
+        """``status == "failed"``."""
+        return self.record.status == "failed"
+
+    @property
+    def is_cancelled(self) -> bool:
+        """``status == "cancelled"``."""
+        return self.record.status == "cancelled"
+
+    @property
+    def is_stale(self) -> bool:
+        """``status == "stale"``."""
+        return self.record.status == "stale"
+
+    async def preview(self) -> ModelRequest:
+        """The request the turn's next model call would send, built by the model activity's own builder, without
+        calling the model or writing anything (``preview``, behaviour §1.5; T05): model, messages, tools, system prompt
+        (``instructions``, ``dynamic_instructions``), thinking, output schema, metadata and the prompt ``report``.
+
+        Raises:
+            ConfigError: The turn's agent is not registered in this process.
+        """
+        return await preview_request(self._tk.store, await self._load())
+
+    async def perform_later(self, *, callback: Conversation | str | None = None) -> Turn:
+        """Submit a prepared turn (:meth:`Conversation.build_turn`) to its conversation's lane; returns at once.
+
+        It is queued behind the conversation's turns; a paused one stays paused until :meth:`resume`. Submitting a
+        submitted turn again changes nothing. With ``callback``, its result is delivered to that conversation.
+
+        Raises:
+            Error: ``"only pending or paused turns can be submitted"``.
+            AuthorizationError: The ``callback`` is denied for the turn's principal (nothing is written).
+        """
+        record = await self._load()
+        callback_id = callback.id if isinstance(callback, Conversation) else callback
+        if callback_id is not None:
+            check_id("callback", callback_id, "conv")
+            await authorize("callback", record.options.principal, turn=record.id, destination_conversation=callback_id)
+            await self._tk.store.load_conversation(callback_id)  # must exist: fail before anything is written
+        async with self._tk.store.atomic(turn_id=record.root_turn_id) as tx:
+            record = await tx.load_turn(self.id)
+            if record.status not in SUBMITTABLE:
+                raise errors.Error("only pending or paused turns can be submitted")
+            if callback_id is not None and record.options.callback_conversation_id != callback_id:
+                options = record.options.model_copy(update={"callback_conversation_id": callback_id})
+                record = await tx.update_turn(record.id, options=options)
+        if record.parent_turn_id is None:  # a sub-agent's turn is run by its parent, never by the lane
+            request = SubmitTurn(
+                conversation_id=record.conversation_id,
+                turn_id=record.id,
+                message_id=record.options.trigger_message_id or "",
+                agent_name=record.agent_name,
+            )
+            conversation = Conversation(self._tk, await self._tk.store.load_conversation(record.conversation_id))
+            await conversation._submit(request)  # pyright: ignore[reportPrivateUsage]
+        return await self.refresh()
+
+    async def run(self, *, callback: Conversation | str | None = None, timeout: float | None = None) -> Turn:
+        """Submit a prepared turn (:meth:`perform_later`) and wait until it has finished (spec ``run!``; T04)."""
+        await self.perform_later(callback=callback)
+        return await self.result(timeout=timeout)
 
     async def refresh(self) -> Turn:
         """Re-read the record from the store (a database blink is waited out, up to ``BLINK_WINDOW`` s)."""
@@ -460,7 +646,7 @@ class Turn:
             delay = min(delay * 2, 0.5)
         return await self.refresh()
 
-    # Human controls (spec §5.9, §5.10) ------------------------------------------------------------------------
+    # Human controls (behaviour §5.9, §5.10) ------------------------------------------------------------------------
 
     async def pause(self, *, descendants: str = "retain", principal: Any = None) -> Turn:
         """Pause at the next control boundary (at once when not running); progress is kept. Only resume unpauses."""
@@ -512,10 +698,10 @@ class Turn:
         return await self.refresh()
 
     async def wait_for(self, *targets: Turn | str, principal: Any = None) -> Turn:
-        """Make this not-yet-started turn wait for other turns; their results become its input (spec §5.5).
+        """Make this not-yet-started turn wait for other turns; their results become its input (behaviour §5.5).
 
         Only a turn that has not started can wait (submit it with ``paused=True`` to attach waits before it can
-        run, or pass ``wait_for=`` to ``ask``). The spec's rules apply (no self, only submitted targets, no unfinished
+        run, or pass ``wait_for=`` to ``ask``). TurnKit's rules apply (no self, only submitted targets, no unfinished
         work in its own conversation, no cycles); a rejected call writes no edge.
         """
         target_ids = [check_id("targets", t.id if isinstance(t, Turn) else t, "turn") for t in targets]
@@ -549,7 +735,7 @@ class Turn:
         root = (await self._tk.store.load_turn(self.id)).root_turn_id
         callbacks: dict[str, Verdict] = {}  # the turns asked about, with their completion callback's verdict
         while True:
-            # Every selected turn is authorised before any change (spec §5.10), outside the write transaction.
+            # Every selected turn is authorised before any change (behaviour §5.10), outside the write transaction.
             async with self._tk.store.atomic() as tx:
                 selected = await selected_turns(tx, await tx.load_turn(self.id), descendants)
             for each in selected:

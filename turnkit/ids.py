@@ -1,4 +1,4 @@
-"""TurnKit identifiers (spec §2.1): ``<prefix>_`` followed by 24 lowercase hex characters."""
+"""TurnKit identifiers (behaviour §2.1): ``<prefix>_`` followed by 24 lowercase hex characters."""
 
 from __future__ import annotations
 
@@ -24,5 +24,5 @@ def new_id(kind: IdKind) -> str:
 
 
 def new_claim_token() -> str:
-    """A claim token: 32 hex characters (spec §2.1)."""
+    """A claim token: 32 hex characters (behaviour §2.1)."""
     return secrets.token_hex(16)

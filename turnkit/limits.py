@@ -1,5 +1,5 @@
-"""Validation of budget limits (spec §6; issue 8 item 13): pure, so settings, agents and turns check limits the same
-way without importing the budget checks that read the store's records."""
+"""Validation of budget limits (behaviour §6; issue 8 item 13): pure, so settings, agents and turns check limits
+the same way without importing the budget checks that read the store's records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The model-client contract (spec §3.3 and §3.6).
+"""The model-client contract (behaviour §3.3 and §3.6).
 
 A :class:`Client` turns one :class:`ModelRequest` into one :class:`Result`. Clients never execute tools: TurnKit
 runs them and persists their results. Everything here is a pydantic model so it can cross Temporal activity
@@ -23,7 +23,7 @@ __all__ = [
     "Usage",
 ]
 
-#: The ``arguments_error`` of a tool call whose arguments are not valid JSON (spec §3.6).
+#: The ``arguments_error`` of a tool call whose arguments are not valid JSON (behaviour §3.6).
 INVALID_JSON_ARGUMENTS = "invalid JSON arguments"
 
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens", "thinking_tokens")
@@ -124,7 +124,7 @@ class ToolCall(BaseModel):
 
     @classmethod
     def parse(cls, id: str, name: str, raw: Any) -> ToolCall:
-        """Build a tool call from provider arguments in any shape (spec §3.6).
+        """Build a tool call from provider arguments in any shape (behaviour §3.6).
 
         A mapping has its keys stringified. A JSON string is parsed: a JSON object becomes the arguments, any other
         JSON value gives ``{}``, and invalid JSON sets ``arguments_error = "invalid JSON arguments"``. A blank string
@@ -162,9 +162,9 @@ class ToolCall(BaseModel):
 
 
 class Result(BaseModel):
-    """What a client returns for one model call: ordered content parts plus usage (spec §3.6).
+    """What a client returns for one model call: ordered content parts plus usage (behaviour §3.6).
 
-    Parts use the message content shapes of spec §2.3: ``text``, ``thinking``, ``provider`` (opaque continuation
+    Parts use the message content shapes of behaviour §2.3: ``text``, ``thinking``, ``provider`` (opaque continuation
     state), ``tool_call``, ``image`` and ``media_analysis``.
     """
 
@@ -245,7 +245,7 @@ class Result(BaseModel):
 class ToolSpec(BaseModel):
     """A tool as the model sees it: name, description and JSON schema of its arguments.
 
-    ``usage_hint`` and ``terminal`` are prompt-only details (spec §3.4 ``tools`` section); clients may ignore them.
+    ``usage_hint`` and ``terminal`` are prompt-only details (behaviour §3.4 ``tools`` section); clients may ignore them.
     """
 
     name: str
@@ -256,9 +256,9 @@ class ToolSpec(BaseModel):
 
 
 class ModelRequest(BaseModel):
-    """One model call (spec §3.3).
+    """One model call (behaviour §3.3).
 
-    ``messages`` are provider-neutral projections (spec §3.5)::
+    ``messages`` are provider-neutral projections (behaviour §3.5)::
 
         {"role": "user" | "assistant" | "tool", "content": str,
          "tool_calls"?: [{"id", "name", "arguments"}], "tool_call_id"?: str, "provider_parts"?: [...]}
@@ -275,6 +275,8 @@ class ModelRequest(BaseModel):
     thinking: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    report: dict[str, Any] = Field(default_factory=dict[str, Any])
+    """The system prompt's report: ``{chars, hash, stable_chars, dynamic_chars, sections, tool_count}``."""
 
     @property
     def tool_names(self) -> list[str]:

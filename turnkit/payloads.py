@@ -52,7 +52,7 @@ class ModelPolicy(BaseModel):
 class CallPolicy(BaseModel):
     """How the turn workflow dispatches one proposed call, resolved from the agent's definition by the model activity
     (issue 9: the workflow never reads the live agent registry). ``kind`` picks the path; the rest is the tool
-    activity's timeouts and retry policy (from its recovery mode)."""
+    activity's timeouts and retry policy (from its recovery mode) and the task queue it is scheduled on."""
 
     kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown"]
     at_most_once: bool = True
@@ -61,6 +61,8 @@ class CallPolicy(BaseModel):
     max_attempts: int = 1
     initial_retry_interval: float = 1.0
     maximum_retry_interval: float = 30.0
+    #: The tool's own task queue (``@tool(task_queue=…)``); None: the turn's queue (as in older histories).
+    task_queue: str | None = None
 
 
 class QueuedTurn(BaseModel):
@@ -101,8 +103,12 @@ class SubmitTurn(BaseModel):
     callback_conversation_id: str | None = None
     #: Turns this one waits for before its first model request (their results become its input).
     wait_for: list[str] = Field(default_factory=list[str])
-    #: Submit paused: an approval gate that runs nothing until ``resume`` (spec §5.10).
+    #: Submit paused: an approval gate that runs nothing until ``resume`` (behaviour §5.10).
     paused: bool = False
+    #: Compaction for this turn: True forces it before the first model call, False disables it, None: the policy.
+    compact: bool | None = None
+    #: Budget limits for this turn's tree, merged over the agent's (behaviour §6.1 names).
+    budget: dict[str, Any] | None = None
 
 
 class DeliverySignal(BaseModel):
@@ -116,7 +122,7 @@ class DeliverBatch(BaseModel):
 
     conversation_id: str
     delivery_ids: list[str] = Field(default_factory=list[str])
-    #: The lane is idle: start a turn for the delivered input (spec §5.11 ``wake``).
+    #: The lane is idle: start a turn for the delivered input (behaviour §5.11 ``wake``).
     wake: bool = False
 
 

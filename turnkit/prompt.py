@@ -1,37 +1,47 @@
-"""The system prompt (spec §3.4) and the provider-neutral message projection (spec §3.5 step 4).
+"""The system prompt (behaviour §3.4) and the provider-neutral message projection (behaviour §3.5 step 4).
 
-Both are pure functions of their inputs: the caller passes the clock (``now``) and the records, so the same inputs
-always give the same prompt. That keeps them usable from workflow code and keeps prompt caching effective.
+Both are pure functions of their inputs: the caller passes the clock (``now``), the records and the live-context
+contributions already collected, so the same inputs always give the same prompt. That keeps prompt caching
+effective and lets :func:`turnkit.request.build_model_request` build the same request for a model call and for a
+preview (docs/design.md, "The system prompt").
 
-Not implemented yet (their sections are simply absent): skills (``loaded_skills``, ``available_skills``), the
-conversation ``subject``, ``live_context`` contributors, the ``prompt_behavior`` override and custom section lists.
+Skills are not implemented yet: the ``loaded_skills`` and ``available_skills`` sections are known names that render
+nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from turnkit.agent import PROMPT_MODES, Agent
+from turnkit.config import settings
+from turnkit.live_context import LIVE_CONTEXT_PREAMBLE, LiveContextContribution, data_block, xml_escape
 from turnkit.model import ToolSpec
+from turnkit.prompt_sections import check_prompt_sections
 from turnkit.records import MessageRecord
 
 __all__ = [
     "DEFAULT_BEHAVIOR",
+    "DEFAULT_SECTIONS",
     "DYNAMIC_SECTIONS",
     "MODE_SECTIONS",
     "NONE_MODE_PROMPT",
     "SUMMARY_PREAMBLE",
     "SUMMARY_QUESTION",
     "TASK_BEHAVIOR",
+    "SystemPrompt",
     "build_instructions",
+    "build_system_prompt",
     "drop_unanswered_calls",
     "project_message",
     "project_messages",
     "resolve_prompt_mode",
+    "resolve_sections",
     "xml_escape",
 ]
 
@@ -66,21 +76,45 @@ _SUB_AGENT_TEXT: Final = (
 _TOOLS_PREAMBLE: Final = "Call a tool only when it helps. Each entry lists the tool's parameters."
 _NO_TOOLS: Final = "(none) No tools are available in this turn; answer directly."
 
-_FULL_SECTIONS: Final = ("agent", "instructions", "behavior", "tools", "environment")
+#: The ``full`` and ``task`` section list (behaviour §3.4 ``DEFAULT_SECTIONS``).
+DEFAULT_SECTIONS: Final = (
+    "agent",
+    "instructions",
+    "behavior",
+    "loaded_skills",
+    "available_skills",
+    "tools",
+    "subject",
+    "live_context",
+    "environment",
+)
 
-#: Sections per prompt mode (spec §3.4, without the sections that are not implemented yet).
+#: Sections per prompt mode (behaviour §3.4); ``none`` has no sections, only :data:`NONE_MODE_PROMPT`.
 MODE_SECTIONS: Final[dict[str, tuple[str, ...]]] = {
-    "full": _FULL_SECTIONS,
-    "task": _FULL_SECTIONS,
-    "minimal": ("agent", "sub_agent", "instructions", "behavior", "tools", "environment"),
+    "full": DEFAULT_SECTIONS,
+    "task": DEFAULT_SECTIONS,
+    # Sub-agents get the task, not the parent's subject or live context.
+    "minimal": (
+        "agent",
+        "sub_agent",
+        "instructions",
+        "behavior",
+        "loaded_skills",
+        "available_skills",
+        "tools",
+        "environment",
+    ),
 }
 
 #: From the first of these on, every section goes into the dynamic (uncached) part.
 DYNAMIC_SECTIONS: Final = frozenset({"subject", "live_context", "environment"})
 
-_TAGS: Final = {"tools": "tools_available"}
-
-_CONTROL_CHARS: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_TAGS: Final = {
+    "tools": "tools_available",
+    "subject": "subject_context",
+    "loaded_skills": "skills_loaded",
+    "available_skills": "skills_available",
+}
 
 #: The user half of a projected context summary.
 SUMMARY_QUESTION: Final = "What did we do so far?"
@@ -92,13 +126,36 @@ SUMMARY_PREAMBLE: Final = (
 )
 
 
-def xml_escape(text: object) -> str:
-    """Make metadata safe to interpolate into the prompt's XML-like sections.
+@dataclass(frozen=True)
+class SystemPrompt:
+    """A built system prompt (behaviour §3.4): its rendered sections, split into a stable and a dynamic part.
 
-    Control characters (other than tab and newlines) are removed and ``&``, ``<`` and ``>`` are escaped.
+    ``str(prompt)`` is the whole prompt (``stable``, a blank line, ``dynamic``). Adapters may cache ``stable``.
+    An agent's ``system_prompt`` callable receives this object.
     """
-    cleaned = _CONTROL_CHARS.sub("", str(text))
-    return cleaned.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+    mode: str
+    stable: str
+    dynamic: str
+    sections: dict[str, str] = field(default_factory=dict[str, str])
+    """The rendered, non-empty sections by name, in prompt order (tags included)."""
+    tool_count: int = 0
+
+    def __str__(self) -> str:
+        return "\n\n".join(part for part in (self.stable, self.dynamic) if part)
+
+    def report(self) -> dict[str, Any]:
+        """``{chars, hash, stable_chars, dynamic_chars, sections, tool_count}`` (the hash is SHA-256 of the whole
+        prompt)."""
+        whole = str(self)
+        return {
+            "chars": len(whole),
+            "hash": hashlib.sha256(whole.encode("utf-8")).hexdigest(),
+            "stable_chars": len(self.stable),
+            "dynamic_chars": len(self.dynamic),
+            "sections": list(self.sections),
+            "tool_count": self.tool_count,
+        }
 
 
 def resolve_prompt_mode(agent: Agent, *, depth: int, prompt_mode: str | None) -> str:
@@ -113,7 +170,23 @@ def resolve_prompt_mode(agent: Agent, *, depth: int, prompt_mode: str | None) ->
     return mode
 
 
-def build_instructions(
+def resolve_sections(agent: Agent, mode: str) -> tuple[str, ...]:
+    """The section list: the agent's ``prompt_sections``, else ``settings.prompt_sections`` (only in ``full``
+    mode), else the mode's list (behaviour §3.4).
+
+    Raises:
+        ValueError: ``"unknown prompt section: x"``, or an unknown mode.
+    """
+    if mode not in MODE_SECTIONS:
+        raise ValueError(f"unknown prompt mode: {mode}")
+    if agent.prompt_sections is not None:
+        return agent.prompt_sections
+    if mode == "full" and settings.prompt_sections is not None:
+        return check_prompt_sections(settings.prompt_sections)
+    return MODE_SECTIONS[mode]
+
+
+def build_system_prompt(
     agent: Agent,
     *,
     depth: int,
@@ -121,11 +194,13 @@ def build_instructions(
     tools: Sequence[ToolSpec],
     now: datetime,
     model: str | None = None,
-) -> tuple[str, str]:
-    """Build a turn's system prompt, split into a stable and a dynamic part (spec §3.4).
+    subject_prompt: str = "",
+    live_context: Sequence[LiveContextContribution] = (),
+) -> SystemPrompt:
+    """Build a turn's system prompt (behaviour §3.4).
 
-    Sections go into the stable part until the first dynamic one (``environment``); adapters may cache the stable
-    part. ``stable + "\\n\\n" + dynamic`` is the whole prompt.
+    Sections go into the stable part until the first dynamic one (``subject``, ``live_context`` or
+    ``environment``); adapters may cache the stable part.
 
     Args:
         agent: The agent running the turn.
@@ -134,35 +209,83 @@ def build_instructions(
         tools: The tools offered in this turn.
         now: The anchor for the ``environment`` section (the turn's start time); naive values are taken as UTC.
         model: The turn's model; defaults to the agent's effective model.
-
-    Returns:
-        ``(stable, dynamic)``; ``dynamic`` is ``""`` when there is no dynamic section.
+        subject_prompt: The conversation's subject text (untrusted, truncated), for the ``subject`` section.
+        live_context: The contributions of the ``live_context`` section, in order (see
+            :func:`turnkit.live_context.collect_contributions`).
 
     Raises:
-        ValueError: The prompt mode is unknown.
+        ValueError: The prompt mode or a section is unknown.
     """
     mode = resolve_prompt_mode(agent, depth=depth, prompt_mode=prompt_mode)
     if mode == "none":
-        return NONE_MODE_PROMPT, ""
+        return SystemPrompt(mode=mode, stable=NONE_MODE_PROMPT, dynamic="", tool_count=len(tools))
     renderers: dict[str, Callable[[], str]] = {
         "agent": lambda: _agent_section(agent, model or agent.effective_model),
         "sub_agent": lambda: _SUB_AGENT_TEXT if depth > 0 else "",
         "instructions": lambda: agent.instructions,
-        "behavior": lambda: TASK_BEHAVIOR if mode == "task" else DEFAULT_BEHAVIOR,
+        "behavior": lambda: _behavior(mode),
+        "loaded_skills": lambda: "",
+        "available_skills": lambda: "",
         "tools": lambda: _tools_section(tools),
+        "subject": lambda: data_block(subject_prompt, trusted=False),
+        "live_context": lambda: _live_context_section(live_context),
         "environment": lambda: _environment_section(now),
     }
     stable: list[str] = []
     dynamic: list[str] = []
+    rendered: dict[str, str] = {}
     bucket = stable
-    for section in MODE_SECTIONS[mode]:
+    for section in resolve_sections(agent, mode):
         if section in DYNAMIC_SECTIONS:
             bucket = dynamic
         body = renderers[section]().strip()
         if body:
             tag = _TAGS.get(section, section)
-            bucket.append(f"<{tag}>\n{body}\n</{tag}>")
-    return "\n\n".join(stable), "\n\n".join(dynamic)
+            rendered[section] = f"<{tag}>\n{body}\n</{tag}>"
+            bucket.append(rendered[section])
+    return SystemPrompt(
+        mode=mode,
+        stable="\n\n".join(stable),
+        dynamic="\n\n".join(dynamic),
+        sections=rendered,
+        tool_count=len(tools),
+    )
+
+
+def build_instructions(
+    agent: Agent,
+    *,
+    depth: int,
+    prompt_mode: str | None,
+    tools: Sequence[ToolSpec],
+    now: datetime,
+    model: str | None = None,
+    subject_prompt: str = "",
+    live_context: Sequence[LiveContextContribution] = (),
+) -> tuple[str, str]:
+    """:func:`build_system_prompt` as ``(stable, dynamic)``; ``dynamic`` is ``""`` when there is no dynamic part."""
+    prompt = build_system_prompt(
+        agent,
+        depth=depth,
+        prompt_mode=prompt_mode,
+        tools=tools,
+        now=now,
+        model=model,
+        subject_prompt=subject_prompt,
+        live_context=live_context,
+    )
+    return prompt.stable, prompt.dynamic
+
+
+def _behavior(mode: str) -> str:
+    if settings.prompt_behavior is not None:
+        return settings.prompt_behavior
+    return TASK_BEHAVIOR if mode == "task" else DEFAULT_BEHAVIOR
+
+
+def _live_context_section(contributions: Sequence[LiveContextContribution]) -> str:
+    blocks = [block for block in (each.render() for each in contributions) if block]
+    return "\n\n".join([LIVE_CONTEXT_PREAMBLE, *blocks]) if blocks else ""
 
 
 def _agent_section(agent: Agent, model: str) -> str:
@@ -252,7 +375,7 @@ def _compact_json(values: dict[str, Any]) -> str:
 
 
 def project_message(message: MessageRecord) -> list[dict[str, Any]]:
-    """Project one stored message into provider-neutral message dicts (spec §3.5 step 4).
+    """Project one stored message into provider-neutral message dicts (behaviour §3.5 step 4).
 
     Args:
         message: The stored message.
@@ -312,7 +435,7 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
 def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
     """Project stored messages, in order, into the ``messages`` of a :class:`~turnkit.model.ModelRequest`.
 
-    Compaction ranges and delivery placement (spec §3.5 steps 2 and 3) are the caller's job; this is step 4.
+    Compaction ranges and delivery placement (behaviour §3.5 steps 2 and 3) are the caller's job; this is step 4.
 
     Args:
         messages: The messages to send, already selected and ordered.
@@ -327,7 +450,7 @@ def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
 
 
 def drop_unanswered_calls(projected: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop tool calls whose result is not in the history (invariant: every call has a result, spec §3.5).
+    """Drop tool calls whose result is not in the history (invariant: every call has a result, behaviour §3.5).
 
     A turn's own calls always have results by the time it asks the model again. Another turn's may not: a turn
     submitted while an earlier one was between a tool call and its result has a frozen snapshot that holds the call

@@ -1,7 +1,7 @@
-"""The TurnKit record model (spec §2): plain, JSON-compatible pydantic records.
+"""The TurnKit record model (behaviour §2): plain, JSON-compatible pydantic records.
 
 The store returns these; applications read them. They are copies: changing one never changes the store.
-Field names follow the spec (``*_id``); the SQL columns behind them are ``*_uid`` (spec §2.10).
+Field names follow the spec (``*_id``); the SQL columns behind them are ``*_uid`` (behaviour §2.10).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from turnkit.turn_state import TurnOptions, TurnState
 
 __all__ = [
     "ACTIVE_TURN_STATUSES",
+    "CANCELLED_CLASS",
+    "CANCELLED_MESSAGE",
     "INTERRUPTED_MESSAGE",
     "MESSAGE_KINDS",
     "MESSAGE_ROLES",
@@ -44,7 +46,7 @@ __all__ = [
 
 #: A turn that has not finished: queued or running, waiting on other turns, or paused by a human.
 ActiveTurnStatus = Literal["pending", "waiting", "paused", "running"]
-#: The terminal set used for waits, callbacks and cancellation (spec §1.6). ``stale`` is not in it.
+#: The terminal set used for waits, callbacks and cancellation (behaviour §1.6). ``stale`` is not in it.
 TerminalTurnStatus = Literal["completed", "failed", "cancelled"]
 TurnStatus = Literal[ActiveTurnStatus, TerminalTurnStatus, "stale"]
 #: A tool execution whose outcome is not known yet.
@@ -62,7 +64,10 @@ TERMINAL_TOOL_EXECUTION_STATUSES: Final[tuple[TerminalExecutionStatus, ...]] = g
 MESSAGE_ROLES: Final = ("user", "assistant", "tool")
 MESSAGE_KINDS: Final = ("text", "tool_call", "tool_result", "context_summary", "image", "media_analysis")
 
-#: What the model is told when a tool's outcome is unknown (spec §5.8).
+#: What the model is told when a tool's outcome is unknown (behaviour §5.8).
+#: The error of a turn cancelled by the application (``Turn.cancel``): the store's record and the workflow's result.
+CANCELLED_CLASS: Final = "TurnKit::Cancelled"
+CANCELLED_MESSAGE: Final = "cancelled by application"
 INTERRUPTED_MESSAGE: Final = (
     "Tool execution was interrupted before a result was recorded. It is unknown whether the operation ran; "
     "do not assume it did or did not."
@@ -72,7 +77,7 @@ _RECORD_CONFIG = ConfigDict(frozen=False, extra="forbid")
 
 
 class ConversationRecord(BaseModel):
-    """A durable thread bound to one agent name (spec §2.2)."""
+    """A durable thread bound to one agent name (behaviour §2.2)."""
 
     model_config = _RECORD_CONFIG
 
@@ -86,7 +91,7 @@ class ConversationRecord(BaseModel):
 
 
 class MessageRecord(BaseModel):
-    """One transcript entry with its per-conversation, gap-free sequence (spec §2.3)."""
+    """One transcript entry with its per-conversation, gap-free sequence (behaviour §2.3)."""
 
     model_config = _RECORD_CONFIG
 
@@ -109,7 +114,7 @@ class MessageRecord(BaseModel):
 
 
 class TurnRecord(BaseModel):
-    """One unit of agent work in a conversation (spec §2.4)."""
+    """One unit of agent work in a conversation (behaviour §2.4)."""
 
     model_config = _RECORD_CONFIG
 
@@ -156,7 +161,7 @@ class TurnRecord(BaseModel):
 
 
 class TreeUsage(BaseModel):
-    """What a root tree has used of its budgets (spec §6.3): the running totals kept on the root turn's row.
+    """What a root tree has used of its budgets (behaviour §6.3): the running totals kept on the root turn's row.
 
     Always equal to the sums over the tree's records (:meth:`from_records`); the store updates them in the
     transaction of every write they count, so reading them is one row however large the tree is.
@@ -171,7 +176,7 @@ class TreeUsage(BaseModel):
 
     @classmethod
     def from_records(cls, tree: Sequence[TurnRecord], executions: Sequence[ToolExecutionRecord] = ()) -> TreeUsage:
-        """The usage summed over a tree's turns and tool executions (spec §6.3 seeding from records)."""
+        """The usage summed over a tree's turns and tool executions (behaviour §6.3 seeding from records)."""
         by_name: dict[str, int] = {}
         counted = [execution for execution in executions if execution.counts_against_budget]
         for execution in counted:
@@ -185,7 +190,7 @@ class TreeUsage(BaseModel):
 
 
 class ToolExecutionRecord(BaseModel):
-    """One durable record per tool-call id the model proposed in a turn (spec §2.5)."""
+    """One durable record per tool-call id the model proposed in a turn (behaviour §2.5)."""
 
     model_config = _RECORD_CONFIG
 
@@ -204,7 +209,7 @@ class ToolExecutionRecord(BaseModel):
 
     @property
     def idempotency_key(self) -> str:
-        """The key a replay-safe tool must honour: the same on every attempt (spec §2.5)."""
+        """The key a replay-safe tool must honour: the same on every attempt (behaviour §2.5)."""
         return f"turnkit:tool:{self.id}"
 
     @property
@@ -215,7 +220,7 @@ class ToolExecutionRecord(BaseModel):
 
 def counts_against_budget(status: str, error: Mapping[str, Any] | None) -> bool:
     """Whether an execution in ``status`` with ``error`` uses tool budget: all but cancelled and budget-denied ones
-    (spec §6.3)."""
+    (behaviour §6.3)."""
     if status == "cancelled":
         return False
     details = (error or {}).get("details") or {}
@@ -223,7 +228,7 @@ def counts_against_budget(status: str, error: Mapping[str, Any] | None) -> bool:
 
 
 class DeliveryRecord(BaseModel):
-    """A durable, idempotent message from one conversation to another (spec §2.6)."""
+    """A durable, idempotent message from one conversation to another (behaviour §2.6)."""
 
     model_config = _RECORD_CONFIG
 
@@ -240,7 +245,7 @@ class DeliveryRecord(BaseModel):
 
 
 class WaitRecord(BaseModel):
-    """A durable dependency edge: ``turn_id`` cannot proceed until ``target_turn_id`` is terminal (spec §2.7)."""
+    """A durable dependency edge: ``turn_id`` cannot proceed until ``target_turn_id`` is terminal (behaviour §2.7)."""
 
     model_config = _RECORD_CONFIG
 
@@ -250,5 +255,5 @@ class WaitRecord(BaseModel):
 
 
 def message_text(content: list[dict[str, Any]]) -> str:
-    """Join the ``text`` parts of a message's content with newlines (spec §2.3 ``Message#text``)."""
+    """Join the ``text`` parts of a message's content with newlines (behaviour §2.3 ``Message#text``)."""
     return "\n".join(str(part.get("text", "")) for part in content if part.get("type", "text") == "text")

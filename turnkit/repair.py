@@ -8,7 +8,7 @@
   transcript is repaired (open calls become ``interrupted``), the status is compare-and-set to ``failed`` with an
   error saying why, and its completion callback, waiters and lane are told, as a turn's own terminal write does.
 * A ``running`` tool execution whose turn's workflow is closed becomes ``interrupted`` with its result message.
-* A finished turn with an unanswered tool call gets the missing results (spec §5.8 repair).
+* A finished turn with an unanswered tool call gets the missing results (behaviour §5.8 repair).
 * A pending delivery no lane holds is signalled again; a waiter whose targets all ended is signalled again.
 * A staged input older than ``STALE_STAGED_INPUT`` is dropped: its ``ask`` failed before the lane took it (a
   submission that reaches its lane consumes it within ``SUBMIT_TIMEOUT``, 60 s), so nothing will ever read it.
@@ -260,7 +260,7 @@ class _Fixer:
             self._did("interrupted", [execution_id, turn_id], f"{execution.tool_name}: its attempt is gone")
 
     async def answer(self, turn_id: str) -> None:
-        """A finished turn with unanswered tool calls: give each its result (spec §5.8)."""
+        """A finished turn with unanswered tool calls: give each its result (behaviour §5.8)."""
         if ("answer", turn_id) in self._seen:
             return
         self._seen.add(("answer", turn_id))

@@ -84,7 +84,7 @@ class TurnKit:
         principal: Any = None,
         model: str | None = None,
     ) -> Conversation:
-        """Create and persist a conversation bound to ``agent`` (spec §1.2 ``Agent#conversation``).
+        """Create and persist a conversation bound to ``agent`` (behaviour §1.2 ``Agent#conversation``).
 
         The agent is registered in this process; workers must register it too (``worker.py --app``).
         """
@@ -117,10 +117,12 @@ class TurnKit:
         return Conversation(self, record)
 
     async def run(self, agent: Agent, task: str, *, input: Any = None, wait: bool = True, **options: Any) -> Run:
-        """Run ``task`` in a new conversation of ``agent`` (spec §1.2 ``Agent#run``); returns a :class:`Run`.
+        """Run ``task`` in a new conversation of ``agent`` (behaviour §1.2 ``Agent#run``); returns a :class:`Run`.
 
         ``input`` is checked against the agent's ``input_schema`` first (``InputError``, nothing written) and added
-        to the task message as JSON. ``options``: ``principal``, ``context``, ``subject``, ``metadata``, ``callback``.
+        to the task message as JSON. ``options``: ``principal``, ``context``, ``subject``, ``metadata``, ``callback``,
+        ``compact``, ``budget``, and ``prepare=True`` to build the run's turn without submitting it (spec
+        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``).
         """
         return await start_run(self, agent, task, input=input, wait=wait, **options)
 
@@ -145,7 +147,7 @@ class TurnKit:
         return result
 
     async def check(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Finding]:
-        """Every broken invariant of spec §5.13 in the store and Temporal (see :mod:`turnkit.check`); [] when clean.
+        """Every broken invariant (behaviour §5.13) in the store and Temporal (see :mod:`turnkit.check`); [] if clean.
 
         ``since`` limits the check to records changed since then; findings about work that may still be moving are
         reported once older than ``grace`` seconds.
@@ -282,7 +284,7 @@ def _free_port() -> int:
 
 
 def _subject_ref(subject: Any) -> dict[str, Any] | None:
-    """The ``{type, id}`` stored for a subject (spec §1.2)."""
+    """The ``{type, id}`` stored for a subject (behaviour §1.2)."""
     if subject is None:
         return None
     if isinstance(subject, dict):

@@ -1,4 +1,4 @@
-"""Tools: functions the model may call (spec §4.1 and §3.8).
+"""Tools: functions the model may call (behaviour §4.1 and §3.8).
 
 Two ways to define one:
 
@@ -28,7 +28,7 @@ Two ways to define one:
 
 A tool body that raises :class:`turnkit.errors.ToolError` fails its execution on purpose: the model sees the
 message and the turn continues. A returned mapping that contains ``"error"`` is still a *successful* result. Other
-exceptions are crashes in background turns (spec §3.8 step 12).
+exceptions are crashes in background turns (behaviour §3.8 step 12).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "as_tool",
+    "check_task_queue",
     "is_valid_tool_name",
     "normalize_result",
     "tool",
@@ -79,7 +80,7 @@ RECOVERY_MODES: Final[tuple[Recovery, ...]] = ("at_most_once", "replay_safe")
 _RECOVERY_ALIASES: Final = {"unknown": "at_most_once"}
 
 #: ``False`` (an ordinary tool), ``True`` (ends the turn), a completion message, or a callable building the
-#: completion message from the result (spec §3.8).
+#: completion message from the result (behaviour §3.8).
 Terminal = bool | str | Callable[[dict[str, Any]], "str | None"]
 
 RESERVED_PARAMETER: Final = "context"
@@ -136,9 +137,16 @@ class ToolContext:
     """Derived from ``execution_id`` when not given; a given value must equal the derived one."""
     store: Store | None = dataclasses.field(default=None, repr=False, compare=False)
     """The worker's store, for :meth:`say` (None outside a worker)."""
+    context: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
+    """The run's context (the ``context=`` of ``ask``/``run``, else the conversation's): a copy, so changing it
+    changes nothing stored. Sub-agents' turns get an empty one (they get the task only)."""
+    subject: dict[str, Any] | None = None
+    """The conversation's subject reference ``{type, id}``, when it has one."""
+    subject_prompt: str = ""
+    """The subject's text snapshotted when the conversation was created (``""`` when none)."""
 
     async def say(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> MessageRecord:
-        """Append a user message to this turn's conversation, fenced by this call (spec §5.4).
+        """Append a user message to this turn's conversation, fenced by this call (behaviour §5.4).
 
         The write commits only while the call's execution is still open (pending or running), checked under the
         root turn's lock, which cancellation takes too: a tool that goes on after its turn was cancelled, or after
@@ -162,7 +170,7 @@ class ToolContext:
 
     def __post_init__(self) -> None:
         """Derive (or check) the idempotency key from the execution id."""
-        # It must never disagree with the execution record (spec §2.5): replay-safe tools rely on it being stable.
+        # It must never disagree with the execution record (behaviour §2.5): replay-safe tools rely on it being stable.
         expected = f"turnkit:tool:{self.execution_id}"
         if not self.idempotency_key:
             object.__setattr__(self, "idempotency_key", expected)
@@ -176,7 +184,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def normalize_result(value: Any) -> dict[str, Any]:
-    """Normalise a tool's return value into the stored result payload (spec §3.8 step 11).
+    """Normalise a tool's return value into the stored result payload (behaviour §3.8 step 11).
 
     * a mapping becomes a JSON-compatible dict with string keys (a dict holding ``"error"`` is still a success);
     * a list or tuple becomes ``{"items": [...]}``;
@@ -235,6 +243,7 @@ def _check_declarations(cls: type[Tool]) -> None:
         raise ValueError(f"invalid tool name: {cls.name!r} (must match [a-zA-Z_][a-zA-Z0-9_]*)")
     if cls.recovery not in RECOVERY_MODES:
         raise ValueError(f"unknown recovery mode for tool {cls.name}: {cls.recovery!r}")
+    check_task_queue(cls.name, cls.task_queue)
     arguments = cls.Arguments
     if not (isinstance(arguments, type) and issubclass(arguments, BaseModel)):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f"tool {cls.name}: Arguments must be a pydantic BaseModel subclass")
@@ -244,6 +253,24 @@ def _check_declarations(cls: type[Tool]) -> None:
             raise ValueError("context is a reserved parameter name")
         if not is_valid_tool_name(external):
             raise ValueError(f"tool {cls.name}: invalid parameter name {external!r}")
+
+
+def check_task_queue(tool_name: str, task_queue: object) -> None:
+    """Check a tool's ``task_queue``: None (the turn's own queue) or a non-empty name without surrounding spaces.
+
+    A name nobody serves would leave every call of the tool waiting for its timeout, so a typo must fail when the tool
+    is defined or registered, not when the model first calls it.
+
+    Raises:
+        ValueError: ``"tool <name>: task_queue must be a non-empty string (or None for the turn's own queue), not …"``.
+    """
+    if task_queue is None:
+        return
+    if not isinstance(task_queue, str) or not task_queue.strip() or task_queue != task_queue.strip():
+        raise ValueError(
+            f"tool {tool_name}: task_queue must be a non-empty string (or None for the turn's own queue), "
+            f"not {task_queue!r}"
+        )
 
 
 class Tool:
@@ -267,8 +294,11 @@ class Tool:
     """Attempts for replay-safe tools; at-most-once tools always get exactly one."""
     initial_retry_interval: ClassVar[float] = 1.0
     maximum_retry_interval: ClassVar[float] = 30.0
+    task_queue: ClassVar[str | None] = None
+    """The Temporal task queue this tool's activity runs on (a box with a GPU, or with credentials), served by
+    ``worker.py --queue NAME --only tools``; None: the turn's own queue."""
     terminal: ClassVar[Terminal] = False
-    """Whether a completed call ends the turn, and with which completion message (spec §3.8)."""
+    """Whether a completed call ends the turn, and with which completion message (behaviour §3.8)."""
     Arguments: ClassVar[type[BaseModel]] = _NoArguments
     """The parameters, as a pydantic model; subclasses declare ``class Arguments(BaseModel): ...``."""
 
@@ -335,7 +365,7 @@ class Tool:
         )
 
     def completion_message(self, result: Mapping[str, Any]) -> str:
-        """The output text of a turn ended by this (terminal) tool (spec §3.8).
+        """The output text of a turn ended by this (terminal) tool (behaviour §3.8).
 
         The declared message if ``terminal`` is a string, or the callable's answer; failing that
         ``result["result"]``; failing that ``"Completed via <name>."``.
@@ -408,7 +438,7 @@ class Tool:
             raise ToolValidationError(_describe_validation_error(exc)) from None
 
     def validate_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate the model's arguments (spec §4.1).
+        """Validate the model's arguments (behaviour §4.1).
 
         Args:
             arguments: The arguments as proposed by the model.
@@ -613,6 +643,7 @@ def _build_function_tool(
     usage_hint: str,
     initial_retry_interval: float,
     maximum_retry_interval: float,
+    task_queue: str | None,
 ) -> FunctionTool[P, R]:
     if isinstance(fn, Tool) or not callable(fn):
         raise TypeError("@tool decorates plain functions")
@@ -662,6 +693,7 @@ def _build_function_tool(
         "max_attempts": max_attempts,
         "initial_retry_interval": initial_retry_interval,
         "maximum_retry_interval": maximum_retry_interval,
+        "task_queue": task_queue,
         "terminal": terminal,
         "Arguments": arguments_model,
         "__module__": getattr(fn, "__module__", __name__),
@@ -692,6 +724,7 @@ def tool(
     usage_hint: str = "",
     initial_retry_interval: float = 1.0,
     maximum_retry_interval: float = 30.0,
+    task_queue: str | None = None,
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
@@ -708,6 +741,7 @@ def tool(
     usage_hint: str = "",
     initial_retry_interval: float = 1.0,
     maximum_retry_interval: float = 30.0,
+    task_queue: str | None = None,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
     """Turn a typed function (sync or async) into a tool; usable bare (``@tool``) or with options.
 
@@ -727,13 +761,16 @@ def tool(
         usage_hint: Prompt hint, rendered as "Use when:".
         initial_retry_interval: First retry delay in seconds (replay-safe tools).
         maximum_retry_interval: Longest retry delay in seconds (replay-safe tools).
+        task_queue: The Temporal task queue the tool's activity runs on (served by ``worker.py --queue NAME --only
+            tools``); None (the default) runs it on the turn's own queue.
 
     Returns:
         A :class:`FunctionTool`, or a decorator producing one.
 
     Raises:
         ValueError: ``"context is a reserved parameter name"`` for a ``context`` parameter that is not a
-            :class:`ToolContext`, an invalid name, ``*args``/``**kwargs``, or an unknown recovery mode.
+            :class:`ToolContext`, an invalid name, ``*args``/``**kwargs``, an unknown recovery mode, or a
+            ``task_queue`` that is not a non-empty string.
     """
 
     def decorate(function: Callable[P, R]) -> FunctionTool[P, R]:
@@ -748,6 +785,7 @@ def tool(
             usage_hint=usage_hint,
             initial_retry_interval=initial_retry_interval,
             maximum_retry_interval=maximum_retry_interval,
+            task_queue=task_queue,
         )
 
     if fn is not None:

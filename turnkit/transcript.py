@@ -1,4 +1,4 @@
-"""Transcript writes that keep spec §5.13 invariant 8: every tool call gets exactly one tool result.
+"""Transcript writes that keep behaviour §5.13 invariant 8: every tool call gets exactly one tool result.
 
 All functions run inside an open :class:`~turnkit.store.store.StoreTx` and are idempotent: "append once" means no
 message exists yet for the execution, so a retried activity never writes a second result.
@@ -71,7 +71,7 @@ def result_text(execution: ToolExecutionRecord) -> str:
 
 
 def announce_settled(tx: StoreTx, turn: TurnRecord, execution: ToolExecutionRecord) -> None:
-    """``tool_call.completed`` or ``tool_call.failed`` for an execution ``tx`` just settled (spec §3.8 step 13).
+    """``tool_call.completed`` or ``tool_call.failed`` for an execution ``tx`` just settled (behaviour §3.8 step 13).
 
     Call it only when this transaction's compare-and-set won, so a call settles with one event. Interrupted calls
     have their own event (``tool_call.interrupted``), cancelled ones none.
@@ -127,7 +127,7 @@ def tool_calls_of(messages: list[MessageRecord]) -> list[dict[str, Any]]:
 
 
 async def repair_transcript(tx: StoreTx, turn: TurnRecord, *, skip_message: str = NOT_EXECUTED) -> None:
-    """Give every tool call of ``turn`` a result (spec §5.8 repair): no proposed call is left unanswered.
+    """Give every tool call of ``turn`` a result (behaviour §5.8 repair): no proposed call is left unanswered.
 
     Open executions become ``interrupted`` (their outcome is unknown); settled ones get their real result; calls
     that never started get a cancelled execution whose result says ``skip_message`` (the turn ended, or human

@@ -35,7 +35,7 @@ async def fail_unfinished_turn(
     announcements are repeated, which is harmless).
     """
     turn = await store.load_turn(turn_id)
-    verdict = await callback_verdict(turn)  # asked before the terminal write, never inside it (spec §7.4)
+    verdict = await callback_verdict(turn)  # asked before the terminal write, never inside it (behaviour §7.4)
     failed: TurnRecord | None = None
     async with store.atomic(turn_id=turn.root_turn_id) as tx:
         turn = await tx.load_turn(turn_id)
@@ -50,7 +50,7 @@ async def fail_unfinished_turn(
                 claim_token=None,
             )
             turn = failed or await tx.load_turn(turn_id)
-            await completion_delivery(tx, turn, verdict)  # committed with the terminal write (spec §5.7)
+            await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
     if failed is not None:
         await emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
     await notify_completion(store, client, task_queue, turn.id)

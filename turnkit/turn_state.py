@@ -139,6 +139,8 @@ class TurnOptions(BaseModel):
     #: Force (True) or forbid (False) compaction before this turn's first model request.
     compact: bool | None = None
     controls: TurnControls | None = None
+    #: The output policy's audit of the answer (None until output policies exist).
+    policy_audit: dict[str, Any] | None = None
     state: TurnState = Field(default_factory=TurnState)
 
     def stored(self) -> dict[str, Any]:

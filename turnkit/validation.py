@@ -117,7 +117,7 @@ def check_json(field: str, value: Any, *, lenient: bool = False) -> Any:
 
     Strict (the default): only JSON types (dict with ``str`` keys, list/tuple, str, int, float, bool, None), no NaN
     or infinity, no NUL or lone surrogate in any string or key, not circular, within the size limit. ``lenient``
-    accepts other objects (stored as their ``str``, as the spec's JSON normalisation of a principal does).
+    accepts other objects (stored as their ``str``, as TurnKit's JSON normalisation of a principal does).
 
     Raises:
         InputError: naming ``field`` (and the path inside it) and what is wrong.

@@ -1,4 +1,4 @@
-"""Waits (spec §5.5): durable "turn X cannot proceed until turn Y is terminal" edges, and their wake-ups.
+"""Waits (behaviour §5.5): durable "turn X cannot proceed until turn Y is terminal" edges, and their wake-ups.
 
 A waiting turn is a workflow blocked on a condition: it holds no worker slot. Its targets signal it when they end
 (``target_finished``). No wake-up is lost: a target lists its waiters only after its terminal write committed, and
@@ -33,7 +33,7 @@ _GONE = _Gone()
 async def add_waits(tx: StoreTx, turn: TurnRecord, target_ids: Sequence[str]) -> list[TurnRecord]:
     """Validate and create the edges ``turn → targets`` (all or none); returns the targets' records.
 
-    Raises ``ToolError`` with the spec's messages: a turn waiting for itself, for work that was never submitted,
+    Raises ``ToolError`` with TurnKit's messages: a turn waiting for itself, for work that was never submitted,
     for unfinished work in its own conversation (a serial lane would deadlock), or closing a cycle. The caller's
     transaction rolls back every edge on error. Open that transaction with ``store.atomic(wait_graph=True)`` so
     the store-wide wait-graph lock is taken before any row lock (else two opposite waits can deadlock).
@@ -58,7 +58,7 @@ async def add_waits(tx: StoreTx, turn: TurnRecord, target_ids: Sequence[str]) ->
 
 
 async def _reachable(tx: StoreTx, source: TurnRecord, sought: TurnRecord, *, visited: set[str]) -> bool:
-    """Spec §5.5: can ``source`` reach ``sought``'s conversation through waits, treating conversations as lanes?"""
+    """Behaviour §5.5: can ``source`` reach ``sought``'s conversation through waits, treating conversations as lanes?"""
     if source.terminal:
         return False
     if source.conversation_id == sought.conversation_id:
@@ -77,7 +77,7 @@ async def _reachable(tx: StoreTx, source: TurnRecord, sought: TurnRecord, *, vis
 
 
 async def enter_waiting(tx: StoreTx, turn_id: str, target_ids: Sequence[str]) -> TurnRecord:
-    """The turn now waits on ``target_ids`` (its children, or wait targets): status ``waiting`` (spec §1.6).
+    """The turn now waits on ``target_ids`` (its children, or wait targets): status ``waiting`` (behaviour §1.6).
 
     ``state.waiting_on`` remembers the targets, so a turn paused while it waits resumes to ``waiting``, not
     ``pending``. A paused turn stays paused; a finished one is left alone.

@@ -7,7 +7,7 @@ At most one turn of a conversation is active; submitted turns wait in FIFO order
   activity and returns the turn id at once; the turn is queued.
 * ``deliver`` (a signal, used with signal-with-start): a delivery row exists in the store. When the lane is idle
   (no active and no queued turn) it appends every buffered delivery to the transcript (exactly once: the store's
-  compare-and-set decides) and *wakes*: a new turn consumes them all (spec §5.11). Input that reaches a busy lane is
+  compare-and-set decides) and *wakes*: a new turn consumes them all (behaviour §5.11). Input reaching a busy lane is
   buffered, so it lands in the transcript after the active turn's messages: the next turn's model sees the
   conversation in the order it happened, with the new input last.
 

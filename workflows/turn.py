@@ -1,4 +1,4 @@
-"""``TurnWorkflow``: one TurnKit turn, the model → tools → model loop (spec §3.2).
+"""``TurnWorkflow``: one TurnKit turn, the model → tools → model loop (behaviour §3.2).
 
 Temporal owns where the turn is; the store owns what it said. Each iteration is one ``turnkit.model`` activity
 (reserve the iteration, call the model, persist the response) followed by one activity per tool call, named
@@ -49,7 +49,7 @@ with workflow.unsafe.imports_passed_through():
         WaitPlan,
         WaitRequest,
     )
-    from turnkit.records import INTERRUPTED_MESSAGE
+    from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, INTERRUPTED_MESSAGE
     from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
@@ -127,7 +127,7 @@ class TurnWorkflow:
                 return await loop
             remaining = (turn.deadline - workflow.now()).total_seconds()
             try:
-                # The root deadline covers the whole loop, including calls in flight and waits (spec §5.12).
+                # The root deadline covers the whole loop, including calls in flight and waits (behaviour §5.12).
                 await workflow.wait_condition(loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline")
             except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
                 loop.cancel()
@@ -145,8 +145,8 @@ class TurnWorkflow:
             return TurnOutcome(
                 turn_id=turn.turn_id,
                 status="cancelled",
-                error_class="TurnKit::Cancelled",
-                error_message="cancelled by application",
+                error_class=CANCELLED_CLASS,
+                error_message=CANCELLED_MESSAGE,
             )
 
     async def _loop(self, turn: TurnInput) -> TurnOutcome | TurnInput:
@@ -195,7 +195,7 @@ class TurnWorkflow:
         )
 
     async def _dispatch(self, turn: TurnInput, calls: list[ToolCallRef]) -> TurnOutcome | None:
-        """Run the calls in proposal order; a run of consecutive sub-agent calls fans out in parallel (spec §3.8)."""
+        """Run the calls in proposal order; consecutive sub-agent calls fan out in parallel (behaviour §3.8)."""
         kinds = [_policy_of(turn, call).kind for call in calls]
         index = 0
         while index < len(calls):
@@ -445,12 +445,13 @@ class TurnWorkflow:
                 start_to_close_timeout=timeout,
                 heartbeat_timeout=heartbeat,
                 retry_policy=retry,
+                task_queue=policy.task_queue,  # the tool's own queue (a GPU box); None: this turn's queue
                 summary=f"tool {call.name}",
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
             # The attempt was lost (worker died, timed out) or the last retry failed: record that, never re-run an
-            # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (spec §5.8).
+            # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (behaviour §5.8).
             lost = isinstance(err.cause, ActivityTimeoutError)
             if not lost and policy.at_most_once and workflow.patched(INTERRUPTED_UNLESS_RAISED):
                 # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,

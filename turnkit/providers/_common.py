@@ -184,7 +184,7 @@ def build_result(
     finish_reason: str | None,
     structured: bool,
 ) -> Result:
-    """A :class:`Result` in the spec's part order (§3.6): the parsed parts as they came, then every raw item in one
+    """A :class:`Result` in TurnKit's part order (§3.6): the parsed parts as they came, then every raw item in one
     provider part of ``kind`` (replayed on the next call), then the ``tool_call`` parts."""
     if raw:
         parts = [*parts, {"type": "provider", "kind": kind, "data": list(raw)}]
@@ -278,7 +278,7 @@ def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a JSON schema with ``additionalProperties: false`` on every object schema that does not set it.
 
     Structured-output modes of the providers reject (or loosely enforce) objects that allow extra keys, so TurnKit
-    closes them unless the application decided otherwise (spec §3.6). Nested schemas are handled: properties,
+    closes them unless the application decided otherwise (behaviour §3.6). Nested schemas are handled: properties,
     items, combinators and definitions.
     """
     return _close(dict(schema))
@@ -347,7 +347,7 @@ def replay_data(message: Mapping[str, Any], kind: str) -> list[Any] | None:
     """The raw provider items to send back for a projected assistant message, or None when it has none of ``kind``.
 
     Only provider parts of the current provider's kind count: another provider's reasoning, signatures or blocks
-    are never sent, and nothing is fabricated in their place (spec §3.6).
+    are never sent, and nothing is fabricated in their place (behaviour §3.6).
     """
     items: list[Any] = []
     found = False

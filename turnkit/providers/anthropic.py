@@ -92,7 +92,7 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
             timeout: Seconds per HTTP request; defaults to the SDK's, which refuses non-streaming requests whose
                 ``max_tokens`` could take longer than 10 minutes. Set it to allow large budgets.
             prompt_cache: Send the stable instructions as a cached system block when the request also has dynamic
-                instructions (spec §3.6); False sends one plain system prompt.
+                instructions (behaviour §3.6); False sends one plain system prompt.
             request_options: Extra ``messages.create`` arguments (e.g. ``temperature``, ``service_tier``);
                 arguments derived from the request take precedence.
         """
@@ -157,7 +157,7 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
 
 
 def message_params(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Projected messages (spec §3.5) as Messages API messages.
+    """Projected messages (behaviour §3.5) as Messages API messages.
 
     Assistant messages with an ``anthropic`` provider part are replayed as those raw content blocks; others become
     a text block plus ``tool_use`` blocks. Tool results become ``tool_result`` blocks in a user message. Consecutive
@@ -232,7 +232,7 @@ def result_from_content(
 ) -> Result:
     """A :class:`Result` from a message's content blocks (JSON dicts) and ``usage``.
 
-    Parts, in order (spec §3.6): text, thinking and unknown block types as they come; then every raw block in one
+    Parts, in order (behaviour §3.6): text, thinking and unknown block types as they come; then every raw block in one
     ``anthropic`` provider part; then the ``tool_call`` parts.
     """
     parts: list[dict[str, Any]] = []

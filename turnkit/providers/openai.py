@@ -136,7 +136,7 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
 
 
 def input_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Projected messages (spec §3.5) as Responses API input items.
+    """Projected messages (behaviour §3.5) as Responses API input items.
 
     Assistant messages with an ``openai_responses`` provider part are replayed as those raw output items; others
     become an assistant message plus ``function_call`` items. Tool results become ``function_call_output`` items.
@@ -196,7 +196,7 @@ def result_from_output(
 ) -> Result:
     """A :class:`Result` from a completed response's ``output`` items (JSON dicts) and ``usage``.
 
-    Parts, in order (spec §3.6): text, thinking and unknown item types as they come; then every raw item in one
+    Parts, in order (behaviour §3.6): text, thinking and unknown item types as they come; then every raw item in one
     ``openai_responses`` provider part; then the ``tool_call`` parts.
     """
     parts: list[dict[str, Any]] = []
@@ -258,7 +258,7 @@ def _incomplete_message(response: Mapping[str, Any]) -> str:
 
 
 def _metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
-    # Spec §3.6: the request metadata (turn, conversation and request ids) is forwarded with stringified values.
+    # Behaviour §3.6: the request metadata (turn, conversation and request ids) is forwarded with stringified values.
     entries, key_length, value_length = _METADATA_LIMITS
     pairs = [(str(k)[:key_length], str(v)[:value_length]) for k, v in metadata.items() if v is not None]
     return dict(pairs[:entries])

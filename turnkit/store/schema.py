@@ -1,4 +1,4 @@
-"""SQL schema of the TurnKit record model (spec §2.10), as SQLAlchemy 2 typed declarative models.
+"""SQL schema of the TurnKit record model (behaviour §2.10), as SQLAlchemy 2 typed declarative models.
 
 Every record has an integer primary key plus its TurnKit id in a unique ``uid`` column, and every ``*_id`` field of
 the record model is a ``*_uid`` column, as in the gem's install migration. The Alembic migration in
@@ -155,7 +155,7 @@ class TurnRow(_Timestamps, Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    # Running totals of the root tree (spec §6.3), kept on the root turn's row by the store in the transaction of
+    # Running totals of the root tree (behaviour §6.3), kept on the root turn's row by the store in the transaction of
     # each write they count, so a budget check reads one row instead of the whole tree (issue 9). Always equal to
     # the sums over the records: model iterations (``options.state.iterations``), counted tool executions (by name
     # too) and cost. Zero on non-root rows.

@@ -1,4 +1,4 @@
-"""The TurnKit store (spec §2.9) on SQLAlchemy's async engine: SQLite (embedded default) or PostgreSQL.
+"""The TurnKit store (behaviour §2.9) on SQLAlchemy's async engine: SQLite (embedded default) or PostgreSQL.
 
 Two rules hold for every write here:
 
@@ -81,7 +81,7 @@ DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
 
-# The transaction of the current task, so that nested ``atomic()`` calls join it (spec §2.9: re-entrant).
+# The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
 
 
@@ -146,7 +146,7 @@ class Store:
     ) -> AsyncGenerator[StoreTx, None]:
         """One transaction, optionally locking a conversation row and/or a turn row.
 
-        ``wait_graph=True`` first takes the store-wide wait-graph lock (spec §2.9 ``atomic_graph``): a transaction
+        ``wait_graph=True`` first takes the store-wide wait-graph lock (behaviour §2.9 ``atomic_graph``): a transaction
         that may add wait edges must take it before any row lock, so that lock order is the same everywhere.
 
         Re-entrant: inside another ``atomic()`` of the same task, the outer transaction is joined (and the extra
@@ -209,6 +209,12 @@ class Store:
                 statuses=statuses,
                 has_parent=has_parent,
             )
+
+    async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
+        """Every submitted turn (``submitted_at`` set), ordered by ``created_at, id`` (see
+        :meth:`StoreTx.list_submitted_turns`)."""
+        async with self.atomic() as tx:
+            return await tx.list_submitted_turns(limit=limit)
 
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
@@ -407,7 +413,7 @@ class StoreTx:
         """Messages in ``sequence`` order.
 
         With ``through_sequence``: only rows with ``sequence <= N`` or ``turn_id == turn_id`` (a turn's frozen
-        context plus its own messages, spec §1.3 ``messages_for_turn``). With ``after_sequence``: only rows after it.
+        context plus its own messages, ``messages_for_turn`` in behaviour §1.3). With ``after_sequence``: rows after it.
         """
         query = select(MessageRow).where(MessageRow.conversation_uid == conversation_id)
         if through_sequence is not None:
@@ -529,7 +535,7 @@ class StoreTx:
         return None if row is None else _turn(row)
 
     async def lock_wait_graph(self) -> None:
-        """Serialise wait-graph changes store-wide (spec §2.9 ``atomic_graph``) until the transaction ends.
+        """Serialise wait-graph changes store-wide (behaviour §2.9 ``atomic_graph``) until the transaction ends.
 
         PostgreSQL takes a transaction-scoped advisory lock; SQLite's single writer lock already serialises.
         """
@@ -540,7 +546,7 @@ class StoreTx:
         return await self.session.scalar(select(TurnRow).where(TurnRow.uid == turn_id))
 
     async def update_turn(self, turn_id: str, **attrs: Any) -> TurnRecord:
-        """Update whitelisted fields (spec §2.8) and touch ``updated_at``."""
+        """Update whitelisted fields (behaviour §2.8) and touch ``updated_at``."""
         values = _turn_values(attrs)
         other_root = await self._count_turn_change(turn_id, values)
         result = await self.session.execute(update(TurnRow).where(TurnRow.uid == turn_id).values(**values))
@@ -566,7 +572,7 @@ class StoreTx:
         await self._add_to_tree(*other_root)
         return await self.load_turn(turn_id)
 
-    # Root-tree counters (spec §6.3): the sums over a tree's records, kept on its root row ----------------------
+    # Root-tree counters (behaviour §6.3): the sums over a tree's records, kept on its root row ----------------------
 
     async def tree_usage(self, root_turn_id: str) -> TreeUsage:
         """What the tree of ``root_turn_id`` has used: one row read, however large the tree (issue 9).
@@ -679,6 +685,14 @@ class StoreTx:
             query = query.where(TurnRow.agent_name == agent_name)
         rows = await self.session.scalars(query.order_by(TurnRow.created_at, TurnRow.id))
         return [_turn(row) for row in rows]
+
+    async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
+        """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an
+        inventory for applications; prepared turns (``build_turn``) are not in it until they are submitted."""
+        query = select(TurnRow).where(TurnRow.submitted_at.is_not(None)).order_by(TurnRow.created_at, TurnRow.id)
+        if limit is not None:
+            query = query.limit(limit)
+        return [_turn(row) for row in await self.session.scalars(query)]
 
     # Tool executions ---------------------------------------------------------------------------------------------
 
@@ -822,7 +836,7 @@ class StoreTx:
         """Create a delivery, idempotent by its globally unique ``key``. Returns ``(record, created)``.
 
         The same key with the same route and payload returns the original; anything else raises ``ToolError``
-        without revealing the other payload (spec §2.9).
+        without revealing the other payload (behaviour §2.9).
         """
         if not key:
             raise ValueError("delivery key is required")
@@ -1111,7 +1125,7 @@ def _money(value: Any) -> Decimal:
 
 
 def _iterations(options: Any) -> int:
-    """A turn's model iterations from its ``options`` (``options.state.iterations``, spec §6.3)."""
+    """A turn's model iterations from its ``options`` (``options.state.iterations``, behaviour §6.3)."""
     state = (options or {}).get("state") if isinstance(options, dict) else None
     return int((state or {}).get("iterations", 0) or 0) if isinstance(state, dict) else 0  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
 

@@ -1,4 +1,4 @@
-"""Install the TurnKit tables (spec §2.10): conversations, messages, turns, tool executions, deliveries, waits.
+"""Install the TurnKit tables (behaviour §2.10): conversations, messages, turns, tool executions, deliveries, waits.
 
 Revision ID: 0001
 Revises:

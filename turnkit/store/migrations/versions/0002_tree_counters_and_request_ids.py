@@ -2,7 +2,7 @@
 
 Budget checks read the root turn's running totals instead of summing the tree, and a retried model call finds its
 committed response by ``(turn_uid, request_uid)`` instead of listing the turn's messages. Existing rows are
-backfilled from the records they summarise (spec §6.3), so an upgraded database checks budgets as before.
+backfilled from the records they summarise (behaviour §6.3), so an upgraded database checks budgets as before.
 
 Revision ID: 0002
 Revises: 0001

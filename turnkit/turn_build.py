@@ -1,0 +1,63 @@
+"""Creating a turn from a user's text: the trigger message and the pending turn record (behaviour §1.4 ``build_turn``).
+
+One function for both ways a root turn is created: submitted through its conversation's lane (``ask``; the lane's
+``turnkit.submit_turn`` activity) and prepared without being submitted (``build_turn``; see
+:mod:`turnkit.prepared`), so the two cannot persist different options.
+"""
+
+from __future__ import annotations
+
+from turnkit.agent import Agent
+from turnkit.payloads import SubmitTurn
+from turnkit.records import ConversationRecord, TurnRecord
+from turnkit.store.store import StoreTx, utcnow
+from turnkit.turn_options import turn_options
+from turnkit.waits import add_waits
+
+__all__ = ["create_turn"]
+
+
+async def create_turn(
+    tx: StoreTx, conversation: ConversationRecord, agent: Agent, request: SubmitTurn, *, submitted: bool
+) -> TurnRecord:
+    """Append ``request``'s text as a user message and create its turn: ``pending`` (or ``paused``), its frozen
+    context ending at that message; ``submitted_at`` is now when ``submitted``, else None (a prepared turn).
+
+    Raises:
+        ToolError: A ``wait_for`` target is not allowed (the transaction rolls back the message and the turn).
+    """
+    message = await tx.append_message(
+        conversation.id,
+        role="user",
+        text=request.text,
+        id=request.message_id,
+        metadata=request.message_metadata,
+    )
+    principal = request.principal if request.principal is not None else conversation.metadata.get("principal")
+    options = turn_options(
+        agent,
+        trigger_message_id=message.id,
+        context=request.context if request.context is not None else conversation.metadata.get("turnkit_context", {}),
+        principal=principal,
+        thinking=request.thinking,
+        thinking_set=request.thinking_set,
+        output_schema=request.output_schema,
+        prompt_mode=request.prompt_mode,
+        callback_conversation_id=request.callback_conversation_id,
+        paused=request.paused,
+        compact=request.compact,
+        budget=request.budget,
+    )
+    turn = await tx.create_turn(
+        status="paused" if request.paused else "pending",
+        id=request.turn_id,
+        conversation_id=conversation.id,
+        agent_name=agent.name,
+        context_message_sequence=message.sequence,
+        model=request.model or conversation.model or agent.effective_model,
+        options=options,
+        submitted_at=utcnow() if submitted else None,
+    )
+    if request.wait_for:
+        await add_waits(tx, turn, request.wait_for)
+    return turn
