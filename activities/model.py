@@ -36,7 +36,7 @@ from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
 from turnkit.dispatch import call_policy
 from turnkit.errors import BudgetError, ConfigError, Error, ModelError, TransientModelError, error_class_name
-from turnkit.events import emit
+from turnkit.events import announce, announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.records import MessageRecord, TurnRecord
@@ -178,6 +178,7 @@ class ModelActivities:
                     metadata=made.metadata,
                     request_id=call.request_id,  # indexed: a concurrent attempt finds it with one read
                 )
+                announce_message(tx, summary)
                 charged = await _charge(tx, current, made.result.usage, cost)
                 return summary, True, await _tree_spend_denial(tx, charged)
 
@@ -332,6 +333,10 @@ class ModelActivities:
                 metadata=metadata,
                 request_id=call.request_id,  # indexed: a retry finds this response without listing the turn's
             )
+            # Behaviour §3.7: message.created, then tool_call.created per proposed call, once this response committed.
+            announce_message(tx, message)
+            for ref in tool_calls:
+                announce(tx, "tool_call.created", turn.id, turn.conversation_id, id=ref.id, name=ref.name)
             state.phase = "tools" if tool_calls else "output"
             state.message_id = message.id
             turn = await _charge(tx, turn, result.usage, cost, options=turn.options.with_state(state))
@@ -431,6 +436,7 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
     if completed is None:
         return ModelStep(outcome="stopped")
     await completion_delivery(tx, completed, verdict)
+    announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=completed.output_text)
     return ModelStep(outcome="completed", message_id=state.message_id)
 
 
@@ -449,7 +455,7 @@ async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[s
     if unfinished:
         return unfinished, turn
     text = json.dumps({"wait_results": [turn_result(target) for target in targets]}, sort_keys=True, default=str)
-    await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id)
+    announce_message(tx, await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id))
     state = turn.state.model_copy(update={"wait_input": True})
     return [], await tx.update_turn(turn.id, options=turn.options.with_state(state))
 

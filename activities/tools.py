@@ -29,7 +29,6 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
-from turnkit.events import emit
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
@@ -39,7 +38,7 @@ from turnkit.store.store import Store, utcnow
 from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.tracing import record_tool_call
-from turnkit.transcript import append_tool_result, fail_execution
+from turnkit.transcript import announce_settled, append_tool_result, fail_execution
 
 __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outcome_of"]
 
@@ -147,11 +146,7 @@ class ToolActivities:
         self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         verdict = await self._ask_tool(request, tool)
-        created: list[TurnRecord] = []
-        reserved = await self._reserve_in_tx(request, tool, verdict, created, wrong_queue)
-        for turn in created:  # events fire after the commit
-            await emit("tool_call.created", turn.id, turn.conversation_id, id=request.call.id, name=request.call.name)
-        return reserved
+        return await self._reserve_in_tx(request, tool, verdict, wrong_queue)
 
     async def _ask_tool(self, request: ToolCallInput, tool: Tool | None) -> Verdict:
         """Ask ``tool`` for a call about to be opened, before the reserving transaction (behaviour §3.8 step 7, §7.3).
@@ -172,7 +167,6 @@ class ToolActivities:
         request: ToolCallInput,
         tool: Tool | None,
         verdict: Verdict,
-        created: list[TurnRecord],
         wrong_queue: str | None = None,
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         call = request.call
@@ -194,7 +188,6 @@ class ToolActivities:
                 execution, denial = await open_tool_execution(
                     tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments
                 )
-                created.append(turn)
                 if denial is not None:
                     return outcome_of(execution, tool, budget_error=denial)
                 failure: tuple[str, dict[str, Any]] | None = None
@@ -240,9 +233,7 @@ class ToolActivities:
                 await append_tool_result(tx, turn, current)
                 return outcome_of(current, tool)
             await append_tool_result(tx, turn, settled)
-        await emit(
-            "tool_call.completed", turn.id, turn.conversation_id, id=execution.tool_call_id, name=execution.tool_name
-        )
+            announce_settled(tx, turn, settled)  # sent once this transaction committed
         return outcome_of(settled, tool)
 
     async def _fail(
@@ -252,8 +243,7 @@ class ToolActivities:
             async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
                 return await fail_execution(tx, turn, execution, message, details=details)
 
-        settled = await retry_store(write, what="tool failure")
-        await emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
+        settled = await retry_store(write, what="tool failure")  # fail_execution announces tool_call.failed
         return outcome_of(settled, None)
 
 

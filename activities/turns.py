@@ -17,7 +17,7 @@ from turnkit.agent import resolve_agent
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.dispatch import model_policy
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
-from turnkit.events import emit
+from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.prepared import submit_prepared
@@ -101,15 +101,19 @@ class TurnActivities:
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
                 await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
+            # Only the write that ended the turn reports it: not a retry, nor a turn cancelled meanwhile.
+            if finished is not None and finished.status == "completed":
+                announce(
+                    tx,
+                    "turn.completed",
+                    turn.id,
+                    turn.conversation_id,
+                    status="completed",
+                    output_text=turn.output_text,
+                )
+            elif finished is not None:
+                announce(tx, "turn.failed", turn.id, turn.conversation_id, error=turn.error)
         await announce_terminal(self.store, turn)
-        if already_done:
-            return outcome_of(turn)
-        if turn.status == "completed":
-            await emit(
-                "turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text
-            )
-        elif turn.terminal:
-            await emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
         return outcome_of(turn)
 
     async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
@@ -126,11 +130,15 @@ class TurnActivities:
                 result={"skipped": True, "message": TERMINAL_SKIP.format(name=execution.tool_name)},
                 completed_at=utcnow(),
             )
+            if created:
+                announce(tx, "tool_call.skipped", turn.id, turn.conversation_id, id=call.id, name=call.name)
             if created or skipped.status != "pending":
                 await append_tool_result(tx, turn, skipped)
         tool = resolve_agent(turn.agent_name).tool(execution.tool_name)
         text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
-        await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
+        announce_message(
+            tx, await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
+        )
         state = turn.state.model_copy(update={"phase": "output", "terminal_tool_name": execution.tool_name})
         return await tx.claim_turn(
             turn.id,
@@ -159,12 +167,20 @@ class TurnActivities:
                     status="running",
                     started_at=utcnow(),
                 )
-            if execution.status in ("pending", "running"):
+            if execution.status in ("pending", "running"):  # under the root lock: this CAS wins
                 execution = await fail_execution(tx, turn, execution, settle.message, status=settle.outcome)
+                if execution.status == "interrupted":  # a failed one announced tool_call.failed
+                    announce(
+                        tx,
+                        "tool_call.interrupted",
+                        turn.id,
+                        turn.conversation_id,
+                        id=settle.call.id,
+                        name=settle.call.name,
+                        tool_execution_id=execution.id,
+                    )
             else:
                 await append_tool_result(tx, turn, execution)
-        if execution.status == "interrupted":
-            await emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
         # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
         # terminal tool still ends the turn, a budget denial still fails it (issue 8).
         return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name))
