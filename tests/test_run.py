@@ -108,7 +108,7 @@ async def test_a_run_joins_another_runs_tree(tk: TurnKit) -> None:
     third = await tk.run(child, "one more", root_turn_id=root.id)
     assert third.status == "failed" and third.error == {"class": "TurnKit::BudgetError", "message": MAX_ITERATIONS}
 
-    conversations = len(await tk.store.list_conversations())
+    turns = len(await tk.store.list_turns(agent_name="t10_child"))
     with pytest.raises(turnkit.InputError, match="is not a root turn"):
         await tk.run(child, "nested", root_turn_id=joined.id)
-    assert len(await tk.store.list_conversations()) == conversations, "a refused join wrote a conversation"
+    assert len(await tk.store.list_turns(agent_name="t10_child")) == turns, "a refused join wrote a turn"
