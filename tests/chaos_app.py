@@ -220,8 +220,8 @@ def install_worker_faults() -> None:
     turnkit.configure(model_heartbeat_timeout=1.0, tool_heartbeat_timeout=1.0, authorize=_hook)
     original = TurnKitPlugin.__init__
 
-    def with_interceptor(self: TurnKitPlugin, store: Any = None) -> None:
-        original(self, store)
+    def with_interceptor(self: TurnKitPlugin, store: Any = None, **options: Any) -> None:
+        original(self, store, **options)
         if store is None:
             return
         # The worker's plugin (worker.py builds it after importing this module).
