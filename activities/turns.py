@@ -118,7 +118,7 @@ class TurnActivities:
             )
             if created or skipped.status != "pending":
                 await append_tool_result(tx, turn, skipped)
-        tool = resolve_agent(turn.agent_name).tool(execution.tool_name)
+        tool = resolve_agent(turn.agent_name).tool(execution.tool_name, turn.state.loaded_skills)
         text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
         await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
         state = turn.state.model_copy(update={"phase": "output", "terminal_tool_name": execution.tool_name})
@@ -157,7 +157,7 @@ class TurnActivities:
             await emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
         # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
         # terminal tool still ends the turn, a budget denial still fails it (issue 8).
-        return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name))
+        return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name, settle.call.policy))
 
 
 def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:

@@ -46,6 +46,7 @@ from turnkit.records import (
 )
 from turnkit.run import Run
 from turnkit.runtime import TurnKit, connect
+from turnkit.skills import Skill
 from turnkit.store import Store
 from turnkit.tools import Tool, ToolContext, tool
 
@@ -74,6 +75,7 @@ __all__ = [
     "Result",
     "Run",
     "Settings",
+    "Skill",
     "Store",
     "StoreError",
     "SystemPrompt",

@@ -61,6 +61,8 @@ class CallPolicy(BaseModel):
     max_attempts: int = 1
     initial_retry_interval: float = 1.0
     maximum_retry_interval: float = 30.0
+    #: The loaded skill that owns this tool, when it is a skill's tool: the tool activity finds it there.
+    skill: str | None = None
 
 
 class QueuedTurn(BaseModel):
