@@ -10,7 +10,7 @@ Turns loop model → tools → model as Temporal workflows; a SQL store keeps th
 
 from __future__ import annotations
 
-from turnkit import providers
+from turnkit import providers, specialists
 from turnkit.agent import Agent, register, registered_agents, resolve_agent
 from turnkit.config import Settings, configure, settings
 from turnkit.cost import Cost
@@ -100,5 +100,6 @@ __all__ = [
     "registered_agents",
     "resolve_agent",
     "settings",
+    "specialists",
     "tool",
 ]
