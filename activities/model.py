@@ -318,7 +318,9 @@ class ModelActivities:
                 result = result.model_copy(update={"parts": await _unique_call_ids(tx, turn.id, result.parts, state)})
             agent = resolve_agent(turn.agent_name)
             tool_calls = [
-                ToolCallRef.carried(tc.id, tc.name, tc.arguments_error, call_policy(agent, tc.name))
+                ToolCallRef.carried(
+                    tc.id, tc.name, tc.arguments_error, call_policy(agent, tc.name, state.loaded_skills)
+                )
                 for tc in result.tool_calls
             ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
@@ -385,7 +387,7 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
             str(part["id"]),
             str(part["name"]),
             part.get("arguments_error"),
-            call_policy(agent, str(part["name"])),
+            call_policy(agent, str(part["name"]), turn.state.loaded_skills),
         )
         for part in message.content
         if part.get("type") == "tool_call"

@@ -30,9 +30,10 @@ from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.executions import open_tool_execution, with_arguments
-from turnkit.payloads import ToolCallInput, ToolOutcome
+from turnkit.payloads import CallPolicy, ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.request import subject_prompt_of
+from turnkit.skills import LoadSkillTool, record_loaded_skill
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
 from turnkit.tool_queues import misrouted
@@ -64,7 +65,7 @@ class ToolActivities:
             lambda: with_arguments(self.store, request.turn_id, [request.call]), what="tool arguments"
         )
         request = request.model_copy(update={"call": call})
-        tool = find_tool(request.agent_name, request.call.name)
+        tool = find_tool(request.agent_name, request.call.name, request.call.policy)
         wrong_queue = misrouted(tool, activity.info().task_queue) if tool is not None else None
         reserved = await retry_store(lambda: self._reserve(request, tool, wrong_queue), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
@@ -233,6 +234,8 @@ class ToolActivities:
                 await append_tool_result(tx, turn, current)
                 return outcome_of(current, tool)
             await append_tool_result(tx, turn, settled)
+            if isinstance(tool, LoadSkillTool):  # the skill's tools join the turn's tool set with this result
+                await record_loaded_skill(tx, turn.id, str(result["key"]))
             announce_settled(tx, turn, settled)  # sent once this transaction committed
         return outcome_of(settled, tool)
 
@@ -272,8 +275,11 @@ def budget_denial(execution: ToolExecutionRecord) -> str | None:
     return None
 
 
-def find_tool(agent_name: str, tool_name: str) -> Tool | None:
+def find_tool(agent_name: str, tool_name: str, policy: CallPolicy | None = None) -> Tool | None:
+    """The tool a call names, as the model activity resolved it: a skill's tool only when ``policy`` says which
+    loaded skill owns it (so a skill's tool proposed before ``load_skill`` stays unknown); None when unknown."""
+    loaded = (policy.skill,) if policy is not None and policy.skill else ()
     try:
-        return resolve_agent(agent_name).tool(tool_name)
+        return resolve_agent(agent_name).tool(tool_name, loaded)
     except ConfigError:
         return None

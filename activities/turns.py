@@ -134,7 +134,7 @@ class TurnActivities:
                 announce(tx, "tool_call.skipped", turn.id, turn.conversation_id, id=call.id, name=call.name)
             if created or skipped.status != "pending":
                 await append_tool_result(tx, turn, skipped)
-        tool = resolve_agent(turn.agent_name).tool(execution.tool_name)
+        tool = resolve_agent(turn.agent_name).tool(execution.tool_name, turn.state.loaded_skills)
         text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
         announce_message(
             tx, await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
@@ -183,7 +183,7 @@ class TurnActivities:
                 await append_tool_result(tx, turn, execution)
         # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
         # terminal tool still ends the turn, a budget denial still fails it (issue 8).
-        return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name))
+        return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name, settle.call.policy))
 
 
 async def _root_of(tx: StoreTx, turn: TurnRecord) -> TurnRecord:

@@ -10,7 +10,7 @@ Turns loop model → tools → model as Temporal workflows; a SQL store keeps th
 
 from __future__ import annotations
 
-from turnkit import providers
+from turnkit import providers, specialists
 from turnkit.agent import Agent, register, registered_agents, resolve_agent
 from turnkit.config import Settings, configure, settings
 from turnkit.cost import Cost
@@ -46,6 +46,7 @@ from turnkit.records import (
 )
 from turnkit.run import Run
 from turnkit.runtime import TurnKit, connect
+from turnkit.skills import Skill
 from turnkit.store import Store
 from turnkit.tools import Tool, ToolContext, tool
 
@@ -74,6 +75,7 @@ __all__ = [
     "Result",
     "Run",
     "Settings",
+    "Skill",
     "Store",
     "StoreError",
     "SystemPrompt",
@@ -98,5 +100,6 @@ __all__ = [
     "registered_agents",
     "resolve_agent",
     "settings",
+    "specialists",
     "tool",
 ]

@@ -21,6 +21,7 @@ from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
 from turnkit.model import Client, ToolSpec, Usage
 from turnkit.prompt_sections import check_prompt_sections
+from turnkit.skills import LoadSkillTool, Skill, check_skills, dedupe_skills
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
 if TYPE_CHECKING:
@@ -94,6 +95,13 @@ class Agent:
     """The composed instructions: stripped, with the orchestrator preamble first when ``orchestrator``."""
     model: str | None
     tools: tuple[Tool, ...]
+    skills: tuple[Skill, ...]
+    """Always loaded: their content is in the prompt and their tools are always offered."""
+    available_skills: tuple[Skill, ...]
+    """Listed in the prompt and loadable with ``load_skill``: ``settings.available_skills`` first (copied at
+    construction, unless ``inherit_globals=False``), then the agent's own, de-duplicated by key."""
+    load_skill_tool: LoadSkillTool | None
+    """The ``load_skill`` tool over :attr:`available_skills`; None when there are none."""
     sub_agents: tuple[Agent, ...]
     client: Client | None
     max_iterations: int | None
@@ -129,6 +137,8 @@ class Agent:
         instructions: str = "",
         model: str | None = None,
         tools: Iterable[Tool | type[Tool]] = (),
+        skills: Iterable[Skill] = (),
+        available_skills: Iterable[Skill] = (),
         sub_agents: Iterable[Agent] = (),
         client: Client | None = None,
         max_iterations: int | None = None,
@@ -156,6 +166,9 @@ class Agent:
             instructions: The agent's instructions (stripped).
             model: Model name; falls back to ``settings.default_model``.
             tools: Tool instances, Tool subclasses (instantiated with no arguments) or ``@tool`` functions.
+            skills: Skills always loaded (their content in the prompt, their tools always offered).
+            available_skills: Skills listed in the prompt and loaded by the model with ``load_skill``; their tools
+                join the turn's tool set once loaded.
             sub_agents: Agents exposed as delegation tools named after them.
             client: Model client; falls back to ``settings.client``.
             max_iterations: Budget limit (behaviour §6); None falls back to the setting of the same name.
@@ -177,14 +190,16 @@ class Agent:
                 :data:`turnkit.prompt_sections.PROMPT_SECTIONS`).
             context_contributors: Callables adding live context to the prompt, each called with a
                 :class:`~turnkit.live_context.PromptBuildContext` (sync or ``async def``).
-            inherit_globals: Copy ``settings.context_contributors`` in front of the agent's own (at construction).
+            inherit_globals: Copy ``settings.context_contributors`` and ``settings.available_skills`` in front of the
+                agent's own (at construction).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
                 an unknown prompt mode or an unknown prompt section.
             ConfigError: ``compaction`` has the wrong type or an unknown option.
-            TypeError: A tools entry is not a TurnKit tool, a sub-agent is not an Agent, ``system_prompt`` is neither
-                a string nor a callable, a context contributor is not callable, or ``prompt_sections`` is a string.
+            TypeError: A tools entry is not a TurnKit tool, a skill is not a Skill, a sub-agent is not an Agent,
+                ``system_prompt`` is neither a string nor a callable, a context contributor is not callable, or
+                ``prompt_sections`` is a string.
         """
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
@@ -212,8 +227,20 @@ class Agent:
             contributors = tuple(settings.context_contributors) + contributors
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)
-        _check_unique_names(resolved_tools, resolved_sub_agents)
-        for each in resolved_tools:
+        preloaded = check_skills(skills, "skills")
+        loadable = check_skills(available_skills, "available_skills")
+        if inherit_globals:
+            loadable = tuple(settings.available_skills) + loadable
+        loadable = dedupe_skills(loadable)
+        load_skill = LoadSkillTool(loadable) if loadable else None
+        # Every tool the agent could ever offer (behaviour §1.2): its own, the skills', the sub-agents', load_skill.
+        every_tool = (
+            *resolved_tools,
+            *(each for skill in (*preloaded, *loadable) for each in skill.tools),
+            *((load_skill,) if load_skill is not None else ()),
+        )
+        _check_unique_names(every_tool, resolved_sub_agents)
+        for each in every_tool:
             each.validate_definition()
 
         text = (instructions or "").strip()
@@ -230,6 +257,9 @@ class Agent:
             "instructions": text,
             "model": model or None,
             "tools": resolved_tools,
+            "skills": preloaded,
+            "available_skills": loadable,
+            "load_skill_tool": load_skill,
             "sub_agents": resolved_sub_agents,
             "client": client,
             "max_iterations": max_iterations,
@@ -255,19 +285,37 @@ class Agent:
 
     # -- tools ------------------------------------------------------------------------------------------------------
 
-    def tool(self, name: str) -> Tool | None:
-        """The agent's own tool with this name (sub-agents are not included), or None."""
-        return next((each for each in self.tools if each.name == name), None)
+    def effective_tools(self, loaded_skills: Iterable[str] = ()) -> list[Tool]:
+        """The tools of a turn that loaded ``loaded_skills`` (behaviour §4.2), sub-agents aside: the agent's own, the
+        preloaded skills' tools, the tools of the available skills the turn loaded, then ``load_skill``."""
+        loaded = set(loaded_skills)
+        found = [*self.tools, *(each for skill in self.skills for each in skill.tools)]
+        found += [each for skill in self.available_skills if skill.key in loaded for each in skill.tools]
+        if self.load_skill_tool is not None:
+            found.append(self.load_skill_tool)
+        return found
+
+    def tool(self, name: str, loaded_skills: Iterable[str] = ()) -> Tool | None:
+        """The tool with this name in the effective set of a turn that loaded ``loaded_skills`` (sub-agents are not
+        included), or None."""
+        return next((each for each in self.effective_tools(loaded_skills) if each.name == name), None)
+
+    def skill_owning(self, name: str) -> Skill | None:
+        """The available skill that owns the tool ``name``, or None."""
+        return next((skill for skill in self.available_skills if any(t.name == name for t in skill.tools)), None)
 
     def sub_agent(self, name: str) -> Agent | None:
         """The sub-agent with this name, or None."""
         return next((each for each in self.sub_agents if each.name == name), None)
 
-    def tool_specs(self) -> list[ToolSpec]:
-        """The specs of every tool the model may call: the agent's own, then one per sub-agent (delegation)."""
-        return [each.spec() for each in self.tools] + [
-            sub_agent_tool(each.name, each.description).spec() for each in self.sub_agents
-        ]
+    def tool_specs(self, loaded_skills: Iterable[str] = ()) -> list[ToolSpec]:
+        """The specs of every tool the model may call in a turn that loaded ``loaded_skills``, in the order of
+        behaviour §4.2: the agent's own, the skills' (preloaded, then loaded), one per sub-agent, ``load_skill``."""
+        tools = self.effective_tools(loaded_skills)
+        own = [each.spec() for each in tools if each is not self.load_skill_tool]
+        delegation = [sub_agent_tool(each.name, each.description).spec() for each in self.sub_agents]
+        last = [self.load_skill_tool.spec()] if self.load_skill_tool is not None else []
+        return own + delegation + last
 
     # -- effective values --------------------------------------------------------------------------------------------
 
@@ -327,7 +375,7 @@ class Agent:
 
     def __repr__(self) -> str:
         """Show the name, model and tool names."""
-        names = [each.name for each in self.tools] + [each.name for each in self.sub_agents]
+        names = [each.name for each in self.effective_tools()] + [each.name for each in self.sub_agents]
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={names!r})"
 
 

@@ -16,6 +16,7 @@ from turnkit.compaction_options import normalize_compaction
 from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
 from turnkit.prompt_sections import check_prompt_sections
+from turnkit.skills import check_skills
 
 if TYPE_CHECKING:
     # Only for annotations: turnkit.cost imports this module, so a runtime import would be circular.
@@ -127,6 +128,10 @@ class Settings:
     """Callables that add live context to root prompts; copied into each agent at construction (in front of the
     agent's own) unless the agent says ``inherit_globals=False``."""
 
+    available_skills: list[Any] = field(default_factory=list[Any])
+    """:class:`~turnkit.skills.Skill` objects every agent lists as loadable: copied into each agent at construction (in
+    front of its own ``available_skills``, de-duplicated by key) unless it says ``inherit_globals=False``."""
+
 
 #: The process-wide settings object. Mutate it through :func:`configure`.
 settings: Final = Settings()
@@ -185,6 +190,12 @@ def _check_prompt_settings(kwargs: dict[str, Any]) -> None:
         if isinstance(contributors, str | bytes) or not all(callable(each) for each in contributors):
             raise ConfigError("context_contributors must be a list of callables")
         kwargs["context_contributors"] = list(contributors)
+    skills = kwargs.get("available_skills")
+    if skills is not None:
+        try:
+            kwargs["available_skills"] = list(check_skills(skills, "available_skills"))
+        except TypeError as err:
+            raise ConfigError(str(err)) from err
     behavior = kwargs.get("prompt_behavior")
     if behavior is not None and not isinstance(behavior, str):
         raise ConfigError("prompt_behavior must be a string or None")

@@ -9,6 +9,8 @@ a worker that lacks an agent fails one activity clearly instead of failing workf
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from turnkit.agent import Agent
 from turnkit.builtin_tools import LaunchAgentTool, WaitForTool
 from turnkit.config import settings
@@ -26,15 +28,19 @@ def model_policy() -> ModelPolicy:
     )
 
 
-def call_policy(agent: Agent, name: str) -> CallPolicy:
-    """How the workflow dispatches a call to ``name`` proposed by ``agent``'s model: delegation to a sub-agent, a
-    coordination tool, or a tool activity with the timeouts and retries of its recovery mode, on its task queue;
-    ``unknown`` when the agent has no such tool (the tool activity then records the failure at once)."""
+def call_policy(agent: Agent, name: str, loaded_skills: Iterable[str] = ()) -> CallPolicy:
+    """How the workflow dispatches a call to ``name`` proposed by ``agent``'s model in a turn that loaded
+    ``loaded_skills`` (its stored ``TurnState.loaded_skills``): delegation to a sub-agent, a coordination tool, or a
+    tool activity with the timeouts and retries of its recovery mode, on its task queue; ``unknown`` when the name is
+    not in the turn's tool set, e.g. a skill's tool before ``load_skill`` (the tool activity then records the failure
+    at once)."""
     if agent.sub_agent(name) is not None:
         return CallPolicy(kind="sub_agent")
-    tool = agent.tool(name)
+    loaded = tuple(loaded_skills)
+    tool = agent.tool(name, loaded)
     if tool is None:
         return CallPolicy(kind="unknown", at_most_once=False)
+    owner = None if agent.tool(name) is not None else agent.skill_owning(name)
     if isinstance(tool, LaunchAgentTool):
         return CallPolicy(kind="launch_agent")
     if isinstance(tool, WaitForTool):
@@ -49,4 +55,5 @@ def call_policy(agent: Agent, name: str) -> CallPolicy:
         initial_retry_interval=tool.initial_retry_interval,
         maximum_retry_interval=tool.maximum_retry_interval,
         task_queue=tool.task_queue,
+        skill=None if owner is None else owner.key,
     )

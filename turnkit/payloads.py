@@ -63,6 +63,8 @@ class CallPolicy(BaseModel):
     maximum_retry_interval: float = 30.0
     #: The tool's own task queue (``@tool(task_queue=…)``); None: the turn's queue (as in older histories).
     task_queue: str | None = None
+    #: The loaded skill that owns this tool, when it is a skill's tool: the tool activity finds it there.
+    skill: str | None = None
 
 
 class QueuedTurn(BaseModel):

@@ -4,9 +4,6 @@ Both are pure functions of their inputs: the caller passes the clock (``now``), 
 contributions already collected, so the same inputs always give the same prompt. That keeps prompt caching
 effective and lets :func:`turnkit.request.build_model_request` build the same request for a model call and for a
 preview (docs/design.md, "The system prompt").
-
-Skills are not implemented yet: the ``loaded_skills`` and ``available_skills`` sections are known names that render
-nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from turnkit.live_context import LIVE_CONTEXT_PREAMBLE, LiveContextContribution,
 from turnkit.model import ToolSpec
 from turnkit.prompt_sections import check_prompt_sections
 from turnkit.records import MessageRecord
+from turnkit.skills import Skill
 
 __all__ = [
     "DEFAULT_BEHAVIOR",
@@ -73,6 +71,11 @@ _SUB_AGENT_TEXT: Final = (
     "Do not ask follow-up questions unless you are blocked."
 )
 
+_LOADED_SKILLS_PREAMBLE: Final = "These skills are loaded. Follow their guidance whenever it applies."
+_AVAILABLE_SKILLS_PREAMBLE: Final = (
+    "These skills are listed but not loaded. To use one, call load_skill with the key; it returns the skill's "
+    "guidance and enables its tools."
+)
 _TOOLS_PREAMBLE: Final = "Call a tool only when it helps. Each entry lists the tool's parameters."
 _NO_TOOLS: Final = "(none) No tools are available in this turn; answer directly."
 
@@ -224,8 +227,8 @@ def build_system_prompt(
         "sub_agent": lambda: _SUB_AGENT_TEXT if depth > 0 else "",
         "instructions": lambda: agent.instructions,
         "behavior": lambda: _behavior(mode),
-        "loaded_skills": lambda: "",
-        "available_skills": lambda: "",
+        "loaded_skills": lambda: _loaded_skills_section(agent.skills),
+        "available_skills": lambda: _available_skills_section(agent.available_skills),
         "tools": lambda: _tools_section(tools),
         "subject": lambda: data_block(subject_prompt, trusted=False),
         "live_context": lambda: _live_context_section(live_context),
@@ -286,6 +289,23 @@ def _behavior(mode: str) -> str:
 def _live_context_section(contributions: Sequence[LiveContextContribution]) -> str:
     blocks = [block for block in (each.render() for each in contributions) if block]
     return "\n\n".join([LIVE_CONTEXT_PREAMBLE, *blocks]) if blocks else ""
+
+
+def _loaded_skills_section(skills: Sequence[Skill]) -> str:
+    if not skills:
+        return ""
+    blocks = [_LOADED_SKILLS_PREAMBLE] + [f"## Skill: {xml_escape(each.key)}\n\n{each.content}" for each in skills]
+    return "\n\n".join(blocks)
+
+
+def _available_skills_section(skills: Sequence[Skill]) -> str:
+    if not skills:
+        return ""
+    lines = [_AVAILABLE_SKILLS_PREAMBLE]
+    for each in skills:
+        line = f"- {xml_escape(each.key)}: {xml_escape(each.name)}"
+        lines.append(f"{line} — {xml_escape(each.description)}" if each.description else line)
+    return "\n".join(lines)
 
 
 def _agent_section(agent: Agent, model: str) -> str:

@@ -65,7 +65,7 @@ async def build_model_request(
         TypeError: A context contributor returned something unusable.
     """
     model = turn.model or agent.effective_model
-    specs = agent.tool_specs()
+    specs = agent.tool_specs(turn.options.state.loaded_skills)  # loaded skills add their tools (behaviour §4.2)
     depth = turn_depth(turn)
     mode = resolve_prompt_mode(agent, depth=depth, prompt_mode=turn.options.prompt_mode)
     sections = () if mode == "none" else resolve_sections(agent, mode)

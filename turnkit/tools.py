@@ -299,6 +299,8 @@ class Tool:
     ``worker.py --queue NAME --only tools``; None: the turn's own queue."""
     terminal: ClassVar[Terminal] = False
     """Whether a completed call ends the turn, and with which completion message (behaviour §3.8)."""
+    read_only: ClassVar[bool] = False
+    """True for a tool with no effect outside TurnKit (the specialists accept only such tools, behaviour §1.8)."""
     Arguments: ClassVar[type[BaseModel]] = _NoArguments
     """The parameters, as a pydantic model; subclasses declare ``class Arguments(BaseModel): ...``."""
 

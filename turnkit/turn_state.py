@@ -105,6 +105,9 @@ class TurnState(BaseModel):
     waiting_on: list[str] | None = None
     #: The application waits were joined: their results are the turn's input.
     wait_input: bool = False
+    #: Keys of the available skills this turn loaded with ``load_skill``, in load order (``turnkit.skills``): written
+    #: with the load's result, so the skill's tools stay in the turn's tool set across iterations and restarts.
+    loaded_skills: list[str] = Field(default_factory=list[str])
 
     @property
     def holds_answer(self) -> bool:

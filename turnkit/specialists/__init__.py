@@ -1,0 +1,30 @@
+"""Specialists (behaviour §1.8): ready-made agents for common sub-tasks.
+
+* :func:`oracle`: read-only expert advice, reading files confined to one directory (``read_file``);
+* :func:`librarian`: answers from one GitHub repository (``github_repository_read``);
+* :func:`painter`: an image behind an authorization gate (``paint_image``; generation itself is not supported yet).
+
+Each returns an ordinary :class:`~turnkit.agent.Agent` (``inherit_globals=False``), usable on its own or as a
+sub-agent: ``Agent("boss", sub_agents=[turnkit.specialists.oracle(model="...", root="docs")])``.
+"""
+
+from __future__ import annotations
+
+from turnkit.specialists.agents import librarian, oracle, painter
+from turnkit.specialists.github import GitHubRepositoryReadTool, HttpxGitHubClient
+from turnkit.specialists.paint import NOT_AUTHORIZED, PAINT_NOT_SUPPORTED, PaintImageTool
+from turnkit.specialists.read_file import ReadFileTool
+from turnkit.specialists.read_only import ReadOnlyTool
+
+__all__ = [
+    "NOT_AUTHORIZED",
+    "PAINT_NOT_SUPPORTED",
+    "GitHubRepositoryReadTool",
+    "HttpxGitHubClient",
+    "PaintImageTool",
+    "ReadFileTool",
+    "ReadOnlyTool",
+    "librarian",
+    "oracle",
+    "painter",
+]
