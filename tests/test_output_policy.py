@@ -3,6 +3,7 @@ the model activity, on a real dev server with the scripted model."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from activities.model import ModelActivities
-from tests.engine import Engine
+from tests.engine import Engine, HeldModel, eventually
 from turnkit.events import Event
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
@@ -116,6 +117,28 @@ async def test_one_revision_then_a_clean_answer(tk: TurnKit) -> None:
         ("output_policy.revision", {"violation_count": 1, "attempt": 1}),
         ("output_policy.completed", {"clean": True, "violation_count": 0}),
     ]
+
+
+async def test_an_answer_held_at_a_pause_is_published_by_its_audit(tk: TurnKit) -> None:
+    """An answer held back by a pause keeps its audit: on resume, fail mode publishes it as failed (OutputAudit)."""
+    model = HeldModel(turnkit.Result.build(text="Draft only"))
+    agent = turnkit.Agent("held", model="scripted", client=model, output_policy=needs_recommendation)
+    turn = await (await tk.conversation(agent)).ask("Write the memo", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+    await turn.pause()
+    model.released.set()
+
+    async def paused() -> bool:
+        await turn.refresh()
+        return turn.status == "paused"
+
+    await eventually(paused, what="the turn to pause before publishing")
+    assert turn.output_text == "" and turn.policy_clean is False  # audited, not published
+    await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "failed" and done.output_text == "Draft only"
+    assert done.error is not None and done.error["class"] == "TurnKit::OutputAudit"
+    assert len(model.requests) == 1
 
 
 async def test_revise_mode_completes_once_revisions_run_out(tk: TurnKit) -> None:
