@@ -6,6 +6,10 @@ Temporal's envconfig (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_A
 profile in the config file; ``--address`` and ``--namespace`` win; ``127.0.0.1:7233`` when nothing is configured) and
 the store at ``$TURNKIT_DATABASE_URL``, and shuts down gracefully on SIGTERM or SIGINT: it stops polling, lets running
 activities finish (up to ``--grace`` seconds) and exits. Installed from the wheel, it is also ``turnkit worker``.
+
+A tool with a task queue of its own (``@tool(task_queue="gpu")``) runs on a worker for that queue, on the box that can
+run it: ``python worker.py --app myapp.agents --queue gpu --only tools`` registers only the tool activity (no
+workflows, no model or store activities) and serves the tools whose ``task_queue`` is ``gpu``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
 from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
+from turnkit.tool_queues import tools_on_queue
 from turnkit.tracing import add_tracing_argument
 
 log = logging.getLogger("turnkit.worker")
@@ -37,12 +42,31 @@ log = logging.getLogger("turnkit.worker")
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 
 
+def add_queue_arguments(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """``--task-queue`` (alias ``--queue``) and ``--only tools``: which queue the worker polls, and what it runs."""
+    parser.add_argument(
+        "--task-queue",
+        "--queue",
+        dest="task_queue",
+        default=default,
+        metavar="NAME",
+        help="task queue to poll (default $TURNKIT_TASK_QUEUE or 'turnkit'); a tool's own queue with --only tools",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["tools"],
+        default=None,
+        help="tools: register only the tool activity (no workflows, no model or store activities), for the tools "
+        "whose task_queue is this queue (every tool without one on the turns' queue)",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (environment variables give the defaults)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     add_connection_arguments(parser)
-    parser.add_argument("--task-queue", default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
+    add_queue_arguments(parser, default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_tracing_argument(parser)
@@ -55,9 +79,12 @@ async def run(args: argparse.Namespace) -> None:
         importlib.import_module(module)
     options = client_options_from_arguments(args)
     address = options.pop("target_host", DEFAULT_ADDRESS)
+    tools_only = getattr(args, "only", None) == "tools"
+    served = _served_tools(args.task_queue) if tools_only else ""
     store = await Store.open(args.database_url)
     try:
-        client = await Client.connect(address, **options, plugins=[TurnKitPlugin(store, tracing=args.tracing)])
+        plugin = TurnKitPlugin(store, tracing=args.tracing, tools_only=tools_only)
+        client = await Client.connect(address, **options, plugins=[plugin])
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
         worker = Worker(
@@ -71,11 +98,23 @@ async def run(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stop.set)
         async with worker:
             log.info("turnkit worker polling %s on %s (%s)", args.task_queue, address, options["namespace"])
-            print(f"worker ready: task queue {args.task_queue} on {address}", flush=True)
+            print(f"worker ready: task queue {args.task_queue} on {address}{served}", flush=True)
             await stop.wait()
             log.info("shutting down")
     finally:
         await store.close()
+
+
+def _served_tools(task_queue: str) -> str:
+    """What a tools-only worker on ``task_queue`` serves, for its ready line; a queue no tool runs on is an error."""
+    turn_queue = os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE)
+    tools = tools_on_queue(task_queue, turn_queue=turn_queue)
+    if not tools:
+        raise ConfigError(
+            f"no registered tool runs on task queue {task_queue!r}: give a tool @tool(task_queue={task_queue!r}), "
+            "or check --app (the modules that register the agents)"
+        )
+    return f" (tools only: {', '.join(sorted({t.name for t in tools}))})"
 
 
 def main(argv: list[str] | None = None) -> None:

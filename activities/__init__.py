@@ -24,6 +24,7 @@ __all__ = [
     "ToolActivities",
     "TurnActivities",
     "build_activities",
+    "build_tool_activities",
 ]
 
 
@@ -47,3 +48,8 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         lane.end_turn,
         lane.follow_turn,
     ]
+
+
+def build_tool_activities(store: Store) -> list[Callable[..., Any]]:
+    """Only the tool activity, bound to ``store``: for a worker on a tool's own task queue (``--only tools``)."""
+    return [ToolActivities(store).run_tool]

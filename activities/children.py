@@ -39,7 +39,7 @@ from turnkit.payloads import (
 )
 from turnkit.records import ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.transcript import append_tool_result, fail_execution
+from turnkit.transcript import announce_settled, append_tool_result, fail_execution
 from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits, enter_waiting, leave_waiting, unfinished_targets
 
@@ -167,6 +167,7 @@ class ChildActivities:
             )
             if settled is not None:
                 await append_tool_result(tx, turn, settled)
+                announce_settled(tx, turn, settled)
         plan.child = _child_input(child, request)
         return plan, None
 
@@ -189,6 +190,8 @@ class ChildActivities:
                             result=turn_result(child),
                             completed_at=utcnow(),
                         )
+                        if settled is not None:
+                            announce_settled(tx, turn, settled)
                         execution = settled or await tx.load_tool_execution(execution.id)
                     else:
                         execution = await fail_execution(
@@ -260,6 +263,8 @@ class ChildActivities:
                     result={"results": results},
                     completed_at=utcnow(),
                 )
+                if settled is not None:
+                    announce_settled(tx, turn, settled)
                 execution = settled or await tx.load_tool_execution(execution.id)
             await append_tool_result(tx, turn, execution)
         return outcome_of(execution, None)

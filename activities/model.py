@@ -45,7 +45,7 @@ from turnkit.errors import (
     TransientModelError,
     error_class_name,
 )
-from turnkit.events import emit
+from turnkit.events import announce, announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.records import MessageRecord, TurnRecord
@@ -194,6 +194,7 @@ class ModelActivities:
                     metadata=made.metadata,
                     request_id=call.request_id,  # indexed: a concurrent attempt finds it with one read
                 )
+                announce_message(tx, summary)
                 charged = await _charge(tx, current, made.result.usage, cost)
                 return summary, True, await _tree_spend_denial(tx, charged)
 
@@ -238,8 +239,13 @@ class ModelActivities:
                 return await _publish_candidate(tx, turn, state, publish)
             if state.request_id != call.request_id:
                 root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-                denial = depth_denial(root, turn.options.depth or 0) or iteration_denial(
-                    root, await tx.tree_usage(root.id)
+                usage = await tx.tree_usage(root.id)
+                # Loop start (behaviour §6.2): depth, then the tree's observed spend (a child may have overspent
+                # since this turn's last call), then the iteration this request would count.
+                denial = (
+                    depth_denial(root, turn.options.depth or 0)
+                    or spend_denial(root, usage)
+                    or iteration_denial(root, usage)
                 )
                 if denial is not None:
                     return ModelStep(outcome="budget_exceeded", budget_error=denial)
@@ -350,6 +356,10 @@ class ModelActivities:
                 metadata=metadata,
                 request_id=call.request_id,  # indexed: a retry finds this response without listing the turn's
             )
+            # Behaviour §3.7: message.created, then tool_call.created per proposed call, once this response committed.
+            announce_message(tx, message)
+            for ref in tool_calls:
+                announce(tx, "tool_call.created", turn.id, turn.conversation_id, id=ref.id, name=ref.name)
             state.phase = "tools" if tool_calls else "output"
             state.message_id = message.id
             turn = await _charge(tx, turn, result.usage, cost, options=turn.options.with_state(state))
@@ -471,9 +481,11 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
         return ModelStep(outcome="stopped")
     await completion_delivery(tx, completed, verdict)
     if error is not None:
+        announce(tx, "turn.failed", turn.id, turn.conversation_id, error=error)
         return ModelStep(
             outcome="failed", message_id=state.message_id, error_class=error["class"], error_message=error["message"]
         )
+    announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=completed.output_text)
     return ModelStep(outcome="completed", message_id=state.message_id)
 
 
@@ -492,7 +504,7 @@ async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[s
     if unfinished:
         return unfinished, turn
     text = json.dumps({"wait_results": [turn_result(target) for target in targets]}, sort_keys=True, default=str)
-    await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id)
+    announce_message(tx, await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id))
     state = turn.state.model_copy(update={"wait_input": True})
     return [], await tx.update_turn(turn.id, options=turn.options.with_state(state))
 

@@ -25,7 +25,7 @@ from turnkit.agent import Agent
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.errors import OutputAudit
-from turnkit.events import emit
+from turnkit.events import announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
 from turnkit.records import TurnRecord
@@ -114,13 +114,14 @@ async def record_audit(tx: StoreTx, turn: TurnRecord, agent: Agent, audit: Answe
     if not audit.result.clean and state.revisions_used < agent.output_retries:
         attempt = state.revisions_used + 1
         text = revision_request(audit.result, agent.output_policy, terminal_tool=state.terminal_tool_name)
-        await tx.append_message(
+        revision = await tx.append_message(
             turn.conversation_id,
             role="user",
             text=text,
             turn_id=turn.id,
             metadata={"source": "output_policy", "attempt": attempt},
         )
+        announce_message(tx, revision)  # message.created once this transaction committed
         state = state.model_copy(
             update={"phase": "model", "revisions_used": attempt, "candidate": None, "output_data": None}
         )

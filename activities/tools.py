@@ -29,16 +29,16 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
-from turnkit.events import emit
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import ToolCallInput, ToolOutcome
 from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.request import subject_prompt_of
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store, utcnow
+from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.tracing import record_tool_call
-from turnkit.transcript import append_tool_result, fail_execution
+from turnkit.transcript import announce_settled, append_tool_result, fail_execution
 
 __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outcome_of"]
 
@@ -65,7 +65,8 @@ class ToolActivities:
         )
         request = request.model_copy(update={"call": call})
         tool = find_tool(request.agent_name, request.call.name)
-        reserved = await retry_store(lambda: self._reserve(request, tool), what="tool reserve")
+        wrong_queue = misrouted(tool, activity.info().task_queue) if tool is not None else None
+        reserved = await retry_store(lambda: self._reserve(request, tool, wrong_queue), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
         turn, execution = reserved
@@ -142,14 +143,10 @@ class ToolActivities:
         return delivery.model_dump(mode="json")
 
     async def _reserve(
-        self, request: ToolCallInput, tool: Tool | None
+        self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         verdict = await self._ask_tool(request, tool)
-        created: list[TurnRecord] = []
-        reserved = await self._reserve_in_tx(request, tool, verdict, created)
-        for turn in created:  # events fire after the commit
-            await emit("tool_call.created", turn.id, turn.conversation_id, id=request.call.id, name=request.call.name)
-        return reserved
+        return await self._reserve_in_tx(request, tool, verdict, wrong_queue)
 
     async def _ask_tool(self, request: ToolCallInput, tool: Tool | None) -> Verdict:
         """Ask ``tool`` for a call about to be opened, before the reserving transaction (behaviour §3.8 step 7, §7.3).
@@ -166,7 +163,11 @@ class ToolActivities:
         return await check("tool", turn.options.principal, turn=turn, tool=tool, arguments=request.call.arguments)
 
     async def _reserve_in_tx(
-        self, request: ToolCallInput, tool: Tool | None, verdict: Verdict, created: list[TurnRecord]
+        self,
+        request: ToolCallInput,
+        tool: Tool | None,
+        verdict: Verdict,
+        wrong_queue: str | None = None,
     ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
         call = request.call
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -187,12 +188,13 @@ class ToolActivities:
                 execution, denial = await open_tool_execution(
                     tx, turn, tool_call_id=call.id, tool_name=call.name, arguments=call.arguments
                 )
-                created.append(turn)
                 if denial is not None:
                     return outcome_of(execution, tool, budget_error=denial)
                 failure: tuple[str, dict[str, Any]] | None = None
                 if tool is None:
                     failure = (f"unknown tool: {call.name}", {"class": "TurnKit::ToolError"})
+                elif wrong_queue is not None:  # never run it where it does not belong (a box without its GPU)
+                    failure = (wrong_queue, {"class": "TurnKit::ConfigError"})
                 elif call.arguments_error:
                     failure = (call.arguments_error, {"class": "TurnKit::ToolValidationError"})
                 elif not verdict.allowed:  # asked before this transaction
@@ -231,9 +233,7 @@ class ToolActivities:
                 await append_tool_result(tx, turn, current)
                 return outcome_of(current, tool)
             await append_tool_result(tx, turn, settled)
-        await emit(
-            "tool_call.completed", turn.id, turn.conversation_id, id=execution.tool_call_id, name=execution.tool_name
-        )
+            announce_settled(tx, turn, settled)  # sent once this transaction committed
         return outcome_of(settled, tool)
 
     async def _fail(
@@ -243,8 +243,7 @@ class ToolActivities:
             async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
                 return await fail_execution(tx, turn, execution, message, details=details)
 
-        settled = await retry_store(write, what="tool failure")
-        await emit("tool_call.failed", turn.id, turn.conversation_id, id=execution.tool_call_id, error=message)
+        settled = await retry_store(write, what="tool failure")  # fail_execution announces tool_call.failed
         return outcome_of(settled, None)
 
 

@@ -17,7 +17,7 @@ from turnkit.agent import resolve_agent
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.dispatch import model_policy
 from turnkit.errors import ConfigError, RecordNotFound, ToolError
-from turnkit.events import emit
+from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.prepared import submit_prepared
@@ -44,7 +44,8 @@ class TurnActivities:
             if existing is not None:
                 if existing.submitted_at is None and existing.parent_turn_id is None:
                     existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
-                return ticket_of(existing, busy=await sub_agent_turn_active(tx, existing.conversation_id))
+                busy = await sub_agent_turn_active(tx, existing.conversation_id)
+                return ticket_of(existing, busy=busy, root=await _root_of(tx, existing))
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
                 agent = resolve_agent(request.agent_name or conversation.agent_name)
@@ -52,6 +53,14 @@ class TurnActivities:
                 if staged_id is not None:  # the content travelled by id (issue 8 item 12)
                     request = unstaged(request, await tx.load_staged_input(staged_id))
                     await tx.delete_staged_input(staged_id)  # gone when the message and the turn commit
+                if request.root_turn_id is not None:
+                    joined = await tx.load_turn(request.root_turn_id)
+                    if joined.root_turn_id != joined.id:
+                        raise ApplicationError(
+                            f"root_turn_id {joined.id} is not a root turn (its root is {joined.root_turn_id})",
+                            type="InputError",
+                            non_retryable=True,
+                        )
             except (RecordNotFound, ConfigError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
             try:
@@ -59,7 +68,8 @@ class TurnActivities:
             except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
             busy = await sub_agent_turn_active(tx, conversation.id)
-        return ticket_of(turn, busy=busy)
+            root = await _root_of(tx, turn)
+        return ticket_of(turn, busy=busy, root=root)
 
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
@@ -91,15 +101,19 @@ class TurnActivities:
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
                 await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
+            # Only the write that ended the turn reports it: not a retry, nor a turn cancelled meanwhile.
+            if finished is not None and finished.status == "completed":
+                announce(
+                    tx,
+                    "turn.completed",
+                    turn.id,
+                    turn.conversation_id,
+                    status="completed",
+                    output_text=turn.output_text,
+                )
+            elif finished is not None:
+                announce(tx, "turn.failed", turn.id, turn.conversation_id, error=turn.error)
         await announce_terminal(self.store, turn)
-        if already_done:
-            return outcome_of(turn)
-        if turn.status == "completed":
-            await emit(
-                "turn.completed", turn.id, turn.conversation_id, status=turn.status, output_text=turn.output_text
-            )
-        elif turn.terminal:
-            await emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
         return outcome_of(turn)
 
     async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
@@ -116,11 +130,15 @@ class TurnActivities:
                 result={"skipped": True, "message": TERMINAL_SKIP.format(name=execution.tool_name)},
                 completed_at=utcnow(),
             )
+            if created:
+                announce(tx, "tool_call.skipped", turn.id, turn.conversation_id, id=call.id, name=call.name)
             if created or skipped.status != "pending":
                 await append_tool_result(tx, turn, skipped)
         tool = resolve_agent(turn.agent_name).tool(execution.tool_name)
         text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
-        await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
+        announce_message(
+            tx, await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
+        )
         state = turn.state.model_copy(update={"phase": "output", "terminal_tool_name": execution.tool_name})
         return await tx.claim_turn(
             turn.id,
@@ -149,20 +167,33 @@ class TurnActivities:
                     status="running",
                     started_at=utcnow(),
                 )
-            if execution.status in ("pending", "running"):
+            if execution.status in ("pending", "running"):  # under the root lock: this CAS wins
                 execution = await fail_execution(tx, turn, execution, settle.message, status=settle.outcome)
+                if execution.status == "interrupted":  # a failed one announced tool_call.failed
+                    announce(
+                        tx,
+                        "tool_call.interrupted",
+                        turn.id,
+                        turn.conversation_id,
+                        id=settle.call.id,
+                        name=settle.call.name,
+                        tool_execution_id=execution.id,
+                    )
             else:
                 await append_tool_result(tx, turn, execution)
-        if execution.status == "interrupted":
-            await emit("tool_call.interrupted", turn.id, turn.conversation_id, id=settle.call.id, name=settle.call.name)
         # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
         # terminal tool still ends the turn, a budget denial still fails it (issue 8).
         return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name))
 
 
-def ticket_of(turn: TurnRecord, *, busy: bool = False) -> TurnTicket:
+async def _root_of(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+    """The root of ``turn``'s tree (itself, unless it joined another run's tree)."""
+    return turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+
+
+def ticket_of(turn: TurnRecord, *, busy: bool = False, root: TurnRecord | None = None) -> TurnTicket:
     """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
-    deadline = turn.deadline
+    deadline = (root or turn).deadline
     return TurnTicket(
         turn_id=turn.id,
         conversation_id=turn.conversation_id,

@@ -53,8 +53,7 @@ async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnK
     run = await tk.run(spender, "spend")
 
     assert run.status == "failed", f"expected the cost limit to fail the run, got {run.status} ({run.error})"
-    assert run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
-    assert COST_LIMIT == "cost limit reached"
+    assert run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}  # spec §6.1 literals
     assert run.cost == pytest.approx(0.02)  # the observed cost is kept, not rolled back
     assert await run.tree_cost() == pytest.approx(0.02)
     assert run.usage.total_tokens == 15
@@ -329,3 +328,19 @@ async def test_a_per_turn_budget_overrides_the_agents_limits(tk: TurnKit) -> Non
     with pytest.raises(turnkit.InputError, match="max_iterations must be an integer >= 1"):
         await conversation.ask("x", budget={"max_iterations": 0})
     assert len(await conversation.turns()) == 1
+
+
+async def test_a_child_that_overspent_stops_its_parent_before_another_model_call(tk: TurnKit) -> None:
+    """Behaviour §6.2, loop start: the tree's seeded spend is checked before each model call, so once a sub-agent's
+    call took the tree over the root's ``max_spend``, the parent fails with "cost limit reached" without asking its
+    model again (it used to make one more call and fail only after paying for it)."""
+    child_client = ScriptedClient([say("pricey", usage=Usage(input_tokens=10, output_tokens=5, cost=0.02))])
+    child = turnkit.Agent("spendy_child", description="Spends.", model="scripted", client=child_client)
+    parent_client = ScriptedClient([call_tools(("spendy_child", {"task": "spend"})), "never asked"])
+    parent = turnkit.Agent("spend_parent", model="scripted", sub_agents=[child], client=parent_client, max_spend=0.01)
+    run = await tk.run(parent, "delegate")
+
+    assert run.status == "failed" and run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
+    assert parent_client.calls == 1, "the parent asked its model again after the tree overspent"
+    assert child_client.calls == 1
+    assert await run.tree_cost() == pytest.approx(0.02)

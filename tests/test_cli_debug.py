@@ -261,7 +261,7 @@ async def test_db_current_and_upgrade(engine: Engine, capsys: pytest.CaptureFixt
     assert await cli.run_command(["db", "current", "--database-url", fresh]) == 0
 
 
-VERBS = ["reconcile", "check", "repair", "db", "show", "replay", "history", "events", "demo", "worker"]
+VERBS = ["reconcile", "check", "repair", "db", "show", "replay", "history", "events", "demo", "worker", "ask"]
 
 
 @pytest.mark.parametrize("verb", VERBS)

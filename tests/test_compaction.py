@@ -334,12 +334,20 @@ async def test_below_the_threshold_nothing_changes(tk: TurnKit) -> None:
 
 
 async def test_disabled_compaction_makes_one_call(tk: TurnKit) -> None:  # T31
+    """T31 (the global switch; the per-turn ``compact=False`` needs ``ask(compact=…)``, not there yet): a long
+    history with compaction off gets exactly 1 client call, the turn's own, with the whole uncompacted history, and
+    no summary is created."""
     configure(compaction=False)
     client = ScriptedClient(["answered"])
     conversation = await seeded(tk, turnkit.Agent("compactor", model="scripted", client=client, compaction=_SMALL))
+    before = len(await conversation.messages())
     turn = await conversation.ask("go")
-    assert turn.status == "completed" and client.calls == 1
+    assert turn.status == "completed" and turn.output_text == "answered" and client.calls == 1
+    [request] = client.requests
+    assert not request.metadata.get("compaction"), "T31: the one call must be the turn's, not a summariser's"
+    assert len(request.messages) == before + 1 and SUMMARY_QUESTION not in contents(request)
     assert "context_summary" not in [m.kind for m in await conversation.messages()]
+    assert turn.usage.total_tokens == 15  # one call's usage: nothing charged for a summary
 
 
 async def test_an_empty_automatic_summary_is_swallowed(tk: TurnKit) -> None:

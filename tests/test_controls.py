@@ -75,14 +75,24 @@ async def test_pause_during_a_long_tool_then_resume(tk: TurnKit) -> None:
 
 
 async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> None:
+    """T84: paused with a model call in flight, the turn stays ``running`` with ``pause_requested``; once the
+    answer is back it is ``paused`` with no claim token, phase "output" and no output; reconcile changes nothing;
+    two resumes complete it with "kept" after 1 model call and 1 iteration."""
     model = HeldModel(turnkit.Result.build(text="kept"))
     agent = turnkit.Agent("thinker", model="scripted", client=model)
     turn = await (await tk.conversation(agent)).ask("think", wait=False)
     await asyncio.wait_for(model.entered.wait(), 30)
-    await turn.pause()
+    paused = await turn.pause()
+    assert paused.status == "running" and paused.record.options.controls_or_default.pause_requested
     model.released.set()
     await eventually(lambda: _status_is(turn, "paused"), what="the turn to pause before publishing")
     assert turn.output_text == "" and turn.record.options.state.phase == "output"
+    assert turn.record.claim_token is None
+    await tk.reconcile(grace=0)
+    still = await turn.refresh()
+    assert (still.status, still.output_text, still.record.options.state.phase) == ("paused", "", "output")
+    assert len(model.requests) == 1
+    await turn.resume()
     await turn.resume()
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "kept"
@@ -342,6 +352,31 @@ async def test_pause_steer_cancel_resume_while_the_model_answers(tk: TurnKit) ->
     assert [m.role for m in messages] == ["user"]  # no steering and no assistant message were written
     assert await turn.steer("change course", key="c") == [receipt]  # the retry returns the same receipt
     assert len(model.requests) == 1
+
+
+async def test_reconcile_during_a_paused_model_call_then_cancel_and_resume(tk: TurnKit) -> None:
+    """T94: a model call in flight and a pause; reconcile repairs nothing (no claim expires here: the turn's workflow
+    still owns it, so it stays ``running`` with ``pause_requested`` until the call returns, instead of the gem's
+    ``paused``); ``cancel`` then ``resume`` leaves it ``cancelled``, and the late response writes nothing."""
+    model = HeldModel(turnkit.Result.build(text="too late"))
+    conversation = await tk.conversation(turnkit.Agent("t94", model="scripted", client=model))
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+
+    await turn.pause()
+    reconciled = await tk.reconcile(grace=0)
+    assert [r for r in reconciled.repairs if turn.id in str(r)] == []
+    pausing = await turn.refresh()
+    assert pausing.status == "running" and pausing.record.options.controls_or_default.pause_requested
+    cancelled = await turn.cancel()
+    resumed = await turn.resume()
+    assert cancelled.status == "cancelled" and resumed.status == "cancelled"
+    model.released.set()
+
+    done = await turn.result(timeout=60)
+    assert done.status == "cancelled" and done.output_text == ""
+    assert [m.role for m in await conversation.messages()] == ["user"], "T94: the late response writes nothing"
+    assert done.usage.total_tokens == 0 and len(model.requests) == 1
 
 
 async def test_a_paused_waiting_parent_fails_at_its_deadline(tk: TurnKit) -> None:  # T88

@@ -32,7 +32,23 @@ async def all_finished(conversation: turnkit.Conversation, count: int) -> bool:
 
 
 async def test_post_wakes_an_idle_conversation_with_the_destination_principal(tk: TurnKit) -> None:
-    agent, client = echo_agent()
+    """T78: a conversation of principal "executor" gets a post from principal "sender": its tools see
+    ``context.principal == "executor"``, the delivered message's metadata principal is "sender", a duplicate post
+    returns the same delivery, and the same key with another principal raises ``ToolError``."""
+    seen: list[Any] = []
+
+    async def whoami(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Report who this turn acts for."""
+        seen.append(context.principal)
+        return {"principal": context.principal}
+
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        if request.messages[-1]["role"] == "tool":
+            return turnkit.Result.build(text="done")
+        return call_tools(("whoami", {}))
+
+    client = ScriptedClient(script)
+    agent = turnkit.Agent("echo", model="scripted", client=client, tools=[turnkit.tool(whoami)])
     conversation = await tk.conversation(agent, principal="executor")
     delivery = await conversation.post("hello there", key="k-1", principal="sender")
     assert delivery.payload == {"text": "hello there", "principal": "sender"}
@@ -48,7 +64,8 @@ async def test_post_wakes_an_idle_conversation_with_the_destination_principal(tk
     assert stored.delivered_at is not None and stored.message_id == message.id
     status = await conversation.input_status(delivery.id)
     assert status["status"] == "applied" and status["application"]["turn_id"] == turn.id
-    assert client.calls == 1
+    assert seen == ["executor"], "T78: tools act for the destination's principal, never the sender's"
+    assert client.calls == 2
 
     # A same-key retry returns the original and appends nothing; a changed payload is refused.
     again = await conversation.post("hello there", key="k-1", principal="sender")

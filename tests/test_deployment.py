@@ -148,7 +148,7 @@ def test_the_dockerfile_installs_the_wheel_as_a_non_root_user() -> None:
     installs = [i for i, (k, a) in enumerate(runtime) if k == "RUN" and "pip install" in a]
     assert len(installs) == 1
     install = runtime[installs[0]][1]
-    assert ".whl" in install and "[postgres,providers]" in install
+    assert ".whl" in install and "[postgres,providers,prices,otel]" in install
     assert not re.search(r"(^|\s)(-e|--editable)(\s|$)", " ".join(a for _, a in steps))
     users = [(i, a) for i, (k, a) in enumerate(runtime) if k == "USER"]
     assert users and users[-1][1] not in ("root", "0") and users[-1][0] > installs[0]

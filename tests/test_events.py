@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import turnkit
+from turnkit.model import ToolCall
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -21,7 +22,8 @@ def agent(name: str, script: list[Any], tools: list[turnkit.Tool]) -> turnkit.Ag
 
 async def test_sync_and_async_callbacks_get_every_event_in_order_after_the_commit(tk: TurnKit) -> None:
     """issue 8 item 9: a sync callback runs in a thread (not the loop's), an async one on the loop; both see one
-    turn's events in the order they happened, and ``tool_call.created`` only once its execution is stored."""
+    turn's events in the order they happened, and ``tool_call.created`` only once the message proposing it is stored
+    (spec §3.7)."""
     loop_thread = threading.get_ident()
     sync_seen: list[tuple[str, bool]] = []
     async_seen: list[str] = []
@@ -33,7 +35,9 @@ async def test_sync_and_async_callbacks_get_every_event_in_order_after_the_commi
     async def on_async(event: turnkit.Event) -> None:
         async_seen.append(event.type)
         if event.type == "tool_call.created":  # the store is readable: the write committed before the event
-            stored_when_created.append(bool(await tk.store.list_tool_executions(turn_id=event.turn_id)))
+            messages = await tk.store.list_messages(event.conversation_id, turn_id=event.turn_id)
+            proposals = [p["id"] for m in messages for p in m.content if p.get("type") == "tool_call"]
+            stored_when_created.append(event.payload["id"] in proposals)
 
     @turnkit.tool
     def lookup() -> dict[str, Any]:
@@ -47,10 +51,13 @@ async def test_sync_and_async_callbacks_get_every_event_in_order_after_the_commi
     expected = [
         "turn.started",
         "model.requested",
-        "model.completed",
+        "message.created",
         "tool_call.created",
+        "model.completed",
+        "message.created",
         "tool_call.completed",
         "model.requested",
+        "message.created",
         "model.completed",
         "turn.completed",
     ]
@@ -126,3 +133,259 @@ async def test_a_slow_sync_callback_does_not_stall_another_turns_tool(tk: TurnKi
     assert noted_run.status == "completed", (noted_run.status, noted_run.error)
     [steady_run] = await healthy.tool_executions()
     assert steady_run.status == "completed", (steady_run.status, steady_run.error)
+
+
+# -- spec §3.11 / §3.7 / §3.8: every event, each after its write ------------------------------------------------------
+
+
+class Recorder:
+    """An async ``on_event`` callback that records every event and, for each, checks in the store (through another
+    connection) that the write it reports is there: an event sent before its commit would find nothing."""
+
+    def __init__(self, tk: TurnKit) -> None:
+        self.store = tk.store
+        self.events: list[turnkit.Event] = []
+        self.unseen: list[tuple[str, dict[str, Any]]] = []  # events whose write was not visible when they arrived
+
+    async def __call__(self, event: turnkit.Event) -> None:
+        self.events.append(event)
+        if not await self._write_visible(event):
+            self.unseen.append((event.type, event.payload))
+
+    async def _write_visible(self, event: turnkit.Event) -> bool:
+        payload = event.payload
+        if event.type == "message.created":
+            messages = await self.store.list_messages(event.conversation_id)
+            return any(
+                (m.id, m.role, m.kind, m.turn_id)
+                == (payload["message_id"], payload["role"], payload["kind"], event.turn_id)
+                for m in messages
+            )
+        if event.type in ("tool_call.created", "tool_call.skipped"):
+            # The assistant message proposing the call (spec §3.7), and for a skip its cancelled execution (§3.8).
+            messages = await self.store.list_messages(event.conversation_id, turn_id=event.turn_id)
+            proposed = any(
+                p.get("type") == "tool_call" and p.get("id") == payload["id"] for m in messages for p in m.content
+            )
+            if event.type == "tool_call.created":
+                return proposed
+            return proposed and await self._execution_status(event) == "cancelled"
+        if event.type in ("tool_call.completed", "tool_call.failed"):
+            status = await self._execution_status(event)
+            results = [
+                p
+                for m in await self.store.list_messages(event.conversation_id, turn_id=event.turn_id)
+                if m.kind == "tool_result"
+                for p in m.content
+                if p.get("tool_call_id") == payload["id"]
+            ]
+            settled = status == event.type.removeprefix("tool_call.")
+            return settled and len(results) == 1 and len(results[0]["text"]) == payload["result_chars"]
+        if event.type in ("turn.completed", "turn.failed"):
+            return (await self.store.load_turn(event.turn_id)).status == event.type.removeprefix("turn.")
+        if event.type == "model.completed":
+            turn = await self.store.load_turn(event.turn_id)
+            return turn.usage.get("total_tokens", 0) >= sum(
+                e.payload["usage"]["total_tokens"]
+                for e in self.events
+                if e.type == "model.completed" and e.turn_id == event.turn_id
+            )
+        return True
+
+    async def _execution_status(self, event: turnkit.Event) -> str | None:
+        for execution in await self.store.list_tool_executions(turn_id=event.turn_id):
+            if execution.tool_call_id == event.payload["id"]:
+                return execution.status
+        return None
+
+    def types(self) -> list[str]:
+        return [event.type for event in self.events]
+
+    def of(self, type: str) -> list[dict[str, Any]]:
+        return [event.payload for event in self.events if event.type == type]
+
+
+async def stored_turn_messages(tk: TurnKit, turn: turnkit.Turn) -> list[turnkit.MessageRecord]:
+    record = await tk.store.load_turn(turn.id)
+    return [m for m in await tk.store.list_messages(record.conversation_id) if m.turn_id == turn.id]
+
+
+async def test_a_tool_turn_sends_every_event_in_spec_order_each_after_its_write(tk: TurnKit) -> None:
+    """Spec §3.11, §3.7, §3.2 (T12 extended): a turn with one tool call sends message.created for each message it
+    writes, then tool_call.created {id, name} per proposed call, before model.completed; tool_call.completed carries
+    name and result_chars; every event's write is readable from another connection when the event arrives."""
+
+    @turnkit.tool
+    def lookup() -> dict[str, Any]:
+        """Look something up."""
+        return {"found": True}
+
+    recorder = Recorder(tk)
+    turnkit.configure(on_event=recorder)
+    conversation = await tk.conversation(agent("spec-order", [call_tools(("lookup", {})), "done"], [lookup]))
+    turn = await conversation.ask("x")
+    assert turn.status == "completed"
+    assert recorder.types() == [
+        "turn.started",
+        "model.requested",
+        "message.created",  # the assistant's tool_call message
+        "tool_call.created",
+        "model.completed",
+        "message.created",  # the tool result
+        "tool_call.completed",
+        "model.requested",
+        "message.created",  # the final text
+        "model.completed",
+        "turn.completed",
+    ]
+    assert recorder.unseen == []
+    assert {e.turn_id for e in recorder.events} == {turn.id}
+    [execution] = await turn.tool_executions()
+    [created] = recorder.of("tool_call.created")
+    assert created == {"id": execution.tool_call_id, "name": "lookup"}
+    [completed] = recorder.of("tool_call.completed")
+    assert completed == {"id": execution.tool_call_id, "name": "lookup", "result_chars": len('{"found": true}')}
+    # Spec §3.7: message.created {message_id, role, kind} for each message the turn wrote, and only those.
+    stored = await stored_turn_messages(tk, turn)
+    assert recorder.of("message.created") == [{"message_id": m.id, "role": m.role, "kind": m.kind} for m in stored]
+    assert [(m["role"], m["kind"]) for m in recorder.of("message.created")] == [
+        ("assistant", "tool_call"),
+        ("tool", "tool_result"),
+        ("assistant", "text"),
+    ]
+
+
+async def test_unknown_invalid_denied_and_raising_calls_each_send_tool_call_failed(tk: TurnKit) -> None:
+    """Spec §3.8 steps 3, 4, 7, 12, 13 and §3.11: an unknown tool, unparseable arguments, an authorization denial and
+    a ToolError each send tool_call.failed {id, name, error, result_chars} after the failure is stored (never
+    tool_call.completed), and the turn goes on."""
+
+    @turnkit.tool
+    def lookup() -> dict[str, Any]:
+        """Look something up."""
+        return {"found": True}
+
+    @turnkit.tool
+    def broken() -> dict[str, Any]:
+        """Always fails."""
+        raise turnkit.ToolError("broken on purpose")
+
+    class DenyLookup:
+        def __call__(self, action: str, *, principal: Any, **resources: Any) -> bool:
+            tool = resources.get("tool")
+            return not (action == "tool" and getattr(tool, "name", None) == "lookup")
+
+    recorder = Recorder(tk)
+    turnkit.configure(on_event=recorder, authorize=DenyLookup())
+    proposal = call_tools(
+        ("missing_tool", {}),
+        ToolCall.parse("", "broken", "{not json"),
+        ("lookup", {}),
+        ("broken", {}),
+    )
+    conversation = await tk.conversation(agent("failing", [proposal, "fine"], [lookup, broken]))
+    turn = await conversation.ask("x")
+    assert turn.status == "completed"
+    executions = {e.tool_call_id: e for e in await turn.tool_executions()}
+    calls = [p for p in recorder.of("tool_call.created")]
+    assert [c["name"] for c in calls] == ["missing_tool", "broken", "lookup", "broken"]
+    failed = recorder.of("tool_call.failed")
+    assert [(f["id"], f["name"]) for f in failed] == [(c["id"], c["name"]) for c in calls]
+    assert [f["error"] for f in failed] == [
+        "unknown tool: missing_tool",
+        "invalid JSON arguments",
+        executions[calls[2]["id"]].error["message"],  # the hook's denial message
+        "broken on purpose",
+    ]
+    assert all(executions[f["id"]].status == "failed" and f["result_chars"] > 0 for f in failed)
+    assert recorder.of("tool_call.completed") == []
+    assert recorder.unseen == []
+
+
+async def test_an_over_budget_call_sends_tool_call_failed_then_turn_failed(tk: TurnKit) -> None:
+    """Spec §3.8 step 2.2, §6.2 and §3.11: a call denied by max_tool_executions sends tool_call.failed with the budget
+    error (after the denial is stored), then the turn fails and sends turn.failed; nothing is sent twice."""
+
+    @turnkit.tool
+    def lookup() -> dict[str, Any]:
+        """Look something up."""
+        return {"found": True}
+
+    recorder = Recorder(tk)
+    turnkit.configure(on_event=recorder)
+    a = turnkit.Agent(
+        "over-budget",
+        model="scripted",
+        client=ScriptedClient([call_tools(("lookup", {}), ("lookup", {})), "never"]),
+        tools=[lookup],
+        max_tool_executions=1,
+    )
+    turn = await (await tk.conversation(a)).ask("x")
+    assert turn.status == "failed"
+    first, second = recorder.of("tool_call.created")
+    assert recorder.of("tool_call.completed") == [{"id": first["id"], "name": "lookup", "result_chars": 15}]
+    [failed] = recorder.of("tool_call.failed")
+    assert failed["id"] == second["id"] and failed["name"] == "lookup"
+    assert failed["error"] == "maximum tool executions reached"
+    assert recorder.types()[-1] == "turn.failed" and len(recorder.of("turn.failed")) == 1
+    assert recorder.of("turn.failed")[0]["error"]["message"] == "maximum tool executions reached"
+    assert recorder.of("turn.completed") == []
+    assert recorder.unseen == []
+
+
+async def test_calls_after_a_terminal_tool_send_tool_call_skipped(tk: TurnKit) -> None:
+    """Spec §3.8 terminal skipping and §3.11: each call after a terminal tool gets a cancelled execution and sends
+    tool_call.skipped {id, name} once stored; the completion message sends message.created, then turn.completed."""
+
+    @turnkit.tool(terminal="All done.")
+    def finish() -> dict[str, Any]:
+        """Ends the turn."""
+        return {"ok": True}
+
+    @turnkit.tool
+    def later() -> dict[str, Any]:
+        """Never runs here."""
+        return {"ran": True}
+
+    recorder = Recorder(tk)
+    turnkit.configure(on_event=recorder)
+    proposal = call_tools(("finish", {}), ("later", {}), ("later", {}))
+    turn = await (await tk.conversation(agent("terminal", [proposal], [finish, later]))).ask("x")
+    assert turn.status == "completed" and turn.output_text == "All done."
+    created = recorder.of("tool_call.created")
+    assert recorder.of("tool_call.skipped") == [{"id": c["id"], "name": "later"} for c in created[1:]]
+    assert [c["id"] for c in recorder.of("tool_call.completed")] == [created[0]["id"]]
+    assert recorder.types()[-2:] == ["message.created", "turn.completed"]
+    assert recorder.of("message.created")[-1]["role"] == "assistant"
+    assert recorder.unseen == []
+    statuses = sorted(e.status for e in await turn.tool_executions())
+    assert statuses == ["cancelled", "cancelled", "completed"]
+
+
+async def test_a_sub_agent_call_is_created_and_completed_like_any_call(tk: TurnKit) -> None:
+    """Spec §3.7, §3.8, §5.5 and §3.11: a delegated call sends tool_call.created when proposed and
+    tool_call.completed when the join records the child's result; the child's own turn sends its events too."""
+    recorder = Recorder(tk)
+    turnkit.configure(on_event=recorder)
+    child = turnkit.Agent("helper", model="scripted", client=ScriptedClient(["child answer"]))
+    boss = turnkit.Agent(
+        "boss",
+        model="scripted",
+        client=ScriptedClient([call_tools(("helper", {"task": "t"})), "boss done"]),
+        sub_agents=[child],
+    )
+    turn = await (await tk.conversation(boss)).ask("x")
+    assert turn.status == "completed"
+    [created] = [e for e in recorder.events if e.type == "tool_call.created" and e.turn_id == turn.id]
+    assert created.payload["name"] == "helper"
+    [completed] = [e for e in recorder.events if e.type == "tool_call.completed" and e.turn_id == turn.id]
+    assert completed.payload["id"] == created.payload["id"] and completed.payload["name"] == "helper"
+    child_turns = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    [child_turn] = child_turns
+    assert [e.type for e in recorder.events if e.turn_id == child_turn.id][-1] == "turn.completed"
+    # The join settles the call after the child ended: its event comes after the child's turn.completed.
+    child_done = next(
+        i for i, e in enumerate(recorder.events) if e.turn_id == child_turn.id and e.type == "turn.completed"
+    )
+    assert recorder.events.index(completed) > child_done
+    assert recorder.unseen == []

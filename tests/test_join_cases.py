@@ -226,16 +226,24 @@ async def test_only_the_owner_may_control_and_the_owner_sequence_ends_cancelled(
 
 
 async def test_two_concurrent_resumes_of_an_approval_gate_call_the_model_once(tk: TurnKit) -> None:  # T91
-    client = ScriptedClient(["approved"])
+    client = HeldModel(turnkit.Result.build(text="approved"), then="a second call")
     conversation = await tk.conversation(turnkit.Agent("gate_run", model="scripted", client=client))
     turn = await conversation.ask("needs approval", paused=True)
-    assert turn.status == "paused" and client.calls == 0
+    assert turn.status == "paused" and client.requests == []
 
     first, second = await asyncio.gather(tk.turn(turn.id).resume(), tk.turn(turn.id).resume())
-    assert first.status in ("pending", "running", "completed") and second.status in ("pending", "running", "completed")
+    # Each resume withdrew the pause: the turn is queued or already claimed, never paused, and (its model held) not
+    # finished either.
+    for resumed in (first, second):
+        assert resumed.status in ("pending", "running"), resumed.status
+        assert not resumed.record.options.controls_or_default.pause_requested
+    await asyncio.wait_for(client.entered.wait(), 60)
+    held = await turn.refresh()
+    assert held.status == "running" and held.record.options.state.iterations == 1
+    client.released.set()
     done = await turn.result(timeout=60)
     assert done.status == "completed" and done.output_text == "approved"
-    assert client.calls == 1, f"T91: two resumes must make exactly 1 model call, made {client.calls}"
+    assert len(client.requests) == 1, f"T91: two resumes must make exactly 1 model call, made {len(client.requests)}"
     assert done.record.options.state.iterations == 1
     assert [m.role for m in await conversation.messages()] == ["user", "assistant"]
 

@@ -12,8 +12,9 @@ import pytest
 
 import turnkit
 from activities.tools import ToolActivities
+from activities.turns import TurnActivities
 from tests.engine import Gate, HeldModel, eventually, gated_tool, lane_buffers
-from turnkit.payloads import ToolOutcome
+from turnkit.payloads import SettleToolCall, ToolCallRef, ToolOutcome
 from turnkit.runtime import TurnKit
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools, say
@@ -348,3 +349,62 @@ async def test_a_tool_can_say_while_its_call_is_open(tk: TurnKit) -> None:
     [said] = [m for m in await conversation.messages() if m.text == "halfway there"]
     assert execution.result == {"message_id": said.id}
     assert said.role == "user" and said.metadata == {"kind": "progress", "tool_execution_id": execution.id}
+
+
+async def test_a_completed_calls_context_refuses_to_write(tk: TurnKit) -> None:
+    """T49: the fenced writes of a completed execution (its ``ToolContext``) raise ``LostClaim`` and write nothing."""
+    kept: list[turnkit.ToolContext] = []
+
+    async def remember(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Keep the context for later."""
+        kept.append(context)
+        return {"kept": True}
+
+    client = ScriptedClient([call_tools(("remember", {})), "done"])
+    conversation = await tk.conversation(
+        turnkit.Agent("t49", model="scripted", tools=[turnkit.tool(remember)], client=client)
+    )
+    turn = await conversation.ask("go")
+    assert turn.status == "completed"
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed"
+    before = [m.id for m in await conversation.messages()]
+    [context] = kept
+    with pytest.raises(turnkit.LostClaim):
+        await context.say("too late")
+    assert [m.id for m in await conversation.messages()] == before, "T49: the refused write must leave no trace"
+
+
+async def test_reconciling_a_call_that_has_its_result_appends_no_second_one(tk: TurnKit) -> None:
+    """T102: a call that already has its tool_result, reconciled (the store-wide repair, and the lost-call path that
+    records an interrupted call), gets no second result; its execution and the turn are unchanged."""
+    events: list[turnkit.Event] = []
+    turnkit.configure(on_event=events.append)
+
+    @turnkit.tool
+    def lookup() -> dict[str, Any]:
+        """Look something up."""
+        return {"found": True}
+
+    client = ScriptedClient([call_tools(("lookup", {})), "done"])
+    conversation = await tk.conversation(turnkit.Agent("t102", model="scripted", tools=[lookup], client=client))
+    turn = await conversation.ask("go")
+    assert turn.status == "completed"
+    [execution] = await turn.tool_executions()
+    before = await conversation.messages()
+    assert [m.tool_execution_id for m in before if m.kind == "tool_result"] == [execution.id]
+
+    await tk.reconcile(grace=0)
+    call = ToolCallRef(id=execution.tool_call_id, name="lookup")
+    settle = SettleToolCall(
+        turn_id=turn.id, conversation_id=conversation.id, call=call, outcome="interrupted", message="lost"
+    )
+    outcome = await TurnActivities(tk.store).settle_tool(settle)
+
+    assert outcome.status == "completed" and outcome.execution_id == execution.id
+    after = await conversation.messages()
+    assert [(m.id, m.kind) for m in after] == [(m.id, m.kind) for m in before], "T102: no duplicate result"
+    [again] = await turn.tool_executions()
+    assert (again.status, again.result) == ("completed", {"found": True})
+    assert (await turn.refresh()).status == "completed"
+    assert not [e for e in events if e.type == "tool_call.interrupted"]

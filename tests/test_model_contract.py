@@ -12,7 +12,7 @@ import pytest
 
 from turnkit.errors import ModelError
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
-from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION, drop_unanswered_calls, project_messages
+from turnkit.prompt import drop_unanswered_calls, project_messages
 from turnkit.records import MessageRecord
 from turnkit.testing import DEFAULT_USAGE, ScriptedClient, call_tools, say
 
@@ -259,10 +259,17 @@ def test_projection_of_each_kind() -> None:
             [{"type": "media_analysis", "text": "A cat.", "media": {"kind": "image", "filename": "cat.png"}}],
         ),
     ]
-    assert project_messages(messages) == [
+    projected = project_messages(messages)
+    # Spec §3.5 (context_summary): two messages, the literal question, then a reference-only preamble that says the
+    # summary is background, the latest user message wins and live context is more authoritative; "\n\n"; the summary.
+    preamble, _, summary = projected[2]["content"].partition("\n\n")
+    assert summary == "We did X."
+    assert preamble.startswith("Reference only") and "background" in preamble
+    assert "latest user message wins" in preamble and "live context" in preamble and "more authoritative" in preamble
+    assert projected == [
         {"role": "user", "content": "hello"},
-        {"role": "user", "content": SUMMARY_QUESTION},
-        {"role": "assistant", "content": f"{SUMMARY_PREAMBLE}\n\nWe did X."},
+        {"role": "user", "content": "What did we do so far?"},
+        {"role": "assistant", "content": f"{preamble}\n\nWe did X."},
         {"role": "tool", "content": '{"ok": true}', "tool_call_id": "call_1"},
         {"role": "assistant", "content": "answer", "provider_parts": [provider]},
         {
@@ -271,7 +278,6 @@ def test_projection_of_each_kind() -> None:
         },
         {"role": "assistant", "content": 'Media analysis: {"kind": "image", "filename": "cat.png"}\nA cat.'},
     ]
-    assert SUMMARY_QUESTION == "What did we do so far?"
 
 
 def test_unanswered_calls_are_left_out_of_a_request() -> None:

@@ -111,6 +111,8 @@ async def test_one_revision_then_a_clean_answer(tk: TurnKit) -> None:
     assert "1. needs_recommendation: output has no Recommendation" in revisions[0].text
     # The revision request is what the model was asked the second time.
     assert REVISION_TEXT in str(client.requests[1].messages[-1]["content"])
+    created = [e.payload for e in events if e.type == "message.created"]
+    assert {"message_id": revisions[0].id, "role": "user", "kind": "text"} in created
     assert run.record.options.state.revisions_used == 1
     assert run.record.options.state.iterations == 2  # a revision loop is a model-phase entry
     assert [(e.type, e.payload) for e in of_type(events, "output_policy.")] == [

@@ -664,7 +664,8 @@ async def test_provider_auth_failure_fails_the_turn_without_retries(
     turn = await (await tk.conversation(tool_agent(anthropic_client, "claude-e2e"))).ask("hi")
     assert turn.status == "failed"
     assert turn.error is not None and turn.error["class"] == "TurnKit::ModelError"
-    assert turn.error["message"].startswith("AuthenticationError: ")
+    assert turn.error["message"].startswith("AuthenticationError: Error code: 401")
+    assert "invalid x-api-key" in turn.error["message"]
     assert len(server.requests) == 1  # non-retryable: the model activity ran once
 
 
@@ -684,7 +685,10 @@ async def test_provider_failing_past_the_last_attempt_fails_the_turn_as_a_model_
     turnkit.configure(model_max_attempts=2)
     server.script(*[openai_error(503, "overloaded", type="server_error")] * 2)
     turn = await (await tk.conversation(tool_agent(openai_client, "gpt-e2e"))).ask("hi")
-    assert turn.status == "failed"
-    assert turn.error == {"class": "TurnKit::ModelError", "message": turn.error["message"]}
-    assert turn.error["message"].startswith("InternalServerError: ")
+    assert turn.status == "failed" and turn.error is not None
+    # Spec §3.6: ModelError "<class>: <message>", the SDK's class and the provider's own words (status, message).
+    assert set(turn.error) == {"class", "message"} and turn.error["class"] == "TurnKit::ModelError"
+    message = turn.error["message"]
+    assert message.startswith("InternalServerError: Error code: 503"), message
+    assert "overloaded" in message, message
     assert len(server.requests) == 2

@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 
 import turnkit
+from turnkit.budget import MAX_ITERATIONS
 from turnkit.current import current_connection
+from turnkit.model import Usage
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.testing import ScriptedClient, call_tools, say
 
 
 @turnkit.tool
@@ -63,3 +65,50 @@ async def test_agent_run_needs_a_connection() -> None:
     agent = turnkit.Agent("lonely", model="scripted", client=ScriptedClient(["x"]))
     with pytest.raises(turnkit.ConfigError, match="no TurnKit connection"):
         await agent.run("hello")
+
+
+async def test_run_usage_and_cost_are_the_whole_trees(tk: TurnKit) -> None:
+    """Behaviour §6.4: ``Run.usage`` and ``Run.cost`` aggregate over the root tree (a sub-agent's tokens and cost
+    included); ``turn_usage`` / ``turn_cost`` are the root turn's own."""
+    child_client = ScriptedClient([say("child", usage=Usage(input_tokens=7, output_tokens=3, cost=0.5))])
+    child = turnkit.Agent("tree_child", description="Helps.", model="scripted", client=child_client)
+    lead_client = ScriptedClient(
+        [
+            call_tools(("tree_child", {"task": "help"}), usage=Usage(input_tokens=10, output_tokens=1, cost=0.25)),
+            say("lead done", usage=Usage(input_tokens=20, output_tokens=2, cost=0.125)),
+        ]
+    )
+    lead = turnkit.Agent("tree_lead", model="scripted", sub_agents=[child], client=lead_client)
+    run = await tk.run(lead, "delegate")
+    assert run.status == "completed", run.error
+    assert run.turn_usage.total_tokens == 33 and run.turn_cost == pytest.approx(0.375)
+    assert run.usage.total_tokens == 43 and run.cost == pytest.approx(0.875)
+
+
+async def test_a_run_joins_another_runs_tree(tk: TurnKit) -> None:
+    """T10: given ``root = parent.run(...)`` and ``child.run(..., parent_run=root)``, when both complete, they share
+    ``root_turn_id``, ``root.turn_records`` has 2 rows and ``root.usage`` sums both; the joined run is counted
+    against the root's budget, and joining a turn that is not a root is refused before anything is written."""
+    parent_client = ScriptedClient([say("parent done", usage=Usage(input_tokens=5, output_tokens=1, cost=0.25))])
+    parent = turnkit.Agent("t10_parent", model="scripted", client=parent_client, max_iterations=2)
+    child_client = ScriptedClient(lambda r: say("child done", usage=Usage(input_tokens=3, output_tokens=2, cost=0.5)))
+    child = turnkit.Agent("t10_child", model="scripted", client=child_client)
+
+    root = await tk.run(parent, "start the tree")
+    joined = await tk.run(child, "join it", parent_run=root)
+    assert root.status == "completed" and joined.status == "completed", (root.error, joined.error)
+    assert joined.record.root_turn_id == root.id and joined.record.parent_turn_id is None
+    assert {t.id for t in await root.turn_records()} == {root.id, joined.id}
+    await root.refresh()
+    assert root.usage.total_tokens == 11 and root.cost == pytest.approx(0.75)
+    async with tk.store.atomic() as tx:
+        assert (await tx.tree_usage(root.id)).iterations == 2
+
+    # The root's max_iterations (2) covers the joined runs too: a third model call in the tree is refused.
+    third = await tk.run(child, "one more", root_turn_id=root.id)
+    assert third.status == "failed" and third.error == {"class": "TurnKit::BudgetError", "message": MAX_ITERATIONS}
+
+    conversations = len(await tk.store.list_conversations())
+    with pytest.raises(turnkit.InputError, match="is not a root turn"):
+        await tk.run(child, "nested", root_turn_id=joined.id)
+    assert len(await tk.store.list_conversations()) == conversations, "a refused join wrote a conversation"

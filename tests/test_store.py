@@ -508,15 +508,35 @@ async def test_delivery_payload_key_order_is_canonicalised(store: Store) -> None
         )
     assert created and not created_again
     assert second.id == first.id
-    # Non-string keys are stringified (Ruby symbol/string keys: JSON canonicalisation).
-    async with store.atomic() as tx:
-        third, created_third = await tx.create_delivery(
-            source_conversation_id=conversation.id,
-            destination_conversation_id=conversation.id,
-            key=key,
-            payload={"a": 2, "b": 1, "nested": {"y": [1, {"p": 2, "q": 1}], "x": None}},
-        )
-    assert not created_third and third.id == first.id
+    # T76: non-string keys are stringified (the gem's symbol and string keys): a payload keyed by ints, or by ints
+    # and strings mixed, is the same delivery as its string-keyed twin.
+    other = _name("k")
+    string_keyed = {"1": "one", "nested": {"2": [True], "b": None}, "7": None}
+    int_keyed = {1: "one", "nested": {2: [True], "b": None}, 7: None}
+    mixed_keys = {"1": "one", "nested": {2: [True], "b": None}, 7: None}
+    deliveries = []
+    for payload in (string_keyed, int_keyed, mixed_keys):
+        async with store.atomic() as tx:
+            deliveries.append(
+                await tx.create_delivery(
+                    source_conversation_id=conversation.id,
+                    destination_conversation_id=conversation.id,
+                    key=other,
+                    payload=payload,
+                )
+            )
+    assert [created for _, created in deliveries] == [True, False, False]
+    assert len({record.id for record, _ in deliveries}) == 1 and deliveries[0][0].id != first.id
+    assert deliveries[1][0].payload == string_keyed
+    # ... and the payload is really compared: another value under the same key is a different message.
+    with pytest.raises(ToolError, match="already used for a different message"):
+        async with store.atomic() as tx:
+            await tx.create_delivery(
+                source_conversation_id=conversation.id,
+                destination_conversation_id=conversation.id,
+                key=other,
+                payload={1: "two", "nested": {2: [True], "b": None}, 7: None},
+            )
 
 
 async def test_concurrent_create_delivery_same_key_one_row(store: Store) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import turnkit
+from activities.children import ChildActivities
 from tests.engine import eventually, held_tool
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.runtime import TurnKit
@@ -154,6 +155,8 @@ async def test_launch_agent_with_callback(tk: TurnKit) -> None:
 
 
 async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
+    """T61: the ``wait_for`` tool on a submitted turn leaves the waiter ``waiting``; once the target ran, the waiter
+    completes with 2 model calls and 1 tool execution (the ``wait_for`` call, completed with the target's result)."""
     release, hold = held_tool()
 
     target_agent = turnkit.Agent(
@@ -174,6 +177,10 @@ async def test_wait_for_a_turn_in_another_conversation(tk: TurnKit) -> None:
     assert done.status == "completed" and done.output_text == "waited"
     [result] = last_tool_results(waiter_client.requests[1])
     assert result["results"][0]["turn_id"] == target.id and result["results"][0]["result"] == "target done"
+    assert waiter_client.calls == 2, "T61: 2 model calls"
+    [execution] = await done.tool_executions()
+    assert (execution.tool_name, execution.status) == ("wait_for", "completed"), "T61: 1 tool execution"
+    assert execution.result == result
 
 
 async def test_wait_rules_and_cycles(tk: TurnKit) -> None:
@@ -290,3 +297,34 @@ async def test_turn_wait_for_before_it_starts(tk: TurnKit) -> None:
     assert last["role"] == "user" and json.loads(last["content"])["wait_results"][0]["result"] == "target out"
     with pytest.raises(turnkit.Error, match="only pending turns can wait"):
         await done.wait_for(target)
+
+
+async def test_delegation_failing_after_the_first_child_committed_recovers_without_a_duplicate(
+    tk: TurnKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T60: the delegating activity fails right after the first child's transaction committed; its retry (the
+    recovery) finds that child and creates the second: the parent completes with 2 children and 2 model calls."""
+    original = ChildActivities._delegate_one
+    committed: list[str] = []
+    failed: list[str] = []
+
+    async def flaky(self: ChildActivities, tx: Any, request: Any, parent: Any, call: Any, asked: Any) -> Any:
+        if committed and not failed:  # the first child's transaction is over: fail before the second one
+            failed.append(call.id)
+            raise RuntimeError("dispatcher died after the first child (injected)")
+        result = await original(self, tx, request, parent, call, asked)
+        committed.append(call.id)
+        return result
+
+    monkeypatch.setattr(ChildActivities, "_delegate_one", flaky)
+    subs = [worker_agent(n, seconds=0.05) for n in ("alpha", "beta")]
+    client = ScriptedClient([call_tools(("alpha", {"task": "a"}), ("beta", {"task": "b"})), "merged"])
+    boss = turnkit.Agent("t60", model="scripted", sub_agents=subs, client=client)
+    turn = await (await tk.conversation(boss)).ask("split")
+    assert failed, "the injected failure must have happened"
+    assert turn.status == "completed" and turn.output_text == "merged"
+    children = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    assert sorted(c.agent_name for c in children) == ["alpha", "beta"], "T60: 2 children, no duplicate"
+    assert all(c.status == "completed" for c in children)
+    assert client.calls == 2, "T60: 2 parent model calls"
+    assert [e.tool_name for e in await turn.tool_executions()] == ["alpha", "beta"]

@@ -21,7 +21,8 @@ import pytest
 import turnkit
 from activities.deliveries import DeliveryActivities
 from tests.engine import eventually
-from turnkit.deliveries import create_delivery
+from turnkit.deliveries import create_delivery, signal_delivery
+from turnkit.deliveries import reconcile as reconcile_deliveries
 from turnkit.payloads import DeliverBatch
 from turnkit.runtime import TurnKit
 from turnkit.store.store import StoreTx
@@ -239,78 +240,82 @@ class Injected(Exception):
     pass
 
 
-@pytest.mark.parametrize("fail", ["before_mark", "after_mark"])
-async def test_a_failing_delivery_apply_rolls_back_message_and_mark(tk: TurnKit, fail: str) -> None:  # T77
-    agent, _ = echo_agent("t77_rollback")
+@pytest.mark.parametrize("fail", ["mark_delivered", "create_turn"])
+async def test_a_failing_delivery_apply_rolls_back_message_and_mark(
+    tk: TurnKit, monkeypatch: pytest.MonkeyPatch, fail: str
+) -> None:  # T77
+    """T77: the deliver activity's update_delivery (``mark_delivered``) failing, or the wake's turn creation failing
+    after the mark, leaves no message, no ``delivered_at`` and no turn; the next apply delivers exactly once."""
+    agent, client = echo_agent("t77_rollback")
     conversation = await tk.conversation(agent)
     delivery = await stored_delivery(tk, conversation, "all or nothing")
+    activities = DeliveryActivities(tk.store)
+    batch = DeliverBatch(conversation_id=conversation.id, delivery_ids=[delivery.id], wake=True)
+    calls: list[str] = []
 
-    with pytest.raises(Injected):
-        async with tk.store.atomic(conversation_id=conversation.id) as tx:
-            message = await tx.append_message(
-                conversation.id, role="user", text="all or nothing", metadata={"delivery_id": delivery.id}
-            )
-            if fail == "after_mark":
-                marked = await tx.mark_delivered(delivery.id, message_id=message.id)
-                assert marked is not None and marked.delivered_at is not None  # visible inside the transaction
-            raise Injected(fail)
+    async def injected(self: StoreTx, *args: Any, **kwargs: Any) -> Any:
+        calls.append(fail)
+        raise Injected(fail)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(StoreTx, fail, injected)
+        with pytest.raises(Injected):
+            await activities.deliver(batch)
+    assert calls == [fail], "the failure must come from inside the deliver activity"
 
     async with tk.store.atomic() as tx:
         stored = await tx.load_delivery(delivery.id)
     assert stored.delivered_at is None and stored.message_id is None, "T77: the mark must roll back"
     assert await tk.store.list_messages(conversation.id) == [], "T77: the message must roll back"
-    assert await tk.store.list_turns(conversation_id=conversation.id) == []
+    assert await tk.store.list_turns(conversation_id=conversation.id) == [], "T77: no turn"
 
-    # A later apply still works, exactly once, and reuses the sequence the rolled-back message had.
-    async with tk.store.atomic(conversation_id=conversation.id) as tx:
-        message = await tx.append_message(
-            conversation.id, role="user", text="all or nothing", metadata={"delivery_id": delivery.id}
-        )
-        assert await tx.mark_delivered(delivery.id, message_id=message.id) is not None
-    async with tk.store.atomic() as tx:
-        assert await tx.mark_delivered(delivery.id, message_id=message.id) is None
-        assert (await tx.load_delivery(delivery.id)).message_id == message.id
-    assert [(m.id, m.sequence) for m in await tk.store.list_messages(conversation.id)] == [(message.id, 1)]
+    # The next apply works, exactly once, and reuses the sequence the rolled-back message had.
+    applied = await activities.deliver(batch)
+    again = await activities.deliver(batch)
+    turns = await tk.store.list_turns(conversation_id=conversation.id)
+    try:
+        assert applied.delivered_ids == [delivery.id] and again.delivered_ids == []
+        [message] = await tk.store.list_messages(conversation.id)
+        assert (message.sequence, message.text, message.metadata["delivery_id"]) == (1, "all or nothing", delivery.id)
+        async with tk.store.atomic() as tx:
+            stored = await tx.load_delivery(delivery.id)
+        assert stored.message_id == message.id and stored.delivered_at is not None
+        [turn] = turns
+        assert turn.options.trigger_message_id == message.id and turn.status == "pending"
+        assert applied.turn is not None and applied.turn.turn_id == turn.id and again.turn is None
+        assert client.calls == 0
+    finally:
+        for turn in turns:  # no lane runs these turns: end them so that nothing is left pending
+            await tk.turn(turn.id).cancel()
 
 
-async def test_two_transactions_racing_mark_delivered_leave_one_message(tk: TurnKit) -> None:  # T77
-    agent, _ = echo_agent("t77_race")
+async def test_duplicate_signals_and_a_reconcile_apply_a_delivery_once(tk: TurnKit) -> None:  # T77
+    """T77 through the real lane: one stored delivery signalled twice at once, and found again by the delivery
+    reconciler meanwhile, gives 1 message, 1 ``delivered_at`` and 1 continuation turn, which runs once."""
+    agent, client = echo_agent("t77_race")
     conversation = await tk.conversation(agent)
     delivery = await stored_delivery(tk, conversation, "once")
-    # On PostgreSQL both transactions read the delivery as pending before either marks it: only the compare-and-set
-    # of mark_delivered can then decide. SQLite's BEGIN IMMEDIATE already serialises whole transactions.
-    interleave = tk.store.dialect == "postgresql"
-    loaded = [asyncio.Event(), asyncio.Event()]
 
-    async def apply(index: int) -> str:
-        try:
-            async with tk.store.atomic() as tx:  # no up-front conversation lock: the race is on the mark
-                current = await tx.load_delivery(delivery.id)
-                if interleave:
-                    loaded[index].set()
-                    await asyncio.wait_for(loaded[1 - index].wait(), 30)
-                if current.delivered_at is not None:
-                    return "skipped"
-                message = await tx.append_message(
-                    conversation.id, role="user", text="once", metadata={"delivery_id": delivery.id}
-                )
-                if await tx.mark_delivered(delivery.id, message_id=message.id) is None:
-                    raise Injected("lost the mark")  # rolls the append back, as the deliver activity does
-                return message.id
-        except Injected:
-            return "lost"
+    await asyncio.gather(
+        signal_delivery(tk.client, tk.task_queue, delivery),
+        signal_delivery(tk.client, tk.task_queue, delivery),
+        reconcile_deliveries(tk.store, tk.client, tk.task_queue),
+    )
 
-    outcomes = await asyncio.gather(apply(0), apply(1))
-    winners = [o for o in outcomes if o not in ("skipped", "lost")]
-    assert len(winners) == 1, outcomes
-    if interleave:
-        assert "lost" in outcomes, f"the compare-and-set of mark_delivered must have decided: {outcomes}"
+    async def finished() -> bool:
+        turns = await tk.store.list_turns(conversation_id=conversation.id)
+        return bool(turns) and all(t.status in TERMINAL for t in turns)
+
+    await eventually(finished, what="the delivery's continuation turn")
     [message] = await delivered_messages(tk, conversation.id, delivery.id)
-    assert message.id == winners[0]
-    assert [m.id for m in await tk.store.list_messages(conversation.id)] == [message.id], "T77: one message"
+    assert message.text == "once" and message.sequence == 1
     async with tk.store.atomic() as tx:
         stored = await tx.load_delivery(delivery.id)
     assert stored.message_id == message.id and stored.delivered_at is not None
+    [turn] = await tk.store.list_turns(conversation_id=conversation.id)
+    assert turn.status == "completed" and turn.options.trigger_message_id == message.id
+    assert client.calls == 1
+    assert [m.role for m in await tk.store.list_messages(conversation.id)] == ["user", "assistant"]
 
 
 async def test_one_delivery_applied_concurrently_twice_gives_one_message_and_one_turn(tk: TurnKit) -> None:  # T77

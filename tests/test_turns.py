@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
 
 import turnkit
+from tests.engine import HeldModel
+from turnkit.ids import new_id
+from turnkit.model import Result
+from turnkit.payloads import SubmitTurn
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -27,7 +33,7 @@ def boom(reason: str) -> dict[str, Any]:
     raise turnkit.ToolError(f"boom: {reason}")
 
 
-def agent(client: ScriptedClient, **limits: Any) -> turnkit.Agent:
+def agent(client: ScriptedClient | HeldModel, **limits: Any) -> turnkit.Agent:
     return turnkit.Agent("tester", model="scripted", tools=[lookup, boom], client=client, **limits)
 
 
@@ -95,13 +101,42 @@ async def test_tool_failures_are_results_the_model_sees(tk: TurnKit) -> None:
 
 
 async def test_invalid_json_arguments_fail_the_call_not_the_turn(tk: TurnKit) -> None:
+    """T17: a call whose arguments are the invalid JSON "{" fails with "invalid JSON arguments", the tool is never
+    called, and the turn goes on to "recovered" (the model saw the error as the call's result)."""
+    called: list[Any] = []
+
+    @turnkit.tool(name="lookup")
+    def counting_lookup(q: str = "") -> dict[str, Any]:
+        """Counts its calls."""
+        called.append(q)
+        return {"answer": q}
+
     call = turnkit.ToolCall.parse("call_json", "lookup", "{")
     client = ScriptedClient([turnkit.Result.build(tool_calls=[call]), "recovered"])
-    turn = await (await tk.conversation(agent(client))).ask("go")
-    assert turn.status == "completed"
+    a = turnkit.Agent("t17", model="scripted", tools=[counting_lookup], client=client)
+    turn = await (await tk.conversation(a)).ask("go")
+    assert turn.status == "completed" and turn.output_text == "recovered"
     [execution] = await turn.tool_executions()
     assert execution.status == "failed" and execution.error is not None
     assert execution.error["message"] == "invalid JSON arguments"
+    assert called == [], "T17: the tool must never be called"
+    [result] = [m for m in client.requests[1].messages if m["role"] == "tool"]
+    assert result["tool_call_id"] == execution.tool_call_id
+    assert json.loads(result["content"]) == {"error": True, "message": "invalid JSON arguments"}
+    assert client.calls == 2
+
+
+async def test_a_plain_ask_calls_the_client_once_with_the_agents_model_and_one_user_message(tk: TurnKit) -> None:
+    """T01: a fake client returning "hello"; ask("Hi") completes with "hello", after one client call with the
+    agent's model and a single user message."""
+    client = ScriptedClient(["hello"])
+    a = turnkit.Agent("t01", model="model-t01", client=client)
+    turn = await (await tk.conversation(a)).ask("Hi")
+    assert turn.status == "completed" and turn.output_text == "hello"
+    assert client.calls == 1
+    [request] = client.requests
+    assert request.model == "model-t01"
+    assert request.messages == [{"role": "user", "content": "Hi"}]
 
 
 async def test_max_iterations_fails_the_turn(tk: TurnKit) -> None:
@@ -161,12 +196,19 @@ async def test_terminal_tool_ends_the_turn_and_skips_the_rest(tk: TurnKit) -> No
 
 
 async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
-    client = ScriptedClient(["hi"])
-    conversation = await tk.conversation(agent(client))
+    """Spec §1.4: a turn submitted without waiting is returned ``pending`` (here it queues behind a running turn of
+    its conversation, so it cannot have started); another handle, by id, waits for its result."""
+    held = HeldModel(Result.build(text="first"), then="hi")
+    conversation = await tk.conversation(agent(held))
+    first = await conversation.ask("one", wait=False)
+    await asyncio.wait_for(held.entered.wait(), 30)
     pending = await conversation.ask("hello", wait=False)
-    assert pending.status in ("pending", "running", "completed")
+    assert pending.status == "pending"
+    assert (await tk.store.load_turn(pending.id)).status == "pending" and len(held.requests) == 1
+    held.released.set()
     same = await tk.turn(pending.id).result(timeout=30)
     assert same.status == "completed" and same.output_text == "hi"
+    assert (await first.result(timeout=30)).output_text == "first"
 
 
 async def test_unknown_turn_id_raises(tk: TurnKit) -> None:
@@ -194,3 +236,49 @@ async def test_turn_context_policy_audit_and_status_predicates(tk: TurnKit) -> N
     assert [p for p in (*predicates, "is_stale") if getattr(gated, p)] == ["is_paused"]
     await gated.cancel()
     assert [p for p in (*predicates, "is_stale") if getattr(gated, p)] == ["is_cancelled"]
+
+
+async def test_a_replay_safe_tool_failing_twice_after_its_effect_runs_three_times_with_one_key(tk: TurnKit) -> None:
+    """T46 (the attempt dies by raising, not by a worker crash: the worker-kill variant is test_crash.py's): a
+    replay_safe tool whose first two attempts fail right after their external commit is called 3 times, always with
+    the same idempotency key; the effect, keyed by it, happened once; there is one execution record."""
+    keys: list[str] = []
+    effects: dict[str, int] = {}
+
+    @turnkit.tool(recovery="replay_safe", max_attempts=5, initial_retry_interval=0.1)
+    async def sync_inventory(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Sync the inventory (an idempotent external write)."""
+        keys.append(context.idempotency_key)
+        effects.setdefault(context.idempotency_key, len(effects) + 1)  # the external system dedupes by key
+        if len(keys) <= 2:
+            raise ConnectionError("lost the connection after the external commit")
+        return {"synced": effects[context.idempotency_key]}
+
+    client = ScriptedClient([call_tools(("sync_inventory", {})), "synced"])
+    a = turnkit.Agent("t46", model="scripted", tools=[sync_inventory], client=client)
+    turn = await (await tk.conversation(a)).ask("sync")
+    assert turn.status == "completed" and turn.output_text == "synced"
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed" and execution.result == {"synced": 1}
+    assert keys == [f"turnkit:tool:{execution.id}"] * 3, "T46: 3 calls, one idempotency key"
+    assert effects == {keys[0]: 1}, "T46: one external effect"
+    assert client.calls == 2
+
+
+async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnKit) -> None:
+    """T41 (perform is the lane running a submission): the same submission delivered twice at once, and again once
+    the turn finished, runs the turn once: one model call, one trigger message, and the turn is completed."""
+    client = ScriptedClient(["once"])
+    conversation = await tk.conversation(agent(client))
+    request = SubmitTurn(
+        conversation_id=conversation.id, turn_id=new_id("turn"), message_id=new_id("message"), text="do it"
+    )
+    submit = conversation._submit  # pyright: ignore[reportPrivateUsage]
+    await asyncio.gather(submit(request), submit(request))
+    done = await tk.turn(request.turn_id).result(timeout=60)
+    await submit(request)
+    again = await tk.turn(request.turn_id).result(timeout=60)
+    assert done.status == again.status == "completed" and again.output_text == "once"
+    assert client.calls == 1, f"T41: the model must be called once, was called {client.calls} times"
+    assert [(m.role, m.text) for m in await conversation.messages()] == [("user", "do it"), ("assistant", "once")]
+    assert [t.id for t in await conversation.turns()] == [request.turn_id]

@@ -16,6 +16,7 @@ class WorkerProcess:
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        self.ready_line = ""
 
     @classmethod
     async def start(
@@ -27,7 +28,9 @@ class WorkerProcess:
         database_url: str,
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
+        extra_args: tuple[str, ...] = (),
     ) -> WorkerProcess:
+        """Start the worker and wait for its ready line; ``extra_args`` go to ``worker.py`` (``--only tools``)."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             str(ROOT / "worker.py"),
@@ -41,15 +44,21 @@ class WorkerProcess:
             database_url,
             "--grace",
             "1",
+            *extra_args,
             cwd=str(cwd),  # worker.py's own directory (ROOT) is on its import path, whatever the working directory
             env={**os.environ, "TURNKIT_LOG_LEVEL": "WARNING", **(env or {})},
             stdout=asyncio.subprocess.PIPE,
         )
         worker = cls(process)
-        await worker._wait_ready()
+        worker.ready_line = await worker._wait_ready()
         return worker
 
-    async def _wait_ready(self, timeout: float = 60.0) -> None:
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return self.process.pid
+
+    async def _wait_ready(self, timeout: float = 60.0) -> str:
         assert self.process.stdout is not None
         async with asyncio.timeout(timeout):
             while True:
@@ -57,7 +66,7 @@ class WorkerProcess:
                 if not line:
                     raise RuntimeError(f"worker exited before it was ready (code {await self.process.wait()})")
                 if line.startswith(b"worker ready"):
-                    return
+                    return line.decode().strip()
 
     async def kill(self) -> None:
         """SIGKILL: no shutdown, no cleanup, exactly like a lost machine."""

@@ -11,6 +11,7 @@ Operator verbs:
   against a real cluster: ``TEMPORAL_ADDRESS=… TURNKIT_DATABASE_URL=… turnkit reconcile``.
 * ``turnkit db upgrade | current``: the store's migrations (:mod:`turnkit.dbadmin`).
 * ``turnkit worker``, ``turnkit demo``.
+* ``turnkit ask --app MODULE AGENT TEXT`` (:mod:`turnkit.ask`): run one turn, print its progress and the answer.
 
 Debugger verbs (each in its own module; this one only parses arguments and connects):
 
@@ -285,6 +286,61 @@ async def _events(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _ask(args: argparse.Namespace) -> int:
+    from turnkit.agent import registered_agents, resolve_agent
+    from turnkit.ask import ask_turn
+    from turnkit.runtime import connect
+
+    try:
+        _import_apps(args.app)
+    except ImportError as err:
+        print(f"turnkit ask: cannot import the app module: {err}", file=sys.stderr)
+        return 2
+    try:
+        agent = resolve_agent(args.agent)
+    except ConfigError:
+        known = ", ".join(sorted(registered_agents())) or "none"
+        print(f"turnkit ask: no agent {args.agent!r} in {', '.join(args.app)} (registered: {known})", file=sys.stderr)
+        return 2
+    if not args.verbose:  # a failed model call or tool is reported by the turn; the SDK's tracebacks are noise here
+        logging.getLogger("temporalio").setLevel(logging.CRITICAL)
+    # Nothing configured: connect() starts the embedded dev server, and nobody else can be polling it.
+    embedded = "target_host" not in client_options_from_arguments(args)
+    try:
+        async with connect(
+            temporal_address=args.address,
+            namespace=args.namespace,
+            profile=args.profile,
+            config_file=args.config_file,
+            database_url=args.database_url,
+            task_queue=args.task_queue,
+            ui=False,
+        ) as tk:
+            record = await ask_turn(
+                tk,
+                agent,
+                args.text,
+                worker=args.worker,
+                embedded=embedded,
+                progress=None if args.quiet else sys.stderr,
+                interval=args.interval,
+            )
+    except ConfigError as err:  # missing search attributes, a cluster that will not describe its task queue
+        print(f"turnkit ask: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(record.model_dump(mode="json"), indent=2))
+    elif record.status == "completed":
+        print(record.output_text or "")
+    if record.status != "completed":
+        error = record.error or {}
+        print(
+            f"turn {record.id} {record.status}: {error.get('class', '')}: {error.get('message', '')}", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
 async def _worker(args: argparse.Namespace) -> int:
     import worker
     from turnkit.config import TASK_QUEUE
@@ -292,7 +348,11 @@ async def _worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     args.task_queue = args.task_queue or TASK_QUEUE
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
-    await worker.run(args)
+    try:
+        await worker.run(args)
+    except ConfigError as error:  # missing search attributes, --only tools on a queue no tool runs on
+        print(f"turnkit worker: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -316,6 +376,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] =
     "history": _history,
     "events": _events,
     "worker": _worker,
+    "ask": _ask,
 }
 
 
@@ -409,6 +470,31 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    ask = verb(
+        "ask",
+        "run one turn of an agent, print its progress and the answer",
+        "Ask AGENT (registered by the --app modules) TEXT in a new conversation and wait for the turn: its progress "
+        "(iterations, tool calls, sub-agent turns) goes to stderr as it happens, the answer to stdout. Exits 0 when "
+        "the turn completed, 1 when it failed or was cancelled, 2 on a usage error. With nothing configured it runs "
+        "on the embedded defaults (a Temporal dev server and a SQLite store under ./.turnkit/).",
+    )
+    ask.add_argument("agent", metavar="AGENT", help="name of a registered agent")
+    ask.add_argument("text", metavar="TEXT", help="what to ask")
+    ask.add_argument(
+        "--app", action="append", required=True, help="module that registers the agents (repeatable), as for the worker"
+    )
+    ask.add_argument(
+        "--worker",
+        choices=["auto", "in-process", "external"],
+        default="auto",
+        help="who runs the turn: auto (default) runs a worker in this process on the embedded dev server or when no "
+        "worker polls the task queue, else uses the workers that do; in-process; external (workers elsewhere)",
+    )
+    ask.add_argument("--json", action="store_true", help="print the final turn record as JSON instead of the answer")
+    ask.add_argument("--quiet", "-q", action="store_true", help="no progress, only the answer (or the JSON)")
+    ask.add_argument("--interval", type=float, default=0.25, help="seconds between progress polls (default 0.25)")
+    ask.add_argument("--verbose", "-v", action="store_true", help="also log the SDK's warnings (failed activities)")
+
     demo = commands.add_parser(
         "demo",
         help="run the demo job on the embedded defaults",
@@ -424,6 +510,16 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_tracing_argument(worker)
+    worker.add_argument(
+        "--queue", dest="task_queue", default=argparse.SUPPRESS, metavar="NAME", help="same as --task-queue"
+    )
+    worker.add_argument(
+        "--only",
+        choices=["tools"],
+        default=None,
+        help="tools: register only the tool activity (no workflows, no model or store activities), for the tools "
+        "whose task_queue is this queue: a worker on a GPU box (@tool(task_queue=...))",
+    )
     return parser
 
 

@@ -12,6 +12,7 @@ import uuid
 from typing import Any, Final, Literal
 
 from turnkit.errors import Error, ToolError
+from turnkit.events import announce_message
 from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.store import StoreTx, canonical_json, utcnow
 from turnkit.transcript import repair_transcript
@@ -165,6 +166,7 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
             turn_id=turn.id,
             metadata={"steering_id": steering.id, "principal": steering.principal},
         )
+        announce_message(tx, message)
         steering.message_id = message.id
     options = turn.options.with_controls(controls).with_state(turn.state.asking_again())
     turn = await tx.update_turn(turn.id, options=options)

@@ -28,8 +28,8 @@ def model_policy() -> ModelPolicy:
 
 def call_policy(agent: Agent, name: str) -> CallPolicy:
     """How the workflow dispatches a call to ``name`` proposed by ``agent``'s model: delegation to a sub-agent, a
-    coordination tool, or a tool activity with the timeouts and retries of its recovery mode; ``unknown`` when the
-    agent has no such tool (the tool activity then records the failure at once)."""
+    coordination tool, or a tool activity with the timeouts and retries of its recovery mode, on its task queue;
+    ``unknown`` when the agent has no such tool (the tool activity then records the failure at once)."""
     if agent.sub_agent(name) is not None:
         return CallPolicy(kind="sub_agent")
     tool = agent.tool(name)
@@ -48,4 +48,5 @@ def call_policy(agent: Agent, name: str) -> CallPolicy:
         max_attempts=tool.max_attempts if replay_safe else 1,
         initial_retry_interval=tool.initial_retry_interval,
         maximum_retry_interval=tool.maximum_retry_interval,
+        task_queue=tool.task_queue,
     )

@@ -37,7 +37,7 @@ from turnkit.prepared import SUBMITTABLE, preview_request
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, registration_hint
 from turnkit.store.patience import patiently
-from turnkit.store.store import StoreTx
+from turnkit.store.store import Store, StoreTx
 from turnkit.turn_build import create_turn
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.turn_options import check_budget
@@ -70,6 +70,22 @@ _SERVER_AWAY = frozenset(
 SUBMIT_RECONNECT_WINDOW = 60.0
 #: How long ``ask`` keeps trying to stage its input while the store is away (the lane bounds its submit the same).
 STAGE_RETRY_WINDOW = 60.0
+
+
+async def joined_root(store: Store, root_turn_id: str | None) -> str | None:
+    """``root_turn_id`` checked before anything is written: an existing root turn (behaviour §1.2 ``parent_run``).
+
+    Raises:
+        InputError: Not a turn id, or the turn is not a root.
+        RecordNotFound: No such turn.
+    """
+    if root_turn_id is None:
+        return None
+    check_id("root_turn_id", root_turn_id, "turn")
+    root = await store.load_turn(root_turn_id)
+    if root.root_turn_id != root.id:
+        raise errors.InputError(f"root_turn_id {root.id} is not a root turn (its root is {root.root_turn_id})")
+    return root.id
 
 
 class Conversation:
@@ -122,6 +138,7 @@ class Conversation:
         paused: bool = False,
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
+        root_turn_id: str | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -132,7 +149,8 @@ class Conversation:
         ``paused=True`` submits it paused: an approval gate that runs nothing (and blocks the conversation) until
         :meth:`Turn.resume`. ``compact=True`` compacts the history before the first model call, ``False`` never
         compacts this turn. ``budget`` sets limits for this turn's tree over the agent's (e.g. ``{"max_iterations":
-        3}``).
+        3}``). ``root_turn_id`` makes the turn join that root turn's tree (its budgets, usage and deadline) instead of
+        starting its own.
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
@@ -168,6 +186,7 @@ class Conversation:
             paused=paused,
             compact=compact,
             budget=budget,
+            root_turn_id=await self._joined_root(root_turn_id),
         )
         # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
@@ -176,6 +195,9 @@ class Conversation:
         if wait and not paused:
             return await turn.result()
         return await turn.refresh()
+
+    async def _joined_root(self, root_turn_id: str | None) -> str | None:
+        return await joined_root(self._tk.store, root_turn_id)
 
     async def build_turn(
         self,
@@ -192,6 +214,7 @@ class Conversation:
         paused: bool = False,
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
+        root_turn_id: str | None = None,
     ) -> Turn:
         """Append ``text`` and build its turn without submitting it (behaviour §1.4 ``build_turn``; a *prepared* turn).
 
@@ -219,6 +242,7 @@ class Conversation:
             paused=paused,
             compact=compact,
             budget=budget,
+            root_turn_id=await self._joined_root(root_turn_id),
         )
         agent_def = resolve_agent(agent or self.agent_name)
         async with self._tk.store.atomic(conversation_id=self.id) as tx:

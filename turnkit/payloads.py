@@ -52,7 +52,7 @@ class ModelPolicy(BaseModel):
 class CallPolicy(BaseModel):
     """How the turn workflow dispatches one proposed call, resolved from the agent's definition by the model activity
     (issue 9: the workflow never reads the live agent registry). ``kind`` picks the path; the rest is the tool
-    activity's timeouts and retry policy (from its recovery mode)."""
+    activity's timeouts and retry policy (from its recovery mode) and the task queue it is scheduled on."""
 
     kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown"]
     at_most_once: bool = True
@@ -61,6 +61,8 @@ class CallPolicy(BaseModel):
     max_attempts: int = 1
     initial_retry_interval: float = 1.0
     maximum_retry_interval: float = 30.0
+    #: The tool's own task queue (``@tool(task_queue=…)``); None: the turn's queue (as in older histories).
+    task_queue: str | None = None
 
 
 class QueuedTurn(BaseModel):
@@ -101,6 +103,8 @@ class SubmitTurn(BaseModel):
     callback_conversation_id: str | None = None
     #: Turns this one waits for before its first model request (their results become its input).
     wait_for: list[str] = Field(default_factory=list[str])
+    #: Join this existing root tree (``run(parent_run=…)``, behaviour §1.2): shared budgets, usage and deadline.
+    root_turn_id: str | None = None
     #: Submit paused: an approval gate that runs nothing until ``resume`` (behaviour §5.10).
     paused: bool = False
     #: Compaction for this turn: True forces it before the first model call, False disables it, None: the policy.

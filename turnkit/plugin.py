@@ -14,6 +14,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from turnkit.errors import ConfigError
 from turnkit.store.store import Store
 from turnkit.tracing import tracing_interceptors
 
@@ -46,19 +47,28 @@ class TurnKitPlugin(SimplePlugin):
             default) is off and imports nothing; True uses the global tracer provider; a ``TracerProvider`` or a
             ``Tracer`` is used as given. Give it to the client's plugin: the worker built on that client and the
             calls it makes (``ask``) are then traced alike.
+        tools_only: Register only the tool activity (no workflows, no model or store activities): a worker on a
+            tool's own task queue (``@tool(task_queue="gpu")``, ``worker.py --queue gpu --only tools``). It runs
+            whatever tool calls are scheduled on its queue: the tools whose ``task_queue`` is that queue, and on a
+            turns' queue the tools without one. Needs ``store``: a tool call's records are written where it runs.
 
     Raises:
         InputError: ``tracing`` is not one of these.
-        ConfigError: ``tracing`` is on and OpenTelemetry is not installed.
+        ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store.
     """
 
-    def __init__(self, store: Store | None = None, *, tracing: Tracing = False) -> None:
+    def __init__(self, store: Store | None = None, *, tracing: Tracing = False, tools_only: bool = False) -> None:
         # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
-        from activities import build_activities
+        from activities import build_activities, build_tool_activities
         from activities.store_failures import StoreFailureInterceptor
         from workflows import ALL_WORKFLOWS
 
+        if tools_only and store is None:
+            raise ConfigError("a tools-only TurnKitPlugin needs the store: tool calls write their records")
+        activities = None
+        if store is not None:
+            activities = build_tool_activities(store) if tools_only else build_activities(store)
         # Tracing first: its activity span then also covers the store-failure interceptor's work.
         traced = tracing_interceptors(tracing)
         interceptors: list[Any] = list(traced)
@@ -68,8 +78,8 @@ class TurnKitPlugin(SimplePlugin):
         super().__init__(
             "turnkit.TurnKitPlugin",
             data_converter=pydantic_data_converter,
-            workflows=ALL_WORKFLOWS,
-            activities=build_activities(store) if store is not None else None,
+            workflows=None if tools_only else ALL_WORKFLOWS,
+            activities=activities,
             interceptors=interceptors or None,
             workflow_runner=_sandbox("opentelemetry") if traced else _sandbox(),
         )

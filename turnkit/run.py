@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnkit.cost import total_cost, total_usage
 from turnkit.errors import InputError
-from turnkit.handles import Turn
+from turnkit.handles import Turn, joined_root
 from turnkit.jsonschema import schema_errors
 from turnkit.model import Usage
 from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
@@ -21,7 +21,45 @@ __all__ = ["Run", "start_run", "task_text"]
 
 
 class Run(Turn):
-    """A root turn plus aggregate views over every turn that shares its root (children, launched agents)."""
+    """A root turn plus aggregate views over every turn that shares its root (children, launched agents).
+
+    ``usage`` and ``cost`` are the whole tree's (behaviour §6.4), as of the last :meth:`refresh` or :meth:`result`;
+    the root turn's own are ``turn_usage`` and ``turn_cost``.
+    """
+
+    _tree: list[TurnRecord] | None = None
+
+    async def refresh(self) -> Run:
+        """Re-read the root and its tree from the store."""
+        await super().refresh()
+        self._tree = await self.turn_records()
+        return self
+
+    async def result(self, *, timeout: float | None = None) -> Run:
+        """Wait until the root turn has finished (see :meth:`Turn.result`), then read its tree."""
+        await super().result(timeout=timeout)
+        self._tree = await self.turn_records()
+        return self
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by the whole tree (the root alone until the tree was read)."""
+        return total_usage(self._tree) if self._tree is not None else self.turn_usage
+
+    @property
+    def cost(self) -> float | None:
+        """Observed USD cost of the whole tree (None when none is known; the root's until the tree was read)."""
+        return total_cost(self._tree) if self._tree is not None else self.turn_cost
+
+    @property
+    def turn_usage(self) -> Usage:
+        """Tokens used by the root turn alone."""
+        return Usage.from_dict(self.record.usage)
+
+    @property
+    def turn_cost(self) -> float | None:
+        """Observed USD cost of the root turn alone."""
+        return self.record.cost
 
     @property
     def root_turn_id(self) -> str:
@@ -64,11 +102,6 @@ class Run(Turn):
         """Every tool execution of the tree."""
         return await self._tk.store.list_tool_executions(root_turn_id=self.root_turn_id)
 
-    async def result(self, *, timeout: float | None = None) -> Run:
-        """Wait until the root turn has finished; returns this run refreshed."""
-        await super().result(timeout=timeout)
-        return self
-
 
 def task_text(task: str, input: Any) -> str:
     """The task message (behaviour §1.2 ``run``): the task alone, or ``Task:…\\n\\nInput:…`` (JSON unless a string)."""
@@ -93,14 +126,21 @@ async def start_run(
     prepare: bool = False,
     compact: bool | None = None,
     budget: dict[str, Any] | None = None,
+    parent_run: Run | None = None,
+    root_turn_id: str | None = None,
 ) -> Run:
     """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
 
     With ``prepare=True`` the turn is built but not submitted (spec ``run(async: true)``): the pending run is
     returned, for :meth:`Turn.preview`, :meth:`Turn.wait_for`, then :meth:`Turn.perform_later` or :meth:`Turn.run`.
+    With ``parent_run`` (or ``root_turn_id``) the run's turn joins that tree instead of starting its own (T10).
     """
     if not task:
         raise ValueError("task is required")
+    if parent_run is not None:
+        if root_turn_id is not None and root_turn_id != parent_run.root_turn_id:
+            raise InputError("give parent_run or root_turn_id, not two different trees")
+        root_turn_id = parent_run.root_turn_id
     if prepare and callback is not None:
         raise InputError("a prepared run takes its callback when it is submitted: run.perform_later(callback=...)")
     if agent.input_schema is not None:
@@ -108,17 +148,25 @@ async def start_run(
         if errors:
             raise InputError("; ".join(errors))  # before anything is written
     text = check_text("task", task_text(task, input))  # before the conversation is written (issue 8 item 1)
+    root_turn_id = await joined_root(tk.store, root_turn_id)
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
     )
     metadata = {"source": "application", "task": True}
     if prepare:
         turn = await conversation.build_turn(
-            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget
+            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget, root_turn_id=root_turn_id
         )
         return Run(tk, turn.id, turn.record)
     turn = await conversation.ask(
-        text, wait=False, prompt_mode="task", metadata=metadata, callback=callback, compact=compact, budget=budget
+        text,
+        wait=False,
+        prompt_mode="task",
+        metadata=metadata,
+        callback=callback,
+        compact=compact,
+        budget=budget,
+        root_turn_id=root_turn_id,
     )
     run = Run(tk, turn.id, turn.record)
     return await run.result() if wait else run

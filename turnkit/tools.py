@@ -67,6 +67,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "as_tool",
+    "check_task_queue",
     "is_valid_tool_name",
     "normalize_result",
     "tool",
@@ -242,6 +243,7 @@ def _check_declarations(cls: type[Tool]) -> None:
         raise ValueError(f"invalid tool name: {cls.name!r} (must match [a-zA-Z_][a-zA-Z0-9_]*)")
     if cls.recovery not in RECOVERY_MODES:
         raise ValueError(f"unknown recovery mode for tool {cls.name}: {cls.recovery!r}")
+    check_task_queue(cls.name, cls.task_queue)
     arguments = cls.Arguments
     if not (isinstance(arguments, type) and issubclass(arguments, BaseModel)):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f"tool {cls.name}: Arguments must be a pydantic BaseModel subclass")
@@ -251,6 +253,24 @@ def _check_declarations(cls: type[Tool]) -> None:
             raise ValueError("context is a reserved parameter name")
         if not is_valid_tool_name(external):
             raise ValueError(f"tool {cls.name}: invalid parameter name {external!r}")
+
+
+def check_task_queue(tool_name: str, task_queue: object) -> None:
+    """Check a tool's ``task_queue``: None (the turn's own queue) or a non-empty name without surrounding spaces.
+
+    A name nobody serves would leave every call of the tool waiting for its timeout, so a typo must fail when the tool
+    is defined or registered, not when the model first calls it.
+
+    Raises:
+        ValueError: ``"tool <name>: task_queue must be a non-empty string (or None for the turn's own queue), not …"``.
+    """
+    if task_queue is None:
+        return
+    if not isinstance(task_queue, str) or not task_queue.strip() or task_queue != task_queue.strip():
+        raise ValueError(
+            f"tool {tool_name}: task_queue must be a non-empty string (or None for the turn's own queue), "
+            f"not {task_queue!r}"
+        )
 
 
 class Tool:
@@ -274,6 +294,9 @@ class Tool:
     """Attempts for replay-safe tools; at-most-once tools always get exactly one."""
     initial_retry_interval: ClassVar[float] = 1.0
     maximum_retry_interval: ClassVar[float] = 30.0
+    task_queue: ClassVar[str | None] = None
+    """The Temporal task queue this tool's activity runs on (a box with a GPU, or with credentials), served by
+    ``worker.py --queue NAME --only tools``; None: the turn's own queue."""
     terminal: ClassVar[Terminal] = False
     """Whether a completed call ends the turn, and with which completion message (behaviour §3.8)."""
     Arguments: ClassVar[type[BaseModel]] = _NoArguments
@@ -620,6 +643,7 @@ def _build_function_tool(
     usage_hint: str,
     initial_retry_interval: float,
     maximum_retry_interval: float,
+    task_queue: str | None,
 ) -> FunctionTool[P, R]:
     if isinstance(fn, Tool) or not callable(fn):
         raise TypeError("@tool decorates plain functions")
@@ -669,6 +693,7 @@ def _build_function_tool(
         "max_attempts": max_attempts,
         "initial_retry_interval": initial_retry_interval,
         "maximum_retry_interval": maximum_retry_interval,
+        "task_queue": task_queue,
         "terminal": terminal,
         "Arguments": arguments_model,
         "__module__": getattr(fn, "__module__", __name__),
@@ -699,6 +724,7 @@ def tool(
     usage_hint: str = "",
     initial_retry_interval: float = 1.0,
     maximum_retry_interval: float = 30.0,
+    task_queue: str | None = None,
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
@@ -715,6 +741,7 @@ def tool(
     usage_hint: str = "",
     initial_retry_interval: float = 1.0,
     maximum_retry_interval: float = 30.0,
+    task_queue: str | None = None,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
     """Turn a typed function (sync or async) into a tool; usable bare (``@tool``) or with options.
 
@@ -734,13 +761,16 @@ def tool(
         usage_hint: Prompt hint, rendered as "Use when:".
         initial_retry_interval: First retry delay in seconds (replay-safe tools).
         maximum_retry_interval: Longest retry delay in seconds (replay-safe tools).
+        task_queue: The Temporal task queue the tool's activity runs on (served by ``worker.py --queue NAME --only
+            tools``); None (the default) runs it on the turn's own queue.
 
     Returns:
         A :class:`FunctionTool`, or a decorator producing one.
 
     Raises:
         ValueError: ``"context is a reserved parameter name"`` for a ``context`` parameter that is not a
-            :class:`ToolContext`, an invalid name, ``*args``/``**kwargs``, or an unknown recovery mode.
+            :class:`ToolContext`, an invalid name, ``*args``/``**kwargs``, an unknown recovery mode, or a
+            ``task_queue`` that is not a non-empty string.
     """
 
     def decorate(function: Callable[P, R]) -> FunctionTool[P, R]:
@@ -755,6 +785,7 @@ def tool(
             usage_hint=usage_hint,
             initial_retry_interval=initial_retry_interval,
             maximum_retry_interval=maximum_retry_interval,
+            task_queue=task_queue,
         )
 
     if fn is not None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from turnkit.events import announce, announce_message
 from turnkit.records import INTERRUPTED_MESSAGE, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import StoreTx, utcnow
 
 __all__ = [
     "TERMINAL_SKIP",
+    "announce_settled",
     "append_tool_result",
     "fail_execution",
     "repair_transcript",
@@ -40,11 +42,10 @@ async def append_tool_result(
     existing = await tx.tool_result_message(execution.id)
     if existing is not None:
         return existing
-    payload, error = result_payload(execution)
     metadata: dict[str, Any] = {"tool_name": execution.tool_name}
     if interrupted or execution.status == "interrupted":
         metadata["interrupted"] = True
-    return await tx.append_message(
+    message = await tx.append_message(
         turn.conversation_id,
         role="tool",
         kind="tool_result",
@@ -52,14 +53,36 @@ async def append_tool_result(
             {
                 "type": "tool_result",
                 "tool_call_id": execution.tool_call_id,
-                "text": json.dumps(payload, sort_keys=True, default=str),
-                "error": error,
+                "text": result_text(execution),
+                "error": result_payload(execution)[1],
             }
         ],
         turn_id=turn.id,
         tool_execution_id=execution.id,
         metadata=metadata,
     )
+    announce_message(tx, message)
+    return message
+
+
+def result_text(execution: ToolExecutionRecord) -> str:
+    """The text of the execution's tool-result message: the JSON the model reads."""
+    return json.dumps(result_payload(execution)[0], sort_keys=True, default=str)
+
+
+def announce_settled(tx: StoreTx, turn: TurnRecord, execution: ToolExecutionRecord) -> None:
+    """``tool_call.completed`` or ``tool_call.failed`` for an execution ``tx`` just settled (behaviour §3.8 step 13).
+
+    Call it only when this transaction's compare-and-set won, so a call settles with one event. Interrupted calls
+    have their own event (``tool_call.interrupted``), cancelled ones none.
+    """
+    common: dict[str, Any] = {"id": execution.tool_call_id, "name": execution.tool_name}
+    chars = len(result_text(execution))
+    if execution.status == "completed":
+        announce(tx, "tool_call.completed", turn.id, turn.conversation_id, **common, result_chars=chars)
+    elif execution.status == "failed":
+        error = str((execution.error or {}).get("message") or "")
+        announce(tx, "tool_call.failed", turn.id, turn.conversation_id, **common, error=error, result_chars=chars)
 
 
 async def fail_execution(
@@ -88,6 +111,7 @@ async def fail_execution(
         return current
     if append:
         await append_tool_result(tx, turn, settled)
+    announce_settled(tx, turn, settled)
     return settled
 
 

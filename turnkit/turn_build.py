@@ -56,6 +56,7 @@ async def create_turn(
         context_message_sequence=message.sequence,
         model=request.model or conversation.model or agent.effective_model,
         options=options,
+        root_turn_id=request.root_turn_id,  # None: the turn is its own root
         submitted_at=utcnow() if submitted else None,
     )
     if request.wait_for:

@@ -452,6 +452,7 @@ class TurnWorkflow:
                 start_to_close_timeout=timeout,
                 heartbeat_timeout=heartbeat,
                 retry_policy=retry,
+                task_queue=policy.task_queue,  # the tool's own queue (a GPU box); None: this turn's queue
                 summary=f"tool {call.name}",
             )
         except ActivityError as err:

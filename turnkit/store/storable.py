@@ -49,7 +49,11 @@ def storable(value: Any) -> Any:
         UnstorableValue: ``value`` cannot be serialised at all (it is circular).
     """
     try:
-        encoded = json.dumps(value, sort_keys=True, default=str)
+        try:
+            encoded = json.dumps(value, sort_keys=True, default=str)
+        except TypeError:
+            # Keys of mixed types (1 and "a") cannot be sorted as they are: stringify them first (spec T76).
+            encoded = json.dumps(json.loads(json.dumps(value, default=str)), sort_keys=True)
     except (ValueError, RecursionError) as err:
         raise UnstorableValue(f"value cannot be stored: {_short(err)}") from None
     loaded = json.loads(encoded, parse_constant=_nan_to_null)

@@ -167,6 +167,10 @@ class Store:
                 yield tx
             finally:
                 _current_tx.reset(token)
+        # Committed (a rollback raised above and skips this): what waited for the commit runs now, outside any
+        # transaction (lifecycle events, docs/design.md "Events: after the commit, once").
+        for callback in tx.committed_callbacks:
+            await callback()
 
     # Convenience wrappers: one transaction per call. ------------------------------------------------------------
 
@@ -232,6 +236,15 @@ class StoreTx:
         self.store = store
         self.session = session
         self._locked: set[tuple[str, str]] = set()
+        self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
+
+    def after_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` once this transaction has committed, in registration order; never after a rollback.
+
+        Inside a joined ``atomic()`` it waits for the outermost transaction. An exception from ``callback`` reaches
+        the caller of ``atomic()`` with the writes already committed.
+        """
+        self.committed_callbacks.append(callback)
 
     # Locks -------------------------------------------------------------------------------------------------------
 
