@@ -282,6 +282,22 @@ async def test_a_retried_model_activity_does_not_audit_twice(engine: Engine) -> 
     assert turn.cost == pytest.approx(0.03) and turn.usage["input_tokens"] == 15
 
 
+async def test_a_constraint_that_raises_fails_the_turn_without_retrying(tk: TurnKit) -> None:
+    """A constraint that raises is an application bug: the turn fails with ConfigError naming it, the model is asked
+    once (the activity is not retried)."""
+
+    def broken(output: str) -> None:
+        raise RuntimeError("policy store unreachable")
+
+    client = ScriptedClient(["Draft only", "Draft only"])
+    agent = turnkit.Agent("broken", model="scripted", client=client, output_policy=broken)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error is not None
+    assert run.error["class"] == "TurnKit::ConfigError"
+    assert "output policy" in run.error["message"] and "policy store unreachable" in run.error["message"]
+    assert client.calls == 1
+
+
 async def test_check_output_policy_outside_a_turn() -> None:
     """check_output_policy: constraints' return values map to violations (the §3.9 table); judges use their client."""
 
