@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.notify import announce_terminal
+from activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, record_audit
 from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
@@ -35,7 +36,15 @@ from turnkit.controls import control_boundary, has_pending_controls, stamp_reque
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
 from turnkit.dispatch import call_policy
-from turnkit.errors import BudgetError, ConfigError, Error, ModelError, TransientModelError, error_class_name
+from turnkit.errors import (
+    BudgetError,
+    ConfigError,
+    Error,
+    ModelError,
+    OutputAudit,
+    TransientModelError,
+    error_class_name,
+)
 from turnkit.events import announce, announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
@@ -62,8 +71,9 @@ class ModelActivities:
         # Store phases ride out a database outage inside the attempt: a retry would spend a model attempt (issue 8).
         reserved = await retry_store(lambda: self._reserve(call), what="model reserve")
         if isinstance(reserved, ModelStep):
-            if (
-                reserved.outcome == "completed"
+            if reserved.outcome in (
+                "completed",
+                "failed",
             ):  # the attempt that committed this response may have died before signalling
                 await self._announce(await retry_store(lambda: self.store.load_turn(call.turn_id), what="model"))
             return reserved
@@ -98,8 +108,14 @@ class ModelActivities:
         except (ModelError, ConfigError, TransientModelError) as err:
             raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
-        step = await self._persist(call, turn, request.model, result)
-        if step.outcome == "completed":
+        audit = None
+        if not result.tool_calls:  # a final answer: audited before it is published (behaviour §3.9)
+            try:
+                audit = await audit_answer(turn, agent, result, call.request_id)
+            except (ModelError, ConfigError, TransientModelError) as err:
+                raise _provider_failure(err) from err
+        step = await self._persist(call, turn, request.model, result, audit)
+        if step.outcome in ("completed", "failed"):
             await self._announce(turn)
         return step
 
@@ -273,7 +289,9 @@ class ModelActivities:
             return await callback_verdict(turn)
         return Verdict("callback", True)
 
-    async def _persist(self, call: ModelCall, turn: TurnRecord, model: str, result: Result) -> ModelStep:
+    async def _persist(
+        self, call: ModelCall, turn: TurnRecord, model: str, result: Result, audit: AnswerAudit | None
+    ) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
         record_model_call(turn, request_model=model, response_model=result.model, usage=result.usage, cost=cost.total)
@@ -283,7 +301,7 @@ class ModelActivities:
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
         # request id, so a commit whose acknowledgement was lost is found, not written twice).
         step, written = await retry_store(
-            lambda: self._write_response(call, result, cost, verdict), what="model persist"
+            lambda: self._write_response(call, result, cost, verdict, audit), what="model persist"
         )
         if written:
             await emit(
@@ -295,12 +313,17 @@ class ModelActivities:
                 usage=result.usage.to_record(),
                 cost=cost.total,
             )
+            if audit is not None:
+                await announce_audit(turn, audit, published=step.outcome in ("completed", "failed"))
             if step.outcome == "completed":
                 await emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
+            elif step.outcome == "failed":
+                error = {"class": step.error_class, "message": step.error_message}
+                await emit("turn.failed", turn.id, turn.conversation_id, error=error)
         return step
 
     async def _write_response(
-        self, call: ModelCall, result: Result, cost: Cost, verdict: Verdict
+        self, call: ModelCall, result: Result, cost: Cost, verdict: Verdict, audit: AnswerAudit | None = None
     ) -> tuple[ModelStep, bool]:
         """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them."""
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
@@ -342,12 +365,19 @@ class ModelActivities:
             state.phase = "tools" if tool_calls else "output"
             state.message_id = message.id
             turn = await _charge(tx, turn, result.usage, cost, options=turn.options.with_state(state))
+            for judge in audit.charges if audit is not None else ():  # the audit's model calls are the turn's too
+                turn = await _charge(tx, turn, judge.usage, judge.cost)
             denial = await _tree_spend_denial(tx, turn)
             if denial is not None:
                 over = ModelStep(
                     outcome="budget_exceeded", message_id=message.id, tool_calls=tool_calls, budget_error=denial
                 )
                 return over, True
+            if audit is not None and not tool_calls:
+                turn = await record_audit(tx, turn, agent, audit)
+                if audit.attempt is not None:  # a revision request: no calls, so the workflow asks the model again
+                    return ModelStep(outcome="tools", message_id=message.id), True
+                state = turn.state
             if not tool_calls and has_pending_controls(turn):
                 # Controls arrived while the model answered: they apply before publication (behaviour §5.10).
                 state = state.model_copy(
@@ -357,18 +387,25 @@ class ModelActivities:
                 boundary, _ = await control_boundary(tx, turn)
                 step = ModelStep(outcome=boundary or "tools", message_id=message.id)
                 return step, True
+            error = None
             if not tool_calls:
+                status, error = publication(agent, turn)  # failed: a dirty audit in fail mode (the answer is kept)
                 completed = await tx.claim_turn(
                     turn.id,
                     from_="running",
-                    to="completed",
+                    to=status,
                     output_text=result.text,
                     output_data=result.output_data,
                     completed_at=utcnow(),
                     claim_token=None,
+                    **({"error": error} if error else {}),
                 )
                 if completed is not None:
                     await completion_delivery(tx, completed, verdict)  # with the terminal write (behaviour §5.7)
+        if error is not None:
+            return ModelStep(
+                outcome="failed", message_id=message.id, error_class=error["class"], error_message=error["message"]
+            ), True
         outcome = "tools" if tool_calls else "completed"
         return ModelStep(outcome=outcome, message_id=message.id, tool_calls=tool_calls), True
 
@@ -395,6 +432,11 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     # A retry returns what the first attempt did, a spend denial included (it is monotonic).
     denial = await _tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
     completed = not calls and turn.status == "completed"
+    error = turn.error or {}
+    if not calls and turn.status == "failed" and error.get("class") == OutputAudit.qualified_name:
+        return ModelStep(
+            outcome="failed", message_id=message.id, error_class=error["class"], error_message=error.get("message")
+        )
     outcome = "budget_exceeded" if denial else "completed" if completed else "tools"
     return ModelStep(outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial)
 
@@ -425,10 +467,12 @@ async def _unique_call_ids(
 
 
 async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, verdict: Verdict) -> ModelStep:
+    status, error = publication(resolve_agent(turn.agent_name), turn)  # the held answer's audit decides (§3.9)
     completed = await tx.claim_turn(
         turn.id,
         from_=("pending", "running"),
-        to="completed",
+        to=status,
+        **({"error": error} if error else {}),
         output_text=state.candidate or "",
         output_data=state.output_data,
         started_at=turn.started_at or utcnow(),
@@ -438,6 +482,11 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
     if completed is None:
         return ModelStep(outcome="stopped")
     await completion_delivery(tx, completed, verdict)
+    if error is not None:
+        announce(tx, "turn.failed", turn.id, turn.conversation_id, error=error)
+        return ModelStep(
+            outcome="failed", message_id=state.message_id, error_class=error["class"], error_message=error["message"]
+        )
     announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=completed.output_text)
     return ModelStep(outcome="completed", message_id=state.message_id)
 

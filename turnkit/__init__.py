@@ -24,6 +24,7 @@ from turnkit.errors import (
     LostClaim,
     ModelAccessError,
     ModelError,
+    OutputAudit,
     RecordNotFound,
     StoreError,
     ToolError,
@@ -34,6 +35,7 @@ from turnkit.events import Event
 from turnkit.handles import Conversation, Turn
 from turnkit.live_context import LiveContextContribution, PromptBuildContext
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
+from turnkit.output_policy import AuditResult, OutputPolicy, Violation, check_output_policy
 from turnkit.plugin import TurnKitPlugin
 from turnkit.prompt import SystemPrompt
 from turnkit.records import (
@@ -52,6 +54,7 @@ from turnkit.tools import Tool, ToolContext, tool
 
 __all__ = [
     "Agent",
+    "AuditResult",
     "AuthorizationError",
     "BudgetError",
     "Client",
@@ -70,6 +73,8 @@ __all__ = [
     "ModelAccessError",
     "ModelError",
     "ModelRequest",
+    "OutputAudit",
+    "OutputPolicy",
     "PromptBuildContext",
     "RecordNotFound",
     "Result",
@@ -92,7 +97,9 @@ __all__ = [
     "TurnKitPlugin",
     "TurnRecord",
     "Usage",
+    "Violation",
     "WaitRecord",
+    "check_output_policy",
     "configure",
     "connect",
     "providers",

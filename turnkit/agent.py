@@ -20,6 +20,7 @@ from turnkit.current import current
 from turnkit.errors import ConfigError
 from turnkit.limits import check_limits
 from turnkit.model import Client, ToolSpec, Usage
+from turnkit.output_policy import OUTPUT_POLICY_MODES, Constraint, OutputPolicyMode, normalize_output_policy
 from turnkit.prompt_sections import check_prompt_sections
 from turnkit.skills import LoadSkillTool, Skill, check_skills, dedupe_skills
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
@@ -128,6 +129,16 @@ class Agent:
     the agent's."""
     inherit_globals: bool
     """Whether ``settings.context_contributors`` were copied in."""
+    output_policy: tuple[Constraint, ...]
+    """The constraints that audit every final answer (behaviour §3.9); empty: no audit."""
+    output_policy_mode: OutputPolicyMode
+    """What a dirty audit does once no revision is left: ``fail``, ``report`` or ``revise``."""
+    output_policy_model: str | None
+    """Judge model of policies without their own; None falls back to ``settings.output_policy_model``."""
+    output_policy_thinking: dict[str, Any] | None
+    """Judge thinking of policies without their own; None falls back to ``settings.output_policy_thinking``."""
+    output_retries: int
+    """Revision requests allowed after dirty audits (per turn)."""
 
     def __init__(
         self,
@@ -157,6 +168,11 @@ class Agent:
         prompt_sections: Iterable[str] | None = None,
         context_contributors: Iterable[Callable[..., Any]] = (),
         inherit_globals: bool = True,
+        output_policy: Any = None,
+        output_policy_mode: str = "fail",
+        output_policy_model: str | None = None,
+        output_policy_thinking: Mapping[str, Any] | None = None,
+        output_retries: int | None = None,
     ) -> None:
         """Define an agent.
 
@@ -192,6 +208,15 @@ class Agent:
                 :class:`~turnkit.live_context.PromptBuildContext` (sync or ``async def``).
             inherit_globals: Copy ``settings.context_contributors`` and ``settings.available_skills`` in front of the
                 agent's own (at construction).
+            output_policy: A constraint or a list of them auditing every final answer (behaviour §3.9): policy file
+                paths (``.md``/``.markdown``/``.txt``), :class:`~turnkit.output_policy.OutputPolicy` judges,
+                callables or objects with a ``check`` method.
+            output_policy_mode: ``"fail"`` (default: a dirty audit fails the turn with ``TurnKit::OutputAudit``),
+                ``"report"`` (the turn completes with the audit recorded) or ``"revise"`` (revision requests, then
+                as ``report``; ``output_retries`` defaults to 1).
+            output_policy_model: Judge model for policies without their own.
+            output_policy_thinking: Judge thinking for policies without their own.
+            output_retries: Revision requests allowed after dirty audits (default 0, or 1 in ``revise`` mode).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
@@ -225,6 +250,8 @@ class Agent:
         if inherit_globals:
             # Copied now (behaviour §1.2): a later change of the setting does not reach agents already defined.
             contributors = tuple(settings.context_contributors) + contributors
+        constraints = normalize_output_policy(output_policy)
+        retries = _check_output_options(output_policy_mode, output_retries)
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)
         preloaded = check_skills(skills, "skills")
@@ -278,6 +305,11 @@ class Agent:
             "prompt_sections": sections,
             "context_contributors": contributors,
             "inherit_globals": bool(inherit_globals),
+            "output_policy": constraints,
+            "output_policy_mode": output_policy_mode,
+            "output_policy_model": output_policy_model or None,
+            "output_policy_thinking": normalize_thinking(output_policy_thinking),
+            "output_retries": retries,
         }
         for key, value in values.items():
             # The dataclass is frozen; this is the one place its fields are written.
@@ -377,6 +409,19 @@ class Agent:
         """Show the name, model and tool names."""
         names = [each.name for each in self.effective_tools()] + [each.name for each in self.sub_agents]
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={names!r})"
+
+
+def _check_output_options(mode: str, retries: int | None) -> int:
+    """The agent's ``output_retries`` after checking the output-policy options (behaviour §1.2)."""
+    if mode not in OUTPUT_POLICY_MODES:
+        raise ValueError(f"output_policy_mode must be one of {', '.join(OUTPUT_POLICY_MODES)}, not {mode!r}")
+    if retries is None:
+        return 1 if mode == "revise" else 0
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f"output_retries must be an integer >= 0, not {retries!r}")
+    if mode == "revise" and retries == 0:
+        raise ValueError('output_policy_mode "revise" needs output_retries >= 1')
+    return retries
 
 
 def _resolve_tools(tools: Iterable[Any]) -> tuple[Tool, ...]:

@@ -132,6 +132,12 @@ class Settings:
     """:class:`~turnkit.skills.Skill` objects every agent lists as loadable: copied into each agent at construction (in
     front of its own ``available_skills``, de-duplicated by key) unless it says ``inherit_globals=False``."""
 
+    output_policy_model: str | None = None
+    """Default judge model of file-based output policies (behaviour §3.9); None: the turn's model."""
+
+    output_policy_thinking: dict[str, Any] | None = field(default_factory=lambda: {"effort": "low"})
+    """Default thinking of output-policy judge calls."""
+
 
 #: The process-wide settings object. Mutate it through :func:`configure`.
 settings: Final = Settings()

@@ -10,7 +10,7 @@ Definition-time and API misuse (the gem's Ruby ``ArgumentError``) is raised as P
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "AuthorizationError",
@@ -22,6 +22,7 @@ __all__ = [
     "LostClaim",
     "ModelAccessError",
     "ModelError",
+    "OutputAudit",
     "RecordNotFound",
     "StoreError",
     "ToolError",
@@ -101,6 +102,20 @@ class InputError(Error, ValueError):
     """
 
     qualified_name: ClassVar[str] = "TurnKit::InputError"
+
+
+class OutputAudit(Error):
+    """A final answer failed the agent's output policies in ``fail`` mode (behaviour §3.9).
+
+    The turn is recorded ``failed`` with this class, the violation messages joined by ``"; "`` and the audit
+    (``{"class", "message", "policy_audit"}``); the answer is still recorded as the turn's output.
+    """
+
+    qualified_name: ClassVar[str] = "TurnKit::OutputAudit"
+
+    def __init__(self, message: str, policy_audit: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.policy_audit = policy_audit
 
 
 class StoreError(Error):

@@ -518,7 +518,14 @@ class Turn:
     def policy_audit(self) -> dict[str, Any] | None:
         """The output-policy audit (``options.state.policy_audit``, else the legacy ``options.policy_audit``); None
         when no output policy ran."""
-        return self.record.options.policy_audit
+        options = self.record.options
+        return options.state.policy_audit if options.state.policy_audit is not None else options.policy_audit
+
+    @property
+    def policy_clean(self) -> bool | None:
+        """Whether the output-policy audit found nothing (spec ``policy_clean?``); None when no policy ran."""
+        audit = self.policy_audit
+        return None if audit is None else bool(audit.get("clean"))
 
     @property
     def is_background(self) -> bool:

@@ -270,7 +270,8 @@ class ModelCall(BaseModel):
 #: ``tools`` run the proposed calls (none: ask again), ``completed`` the answer was published, ``budget_exceeded`` fail
 #: with ``budget_error``, ``stopped`` the turn ended elsewhere (cancelled), ``waiting`` wait for ``waiting_on``, then
 #: ask again, ``paused`` wait for ``resume``, then ask again, ``steered`` steering was applied: ask again.
-ModelOutcome = Literal["tools", "completed", "budget_exceeded", "stopped", "waiting", "paused", "steered"]
+#: ``failed``: the answer was recorded and the turn failed with ``error_class`` (an output audit in ``fail`` mode).
+ModelOutcome = Literal["tools", "completed", "budget_exceeded", "stopped", "waiting", "paused", "steered", "failed"]
 
 
 class ModelStep(BaseModel):
@@ -283,6 +284,9 @@ class ModelStep(BaseModel):
     budget_error: str | None = None
     #: Application-level waits (``ask(wait_for=...)``) not finished yet (``waiting``).
     waiting_on: list[str] = Field(default_factory=list[str])
+    #: The turn's recorded error (``failed``).
+    error_class: str | None = None
+    error_message: str | None = None
 
     @model_validator(mode="before")
     @classmethod

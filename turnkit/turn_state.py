@@ -108,6 +108,10 @@ class TurnState(BaseModel):
     #: Keys of the available skills this turn loaded with ``load_skill``, in load order (``turnkit.skills``): written
     #: with the load's result, so the skill's tools stay in the turn's tool set across iterations and restarts.
     loaded_skills: list[str] = Field(default_factory=list[str])
+    #: Revision requests sent after a dirty output-policy audit (bounded by the agent's ``output_retries``).
+    revisions_used: int = 0
+    #: The output-policy audit of the latest final answer: ``{clean, violations: [{rule, message, metadata}]}``.
+    policy_audit: dict[str, Any] | None = None
 
     @property
     def holds_answer(self) -> bool:
@@ -142,7 +146,7 @@ class TurnOptions(BaseModel):
     #: Force (True) or forbid (False) compaction before this turn's first model request.
     compact: bool | None = None
     controls: TurnControls | None = None
-    #: The output policy's audit of the answer (None until output policies exist).
+    #: Legacy place of the audit (rows of older releases); new audits are written to ``state.policy_audit``.
     policy_audit: dict[str, Any] | None = None
     state: TurnState = Field(default_factory=TurnState)
 

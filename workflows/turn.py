@@ -177,6 +177,13 @@ class TurnWorkflow:
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", step.budget_error or "")
                 case "completed":
                     return TurnOutcome(turn_id=turn.turn_id, status="completed")
+                case "failed":  # recorded by the activity (an output audit in fail mode): no command to add
+                    return TurnOutcome(
+                        turn_id=turn.turn_id,
+                        status="failed",
+                        error_class=step.error_class,
+                        error_message=step.error_message,
+                    )
                 case "tools":
                     ended = await self._dispatch(turn, step.tool_calls)
                     if ended is not None:

@@ -1,0 +1,349 @@
+"""Output policies and audit (behaviour §3.9; T26-T29): constraints and LLM judges audit a turn's final answer inside
+the model activity, on a real dev server with the scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+import turnkit
+from activities.model import ModelActivities
+from tests.engine import Engine, HeldModel, eventually
+from turnkit.events import Event
+from turnkit.model import ModelRequest, Result, Usage
+from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
+from turnkit.payloads import ModelCall, TurnOutcome
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, say
+
+REVISION_TEXT = "previous output failed policy checks"
+
+
+def needs_recommendation(output: str) -> dict[str, Any] | None:
+    """Flags output without a "Recommendation" (the T26 constraint)."""
+    if "Recommendation" in output:
+        return None
+    return {"rule": "needs_recommendation", "message": "output has no Recommendation"}
+
+
+def recorded(events: list[Event]) -> Any:
+    turnkit.configure(on_event=events.append)
+
+
+def of_type(events: list[Event], prefix: str) -> list[Event]:
+    return [e for e in events if e.type.startswith(prefix)]
+
+
+async def test_report_mode_completes_and_records_the_audit(tk: TurnKit) -> None:
+    """T26: a constraint that flags output without "Recommendation" in report mode; the run outputs "Draft only";
+    it completes, policy_clean is false and the violation rule is recorded."""
+    events: list[Event] = []
+    recorded(events)
+    agent = turnkit.Agent(
+        "reporter",
+        model="scripted",
+        client=ScriptedClient(["Draft only"]),
+        output_policy=needs_recommendation,
+        output_policy_mode="report",
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Draft only"
+    assert run.policy_clean is False
+    assert run.policy_audit == {
+        "clean": False,
+        "violations": [{"rule": "needs_recommendation", "message": "output has no Recommendation", "metadata": {}}],
+    }
+    assert run.record.options.state.policy_audit == run.policy_audit  # where the spec keeps it: options.state
+    assert run.error is None
+    audit_events = of_type(events, "output_policy.")
+    assert [(e.type, e.payload) for e in audit_events] == [
+        ("output_policy.completed", {"clean": False, "violation_count": 1})
+    ]
+    types = [e.type for e in events]
+    assert types.index("model.completed") < types.index("output_policy.completed") < types.index("turn.completed")
+
+
+async def test_fail_mode_fails_the_turn_and_keeps_the_output(tk: TurnKit) -> None:
+    """T27: a violating constraint in fail mode; the run is failed, output_text keeps the output, and the error class
+    is "TurnKit::OutputAudit" with the policy_audit violations."""
+    events: list[Event] = []
+    recorded(events)
+    agent = turnkit.Agent(
+        "strict", model="scripted", client=ScriptedClient(["Draft only"]), output_policy=[needs_recommendation]
+    )
+    assert agent.output_policy_mode == "fail" and agent.output_retries == 0  # the spec's defaults
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.output_text == "Draft only"
+    assert run.error is not None
+    assert run.error["class"] == "TurnKit::OutputAudit" == turnkit.OutputAudit.qualified_name
+    assert run.error["message"] == "output has no Recommendation"
+    assert run.error["policy_audit"]["violations"][0]["rule"] == "needs_recommendation"
+    assert run.policy_clean is False
+    # The workflow's own result says so too (not "completed" with a failed record).
+    outcome = await tk.client.get_workflow_handle(run.id, result_type=TurnOutcome).result()
+    assert (outcome.status, outcome.error_class) == ("failed", "TurnKit::OutputAudit")
+    failed = [e for e in events if e.type == "turn.failed"]
+    assert len(failed) == 1 and failed[0].payload["error"]["class"] == "TurnKit::OutputAudit"
+    assert not [e for e in events if e.type == "turn.completed"]
+
+
+async def test_one_revision_then_a_clean_answer(tk: TurnKit) -> None:
+    """T28: output_retries 1, a dirty first draft and a clean second one; the run completes with the second text
+    after 2 model calls, and the transcript contains "previous output failed policy checks"."""
+    events: list[Event] = []
+    recorded(events)
+    client = ScriptedClient(["Draft only", "Recommendation: ship it"])
+    agent = turnkit.Agent(
+        "reviser", model="scripted", client=client, output_policy=needs_recommendation, output_retries=1
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Recommendation: ship it"
+    assert client.calls == 2
+    assert run.policy_clean is True
+    messages = await run.messages()
+    revisions = [m for m in messages if m.role == "user" and REVISION_TEXT in m.text]
+    assert len(revisions) == 1
+    assert revisions[0].metadata["source"] == "output_policy" and revisions[0].metadata["attempt"] == 1
+    assert "1. needs_recommendation: output has no Recommendation" in revisions[0].text
+    # The revision request is what the model was asked the second time.
+    assert REVISION_TEXT in str(client.requests[1].messages[-1]["content"])
+    created = [e.payload for e in events if e.type == "message.created"]
+    assert {"message_id": revisions[0].id, "role": "user", "kind": "text"} in created
+    assert run.record.options.state.revisions_used == 1
+    assert run.record.options.state.iterations == 2  # a revision loop is a model-phase entry
+    assert [(e.type, e.payload) for e in of_type(events, "output_policy.")] == [
+        ("output_policy.revision", {"violation_count": 1, "attempt": 1}),
+        ("output_policy.completed", {"clean": True, "violation_count": 0}),
+    ]
+
+
+async def test_an_answer_held_at_a_pause_is_published_by_its_audit(tk: TurnKit) -> None:
+    """An answer held back by a pause keeps its audit: on resume, fail mode publishes it as failed (OutputAudit)."""
+    model = HeldModel(turnkit.Result.build(text="Draft only"))
+    agent = turnkit.Agent("held", model="scripted", client=model, output_policy=needs_recommendation)
+    turn = await (await tk.conversation(agent)).ask("Write the memo", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+    await turn.pause()
+    model.released.set()
+
+    async def paused() -> bool:
+        await turn.refresh()
+        return turn.status == "paused"
+
+    await eventually(paused, what="the turn to pause before publishing")
+    assert turn.output_text == "" and turn.policy_clean is False  # audited, not published
+    await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "failed" and done.output_text == "Draft only"
+    assert done.error is not None and done.error["class"] == "TurnKit::OutputAudit"
+    assert len(model.requests) == 1
+
+
+async def test_revise_mode_completes_once_revisions_run_out(tk: TurnKit) -> None:
+    """Revise mode: one revision by default; a second dirty draft completes with the audit recorded (not failed)."""
+    client = ScriptedClient(["Draft only", "Still a draft"])
+    agent = turnkit.Agent(
+        "reviser2", model="scripted", client=client, output_policy=needs_recommendation, output_policy_mode="revise"
+    )
+    assert agent.output_retries == 1
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Still a draft"
+    assert client.calls == 2 and run.policy_clean is False
+    assert run.record.options.state.revisions_used == 1
+
+
+def judge_and_main(judge: str, *, main: Result) -> Any:
+    """A scripted responder: the judge's answer for ``output_policy`` calls, ``main`` for the turn's own."""
+
+    def respond(request: ModelRequest) -> Result:
+        if request.metadata.get("purpose") == "output_policy":
+            return Result.build(text=judge, usage=Usage(input_tokens=5, output_tokens=1, cost=0.02))
+        return main
+
+    return respond
+
+
+async def test_judge_call_is_charged_to_the_turn(tk: TurnKit) -> None:
+    """T29: an OutputPolicy whose judge call costs 0.02 and a main call that costs 0.01; the run completes,
+    run.cost is 0.03, usage includes both calls, and there is only 1 turn record."""
+    events: list[Event] = []
+    recorded(events)
+    main = say("Recommendation: ship it", usage=Usage(input_tokens=10, output_tokens=3, cost=0.01))
+    client = ScriptedClient(judge_and_main('{"approved": true, "violations": []}', main=main))
+    policy = OutputPolicy("Every memo ends with a Recommendation.", name="memo_policy")
+    agent = turnkit.Agent(
+        "judged", model="scripted", client=client, output_policy=policy, output_policy_model="judge-model"
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.policy_clean is True
+    assert run.cost == pytest.approx(0.03)
+    assert await run.tree_cost() == pytest.approx(0.03)
+    assert (run.usage.input_tokens, run.usage.output_tokens) == (15, 4)
+    assert len(await run.turn_records()) == 1
+    judge = client.requests[1]
+    assert judge.model == "judge-model" and judge.tools == [] and judge.output_schema == JUDGE_SCHEMA
+    assert "Every memo ends with a Recommendation." in judge.instructions
+    assert judge.thinking == {"effort": "low"}  # settings.output_policy_thinking
+    assert judge.metadata["turn_id"] == run.id
+    assert [e.type for e in of_type(events, "output_policy.")] == [
+        "output_policy.model.requested",
+        "output_policy.model.completed",
+        "output_policy.completed",
+    ]
+    completed = next(e for e in events if e.type == "output_policy.model.completed")
+    assert completed.payload["cost"] == pytest.approx(0.02) and completed.payload["model"] == "judge-model"
+
+
+async def test_judge_cost_counts_against_max_spend(tk: TurnKit) -> None:
+    """The judge's cost counts against the tree's budget: 0.01 + 0.02 over a max_spend of 0.025 fails the turn."""
+    main = say("Recommendation: ship it", usage=Usage(input_tokens=10, cost=0.01))
+    client = ScriptedClient(judge_and_main('{"approved": true, "violations": []}', main=main))
+    agent = turnkit.Agent(
+        "thrifty", model="scripted", client=client, output_policy=OutputPolicy("Be brief."), max_spend=0.025
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed"
+    assert run.error is not None and run.error["class"] == "TurnKit::BudgetError"
+    assert run.cost == pytest.approx(0.03)
+
+
+async def test_judge_violations_and_invalid_json(tk: TurnKit) -> None:
+    """A judge's violations (fenced JSON) are the audit's; a judge answering prose is one "invalid JSON" violation."""
+    verdict = '```json\n{"approved": false, "violations": [{"rule": "tone", "message": "too casual"}]}\n```'
+    main = say("hey, ship it")
+    both = [OutputPolicy("Formal tone.", name="tone_policy"), OutputPolicy("Anything.", name="prose")]
+    answers = iter([verdict, "looks fine to me"])
+
+    def respond(request: ModelRequest) -> Result:
+        if request.metadata.get("purpose") == "output_policy":
+            return Result.build(text=next(answers))
+        return main
+
+    agent = turnkit.Agent(
+        "judged2", model="scripted", client=ScriptedClient(respond), output_policy=both, output_policy_mode="report"
+    )
+    run = await tk.run(agent, "Write")
+    assert run.status == "completed"
+    assert run.policy_audit is not None
+    assert [(v["rule"], v["message"]) for v in run.policy_audit["violations"]] == [
+        ("tone", "too casual"),
+        ("prose", INVALID_JSON),
+    ]
+
+
+async def test_a_retried_model_activity_does_not_audit_twice(engine: Engine) -> None:
+    """A model activity retried after its audit committed neither audits again (no second constraint or judge call)
+    nor appends a second revision request; the judge is charged once."""
+    tk = engine.tk
+    checks: list[str] = []
+
+    def constraint(output: str, output_text: str) -> str | None:
+        checks.append(output_text)
+        return None if "Recommendation" in output else "no Recommendation"
+
+    main = say("Draft only", usage=Usage(input_tokens=10, cost=0.01))
+    client = ScriptedClient(judge_and_main('{"approved": true, "violations": []}', main=main))
+    agent = turnkit.Agent(
+        "retried",
+        model="scripted",
+        client=client,
+        output_policy=[constraint, OutputPolicy("Be brief.")],
+        output_retries=1,
+    )
+    turnkit.register(agent)
+    conversation = await tk.conversation(agent)
+    trigger = await conversation.say("Write the memo")
+    async with tk.store.atomic() as tx:
+        record = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=agent.name,
+            context_message_sequence=trigger.sequence,
+            model="scripted",
+            options={"trigger_message_id": trigger.id},
+        )
+    model_call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1)
+    activities = ModelActivities(tk.store)
+    env = ActivityEnvironment()
+
+    first = await env.run(activities.model, model_call)
+    again = await env.run(activities.model, model_call)  # the retry, after the commit
+
+    assert first.outcome == again.outcome == "tools" and first.tool_calls == again.tool_calls == []
+    assert first.message_id == again.message_id
+    assert checks == ["Draft only"] and client.calls == 2  # one main call, one judge call: nothing twice
+    revisions = [m for m in await conversation.messages() if m.role == "user" and REVISION_TEXT in m.text]
+    assert len(revisions) == 1
+    turn = await tk.store.load_turn(record.id)
+    assert turn.options.state.revisions_used == 1 and turn.options.state.phase == "model"
+    assert turn.cost == pytest.approx(0.03) and turn.usage["input_tokens"] == 15
+
+
+async def test_a_constraint_that_raises_fails_the_turn_without_retrying(tk: TurnKit) -> None:
+    """A constraint that raises is an application bug: the turn fails with ConfigError naming it, the model is asked
+    once (the activity is not retried)."""
+
+    def broken(output: str) -> None:
+        raise RuntimeError("policy store unreachable")
+
+    client = ScriptedClient(["Draft only", "Draft only"])
+    agent = turnkit.Agent("broken", model="scripted", client=client, output_policy=broken)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error is not None
+    assert run.error["class"] == "TurnKit::ConfigError"
+    assert "output policy" in run.error["message"] and "policy store unreachable" in run.error["message"]
+    assert client.calls == 1
+
+
+async def test_check_output_policy_outside_a_turn() -> None:
+    """check_output_policy: constraints' return values map to violations (the §3.9 table); judges use their client."""
+
+    def many(output: str, **context: Any) -> list[Any]:
+        assert context == {"turn": None, "output_text": "text", "output_data": None}
+        return [
+            "plain",
+            {"rule": "r1", "error": "from error", "extra": 1},
+            Violation("r2", "given"),
+            True,
+            None,
+        ]
+
+    class Checker:
+        def check(self, output: str) -> bool:
+            return False
+
+    audit = await check_output_policy("text", constraints=[many, Checker()])
+    assert [v.to_dict() for v in audit.violations] == [
+        {"rule": "output_constraint", "message": "plain", "metadata": {}},
+        {"rule": "r1", "message": "from error", "metadata": {"extra": 1}},
+        {"rule": "r2", "message": "given", "metadata": {}},
+    ]
+    assert not audit.clean and audit.messages == ["plain", "from error", "given"]
+
+    judge = OutputPolicy("Rules.", client=ScriptedClient(['{"approved": true, "violations": []}']))
+    assert (await check_output_policy({"a": 1}, constraints=judge)).clean
+
+    with pytest.raises(turnkit.ConfigError, match=r"output policy .* failed"):
+        await check_output_policy("text", constraints=lambda output: 42)
+
+
+def test_agent_output_policy_options(tmp_path: Path) -> None:
+    """The options are checked at definition: modes, retries, policy sources (a .md path becomes a judge)."""
+    policy_file = tmp_path / "memo.md"
+    policy_file.write_text("Memos end with a Recommendation.\n")
+    agent = turnkit.Agent("a", output_policy=[str(policy_file), needs_recommendation])
+    assert isinstance(agent.output_policy[0], OutputPolicy) and agent.output_policy[0].name == "memo"
+    assert agent.output_policy[0].content == "Memos end with a Recommendation."
+    with pytest.raises(ValueError, match=r"\.md, \.markdown or \.txt paths"):
+        turnkit.Agent("b", output_policy="be nice")
+    with pytest.raises(TypeError, match="output_policy entries"):
+        turnkit.Agent("c", output_policy=[42])
+    with pytest.raises(ValueError, match="output_policy_mode must be one of fail, report, revise"):
+        turnkit.Agent("d", output_policy_mode="warn")
+    with pytest.raises(ValueError, match="output_retries must be an integer >= 0"):
+        turnkit.Agent("e", output_retries=-1)
+    with pytest.raises(ValueError, match='"revise" needs output_retries >= 1'):
+        turnkit.Agent("f", output_policy_mode="revise", output_retries=0)
