@@ -62,7 +62,8 @@ class ChildActivities:
         asked = [await self._ask(request, parent_agent, call) for call in request.calls]
         result = DelegateResult()
         for index, call in enumerate(request.calls):
-            async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+            # A join's edges (parent → child) are waits: the wait-graph lock first (behaviour §5.5 ``atomic_graph``).
+            async with self.store.atomic(turn_id=request.root_turn_id, wait_graph=not request.launch) as tx:
                 if index == 0:
                     # The control boundary inside delegation, in the transaction that creates the first child, so
                     # no pause or steer can land between the check and the creation (behaviour §5.5, §5.10).
@@ -124,6 +125,9 @@ class ChildActivities:
                 run = child is not None and child.status == "pending"
             else:
                 run = child is not None and not child.terminal and execution.status == "pending"
+                if run and child is not None:
+                    # A first attempt recorded before joins wrote their edges: write it now (idempotent).
+                    await tx.create_wait(turn_id=turn.id, target_turn_id=child.id)
             plan = ChildPlan(
                 call_id=call.id, execution_id=execution.id, child=_child_input(child, request) if run else None
             )
@@ -159,6 +163,17 @@ class ChildActivities:
             await savepoint.rollback()
             await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=False)
             return plan, None
+        if not request.launch:
+            # The implicit join is a wait (behaviour §5.5): its edge parent → child is written with the child, so
+            # ``list_waits`` and the cycle check see it; the edge stays, settled once the child is terminal.
+            try:
+                await add_waits(tx, turn, [child.id])
+            except ToolError as err:
+                await savepoint.rollback()
+                await fail_execution(
+                    tx, turn, execution, str(err), details={"class": error_class_name(err)}, append=False
+                )
+                return plan, None
         await savepoint.commit()
         if request.launch:
             # Launched: its ids are the result, at once; it is not waited on.

@@ -14,6 +14,7 @@ from tests.engine import eventually, held_tool
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
+from turnkit.waits import add_waits
 
 
 @turnkit.tool(recovery="replay_safe")
@@ -328,3 +329,38 @@ async def test_delegation_failing_after_the_first_child_committed_recovers_witho
     assert all(c.status == "completed" for c in children)
     assert client.calls == 2, "T60: 2 parent model calls"
     assert [e.tool_name for e in await turn.tool_executions()] == ["alpha", "beta"]
+
+
+async def test_an_implicit_join_writes_wait_edges_that_the_cycle_check_sees(tk: TurnKit) -> None:
+    """Behaviour §5.5 implicit sub-agent join (invariant 5): delegating writes the edge parent → child in the
+    delegation's transaction, so ``list_waits`` shows the running child and a wait back to the parent's lane, from the
+    child or from its conversation, is refused as a cycle; after the join the edge stays, its target terminal."""
+    release, hold = held_tool()
+    kid = turnkit.Agent("kid", model="scripted", tools=[hold], client=ScriptedClient([call_tools(("hold", {})), "kid"]))
+    client = ScriptedClient([call_tools(("kid", {"task": "hold on"})), "joined"])
+    boss = turnkit.Agent("boss", model="scripted", sub_agents=[kid], client=client)
+    parent = await (await tk.conversation(boss)).ask("delegate", wait=False)
+
+    async def child_holds() -> bool:
+        children = [t for t in await tk.store.list_turns(root_turn_id=parent.id) if t.id != parent.id]
+        return len(children) == 1 and children[0].status == "running"
+
+    await eventually(child_holds, what="the child turn running")
+    [child] = [t for t in await tk.store.list_turns(root_turn_id=parent.id) if t.id != parent.id]
+    assert [(w.turn_id, w.target_turn_id) for w in await _waits(tk, parent.id)] == [(parent.id, child.id)]
+    assert (await tk.store.load_turn(parent.id)).status == "waiting"
+    # The child waiting on its parent closes parent → child → parent: refused, and no edge is left behind.
+    with pytest.raises(turnkit.ToolError, match="wait would create a cycle"):
+        async with tk.store.atomic(wait_graph=True) as tx:
+            await add_waits(tx, child, [parent.id])
+    assert await _waits(tk, child.id) == []
+    # So is a new turn in the child's conversation (a serial lane) waiting on the parent.
+    child_conversation = turnkit.Conversation(tk, await tk.store.load_conversation(child.conversation_id))
+    with pytest.raises(turnkit.ToolError, match="wait would create a cycle"):
+        await child_conversation.ask("wait for the boss", wait_for=[parent.id])
+    release.set()
+    done = await parent.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "joined"
+    # The edge stays (the store has no delete): it is settled because its target is terminal.
+    [edge] = await _waits(tk, parent.id)
+    assert edge.target_turn_id == child.id and (await tk.store.load_turn(child.id)).terminal
