@@ -69,6 +69,10 @@ TURN_ENDS_LOST_CHILDREN = "turn-ends-lost-children"
 #: Patch (issue 11): the turn keeps its ``TurnKitTurnStatus`` search attribute current and starts its sub-agents with
 #: TurnKit's search attributes; only when it was started with them itself (see :mod:`turnkit.search_attributes`).
 SEARCH_ATTRIBUTES = "search-attributes"
+#: Patch (issue 10): a turn paused when its root deadline passes stays paused until it is resumed or cancelled (only
+#: those take a turn out of ``paused``, docs/behaviour.md §5.13 invariant 11); resumed, it fails "turn timed out" at
+#: once, since time spent paused counts (§5.10). Before it, the deadline failed the paused turn where it stood.
+PAUSE_OUTLASTS_DEADLINE = "pause-outlasts-deadline"
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -85,6 +89,8 @@ class TurnWorkflow:
         self._search = False  # keep the search attributes current (set when run() starts)
         self._status = "running"  # the TurnKitTurnStatus value last set
         self._iteration = 0  # for the current details
+        self._pausing = False  # waiting for a resume signal (the turn is paused)
+        self._expired = False  # the root deadline passed while paused: a resume ends the turn "turn timed out"
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
@@ -130,6 +136,13 @@ class TurnWorkflow:
                 # The root deadline covers the whole loop, including calls in flight and waits (behaviour §5.12).
                 await workflow.wait_condition(loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline")
             except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
+                if self._pausing and workflow.patched(PAUSE_OUTLASTS_DEADLINE):
+                    # Paused: only a resume (the loop then raises _Expired) or a cancellation ends the pause.
+                    self._expired = True
+                    try:
+                        return await loop
+                    except _Expired:
+                        return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
                 loop.cancel()
                 try:
                     return await loop
@@ -381,7 +394,13 @@ class TurnWorkflow:
         if self._resumes <= mark:
             self._set_status("paused")
             self._details("paused · waiting for resume")
-        await workflow.wait_condition(lambda: self._resumes > mark)
+        self._pausing = True
+        try:
+            await workflow.wait_condition(lambda: self._resumes > mark)
+        finally:
+            self._pausing = False
+        if self._expired:
+            raise _Expired  # resumed past the root deadline: _run fails the turn
         self._set_status("running")
 
     @workflow.signal(name=TARGET_FINISHED_SIGNAL)
@@ -493,6 +512,10 @@ class TurnWorkflow:
             retry_policy=STORE_RETRY,
             summary=f"finish · {finish.status}",
         )
+
+
+class _Expired(Exception):
+    """A turn paused past its root deadline was resumed: it ends "turn timed out" (see PAUSE_OUTLASTS_DEADLINE)."""
 
 
 def _count(n: int, noun: str) -> str:
