@@ -79,7 +79,9 @@ class ModelActivities:
             return reserved
         turn, messages, first_start = reserved
         if first_start:
-            await emit("turn.started", turn.id, turn.conversation_id, status=turn.status, model=turn.model)
+            await emit(
+                "turn.started", turn.id, turn.conversation_id, store=self.store, status=turn.status, model=turn.model
+            )
         try:
             agent = resolve_agent(turn.agent_name)
             client = agent.effective_client
@@ -97,6 +99,7 @@ class ModelActivities:
             "model.requested",
             turn.id,
             turn.conversation_id,
+            store=self.store,
             model=request.model,
             tool_names=request.tool_names,
             message_count=len(request.messages),
@@ -111,7 +114,7 @@ class ModelActivities:
         audit = None
         if not result.tool_calls:  # a final answer: audited before it is published (behaviour §3.9)
             try:
-                audit = await audit_answer(turn, agent, result, call.request_id)
+                audit = await audit_answer(turn, agent, result, call.request_id, store=self.store)
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err
         step = await self._persist(call, turn, request.model, result, audit)
@@ -145,6 +148,7 @@ class ModelActivities:
                 "compaction.model.requested",
                 turn.id,
                 turn.conversation_id,
+                store=self.store,
                 model=request.model,
                 tool_names=[],
                 message_count=len(request.messages),
@@ -206,6 +210,7 @@ class ModelActivities:
                 "compaction.model.completed",
                 turn.id,
                 turn.conversation_id,
+                store=self.store,
                 model=made.model,
                 tool_call_count=0,
                 usage=made.result.usage.to_record(),
@@ -308,18 +313,26 @@ class ModelActivities:
                 "model.completed",
                 turn.id,
                 turn.conversation_id,
+                store=self.store,
                 model=result.model or model,
                 tool_call_count=len(step.tool_calls),
                 usage=result.usage.to_record(),
                 cost=cost.total,
             )
             if audit is not None:
-                await announce_audit(turn, audit, published=step.outcome in ("completed", "failed"))
+                await announce_audit(turn, audit, published=step.outcome in ("completed", "failed"), store=self.store)
             if step.outcome == "completed":
-                await emit("turn.completed", turn.id, turn.conversation_id, status="completed", output_text=result.text)
+                await emit(
+                    "turn.completed",
+                    turn.id,
+                    turn.conversation_id,
+                    store=self.store,
+                    status="completed",
+                    output_text=result.text,
+                )
             elif step.outcome == "failed":
                 error = {"class": step.error_class, "message": step.error_message}
-                await emit("turn.failed", turn.id, turn.conversation_id, error=error)
+                await emit("turn.failed", turn.id, turn.conversation_id, store=self.store, error=error)
         return step
 
     async def _write_response(

@@ -29,7 +29,7 @@ from turnkit.events import announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
 from turnkit.records import TurnRecord
-from turnkit.store.store import StoreTx
+from turnkit.store.store import Store, StoreTx
 
 __all__ = ["AnswerAudit", "JudgeCharge", "announce_audit", "audit_answer", "publication", "record_audit"]
 
@@ -53,7 +53,9 @@ class AnswerAudit:
     attempt: int | None = None
 
 
-async def audit_answer(turn: TurnRecord, agent: Agent, result: Result, request_id: str) -> AnswerAudit | None:
+async def audit_answer(
+    turn: TurnRecord, agent: Agent, result: Result, request_id: str, *, store: Store | None = None
+) -> AnswerAudit | None:
     """Audit a final answer with the agent's output policy (None when the agent has none).
 
     Raises:
@@ -71,6 +73,7 @@ async def audit_answer(turn: TurnRecord, agent: Agent, result: Result, request_i
             "output_policy.model.requested",
             turn.id,
             turn.conversation_id,
+            store=store,
             model=request.model,
             tool_names=[],
             message_count=len(request.messages),
@@ -139,13 +142,14 @@ def publication(agent: Agent, turn: TurnRecord) -> tuple[str, dict[str, Any] | N
     return "failed", {"class": OutputAudit.qualified_name, "message": message, "policy_audit": audit}
 
 
-async def announce_audit(turn: TurnRecord, audit: AnswerAudit, *, published: bool) -> None:
+async def announce_audit(turn: TurnRecord, audit: AnswerAudit, *, published: bool, store: Store | None = None) -> None:
     """The audit's events, after its commit: each judge call, then the revision or (``published``) the verdict."""
     for charge in audit.charges:
         await emit(
             "output_policy.model.completed",
             turn.id,
             turn.conversation_id,
+            store=store,
             model=charge.model,
             tool_call_count=0,
             usage=charge.usage.to_record(),
@@ -154,9 +158,19 @@ async def announce_audit(turn: TurnRecord, audit: AnswerAudit, *, published: boo
     count = len(audit.result.violations)
     if audit.attempt is not None:
         await emit(
-            "output_policy.revision", turn.id, turn.conversation_id, violation_count=count, attempt=audit.attempt
+            "output_policy.revision",
+            turn.id,
+            turn.conversation_id,
+            store=store,
+            violation_count=count,
+            attempt=audit.attempt,
         )
     elif published:
         await emit(
-            "output_policy.completed", turn.id, turn.conversation_id, clean=audit.result.clean, violation_count=count
+            "output_policy.completed",
+            turn.id,
+            turn.conversation_id,
+            store=store,
+            clean=audit.result.clean,
+            violation_count=count,
         )

@@ -389,3 +389,91 @@ async def test_a_sub_agent_call_is_created_and_completed_like_any_call(tk: TurnK
     )
     assert recorder.events.index(completed) > child_done
     assert recorder.unseen == []
+
+
+def _kid_and_boss(boss_on_event: Any = None, kid_on_event: Any = None) -> turnkit.Agent:
+    kid = turnkit.Agent("kid", model="scripted", client=ScriptedClient(lambda _: "kid done"), on_event=kid_on_event)
+    boss_script = ScriptedClient(
+        lambda r: "boss done" if r.messages[-1]["role"] == "tool" else call_tools(("kid", {"task": "help"}))
+    )
+    return turnkit.Agent("boss", model="scripted", sub_agents=[kid], client=boss_script, on_event=boss_on_event)
+
+
+def _turns_of(events: list[turnkit.Event]) -> set[str]:
+    return {event.turn_id for event in events}
+
+
+async def test_agent_on_event_replaces_the_global_one_and_children_inherit_it(tk: TurnKit) -> None:
+    """Spec §3.11, §1.2 ``on_event``, §4.3 ``build_child``: an agent's callback gets its turns' events instead of the
+    global one, and a sub-agent's turn goes to its parent agent's effective callback, not to the sub-agent's own."""
+    boss_events: list[turnkit.Event] = []
+    kid_events: list[turnkit.Event] = []
+    global_events: list[turnkit.Event] = []
+    turnkit.configure(on_event=global_events.append)
+    turn = await (await tk.conversation(_kid_and_boss(boss_events.append, kid_events.append))).ask("go")
+    assert turn.status == "completed"
+    [child] = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    assert _turns_of(boss_events) == {turn.id, child.id}
+    child_types = [e.type for e in boss_events if e.turn_id == child.id]
+    assert child_types[0] == "turn.started" and child_types[-1] == "turn.completed"
+    assert [e.type for e in boss_events if e.turn_id == turn.id][-1] == "turn.completed"
+    assert kid_events == [] and global_events == []
+
+
+async def test_a_sub_agent_with_no_inherited_callback_uses_its_own(tk: TurnKit) -> None:
+    """Spec §3.11: with no callback on the parent agent and none global, the child's turn falls back to its own
+    agent's ``on_event``; the parent's events go nowhere."""
+    kid_events: list[turnkit.Event] = []
+    turn = await (await tk.conversation(_kid_and_boss(None, kid_events.append))).ask("go")
+    [child] = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    assert _turns_of(kid_events) == {child.id}
+    assert [e.type for e in kid_events][-1] == "turn.completed"
+
+
+async def test_a_turn_on_event_replaces_the_agent_and_global_ones(tk: TurnKit) -> None:
+    """Spec §3.11, §1.4 ``build_turn(on_event:)``: ``ask(on_event=...)`` and ``run(on_event=...)`` get that turn's
+    events (the worker runs in this process) and nobody else does; the next turn without one goes to the agent's
+    again; its sub-agent still inherits the parent agent's callback (§4.3), never the turn's."""
+    boss_events: list[turnkit.Event] = []
+    asked: list[turnkit.Event] = []
+    global_events: list[turnkit.Event] = []
+    turnkit.configure(on_event=global_events.append)
+    conversation = await tk.conversation(_kid_and_boss(boss_events.append))
+    turn = await conversation.ask("go", on_event=asked.append)
+    [child] = [t for t in await tk.store.list_turns(root_turn_id=turn.id) if t.id != turn.id]
+    assert _turns_of(asked) == {turn.id} and [e.type for e in asked][-1] == "turn.completed"
+    assert _turns_of(boss_events) == {child.id} and global_events == []
+    again = await conversation.ask("again")
+    [again_child] = [t for t in await tk.store.list_turns(root_turn_id=again.id) if t.id != again.id]
+    assert _turns_of(boss_events) == {child.id, again.id, again_child.id}
+    assert _turns_of(asked) == {turn.id}  # the per-turn callback ended with its turn
+
+    ran: list[turnkit.Event] = []
+
+    async def on_run(event: turnkit.Event) -> None:
+        ran.append(event)
+
+    run = await tk.run(turnkit.Agent("solo", model="scripted", client=ScriptedClient(["ok"])), "t", on_event=on_run)
+    assert run.status == "completed"
+    assert [e.type for e in ran] == [
+        "turn.started",
+        "model.requested",
+        "message.created",
+        "model.completed",
+        "turn.completed",
+    ]
+    assert _turns_of(global_events) == set()
+
+
+async def test_on_event_that_is_not_callable_is_refused_before_anything_is_written(tk: TurnKit) -> None:
+    """Spec §1.2 / §1.4 ``on_event``: a value that is neither a callable nor a list of callables is refused."""
+    with pytest.raises(TypeError, match="on_event must be a callable or a list of callables"):
+        turnkit.Agent("bad", model="scripted", on_event="print")
+    conversation = await tk.conversation(turnkit.Agent("fine", model="scripted", client=ScriptedClient(["ok"])))
+    with pytest.raises(turnkit.InputError, match="on_event must be a callable or a list of callables"):
+        await conversation.ask("x", on_event=[print, 3])
+    assert await conversation.messages() == []
+    before = len(await tk.store.list_turns())
+    with pytest.raises(turnkit.InputError, match="on_event must be a callable"):
+        await tk.run(turnkit.Agent("fine2", model="scripted"), "t", on_event=42)
+    assert len(await tk.store.list_turns()) == before

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from turnkit.builtin_tools import sub_agent_tool
 from turnkit.compaction_options import normalize_compaction
-from turnkit.config import settings
+from turnkit.config import EventCallback, settings
 from turnkit.cost import total_cost, total_usage
 from turnkit.current import current
 from turnkit.errors import ConfigError
@@ -139,6 +139,8 @@ class Agent:
     """Judge thinking of policies without their own; None falls back to ``settings.output_policy_thinking``."""
     output_retries: int
     """Revision requests allowed after dirty audits (per turn)."""
+    on_event: EventCallback | tuple[EventCallback, ...] | None
+    """The agent's event callback(s) (behaviour §3.11); None falls back to ``settings.on_event``."""
 
     def __init__(
         self,
@@ -173,6 +175,7 @@ class Agent:
         output_policy_model: str | None = None,
         output_policy_thinking: Mapping[str, Any] | None = None,
         output_retries: int | None = None,
+        on_event: EventCallback | Iterable[EventCallback] | None = None,
     ) -> None:
         """Define an agent.
 
@@ -217,6 +220,9 @@ class Agent:
             output_policy_model: Judge model for policies without their own.
             output_policy_thinking: Judge thinking for policies without their own.
             output_retries: Revision requests allowed after dirty audits (default 0, or 1 in ``revise`` mode).
+            on_event: Event callback (or a list of them) for this agent's turns without a per-turn one, and for its
+                sub-agents' turns (they inherit it); None falls back to ``settings.on_event`` (behaviour §3.11).
+                Called in the worker that runs the turn, so every worker must define the agent with it.
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
@@ -310,10 +316,16 @@ class Agent:
             "output_policy_model": output_policy_model or None,
             "output_policy_thinking": normalize_thinking(output_policy_thinking),
             "output_retries": retries,
+            "on_event": _check_on_event(on_event),
         }
         for key, value in values.items():
             # The dataclass is frozen; this is the one place its fields are written.
             object.__setattr__(self, key, value)
+
+    @property
+    def effective_on_event(self) -> EventCallback | tuple[EventCallback, ...] | list[EventCallback] | None:
+        """The agent's ``on_event``, else ``settings.on_event`` (behaviour §1.2)."""
+        return self.on_event if self.on_event is not None else settings.on_event
 
     # -- tools ------------------------------------------------------------------------------------------------------
 
@@ -448,6 +460,17 @@ def _check_unique_names(tools: tuple[Tool, ...], sub_agents: tuple[Agent, ...]) 
         if name in seen:
             raise ValueError(f"duplicate tool name: {name}")
         seen.add(name)
+
+
+def _check_on_event(value: Any) -> EventCallback | tuple[EventCallback, ...] | None:
+    """An agent's ``on_event``: None, a callable, or callables (kept as a tuple)."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        callbacks = tuple(value)  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+        if all(callable(each) for each in callbacks):  # pyright: ignore[reportUnknownVariableType]
+            return callbacks  # pyright: ignore[reportUnknownVariableType]
+    raise TypeError("on_event must be a callable or a list of callables")
 
 
 # -- registry ---------------------------------------------------------------------------------------------------------

@@ -5,6 +5,16 @@ by :meth:`~turnkit.store.store.Store.atomic` once it committed: a rolled-back wr
 that finds the write already committed (a retry) writes nothing and so announces nothing again. Events with no write
 behind them (``turn.started`` after the claim, ``model.requested``) are sent with :func:`emit` directly.
 
+Where an event goes (behaviour §3.11): to the turn's own callback if one is registered in this process
+(``ask(on_event=...)``, :func:`register_turn_callback`), else, for a sub-agent's turn, to its parent agent's effective
+callback (the parent agent's ``on_event``, else ``settings.on_event``), else to its agent's ``on_event``, else to
+``settings.on_event``: one of them, never several. ``tool_call.interrupted`` goes to ``settings.on_event`` only. A
+turn's agent and parent are read from the store once per process and cached (only when some agent has ``on_event``).
+
+Callbacks run in the worker process that emits the event: a per-turn callback reaches that turn's events when the
+turn runs in the process that registered it (a worker in the same process); a turn run by a remote worker reaches the
+callbacks registered there (agent-level or global). See docs/design.md "Events".
+
 Events are observations, not durable records: a worker that dies between a commit and its callbacks loses those
 events, and the retried attempt does not repeat them. Each callback (sync, or ``async def``) is awaited in turn, so one
 emitter's events arrive in order; a sync callback runs in a thread (:mod:`turnkit.callbacks`), never on the
@@ -15,18 +25,42 @@ worker's event loop. A callback that raises is logged and ignored: the write it 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from turnkit.agent import Agent, registered_agents
 from turnkit.callbacks import call_application, require_no_transaction
-from turnkit.config import settings
+from turnkit.config import EventCallback, settings
+from turnkit.errors import InputError, RecordNotFound
 from turnkit.records import MessageRecord
-from turnkit.store.store import StoreTx, utcnow
+from turnkit.store.store import Store, StoreTx, utcnow
 
-__all__ = ["Event", "announce", "announce_message", "emit", "logger"]
+__all__ = [
+    "Event",
+    "announce",
+    "announce_message",
+    "check_on_event",
+    "emit",
+    "logger",
+    "register_turn_callback",
+    "unregister_turn_callback",
+]
 
 logger: Final = logging.getLogger("turnkit.events")
+
+Callbacks = EventCallback | list[EventCallback] | tuple[EventCallback, ...]
+
+#: Sent only to ``settings.on_event`` (behaviour §3.11: reconciliation's events).
+_GLOBAL_ONLY: Final = frozenset({"tool_call.interrupted", "turn.stale"})
+#: A turn's last event: its per-turn callback is dropped once it was sent.
+_LAST: Final = frozenset({"turn.completed", "turn.failed"})
+#: Bound on the per-process tables below (a turn cancelled or run elsewhere never sends its last event here).
+_MAX_ENTRIES: Final = 10_000
+
+_turn_callbacks: OrderedDict[str, Callbacks] = OrderedDict()
+_routes: OrderedDict[str, tuple[str, str | None]] = OrderedDict()  # turn id -> (agent name, parent's agent name)
 
 
 @dataclass(frozen=True)
@@ -40,9 +74,85 @@ class Event:
     created_at: datetime = field(default_factory=utcnow)
 
 
-async def emit(type: str, turn_id: str, conversation_id: str, **payload: Any) -> None:
-    """Send an event to the configured ``on_event`` callback (or callbacks), if any; call it after the commit."""
-    callback = settings.on_event
+def check_on_event(value: Any) -> Callbacks | None:
+    """``value`` as an ``on_event`` option: None, a callable or a list of callables.
+
+    Raises:
+        InputError: ``"on_event must be a callable or a list of callables"``.
+    """
+    if value is None or callable(value):
+        return value
+    if isinstance(value, list | tuple) and all(callable(each) for each in value):  # pyright: ignore[reportUnknownVariableType]
+        return tuple(value)  # pyright: ignore[reportUnknownArgumentType]
+    raise InputError("on_event must be a callable or a list of callables")
+
+
+def register_turn_callback(turn_id: str, callback: Callbacks) -> None:
+    """Send ``turn_id``'s events emitted in this process to ``callback`` instead of its agent's or the global one."""
+    _turn_callbacks[turn_id] = callback
+    while len(_turn_callbacks) > _MAX_ENTRIES:
+        _turn_callbacks.popitem(last=False)
+
+
+def unregister_turn_callback(turn_id: str) -> None:
+    """Forget ``turn_id``'s per-turn callback (done by itself after the turn's last event)."""
+    _turn_callbacks.pop(turn_id, None)
+
+
+async def _route(store: Store, turn_id: str) -> tuple[str, str | None] | None:
+    """``(agent name, parent turn's agent name)`` of a turn, read once (both are fixed when the turn is created)."""
+    route = _routes.get(turn_id)
+    if route is None:
+        try:
+            turn = await store.load_turn(turn_id)
+            parent = None if turn.parent_turn_id is None else await store.load_turn(turn.parent_turn_id)
+        except RecordNotFound:
+            return None
+        route = (turn.agent_name, None if parent is None else parent.agent_name)
+        _routes[turn_id] = route
+        while len(_routes) > _MAX_ENTRIES:
+            _routes.popitem(last=False)
+    return route
+
+
+def _effective(agents: dict[str, Agent], name: str | None) -> Callbacks | None:
+    """An agent's effective callback: its own ``on_event``, else ``settings.on_event`` (None if not registered)."""
+    agent = None if name is None else agents.get(name)
+    return None if agent is None else agent.effective_on_event
+
+
+def _agent_callbacks() -> bool:
+    """Some registered agent has its own ``on_event``."""
+    return any(agent.on_event is not None for agent in registered_agents().values())
+
+
+async def _callbacks_for(type: str, turn_id: str, store: Store | None) -> Callbacks | None:
+    """The callback(s) that receive this event (see the module docstring)."""
+    if type in _GLOBAL_ONLY:
+        return settings.on_event
+    own = _turn_callbacks.get(turn_id)
+    if own is not None:
+        return own
+    if store is None or not _agent_callbacks():
+        return settings.on_event  # no agent-level callback anywhere: no need to know the turn's agent
+    route = await _route(store, turn_id)
+    if route is None:
+        return settings.on_event
+    agent_name, parent_agent_name = route
+    agents = registered_agents()
+    # A sub-agent's turn inherits its parent agent's effective callback (behaviour §4.3 build_child).
+    return _effective(agents, parent_agent_name) or _effective(agents, agent_name) or settings.on_event
+
+
+async def emit(type: str, turn_id: str, conversation_id: str, *, store: Store | None = None, **payload: Any) -> None:
+    """Send an event to its callback(s) (see the module docstring), if any; call it after the commit.
+
+    ``store`` lets an agent-level callback be found (the turn's agent is read from it); without it, only a per-turn
+    or the global callback can receive the event.
+    """
+    callback = await _callbacks_for(type, turn_id, store)
+    if type in _LAST:
+        unregister_turn_callback(turn_id)
     if callback is None:
         return
     require_no_transaction()
@@ -57,11 +167,12 @@ async def emit(type: str, turn_id: str, conversation_id: str, **payload: Any) ->
 
 def announce(tx: StoreTx, type: str, turn_id: str, conversation_id: str, **payload: Any) -> None:
     """Send an event once ``tx`` has committed (never if it rolls back); see the module docstring."""
-    if settings.on_event is None:
-        return
+    if settings.on_event is None and not _turn_callbacks and not _agent_callbacks():
+        return  # nobody listens: nothing to send after the commit
+    store = tx.store
 
     async def send() -> None:
-        await emit(type, turn_id, conversation_id, **payload)
+        await emit(type, turn_id, conversation_id, store=store, **payload)
 
     tx.after_commit(send)
 

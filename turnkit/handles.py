@@ -30,6 +30,7 @@ from turnkit.config import settings
 from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
+from turnkit.events import check_on_event, register_turn_callback, unregister_turn_callback
 from turnkit.ids import new_id
 from turnkit.model import ModelRequest, Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
@@ -139,6 +140,7 @@ class Conversation:
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
         root_turn_id: str | None = None,
+        on_event: Any = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -150,11 +152,14 @@ class Conversation:
         :meth:`Turn.resume`. ``compact=True`` compacts the history before the first model call, ``False`` never
         compacts this turn. ``budget`` sets limits for this turn's tree over the agent's (e.g. ``{"max_iterations":
         3}``). ``root_turn_id`` makes the turn join that root turn's tree (its budgets, usage and deadline) instead of
-        starting its own.
+        starting its own. ``on_event`` (a callable or a list) receives this turn's events instead of its agent's or
+        the global callback (behaviour §3.11), when a worker in this process runs the turn: callbacks cannot cross
+        to a remote worker (register them there, on the agent or globally). Its sub-agents inherit the agent's.
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
         check_budget(budget)
+        callbacks = check_on_event(on_event)
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
         for wait_id in wait_ids:
             check_id("wait_for", wait_id, "turn")
@@ -190,7 +195,13 @@ class Conversation:
         )
         # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
-        await self._submit(await self._staged(request))
+        if callbacks is not None:
+            register_turn_callback(request.turn_id, callbacks)  # before the turn exists: its first event is caught
+        try:
+            await self._submit(await self._staged(request))
+        except BaseException:
+            unregister_turn_callback(request.turn_id)
+            raise
         turn = Turn(self._tk, request.turn_id)
         if wait and not paused:
             return await turn.result()
@@ -215,6 +226,7 @@ class Conversation:
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
         root_turn_id: str | None = None,
+        on_event: Any = None,
     ) -> Turn:
         """Append ``text`` and build its turn without submitting it (behaviour §1.4 ``build_turn``; a *prepared* turn).
 
@@ -225,6 +237,7 @@ class Conversation:
         """
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
         check_budget(budget)
+        callbacks = check_on_event(on_event)
         request = SubmitTurn(
             conversation_id=self.id,
             turn_id=new_id("turn"),
@@ -247,6 +260,8 @@ class Conversation:
         agent_def = resolve_agent(agent or self.agent_name)
         async with self._tk.store.atomic(conversation_id=self.id) as tx:
             record = await create_turn(tx, await tx.load_conversation(self.id), agent_def, request, submitted=False)
+        if callbacks is not None:
+            register_turn_callback(record.id, callbacks)
         return Turn(self._tk, record.id, record)
 
     @staticmethod

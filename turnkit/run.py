@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnkit.cost import total_cost, total_usage
 from turnkit.errors import InputError
+from turnkit.events import check_on_event
 from turnkit.handles import Turn, joined_root
 from turnkit.jsonschema import schema_errors
 from turnkit.model import Usage
@@ -128,6 +129,7 @@ async def start_run(
     budget: dict[str, Any] | None = None,
     parent_run: Run | None = None,
     root_turn_id: str | None = None,
+    on_event: Any = None,
 ) -> Run:
     """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
 
@@ -148,6 +150,7 @@ async def start_run(
         if errors:
             raise InputError("; ".join(errors))  # before anything is written
     text = check_text("task", task_text(task, input))  # before the conversation is written (issue 8 item 1)
+    check_on_event(on_event)  # before anything is written
     root_turn_id = await joined_root(tk.store, root_turn_id)
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
@@ -155,7 +158,13 @@ async def start_run(
     metadata = {"source": "application", "task": True}
     if prepare:
         turn = await conversation.build_turn(
-            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget, root_turn_id=root_turn_id
+            text,
+            prompt_mode="task",
+            metadata=metadata,
+            compact=compact,
+            budget=budget,
+            root_turn_id=root_turn_id,
+            on_event=on_event,
         )
         return Run(tk, turn.id, turn.record)
     turn = await conversation.ask(
@@ -167,6 +176,7 @@ async def start_run(
         compact=compact,
         budget=budget,
         root_turn_id=root_turn_id,
+        on_event=on_event,
     )
     run = Run(tk, turn.id, turn.record)
     return await run.result() if wait else run

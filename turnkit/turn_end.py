@@ -52,7 +52,7 @@ async def fail_unfinished_turn(
             turn = failed or await tx.load_turn(turn_id)
             await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
     if failed is not None:
-        await emit("turn.failed", turn.id, turn.conversation_id, error=turn.error)
+        await emit("turn.failed", turn.id, turn.conversation_id, store=store, error=turn.error)
     await notify_completion(store, client, task_queue, turn.id)
     await notify_waiters(store, client, turn.id)
     await wake_lane(client, turn)
