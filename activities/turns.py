@@ -73,15 +73,20 @@ class TurnActivities:
 
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
-        """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn."""
+        """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn, and on
+        a paused one with ``unless_paused`` (the root deadline does not end a paused turn, behaviour §5.13.11)."""
         skipped = await with_arguments(self.store, finish.turn_id, finish.skipped_calls)  # large ones: from the store
         finish = finish.model_copy(update={"skipped_calls": skipped})
         turn = await self.store.load_turn(finish.turn_id)
+        if finish.unless_paused and turn.status == "paused":
+            return _still_paused(turn)
         verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (behaviour §7.4)
         already_done = False
         finished: TurnRecord | None = None
         async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
             turn = await tx.load_turn(finish.turn_id)
+            if finish.unless_paused and turn.status == "paused":
+                return _still_paused(turn)  # paused meanwhile: nothing written
             if turn.terminal:  # a retry after commit: make sure what follows the terminal write happened
                 await completion_delivery(tx, turn, verdict)
                 already_done = True
@@ -91,7 +96,8 @@ class TurnActivities:
                 await repair_transcript(tx, turn)
                 finished = await tx.claim_turn(
                     turn.id,
-                    # A waiting or paused turn fails too: its deadline counts the time spent waiting or paused.
+                    # A waiting turn fails too: its deadline counts the time spent waiting (a paused one only
+                    # for a workflow recorded before the patch pause-outlasts-deadline, which sends unless_paused).
                     from_=("pending", "waiting", "paused", "running"),
                     to=finish.status,
                     error={"class": finish.error_class or "TurnKit::Error", "message": finish.error_message or ""},
@@ -204,6 +210,11 @@ def ticket_of(turn: TurnRecord, *, busy: bool = False, root: TurnRecord | None =
         busy=busy,
         model_policy=model_policy(),
     )
+
+
+def _still_paused(turn: TurnRecord) -> TurnOutcome:
+    """A paused turn past its deadline is left paused (behaviour §5.13 invariant 11): its workflow awaits a resume."""
+    return TurnOutcome(turn_id=turn.id, status="failed", paused=True)
 
 
 def outcome_of(turn: TurnRecord) -> TurnOutcome:

@@ -35,6 +35,7 @@ __all__ = [
     "lane_busy_rollover",
     "lane_two_turns",
     "launch_callback",
+    "pause_past_deadline",
     "pause_resume",
     "register_scenario_agents",
     "scenario_agent",
@@ -158,6 +159,7 @@ DELIVERY_AGENT = "history_delivery"
 WAIT_TARGET_AGENT = "history_wait_target"
 WAITER_AGENT = "history_waiter"
 PAUSE_AGENT = "history_pausable"
+DEADLINE_AGENT = "history_gated"
 STEER_AGENT = "history_steerable"
 LAUNCHER_AGENT = "history_launcher"
 HELPER_AGENT = "history_helper"
@@ -176,6 +178,7 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     WAIT_TARGET_AGENT: ((hold,), {}),
     WAITER_AGENT: ((wait_for,), {}),
     PAUSE_AGENT: ((hold,), {}),
+    DEADLINE_AGENT: ((), {"timeout": 2}),
     STEER_AGENT: ((hold, lookup), {}),
     LAUNCHER_AGENT: ((launch_agent,), {}),
     HELPER_AGENT: ((hold,), {}),
@@ -470,6 +473,25 @@ async def pause_resume(tk: TurnKit) -> list[Recorded]:
     return [turn.id]
 
 
+async def pause_past_deadline(tk: TurnKit) -> list[Recorded]:
+    """A turn submitted paused outlives its root deadline (patch ``pause-outlasts-deadline``): at the deadline,
+    ``turnkit.finish_turn`` finds it paused and writes nothing; resumed, it fails "turn timed out" at once."""
+    client = ScriptedClient(["never asked"])
+    conversation = await _conversation(tk, DEADLINE_AGENT, client)
+    turn = await conversation.ask("approve me", paused=True)
+    # turnkit.model (its boundary: paused), then at the deadline turnkit.finish_turn (paused: nothing written).
+    await _settled(
+        tk, turn.id, {ACTIVITY_COMPLETED: 2, EventType.EVENT_TYPE_TIMER_FIRED: 1}, what="the deadline passed paused"
+    )
+    assert (await turn.refresh()).status == "paused"
+    await turn.resume()
+    turn = await turn.result(timeout=60)
+    assert turn.status == "failed" and turn.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert client.calls == 0
+    await _lane_settled(tk, conversation.id, 1)
+    return [turn.id]
+
+
 async def steer(tk: TurnKit) -> list[Recorded]:
     """Steering while a tool runs: applied at the next boundary (the second call's activity), which supersedes that
     call; the model then sees the steering input."""
@@ -595,6 +617,7 @@ SCENARIOS: dict[str, Scenario] = {
     "delivery-wake": delivery_wake,
     "wait-for": wait_for_turn,
     "pause-resume": pause_resume,
+    "pause-past-deadline": pause_past_deadline,
     "steer": steer,
     "launch-callback": launch_callback,
     "lane-busy-rollover": lane_busy_rollover,

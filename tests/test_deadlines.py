@@ -24,7 +24,7 @@ import turnkit
 from activities.turns import ticket_of
 from tests.engine import eventually
 from turnkit.builtin_tools import wait_for
-from turnkit.controls import apply_cancel, apply_resume
+from turnkit.controls import apply_cancel, apply_pause, apply_resume
 from turnkit.payloads import TurnInput, TurnOutcome
 from turnkit.plugin import TurnKitPlugin
 from turnkit.records import TurnRecord
@@ -211,3 +211,67 @@ async def test_a_paused_turn_past_its_deadline_can_be_cancelled(
         outcome: TurnOutcome = await handle.result()
     assert outcome.status == "cancelled"
     assert (await store.load_turn(turn.id)).status == "cancelled"
+
+
+async def test_a_turn_paused_while_it_waits_outlives_its_deadline(
+    time_skipping_env: tuple[WorkflowEnvironment, Store],
+) -> None:
+    """Behaviour §5.13 invariant 11, §5.10 ``pause!`` of a waiting turn: paused while its workflow waits on a
+    ``wait_for`` target, the turn stays ``paused`` past its root deadline (its wait is given up); resumed, it fails
+    "turn timed out"."""
+    env, store = time_skipping_env
+    target_agent = turnkit.register(turnkit.Agent("sleeper", model="scripted", client=ScriptedClient([])))
+    async with store.atomic() as tx:
+        # A submitted turn that never runs (nobody starts its workflow): the waiter waits until the deadline.
+        target_conversation = await tx.create_conversation(agent_name=target_agent.name)
+        target = await tx.create_turn(
+            conversation_id=target_conversation.id, agent_name=target_agent.name, submitted_at=utcnow()
+        )
+    client = ScriptedClient([call_tools(("wait_for", {"turn_ids": [target.id]})), "never"])
+    waiter_agent = turnkit.register(
+        turnkit.Agent("patient", model="scripted", tools=[wait_for], timeout=600, client=client)
+    )
+    async with store.atomic() as tx:
+        conversation = await tx.create_conversation(agent_name=waiter_agent.name)
+        message = await tx.append_message(conversation.id, role="user", text="wait for it")
+        waiter = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=waiter_agent.name,
+            context_message_sequence=message.sequence,
+            options=turn_options(waiter_agent, trigger_message_id=message.id, context={}),
+            submitted_at=utcnow(),
+        )
+    ticket = ticket_of(waiter)
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    async with Worker(Client(env.client.service_client, plugins=[TurnKitPlugin(store)]), task_queue=task_queue):
+        handle = await env.client.start_workflow(
+            TurnWorkflow.run,
+            TurnInput(
+                turn_id=waiter.id,
+                conversation_id=conversation.id,
+                agent_name=waiter_agent.name,
+                root_turn_id=waiter.id,
+                deadline=ticket.deadline,
+            ),
+            id=waiter.id,
+            task_queue=task_queue,
+            execution_timeout=timedelta(hours=1),
+        )
+
+        async def waiting() -> bool:
+            return (await store.load_turn(waiter.id)).status == "waiting"
+
+        await eventually(waiting, what="the turn waiting on its target")
+        async with store.atomic(turn_id=waiter.id) as tx:
+            assert (await apply_pause(tx, await tx.load_turn(waiter.id))).status == "paused"
+        await env.sleep(timedelta(minutes=30))
+        assert (await store.load_turn(waiter.id)).status == "paused"
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        async with store.atomic(turn_id=waiter.id) as tx:
+            await apply_resume(tx, await tx.load_turn(waiter.id))
+        await handle.signal("resume")
+        outcome: TurnOutcome = await handle.result()
+    assert outcome.status == "failed" and outcome.error_message == "turn timed out"
+    record = await store.load_turn(waiter.id)
+    assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert client.calls == 1

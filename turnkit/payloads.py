@@ -221,6 +221,8 @@ class TurnOutcome(BaseModel):
     status: TerminalTurnStatus
     error_class: str | None = None
     error_message: str | None = None
+    #: ``turnkit.finish_turn`` with ``unless_paused`` wrote nothing: the turn is paused (not terminal).
+    paused: bool = False
 
 
 class ToolCallRef(BaseModel):
@@ -365,6 +367,8 @@ class FinishTurn(BaseModel):
     #: For a turn ended by a terminal tool: its execution, and the calls after it to skip.
     terminal_execution_id: str | None = None
     skipped_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
+    #: The root deadline's failure: write nothing while the turn is paused (behaviour §5.13 invariant 11).
+    unless_paused: bool = False
 
 
 class DelegateCalls(BaseModel):

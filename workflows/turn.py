@@ -72,6 +72,7 @@ SEARCH_ATTRIBUTES = "search-attributes"
 #: Patch (issue 10): a turn paused when its root deadline passes stays paused until it is resumed or cancelled (only
 #: those take a turn out of ``paused``, docs/behaviour.md §5.13 invariant 11); resumed, it fails "turn timed out" at
 #: once, since time spent paused counts (§5.10). Before it, the deadline failed the paused turn where it stood.
+#: The store decides (a turn paused while it waits on sub-agents is paused there, not in this workflow).
 PAUSE_OUTLASTS_DEADLINE = "pause-outlasts-deadline"
 
 
@@ -89,8 +90,6 @@ class TurnWorkflow:
         self._search = False  # keep the search attributes current (set when run() starts)
         self._status = "running"  # the TurnKitTurnStatus value last set
         self._iteration = 0  # for the current details
-        self._pausing = False  # waiting for a resume signal (the turn is paused)
-        self._expired = False  # the root deadline passed while paused: a resume ends the turn "turn timed out"
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
@@ -136,17 +135,12 @@ class TurnWorkflow:
                 # The root deadline covers the whole loop, including calls in flight and waits (behaviour §5.12).
                 await workflow.wait_condition(loop.done, timeout=max(remaining, 0.001), timeout_summary="turn deadline")
             except TimeoutError:  # wait_condition timed out (asyncio.TimeoutError is TimeoutError)
-                if self._pausing and workflow.patched(PAUSE_OUTLASTS_DEADLINE):
-                    # Paused: only a resume (the loop then raises _Expired) or a cancellation ends the pause.
-                    self._expired = True
-                    try:
-                        return await loop
-                    except _Expired:
-                        return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
                 loop.cancel()
                 try:
                     return await loop
                 except asyncio.CancelledError:
+                    if workflow.patched(PAUSE_OUTLASTS_DEADLINE):
+                        return await self._time_out(turn)
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
             return loop.result()
         except asyncio.CancelledError:
@@ -161,6 +155,26 @@ class TurnWorkflow:
                 error_class=CANCELLED_CLASS,
                 error_message=CANCELLED_MESSAGE,
             )
+
+    async def _time_out(self, turn: TurnInput) -> TurnOutcome:
+        """The root deadline passed (the loop is cancelled): fail the turn "turn timed out", unless the store says it
+        is paused (at a boundary, or paused while it waited): then wait for a resume and fail it then, since only a
+        resume or a cancellation takes a turn out of ``paused`` (patch ``pause-outlasts-deadline``)."""
+        while True:
+            mark = self._resumes  # a resume landing while the store is read counts
+            finish = FinishTurn(
+                turn_id=turn.turn_id,
+                status="failed",
+                error_class="TurnKit::BudgetError",
+                error_message=TIMED_OUT,
+                unless_paused=True,
+            )
+            ended = await self._finish_with(finish)
+            if not ended.paused:
+                return ended
+            self._set_status("paused")
+            self._details("paused past the deadline · waiting for resume")
+            await workflow.wait_condition(lambda mark=mark: self._resumes > mark)
 
     async def _loop(self, turn: TurnInput) -> TurnOutcome | TurnInput:
         iteration = turn.iteration
@@ -394,13 +408,7 @@ class TurnWorkflow:
         if self._resumes <= mark:
             self._set_status("paused")
             self._details("paused · waiting for resume")
-        self._pausing = True
-        try:
-            await workflow.wait_condition(lambda: self._resumes > mark)
-        finally:
-            self._pausing = False
-        if self._expired:
-            raise _Expired  # resumed past the root deadline: _run fails the turn
+        await workflow.wait_condition(lambda: self._resumes > mark)
         self._set_status("running")
 
     @workflow.signal(name=TARGET_FINISHED_SIGNAL)
@@ -512,10 +520,6 @@ class TurnWorkflow:
             retry_policy=STORE_RETRY,
             summary=f"finish · {finish.status}",
         )
-
-
-class _Expired(Exception):
-    """A turn paused past its root deadline was resumed: it ends "turn timed out" (see PAUSE_OUTLASTS_DEADLINE)."""
 
 
 def _count(n: int, noun: str) -> str:
