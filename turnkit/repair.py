@@ -283,8 +283,8 @@ class _Fixer:
             self._did("resignalled", [delivery_id], "pending delivery signalled to its lane again")
 
     async def wake(self, waiter_id: str, target_ids: tuple[str, ...]) -> None:
-        """Signal a waiter's ended targets again (the waiter dedupes them). Only wait rows are signalled: a parent
-        waiting on its own children awaits their workflows, which no signal replaces."""
+        """Signal a waiter's ended targets again (the waiter dedupes them). Only targets with wait rows are signalled;
+        a parent's join rows to its children only add a signal it ignores (it awaits their workflows)."""
         async with self.store.atomic() as tx:
             edges = {edge.target_turn_id for edge in await tx.list_waits(turn_id=waiter_id)}
         signalled = [target_id for target_id in target_ids if target_id in edges]
