@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_stee
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
+from turnkit.media import MediaInput, check_media, stored_media
 from turnkit.model import ModelRequest, Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
 from turnkit.prepared import SUBMITTABLE, preview_request
@@ -139,6 +140,7 @@ class Conversation:
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
         root_turn_id: str | None = None,
+        media: Sequence[MediaInput] | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -150,10 +152,12 @@ class Conversation:
         :meth:`Turn.resume`. ``compact=True`` compacts the history before the first model call, ``False`` never
         compacts this turn. ``budget`` sets limits for this turn's tree over the agent's (e.g. ``{"max_iterations":
         3}``). ``root_turn_id`` makes the turn join that root turn's tree (its budgets, usage and deadline) instead of
-        starting its own.
+        starting its own. ``media`` (:class:`~turnkit.media.MediaInput` items) go with the message as image or document
+        input: their bytes are stored first, the message holds references.
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        check_media(media)
         check_budget(budget)
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
         for wait_id in wait_ids:
@@ -187,6 +191,7 @@ class Conversation:
             compact=compact,
             budget=budget,
             root_turn_id=await self._joined_root(root_turn_id),
+            media=await stored_media(self._tk.store, media),
         )
         # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
@@ -215,6 +220,7 @@ class Conversation:
         compact: bool | None = None,
         budget: dict[str, Any] | None = None,
         root_turn_id: str | None = None,
+        media: Sequence[MediaInput] | None = None,
     ) -> Turn:
         """Append ``text`` and build its turn without submitting it (behaviour §1.4 ``build_turn``; a *prepared* turn).
 
@@ -225,6 +231,7 @@ class Conversation:
         """
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
         check_budget(budget)
+        check_media(media)
         request = SubmitTurn(
             conversation_id=self.id,
             turn_id=new_id("turn"),
@@ -243,6 +250,7 @@ class Conversation:
             compact=compact,
             budget=budget,
             root_turn_id=await self._joined_root(root_turn_id),
+            media=await stored_media(self._tk.store, media),
         )
         agent_def = resolve_agent(agent or self.agent_name)
         async with self._tk.store.atomic(conversation_id=self.id) as tx:

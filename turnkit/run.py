@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from turnkit.cost import total_cost, total_usage
 from turnkit.errors import InputError
 from turnkit.handles import Turn, joined_root
 from turnkit.jsonschema import schema_errors
+from turnkit.media import MediaInput, check_media
 from turnkit.model import Usage
 from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.validation import check_text
@@ -128,6 +130,7 @@ async def start_run(
     budget: dict[str, Any] | None = None,
     parent_run: Run | None = None,
     root_turn_id: str | None = None,
+    media: Sequence[MediaInput] | None = None,
 ) -> Run:
     """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
 
@@ -148,6 +151,7 @@ async def start_run(
         if errors:
             raise InputError("; ".join(errors))  # before anything is written
     text = check_text("task", task_text(task, input))  # before the conversation is written (issue 8 item 1)
+    check_media(media)
     root_turn_id = await joined_root(tk.store, root_turn_id)
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
@@ -155,7 +159,13 @@ async def start_run(
     metadata = {"source": "application", "task": True}
     if prepare:
         turn = await conversation.build_turn(
-            text, prompt_mode="task", metadata=metadata, compact=compact, budget=budget, root_turn_id=root_turn_id
+            text,
+            prompt_mode="task",
+            metadata=metadata,
+            compact=compact,
+            budget=budget,
+            root_turn_id=root_turn_id,
+            media=media,
         )
         return Run(tk, turn.id, turn.record)
     turn = await conversation.ask(
@@ -167,6 +177,7 @@ async def start_run(
         compact=compact,
         budget=budget,
         root_turn_id=root_turn_id,
+        media=media,
     )
     run = Run(tk, turn.id, turn.record)
     return await run.result() if wait else run

@@ -24,6 +24,7 @@ from turnkit.providers._common import (
     exclusive_usage,
     fully_required,
     join_instructions,
+    media_inputs,
     replay_data,
     sdk_options,
     strict_schema,
@@ -165,9 +166,24 @@ def input_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                         "arguments": json.dumps(call.get("arguments") or {}, ensure_ascii=False),
                     }
                 )
+        elif message.get("media"):
+            items.append({"role": "user", "content": user_content(content, message)})
         else:
             items.append({"role": "user", "content": content})
     return items
+
+
+def user_content(text: str, message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A user message with media as Responses content parts: the text (``input_text``), then each image as an
+    ``input_image`` data URL and each document as an ``input_file``."""
+    content: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
+    for media in media_inputs(message, "OpenAI"):
+        url = f"data:{media.mime_type};base64,{media.data}"
+        if media.kind == "image":
+            content.append({"type": "input_image", "image_url": url, "detail": "auto"})
+        else:
+            content.append({"type": "input_file", "filename": media.filename or "document.pdf", "file_data": url})
+    return content
 
 
 def function_tool(spec: ToolSpec) -> dict[str, Any]:
