@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anthropic
@@ -18,13 +18,22 @@ import pytest
 import pytest_asyncio
 
 import turnkit
-from tests.provider_server import ProviderServer, anthropic_message, anthropic_text, openai_response, openai_text
+from tests.provider_server import (
+    ProviderServer,
+    anthropic_message,
+    anthropic_text,
+    openai_call,
+    openai_response,
+    openai_text,
+)
 from turnkit.errors import InputError
 from turnkit.media import MediaInput
+from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS
+from turnkit.media_tools import ImageTool, ViewMediaTool
 from turnkit.providers import AnthropicClient, OpenAIClient
 from turnkit.runtime import TurnKit
 from turnkit.store.store import Store
-from turnkit.testing import ScriptedClient
+from turnkit.testing import ScriptedClient, call_tools, image
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -231,3 +240,211 @@ async def test_ask_refuses_media_that_is_not_a_media_input(tk: TurnKit) -> None:
     with pytest.raises(InputError, match=r"media\[0\] must be a MediaInput, not bytes"):
         await conversation.ask("look", media=[b"raw"])  # pyright: ignore[reportArgumentType]
     assert await conversation.messages() == []
+
+
+# -- view_media and paint inside turns ----------------------------------------------------------------------------
+
+
+def recorder() -> tuple[list[turnkit.Event], Callable[[turnkit.Event], None]]:
+    seen: list[turnkit.Event] = []
+    return seen, seen.append
+
+
+async def test_view_media_tool_analyses_a_stored_image_inside_the_turn(tk: TurnKit) -> None:
+    """Behaviour §3.12 (inside a running turn) and §4.3 ``ViewMediaTool``: the model names a media id, the client gets
+    the image with the objective, a ``media_analysis`` message is written (with the reference, not the bytes), the
+    call is charged to the turn, ``media.*`` events fire, and the next model call sees the tool result only."""
+    data = png(uuid.uuid4().hex)
+    media_id = "media_" + hashlib.sha256(data).hexdigest()[:24]
+    client = ScriptedClient(
+        [call_tools(("view_media", {"media_id": media_id, "objective": "what colour?"})), "It is red.", "Red."]
+    )
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+    agent = turnkit.Agent("viewer", model="scripted", tools=[ViewMediaTool()], client=client)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("look at this", media=[MediaInput.bytes(data)])
+
+    assert turn.status == "completed", turn.error
+    assert turn.output_text == "Red."
+    [analysis_call] = [request.messages for request in client.requests[1:2]]
+    assert analysis_call == [
+        {
+            "role": "user",
+            "content": "what colour?",
+            "media": [
+                {
+                    "media_id": media_id,
+                    "kind": "image",
+                    "mime_type": "image/png",
+                    "byte_size": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "data": base64.b64encode(data).decode(),
+                }
+            ],
+        }
+    ]
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed"
+    assert execution.result is not None
+    assert execution.result["text"] == "It is red."
+    assert execution.result["media"]["media_id"] == media_id and "data" not in execution.result["media"]
+    messages = await conversation.messages()
+    assert [(m.role, m.kind) for m in messages] == [
+        ("user", "text"),
+        ("assistant", "tool_call"),
+        ("assistant", "media_analysis"),
+        ("tool", "tool_result"),
+        ("assistant", "text"),
+    ]
+    analysis = messages[2]
+    assert analysis.metadata["tool_execution_id"] == execution.id and analysis.turn_id == turn.id
+    assert analysis.content[0]["text"] == "It is red." and analysis.content[0]["provider"] == "scripted"
+    # The last call sees the call and its result next to each other; the analysis message is not projected.
+    assert [m["role"] for m in client.requests[2].messages] == ["user", "assistant", "tool"]
+    assert turn.usage.input_tokens == 30  # two turn calls and the analysis
+    types = [event.type for event in events if event.type.startswith("media.")]
+    assert types == ["media.requested", "media.completed"]
+    completed = next(event for event in events if event.type == "media.completed")
+    assert completed.payload["analysis"] == "It is red." and completed.payload["media"]["media_id"] == media_id
+    await assert_no_media_in_histories(tk, turn, data)
+
+
+async def test_view_media_of_an_unknown_id_fails_the_call_and_emits_nothing_billed(tk: TurnKit) -> None:
+    """A media id that is not stored fails the tool call with the id named; the model sees it and goes on."""
+    client = ScriptedClient(
+        [call_tools(("view_media", {"media_id": "media_nothere", "objective": "x"})), "could not look"]
+    )
+    agent = turnkit.Agent("viewer-missing", model="scripted", tools=[ViewMediaTool()], client=client)
+    turn = await (await tk.conversation(agent)).ask("look")
+    assert turn.status == "completed", turn.error
+    [execution] = await turn.tool_executions()
+    assert execution.status == "failed"
+    assert "media not found: media_nothere" in str(execution.error)
+    assert client.calls == 2
+
+
+async def test_view_media_through_anthropic_sends_the_image_with_the_objective(
+    tk: TurnKit, server: ProviderServer, anthropic_client: AnthropicClient
+) -> None:
+    """A ``ViewMediaTool`` with an Anthropic client: one Messages call with the image block and the objective."""
+    data = png(uuid.uuid4().hex)
+    media_id = "media_" + hashlib.sha256(data).hexdigest()[:24]
+    server.script(anthropic_message(anthropic_text("A red square.")))
+    client = ScriptedClient([call_tools(("view_media", {"media_id": media_id, "objective": "describe"})), "done"])
+    tool = ViewMediaTool(client=anthropic_client)
+    agent = turnkit.Agent("viewer-anthropic", model="claude-eyes", tools=[tool], client=client)
+    turn = await (await tk.conversation(agent)).ask("see", media=[MediaInput.bytes(data)])
+
+    assert turn.status == "completed", turn.error
+    [body] = server.bodies
+    assert body["model"] == "claude-eyes"
+    assert body["system"] == VIEW_MEDIA_INSTRUCTIONS
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()},
+                },
+                {"type": "text", "text": "describe"},
+            ],
+        }
+    ]
+    [execution] = await turn.tool_executions()
+    assert execution.result is not None
+    assert (execution.result["text"], execution.result["provider"]) == ("A red square.", "anthropic")
+
+
+def openai_image(data: bytes, revised_prompt: str) -> dict[str, object]:
+    """An ``images.generate`` answer in OpenAI's wire format."""
+    return {
+        "created": 1_700_000_000,
+        "data": [{"b64_json": base64.b64encode(data).decode(), "revised_prompt": revised_prompt}],
+        "output_format": "png",
+        "usage": {
+            "input_tokens": 20,
+            "output_tokens": 4000,
+            "total_tokens": 4020,
+            "input_tokens_details": {"text_tokens": 20, "image_tokens": 0},
+        },
+    }
+
+
+async def test_image_tool_paints_through_openai_and_stores_the_image_outside_the_history(
+    tk: TurnKit, server: ProviderServer, openai_client: OpenAIClient
+) -> None:
+    """Behaviour §3.12 ``paint`` inside a turn through OpenAI's ``images.generate``: the request JSON, an ``image``
+    message and a tool result that reference the stored image (no base64), ``image.*`` events, usage charged."""
+    data = png(uuid.uuid4().hex)
+    server.script(
+        openai_response(openai_call("call_paint", "paint", {"prompt": "a red square"})),
+        openai_image(data, "A red square on white."),
+        openai_response(openai_text("Painted.")),
+    )
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+    agent = turnkit.Agent(
+        "painter-openai", model="gpt-chat", tools=[ImageTool(model="gpt-image-1")], client=openai_client
+    )
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("paint a red square")
+
+    assert turn.status == "completed", turn.error
+    assert [request.path for request in server.requests] == ["/v1/responses", "/v1/images/generations", "/v1/responses"]
+    assert server.bodies[1] == {"model": "gpt-image-1", "prompt": "a red square", "n": 1}
+    digest = hashlib.sha256(data).hexdigest()
+    [execution] = await turn.tool_executions()
+    assert execution.result is not None
+    assert {k: execution.result[k] for k in ("media_id", "mime_type", "byte_size", "sha256", "revised_prompt")} == {
+        "media_id": f"media_{digest[:24]}",
+        "mime_type": "image/png",
+        "byte_size": len(data),
+        "sha256": digest,
+        "revised_prompt": "A red square on white.",
+    }
+    assert "data" not in execution.result
+    async with tk.store.atomic() as tx:
+        assert await tx.load_media_data(execution.result["media_id"]) == data
+    [image_message] = [m for m in await conversation.messages() if m.kind == "image"]
+    assert image_message.role == "assistant" and image_message.metadata["tool_execution_id"] == execution.id
+    assert "data" not in image_message.content[0] and image_message.content[0]["provider"] == "openai"
+    assert [e.type for e in events if e.type.startswith("image.")] == ["image.requested", "image.completed"]
+    requested = next(e for e in events if e.type == "image.requested")
+    assert requested.payload["request"]["prompt"] == "a red square"
+    assert turn.usage.output_tokens == 7 + 4000 + 7  # two chat calls and the generation
+    await assert_no_media_in_histories(tk, turn, data)
+
+
+async def test_paint_with_an_anthropic_client_fails_with_a_config_error(
+    tk: TurnKit, server: ProviderServer, anthropic_client: AnthropicClient
+) -> None:
+    """Anthropic has no image API: the paint call fails with a clear error, nothing is sent to the server."""
+    client = ScriptedClient([call_tools(("paint", {"prompt": "a cat"})), "no image"])
+    tool = ImageTool(model="claude-image", client=anthropic_client)
+    agent = turnkit.Agent("painter-anthropic", model="scripted", tools=[tool], client=client)
+    turn = await (await tk.conversation(agent)).ask("paint")
+    assert turn.status == "completed", turn.error
+    [execution] = await turn.tool_executions()
+    assert execution.status == "failed"
+    assert "AnthropicClient cannot paint: anthropic has no image generation API" in str(execution.error)
+    assert server.requests == []
+
+
+async def test_image_tool_with_the_scripted_client(tk: TurnKit) -> None:
+    """The scripted client's ``images`` script answers ``paint``; the request carries model, size and prompt."""
+    data = png(uuid.uuid4().hex)
+
+    class Poster(ImageTool):
+        model = "scripted-image"
+        size = "1024x1024"
+
+    client = ScriptedClient([call_tools(("poster", {"prompt": "a poster"})), "done"], images=[image(data)])
+    agent = turnkit.Agent("poster", model="scripted", tools=[Poster()], client=client)
+    turn = await (await tk.conversation(agent)).ask("poster please")
+    assert turn.status == "completed", turn.error
+    [request] = client.paint_requests
+    assert (request.prompt, request.model, request.size) == ("a poster", "scripted-image", "1024x1024")
+    [execution] = await turn.tool_executions()
+    assert execution.result is not None and execution.result["byte_size"] == len(data)

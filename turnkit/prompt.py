@@ -409,7 +409,7 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
             {"role": "user", "content": SUMMARY_QUESTION},
             {"role": "assistant", "content": f"{SUMMARY_PREAMBLE}\n\n{message.text}"},
         ]
-    if message.kind in ("image", "media_analysis") and message.tool_execution_id:
+    if message.kind in ("image", "media_analysis") and message.metadata.get("tool_execution_id"):
         # Written by a tool (ImageTool, ViewMediaTool) between its call and its result: the result carries the same
         # facts, and a message there would split the call from its result, which providers reject.
         return []

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from turnkit.errors import ConfigError, ModelAccessError, ModelError, TransientModelError
+from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, Usage
 
 __all__ = [
@@ -64,6 +65,8 @@ class ProviderClient(Generic[_SDK, _Answer]):
 
     errors: ClassVar[SdkErrors]
     """The SDK's exception classes."""
+    provider: ClassVar[str] = ""
+    """The provider's name, as ``image`` and ``media_analysis`` parts record it."""
 
     def __init__(self, model: str | None, client: _SDK | None, request_options: Mapping[str, Any] | None) -> None:
         self.model = model or None
@@ -102,6 +105,19 @@ class ProviderClient(Generic[_SDK, _Answer]):
     def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
         """The SDK call's arguments for a request (exposed for inspection and tests)."""
         raise NotImplementedError
+
+    async def view_media(self, request: ViewMediaRequest) -> Result:
+        """Analyse one media item for an objective (behaviour §3.6): one chat call with the media as input.
+
+        Returns:
+            One ``media_analysis`` part (its ``media`` without the bytes) and the call's usage.
+        """
+        answer = await self.chat(analysis_request(request))
+        return analysis_result(answer, request, provider=self.provider)
+
+    async def paint(self, request: PaintRequest) -> Result:
+        """Generate an image (behaviour §3.6); providers without an image API raise :class:`ConfigError`."""
+        raise ConfigError(f"{type(self).__name__} cannot paint: {self.provider} has no image generation API")
 
     async def _send(self, sdk: _SDK, params: dict[str, Any]) -> _Answer:
         """The one SDK call."""

@@ -63,6 +63,7 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
     errors = SdkErrors(
         connection=anthropic.APIConnectionError, status=anthropic.APIStatusError, base=anthropic.AnthropicError
     )
+    provider = "anthropic"
 
     def __init__(
         self,
