@@ -114,7 +114,7 @@ class ModelActivities:
         audit = None
         if not result.tool_calls:  # a final answer: audited before it is published (behaviour §3.9)
             try:
-                audit = await audit_answer(turn, agent, result, call.request_id)
+                audit = await audit_answer(turn, agent, result, call.request_id, messages)
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err
         step = await self._persist(call, turn, request.model, result, audit)

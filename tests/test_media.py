@@ -448,3 +448,41 @@ async def test_image_tool_with_the_scripted_client(tk: TurnKit) -> None:
     assert (request.prompt, request.model, request.size) == ("a poster", "scripted-image", "1024x1024")
     [execution] = await turn.tool_executions()
     assert execution.result is not None and execution.result["byte_size"] == len(data)
+
+
+async def test_require_image_and_require_media_analysis_policies(tk: TurnKit) -> None:
+    """Behaviour §3.9: ``OutputPolicy.require_image`` passes when the turn's messages hold an image (fail mode
+    otherwise fails the turn with OutputAudit); ``require_media_analysis`` likewise for analyses."""
+    data = png(uuid.uuid4().hex)
+    painted = ScriptedClient([call_tools(("paint", {"prompt": "a cat"})), "Here it is."], images=[image(data)])
+    painter = turnkit.Agent(
+        "must-paint",
+        model="scripted",
+        tools=[ImageTool(model="scripted-image")],
+        client=painted,
+        output_policy=[turnkit.OutputPolicy.require_image],
+    )
+    run = await tk.run(painter, "paint a cat")
+    assert run.status == "completed", run.error
+    assert run.policy_clean is True
+
+    lazy = turnkit.Agent(
+        "must-paint-lazy",
+        model="scripted",
+        client=ScriptedClient(["No image, sorry."]),
+        output_policy=[turnkit.OutputPolicy.require_image],
+    )
+    failed = await tk.run(lazy, "paint a cat")
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error["class"] == "TurnKit::OutputAudit"
+    assert failed.error["policy_audit"]["violations"][0]["rule"] == "require_image"
+
+    viewer = turnkit.Agent(
+        "must-look",
+        model="scripted",
+        client=ScriptedClient(["I did not look."]),
+        output_policy=[turnkit.OutputPolicy.require_media_analysis],
+    )
+    unseen = await tk.run(viewer, "look")
+    assert unseen.status == "failed" and unseen.error is not None
+    assert unseen.error["policy_audit"]["violations"][0]["rule"] == "require_media_analysis"
