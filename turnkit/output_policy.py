@@ -284,7 +284,7 @@ async def audit_output(
     The audit input is ``output_data`` when it is not None, else ``output_text``. A constraint is called through its
     ``check`` method, else itself, with the input and those of the keywords ``turn``, ``output_text`` and
     ``output_data`` that it declares (all of them when it takes ``**kwargs``), and ``messages`` (the turn's own
-    messages). Judges ask their model through ``ask``.
+    messages) when it declares that by name. Judges ask their model through ``ask``.
 
     Raises:
         ConfigError: A constraint raised, or returned a value that cannot be read as violations.
@@ -374,9 +374,10 @@ def _declared(target: Callable[..., Any], context: dict[str, Any]) -> dict[str, 
         parameters = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature: give them the output only
         return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return dict(context)
     names = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        # The spec's three keywords; ``messages`` (TurnKit for Python's addition) only when declared by name.
+        return {key: value for key, value in context.items() if key != "messages" or key in names}
     return {key: value for key, value in context.items() if key in names and key in _CONTEXT_KEYS}
 
 
