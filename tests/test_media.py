@@ -486,3 +486,30 @@ async def test_require_image_and_require_media_analysis_policies(tk: TurnKit) ->
     unseen = await tk.run(viewer, "look")
     assert unseen.status == "failed" and unseen.error is not None
     assert unseen.error["policy_audit"]["violations"][0]["rule"] == "require_media_analysis"
+
+
+# -- stateless calls outside a turn -------------------------------------------------------------------------------
+
+
+async def test_module_level_paint_and_view_media_call_the_client_and_persist_nothing(
+    server: ProviderServer, openai_client: OpenAIClient
+) -> None:
+    """Behaviour §1.9: ``turnkit.paint`` / ``turnkit.view_media`` return the first image or analysis; no store."""
+    data = png(uuid.uuid4().hex)
+    server.script(openai_image(data, "revised"), openai_response(openai_text("A square.")))
+    painted = await turnkit.paint("a square", model="gpt-image-1", client=openai_client, size="256x256")
+    assert base64.b64decode(painted["data"]) == data
+    assert (painted["revised_prompt"], painted["model"], painted["mime_type"]) == (
+        "revised",
+        "gpt-image-1",
+        "image/png",
+    )
+    assert server.bodies[0] == {"model": "gpt-image-1", "prompt": "a square", "size": "256x256", "n": 1}
+    seen = await turnkit.view_media(
+        MediaInput.bytes(data, filename="s.png"), objective="what shape?", model="gpt-eyes", client=openai_client
+    )
+    assert (seen["text"], seen["provider"]) == ("A square.", "openai")
+    assert seen["media"] == {"kind": "image", "mime_type": "image/png", "byte_size": len(data), "filename": "s.png"}
+    assert server.bodies[1]["input"][0]["content"][1]["image_url"].startswith("data:image/png;base64,")
+    with pytest.raises(turnkit.ConfigError, match="paint needs a client"):
+        await turnkit.paint("x", model="m")

@@ -35,6 +35,7 @@ from turnkit.events import Event
 from turnkit.handles import Conversation, Turn
 from turnkit.live_context import LiveContextContribution, PromptBuildContext
 from turnkit.media import MediaInput
+from turnkit.media_calls import paint, view_media
 from turnkit.media_requests import PaintRequest, ViewMediaRequest
 from turnkit.media_tools import ImageTool, ViewMediaTool
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
@@ -112,6 +113,7 @@ __all__ = [
     "check_output_policy",
     "configure",
     "connect",
+    "paint",
     "providers",
     "register",
     "registered_agents",
@@ -119,4 +121,5 @@ __all__ = [
     "settings",
     "specialists",
     "tool",
+    "view_media",
 ]
