@@ -513,3 +513,23 @@ async def test_module_level_paint_and_view_media_call_the_client_and_persist_not
     assert server.bodies[1]["input"][0]["content"][1]["image_url"].startswith("data:image/png;base64,")
     with pytest.raises(turnkit.ConfigError, match="paint needs a client"):
         await turnkit.paint("x", model="m")
+
+
+async def test_compacting_a_conversation_with_media_summarises_without_the_media(tk: TurnKit) -> None:
+    """A summary request never carries media references (their bytes are not loaded for it): compaction of a
+    history with an image works, and the summariser sees the text."""
+    data = png(uuid.uuid4().hex)
+    client = ScriptedClient(lambda request: "SUMMARY" if request.metadata.get("compaction") else "answer")
+    small = {"context_limit": 200, "reserved_tokens": 0, "threshold": 0.5, "head_messages": 1, "tail_messages": 2}
+    agent = turnkit.Agent("vision-compact", model="scripted", client=client, compaction=small)
+    conversation = await tk.conversation(agent)
+    await conversation.say("hello")
+    first = await conversation.ask("look at this", media=[MediaInput.bytes(data)])
+    assert first.status == "completed", first.error
+    for i in range(4):
+        await conversation.say(f"note {i}: " + "x" * 200)
+    second = await conversation.ask("and now?")
+    assert second.status == "completed", second.error
+    summary_request = next(r for r in client.requests if r.metadata.get("compaction"))
+    assert all("media" not in message for message in summary_request.messages)
+    assert any(message.get("content") == "look at this" for message in summary_request.messages)
