@@ -29,11 +29,12 @@ from tests.provider_server import (
 from turnkit.errors import InputError
 from turnkit.media import MediaInput
 from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS
-from turnkit.media_tools import ImageTool, ViewMediaTool
+from turnkit.media_tools import ImageTool, ViewMediaTool, view_media_in_turn
 from turnkit.providers import AnthropicClient, OpenAIClient
 from turnkit.runtime import TurnKit
 from turnkit.store.store import Store
 from turnkit.testing import ScriptedClient, call_tools, image
+from turnkit.tools import ToolContext
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -533,3 +534,47 @@ async def test_compacting_a_conversation_with_media_summarises_without_the_media
     summary_request = next(r for r in client.requests if r.metadata.get("compaction"))
     assert all("media" not in message for message in summary_request.messages)
     assert any(message.get("content") == "look at this" for message in summary_request.messages)
+
+
+async def test_a_repeated_view_media_of_one_execution_is_answered_from_the_store(tk: TurnKit) -> None:
+    """The analysis message id is derived from the execution: a second identical call in the same execution (what a
+    retried attempt makes) finds the message and neither calls the client nor charges again. A failing analysis
+    emits ``media.failed``."""
+    data = png(uuid.uuid4().hex)
+    answers: list[str] = []
+
+    @turnkit.tool
+    async def look_twice(context: ToolContext) -> dict[str, str]:
+        """Look at the image twice."""
+        media = MediaInput.bytes(data)
+        for _ in range(2):
+            answers.append((await view_media_in_turn(context, media, objective="colour?"))["text"])
+        return {"seen": answers[-1]}
+
+    client = ScriptedClient([call_tools(("look_twice", {})), "It is red.", "done"])
+    agent = turnkit.Agent("looker", model="scripted", tools=[look_twice], client=client)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("look")
+    assert turn.status == "completed", turn.error
+    assert answers == ["It is red.", "It is red."]
+    assert client.calls == 3  # the turn's two calls and one analysis
+    assert [m.kind for m in await conversation.messages()].count("media_analysis") == 1
+    assert turn.usage.input_tokens == 30
+
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+
+    def blind(request: turnkit.ModelRequest) -> turnkit.Result | str:
+        if request.instructions == VIEW_MEDIA_INSTRUCTIONS:
+            raise turnkit.ModelError("no eyes today")
+        done = any(message["role"] == "tool" for message in request.messages)
+        return "gave up" if done else call_tools(("look_twice", {}))
+
+    failing = ScriptedClient(blind)
+    agent = turnkit.Agent("looker-failing", model="scripted", tools=[look_twice], client=failing)
+    broken = await (await tk.conversation(agent)).ask("look")
+    [execution] = await broken.tool_executions()
+    assert execution.status == "failed"
+    failed = [e for e in events if e.type == "media.failed"]
+    assert len(failed) == 1 and failed[0].payload["error"] == "no eyes today"
+    assert broken.status == "completed" and broken.output_text == "gave up"
