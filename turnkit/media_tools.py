@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -73,37 +73,24 @@ async def view_media_in_turn(
     if done is not None:
         return done
     media_client = _client_with(client or agent.effective_client, "view_media")
-    described = request.model_dump(exclude={"media"}) | {"media": ref}
-    await emit("media.requested", turn.id, turn.conversation_id, request=described)
     try:
-        result: Result = await media_client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
-        analyses = [dict(part) for part in result.parts if part.get("type") == "media_analysis"]
-        if not analyses:
-            raise Error("media client returned no media analysis")
+        result, analyses = await analyse(turn, media_client, request, ref)
     except Exception as err:
         await emit("media.failed", turn.id, turn.conversation_id, error=str(err), metadata=request.metadata)
         raise
-    for part in analyses:
-        part["media"] = {**{k: v for k, v in dict(part.get("media") or {}).items() if k != "data"}, **ref}
-        part.setdefault("model", result.model or request.model)
-        part["usage"] = result.usage.to_record()
-        part["metadata"] = request.metadata
-    message = await _persist(
-        store, context, turn, result, message_id, kind="media_analysis", parts=analyses, output_data=result.output_data
+    message = await persist_media_message(
+        store,
+        _execution_fence(context),
+        turn,
+        result,
+        message_id,
+        kind="media_analysis",
+        parts=analyses,
+        metadata={"tool_execution_id": context.execution_id},
+        output_data=result.output_data,
     )
-    first = _described(message)
-    await emit(
-        "media.completed",
-        turn.id,
-        turn.conversation_id,
-        analysis=first.get("text"),
-        model=first.get("model"),
-        provider=first.get("provider"),
-        media=ref,
-        usage=first.get("usage"),
-        cost=first.get("cost"),
-        metadata=request.metadata,
-    )
+    first = described(message)
+    await emit_media_completed(turn, first, ref, request.metadata)
     return first
 
 
@@ -151,13 +138,63 @@ async def paint_in_turn(
     if done is not None:
         return done
     image_client = _client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
+    result, parts = await generate(store, turn, image_client, request)
+    message = await persist_media_message(
+        store,
+        _execution_fence(context),
+        turn,
+        result,
+        message_id,
+        kind="image",
+        parts=parts,
+        metadata={"tool_execution_id": context.execution_id},
+        output_data=None,
+    )
+    first = described(message)
+    await emit_image_completed(turn, first, request.metadata)
+    return first
+
+
+# -- the call and its events (shared with the standalone mode, turnkit.media_standalone) ---------------------------
+
+
+async def analyse(
+    turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]
+) -> tuple[Result, list[dict[str, Any]]]:
+    """``media.requested``, the client's ``view_media``, and its ``media_analysis`` parts (media without bytes).
+
+    Raises:
+        Error: ``"media client returned no media analysis"``.
+    """
+    described_request = request.model_dump(exclude={"media"}) | {"media": ref}
+    await emit("media.requested", turn.id, turn.conversation_id, request=described_request)
+    result: Result = await client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
+    analyses = [dict(part) for part in result.parts if part.get("type") == "media_analysis"]
+    if not analyses:
+        raise Error("media client returned no media analysis")
+    for part in analyses:
+        part["media"] = {**{k: v for k, v in dict(part.get("media") or {}).items() if k != "data"}, **ref}
+        part.setdefault("model", result.model or request.model)
+        part["usage"] = result.usage.to_record()
+        part["metadata"] = request.metadata
+    return result, analyses
+
+
+async def generate(
+    store: Store, turn: TurnRecord, client: Client, request: PaintRequest
+) -> tuple[Result, list[dict[str, Any]]]:
+    """``image.requested``, the client's ``paint``, and its ``image`` parts with the bytes stored (references only).
+
+    Raises:
+        Error: ``"image client returned no image"`` / ``"image client returned image without url or data"``.
+    """
     await emit(
         "image.requested",
         turn.id,
         turn.conversation_id,
         request=request.model_dump(exclude={"input_images", "mask"}),
     )
-    result: Result = await image_client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
+    result: Result = await client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
     images = [dict(part) for part in result.parts if part.get("type") == "image"]
     if not images:
         raise Error("image client returned no image")
@@ -173,28 +210,48 @@ async def paint_in_turn(
             kept
             | stored
             | {
-                "model": part.get("model") or result.model or model,
-                "provider": part.get("provider") or provider,
+                "model": part.get("model") or result.model or request.model,
+                "provider": part.get("provider") or request.provider,
                 "usage": result.usage.to_record(),
                 "params": request.params,
                 "metadata": request.metadata,
             }
         )
-    message = await _persist(store, context, turn, result, message_id, kind="image", parts=parts, output_data=None)
-    first = _described(message)
+    return result, parts
+
+
+async def emit_media_completed(
+    turn: TurnRecord, first: Mapping[str, Any], ref: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> None:
+    """``media.completed`` for a persisted analysis."""
+    await emit(
+        "media.completed",
+        turn.id,
+        turn.conversation_id,
+        analysis=first.get("text"),
+        model=first.get("model"),
+        provider=first.get("provider"),
+        media=dict(ref),
+        usage=first.get("usage"),
+        cost=first.get("cost"),
+        metadata=dict(metadata),
+    )
+
+
+async def emit_image_completed(turn: TurnRecord, first: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+    """``image.completed`` for a persisted image."""
     await emit(
         "image.completed",
         turn.id,
         turn.conversation_id,
-        image=first,
+        image=dict(first),
         model=first.get("model"),
         provider=first.get("provider"),
         mime_type=first.get("mime_type"),
         usage=first.get("usage"),
         cost=first.get("cost"),
-        metadata=request.metadata,
+        metadata=dict(metadata),
     )
-    return first
 
 
 # -- steps ----------------------------------------------------------------------------------------------------------
@@ -247,35 +304,53 @@ def _message_id(context: ToolContext, operation: str, *key: str) -> str:
 async def _existing(store: Store, message_id: str) -> dict[str, Any] | None:
     async with store.atomic() as tx:
         try:
-            return _described(await tx.load_message(message_id))
+            return described(await tx.load_message(message_id))
         except RecordNotFound:
             return None
 
 
-def _described(message: MessageRecord) -> dict[str, Any]:
+def described(message: MessageRecord) -> dict[str, Any]:
+    """The first ``image`` / ``media_analysis`` part of a message, without its type, plus ``message_id``."""
     first = next(part for part in message.content if part.get("type") in ("image", "media_analysis"))
     return {k: v for k, v in first.items() if k != "type"} | {"message_id": message.id}
 
 
-async def _persist(
-    store: Store,
-    context: ToolContext,
-    turn: TurnRecord,
-    result: Result,
-    message_id: str,
-    *,
-    kind: str,
-    parts: list[dict[str, Any]],
-    output_data: Any,
-) -> MessageRecord:
-    """Fence on the execution, append the message and charge the turn, in one transaction."""
-    cost = cost_from_usage(result.usage, result.model)
-    for part in parts:
-        part["cost"] = cost.total
-    async with store.atomic(turn_id=context.root_turn_id) as tx:
+#: Checks, inside the write's transaction, that the writer may still write (raises LostClaim otherwise).
+Fence = Callable[[StoreTx], Awaitable[None]]
+
+
+def _execution_fence(context: ToolContext) -> Fence:
+    async def fence(tx: StoreTx) -> None:
         execution = await tx.load_tool_execution(context.execution_id)
         if execution.status not in ("pending", "running"):
             raise LostClaim(f"tool execution {context.execution_id} is {execution.status}: its writes are fenced")
+
+    return fence
+
+
+async def persist_media_message(
+    store: Store,
+    fence: Fence,
+    turn: TurnRecord,
+    result: Result,
+    message_id: str | None,
+    *,
+    kind: str,
+    parts: list[dict[str, Any]],
+    metadata: Mapping[str, Any],
+    output_data: Any,
+    finish: Callable[[StoreTx, MessageRecord], Awaitable[None]] | None = None,
+) -> MessageRecord:
+    """Fence, append the message, charge the turn (and ``finish``), in one transaction under the root's lock.
+
+    A tool's message carries ``tool_execution_id`` in its metadata, as ToolContext.say does: the column of that
+    name marks the execution's tool-result message.
+    """
+    cost = cost_from_usage(result.usage, result.model)
+    for part in parts:
+        part["cost"] = cost.total
+    async with store.atomic(turn_id=turn.root_turn_id) as tx:
+        await fence(tx)
         message = await tx.append_message(
             turn.conversation_id,
             id=message_id,
@@ -283,12 +358,12 @@ async def _persist(
             kind=kind,
             content=[{"type": kind, **part} for part in parts],
             turn_id=turn.id,
-            # In the metadata, as ToolContext.say does: the column marks the execution's tool-result message.
-            metadata={"tool_execution_id": context.execution_id}
-            | ({"output_data": output_data} if output_data is not None else {}),
+            metadata=dict(metadata) | ({"output_data": output_data} if output_data is not None else {}),
         )
         await _charge(tx, turn.id, result.usage, cost.total, cost.to_dict())
         announce_message(tx, message)
+        if finish is not None:
+            await finish(tx, message)
     return message
 
 
