@@ -578,3 +578,66 @@ async def test_a_repeated_view_media_of_one_execution_is_answered_from_the_store
     failed = [e for e in events if e.type == "media.failed"]
     assert len(failed) == 1 and failed[0].payload["error"] == "no eyes today"
     assert broken.status == "completed" and broken.output_text == "gave up"
+
+
+# -- standalone mode: the whole work of a prepared turn -----------------------------------------------------------
+
+
+async def test_turn_paint_standalone_claims_paints_and_completes_a_prepared_turn(tk: TurnKit) -> None:
+    """Behaviour §3.12 standalone: a pending prepared turn is claimed, ``turn.started``, the image is painted and
+    stored, the turn completes with ``output_data = {type: image, images}`` (references only); a second call finds it
+    completed: ``"cannot paint for completed turn"``; a submitted turn is refused."""
+    data = png(uuid.uuid4().hex)
+    client = ScriptedClient([], images=[image(data, revised_prompt="a calm cat")])
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+    agent = turnkit.Agent("standalone-painter", model="scripted", client=ScriptedClient(["never"]))
+    conversation = await tk.conversation(agent)
+    prepared = await conversation.build_turn("paint a cat")
+    turn = await prepared.paint("a cat", model="scripted-image", client=client)
+
+    assert turn.status == "completed", turn.error
+    digest = hashlib.sha256(data).hexdigest()
+    assert turn.output_text == f"media_{digest[:24]}"
+    assert turn.record.output_data is not None
+    [painted] = turn.record.output_data["images"]
+    assert turn.record.output_data["type"] == "image" and painted["sha256"] == digest and "data" not in painted
+    assert turn.usage.output_tokens == 5
+    [message] = [m for m in await conversation.messages() if m.kind == "image"]
+    assert message.turn_id == turn.id and message.content[0]["revised_prompt"] == "a calm cat"
+    mine = [e.type for e in events if e.turn_id == turn.id]
+    assert mine == ["turn.started", "image.requested", "message.created", "turn.completed", "image.completed"]
+    with pytest.raises(turnkit.Error, match=r"^cannot paint for completed turn$"):
+        await turn.paint("again", model="scripted-image", client=client)
+    queued = await conversation.ask("later", wait=False, paused=True)
+    with pytest.raises(turnkit.Error, match=r"^cannot paint for paused turn$"):
+        await queued.paint("x", model="scripted-image", client=client)
+    await queued.cancel()
+
+
+async def test_turn_view_media_standalone_fails_the_turn_when_the_client_fails(tk: TurnKit) -> None:
+    """Standalone ``view_media``: success completes the turn with the analysis as its output; a client error fails
+    the turn, emits ``media.failed`` and is re-raised."""
+    data = png(uuid.uuid4().hex)
+    agent = turnkit.Agent("standalone-viewer", model="scripted", client=ScriptedClient(["A cat."]))
+    conversation = await tk.conversation(agent)
+    seen = await (await conversation.build_turn("look")).view_media(MediaInput.bytes(data), objective="what?")
+    assert seen.status == "completed", seen.error
+    assert seen.output_text == "A cat."
+    assert seen.record.output_data is not None and seen.record.output_data["type"] == "media_analysis"
+
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+    blind = ScriptedClient([])  # exhausted: the analysis call raises
+    prepared = await conversation.build_turn("look again")
+    with pytest.raises(turnkit.ModelError, match="scripted client has no more results"):
+        await prepared.view_media(MediaInput.bytes(data), objective="what?", client=blind)
+    failed = await prepared.refresh()
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error["message"] == "scripted client has no more results"
+    assert [e.type for e in events if e.turn_id == prepared.id] == [
+        "turn.started",
+        "media.requested",
+        "media.failed",
+        "turn.failed",
+    ]

@@ -32,6 +32,7 @@ from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.ids import new_id
 from turnkit.media import MediaInput, check_media, stored_media
+from turnkit.media_standalone import paint_turn, view_media_turn
 from turnkit.model import ModelRequest, Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
 from turnkit.prepared import SUBMITTABLE, preview_request
@@ -628,6 +629,18 @@ class Turn:
         """Submit a prepared turn (:meth:`perform_later`) and wait until it has finished (spec ``run!``; T04)."""
         await self.perform_later(callback=callback)
         return await self.result(timeout=timeout)
+
+    async def paint(self, prompt: str, *, model: str, **options: Any) -> Turn:
+        """Generate an image as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
+        :func:`turnkit.media_standalone.paint_turn` for ``options`` and errors. Returns the finished turn."""
+        await paint_turn(self._tk, self.id, prompt, model=model, **options)
+        return await self.refresh()
+
+    async def view_media(self, media: MediaInput | str, *, objective: str, **options: Any) -> Turn:
+        """Analyse media as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
+        :func:`turnkit.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished turn."""
+        await view_media_turn(self._tk, self.id, media, objective=objective, **options)
+        return await self.refresh()
 
     async def refresh(self) -> Turn:
         """Re-read the record from the store (a database blink is waited out, up to ``BLINK_WINDOW`` s)."""

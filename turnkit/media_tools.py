@@ -57,7 +57,7 @@ async def view_media_in_turn(
         RecordNotFound: No stored media has that id.
     """
     store, turn = await _running_turn(context, "cannot view media for")
-    ref, data = await _media_with_data(store, media)
+    ref, data = await media_with_data(store, media)
     agent = resolve_agent(turn.agent_name)
     request = ViewMediaRequest(
         media={**ref, "data": base64.b64encode(data).decode("ascii")},
@@ -121,8 +121,8 @@ async def paint_in_turn(
     store, turn = await _running_turn(context, "cannot paint for")
     if not model:
         raise ConfigError("paint needs an image model (ImageTool.model, or model=)")
-    references = [await _media_with_data(store, item) for item in input_images or ()]
-    mask_ref = await _media_with_data(store, mask) if mask is not None else None
+    references = [await media_with_data(store, item) for item in input_images or ()]
+    mask_ref = await media_with_data(store, mask) if mask is not None else None
     request = PaintRequest(
         prompt=prompt,
         model=model,
@@ -266,7 +266,7 @@ async def _running_turn(context: ToolContext, refusal: str) -> tuple[Store, Turn
     return context.store, turn
 
 
-async def _media_with_data(store: Store, media: MediaInput | str) -> tuple[dict[str, Any], bytes]:
+async def media_with_data(store: Store, media: MediaInput | str) -> tuple[dict[str, Any], bytes]:
     """A media item's reference (its ``media`` part without the type) and bytes; a MediaInput is stored first."""
     async with store.atomic() as tx:
         if isinstance(media, MediaInput):
