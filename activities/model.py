@@ -46,6 +46,7 @@ from turnkit.errors import (
     error_class_name,
 )
 from turnkit.events import announce, announce_message, emit
+from turnkit.media import with_media_data
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.records import MessageRecord, TurnRecord
@@ -105,16 +106,18 @@ class ModelActivities:
             message_count=len(request.messages),
             prompt=_prompt_report(request),
         )
+        # Media bytes are read here, for the provider call only: they never enter a payload (turnkit.media).
+        sent = await retry_store(lambda: with_media_data(self.store, request), what="model media")
         try:
             async with heartbeating():
-                result = await client.chat(request)
+                result = await client.chat(sent)
         except (ModelError, ConfigError, TransientModelError) as err:
             raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         audit = None
         if not result.tool_calls:  # a final answer: audited before it is published (behaviour §3.9)
             try:
-                audit = await audit_answer(turn, agent, result, call.request_id, store=self.store)
+                audit = await audit_answer(turn, agent, result, call.request_id, messages, store=self.store)
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err
         step = await self._persist(call, turn, request.model, result, audit)

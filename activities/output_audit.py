@@ -17,6 +17,7 @@ The model activity calls three hooks, so the workflow needs no new command:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from turnkit.errors import OutputAudit
 from turnkit.events import announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
-from turnkit.records import TurnRecord
+from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx
 
 __all__ = ["AnswerAudit", "JudgeCharge", "announce_audit", "audit_answer", "publication", "record_audit"]
@@ -54,9 +55,16 @@ class AnswerAudit:
 
 
 async def audit_answer(
-    turn: TurnRecord, agent: Agent, result: Result, request_id: str, *, store: Store | None = None
+    turn: TurnRecord,
+    agent: Agent,
+    result: Result,
+    request_id: str,
+    messages: Sequence[MessageRecord] = (),
+    *,
+    store: Store | None = None,
 ) -> AnswerAudit | None:
-    """Audit a final answer with the agent's output policy (None when the agent has none).
+    """Audit a final answer with the agent's output policy (None when the agent has none); ``messages`` are the
+    turn's context, for constraints that declare ``messages`` (``require_image``).
 
     Raises:
         ModelError, TransientModelError, ConfigError: A judge call failed (mapped like the main call's failures),
@@ -97,6 +105,7 @@ async def audit_answer(
         output_text=result.text,
         output_data=result.output_data,
         turn=turn,
+        messages=[m for m in messages if m.turn_id == turn.id],
         ask=ask,
         judge_model=lambda p: (
             p.model or agent.output_policy_model or settings.output_policy_model or turn.model or settings.default_model

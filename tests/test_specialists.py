@@ -4,6 +4,7 @@ sub-agents of a real turn."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,11 @@ from turnkit.runtime import TurnKit
 from turnkit.skills import Skill
 from turnkit.specialists import (
     NOT_AUTHORIZED,
-    PAINT_NOT_SUPPORTED,
     GitHubRepositoryReadTool,
     ReadFileTool,
     ReadOnlyTool,
 )
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.testing import ScriptedClient, call_tools, image
 from turnkit.tools import ToolContext, tool
 
 
@@ -191,15 +191,28 @@ async def test_painter_gate_and_reference_limit(tk: TurnKit) -> None:
     assert spec.name == "paint_image" and spec.terminal is True
 
 
-async def test_an_allowed_paint_is_not_supported_yet(tk: TurnKit) -> None:
-    """Image generation is not implemented: an authorized call fails with a clear tool error (the turn goes on).
+async def test_an_allowed_paint_ends_the_turn_with_the_image_message_id_and_no_base64(tk: TurnKit) -> None:
+    """T106: when allowed, the painter paints and the terminal JSON holds ``image_message_id`` and no base64 data.
     A gate that answers something other than literally ``True`` denies."""
-    client = ScriptedClient([call_tools(("paint_image", {"prompt": "a dog"})), "no image"])
-    run = await tk.run(specialists.painter(model="scripted", authorization=Gate(True), client=client), "paint")
-    assert run.status == "completed"
+    data = b"\x89PNG\r\n\x1a\n" + b"dog pixels " * 50
+    client = ScriptedClient([call_tools(("paint_image", {"prompt": "a dog"}))], images=[image(data)])
+    painter = specialists.painter(
+        model="scripted", image_model="scripted-image", authorization=Gate(True), client=client
+    )
+    run = await tk.run(painter, "paint")
+    assert run.status == "completed", run.error
     [execution] = await run.tool_executions()
-    assert execution.status == "failed" and execution.error is not None
-    assert execution.error["message"] == PAINT_NOT_SUPPORTED
+    assert execution.status == "completed" and execution.result is not None
+    terminal = json.dumps(execution.result)
+    assert base64.b64encode(data).decode()[:40] not in terminal and '"data"' not in terminal
+    [image_message] = [
+        m for m in await (await tk.load_conversation(run.record.conversation_id)).messages() if m.kind == "image"
+    ]
+    assert execution.result["image_message_id"] == image_message.id
+    assert execution.result["conversation_id"] == run.record.conversation_id
+    assert execution.result["image"]["byte_size"] == len(data)
+    [request] = client.paint_requests
+    assert (request.prompt, request.model) == ("a dog", "scripted-image")
     truthy = specialists.painter(model="m", authorization=Gate("yes")).tool("paint_image")
     assert truthy is not None
     with pytest.raises(ToolError, match=f"^{NOT_AUTHORIZED}$"):

@@ -34,6 +34,10 @@ from turnkit.errors import (
 from turnkit.events import Event
 from turnkit.handles import Conversation, Turn
 from turnkit.live_context import LiveContextContribution, PromptBuildContext
+from turnkit.media import MediaInput
+from turnkit.media_calls import paint, view_media
+from turnkit.media_requests import PaintRequest, ViewMediaRequest
+from turnkit.media_tools import ImageTool, ViewMediaTool
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, Violation, check_output_policy
 from turnkit.plugin import TurnKitPlugin
@@ -41,6 +45,7 @@ from turnkit.prompt import SystemPrompt
 from turnkit.records import (
     ConversationRecord,
     DeliveryRecord,
+    MediaRecord,
     MessageRecord,
     ToolExecutionRecord,
     TurnRecord,
@@ -66,15 +71,19 @@ __all__ = [
     "DeliveryRecord",
     "Error",
     "Event",
+    "ImageTool",
     "InputError",
     "LiveContextContribution",
     "LostClaim",
+    "MediaInput",
+    "MediaRecord",
     "MessageRecord",
     "ModelAccessError",
     "ModelError",
     "ModelRequest",
     "OutputAudit",
     "OutputPolicy",
+    "PaintRequest",
     "PromptBuildContext",
     "RecordNotFound",
     "Result",
@@ -97,11 +106,14 @@ __all__ = [
     "TurnKitPlugin",
     "TurnRecord",
     "Usage",
+    "ViewMediaRequest",
+    "ViewMediaTool",
     "Violation",
     "WaitRecord",
     "check_output_policy",
     "configure",
     "connect",
+    "paint",
     "providers",
     "register",
     "registered_agents",
@@ -109,4 +121,5 @@ __all__ = [
     "settings",
     "specialists",
     "tool",
+    "view_media",
 ]

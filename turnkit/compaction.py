@@ -338,6 +338,8 @@ def summary_request(
     projected = truncate_tool_output(
         drop_unanswered_calls(project_messages(selection.middle)), int(policy["tool_output_max_chars"])
     )
+    # The summariser reads text: media references (whose bytes this call does not load) are left out.
+    projected = [{key: value for key, value in message.items() if key != "media"} for message in projected]
     projected.append({"role": "user", "content": _user_prompt(selection, focus, target)})
     request = ModelRequest(
         model=model,

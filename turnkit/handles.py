@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,8 @@ from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.events import check_on_event, register_turn_callback, unregister_turn_callback
 from turnkit.ids import new_id
+from turnkit.media import MediaInput, check_media, stored_media
+from turnkit.media_standalone import paint_turn, view_media_turn
 from turnkit.model import ModelRequest, Usage
 from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
 from turnkit.prepared import SUBMITTABLE, preview_request
@@ -141,6 +143,7 @@ class Conversation:
         budget: dict[str, Any] | None = None,
         root_turn_id: str | None = None,
         on_event: Any = None,
+        media: Sequence[MediaInput] | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -155,9 +158,12 @@ class Conversation:
         starting its own. ``on_event`` (a callable or a list) receives this turn's events instead of its agent's or
         the global callback (behaviour §3.11), when a worker in this process runs the turn: callbacks cannot cross
         to a remote worker (register them there, on the agent or globally). Its sub-agents inherit the agent's.
+        ``media`` (:class:`~turnkit.media.MediaInput` items) go with the message as image or document input: their
+        bytes are stored first, the message holds references.
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        check_media(media)
         check_budget(budget)
         callbacks = check_on_event(on_event)
         wait_ids = [t.id if isinstance(t, Turn) else t for t in wait_for or []]
@@ -192,6 +198,7 @@ class Conversation:
             compact=compact,
             budget=budget,
             root_turn_id=await self._joined_root(root_turn_id),
+            media=await stored_media(self._tk.store, media),
         )
         # The whole submission must stay within the limit: a clear error instead of an RPC error.
         check_size("input", len(request.model_dump_json(fallback=str).encode("utf-8")))
@@ -227,6 +234,7 @@ class Conversation:
         budget: dict[str, Any] | None = None,
         root_turn_id: str | None = None,
         on_event: Any = None,
+        media: Sequence[MediaInput] | None = None,
     ) -> Turn:
         """Append ``text`` and build its turn without submitting it (behaviour §1.4 ``build_turn``; a *prepared* turn).
 
@@ -238,6 +246,7 @@ class Conversation:
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
         check_budget(budget)
         callbacks = check_on_event(on_event)
+        check_media(media)
         request = SubmitTurn(
             conversation_id=self.id,
             turn_id=new_id("turn"),
@@ -256,6 +265,7 @@ class Conversation:
             compact=compact,
             budget=budget,
             root_turn_id=await self._joined_root(root_turn_id),
+            media=await stored_media(self._tk.store, media),
         )
         agent_def = resolve_agent(agent or self.agent_name)
         async with self._tk.store.atomic(conversation_id=self.id) as tx:
@@ -635,6 +645,18 @@ class Turn:
         """Submit a prepared turn (:meth:`perform_later`) and wait until it has finished (spec ``run!``; T04)."""
         await self.perform_later(callback=callback)
         return await self.result(timeout=timeout)
+
+    async def paint(self, prompt: str, *, model: str, **options: Any) -> Turn:
+        """Generate an image as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
+        :func:`turnkit.media_standalone.paint_turn` for ``options`` and errors. Returns the finished turn."""
+        await paint_turn(self._tk, self.id, prompt, model=model, **options)
+        return await self.refresh()
+
+    async def view_media(self, media: MediaInput | str, *, objective: str, **options: Any) -> Turn:
+        """Analyse media as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
+        :func:`turnkit.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished turn."""
+        await view_media_turn(self._tk, self.id, media, objective=objective, **options)
+        return await self.refresh()
 
     async def refresh(self) -> Turn:
         """Re-read the record from the store (a database blink is waited out, up to ``BLINK_WINDOW`` s)."""

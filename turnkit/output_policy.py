@@ -37,6 +37,8 @@ __all__ = [
     "audit_output",
     "check_output_policy",
     "normalize_output_policy",
+    "require_image",
+    "require_media_analysis",
     "revision_request",
 ]
 
@@ -53,7 +55,7 @@ JudgeAsk = Callable[[ModelRequest, "OutputPolicy"], Awaitable[Result]]
 
 _POLICY_SUFFIXES: Final = (".md", ".markdown", ".txt")
 _DEFAULT_RULE: Final = "output_constraint"
-_CONTEXT_KEYS: Final = ("turn", "output_text", "output_data")
+_CONTEXT_KEYS: Final = ("turn", "output_text", "output_data", "messages")
 
 #: The judge's structured answer (behaviour §3.9).
 JUDGE_SCHEMA: Final[dict[str, Any]] = {
@@ -120,6 +122,27 @@ class AuditResult:
                 Violation(str(v.get("rule")), str(v.get("message")), dict(v.get("metadata") or {})) for v in violations
             )
         )
+
+
+def _produced(kind: str, output_data: Any, messages: Sequence[Any]) -> bool:
+    if isinstance(output_data, Mapping) and output_data.get("type") == kind:  # pyright: ignore[reportUnknownMemberType]
+        return True
+    return any(getattr(message, "kind", None) == kind for message in messages)
+
+
+def require_image(output: Any, *, output_data: Any = None, messages: Sequence[Any] = ()) -> Violation | None:
+    """Built-in constraint (behaviour §3.9): passes when the output data or the turn's messages hold an image."""
+    if _produced("image", output_data, messages):
+        return None
+    return Violation("require_image", "the turn produced no image")
+
+
+def require_media_analysis(output: Any, *, output_data: Any = None, messages: Sequence[Any] = ()) -> Violation | None:
+    """Built-in constraint (behaviour §3.9): passes when the output data or the turn's messages hold a media
+    analysis."""
+    if _produced("media_analysis", output_data, messages):
+        return None
+    return Violation("require_media_analysis", "the turn produced no media analysis")
 
 
 class OutputPolicy:
@@ -201,6 +224,11 @@ class OutputPolicy:
         # Not approved but nothing named: still dirty, or a judge that forgot the list would pass everything.
         return found or [Violation(self.name, "output policy did not approve the output")]
 
+    require_image = staticmethod(require_image)
+    """``OutputPolicy.require_image``: the built-in constraint :func:`require_image`."""
+    require_media_analysis = staticmethod(require_media_analysis)
+    """``OutputPolicy.require_media_analysis``: the built-in constraint :func:`require_media_analysis`."""
+
     def __repr__(self) -> str:
         """Show the name and model."""
         return f"OutputPolicy(name={self.name!r}, model={self.model!r})"
@@ -246,6 +274,7 @@ async def audit_output(
     output_text: str,
     output_data: Any = None,
     turn: Any = None,
+    messages: Sequence[Any] = (),
     ask: JudgeAsk,
     judge_model: Callable[[OutputPolicy], str],
     judge_thinking: Callable[[OutputPolicy], dict[str, Any] | None],
@@ -254,14 +283,14 @@ async def audit_output(
 
     The audit input is ``output_data`` when it is not None, else ``output_text``. A constraint is called through its
     ``check`` method, else itself, with the input and those of the keywords ``turn``, ``output_text`` and
-    ``output_data`` that it declares (all of them when it takes ``**kwargs``). Judges ask their model through
-    ``ask``.
+    ``output_data`` that it declares (all of them when it takes ``**kwargs``), and ``messages`` (the turn's own
+    messages) when it declares that by name. Judges ask their model through ``ask``.
 
     Raises:
         ConfigError: A constraint raised, or returned a value that cannot be read as violations.
     """
     subject = output_data if output_data is not None else output_text
-    context = {"turn": turn, "output_text": output_text, "output_data": output_data}
+    context = {"turn": turn, "output_text": output_text, "output_data": output_data, "messages": list(messages)}
     found: list[Violation] = []
     for constraint in constraints:
         if isinstance(constraint, OutputPolicy):
@@ -345,9 +374,10 @@ def _declared(target: Callable[..., Any], context: dict[str, Any]) -> dict[str, 
         parameters = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature: give them the output only
         return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return dict(context)
     names = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        # The spec's three keywords; ``messages`` (TurnKit for Python's addition) only when declared by name.
+        return {key: value for key, value in context.items() if key != "messages" or key in names}
     return {key: value for key, value in context.items() if key in names and key in _CONTEXT_KEYS}
 
 

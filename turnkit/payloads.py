@@ -113,6 +113,8 @@ class SubmitTurn(BaseModel):
     compact: bool | None = None
     #: Budget limits for this turn's tree, merged over the agent's (behaviour §6.1 names).
     budget: dict[str, Any] | None = None
+    #: References (``media`` content parts) to media stored before submission: the bytes are in the store.
+    media: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
 
 
 class DeliverySignal(BaseModel):

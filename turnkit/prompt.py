@@ -409,6 +409,10 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
             {"role": "user", "content": SUMMARY_QUESTION},
             {"role": "assistant", "content": f"{SUMMARY_PREAMBLE}\n\n{message.text}"},
         ]
+    if message.kind in ("image", "media_analysis") and message.metadata.get("tool_execution_id"):
+        # Written by a tool (ImageTool, ViewMediaTool) between its call and its result: the result carries the same
+        # facts, and a message there would split the call from its result, which providers reject.
+        return []
     projected: dict[str, Any]
     if message.kind == "tool_call":
         # Thinking first (spec T13): it is the reasoning that led to the text and the calls.
@@ -446,6 +450,9 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
         projected = {"role": "assistant", "content": "\n".join(blocks)}
     else:
         projected = {"role": message.role, "content": message.text}
+        refs = [{k: v for k, v in p.items() if k != "type"} for p in _parts(message, "media")]
+        if refs:  # references only; the model activity adds the bytes (turnkit.media.resolve_media)
+            projected["media"] = refs
     provider_parts = _parts(message, "provider")
     if provider_parts:
         projected["provider_parts"] = provider_parts

@@ -30,6 +30,7 @@ __all__ = [
     "ActiveTurnStatus",
     "ConversationRecord",
     "DeliveryRecord",
+    "MediaRecord",
     "MessageRecord",
     "OpenExecutionStatus",
     "TerminalExecutionStatus",
@@ -257,3 +258,31 @@ class WaitRecord(BaseModel):
 def message_text(content: list[dict[str, Any]]) -> str:
     """Join the ``text`` parts of a message's content with newlines (behaviour §2.3 ``Message#text``)."""
     return "\n".join(str(part.get("text", "")) for part in content if part.get("type", "text") == "text")
+
+
+class MediaRecord(BaseModel):
+    """A stored media item's reference: what messages, tool results and payloads carry instead of its bytes.
+
+    The bytes stay in the store (``StoreTx.load_media_data``); ``id`` is ``media_`` + the first 24 hex characters of
+    the SHA-256 of the bytes, so equal bytes have one id.
+    """
+
+    model_config = _RECORD_CONFIG
+
+    id: str
+    mime_type: str
+    byte_size: int
+    sha256: str
+    filename: str | None = None
+
+    def reference(self) -> dict[str, Any]:
+        """The JSON reference ``{media_id, mime_type, byte_size, sha256, filename?}``."""
+        ref: dict[str, Any] = {
+            "media_id": self.id,
+            "mime_type": self.mime_type,
+            "byte_size": self.byte_size,
+            "sha256": self.sha256,
+        }
+        if self.filename:
+            ref["filename"] = self.filename
+        return ref

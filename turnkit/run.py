@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from turnkit.cost import total_cost, total_usage
@@ -10,6 +11,7 @@ from turnkit.errors import InputError
 from turnkit.events import check_on_event
 from turnkit.handles import Turn, joined_root
 from turnkit.jsonschema import schema_errors
+from turnkit.media import MediaInput, check_media
 from turnkit.model import Usage
 from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.validation import check_text
@@ -130,6 +132,7 @@ async def start_run(
     parent_run: Run | None = None,
     root_turn_id: str | None = None,
     on_event: Any = None,
+    media: Sequence[MediaInput] | None = None,
 ) -> Run:
     """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
 
@@ -151,6 +154,7 @@ async def start_run(
             raise InputError("; ".join(errors))  # before anything is written
     text = check_text("task", task_text(task, input))  # before the conversation is written (issue 8 item 1)
     check_on_event(on_event)  # before anything is written
+    check_media(media)
     root_turn_id = await joined_root(tk.store, root_turn_id)
     conversation = await tk.conversation(
         agent, subject=subject, metadata=metadata, context=context, principal=principal
@@ -165,6 +169,7 @@ async def start_run(
             budget=budget,
             root_turn_id=root_turn_id,
             on_event=on_event,
+            media=media,
         )
         return Run(tk, turn.id, turn.record)
     turn = await conversation.ask(
@@ -177,6 +182,7 @@ async def start_run(
         budget=budget,
         root_turn_id=root_turn_id,
         on_event=on_event,
+        media=media,
     )
     run = Run(tk, turn.id, turn.record)
     return await run.result() if wait else run

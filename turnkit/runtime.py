@@ -122,8 +122,9 @@ class TurnKit:
         ``input`` is checked against the agent's ``input_schema`` first (``InputError``, nothing written) and added
         to the task message as JSON. ``options``: ``principal``, ``context``, ``subject``, ``metadata``, ``callback``,
         ``compact``, ``budget``, ``on_event`` (this run's events, when a worker in this process runs it; see
-        :meth:`Conversation.ask`), ``parent_run`` (or ``root_turn_id``) to join an existing run's tree (its budgets,
-        usage and deadline; behaviour §1.2), and ``prepare=True`` to build the run's turn without submitting it (spec
+        :meth:`Conversation.ask`), ``media`` (:class:`~turnkit.media.MediaInput` items sent with the task),
+        ``parent_run`` (or ``root_turn_id``) to join an existing run's tree (its budgets, usage and deadline;
+        behaviour §1.2), and ``prepare=True`` to build the run's turn without submitting it (spec
         ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``).
         """
         return await start_run(self, agent, task, input=input, wait=wait, **options)

@@ -10,12 +10,14 @@ running in a Temporal worker.
 
 from __future__ import annotations
 
+import base64
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 from turnkit.errors import ModelError
+from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, ToolCall, Usage
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "ScriptItem",
     "ScriptedClient",
     "call_tools",
+    "image",
     "say",
 ]
 
@@ -74,6 +77,23 @@ def call_tools(
     return Result.build(text=text, tool_calls=built, usage=DEFAULT_USAGE if usage is None else usage)
 
 
+def image(
+    data: bytes, *, mime_type: str = "image/png", revised_prompt: str | None = None, usage: Usage | None = None
+) -> Result:
+    """A generated image, for :class:`ScriptedClient`'s ``images`` script (``paint`` answers).
+
+    Args:
+        data: The image bytes (sent base64-encoded, as providers do).
+        mime_type: Their type.
+        revised_prompt: The prompt as the "provider" revised it.
+        usage: Its usage; defaults to :data:`DEFAULT_USAGE`.
+    """
+    part: dict[str, Any] = {"type": "image", "data": base64.b64encode(data).decode("ascii"), "mime_type": mime_type}
+    if revised_prompt is not None:
+        part["revised_prompt"] = revised_prompt
+    return Result(parts=[part], usage=DEFAULT_USAGE if usage is None else usage)
+
+
 def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:12]}"
 
@@ -91,12 +111,22 @@ class ScriptedClient:
     :class:`~turnkit.errors.ModelError` ``"scripted client has no more results"``.
     """
 
-    def __init__(self, script: Sequence[ScriptItem] | Callable[[ModelRequest], Result | str]) -> None:
+    def __init__(
+        self,
+        script: Sequence[ScriptItem] | Callable[[ModelRequest], Result | str],
+        *,
+        images: Sequence[Result] = (),
+    ) -> None:
         """Create the client.
 
         Args:
-            script: The scripted answers, or one callable answering every call.
+            script: The scripted answers, or one callable answering every call (``view_media`` calls included: they
+                are chat calls with the media in the user message).
+            images: The answers to ``paint`` calls, in order (see :func:`image`).
         """
+        self._images = list(images)
+        self.paint_requests: list[PaintRequest] = []
+        """Every ``paint`` request received, in order."""
         self._lock = threading.Lock()
         self._responder: Callable[[ModelRequest], Result | str] | None = None
         self._items: list[ScriptItem] = []
@@ -145,6 +175,25 @@ class ScriptedClient:
         if callable(item):
             item = item(request)
         return self._finish(item, request)
+
+    async def view_media(self, request: ViewMediaRequest) -> Result:
+        """Answer a media analysis from the script: the next item answers the chat request of
+        :func:`~turnkit.media_requests.analysis_request` (media and objective in one user message)."""
+        answer = await self.chat(analysis_request(request))
+        return analysis_result(answer, request, provider="scripted")
+
+    async def paint(self, request: PaintRequest) -> Result:
+        """Return the next scripted image.
+
+        Raises:
+            ModelError: The ``images`` script is exhausted.
+        """
+        with self._lock:
+            self.paint_requests.append(request)
+            if not self._images:
+                raise ModelError("scripted client has no more images")
+            result = self._images.pop(0)
+        return result.model_copy(update={"model": result.model or request.model})
 
     def _finish(self, item: Result | str, request: ModelRequest) -> Result:
         result = say(item) if isinstance(item, str) else item

@@ -29,7 +29,8 @@ async def create_turn(
     message = await tx.append_message(
         conversation.id,
         role="user",
-        text=request.text,
+        content=[{"type": "text", "text": request.text}, *request.media] if request.media else None,
+        text=None if request.media else request.text,
         id=request.message_id,
         metadata=request.message_metadata,
     )

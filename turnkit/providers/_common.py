@@ -14,7 +14,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from turnkit.errors import ModelAccessError, ModelError, TransientModelError
+from turnkit.errors import ConfigError, ModelAccessError, ModelError, TransientModelError
+from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, Usage
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "exclusive_usage",
     "fully_required",
     "join_instructions",
+    "media_inputs",
     "output_data",
     "replay_data",
     "resolve_model",
@@ -63,6 +65,8 @@ class ProviderClient(Generic[_SDK, _Answer]):
 
     errors: ClassVar[SdkErrors]
     """The SDK's exception classes."""
+    provider: ClassVar[str] = ""
+    """The provider's name, as ``image`` and ``media_analysis`` parts record it."""
 
     def __init__(self, model: str | None, client: _SDK | None, request_options: Mapping[str, Any] | None) -> None:
         self.model = model or None
@@ -101,6 +105,19 @@ class ProviderClient(Generic[_SDK, _Answer]):
     def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
         """The SDK call's arguments for a request (exposed for inspection and tests)."""
         raise NotImplementedError
+
+    async def view_media(self, request: ViewMediaRequest) -> Result:
+        """Analyse one media item for an objective (behaviour §3.6): one chat call with the media as input.
+
+        Returns:
+            One ``media_analysis`` part (its ``media`` without the bytes) and the call's usage.
+        """
+        answer = await self.chat(analysis_request(request))
+        return analysis_result(answer, request, provider=self.provider)
+
+    async def paint(self, request: PaintRequest) -> Result:
+        """Generate an image (behaviour §3.6); providers without an image API raise :class:`ConfigError`."""
+        raise ConfigError(f"{type(self).__name__} cannot paint: {self.provider} has no image generation API")
 
     async def _send(self, sdk: _SDK, params: dict[str, Any]) -> _Answer:
         """The one SDK call."""
@@ -361,3 +378,35 @@ def replay_data(message: Mapping[str, Any], kind: str) -> list[Any] | None:
         elif data is not None:
             items.append(data)
     return items if found else None
+
+
+@dataclass(frozen=True)
+class MediaInputPart:
+    """One media item of a projected message, with its bytes (base64), ready for a provider's wire format."""
+
+    kind: str
+    """``image`` or ``document``."""
+    mime_type: str
+    data: str
+    """The bytes, base64-encoded."""
+    filename: str | None
+
+
+def media_inputs(message: Mapping[str, Any], provider: str) -> list[MediaInputPart]:
+    """The media of a projected user message (``message["media"]``, completed with ``data`` by the model activity).
+
+    Raises:
+        ConfigError: An item has no bytes (a request built without them, such as a preview), or is audio or video,
+            which ``provider`` does not take as input.
+    """
+    parts: list[MediaInputPart] = []
+    for ref in message.get("media") or ():
+        mime_type = str(ref.get("mime_type") or "")
+        kind = str(ref.get("kind") or "")
+        if kind not in ("image", "document"):
+            raise ConfigError(f"{provider} does not accept {mime_type or kind} media as input")
+        data = ref.get("data")
+        if not data:
+            raise ConfigError(f"media {ref.get('media_id')} has no data: only the model activity can send it")
+        parts.append(MediaInputPart(kind=kind, mime_type=mime_type, data=str(data), filename=ref.get("filename")))
+    return parts

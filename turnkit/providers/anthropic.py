@@ -22,6 +22,7 @@ from turnkit.providers._common import (
     count,
     exclusive_usage,
     join_instructions,
+    media_inputs,
     replay_data,
     sdk_options,
     strict_schema,
@@ -62,6 +63,7 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
     errors = SdkErrors(
         connection=anthropic.APIConnectionError, status=anthropic.APIStatusError, base=anthropic.AnthropicError
     )
+    provider = "anthropic"
 
     def __init__(
         self,
@@ -179,7 +181,8 @@ def message_params(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
             blocks = replay if replay is not None else _assistant_blocks(content, message.get("tool_calls") or ())
         else:
             role = "user"
-            blocks = [{"type": "text", "text": content}] if content else []
+            blocks = media_blocks(message)  # media first: Anthropic reads an image best before the text about it
+            blocks += [{"type": "text", "text": content}] if content else []
         if not blocks:
             continue  # Anthropic rejects empty messages and empty text blocks
         if merged and merged[-1]["role"] == role:
@@ -187,6 +190,17 @@ def message_params(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         else:
             merged.append({"role": role, "content": list(blocks)})
     return merged
+
+
+def media_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The media of a projected user message as Messages API ``image`` / ``document`` blocks (base64 sources)."""
+    return [
+        {
+            "type": "image" if media.kind == "image" else "document",
+            "source": {"type": "base64", "media_type": media.mime_type, "data": media.data},
+        }
+        for media in media_inputs(message, "Anthropic")
+    ]
 
 
 def _assistant_blocks(content: str, tool_calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

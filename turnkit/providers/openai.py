@@ -14,7 +14,8 @@ from typing import Any, Final
 import openai
 from openai.types.responses import Response
 
-from turnkit.errors import ModelAccessError, ModelError
+from turnkit.errors import ConfigError, ModelAccessError, ModelError
+from turnkit.media_requests import PaintRequest
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
     ProviderClient,
@@ -24,9 +25,12 @@ from turnkit.providers._common import (
     exclusive_usage,
     fully_required,
     join_instructions,
+    media_inputs,
     replay_data,
+    resolve_model,
     sdk_options,
     strict_schema,
+    translated_errors,
 )
 
 __all__ = ["PROVIDER_KIND", "OpenAIClient"]
@@ -57,6 +61,7 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
     """
 
     errors = SdkErrors(connection=openai.APIConnectionError, status=openai.APIStatusError, base=openai.OpenAIError)
+    provider = "openai"
 
     def __init__(
         self,
@@ -110,6 +115,24 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
             model=model,
             structured=request.output_schema is not None,
         )
+
+    async def paint(self, request: PaintRequest) -> Result:
+        """Generate one image with ``images.generate`` (behaviour §3.6): an ``image`` part with the base64 ``data``
+        (or the ``url`` the API answered with), the revised prompt, and the call's usage.
+
+        Raises:
+            ConfigError: ``input_images`` or ``mask`` were given (edits are not supported yet).
+            ModelError: The provider refused the request (see :meth:`chat` for the other errors).
+        """
+        if request.input_images or request.mask:
+            raise ConfigError(
+                "OpenAIClient.paint generates from a prompt only: input_images and mask are not supported"
+            )
+        params = image_params(request)
+        sdk = self.sdk
+        async with translated_errors(self.errors):
+            answer = await sdk.images.generate(**params)
+        return image_result(answer.to_dict(mode="json"), model=params["model"])
 
     def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
         """The ``responses.create`` arguments for a request (exposed for inspection and tests)."""
@@ -165,9 +188,51 @@ def input_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                         "arguments": json.dumps(call.get("arguments") or {}, ensure_ascii=False),
                     }
                 )
+        elif message.get("media"):
+            items.append({"role": "user", "content": user_content(content, message)})
         else:
             items.append({"role": "user", "content": content})
     return items
+
+
+def user_content(text: str, message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A user message with media as Responses content parts: the text (``input_text``), then each image as an
+    ``input_image`` data URL and each document as an ``input_file``."""
+    content: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
+    for media in media_inputs(message, "OpenAI"):
+        url = f"data:{media.mime_type};base64,{media.data}"
+        if media.kind == "image":
+            content.append({"type": "input_image", "image_url": url, "detail": "auto"})
+        else:
+            content.append({"type": "input_file", "filename": media.filename or "document.pdf", "file_data": url})
+    return content
+
+
+def image_params(request: PaintRequest) -> dict[str, Any]:
+    """The ``images.generate`` arguments for a paint request: its params, then model, prompt, size and ``n=1``."""
+    params: dict[str, Any] = {**request.params, "model": resolve_model(None, request.model), "prompt": request.prompt}
+    if request.size:
+        params["size"] = request.size
+    params["n"] = 1
+    return params
+
+
+def image_result(answer: Mapping[str, Any], *, model: str) -> Result:
+    """An ``images.generate`` answer (JSON) as ``image`` parts and usage."""
+    mime_type = f"image/{answer.get('output_format') or 'png'}"
+    parts: list[dict[str, Any]] = []
+    for image in answer.get("data") or ():
+        part: dict[str, Any] = {"type": "image", "mime_type": mime_type, "model": model, "provider": "openai"}
+        for source, key in (("b64_json", "data"), ("url", "url"), ("revised_prompt", "revised_prompt")):
+            if image.get(source):
+                part[key] = image[source]
+        parts.append(part)
+    usage = answer.get("usage") or {}
+    return Result(
+        parts=parts,
+        usage=Usage(input_tokens=count(usage, "input_tokens"), output_tokens=count(usage, "output_tokens")),
+        model=model,
+    )
 
 
 def function_tool(spec: ToolSpec) -> dict[str, Any]:

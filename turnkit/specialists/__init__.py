@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from turnkit.specialists.agents import librarian, oracle, painter
 from turnkit.specialists.github import GitHubRepositoryReadTool, HttpxGitHubClient
-from turnkit.specialists.paint import NOT_AUTHORIZED, PAINT_NOT_SUPPORTED, PaintImageTool
+from turnkit.specialists.paint import NOT_AUTHORIZED, PaintImageTool
 from turnkit.specialists.read_file import ReadFileTool
 from turnkit.specialists.read_only import ReadOnlyTool
 
 __all__ = [
     "NOT_AUTHORIZED",
-    "PAINT_NOT_SUPPORTED",
     "GitHubRepositoryReadTool",
     "HttpxGitHubClient",
     "PaintImageTool",

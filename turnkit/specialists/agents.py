@@ -113,8 +113,9 @@ def painter(
 ) -> Agent:
     """The ``painter``: one terminal ``paint_image`` tool behind an ``authorization`` gate.
 
-    Image generation is not implemented yet: an authorized ``paint_image`` call fails with
-    :data:`turnkit.specialists.paint.PAINT_NOT_SUPPORTED` (the gate and the reference limit already apply).
+    An authorized ``paint_image`` call generates the image with ``image_model`` through the agent's client (OpenAI's
+    ``images.generate``; Anthropic has none), stores it and ends the turn with ``{conversation_id,
+    image_message_id, image}`` (the image without its bytes).
 
     Args:
         model: The model (required).

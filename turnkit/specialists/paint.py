@@ -1,8 +1,8 @@
 """``paint_image``: the painter's terminal tool (behaviour §1.8).
 
-Every generation is first put to the painter's ``authorization`` gate, which must return literally ``True``.
-Image generation itself is not implemented yet in TurnKit for Python: an authorized call fails with
-:data:`PAINT_NOT_SUPPORTED` (a tool error the model sees) instead of painting.
+Every generation is first put to the painter's ``authorization`` gate, which must return literally ``True``; then
+the image is generated inside the turn (:func:`turnkit.media_tools.paint_in_turn`): stored in the media table, with
+an ``image`` message that references it. The terminal result holds the message id and the image without its bytes.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any, Final
 from pydantic import BaseModel, Field
 
 from turnkit.errors import ToolError, ToolValidationError
+from turnkit.media_tools import paint_in_turn
 from turnkit.specialists.read_only import ReadOnlyTool
 from turnkit.tools import ToolContext
 
-__all__ = ["NOT_AUTHORIZED", "PAINT_NOT_SUPPORTED", "PaintImageTool"]
+__all__ = ["NOT_AUTHORIZED", "PaintImageTool"]
 
 NOT_AUTHORIZED: Final = "image generation was not authorized"
-PAINT_NOT_SUPPORTED: Final = "image generation is not supported yet in TurnKit for Python; nothing was painted"
 
 
 class PaintImageTool(ReadOnlyTool):
@@ -33,8 +33,8 @@ class PaintImageTool(ReadOnlyTool):
 
     class Arguments(BaseModel):
         prompt: str = Field(description="What to paint, completely described.")
-        reference_images: list[str] = Field(default_factory=list[str], description="Reference images (URLs or ids).")
-        mask: str | None = Field(default=None, description="A mask image for an edit (URL or id).")
+        reference_images: list[str] = Field(default_factory=list[str], description="Reference images (media ids).")
+        mask: str | None = Field(default=None, description="A mask image for an edit (a media id).")
 
     def __init__(
         self,
@@ -65,11 +65,14 @@ class PaintImageTool(ReadOnlyTool):
     async def call(
         self, context: ToolContext, *, prompt: str, reference_images: list[str], mask: str | None
     ) -> dict[str, Any]:
-        """Check the references, ask the gate, then paint (not supported yet).
+        """Check the references, ask the gate, then paint.
+
+        Returns:
+            ``{conversation_id, image_message_id, image}``; ``image`` references the stored image (no bytes).
 
         Raises:
             ToolValidationError: More references than ``max_reference_images``.
-            ToolError: ``"image generation was not authorized"``, or :data:`PAINT_NOT_SUPPORTED`.
+            ToolError: ``"image generation was not authorized"``.
         """
         if len(reference_images) > self.max_reference_images:
             raise ToolValidationError(
@@ -89,4 +92,15 @@ class PaintImageTool(ReadOnlyTool):
             verdict = await verdict
         if verdict is not True:  # literally True, like the authorization hook (behaviour §7.1)
             raise ToolError(NOT_AUTHORIZED)
-        raise ToolError(PAINT_NOT_SUPPORTED)
+        image = await paint_in_turn(
+            context,
+            prompt,
+            model=self.image_model,
+            provider=self.provider,
+            size=self.size,
+            params=self.params,
+            input_images=list(reference_images) or None,
+            mask=mask,
+        )
+        message_id = image.pop("message_id")
+        return {"conversation_id": context.conversation_id, "image_message_id": message_id, "image": image}

@@ -11,7 +11,19 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, MetaData, Numeric, String, Text, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Numeric,
+    String,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -21,6 +33,7 @@ __all__ = [
     "Base",
     "ConversationRow",
     "DeliveryRow",
+    "MediaRow",
     "MessageRow",
     "StagedInputRow",
     "ToolExecutionRow",
@@ -236,4 +249,24 @@ class StagedInputRow(Base):
     uid: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
     conversation_uid: Mapped[str] = mapped_column(String(64), nullable=False)
     content: Mapped[dict[str, Any]] = mapped_column(Json, nullable=False, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+
+class MediaRow(Base):
+    """``turnkit_media``: the bytes of images and other media, kept out of workflow payloads and histories.
+
+    Content-addressed: the id is derived from the bytes' SHA-256, so storing the same bytes twice (a retried
+    activity, the same image given to two turns) finds the existing row. Messages and payloads carry only the
+    reference ``{media_id, mime_type, byte_size, sha256, filename}`` (docs/design.md "Images and media").
+    """
+
+    __tablename__ = f"{TABLE_PREFIX}_media"
+
+    id: Mapped[int] = mapped_column(_PK, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    mime_type: Mapped[str] = mapped_column(String(255), nullable=False)
+    byte_size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    filename: Mapped[str | None] = mapped_column(String(1024))
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)

@@ -15,6 +15,7 @@ UPDATE``; on SQLite every write transaction is ``BEGIN IMMEDIATE``, which serial
 from __future__ import annotations
 
 import contextvars
+import hashlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from turnkit.records import (
     TURN_STATUSES,
     ConversationRecord,
     DeliveryRecord,
+    MediaRecord,
     MessageRecord,
     ToolExecutionRecord,
     TreeUsage,
@@ -47,6 +49,7 @@ from turnkit.records import (
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
+    MediaRow,
     MessageRow,
     StagedInputRow,
     ToolExecutionRow,
@@ -56,7 +59,7 @@ from turnkit.store.schema import (
 from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
 
-__all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "in_transaction", "utcnow"]
+__all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "in_transaction", "media_id_for", "utcnow"]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
 
@@ -978,6 +981,67 @@ class StoreTx:
 
     async def _staged_input_row(self, staged_id: str) -> StagedInputRow | None:
         return await self.session.scalar(select(StagedInputRow).where(StagedInputRow.uid == staged_id))
+
+    # Media -------------------------------------------------------------------------------------------------------
+
+    async def put_media(self, data: bytes, *, mime_type: str, filename: str | None = None) -> MediaRecord:
+        """Store media bytes and return their reference. Content-addressed, so idempotent: equal bytes have one row
+        (the first writer's ``mime_type`` and ``filename`` stay)."""
+        digest = hashlib.sha256(data).hexdigest()
+        media_id = media_id_for(digest)
+
+        def build() -> MediaRow:
+            return MediaRow(
+                uid=media_id,
+                mime_type=mime_type,
+                byte_size=len(data),
+                sha256=digest,
+                filename=filename,
+                data=bytes(data),
+                created_at=utcnow(),
+            )
+
+        row, _ = await self._get_or_create(lambda: self._media_row(media_id), build)
+        return _media(row)
+
+    async def load_media(self, media_id: str) -> MediaRecord:
+        """The reference of a stored media item; raises :class:`RecordNotFound` when absent."""
+        # Only the columns of the reference: the bytes are not read.
+        found = (await self.session.execute(_media_columns().where(MediaRow.uid == media_id))).first()
+        if found is None:
+            raise RecordNotFound(f"media not found: {media_id}")
+        return MediaRecord(
+            id=found.uid,
+            mime_type=found.mime_type,
+            byte_size=found.byte_size,
+            sha256=found.sha256,
+            filename=found.filename,
+        )
+
+    async def load_media_data(self, media_id: str) -> bytes:
+        """The bytes of a stored media item; raises :class:`RecordNotFound` when absent."""
+        data = await self.session.scalar(select(MediaRow.data).where(MediaRow.uid == media_id))
+        if data is None:
+            raise RecordNotFound(f"media not found: {media_id}")
+        return bytes(data)
+
+    async def _media_row(self, media_id: str) -> MediaRow | None:
+        return await self.session.scalar(select(MediaRow).where(MediaRow.uid == media_id))
+
+
+def media_id_for(sha256: str) -> str:
+    """The id of the media item whose bytes have this SHA-256 hex digest."""
+    return f"media_{sha256[:24]}"
+
+
+def _media_columns() -> Any:
+    return select(MediaRow.uid, MediaRow.mime_type, MediaRow.byte_size, MediaRow.sha256, MediaRow.filename)
+
+
+def _media(row: MediaRow) -> MediaRecord:
+    return MediaRecord(
+        id=row.uid, mime_type=row.mime_type, byte_size=row.byte_size, sha256=row.sha256, filename=row.filename
+    )
 
 
 # Row → record conversion -----------------------------------------------------------------------------------------

@@ -1,0 +1,489 @@
+"""``paint`` and ``view_media`` inside a running turn, and the tools that call them (behaviour §3.12, §4.3).
+
+Both run inside a tool's activity (the turn is ``running``; no claim is taken). Steps: the ``*.requested`` event,
+the client call, then one transaction that checks the tool execution is still open (fenced like
+:meth:`ToolContext.say`), appends an assistant ``image`` / ``media_analysis`` message and charges the call's usage
+and cost to the turn; then ``message.created`` and ``*.completed``. Generated image bytes go to the store's media
+table; the message, the tool result and the events hold only the reference (docs/design.md "Images and media").
+
+The message id is derived from the tool execution, so a retried attempt that finds the message returns it without
+calling the client or charging again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from turnkit.agent import resolve_agent
+from turnkit.cost import cost_from_usage
+from turnkit.errors import ConfigError, Error, LostClaim, RecordNotFound
+from turnkit.events import announce_message, emit
+from turnkit.media import MediaInput, media_part
+from turnkit.media_requests import PaintRequest, ViewMediaRequest
+from turnkit.model import Client, Result, Usage
+from turnkit.records import MessageRecord, TurnRecord
+from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.tools import Tool, ToolContext
+
+__all__ = ["ImageTool", "ViewMediaTool", "paint_in_turn", "view_media_in_turn"]
+
+
+async def view_media_in_turn(
+    context: ToolContext,
+    media: MediaInput | str,
+    *,
+    objective: str,
+    model: str | None = None,
+    provider: str | None = None,
+    output_schema: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    client: Client | None = None,
+) -> dict[str, Any]:
+    """Analyse ``media`` (a stored item's id, or a :class:`MediaInput`, stored first) for ``objective`` from a tool.
+
+    Returns:
+        The analysis: ``{text, data, model, provider, usage, cost, params, media, metadata, message_id}``.
+
+    Raises:
+        Error: ``"cannot view media for <status> turn"``, or ``"media client returned no media analysis"``.
+        ConfigError: The client has no ``view_media``.
+        RecordNotFound: No stored media has that id.
+    """
+    store, turn = await _running_turn(context, "cannot view media for")
+    ref, data = await media_with_data(store, media)
+    agent = resolve_agent(turn.agent_name)
+    request = ViewMediaRequest(
+        media={**ref, "data": base64.b64encode(data).decode("ascii")},
+        objective=objective,
+        model=model or turn.model or agent.effective_model,
+        provider=provider,
+        output_schema=output_schema,
+        params=dict(params or {}),
+        metadata=dict(metadata or {}),
+    )
+    message_id = _message_id(context, "view_media", ref["media_id"], objective)
+    done = await _existing(store, message_id)
+    if done is not None:
+        return done
+    media_client = _client_with(client or agent.effective_client, "view_media")
+    try:
+        result, analyses = await analyse(turn, media_client, request, ref)
+    except Exception as err:
+        await emit("media.failed", turn.id, turn.conversation_id, error=str(err), metadata=request.metadata)
+        raise
+    message = await persist_media_message(
+        store,
+        _execution_fence(context),
+        turn,
+        result,
+        message_id,
+        kind="media_analysis",
+        parts=analyses,
+        metadata={"tool_execution_id": context.execution_id},
+        output_data=result.output_data,
+    )
+    first = described(message)
+    await emit_media_completed(turn, first, ref, request.metadata)
+    return first
+
+
+async def paint_in_turn(
+    context: ToolContext,
+    prompt: str,
+    *,
+    model: str | None = None,
+    provider: str | None = None,
+    size: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    input_images: list[MediaInput | str] | None = None,
+    mask: MediaInput | str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    client: Client | None = None,
+) -> dict[str, Any]:
+    """Generate an image from a tool; the bytes go to the media table, the ``image`` message holds the reference.
+
+    Returns:
+        The image without its bytes: ``{media_id, mime_type, byte_size, sha256, url?, revised_prompt?, model,
+        provider, usage, cost, params, metadata, message_id}``.
+
+    Raises:
+        Error: ``"cannot paint for <status> turn"``, ``"image client returned no image"`` or ``"image client returned
+            image without url or data"``.
+        ConfigError: No image model, or a client without ``paint`` (Anthropic has no image API).
+    """
+    store, turn = await _running_turn(context, "cannot paint for")
+    if not model:
+        raise ConfigError("paint needs an image model (ImageTool.model, or model=)")
+    references = [await media_with_data(store, item) for item in input_images or ()]
+    mask_ref = await media_with_data(store, mask) if mask is not None else None
+    request = PaintRequest(
+        prompt=prompt,
+        model=model,
+        provider=provider,
+        size=size,
+        params=dict(params or {}),
+        input_images=[{**ref, "data": base64.b64encode(data).decode("ascii")} for ref, data in references],
+        mask=None if mask_ref is None else {**mask_ref[0], "data": base64.b64encode(mask_ref[1]).decode("ascii")},
+        metadata=dict(metadata or {}),
+    )
+    message_id = _message_id(context, "paint", prompt, model)
+    done = await _existing(store, message_id)
+    if done is not None:
+        return done
+    image_client = _client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
+    result, parts = await generate(store, turn, image_client, request)
+    message = await persist_media_message(
+        store,
+        _execution_fence(context),
+        turn,
+        result,
+        message_id,
+        kind="image",
+        parts=parts,
+        metadata={"tool_execution_id": context.execution_id},
+        output_data=None,
+    )
+    first = described(message)
+    await emit_image_completed(turn, first, request.metadata)
+    return first
+
+
+# -- the call and its events (shared with the standalone mode, turnkit.media_standalone) ---------------------------
+
+
+async def analyse(
+    turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]
+) -> tuple[Result, list[dict[str, Any]]]:
+    """``media.requested``, the client's ``view_media``, and its ``media_analysis`` parts (media without bytes).
+
+    Raises:
+        Error: ``"media client returned no media analysis"``.
+    """
+    described_request = request.model_dump(exclude={"media"}) | {"media": ref}
+    await emit("media.requested", turn.id, turn.conversation_id, request=described_request)
+    result: Result = await client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
+    analyses = [dict(part) for part in result.parts if part.get("type") == "media_analysis"]
+    if not analyses:
+        raise Error("media client returned no media analysis")
+    for part in analyses:
+        part["media"] = {**{k: v for k, v in dict(part.get("media") or {}).items() if k != "data"}, **ref}
+        part.setdefault("model", result.model or request.model)
+        part["usage"] = result.usage.to_record()
+        part["metadata"] = request.metadata
+    return result, analyses
+
+
+async def generate(
+    store: Store, turn: TurnRecord, client: Client, request: PaintRequest
+) -> tuple[Result, list[dict[str, Any]]]:
+    """``image.requested``, the client's ``paint``, and its ``image`` parts with the bytes stored (references only).
+
+    Raises:
+        Error: ``"image client returned no image"`` / ``"image client returned image without url or data"``.
+    """
+    await emit(
+        "image.requested",
+        turn.id,
+        turn.conversation_id,
+        request=request.model_dump(exclude={"input_images", "mask"}),
+    )
+    result: Result = await client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
+    images = [dict(part) for part in result.parts if part.get("type") == "image"]
+    if not images:
+        raise Error("image client returned no image")
+    parts: list[dict[str, Any]] = []
+    for part in images:
+        if not part.get("data") and not part.get("url"):
+            raise Error("image client returned image without url or data")
+        stored: dict[str, Any] = {}
+        if part.get("data"):
+            stored = await _store_generated(store, part)
+        kept = {k: v for k, v in part.items() if k != "data"}
+        parts.append(
+            kept
+            | stored
+            | {
+                "model": part.get("model") or result.model or request.model,
+                "provider": part.get("provider") or request.provider,
+                "usage": result.usage.to_record(),
+                "params": request.params,
+                "metadata": request.metadata,
+            }
+        )
+    return result, parts
+
+
+async def emit_media_completed(
+    turn: TurnRecord, first: Mapping[str, Any], ref: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> None:
+    """``media.completed`` for a persisted analysis."""
+    await emit(
+        "media.completed",
+        turn.id,
+        turn.conversation_id,
+        analysis=first.get("text"),
+        model=first.get("model"),
+        provider=first.get("provider"),
+        media=dict(ref),
+        usage=first.get("usage"),
+        cost=first.get("cost"),
+        metadata=dict(metadata),
+    )
+
+
+async def emit_image_completed(turn: TurnRecord, first: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+    """``image.completed`` for a persisted image."""
+    await emit(
+        "image.completed",
+        turn.id,
+        turn.conversation_id,
+        image=dict(first),
+        model=first.get("model"),
+        provider=first.get("provider"),
+        mime_type=first.get("mime_type"),
+        usage=first.get("usage"),
+        cost=first.get("cost"),
+        metadata=dict(metadata),
+    )
+
+
+# -- steps ----------------------------------------------------------------------------------------------------------
+
+
+async def _running_turn(context: ToolContext, refusal: str) -> tuple[Store, TurnRecord]:
+    if context.store is None:
+        raise Error("paint and view_media need the worker's store (this context was built outside a worker)")
+    turn = await context.store.load_turn(context.turn_id)
+    if turn.status != "running":
+        raise Error(f"{refusal} {turn.status} turn")
+    return context.store, turn
+
+
+async def media_with_data(store: Store, media: MediaInput | str) -> tuple[dict[str, Any], bytes]:
+    """A media item's reference (its ``media`` part without the type) and bytes; a MediaInput is stored first."""
+    async with store.atomic() as tx:
+        if isinstance(media, MediaInput):
+            record = await tx.put_media(media.data, mime_type=media.mime_type, filename=media.filename)
+        else:
+            record = await tx.load_media(str(media))
+        data = await tx.load_media_data(record.id)
+    part = media_part(record)
+    part.pop("type")
+    return part, data
+
+
+async def _store_generated(store: Store, part: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        data = base64.b64decode(str(part["data"]), validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise Error("image client returned image data that is not base64") from err
+    async with store.atomic() as tx:
+        record = await tx.put_media(data, mime_type=str(part.get("mime_type") or "image/png"))
+    return record.reference()
+
+
+def _client_with(client: Client, method: str) -> Client:
+    if not callable(getattr(client, method, None)):
+        raise ConfigError(f"{type(client).__name__} has no {method}: use a client that supports it")
+    return client
+
+
+def _message_id(context: ToolContext, operation: str, *key: str) -> str:
+    """The id of the message an execution's call writes: the same on every attempt of that execution."""
+    digest = hashlib.sha256("\x1f".join((context.execution_id, operation, *key)).encode()).hexdigest()
+    return f"msg_{digest[:24]}"
+
+
+async def _existing(store: Store, message_id: str) -> dict[str, Any] | None:
+    async with store.atomic() as tx:
+        try:
+            return described(await tx.load_message(message_id))
+        except RecordNotFound:
+            return None
+
+
+def described(message: MessageRecord) -> dict[str, Any]:
+    """The first ``image`` / ``media_analysis`` part of a message, without its type, plus ``message_id``."""
+    first = next(part for part in message.content if part.get("type") in ("image", "media_analysis"))
+    return {k: v for k, v in first.items() if k != "type"} | {"message_id": message.id}
+
+
+#: Checks, inside the write's transaction, that the writer may still write (raises LostClaim otherwise).
+Fence = Callable[[StoreTx], Awaitable[None]]
+
+
+def _execution_fence(context: ToolContext) -> Fence:
+    async def fence(tx: StoreTx) -> None:
+        execution = await tx.load_tool_execution(context.execution_id)
+        if execution.status not in ("pending", "running"):
+            raise LostClaim(f"tool execution {context.execution_id} is {execution.status}: its writes are fenced")
+
+    return fence
+
+
+async def persist_media_message(
+    store: Store,
+    fence: Fence,
+    turn: TurnRecord,
+    result: Result,
+    message_id: str | None,
+    *,
+    kind: str,
+    parts: list[dict[str, Any]],
+    metadata: Mapping[str, Any],
+    output_data: Any,
+    finish: Callable[[StoreTx, MessageRecord], Awaitable[None]] | None = None,
+) -> MessageRecord:
+    """Fence, append the message, charge the turn (and ``finish``), in one transaction under the root's lock.
+
+    A tool's message carries ``tool_execution_id`` in its metadata, as ToolContext.say does: the column of that
+    name marks the execution's tool-result message.
+    """
+    cost = cost_from_usage(result.usage, result.model)
+    for part in parts:
+        part["cost"] = cost.total
+    async with store.atomic(turn_id=turn.root_turn_id) as tx:
+        await fence(tx)
+        message = await tx.append_message(
+            turn.conversation_id,
+            id=message_id,
+            role="assistant",
+            kind=kind,
+            content=[{"type": kind, **part} for part in parts],
+            turn_id=turn.id,
+            metadata=dict(metadata) | ({"output_data": output_data} if output_data is not None else {}),
+        )
+        await _charge(tx, turn.id, result.usage, cost.total, cost.to_dict())
+        announce_message(tx, message)
+        if finish is not None:
+            await finish(tx, message)
+    return message
+
+
+async def _charge(tx: StoreTx, turn_id: str, usage: Usage, total: float | None, details: dict[str, float]) -> None:
+    """Add the call's usage and cost to the turn (the root tree's spend is read from its turns, behaviour §6.4)."""
+    turn = await tx.load_turn(turn_id)
+    record = (Usage.from_dict(turn.usage) + usage).to_record()
+    previous: dict[str, float] = {str(k): float(v) for k, v in (turn.usage.get("cost_details") or {}).items()}
+    for name, value in details.items():
+        previous[name] = previous.get(name, 0.0) + value
+    if previous:
+        record["cost_details"] = previous
+    cost = turn.cost if total is None else (turn.cost or 0.0) + total
+    await tx.update_turn(turn_id, usage=record, cost=cost, heartbeat_at=utcnow())
+
+
+# -- tools ----------------------------------------------------------------------------------------------------------
+
+
+class ViewMediaTool(Tool):
+    """Look at a stored image or document and report what it shows for an objective (behaviour §4.3).
+
+    Use it as it is (``Agent(..., tools=[ViewMediaTool()])``: the model names a ``media_id`` from the conversation),
+    or subclass it: override :meth:`media`, :meth:`objective` and :meth:`metadata`, and set the class settings.
+    """
+
+    name = "view_media"
+    description = "Look at a stored image or document (by its media id) and describe what it shows for an objective."
+    usage_hint = "Use when the answer depends on what an image or document in the conversation shows."
+    model: ClassVar[str | None] = None
+    """The analysing model; None: the turn's model."""
+    provider: ClassVar[str | None] = None
+    output_schema: ClassVar[dict[str, Any] | None] = None
+    params: ClassVar[dict[str, Any]] = {}
+
+    class Arguments(BaseModel):
+        media_id: str = Field(description="The media id (media_…) of the image or document to look at.")
+        objective: str = Field(description="What to find out from it.")
+
+    def __init__(self, *, client: Client | None = None) -> None:
+        """``client``: the client that analyses (default: the agent's)."""
+        self.client = client
+
+    def media(self, **arguments: Any) -> MediaInput | str:
+        """The media to view: a stored media id or a :class:`MediaInput`."""
+        return str(arguments["media_id"])
+
+    def objective(self, **arguments: Any) -> str:
+        """The objective of the analysis."""
+        return str(arguments["objective"])
+
+    def metadata(self, **arguments: Any) -> dict[str, Any]:
+        """Metadata recorded with the analysis and its events."""
+        return {}
+
+    async def call(self, context: ToolContext, **arguments: Any) -> dict[str, Any]:
+        """Analyse the media through :func:`view_media_in_turn`."""
+        return await view_media_in_turn(
+            context,
+            self.media(**arguments),
+            objective=self.objective(**arguments),
+            model=self.model,
+            provider=self.provider,
+            output_schema=self.output_schema,
+            params=self.params,
+            metadata=self.metadata(**arguments),
+            client=self.client,
+        )
+
+
+class ImageTool(Tool):
+    """Generate an image (behaviour §4.3): the image is stored, the tool result holds its ``media_id``, not its bytes.
+
+    Set ``model`` (the image model) on a subclass or pass it to the constructor; override :meth:`prompt`,
+    :meth:`input_images`, :meth:`mask` and :meth:`metadata` for other arguments.
+    """
+
+    name = "paint"
+    description = "Generate an image from a complete description."
+    usage_hint = "Use when the task asks for an image."
+    model: ClassVar[str | None] = None
+    provider: ClassVar[str | None] = None
+    size: ClassVar[str | None] = None
+    params: ClassVar[dict[str, Any]] = {}
+
+    class Arguments(BaseModel):
+        prompt: str = Field(description="The image to generate, completely described.")
+
+    def __init__(self, *, model: str | None = None, client: Client | None = None) -> None:
+        """``model`` overrides the class's image model; ``client`` paints (default: the agent's client)."""
+        self.image_model = model or type(self).model
+        self.client = client
+
+    def prompt(self, **arguments: Any) -> str:
+        """The generation prompt."""
+        return str(arguments["prompt"])
+
+    def input_images(self, **arguments: Any) -> list[MediaInput | str] | None:
+        """Reference images (media ids or :class:`MediaInput`); None by default."""
+        return None
+
+    def mask(self, **arguments: Any) -> MediaInput | str | None:
+        """An edit mask; None by default."""
+        return None
+
+    def metadata(self, **arguments: Any) -> dict[str, Any]:
+        """Metadata recorded with the image and its events."""
+        return {}
+
+    async def call(self, context: ToolContext, **arguments: Any) -> dict[str, Any]:
+        """Paint through :func:`paint_in_turn`."""
+        return await paint_in_turn(
+            context,
+            self.prompt(**arguments),
+            model=self.image_model,
+            provider=self.provider,
+            size=self.size,
+            params=self.params,
+            input_images=self.input_images(**arguments),
+            mask=self.mask(**arguments),
+            metadata=self.metadata(**arguments),
+            client=self.client,
+        )
