@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from turnkit.config import settings
-from turnkit.errors import ConfigError, Error
+from turnkit.errors import ConfigError
 from turnkit.media import MediaInput, media_kind
-from turnkit.media_requests import PaintRequest, ViewMediaRequest
+from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
 from turnkit.model import Client, Result
 
 __all__ = ["paint", "view_media"]
@@ -44,12 +44,7 @@ async def paint(
         metadata=dict(metadata or {}),
     )
     result: Result = await _client(client, "paint").paint(request)  # pyright: ignore[reportAttributeAccessIssue]
-    images = [part for part in result.parts if part.get("type") == "image"]
-    if not images:
-        raise Error("image client returned no image")
-    first = images[0]
-    if not first.get("data") and not first.get("url"):
-        raise Error("image client returned image without url or data")
+    first = image_parts(result)[0]
     return {k: v for k, v in first.items() if k != "type"} | {
         "model": first.get("model") or result.model or model,
         "usage": result.usage.to_record(),
@@ -89,16 +84,12 @@ async def view_media(
         metadata=dict(metadata or {}),
     )
     result: Result = await _client(client, "view_media").view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
-    analyses = [part for part in result.parts if part.get("type") == "media_analysis"]
-    if not analyses:
-        raise Error("media client returned no media analysis")
-    return {k: v for k, v in analyses[0].items() if k != "type"} | {"usage": result.usage.to_record(), "media": ref}
+    first = analysis_parts(result)[0]
+    return {k: v for k, v in first.items() if k != "type"} | {"usage": result.usage.to_record(), "media": ref}
 
 
 def _client(client: Client | None, method: str) -> Client:
     chosen = client if client is not None else settings.client
     if chosen is None:
         raise ConfigError(f"{method} needs a client (client= or settings.client)")
-    if not callable(getattr(chosen, method, None)):
-        raise ConfigError(f"{type(chosen).__name__} has no {method}: use a client that supports it")
-    return chosen
+    return client_with(chosen, method)

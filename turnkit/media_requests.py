@@ -13,14 +13,18 @@ from typing import Any, Final
 
 from pydantic import BaseModel, Field
 
-from turnkit.model import ModelRequest, Result
+from turnkit.errors import ConfigError, Error
+from turnkit.model import Client, ModelRequest, Result
 
 __all__ = [
     "VIEW_MEDIA_INSTRUCTIONS",
     "PaintRequest",
     "ViewMediaRequest",
+    "analysis_parts",
     "analysis_request",
     "analysis_result",
+    "client_with",
+    "image_parts",
 ]
 
 #: The system prompt of a ``view_media`` call made through a chat model.
@@ -82,3 +86,40 @@ def analysis_result(answer: Result, request: ViewMediaRequest, *, provider: str)
         "media": media,
     }
     return Result(parts=[part], usage=answer.usage, model=answer.model or request.model, output_data=answer.output_data)
+
+
+def client_with(client: Client, method: str) -> Client:
+    """``client``, checked to have ``method`` (``paint`` or ``view_media``).
+
+    Raises:
+        ConfigError: It has not.
+    """
+    if not callable(getattr(client, method, None)):
+        raise ConfigError(f"{type(client).__name__} has no {method}: use a client that supports it")
+    return client
+
+
+def image_parts(result: Result) -> list[dict[str, Any]]:
+    """The ``image`` parts of a ``paint`` result (copies), each with ``data`` or a ``url``.
+
+    Raises:
+        Error: ``"image client returned no image"`` / ``"image client returned image without url or data"``.
+    """
+    images = [dict(part) for part in result.parts if part.get("type") == "image"]
+    if not images:
+        raise Error("image client returned no image")
+    if any(not part.get("data") and not part.get("url") for part in images):
+        raise Error("image client returned image without url or data")
+    return images
+
+
+def analysis_parts(result: Result) -> list[dict[str, Any]]:
+    """The ``media_analysis`` parts of a ``view_media`` result (copies).
+
+    Raises:
+        Error: ``"media client returned no media analysis"``.
+    """
+    analyses = [dict(part) for part in result.parts if part.get("type") == "media_analysis"]
+    if not analyses:
+        raise Error("media client returned no media analysis")
+    return analyses

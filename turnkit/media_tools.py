@@ -25,7 +25,7 @@ from turnkit.cost import cost_from_usage
 from turnkit.errors import ConfigError, Error, LostClaim, RecordNotFound
 from turnkit.events import announce_message, emit
 from turnkit.media import MediaInput, media_part
-from turnkit.media_requests import PaintRequest, ViewMediaRequest
+from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
 from turnkit.model import Client, Result, Usage
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
@@ -72,7 +72,7 @@ async def view_media_in_turn(
     done = await _existing(store, message_id)
     if done is not None:
         return done
-    media_client = _client_with(client or agent.effective_client, "view_media")
+    media_client = client_with(client or agent.effective_client, "view_media")
     try:
         result, analyses = await analyse(turn, media_client, request, ref)
     except Exception as err:
@@ -137,7 +137,7 @@ async def paint_in_turn(
     done = await _existing(store, message_id)
     if done is not None:
         return done
-    image_client = _client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
+    image_client = client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
     result, parts = await generate(store, turn, image_client, request)
     message = await persist_media_message(
         store,
@@ -169,9 +169,7 @@ async def analyse(
     described_request = request.model_dump(exclude={"media"}) | {"media": ref}
     await emit("media.requested", turn.id, turn.conversation_id, request=described_request)
     result: Result = await client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
-    analyses = [dict(part) for part in result.parts if part.get("type") == "media_analysis"]
-    if not analyses:
-        raise Error("media client returned no media analysis")
+    analyses = analysis_parts(result)
     for part in analyses:
         part["media"] = {**{k: v for k, v in dict(part.get("media") or {}).items() if k != "data"}, **ref}
         part.setdefault("model", result.model or request.model)
@@ -195,13 +193,8 @@ async def generate(
         request=request.model_dump(exclude={"input_images", "mask"}),
     )
     result: Result = await client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
-    images = [dict(part) for part in result.parts if part.get("type") == "image"]
-    if not images:
-        raise Error("image client returned no image")
     parts: list[dict[str, Any]] = []
-    for part in images:
-        if not part.get("data") and not part.get("url"):
-            raise Error("image client returned image without url or data")
+    for part in image_parts(result):
         stored: dict[str, Any] = {}
         if part.get("data"):
             stored = await _store_generated(store, part)
@@ -287,12 +280,6 @@ async def _store_generated(store: Store, part: Mapping[str, Any]) -> dict[str, A
     async with store.atomic() as tx:
         record = await tx.put_media(data, mime_type=str(part.get("mime_type") or "image/png"))
     return record.reference()
-
-
-def _client_with(client: Client, method: str) -> Client:
-    if not callable(getattr(client, method, None)):
-        raise ConfigError(f"{type(client).__name__} has no {method}: use a client that supports it")
-    return client
 
 
 def _message_id(context: ToolContext, operation: str, *key: str) -> str:
