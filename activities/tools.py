@@ -31,7 +31,13 @@ from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import CallPolicy, ToolCallInput, ToolOutcome
-from turnkit.records import INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
+from turnkit.records import (
+    INTERRUPTED_MESSAGE,
+    OPEN_EXECUTION_STATUSES,
+    ConversationRecord,
+    ToolExecutionRecord,
+    TurnRecord,
+)
 from turnkit.request import subject_prompt_of
 from turnkit.skills import LoadSkillTool, record_loaded_skill
 from turnkit.store.storable import UnstorableValue
@@ -70,9 +76,8 @@ class ToolActivities:
         reserved = await retry_store(lambda: self._reserve(request, tool, wrong_queue), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
-        turn, execution = reserved
+        turn, execution, conversation = reserved
         assert tool is not None  # _reserve settles unknown tools
-        conversation = await retry_store(lambda: self.store.load_conversation(turn.conversation_id), what="tool")
         context = ToolContext(
             turn_id=turn.id,
             conversation_id=turn.conversation_id,
@@ -145,7 +150,7 @@ class ToolActivities:
 
     async def _reserve(
         self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
-    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord]:
         verdict = await self._ask_tool(request, tool)
         return await self._reserve_in_tx(request, tool, verdict, wrong_queue)
 
@@ -169,7 +174,8 @@ class ToolActivities:
         tool: Tool | None,
         verdict: Verdict,
         wrong_queue: str | None = None,
-    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord]:
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord]:
+        """Open (or resume) the call's execution; with the conversation the tool's context shows (same transaction)."""
         call = request.call
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await tx.load_turn(request.turn_id)
@@ -212,7 +218,7 @@ class ToolActivities:
                     execution.id, from_="pending", to="running", started_at=utcnow()
                 )
                 execution = claimed or await tx.load_tool_execution(execution.id)
-            return turn, execution
+            return turn, execution, await tx.load_conversation(turn.conversation_id)
 
     async def _complete(
         self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool
