@@ -296,7 +296,7 @@ async def bench_history(tk: TurnKit) -> dict[int, tuple[int, int]]:
     sizes: dict[int, tuple[int, int]] = {}
     for k, agent in PAGERS.items():
         turn = await (await tk.conversation(agent)).ask("read the pages")
-        if turn.status != "completed" or turn.record.state.get("iterations") != k:
+        if turn.status != "completed" or turn.record.state.iterations != k:
             raise RuntimeError(f"history turn K={k}: {turn.status} {turn.error} {turn.record.state}")
         size, events, _ = await _history(tk.client, turn.id)
         sizes[k] = (size, events)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
@@ -241,17 +242,41 @@ async def _settled(
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             events = []
-        # An upsert of search attributes is recorded after its workflow task completed: nothing is in flight then.
-        last = [e for e in events if e.event_type != EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES][-1:]
+        # An upsert of search attributes and a marker (a patch, a local activity's result) are recorded after their
+        # workflow task completed: nothing is in flight then.
+        last = [e for e in events if e.event_type not in _RECORDED_WITH_TASK][-1:]
         if (
             last
             and last[0].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-            and all(sum(1 for e in events if e.event_type == t) >= n for t, n in counts.items())
+            and all(_count(events, t) >= n for t, n in counts.items())
         ):
             return
         if loop.time() > deadline:
             raise AssertionError(f"{workflow_id} did not settle: {what}")
         await asyncio.sleep(0.05)
+
+
+def _count(events: list[HistoryEvent], event_type: EventType.ValueType) -> int:
+    """How many events of ``event_type``; completed activities include the store calls that ran as local activities
+    (patch ``local-store-calls``: their result is a marker)."""
+    count = sum(1 for e in events if e.event_type == event_type)
+    if event_type == ACTIVITY_COMPLETED:
+        markers = (e for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED)
+        count += sum(1 for e in markers if e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER)
+    return count
+
+
+def activity_types(events: list[HistoryEvent]) -> list[str]:
+    """The activity types a history ran, in order: scheduled activities and local activities (their markers)."""
+    types: list[str] = []
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            types.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = event.marker_recorded_event_attributes
+            if marker.marker_name == LOCAL_ACTIVITY_MARKER:
+                types.append(json.loads(marker.details["data"].payloads[0].data)["activity_type"])
+    return types
 
 
 async def _lane_settled(tk: TurnKit, conversation_id: str, turns: int, *, timeout: float = 30.0) -> None:
@@ -274,6 +299,10 @@ def _requests_text(client: ScriptedClient) -> list[str]:
 
 
 ACTIVITY_COMPLETED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+#: Events a completed workflow task's commands leave after its completion event.
+_RECORDED_WITH_TASK = (EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES, EventType.EVENT_TYPE_MARKER_RECORDED)
+#: The marker a local activity's result is recorded in (Temporal's Core SDK).
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
 CHILD_STARTED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
 SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
 CHILD_COMPLETED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED
@@ -601,8 +630,9 @@ async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
     assert first.record.completed_at <= second.record.started_at
     await _lane_settled(tk, conversation.id, 1)
     events = list((await tk.client.get_workflow_handle(conversation.id).fetch_history()).events)
-    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events]
-    assert "turnkit.follow_turn" in scheduled, "the latest run is not the one that followed the carried turn"
+    assert "turnkit.follow_turn" in activity_types(events), (
+        "the latest run is not the one that followed the carried turn"
+    )
     return [conversation.id]
 
 

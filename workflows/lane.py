@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.search_attributes import AGENT, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
-    from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT
+    from workflows.store_calls import store_call
     from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
@@ -122,14 +122,12 @@ class ConversationWorkflow:
             # Never hold the write lock across an unbounded retry: a failing submit releases it and is rejected.
             bounded = workflow.patched(BOUNDED_SUBMIT)
             try:
-                ticket = await workflow.execute_activity(
+                ticket = await store_call(
                     "turnkit.submit_turn",
                     request,
-                    result_type=TurnTicket,
-                    start_to_close_timeout=STORE_TIMEOUT,
-                    schedule_to_close_timeout=SUBMIT_TIMEOUT if bounded else None,
-                    retry_policy=STORE_RETRY,
+                    TurnTicket,
                     summary="submit turn",
+                    schedule_to_close=SUBMIT_TIMEOUT if bounded else None,
                 )
             except ActivityError as err:
                 # Reject the update (the caller gets the error); never fail the lane's workflow task.
@@ -277,13 +275,8 @@ class ConversationWorkflow:
         """Ask the store whether a sub-agent's turn is still active here; hold or release accordingly."""
         self._recheck = False  # a nudge during the check asks again
         async with self._writing:  # after a submit in flight: it may have set the hold from an older answer
-            self._held = await workflow.execute_activity(
-                "turnkit.lane_held",
-                self._conversation_id,
-                result_type=bool,
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
-                summary="is a sub-agent turn active?",
+            self._held = await store_call(
+                "turnkit.lane_held", self._conversation_id, bool, summary="is a sub-agent turn active?"
             )
 
     async def _apply_deliveries(self, *, wake: bool) -> None:
@@ -291,12 +284,10 @@ class ConversationWorkflow:
         batch = list(self._pending_deliveries)
         wakes = self._wakes
         async with self._writing:
-            result = await workflow.execute_activity(
+            result = await store_call(
                 "turnkit.deliver",
                 DeliverBatch(conversation_id=self._conversation_id, delivery_ids=batch, wake=wake),
-                result_type=DeliverResult,
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
+                DeliverResult,
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
             )
         if result.busy:
@@ -376,13 +367,8 @@ class ConversationWorkflow:
         try:
             while True:
                 self._followed_ended = False  # a signal during the check asks again at once
-                ended = await workflow.execute_activity(
-                    "turnkit.follow_turn",
-                    EndTurn(turn_id=queued.turn_id),
-                    result_type=bool,
-                    start_to_close_timeout=STORE_TIMEOUT,
-                    retry_policy=STORE_RETRY,
-                    summary=f"has {queued.turn_id} ended?",
+                ended = await store_call(
+                    "turnkit.follow_turn", EndTurn(turn_id=queued.turn_id), bool, summary=f"has {queued.turn_id} ended?"
                 )
                 if ended:
                     return
@@ -394,14 +380,7 @@ class ConversationWorkflow:
             self._clear_active()
 
     async def _end_turn(self, activity: str, queued: QueuedTurn, reason: str, *, summary: str) -> None:
-        await workflow.execute_activity(
-            activity,
-            EndTurn(turn_id=queued.turn_id, reason=reason),
-            result_type=TurnOutcome,
-            start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY,
-            summary=summary,
-        )
+        await store_call(activity, EndTurn(turn_id=queued.turn_id, reason=reason), TurnOutcome, summary=summary)
 
     def _clear_active(self) -> None:
         self._active = None

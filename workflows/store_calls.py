@@ -1,16 +1,79 @@
-"""Retry settings of the workflows' store activities: one definition for the lane and the turn.
+"""How the workflows call the store: one definition of the retry settings and of the call itself, for the lane and
+the turn.
 
 Store writes are quick and idempotent, so they are safe to retry for as long as the database is away; a write the
 database rejects fails at once instead (``TurnKit::StoreError`` is non-retryable, see ``activities/store_failures``).
+
+Patch ``local-store-calls`` (issue 9): a store call is a *local* activity. It runs in the worker that runs the
+workflow task, inside that task, so it costs no activity task on the server and no second workflow task for its
+completion: on the dev server each of those waits for the history service's transfer-task rate limit (~50 ms), and a
+submitted turn reaches its model call two workflow-task round trips sooner. Nothing is lost by it: the store call
+needs no task queue of its own (every workflow worker has the store) and is idempotent (a workflow task retried after
+a crash runs it again and finds what it wrote). Runs that started before the patch keep their recorded activities on
+replay.
+
+Only the fast path is local: a few quick attempts. A store call that still fails then runs again as a regular
+activity with the full retry policy, because a local activity is the wrong tool for an outage: it keeps the workflow
+task open (heartbeating it adds three events every 8 s), and the SDK (temporalio 1.35) does not end its retries at
+``schedule_to_close_timeout`` (measured: a local activity bounded at 5 s that always fails retries for minutes),
+which would break the 60 s bound of a submission. On the server the bound holds and an outage costs no history.
+A non-retryable failure takes the same way, so callers see it as before, as the activity's ``ActivityError``.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
+from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError
 
-__all__ = ["STORE_RETRY", "STORE_TIMEOUT"]
+__all__ = ["LOCAL_STORE_CALLS", "STORE_RETRY", "STORE_TIMEOUT", "store_call"]
 
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 STORE_TIMEOUT = timedelta(seconds=30)
+#: Patch (issue 9): the workflows' store calls run as local activities (see the module docstring).
+LOCAL_STORE_CALLS = "local-store-calls"
+#: The local fast path: a few attempts (backoff 0.2 s, 0.4 s), each bounded, before the call becomes a regular activity.
+LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+LOCAL_ATTEMPT_TIMEOUT = timedelta(seconds=10)
+
+
+async def store_call(
+    name: str,
+    arg: Any,
+    result_type: type[Any],
+    *,
+    summary: str,
+    schedule_to_close: timedelta | None = None,
+) -> Any:
+    """Run the store activity ``name``: local first (patched), then as a regular activity with the store's retries.
+
+    ``schedule_to_close`` bounds all attempts together (None: retry for as long as the store is away).
+    """
+    if workflow.patched(LOCAL_STORE_CALLS):
+        try:
+            return await workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=LOCAL_ATTEMPT_TIMEOUT,
+                retry_policy=LOCAL_RETRY,
+                summary=summary,
+            )
+        except Exception as err:
+            # The SDK raises the last attempt's failure itself (an ActivityError only for a timeout): whatever it was,
+            # the regular activity below runs the call again. Not a cancellation: its workflow is being cancelled.
+            cause = err.cause if isinstance(err, ActivityError) else err
+            if isinstance(cause, CancelledError):
+                raise
+    return await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=STORE_TIMEOUT,
+        schedule_to_close_timeout=schedule_to_close,
+        retry_policy=STORE_RETRY,
+        summary=summary,
+    )

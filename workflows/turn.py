@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
-    from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT
+    from workflows.store_calls import store_call
 
 __all__ = ["TurnWorkflow"]
 
@@ -422,14 +422,7 @@ class TurnWorkflow:
             raise asyncio.CancelledError() from err
 
     async def _store_activity(self, name: str, arg: Any, result_type: type[Any], *, summary: str) -> Any:
-        return await workflow.execute_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY,
-            summary=summary,
-        )
+        return await store_call(name, arg, result_type, summary=summary)
 
     async def _model(self, turn: TurnInput, iteration: int) -> ModelStep | TurnOutcome:
         self._resume_mark = self._resumes
@@ -498,28 +491,14 @@ class TurnWorkflow:
                 outcome="interrupted" if lost else "failed",
                 message=INTERRUPTED_MESSAGE if lost else _failure(err)[1],
             )
-            return await workflow.execute_activity(
-                "turnkit.settle_tool",
-                settle,
-                result_type=ToolOutcome,
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
-                summary=f"settle {call.name}",
-            )
+            return await store_call("turnkit.settle_tool", settle, ToolOutcome, summary=f"settle {call.name}")
 
     async def _finish(self, turn: TurnInput, status: str, error_class: str, message: str) -> TurnOutcome:
         finish = FinishTurn(turn_id=turn.turn_id, status=status, error_class=error_class, error_message=message)  # type: ignore[arg-type]
         return await self._finish_with(finish)
 
     async def _finish_with(self, finish: FinishTurn) -> TurnOutcome:
-        return await workflow.execute_activity(
-            "turnkit.finish_turn",
-            finish,
-            result_type=TurnOutcome,
-            start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY,
-            summary=f"finish · {finish.status}",
-        )
+        return await store_call("turnkit.finish_turn", finish, TurnOutcome, summary=f"finish · {finish.status}")
 
 
 def _count(n: int, noun: str) -> str:
