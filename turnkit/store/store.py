@@ -23,8 +23,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import delete, event, func, select, text, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import Update, delete, event, func, select, text, update
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import aliased
@@ -56,6 +56,7 @@ from turnkit.store.schema import (
     TurnRow,
     WaitRow,
 )
+from turnkit.store.sqlite_trips import use_one_trip_cursors
 from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
 
@@ -83,6 +84,8 @@ TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "s
 DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
+#: Every column of a turn row, by attribute (what ``_turn`` reads), for ``RETURNING``.
+_TURN_COLUMNS: Final = tuple(getattr(TurnRow, column.key) for column in TurnRow.__table__.columns)
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
@@ -272,12 +275,18 @@ class StoreTx:
         ``find`` reads the row by its natural key (unique in the schema); ``build`` makes the new row. The insert
         runs in a savepoint so that the loser of a concurrent create race on PostgreSQL (or SQLite) gets the
         winner's row instead of an ``IntegrityError`` and an aborted transaction. ``look_first=False`` skips the
-        first read when the key was just generated (nothing can exist yet).
+        first read and the savepoint when the key was just generated (nothing can exist yet, so there is no race).
         """
-        if look_first:
-            existing = await find()
-            if existing is not None:
-                return existing, False
+        if not look_first:
+            # A key just generated cannot exist, so no create race can happen: no savepoint (two statements fewer).
+            # An IntegrityError still raises, as it did after the savepoint (the new key cannot be found).
+            row = build()
+            self.session.add(row)
+            await self.session.flush()
+            return row, True
+        existing = await find()
+        if existing is not None:
+            return existing, False
         row = build()
         try:
             async with self.session.begin_nested():
@@ -365,13 +374,22 @@ class StoreTx:
             existing = await self.session.scalar(select(MessageRow).where(MessageRow.uid == id))
             if existing is not None:
                 return _message(existing)
-        if await self._conversation_row(conversation_id) is None:
+        # The conversation's existence and its latest sequence in one statement (CPU per turn, issue 9).
+        latest = (
+            select(func.max(MessageRow.sequence))
+            .where(MessageRow.conversation_uid == conversation_id)
+            .scalar_subquery()
+        )
+        found = (
+            await self.session.execute(select(ConversationRow.id, latest).where(ConversationRow.uid == conversation_id))
+        ).one_or_none()
+        if found is None:
             raise RecordNotFound(f"conversation not found: {conversation_id}")
         parts = [dict(part) for part in content] if content is not None else []
         if text is not None:
             parts.append({"type": "text", "text": text})
         parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-        sequence = await self.latest_message_sequence(conversation_id) + 1
+        sequence = int(found[1] or 0) + 1
         now = utcnow()
         row = MessageRow(
             uid=id or new_id("message"),
@@ -552,11 +570,11 @@ class StoreTx:
         """Update whitelisted fields (behaviour §2.8) and touch ``updated_at``."""
         values = _turn_values(attrs)
         other_root = await self._count_turn_change(turn_id, values)
-        result = await self.session.execute(update(TurnRow).where(TurnRow.uid == turn_id).values(**values))
-        if _rowcount(result) == 0:
+        updated = await self._update_turn_row(update(TurnRow).where(TurnRow.uid == turn_id).values(**values))
+        if updated is None:
             raise RecordNotFound(f"turn not found: {turn_id}")
         await self._add_to_tree(*other_root)
-        return await self.load_turn(turn_id)
+        return updated if isinstance(updated, TurnRecord) else await self.load_turn(turn_id)
 
     async def claim_turn(
         self, turn_id: str, *, from_: str | Iterable[str] = "pending", to: str = "running", **attrs: Any
@@ -567,13 +585,22 @@ class StoreTx:
             _check_turn_status(status)
         values = _turn_values({**attrs, "status": to})
         other_root = await self._count_turn_change(turn_id, values)
-        result = await self.session.execute(
+        updated = await self._update_turn_row(
             update(TurnRow).where(TurnRow.uid == turn_id, TurnRow.status.in_(expected)).values(**values)
         )
-        if _rowcount(result) == 0:
+        if updated is None:
             return None
         await self._add_to_tree(*other_root)
-        return await self.load_turn(turn_id)
+        return updated if isinstance(updated, TurnRecord) else await self.load_turn(turn_id)
+
+    async def _update_turn_row(self, statement: Update) -> TurnRecord | bool | None:
+        """Run an UPDATE of one turn row: the row as written (``RETURNING``, one statement instead of an UPDATE and a
+        SELECT: CPU per turn, issue 9), else True when a row matched (a backend without ``UPDATE … RETURNING``), else
+        None. The ORM's session synchronisation is unchanged (objects it holds see the same values)."""
+        if not self.store.engine.dialect.update_returning:
+            return True if _rowcount(await self.session.execute(statement)) else None
+        row = (await self.session.execute(statement.returning(*_TURN_COLUMNS))).one_or_none()
+        return None if row is None else _turn(row)
 
     # Root-tree counters (behaviour §6.3): the sums over a tree's records, kept on its root row ----------------------
 
@@ -1076,7 +1103,7 @@ def _message(row: MessageRow) -> MessageRecord:
     )
 
 
-def _turn(row: TurnRow) -> TurnRecord:
+def _turn(row: TurnRow | Row[Any]) -> TurnRecord:
     return TurnRecord(
         id=row.uid,
         conversation_id=row.conversation_uid,
@@ -1208,6 +1235,7 @@ def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
+        use_one_trip_cursors(engine)
         _configure_sqlite(engine)
         return engine
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well

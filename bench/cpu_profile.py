@@ -1,0 +1,326 @@
+"""CPU per turn in the process that runs the client and the worker: ``python -m bench.cpu_profile``.
+
+Runs the ``bench/peers`` workload on TurnKit (:mod:`bench.peers.turnkit_app`: a fresh conversation per turn, K
+tool-calling iterations with the scripted model, then the final answer) on its own dev server, tuned as the tests'
+(``history.transferProcessorMaxPollRPS=1000``, so the server's rate limit does not hide the engine), with the store
+in a temporary SQLite file (or ``--database-url``). After a warm-up it measures:
+
+1. **CPU per turn**, several rounds, each of ``--turns`` turns started at once (the throughput workload): the process's
+   ``time.process_time()`` over the round, divided by the turns, and the same split by thread from
+   ``/proc/self/task/*/stat``: the event loop (client, activities, store), the workflow threads (the lane and turn
+   workflows, sandbox included), aiosqlite's connection threads, and the SDK's Rust core threads. Medians.
+2. **Where the Python CPU goes** (``--profile``, on by default): one more round under ``cProfile`` in every Python
+   thread (the worker is opened after the hook is installed, so its threads are profiled from their start; the
+   counters are cleared before the measured round). Self time is grouped by library (sandbox, temporalio,
+   pydantic, SQLAlchemy, sqlite, json, asyncio, TurnKit's own code...), then the top functions by self time and by
+   cumulative time, in ms per turn. Timed with each thread's CPU clock (``time.thread_time``), so
+   waiting costs nothing; cProfile roughly doubles the CPU of what it profiles: read the shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+from bench.peers.serve import temporal_cli
+from bench.peers.turnkit_app import SERVER_FLAGS, System
+from turnkit.devserver import fast_task_loading_args
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# --- CPU by thread ---------------------------------------------------------------------------------------------------
+
+
+def _thread_group(name: str) -> str:
+    """The group a thread's CPU is reported under (by its Python name, else its kernel name)."""
+    if name.startswith("temporal_workflow_"):
+        return "workflow threads (lane + turn, sandbox)"
+    if name == "MainThread":
+        return "event loop (client, activities, store)"
+    if name.startswith("Thread-") or name.startswith("aiosqlite"):
+        return "other Python threads (aiosqlite, executors)"
+    return "Rust core / native threads"
+
+
+def cpu_by_thread() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every thread of this process: tid -> (name, seconds)."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    found: dict[int, tuple[str, float]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        # "tid (comm) state ...": comm may hold spaces, so split after its closing parenthesis.
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+        tid = int(task.name)
+        found[tid] = (names.get(tid, comm), seconds)
+    return found
+
+
+def by_group(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds spent between two :func:`cpu_by_thread` snapshots, by :func:`_thread_group`."""
+    groups: dict[str, float] = defaultdict(float)
+    for tid, (name, seconds) in after.items():
+        groups[_thread_group(name)] += seconds - before.get(tid, (name, 0.0))[1]
+    return dict(groups)
+
+
+@dataclass
+class Round:
+    """One measured round: wall time, process CPU and CPU by thread group, all in seconds."""
+
+    turns: int
+    wall: float
+    cpu: float
+    groups: dict[str, float] = field(default_factory=dict[str, float])
+
+
+async def burst(system: System, k: int, turns: int) -> None:
+    await asyncio.gather(*(system.turn(k) for _ in range(turns)))
+
+
+async def measure(run: Callable[[], Any], turns: int) -> Round:
+    threads_before, cpu_before, wall_before = cpu_by_thread(), time.process_time(), time.perf_counter()
+    await run()
+    wall, cpu = time.perf_counter() - wall_before, time.process_time() - cpu_before
+    return Round(turns, wall, cpu, by_group(threads_before, cpu_by_thread()))
+
+
+# --- cProfile in every thread ----------------------------------------------------------------------------------------
+
+
+class AllThreads:
+    """cProfile in every Python thread started after :meth:`install`, and in the calling thread."""
+
+    def __init__(self) -> None:
+        self.profiles: list[cProfile.Profile] = []
+        self._lock = threading.Lock()
+
+    def _start_in_thread(self, *_: object) -> None:
+        # Runs as the new thread's first profile callback: replace it with a profiler of this thread's own.
+        profile = cProfile.Profile(time.thread_time)  # CPU, not wall time: waiting threads cost nothing
+        with self._lock:
+            self.profiles.append(profile)
+        profile.enable()
+
+    def install(self) -> None:
+        threading.setprofile(self._start_in_thread)
+        self._start_in_thread()
+
+    def clear(self) -> None:
+        for profile in list(self.profiles):
+            profile.clear()
+
+    def stats(self) -> pstats.Stats:
+        """The merged statistics so far (the profilers keep running: read, not stopped)."""
+        snapshots: list[_Snapshot] = []
+        for profile in list(self.profiles):
+            profile.snapshot_stats()
+            if profile.stats:  # type: ignore[attr-defined]  # set by snapshot_stats; empty: idle since clear()
+                snapshots.append(_Snapshot(dict(profile.stats)))  # type: ignore[attr-defined]
+        merged = pstats.Stats(snapshots[0])
+        for snapshot in snapshots[1:]:
+            merged.add(snapshot)
+        return merged
+
+    def uninstall(self) -> None:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        sys.setprofile(None)
+
+
+class _Snapshot:
+    """What ``pstats.Stats`` loads: an object with ``create_stats`` and ``stats``."""
+
+    def __init__(self, stats: dict[Any, Any]) -> None:
+        self.stats = stats
+
+    def create_stats(self) -> None:
+        pass
+
+
+#: Self-time groups, first match wins: (label, substring of the function's file name).
+LIBRARIES = (
+    ("sandbox (temporalio workflow_sandbox)", "workflow_sandbox"),
+    ("temporalio converter", "temporalio/converter"),
+    ("temporalio other", "temporalio/"),
+    ("pydantic", "pydantic"),
+    ("sqlalchemy", "sqlalchemy/"),
+    ("aiosqlite / sqlite3", "sqlite"),
+    ("asyncpg", "asyncpg"),
+    ("json", "json/"),
+    ("protobuf / grpc", "google/protobuf"),
+    ("asyncio", "asyncio/"),
+    ("import machinery", "<frozen importlib"),
+    ("importlib", "importlib/"),
+    ("logging", "logging/"),
+    ("typing", "typing.py"),
+    ("turnkit/store", "turnkit/store/"),
+    ("workflows/ (TurnKit)", "/workflows/"),
+    ("activities/ (TurnKit)", "/activities/"),
+    ("turnkit/ other", "/turnkit/"),
+    ("bench", "/bench/"),
+)
+
+
+def library(filename: str) -> str:
+    for label, part in LIBRARIES:
+        if part in filename:
+            return label
+    if filename == "~":
+        return "builtins (C functions)"
+    return "other Python"
+
+
+def report_profile(stats: pstats.Stats, turns: int, top: int) -> None:
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
+    by_library: dict[str, float] = defaultdict(float)
+    builtin_by_name: dict[str, float] = defaultdict(float)
+    for (filename, _line, name), (_cc, _nc, tottime, _ct, callers) in raw.items():
+        lib = library(filename)
+        if lib == "builtins (C functions)":
+            # A C function is charged to the library of its callers (weighted by their calls' self time).
+            caller_libs: dict[str, float] = defaultdict(float)
+            for (caller_file, _l, _n), caller in callers.items():
+                caller_libs[library(caller_file)] += caller[2]
+            total = sum(caller_libs.values())
+            for caller_lib, share in caller_libs.items():
+                by_library[f"{caller_lib} (C calls)"] += tottime * (share / total if total else 1 / len(caller_libs))
+            if not caller_libs:
+                by_library["builtins (C functions)"] += tottime
+            builtin_by_name[name] += tottime
+        else:
+            by_library[lib] += tottime
+    total = sum(by_library.values())
+    print(f"\nprofiled self time: {total / turns * 1000:.1f} ms per turn (cProfile's overhead included)")
+    print(f"  {'group':<52}{'ms/turn':>9}{'share':>8}")
+    for lib, seconds in sorted(by_library.items(), key=lambda item: -item[1]):
+        if seconds / total >= 0.003:
+            print(f"  {lib:<52}{seconds / turns * 1000:>9.2f}{seconds / total:>8.1%}")
+
+    def rows(key: Callable[[tuple[Any, ...]], float], only_ours: bool) -> None:
+        entries = sorted(raw.items(), key=lambda item: -key(item[1]))
+        shown = 0
+        print(f"  {'ms/turn':>8}{'self':>8}{'calls/turn':>11}  function")
+        for (filename, line, name), (_cc, nc, tottime, cumtime, _callers) in entries:
+            if only_ours and not any(p in filename for p in ("/turnkit/", "/activities/", "/workflows/", "/bench/")):
+                continue
+            where = filename.split("site-packages/")[-1].split("wt-cpu/")[-1]
+            print(
+                f"  {key((0, nc, tottime, cumtime, None)) / turns * 1000:>8.2f}{tottime / turns * 1000:>8.2f}"
+                f"{nc / turns:>11.1f}  {name} ({where}:{line})"
+            )
+            shown += 1
+            if shown >= top:
+                break
+
+    print(f"\ntop {top} functions by self time")
+    rows(lambda entry: entry[2], only_ours=False)
+    print(f"\ntop {top} functions by cumulative time (coroutines count each resumption)")
+    rows(lambda entry: entry[3], only_ours=False)
+    print(f"\ntop {top} TurnKit functions (turnkit/, activities/, workflows/) by cumulative time")
+    rows(lambda entry: entry[3], only_ours=True)
+
+
+# --- the run ---------------------------------------------------------------------------------------------------------
+
+
+def report_rounds(rounds: list[Round], label: str) -> None:
+    per_turn = [r.cpu / r.turns * 1000 for r in rounds]
+    print(
+        f"\n{label}: CPU per turn {statistics.median(per_turn):.1f} ms (median of {len(rounds)}; "
+        f"rounds {', '.join(f'{x:.1f}' for x in per_turn)}), "
+        f"{statistics.median(r.turns / r.wall for r in rounds):.1f} turns/s"
+    )
+    groups = sorted({g for r in rounds for g in r.groups})
+    for group in groups:
+        values = [r.groups.get(group, 0.0) / r.turns * 1000 for r in rounds]
+        print(f"  {group:<50}{statistics.median(values):>8.1f} ms/turn")
+
+
+async def main(args: argparse.Namespace) -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=[*SERVER_FLAGS, *fast_task_loading_args()],
+        dev_server_log_level="never",
+    )
+    try:
+        # The timed rounds first, with no profiler anywhere.
+        system = System(args.database_url)
+        await system.open(env.client.service_client.config.target_host)
+        try:
+            await _warm_up(system, args)
+            rounds = [await measure(lambda: burst(system, args.k, args.turns), args.turns) for _ in range(args.rounds)]
+            sequential = [
+                await measure(lambda: _sequential(system, args.k, args.sequential), args.sequential)
+                for _ in range(args.rounds)
+            ]
+        finally:
+            await system.close()
+        stats = None
+        if args.profile:
+            # A second worker, opened after the hook is installed, so that every thread it starts is profiled.
+            profiler = AllThreads()
+            profiler.install()
+            profiled_system = System(args.database_url)
+            await profiled_system.open(env.client.service_client.config.target_host)
+            try:
+                await _warm_up(profiled_system, args)
+                profiler.clear()
+                await burst(profiled_system, args.k, args.turns)
+                stats = profiler.stats()
+            finally:
+                profiler.uninstall()
+                await profiled_system.close()
+    finally:
+        await env.shutdown()
+    store = (args.database_url or "sqlite").split(":")[0].split("+")[0]
+    print(f"K = {args.k}, store {store}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    report_rounds(rounds, f"{args.turns} turns at once")
+    report_rounds(sequential, f"{args.sequential} turns back to back")
+    if stats is not None:
+        report_profile(stats, args.turns, args.top)
+
+
+async def _warm_up(system: System, args: argparse.Namespace) -> None:
+    for _ in range(args.warmup):
+        await system.turn(args.k)
+    await burst(system, args.k, args.turns)
+
+
+async def _sequential(system: System, k: int, turns: int) -> None:
+    for _ in range(turns):
+        await system.turn(k)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="CPU per TurnKit turn, and where it goes (cProfile)")
+    parser.add_argument("--k", type=int, default=1, help="tool-calling iterations per turn (default 1)")
+    parser.add_argument("--turns", type=int, default=40, help="turns per round, started at once (default 40)")
+    parser.add_argument("--sequential", type=int, default=10, help="turns per back-to-back round (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each kind (default 3)")
+    parser.add_argument("--warmup", type=int, default=5, help="back-to-back warm-up turns (default 5)")
+    parser.add_argument("--top", type=int, default=30, help="functions listed per table (default 30)")
+    parser.add_argument("--no-profile", dest="profile", action="store_false", help="skip the cProfile round")
+    parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -1,0 +1,164 @@
+"""aiosqlite with one trip to the connection's thread per statement instead of four (CPU per turn, issue 9).
+
+aiosqlite runs every sqlite3 call on a thread of its own, and SQLAlchemy's adapter makes four calls per statement:
+create a cursor, execute, fetch all rows, close the cursor. Each is a queue hand-off to that thread and a wake-up
+of the event loop when it answers, which costs more CPU than the statement itself. :class:`OneTripConnection`
+makes its cursors do the four in one call (``execute`` also fetches every row and closes the sqlite3 cursor, then
+answers ``description``, ``rowcount``, ``lastrowid`` and the fetches from what it kept). The SQL, its parameters,
+the order of statements on the connection and the transactions are unchanged; only the number of hand-offs is.
+
+SQLAlchemy's adapter reads whole results anyway (its non-streaming cursor calls ``fetchall`` after each statement),
+so fetching them in the same call changes no behaviour. :func:`use_one_trip_cursors` installs it on an engine.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Any
+
+import aiosqlite
+from aiosqlite import context as aiosqlite_context
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["OneTripConnection", "OneTripCursor", "use_one_trip_cursors"]
+
+#: What one trip answers: description, rowcount, lastrowid, rows.
+_Outcome = tuple[Any, int, int | None, list[Any]]
+
+
+def _run(connection: sqlite3.Connection, sql: str, parameters: Any, many: bool, row_factory: Any) -> _Outcome:
+    """On the connection's thread: the statement, its rows, and what the cursor said, with the cursor closed."""
+    cursor = connection.cursor()
+    try:
+        if row_factory is not None:
+            cursor.row_factory = row_factory
+        if many:
+            cursor.executemany(sql, parameters)
+        else:
+            cursor.execute(sql, parameters)
+        description = cursor.description
+        rows = cursor.fetchall() if description is not None else []
+        return description, cursor.rowcount, cursor.lastrowid, rows
+    finally:
+        cursor.close()
+
+
+class OneTripCursor(aiosqlite.Cursor):
+    """An aiosqlite cursor whose ``execute`` is one trip to the connection's thread (see the module docstring).
+
+    Its rows are buffered: the fetches read the buffer, and ``close`` has nothing left to close on the thread.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        # No sqlite3 cursor here: sqlite3 objects belong to the connection's thread, where _run makes one.
+        super().__init__(conn, None)  # type: ignore[arg-type]
+        self._outcome: _Outcome = (None, -1, None, [])
+        self._next = 0
+        self._arraysize = 1
+        self._row_factory: Any = None
+
+    async def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> OneTripCursor:
+        """Execute ``sql`` and fetch its rows, in one trip."""
+        await self._trip(sql, [] if parameters is None else parameters, many=False)
+        return self
+
+    async def executemany(self, sql: str, parameters: Iterable[Iterable[Any]]) -> OneTripCursor:
+        """Execute ``sql`` once per parameter set, in one trip."""
+        await self._trip(sql, parameters, many=True)
+        return self
+
+    async def executescript(self, sql_script: str) -> OneTripCursor:
+        """Run a script (a trip of its own; no rows)."""
+        await self._conn._execute(_script, self._conn._conn, sql_script)  # pyright: ignore[reportPrivateUsage]
+        self._outcome, self._next = (None, -1, None, []), 0
+        return self
+
+    async def _trip(self, sql: str, parameters: Any, *, many: bool) -> None:
+        connection = self._conn._conn  # pyright: ignore[reportPrivateUsage]  # raises when closed, like aiosqlite
+        self._outcome = await self._conn._execute(_run, connection, sql, parameters, many, self._row_factory)  # pyright: ignore[reportPrivateUsage]
+        self._next = 0
+
+    async def fetchone(self) -> Any:
+        rows = self._outcome[3]
+        if self._next >= len(rows):
+            return None
+        self._next += 1
+        return rows[self._next - 1]
+
+    async def fetchmany(self, size: int | None = None) -> Sequence[Any]:
+        count = self._arraysize if size is None else size
+        rows = self._outcome[3][self._next : self._next + count]
+        self._next += len(rows)
+        return rows
+
+    async def fetchall(self) -> Sequence[Any]:
+        rows = self._outcome[3][self._next :]
+        self._next = len(self._outcome[3])
+        return rows
+
+    async def close(self) -> None:
+        """Nothing to close on the thread (``execute`` closed the sqlite3 cursor); the buffer is dropped."""
+        self._outcome, self._next = (None, -1, None, []), 0
+
+    @property
+    def description(self) -> Any:
+        return self._outcome[0]
+
+    @property
+    def rowcount(self) -> int:
+        return self._outcome[1]
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self._outcome[2]
+
+    @property
+    def arraysize(self) -> int:
+        return self._arraysize
+
+    @arraysize.setter
+    def arraysize(self, value: int) -> None:
+        self._arraysize = value
+
+    @property
+    def row_factory(self) -> Any:
+        return self._row_factory
+
+    @row_factory.setter
+    def row_factory(self, factory: Any) -> None:
+        self._row_factory = factory  # applied to the sqlite3 cursor of the next statement
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._conn._conn  # pyright: ignore[reportPrivateUsage]
+
+
+def _script(connection: sqlite3.Connection, sql_script: str) -> None:
+    connection.executescript(sql_script)
+
+
+class OneTripConnection(aiosqlite.Connection):
+    """An aiosqlite connection whose cursors are :class:`OneTripCursor` (made without a trip)."""
+
+    @aiosqlite_context.contextmanager  # awaitable and an async context manager, as aiosqlite's own cursor()
+    async def cursor(self) -> OneTripCursor:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return OneTripCursor(self)
+
+
+def _connect(database: str, **kwargs: Any) -> OneTripConnection:
+    """What ``aiosqlite.connect`` does, with a :class:`OneTripConnection` (SQLAlchemy awaits it)."""
+    connection = OneTripConnection(partial(sqlite3.connect, database, **kwargs), 64)
+    connection._thread.daemon = True  # pyright: ignore[reportPrivateUsage]  # as SQLAlchemy does for aiosqlite's
+    return connection
+
+
+def use_one_trip_cursors(engine: AsyncEngine) -> None:
+    """Make ``engine`` (``sqlite+aiosqlite``) open :class:`OneTripConnection`\\ s, with the URL's own connect
+    arguments (the database, ``timeout``, ``uri``...)."""
+
+    @event.listens_for(engine.sync_engine, "do_connect")
+    def _one_trip(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams["async_creator_fn"] = _connect  # the adapter calls it with the connect arguments and awaits it
