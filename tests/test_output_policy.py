@@ -19,6 +19,7 @@ from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
 from turnkit.payloads import FinishTurn, ModelCall, TurnOutcome
 from turnkit.runtime import TurnKit
+from turnkit.skills import Skill
 from turnkit.testing import ScriptedClient, call_tools, say
 
 REVISION_TEXT = "previous output failed policy checks"
@@ -348,6 +349,39 @@ def test_agent_output_policy_options(tmp_path: Path) -> None:
         turnkit.Agent("e", output_retries=-1)
     with pytest.raises(ValueError, match='"revise" needs output_retries >= 1'):
         turnkit.Agent("f", output_policy_mode="revise", output_retries=0)
+
+
+async def test_a_skill_is_an_output_policy_source(tk: TurnKit) -> None:
+    """Behaviour §3.9 "Skill → OutputPolicy.from_skill": a Skill given as output_policy is a judge of the skill's
+    content, named by its key; its revision request re-embeds that content as <skill key="memo_rules">."""
+    rules = Skill("memo_rules", description="How memos end.", content="Every memo ends with a Recommendation.")
+    verdicts = iter(
+        [
+            '{"approved": false, "violations": [{"rule": "recommendation", "message": "no Recommendation"}]}',
+            '{"approved": true, "violations": []}',
+        ]
+    )
+    drafts = iter(["Draft only", "Recommendation: ship it"])
+
+    def respond(request: ModelRequest) -> Result:
+        if request.metadata.get("purpose") == "output_policy":
+            return Result.build(text=next(verdicts))
+        return say(next(drafts))
+
+    client = ScriptedClient(respond)
+    agent = turnkit.Agent("skilled", model="scripted", client=client, output_policy=rules, output_retries=1)
+    [policy] = agent.output_policy
+    assert isinstance(policy, OutputPolicy) and (policy.name, policy.content) == ("memo_rules", rules.content)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Recommendation: ship it" and run.policy_clean is True
+    judges = [r for r in client.requests if r.metadata.get("purpose") == "output_policy"]
+    assert len(judges) == 2
+    assert '<policy name="memo_rules">\nEvery memo ends with a Recommendation.\n</policy>' in judges[0].instructions
+    [revision] = [m for m in await run.messages() if m.role == "user" and REVISION_TEXT in m.text]
+    assert '<skill key="memo_rules">\nEvery memo ends with a Recommendation.\n</skill>' in revision.text
+    assert "1. recommendation: no Recommendation" in revision.text
+    with pytest.raises(ValueError, match="output policy content is required"):
+        turnkit.Agent("empty_skill", output_policy=[Skill("blank")])
 
 
 # -- answers given by a terminal tool (behaviour §3.2 phase tools → output, §3.9) -------------------------------------
