@@ -13,7 +13,7 @@ from temporalio.testing import ActivityEnvironment
 import turnkit
 from activities.model import ModelActivities
 from activities.turns import TurnActivities
-from tests.engine import Engine, HeldModel, eventually
+from tests.engine import Engine, HeldModel, eventually, turn_for_activities
 from turnkit.events import Event
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
@@ -258,15 +258,7 @@ async def test_a_retried_model_activity_does_not_audit_twice(engine: Engine) -> 
     )
     turnkit.register(agent)
     conversation = await tk.conversation(agent)
-    trigger = await conversation.say("Write the memo")
-    async with tk.store.atomic() as tx:
-        record = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=trigger.sequence,
-            model="scripted",
-            options={"trigger_message_id": trigger.id},
-        )
+    record = await turn_for_activities(tk, conversation, "Write the memo")
     model_call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1)
     activities = ModelActivities(tk.store)
     env = ActivityEnvironment()
@@ -484,16 +476,8 @@ async def test_a_retried_terminal_finish_does_not_audit_or_revise_twice(engine: 
     )
     turnkit.register(agent)
     conversation = await tk.conversation(agent)
-    trigger = await conversation.say("Write the memo")
+    record = await turn_for_activities(tk, conversation, "Write the memo", status="running")
     async with tk.store.atomic() as tx:
-        record = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=trigger.sequence,
-            model="scripted",
-            status="running",
-            options={"trigger_message_id": trigger.id},
-        )
         execution, _ = await tx.create_tool_execution(
             turn_id=record.id,
             tool_call_id="call_1",

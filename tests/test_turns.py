@@ -11,13 +11,12 @@ from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from activities.model import ModelActivities
-from tests.engine import HeldModel
+from tests.engine import HeldModel, start_turn_workflow
 from turnkit.ids import new_id
 from turnkit.model import Result
-from turnkit.payloads import ModelCall, SubmitTurn, TurnInput
+from turnkit.payloads import ModelCall, SubmitTurn
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
-from workflows.turn import TurnWorkflow
 
 
 @turnkit.tool(recovery="replay_safe")
@@ -293,17 +292,7 @@ async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnK
     first = await tk.store.load_turn(request.turn_id)
 
     # The second perform: a new run of the turn's workflow (same id, allowed once the first closed).
-    again = await tk.client.start_workflow(
-        TurnWorkflow.run,
-        TurnInput(
-            turn_id=first.id,
-            conversation_id=conversation.id,
-            agent_name=first.agent_name,
-            root_turn_id=first.root_turn_id,
-        ),
-        id=request.turn_id,
-        task_queue=tk.task_queue,
-    )
+    again = await start_turn_workflow(tk.client, first, tk.task_queue)
     assert again.result_run_id != first_run.run_id  # it really ran: the workflow id did not stop it
     await again.result()
     # And a retried model activity of the first run's request (its response committed): answered from the store.
