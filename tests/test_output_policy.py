@@ -461,6 +461,22 @@ async def test_a_terminal_tools_answer_gets_a_revision_request(tk: TurnKit) -> N
     ]
 
 
+async def test_a_constraint_that_raises_on_a_terminal_answer_fails_the_turn(tk: TurnKit) -> None:
+    """A constraint that raises while auditing a terminal tool's answer fails the turn with ConfigError naming it,
+    as it does for a plain answer (the finish activity records it; the model is asked once)."""
+
+    def broken(output: str) -> None:
+        raise RuntimeError("policy store unreachable")
+
+    client = ScriptedClient([call_tools(("submit_memo", {"memo": "Draft only"}))])
+    agent = turnkit.Agent("terminal_broken", model="scripted", client=client, tools=[submit_memo], output_policy=broken)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error is not None
+    assert run.error["class"] == "TurnKit::ConfigError"
+    assert "output policy" in run.error["message"] and "policy store unreachable" in run.error["message"]
+    assert client.calls == 1
+
+
 async def test_a_retried_terminal_finish_does_not_audit_or_revise_twice(engine: Engine) -> None:
     """turnkit.finish_turn retried after it committed a terminal answer's revision request: keyed by the execution
     id, it neither calls the judge again nor appends a second request, and the judge is charged once."""
