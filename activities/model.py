@@ -29,6 +29,7 @@ from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
 from turnkit.call_ids import unique_call_ids
+from turnkit.charges import charge_turn
 from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
@@ -47,7 +48,7 @@ from turnkit.errors import (
 )
 from turnkit.events import announce, announce_message, emit
 from turnkit.media import with_media_data
-from turnkit.model import ModelRequest, Result, Usage
+from turnkit.model import ModelRequest, Result
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.request import build_model_request
@@ -202,7 +203,7 @@ class ModelActivities:
                     request_id=call.request_id,  # indexed: a concurrent attempt finds it with one read
                 )
                 announce_message(tx, summary)
-                charged = await _charge(tx, current, made.result.usage, cost)
+                charged = await charge_turn(tx, current, made.result.usage, cost)
                 return summary, True, await _tree_spend_denial(tx, charged)
 
         summary, written, denial = await retry_store(write, what="compaction persist")
@@ -380,9 +381,9 @@ class ModelActivities:
                 announce(tx, "tool_call.created", turn.id, turn.conversation_id, id=ref.id, name=ref.name)
             state.phase = "tools" if tool_calls else "output"
             state.message_id = message.id
-            turn = await _charge(tx, turn, result.usage, cost, options=turn.options.with_state(state))
+            turn = await charge_turn(tx, turn, result.usage, cost, options=turn.options.with_state(state))
             for judge in audit.charges if audit is not None else ():  # the audit's model calls are the turn's too
-                turn = await _charge(tx, turn, judge.usage, judge.cost)
+                turn = await charge_turn(tx, turn, judge.usage, judge.cost)
             denial = await _tree_spend_denial(tx, turn)
             if denial is not None:
                 over = ModelStep(
@@ -543,26 +544,6 @@ async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
     if limits_of(root).max_spend is None:
         return None  # no limit: nothing to read
     return spend_denial(root, await tx.tree_usage(root.id))
-
-
-async def _charge(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:
-    """Add one model call's usage and cost to the turn (with ``updates`` in the same write)."""
-    usage_record = (Usage.from_dict(turn.usage) + usage).to_record()
-    details = _add_cost_details(turn.usage.get("cost_details"), cost.to_dict())
-    if details:
-        usage_record["cost_details"] = details
-    total_cost = turn.cost
-    if cost.total is not None:
-        total_cost = (total_cost or 0.0) + cost.total
-    return await tx.update_turn(turn.id, usage=usage_record, cost=total_cost, heartbeat_at=utcnow(), **updates)
-
-
-def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:
-    totals: dict[str, float] = {str(k): float(v) for k, v in (previous or {}).items() if v is not None}
-    for key, value in current.items():
-        if value is not None:
-            totals[key] = totals.get(key, 0.0) + float(value)
-    return totals
 
 
 def _non_retryable(err: Error) -> ApplicationError:

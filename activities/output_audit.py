@@ -13,6 +13,11 @@ The model activity calls three hooks, so the workflow needs no new command:
    the turn: ``completed``, or ``failed`` with ``TurnKit::OutputAudit`` in ``fail`` mode.
 3. :func:`announce_audit`, after the commit: ``output_policy.model.completed`` per judge call, then
    ``output_policy.revision`` or ``output_policy.completed``.
+
+An answer given by a terminal tool (behaviour §3.2 phase ``tools``, then ``output``) is audited the same way inside
+``turnkit.finish_turn``: :func:`audit_terminal_answer` before its transaction, then :func:`record_audit`, the judges'
+charges (:func:`charge_judges`) and :func:`audit_events` in it, keyed by the execution id
+(``state.audited_execution_id``) so that a retried finish neither audits again nor asks for a second revision.
 """
 
 from __future__ import annotations
@@ -23,16 +28,29 @@ from typing import Any
 
 from activities.heartbeat import heartbeating
 from turnkit.agent import Agent
+from turnkit.charges import charge_turn
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.errors import OutputAudit
-from turnkit.events import announce_message, emit
+from turnkit.events import announce, announce_message, emit
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx
+from turnkit.turn_state import TurnState
 
-__all__ = ["AnswerAudit", "JudgeCharge", "announce_audit", "audit_answer", "publication", "record_audit"]
+__all__ = [
+    "AnswerAudit",
+    "JudgeCharge",
+    "announce_audit",
+    "announce_audit_in",
+    "audit_answer",
+    "audit_events",
+    "audit_terminal_answer",
+    "charge_judges",
+    "publication",
+    "record_audit",
+]
 
 
 @dataclass(frozen=True)
@@ -115,13 +133,39 @@ async def audit_answer(
     return AnswerAudit(audit, charges)
 
 
-async def record_audit(tx: StoreTx, turn: TurnRecord, agent: Agent, audit: AnswerAudit) -> TurnRecord:
+async def audit_terminal_answer(
+    store: Store, turn: TurnRecord, agent: Agent, text: str, execution_id: str
+) -> AnswerAudit | None:
+    """Audit the answer of a turn ended by a terminal tool: its completion message ``text`` (or the turn's
+    ``state.output_data`` when set, behaviour §3.2 phase ``output``). None when the agent has no output policy.
+
+    Raises: as :func:`audit_answer`.
+    """
+    if not agent.output_policy:
+        return None
+    messages = await store.list_messages(turn.conversation_id, turn_id=turn.id)
+    answer = Result.build(text=text, output_data=turn.state.output_data)
+    # The judges' request metadata names the execution: the answer has no model request of its own.
+    return await audit_answer(turn, agent, answer, f"terminal:{execution_id}", messages, store=store)
+
+
+async def charge_judges(tx: StoreTx, turn: TurnRecord, audit: AnswerAudit) -> TurnRecord:
+    """Charge the audit's judge calls to the turn (they are model calls of the turn, behaviour §3.9)."""
+    for judge in audit.charges:
+        turn = await charge_turn(tx, turn, judge.usage, judge.cost)
+    return turn
+
+
+async def record_audit(
+    tx: StoreTx, turn: TurnRecord, agent: Agent, audit: AnswerAudit, *, state: TurnState | None = None
+) -> TurnRecord:
     """Write the audit into the turn's state; after a dirty one with revisions left, ask for a revision.
 
     The revision request is a user text message (metadata ``{source: "output_policy", attempt}``) and the phase goes
-    back to ``model``, so the workflow asks the model again. Runs in the transaction that persists the answer.
+    back to ``model``, so the workflow asks the model again. Runs in the transaction that persists the answer;
+    ``state`` is the turn's state as that transaction left it (default: the stored one).
     """
-    state = turn.state.model_copy(update={"policy_audit": audit.result.to_dict()})
+    state = (state or turn.state).model_copy(update={"policy_audit": audit.result.to_dict()})
     audit.attempt = None
     if not audit.result.clean and state.revisions_used < agent.output_retries:
         attempt = state.revisions_used + 1
@@ -134,8 +178,15 @@ async def record_audit(tx: StoreTx, turn: TurnRecord, agent: Agent, audit: Answe
             metadata={"source": "output_policy", "attempt": attempt},
         )
         announce_message(tx, revision)  # message.created once this transaction committed
+        # A terminal tool's answer is dropped with the others: the next answer says for itself how it ended.
         state = state.model_copy(
-            update={"phase": "model", "revisions_used": attempt, "candidate": None, "output_data": None}
+            update={
+                "phase": "model",
+                "revisions_used": attempt,
+                "candidate": None,
+                "output_data": None,
+                "terminal_tool_name": None,
+            }
         )
         audit.attempt = attempt
     return await tx.update_turn(turn.id, options=turn.options.with_state(state))
@@ -151,35 +202,30 @@ def publication(agent: Agent, turn: TurnRecord) -> tuple[str, dict[str, Any] | N
     return "failed", {"class": OutputAudit.qualified_name, "message": message, "policy_audit": audit}
 
 
-async def announce_audit(turn: TurnRecord, audit: AnswerAudit, *, published: bool, store: Store | None = None) -> None:
-    """The audit's events, after its commit: each judge call, then the revision or (``published``) the verdict."""
-    for charge in audit.charges:
-        await emit(
+def audit_events(audit: AnswerAudit, *, published: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The audit's events in order: each judge call, then the revision or (``published``) the verdict."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
             "output_policy.model.completed",
-            turn.id,
-            turn.conversation_id,
-            store=store,
-            model=charge.model,
-            tool_call_count=0,
-            usage=charge.usage.to_record(),
-            cost=charge.cost.total,
+            {"model": c.model, "tool_call_count": 0, "usage": c.usage.to_record(), "cost": c.cost.total},
         )
+        for c in audit.charges
+    ]
     count = len(audit.result.violations)
     if audit.attempt is not None:
-        await emit(
-            "output_policy.revision",
-            turn.id,
-            turn.conversation_id,
-            store=store,
-            violation_count=count,
-            attempt=audit.attempt,
-        )
+        events.append(("output_policy.revision", {"violation_count": count, "attempt": audit.attempt}))
     elif published:
-        await emit(
-            "output_policy.completed",
-            turn.id,
-            turn.conversation_id,
-            store=store,
-            clean=audit.result.clean,
-            violation_count=count,
-        )
+        events.append(("output_policy.completed", {"clean": audit.result.clean, "violation_count": count}))
+    return events
+
+
+async def announce_audit(turn: TurnRecord, audit: AnswerAudit, *, published: bool, store: Store | None = None) -> None:
+    """The audit's events (:func:`audit_events`), sent now: after the commit that recorded it."""
+    for kind, payload in audit_events(audit, published=published):
+        await emit(kind, turn.id, turn.conversation_id, store=store, **payload)
+
+
+def announce_audit_in(tx: StoreTx, turn: TurnRecord, audit: AnswerAudit, *, published: bool) -> None:
+    """The audit's events (:func:`audit_events`), sent once ``tx`` commits (before what the caller announces next)."""
+    for kind, payload in audit_events(audit, published=published):
+        announce(tx, kind, turn.id, turn.conversation_id, **payload)

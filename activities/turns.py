@@ -11,17 +11,25 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.notify import announce_terminal
+from activities.output_audit import (
+    AnswerAudit,
+    announce_audit_in,
+    audit_terminal_answer,
+    charge_judges,
+    publication,
+    record_audit,
+)
 from activities.tools import find_tool
 from activities.tools import outcome_of as outcome_of_execution
 from turnkit.agent import resolve_agent
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.dispatch import model_policy
-from turnkit.errors import ConfigError, RecordNotFound, ToolError
+from turnkit.errors import ConfigError, ModelError, RecordNotFound, ToolError, TransientModelError, error_class_name
 from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.prepared import submit_prepared
-from turnkit.records import TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.records import TERMINAL_TURN_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
 from turnkit.turn_build import create_turn
@@ -80,6 +88,12 @@ class TurnActivities:
         turn = await self.store.load_turn(finish.turn_id)
         if finish.unless_paused and turn.status == "paused":
             return _still_paused(turn)
+        audit: AnswerAudit | None = None
+        if finish.terminal_execution_id is not None and _unaudited(turn, finish.terminal_execution_id):
+            # The terminal tool's answer is audited like any final answer (behaviour §3.2 phase output, §3.9).
+            audit, failed = await self._audit_terminal(turn, finish.terminal_execution_id)
+            if failed is not None:
+                finish = failed
         verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (behaviour §7.4)
         already_done = False
         finished: TurnRecord | None = None
@@ -91,7 +105,10 @@ class TurnActivities:
                 await completion_delivery(tx, turn, verdict)
                 already_done = True
             elif finish.status == "completed":
-                finished = await self._complete_by_terminal_tool(tx, turn, finish)
+                finished = await self._complete_by_terminal_tool(tx, turn, finish, audit)
+                if finished is None and not (await tx.load_turn(turn.id)).terminal:
+                    # A revision request was recorded (now or by an earlier attempt): back to the model.
+                    return TurnOutcome(turn_id=turn.id, status="completed", revised=True)
             else:
                 await repair_transcript(tx, turn)
                 finished = await tx.claim_turn(
@@ -107,6 +124,8 @@ class TurnActivities:
             if not already_done:
                 turn = finished or await tx.load_turn(turn.id)
                 await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
+            if audit is not None and finished is not None:  # its events before the turn's own (behaviour §3.2)
+                announce_audit_in(tx, finished, audit, published=True)
             # Only the write that ended the turn reports it: not a retry, nor a turn cancelled meanwhile.
             if finished is not None and finished.status == "completed":
                 announce(
@@ -122,9 +141,37 @@ class TurnActivities:
         await announce_terminal(self.store, turn)
         return outcome_of(turn)
 
-    async def _complete_by_terminal_tool(self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn) -> TurnRecord | None:
-        """Behaviour §3.8: skip the calls after a terminal tool, append its completion message, complete the turn."""
+    async def _audit_terminal(
+        self, turn: TurnRecord, execution_id: str
+    ) -> tuple[AnswerAudit | None, FinishTurn | None]:
+        """The audit of a terminal tool's answer, made before the finish transaction (a judge is a model call); or,
+        when a judge call or a constraint failed, the failed finish to write instead (as the model activity fails a
+        turn whose audit failed; a transient provider failure is retried up to the model's attempts first)."""
+        agent = resolve_agent(turn.agent_name)
+        async with self.store.atomic() as tx:
+            execution = await tx.load_tool_execution(execution_id)
+        try:
+            return await audit_terminal_answer(
+                self.store, turn, agent, _completion_text(turn, execution), execution_id
+            ), None
+        except TransientModelError as err:
+            if activity.info().attempt < model_policy().max_attempts:
+                raise ApplicationError(str(err), type="TransientModelError") from err
+            error_class, message = "TurnKit::ModelError", str(err)
+        except (ModelError, ConfigError) as err:
+            error_class, message = error_class_name(err), str(err)
+        failed = FinishTurn(turn_id=turn.id, status="failed", error_class=error_class, error_message=message)
+        return None, failed
+
+    async def _complete_by_terminal_tool(
+        self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn, audit: AnswerAudit | None
+    ) -> TurnRecord | None:
+        """Behaviour §3.8: skip the calls after a terminal tool, append its completion message, complete the turn;
+        with an ``audit`` (§3.9), record it and publish by its verdict, or ask for a revision (None returned, the
+        turn left running in phase ``model``)."""
         assert finish.terminal_execution_id is not None
+        if turn.state.audited_execution_id == finish.terminal_execution_id:
+            return None  # an earlier attempt recorded this answer's audit and its revision request
         execution = await tx.load_tool_execution(finish.terminal_execution_id)
         for call in finish.skipped_calls:
             skipped, created = await tx.create_tool_execution(
@@ -140,20 +187,31 @@ class TurnActivities:
                 announce(tx, "tool_call.skipped", turn.id, turn.conversation_id, id=call.id, name=call.name)
             if created or skipped.status != "pending":
                 await append_tool_result(tx, turn, skipped)
-        tool = resolve_agent(turn.agent_name).tool(execution.tool_name, turn.state.loaded_skills)
-        text = tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
+        text = _completion_text(turn, execution)
         announce_message(
             tx, await tx.append_message(turn.conversation_id, role="assistant", text=text, turn_id=turn.id)
         )
         state = turn.state.model_copy(update={"phase": "output", "terminal_tool_name": execution.tool_name})
+        status, error = "completed", None
+        if audit is not None:
+            agent = resolve_agent(turn.agent_name)
+            state = state.model_copy(update={"candidate": text, "audited_execution_id": execution.id})
+            turn = await charge_judges(tx, turn, audit)
+            turn = await record_audit(tx, turn, agent, audit, state=state)
+            if audit.attempt is not None:
+                announce_audit_in(tx, turn, audit, published=False)
+                return None
+            state = turn.state
+            status, error = publication(agent, turn)  # failed: a dirty audit in fail mode (the answer is kept)
         return await tx.claim_turn(
             turn.id,
             from_=("pending", "running"),
-            to="completed",
+            to=status,
             output_text=text,
             options=turn.options.with_state(state),
             completed_at=utcnow(),
             claim_token=None,
+            **({"error": error} if error else {}),
         )
 
     @activity.defn(name="turnkit.settle_tool")
@@ -190,6 +248,17 @@ class TurnActivities:
         # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
         # terminal tool still ends the turn, a budget denial still fails it (issue 8).
         return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name, settle.call.policy))
+
+
+def _unaudited(turn: TurnRecord, execution_id: str) -> bool:
+    """The terminal answer of ``execution_id`` still needs its audit (no earlier attempt committed it)."""
+    return not turn.terminal and turn.state.audited_execution_id != execution_id
+
+
+def _completion_text(turn: TurnRecord, execution: ToolExecutionRecord) -> str:
+    """A terminal tool's completion message: the turn's answer (behaviour §3.8)."""
+    tool = resolve_agent(turn.agent_name).tool(execution.tool_name, turn.state.loaded_skills)
+    return tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
 
 
 async def _root_of(tx: StoreTx, turn: TurnRecord) -> TurnRecord:

@@ -15,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.chaos import SUMMARY
 from tests.engine import Engine
+from tests.workers import crash_dir  # noqa: F401  (a shared fixture: importing it here makes it visible to every test)
 from turnkit.agent import unregister_all
 from turnkit.config import reset_settings
 from turnkit.devserver import fast_task_loading_args

@@ -7,14 +7,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from temporalio.client import Client, WorkflowHandle
+
 import turnkit
+from activities.turns import ticket_of
 from turnkit.handles import Conversation, Turn
 from turnkit.model import ModelRequest, Result
-from turnkit.payloads import LaneStatus
+from turnkit.payloads import LaneStatus, TurnInput, TurnOutcome
 from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import Tool, tool
+from workflows.turn import TurnWorkflow
 
 
 @dataclass
@@ -36,6 +40,45 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 3
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.25)
+
+
+async def turn_for_activities(
+    tk: TurnKit, conversation: Conversation, text: str, *, status: str = "pending"
+) -> TurnRecord:
+    """A turn record for ``text``, said now in ``conversation``, created in the store and never submitted: no
+    workflow runs it, so a test drives its activities by hand (a retried attempt, say)."""
+    trigger = await conversation.say(text)
+    async with tk.store.atomic() as tx:
+        return await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=conversation.agent_name,
+            context_message_sequence=trigger.sequence,
+            model="scripted",
+            status=status,
+            options={"trigger_message_id": trigger.id},
+        )
+
+
+async def start_turn_workflow(
+    client: Client, turn: TurnRecord, task_queue: str, **options: Any
+) -> WorkflowHandle[TurnWorkflow, TurnOutcome]:
+    """Start the workflow of the root turn ``turn`` with what its submission ticket says, as the lane does, but
+    directly (``options`` go to ``start_workflow``)."""
+    ticket = ticket_of(turn)
+    return await client.start_workflow(
+        TurnWorkflow.run,
+        TurnInput(
+            turn_id=turn.id,
+            conversation_id=turn.conversation_id,
+            agent_name=turn.agent_name,
+            root_turn_id=turn.root_turn_id,
+            deadline=ticket.deadline,
+            model_policy=ticket.model_policy,
+        ),
+        id=turn.id,
+        task_queue=task_queue,
+        **options,
+    )
 
 
 async def lane_buffers(tk: TurnKit, conversation_id: str, delivery_id: str) -> bool:

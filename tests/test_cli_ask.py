@@ -114,12 +114,7 @@ async def test_ask_prints_progress_and_the_answer(engine: Engine) -> None:
 @sqlite_only
 async def test_ask_uses_the_worker_that_polls_the_queue(engine: Engine) -> None:
     """A worker process polls the task queue: ask leaves the turn to it (the tool runs in that process), and says so."""
-    worker = await WorkerProcess.start(
-        app="tests.ask_app",
-        address=engine.temporal_address,
-        task_queue=engine.tk.task_queue,
-        database_url=engine.database_url,
-    )
+    worker = await WorkerProcess.for_engine(engine, app="tests.ask_app")
     try:
 
         async def polling() -> bool:

@@ -11,7 +11,7 @@ from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from activities.model import ModelActivities
-from tests.engine import Engine
+from tests.engine import Engine, turn_for_activities
 from turnkit.compaction import (
     DEFAULTS,
     SUMMARY_SECTIONS,
@@ -376,15 +376,7 @@ async def test_a_retried_model_activity_does_not_summarise_twice(engine: Engine)
 
     agent = turnkit.Agent("compactor", model="scripted", client=ScriptedClient(answer), compaction=_SMALL)
     conversation = await seeded(tk, agent)
-    trigger = await conversation.say("go")
-    async with tk.store.atomic() as tx:
-        record = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=trigger.sequence,
-            model="scripted",
-            options={"trigger_message_id": trigger.id},
-        )
+    record = await turn_for_activities(tk, conversation, "go")
     model_call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1)
     activities = ModelActivities(tk.store)
     env = ActivityEnvironment()
@@ -404,7 +396,7 @@ async def test_a_retried_model_activity_does_not_summarise_twice(engine: Engine)
 
     # A zombie attempt that read the history before the summary was written writes no second one.
     turn = await tk.store.load_turn(record.id)
-    before = await tk.store.list_messages(conversation.id, through_sequence=trigger.sequence)
+    before = await tk.store.list_messages(conversation.id, through_sequence=record.context_message_sequence)
     kept, denial = await env.run(activities._auto_compact, model_call, turn, agent, before)  # pyright: ignore[reportPrivateUsage]
     assert denial is None and kept[-1].id == summaries[0].id
     assert len([m for m in await conversation.messages() if m.kind == "context_summary"]) == 1

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 import turnkit
 from tests import crash_app
@@ -18,20 +17,8 @@ from turnkit.records import INTERRUPTED_MESSAGE
 pytestmark = pytest.mark.crash
 
 
-@pytest_asyncio.fixture
-async def crash_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Path]:
-    monkeypatch.setenv("TURNKIT_CRASH_DIR", str(tmp_path))
-    yield tmp_path
-
-
 async def start_worker(engine: Engine, **env: str) -> WorkerProcess:
-    return await WorkerProcess.start(
-        app="tests.crash_app",
-        address=engine.temporal_address,
-        task_queue=engine.tk.task_queue,
-        database_url=engine.database_url,
-        env=env,
-    )
+    return await WorkerProcess.for_engine(engine, app="tests.crash_app", env=env)
 
 
 async def crash_and_recover(

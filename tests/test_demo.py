@@ -142,13 +142,7 @@ async def test_demo_runs_the_main_job_twice_from_a_fresh_directory(tmp_path: Pat
 
 async def test_worker_py_runs_the_demo_app(engine: Engine, tmp_path: Path) -> None:
     """Issue 11: ``python worker.py --app turnkit.demo`` runs the demo's whole job (this process only submits it)."""
-    worker = await WorkerProcess.start(
-        app="turnkit.demo",
-        address=engine.temporal_address,
-        task_queue=engine.tk.task_queue,
-        database_url=engine.database_url,
-        cwd=tmp_path,
-    )
+    worker = await WorkerProcess.for_engine(engine, app="turnkit.demo", cwd=tmp_path)
     try:
         run = await demo.run_job(engine.tk)
     finally:

@@ -12,13 +12,15 @@ from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from activities.model import ModelActivities
-from tests.engine import Engine, HeldModel, eventually
+from activities.turns import TurnActivities
+from tests.engine import Engine, HeldModel, eventually, turn_for_activities
 from turnkit.events import Event
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
-from turnkit.payloads import ModelCall, TurnOutcome
+from turnkit.payloads import FinishTurn, ModelCall, TurnOutcome
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient, say
+from turnkit.skills import Skill
+from turnkit.testing import ScriptedClient, call_tools, say
 
 REVISION_TEXT = "previous output failed policy checks"
 
@@ -256,15 +258,7 @@ async def test_a_retried_model_activity_does_not_audit_twice(engine: Engine) -> 
     )
     turnkit.register(agent)
     conversation = await tk.conversation(agent)
-    trigger = await conversation.say("Write the memo")
-    async with tk.store.atomic() as tx:
-        record = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=trigger.sequence,
-            model="scripted",
-            options={"trigger_message_id": trigger.id},
-        )
+    record = await turn_for_activities(tk, conversation, "Write the memo")
     model_call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1)
     activities = ModelActivities(tk.store)
     env = ActivityEnvironment()
@@ -347,3 +341,177 @@ def test_agent_output_policy_options(tmp_path: Path) -> None:
         turnkit.Agent("e", output_retries=-1)
     with pytest.raises(ValueError, match='"revise" needs output_retries >= 1'):
         turnkit.Agent("f", output_policy_mode="revise", output_retries=0)
+
+
+async def test_a_skill_is_an_output_policy_source(tk: TurnKit) -> None:
+    """Behaviour §3.9 "Skill → OutputPolicy.from_skill": a Skill given as output_policy is a judge of the skill's
+    content, named by its key; its revision request re-embeds that content as <skill key="memo_rules">."""
+    rules = Skill("memo_rules", description="How memos end.", content="Every memo ends with a Recommendation.")
+    verdicts = iter(
+        [
+            '{"approved": false, "violations": [{"rule": "recommendation", "message": "no Recommendation"}]}',
+            '{"approved": true, "violations": []}',
+        ]
+    )
+    drafts = iter(["Draft only", "Recommendation: ship it"])
+
+    def respond(request: ModelRequest) -> Result:
+        if request.metadata.get("purpose") == "output_policy":
+            return Result.build(text=next(verdicts))
+        return say(next(drafts))
+
+    client = ScriptedClient(respond)
+    agent = turnkit.Agent("skilled", model="scripted", client=client, output_policy=rules, output_retries=1)
+    [policy] = agent.output_policy
+    assert isinstance(policy, OutputPolicy) and (policy.name, policy.content) == ("memo_rules", rules.content)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Recommendation: ship it" and run.policy_clean is True
+    judges = [r for r in client.requests if r.metadata.get("purpose") == "output_policy"]
+    assert len(judges) == 2
+    assert '<policy name="memo_rules">\nEvery memo ends with a Recommendation.\n</policy>' in judges[0].instructions
+    [revision] = [m for m in await run.messages() if m.role == "user" and REVISION_TEXT in m.text]
+    assert '<skill key="memo_rules">\nEvery memo ends with a Recommendation.\n</skill>' in revision.text
+    assert "1. recommendation: no Recommendation" in revision.text
+    with pytest.raises(ValueError, match="output policy content is required"):
+        turnkit.Agent("empty_skill", output_policy=[Skill("blank")])
+
+
+# -- answers given by a terminal tool (behaviour §3.2 phase tools → output, §3.9) -------------------------------------
+
+
+@turnkit.tool(terminal=True)
+def submit_memo(memo: str) -> str:
+    """Submit the memo: ends the turn with it (the completion message falls back to the result)."""
+    return memo
+
+
+@turnkit.tool
+def notify_team() -> str:
+    """Proposed after the terminal tool: skipped."""
+    return "notified"
+
+
+def terminal_agent(name: str, *memos: str, **options: Any) -> tuple[turnkit.Agent, ScriptedClient]:
+    """An agent whose model answers through ``submit_memo`` once per memo (a ``notify_team`` call after each)."""
+    client = ScriptedClient([call_tools(("submit_memo", {"memo": m}), ("notify_team", {})) for m in memos])
+    agent = turnkit.Agent(
+        name,
+        model="scripted",
+        client=client,
+        tools=[submit_memo, notify_team],
+        output_policy=needs_recommendation,
+        **options,
+    )
+    return agent, client
+
+
+async def test_a_terminal_tools_answer_is_audited_in_fail_mode(tk: TurnKit) -> None:
+    """T27 through a terminal tool: its completion message "Draft only" is the answer audited; the turn fails with
+    TurnKit::OutputAudit, keeps the output and the audit, and output_policy.completed comes before turn.failed."""
+    events: list[Event] = []
+    recorded(events)
+    agent, client = terminal_agent("terminal_strict", "Draft only")
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.output_text == "Draft only"
+    assert run.error is not None and run.error["class"] == "TurnKit::OutputAudit"
+    assert run.error["message"] == "output has no Recommendation"
+    assert run.policy_clean is False and run.policy_audit is not None
+    assert run.policy_audit["violations"][0]["rule"] == "needs_recommendation"
+    assert client.calls == 1
+    outcome = await tk.client.get_workflow_handle(run.id, result_type=TurnOutcome).result()
+    assert (outcome.status, outcome.error_class) == ("failed", "TurnKit::OutputAudit")
+    statuses = sorted(e.status for e in await run.tool_executions())
+    assert statuses == ["cancelled", "completed"]  # the call after the terminal tool is still skipped
+    types = [e.type for e in events]
+    assert types.index("output_policy.completed") < types.index("turn.failed")
+    assert not [e for e in events if e.type == "turn.completed"]
+
+
+async def test_a_terminal_tools_answer_is_audited_in_report_mode(tk: TurnKit) -> None:
+    """T26 through a terminal tool: report mode completes the turn with the completion message and records the
+    dirty audit."""
+    agent, _ = terminal_agent("terminal_report", "Draft only", output_policy_mode="report")
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Draft only"
+    assert run.policy_clean is False and run.error is None
+    assert run.policy_audit == {
+        "clean": False,
+        "violations": [{"rule": "needs_recommendation", "message": "output has no Recommendation", "metadata": {}}],
+    }
+
+
+async def test_a_terminal_tools_answer_gets_a_revision_request(tk: TurnKit) -> None:
+    """T28 through a terminal tool: a dirty answer with a revision left goes back to the model as a revision request
+    ending "Resubmit via submit_memo."; the second submission is clean and completes the turn after 2 model calls."""
+    events: list[Event] = []
+    recorded(events)
+    agent, client = terminal_agent("terminal_reviser", "Draft only", "Recommendation: ship it", output_retries=1)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Recommendation: ship it"
+    assert client.calls == 2 and run.policy_clean is True
+    revisions = [m for m in await run.messages() if m.role == "user" and REVISION_TEXT in m.text]
+    assert len(revisions) == 1 and revisions[0].metadata == {"source": "output_policy", "attempt": 1}
+    assert revisions[0].text.endswith("Resubmit via submit_memo.")
+    assert REVISION_TEXT in str(client.requests[1].messages[-1]["content"])
+    state = run.record.options.state
+    assert (state.revisions_used, state.iterations, state.terminal_tool_name) == (1, 2, "submit_memo")
+    assert [(e.type, e.payload) for e in of_type(events, "output_policy.")] == [
+        ("output_policy.revision", {"violation_count": 1, "attempt": 1}),
+        ("output_policy.completed", {"clean": True, "violation_count": 0}),
+    ]
+
+
+async def test_a_constraint_that_raises_on_a_terminal_answer_fails_the_turn(tk: TurnKit) -> None:
+    """A constraint that raises while auditing a terminal tool's answer fails the turn with ConfigError naming it,
+    as it does for a plain answer (the finish activity records it; the model is asked once)."""
+
+    def broken(output: str) -> None:
+        raise RuntimeError("policy store unreachable")
+
+    client = ScriptedClient([call_tools(("submit_memo", {"memo": "Draft only"}))])
+    agent = turnkit.Agent("terminal_broken", model="scripted", client=client, tools=[submit_memo], output_policy=broken)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error is not None
+    assert run.error["class"] == "TurnKit::ConfigError"
+    assert "output policy" in run.error["message"] and "policy store unreachable" in run.error["message"]
+    assert client.calls == 1
+
+
+async def test_a_retried_terminal_finish_does_not_audit_or_revise_twice(engine: Engine) -> None:
+    """turnkit.finish_turn retried after it committed a terminal answer's revision request: keyed by the execution
+    id, it neither calls the judge again nor appends a second request, and the judge is charged once."""
+    tk = engine.tk
+    client = ScriptedClient(judge_and_main('{"approved": false, "violations": []}', main=say("unused")))
+    agent = turnkit.Agent(
+        "terminal_retried",
+        model="scripted",
+        client=client,
+        tools=[submit_memo],
+        output_policy=OutputPolicy("Memos end with a Recommendation."),
+        output_retries=1,
+    )
+    turnkit.register(agent)
+    conversation = await tk.conversation(agent)
+    record = await turn_for_activities(tk, conversation, "Write the memo", status="running")
+    async with tk.store.atomic() as tx:
+        execution, _ = await tx.create_tool_execution(
+            turn_id=record.id,
+            tool_call_id="call_1",
+            tool_name="submit_memo",
+            arguments={"memo": "Draft only"},
+            status="completed",
+            result={"result": "Draft only"},
+        )
+    finish = FinishTurn(turn_id=record.id, status="completed", terminal_execution_id=execution.id)
+    env = ActivityEnvironment()
+    first = await env.run(TurnActivities(tk.store).finish_turn, finish)
+    again = await env.run(TurnActivities(tk.store).finish_turn, finish)  # the retry, after the commit
+
+    assert first.revised and again.revised
+    assert client.calls == 1  # one judge call, never repeated
+    messages = await conversation.messages()
+    assert len([m for m in messages if m.role == "user" and REVISION_TEXT in m.text]) == 1
+    assert [m.text for m in messages if m.role == "assistant"] == ["Draft only"]  # one completion message
+    turn = await tk.store.load_turn(record.id)
+    assert (turn.status, turn.options.state.phase, turn.options.state.revisions_used) == ("running", "model", 1)
+    assert turn.cost == pytest.approx(0.02)

@@ -4,12 +4,10 @@ iterations and a worker restart."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 import turnkit
 from tests import crash_app, skills_app
@@ -180,28 +178,14 @@ async def test_preview_lists_the_tools_of_skills_the_turn_loaded(tk: TurnKit) ->
 # -- restart ----------------------------------------------------------------------------------------------------------
 
 
-@pytest_asyncio.fixture
-async def crash_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Path]:
-    monkeypatch.setenv("TURNKIT_CRASH_DIR", str(tmp_path))
-    yield tmp_path
-
-
-async def start_worker(engine: Engine, **env: str) -> WorkerProcess:
-    return await WorkerProcess.start(
-        app="tests.skills_app",
-        address=engine.temporal_address,
-        task_queue=engine.tk.task_queue,
-        database_url=engine.database_url,
-        env=env,
-    )
-
-
 @pytest.mark.crash
 async def test_a_loaded_skill_survives_a_worker_restart(engine: Engine, crash_dir: Path) -> None:
     """The worker is killed right after ``load_skill``'s result committed: the next worker's request lists the
     skill's tool (read from the turn's stored state) and the call completes."""
     register(skills_app.reader)
-    first = await start_worker(engine, TURNKIT_CRASH_AFTER="tool_call.completed")
+    first = await WorkerProcess.for_engine(
+        engine, app="tests.skills_app", env={"TURNKIT_CRASH_AFTER": "tool_call.completed"}
+    )
     turn = await (await engine.tk.conversation(skills_app.reader)).ask("read a.txt", wait=False)
 
     async def frozen() -> bool:
@@ -209,7 +193,7 @@ async def test_a_loaded_skill_survives_a_worker_restart(engine: Engine, crash_di
 
     await eventually(frozen, what="the first worker frozen after load_skill committed")
     await first.kill()
-    second = await start_worker(engine)
+    second = await WorkerProcess.for_engine(engine, app="tests.skills_app")
     try:
         done = await turn.result(timeout=120)
     finally:

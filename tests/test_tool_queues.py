@@ -46,21 +46,14 @@ class Queues:
 
     async def main_worker(self) -> WorkerProcess:
         """A full worker on the turns' queue only (it does not poll the gpu queue)."""
-        return await WorkerProcess.start(
-            app="tests.tool_queue_app",
-            address=self.engine.temporal_address,
-            task_queue=self.engine.tk.task_queue,
-            database_url=self.engine.database_url,
-            env=self.env(),
-        )
+        return await WorkerProcess.for_engine(self.engine, app="tests.tool_queue_app", env=self.env())
 
     async def gpu_worker(self, **env: str) -> WorkerProcess:
         """A tools-only worker on the gpu queue."""
-        return await WorkerProcess.start(
+        return await WorkerProcess.for_engine(
+            self.engine,
             app="tests.tool_queue_app",
-            address=self.engine.temporal_address,
             task_queue=self.gpu,
-            database_url=self.engine.database_url,
             env=self.env(**env),
             extra_args=("--only", "tools"),
         )

@@ -7,12 +7,14 @@ import json
 from typing import Any
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from tests.engine import HeldModel
+from activities.model import ModelActivities
+from tests.engine import HeldModel, start_turn_workflow
 from turnkit.ids import new_id
 from turnkit.model import Result
-from turnkit.payloads import SubmitTurn
+from turnkit.payloads import ModelCall, SubmitTurn
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -266,19 +268,43 @@ async def test_a_replay_safe_tool_failing_twice_after_its_effect_runs_three_time
 
 
 async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnKit) -> None:
-    """T41 (perform is the lane running a submission): the same submission delivered twice at once, and again once
-    the turn finished, runs the turn once: one model call, one trigger message, and the turn is completed."""
-    client = ScriptedClient(["once"])
+    """T41: a submitted turn performed twice calls the model once and stays completed.
+
+    "Perform" here is a run of the turn's workflow. Two runs at once cannot exist (one open workflow per turn id:
+    that is this runtime's claim), but Temporal lets a closed workflow id be started again, so the second perform is
+    a second run of ``TurnWorkflow`` for the finished turn, started directly (not through the lane, whose own
+    de-duplication would hide it), plus a retried model activity of the first run's request. Only the store's
+    reservation stands between them and the model: the committed response found by request id, and the turn's
+    status (a completed turn is never reserved again). Without that guard the second run asks the model again.
+    Before: the test submitted the same request three times, which the submit activity, the lane and the workflow-id
+    uniqueness each absorbed before the model activity was reached, so it could not fail.
+    """
+    client = ScriptedClient(["once", "twice"])
     conversation = await tk.conversation(agent(client))
     request = SubmitTurn(
         conversation_id=conversation.id, turn_id=new_id("turn"), message_id=new_id("message"), text="do it"
     )
     submit = conversation._submit  # pyright: ignore[reportPrivateUsage]
-    await asyncio.gather(submit(request), submit(request))
+    await asyncio.gather(submit(request), submit(request))  # a retried submit: one turn, one trigger message
     done = await tk.turn(request.turn_id).result(timeout=60)
-    await submit(request)
-    again = await tk.turn(request.turn_id).result(timeout=60)
-    assert done.status == again.status == "completed" and again.output_text == "once"
+    assert (done.status, done.output_text, client.calls) == ("completed", "once", 1)
+    first_run = await tk.client.get_workflow_handle(request.turn_id).describe()
+    first = await tk.store.load_turn(request.turn_id)
+
+    # The second perform: a new run of the turn's workflow (same id, allowed once the first closed).
+    again = await start_turn_workflow(tk.client, first, tk.task_queue)
+    assert again.result_run_id != first_run.run_id  # it really ran: the workflow id did not stop it
+    await again.result()
+    # And a retried model activity of the first run's request (its response committed): answered from the store.
+    retried = ModelCall(
+        turn_id=first.id, root_turn_id=first.root_turn_id, request_id=first.options.state.request_id or "", iteration=1
+    )
+    step = await ActivityEnvironment(client=tk.client).run(ModelActivities(tk.store).model, retried)
+    assert step.outcome == "completed"
+
     assert client.calls == 1, f"T41: the model must be called once, was called {client.calls} times"
+    record = await tk.store.load_turn(request.turn_id)
+    assert (record.status, record.output_text, record.options.state.iterations) == ("completed", "once", 1)
+    assert record.completed_at == first.completed_at
     assert [(m.role, m.text) for m in await conversation.messages()] == [("user", "do it"), ("assistant", "once")]
     assert [t.id for t in await conversation.turns()] == [request.turn_id]

@@ -1,4 +1,8 @@
-"""Real worker processes for crash tests: start one, kill it with SIGKILL, start another."""
+"""Real worker processes for crash tests: start one, kill it with SIGKILL, start another.
+
+Also the :func:`crash_dir` fixture (made visible to every test by ``tests/conftest.py``), where the worker apps'
+traces go (``tests/crash_app.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,25 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import pytest_asyncio
+
+if TYPE_CHECKING:
+    from tests.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest_asyncio.fixture
+async def crash_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Path]:
+    """A directory for the worker apps' traces, named to them (and to worker processes started after) by
+    ``$TURNKIT_CRASH_DIR``."""
+    monkeypatch.setenv("TURNKIT_CRASH_DIR", str(tmp_path))
+    yield tmp_path
 
 
 class WorkerProcess:
@@ -52,6 +72,28 @@ class WorkerProcess:
         worker = cls(process)
         worker.ready_line = await worker._wait_ready()
         return worker
+
+    @classmethod
+    async def for_engine(
+        cls,
+        engine: Engine,
+        *,
+        app: str,
+        task_queue: str | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+        extra_args: tuple[str, ...] = (),
+    ) -> WorkerProcess:
+        """:meth:`start` on ``engine``'s dev server and database, on its task queue unless ``task_queue`` is given."""
+        return await cls.start(
+            app=app,
+            address=engine.temporal_address,
+            task_queue=task_queue or engine.tk.task_queue,
+            database_url=engine.database_url,
+            env=env,
+            cwd=cwd,
+            extra_args=extra_args,
+        )
 
     @property
     def pid(self) -> int:

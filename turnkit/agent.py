@@ -130,7 +130,8 @@ class Agent:
     inherit_globals: bool
     """Whether ``settings.context_contributors`` were copied in."""
     output_policy: tuple[Constraint, ...]
-    """The constraints that audit every final answer (behaviour §3.9); empty: no audit."""
+    """The constraints that audit every final answer (behaviour §3.9), paths and skills already made judges; empty:
+    no audit."""
     output_policy_mode: OutputPolicyMode
     """What a dirty audit does once no revision is left: ``fail``, ``report`` or ``revise``."""
     output_policy_model: str | None

@@ -25,6 +25,7 @@ from turnkit.callbacks import call_application
 from turnkit.config import settings
 from turnkit.errors import ConfigError
 from turnkit.model import Client, ModelRequest, Result
+from turnkit.skills import Skill
 
 __all__ = [
     "OUTPUT_POLICY_MODES",
@@ -190,6 +191,17 @@ class OutputPolicy:
         options.setdefault("name", file.stem)
         return cls(file.read_text(encoding="utf-8"), **options)
 
+    @classmethod
+    def from_skill(cls, skill: Skill, **options: Any) -> OutputPolicy:
+        """A judge whose policy is a skill's content (behaviour §3.9), named after the skill's key: its revision
+        requests re-embed that content as ``<skill key="<key>">``.
+
+        Raises:
+            ValueError: The skill has no content.
+        """
+        options.setdefault("name", skill.key)
+        return cls(skill.content, **options)
+
     def request(self, output_text: str, *, model: str, thinking: dict[str, Any] | None) -> ModelRequest:
         """The judge's model request for ``output_text``."""
         instructions = (
@@ -239,8 +251,9 @@ def normalize_output_policy(policy: Any) -> tuple[Constraint, ...]:
 
     Args:
         policy: None, one constraint or an iterable of them. Each is a ``.md``/``.markdown``/``.txt`` path (a string
-            or ``PathLike``, read now into an :class:`OutputPolicy`), an :class:`OutputPolicy`, or any object with a
-            ``check`` method or that is callable.
+            or ``PathLike``, read now into an :class:`OutputPolicy`), a :class:`~turnkit.skills.Skill` (its content
+            becomes an :class:`OutputPolicy`, :meth:`OutputPolicy.from_skill`), an :class:`OutputPolicy`, or any
+            object with a ``check`` method or that is callable.
 
     Raises:
         ValueError: A string that is not a policy file path.
@@ -249,7 +262,9 @@ def normalize_output_policy(policy: Any) -> tuple[Constraint, ...]:
     if policy is None:
         return ()
     items: Iterable[Any] = (
-        [policy] if isinstance(policy, str | os.PathLike | OutputPolicy) or not isinstance(policy, Iterable) else policy  # pyright: ignore[reportUnknownVariableType]
+        [policy]
+        if isinstance(policy, str | os.PathLike | OutputPolicy | Skill) or not isinstance(policy, Iterable)
+        else policy  # pyright: ignore[reportUnknownVariableType]
     )
     constraints: list[Constraint] = []
     for each in items:
@@ -258,12 +273,14 @@ def normalize_output_policy(policy: Any) -> tuple[Constraint, ...]:
             if not str(path).lower().endswith(_POLICY_SUFFIXES):
                 raise ValueError(f"output_policy strings must be .md, .markdown or .txt paths, not {str(path)!r}")
             constraints.append(OutputPolicy.from_file(path))  # pyright: ignore[reportUnknownArgumentType]
+        elif isinstance(each, Skill):
+            constraints.append(OutputPolicy.from_skill(each))
         elif isinstance(each, OutputPolicy) or callable(getattr(each, "check", None)) or callable(each):
             constraints.append(each)
         else:
             raise TypeError(
-                "output_policy entries must be policy file paths, OutputPolicy objects, callables or objects with "
-                f"a check method, not {type(each).__name__}"
+                "output_policy entries must be policy file paths, skills, OutputPolicy objects, callables or objects "
+                f"with a check method, not {type(each).__name__}"
             )
     return tuple(constraints)
 

@@ -225,6 +225,9 @@ class TurnOutcome(BaseModel):
     error_message: str | None = None
     #: ``turnkit.finish_turn`` with ``unless_paused`` wrote nothing: the turn is paused (not terminal).
     paused: bool = False
+    #: ``turnkit.finish_turn`` audited a terminal tool's answer and asked the model for a revision (behaviour
+    #: §3.9): the turn is running again, in phase ``model``; ``status`` means nothing then.
+    revised: bool = False
 
 
 class ToolCallRef(BaseModel):

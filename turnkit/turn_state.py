@@ -112,6 +112,9 @@ class TurnState(BaseModel):
     revisions_used: int = 0
     #: The output-policy audit of the latest final answer: ``{clean, violations: [{rule, message, metadata}]}``.
     policy_audit: dict[str, Any] | None = None
+    #: The terminal tool execution whose answer was audited last: a retried ``turnkit.finish_turn`` that finds it
+    #: here committed that audit already (and, after a revision request, must not ask for a second one).
+    audited_execution_id: str | None = None
 
     @property
     def holds_answer(self) -> bool:

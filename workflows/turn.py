@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
-    from workflows.store_calls import store_call
+    from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT, store_call
 
 __all__ = ["TurnWorkflow"]
 
@@ -74,6 +74,9 @@ SEARCH_ATTRIBUTES = "search-attributes"
 #: once, since time spent paused counts (§5.10). Before it, the deadline failed the paused turn where it stood.
 #: The store decides (a turn paused while it waits on sub-agents is paused there, not in this workflow).
 PAUSE_OUTLASTS_DEADLINE = "pause-outlasts-deadline"
+#: Patch (issue 10): ``turnkit.finish_turn`` audits a terminal tool's answer (behaviour §3.9) and may ask the model for
+#: a revision instead of ending the turn; the turn then goes back to the model. Its timeout covers judge calls.
+TERMINAL_ANSWER_AUDIT = "terminal-answer-audit"
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -271,7 +274,14 @@ class TurnWorkflow:
                         terminal_execution_id=outcome.execution_id,
                         skipped_calls=calls[index + 1 :],
                     )
-                    return await self._finish_with(finish)
+                    if not workflow.patched(TERMINAL_ANSWER_AUDIT):
+                        return await self._finish_with(finish)
+                    # The finish may call output-policy judges: as long as a model call may take, at least.
+                    timeout = max(STORE_TIMEOUT, timedelta(seconds=_model_policy(turn).timeout))
+                    ended = await self._finish_with(finish, timeout=timeout)
+                    if ended.revised:
+                        return None  # a dirty audit with revisions left: the revision request is the model's next input
+                    return ended
                 case "done":
                     index += 1
         return None
@@ -497,8 +507,20 @@ class TurnWorkflow:
         finish = FinishTurn(turn_id=turn.turn_id, status=status, error_class=error_class, error_message=message)  # type: ignore[arg-type]
         return await self._finish_with(finish)
 
-    async def _finish_with(self, finish: FinishTurn) -> TurnOutcome:
-        return await store_call("turnkit.finish_turn", finish, TurnOutcome, summary=f"finish · {finish.status}")
+    async def _finish_with(self, finish: FinishTurn, *, timeout: timedelta | None = None) -> TurnOutcome:
+        summary = f"finish · {finish.status}"
+        if timeout is None:
+            return await store_call("turnkit.finish_turn", finish, TurnOutcome, summary=summary)
+        # A terminal answer's finish may call output-policy judges (model calls): a regular activity, as long as a
+        # model call may take, never the local fast path.
+        return await workflow.execute_activity(
+            "turnkit.finish_turn",
+            finish,
+            result_type=TurnOutcome,
+            start_to_close_timeout=timeout,
+            retry_policy=STORE_RETRY,
+            summary=summary,
+        )
 
 
 def _count(n: int, noun: str) -> str:

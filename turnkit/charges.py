@@ -1,0 +1,36 @@
+"""Charging a model call to a turn: its usage and cost added to the turn's record (behaviour §6.4).
+
+The root tree's spend is read from its turns, so a charge is one write of the turn's row, inside the caller's
+transaction (with whatever the call produced, so both commit or neither does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnkit.cost import Cost
+from turnkit.model import Usage
+from turnkit.records import TurnRecord
+from turnkit.store.store import StoreTx, utcnow
+
+__all__ = ["charge_turn"]
+
+
+async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:
+    """Add one model call's usage and cost to ``turn`` (with ``updates`` in the same write); refreshes the heartbeat."""
+    usage_record = (Usage.from_dict(turn.usage) + usage).to_record()
+    details = _add_cost_details(turn.usage.get("cost_details"), cost.to_dict())
+    if details:
+        usage_record["cost_details"] = details
+    total_cost = turn.cost
+    if cost.total is not None:
+        total_cost = (total_cost or 0.0) + cost.total
+    return await tx.update_turn(turn.id, usage=usage_record, cost=total_cost, heartbeat_at=utcnow(), **updates)
+
+
+def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:
+    totals: dict[str, float] = {str(k): float(v) for k, v in (previous or {}).items() if v is not None}
+    for key, value in current.items():
+        if value is not None:
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
