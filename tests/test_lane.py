@@ -6,8 +6,14 @@ import asyncio
 from itertools import pairwise
 from typing import Any
 
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
+
 import turnkit
-from tests.engine import eventually, held_tool
+from tests.engine import Engine, eventually, held_tool
+from tests.history_scenarios import activity_types
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -89,3 +95,67 @@ async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered
     request = client.requests[2].messages
     assert [m["role"] for m in request] == ["user", "assistant", "user"]
     assert request[1] == {"role": "assistant", "content": "let me check"}  # the call is dropped, its text kept
+
+
+# -- store calls: local first, a regular activity when the local attempts fail -----------------------------------------
+
+
+class FailLocalAttempts(Interceptor):
+    """Fails every *local* attempt of one activity type before its body runs (the store away for a moment)."""
+
+    def __init__(self, activity_type: str) -> None:
+        self.activity_type = activity_type
+        self.failed = 0
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        owner = self
+
+        class Inbound(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                info = activity.info()
+                if info.is_local and info.activity_type == owner.activity_type:
+                    owner.failed += 1
+                    raise ConnectionRefusedError("the store is away (test fault)")
+                return await self.next.execute_activity(input)
+
+        return Inbound(next)
+
+
+async def _lane_events(tk: TurnKit, conversation_id: str) -> list[HistoryEvent]:
+    return list((await tk.client.get_workflow_handle(conversation_id).fetch_history()).events)
+
+
+async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task(tk: TurnKit) -> None:
+    """Issue 9 (patch local-store-calls): the submit runs as a local activity, so the lane's first workflow task
+    accepts the update, writes the turn and starts the turn's workflow; no activity task is scheduled for it."""
+    client = ScriptedClient(["hello"])
+    conversation = await tk.conversation(turnkit.Agent("fast-lane", model="scripted", client=client))
+    turn = await conversation.ask("hi")
+    assert turn.status == "completed" and turn.output_text == "hello"
+    events = await _lane_events(tk, conversation.id)
+    assert activity_types(events)[:1] == ["turnkit.submit_turn"]
+    assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    kinds = [e.event_type for e in events]
+    start = kinds.index(EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED)
+    assert kinds[:start].count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1, "the turn started in a later task"
+
+
+async def test_a_store_call_whose_local_attempts_fail_runs_again_as_an_activity(engine: Engine) -> None:
+    """Issue 9: when the local attempts of ``turnkit.submit_turn`` fail (the store blinked), the lane runs it again as
+    a regular activity with the store's retry policy; the turn completes, written once."""
+    fault = FailLocalAttempts("turnkit.submit_turn")
+    async with engine.tk.worker(interceptors=[fault]):
+        client = ScriptedClient(["still here"])
+        conversation = await engine.tk.conversation(turnkit.Agent("blink", model="scripted", client=client))
+        turn = await conversation.ask("hi")
+    assert turn.status == "completed" and turn.output_text == "still here"
+    assert fault.failed == 3  # every local attempt (LOCAL_RETRY) failed
+    events = await _lane_events(engine.tk, conversation.id)
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled == ["turnkit.submit_turn"]
+    assert [m.text for m in await conversation.messages() if m.role == "user"] == ["hi"]
+    assert len(await conversation.turns()) == 1
