@@ -22,10 +22,19 @@ from activities.output_audit import (
 from activities.tools import find_tool
 from activities.tools import outcome_of as outcome_of_execution
 from turnkit.agent import resolve_agent
+from turnkit.charges import tree_spend_denial
 from turnkit.controls import control_boundary, has_pending_controls
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.dispatch import model_policy
-from turnkit.errors import ConfigError, ModelError, RecordNotFound, ToolError, TransientModelError, error_class_name
+from turnkit.errors import (
+    BudgetError,
+    ConfigError,
+    ModelError,
+    RecordNotFound,
+    ToolError,
+    TransientModelError,
+    error_class_name,
+)
 from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
@@ -126,7 +135,8 @@ class TurnActivities:
                 turn = finished or await tx.load_turn(turn.id)
                 await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
             if audit is not None and finished is not None:  # its events before the turn's own (behaviour §3.2)
-                announce_audit_in(tx, finished, audit, published=True)
+                over_budget = (finished.error or {}).get("class") == BudgetError.qualified_name
+                announce_audit_in(tx, finished, audit, published=not over_budget)
             # Only the write that ended the turn reports it: not a retry, nor a turn cancelled meanwhile.
             if finished is not None and finished.status == "completed":
                 announce(
@@ -199,6 +209,19 @@ class TurnActivities:
             agent = resolve_agent(turn.agent_name)
             state = state.model_copy(update={"candidate": text, "audited_execution_id": execution.id})
             turn = await charge_judges(tx, turn, audit)
+            denial = await tree_spend_denial(tx, turn)
+            if denial is not None:
+                # Over max_spend right after the judges' charge (behaviour §6.2), as on the model path: the turn
+                # fails with the budget error; the completion message stays in the transcript, nothing is published.
+                return await tx.claim_turn(
+                    turn.id,
+                    from_=("pending", "running"),
+                    to="failed",
+                    error={"class": BudgetError.qualified_name, "message": denial},
+                    options=turn.options.with_state(state),
+                    completed_at=utcnow(),
+                    claim_token=None,
+                )
             turn = await record_audit(tx, turn, agent, audit, state=state)
             if audit.attempt is not None:
                 announce_audit_in(tx, turn, audit, published=False)
