@@ -27,9 +27,9 @@ from activities.output_audit import AnswerAudit, announce_audit, audit_answer, p
 from activities.store_retry import retry_store
 from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
-from turnkit.budget import depth_denial, iteration_denial, limits_of, spend_denial
+from turnkit.budget import depth_denial, iteration_denial, spend_denial
 from turnkit.call_ids import unique_call_ids
-from turnkit.charges import charge_turn
+from turnkit.charges import charge_turn, tree_spend_denial
 from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
@@ -204,7 +204,7 @@ class ModelActivities:
                 )
                 announce_message(tx, summary)
                 charged = await charge_turn(tx, current, made.result.usage, cost)
-                return summary, True, await _tree_spend_denial(tx, charged)
+                return summary, True, await tree_spend_denial(tx, charged)
 
         summary, written, denial = await retry_store(write, what="compaction persist")
         if summary is None:
@@ -384,7 +384,7 @@ class ModelActivities:
             turn = await charge_turn(tx, turn, result.usage, cost, options=turn.options.with_state(state))
             for judge in audit.charges if audit is not None else ():  # the audit's model calls are the turn's too
                 turn = await charge_turn(tx, turn, judge.usage, judge.cost)
-            denial = await _tree_spend_denial(tx, turn)
+            denial = await tree_spend_denial(tx, turn)
             if denial is not None:
                 over = ModelStep(
                     outcome="budget_exceeded", message_id=message.id, tool_calls=tool_calls, budget_error=denial
@@ -447,7 +447,7 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
         if part.get("type") == "tool_call"
     ]
     # A retry returns what the first attempt did, a spend denial included (it is monotonic).
-    denial = await _tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
+    denial = await tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
     completed = not calls and turn.status == "completed"
     error = turn.error or {}
     if not calls and turn.status == "failed" and error.get("class") == OutputAudit.qualified_name:
@@ -535,15 +535,6 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
         if isinstance(meta, dict) and meta.get("request_id") == request_id:  # pyright: ignore[reportUnknownMemberType]
             return message
     return None
-
-
-async def _tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
-    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (behaviour §6.2): the root's running total,
-    one row, whatever the size of the tree."""
-    root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-    if limits_of(root).max_spend is None:
-        return None  # no limit: nothing to read
-    return spend_denial(root, await tx.tree_usage(root.id))
 
 
 def _non_retryable(err: Error) -> ApplicationError:

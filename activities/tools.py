@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from temporalio import activity
 from temporalio.common import RawValue
@@ -28,7 +28,7 @@ from turnkit.builtin_tools import SendMessageTool
 from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
-from turnkit.errors import ConfigError, RecordNotFound, ToolError, error_class_name
+from turnkit.errors import BudgetError, ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.payloads import CallPolicy, ToolCallInput, ToolOutcome
 from turnkit.records import (
@@ -106,6 +106,10 @@ class ToolActivities:
             # Never report it as not run, never run it again (a replay-safe retry would build the same result): it
             # completes, and the model is told why there is no result (issue 8 item 11).
             result = {"result_unstorable": f"the tool ran, but {err}"}
+        except BudgetError as err:
+            # A paid call inside the tool (paint, view_media) took the tree over max_spend: the call fails with the
+            # budget error and so does the turn (behaviour §3.12 step 3), as after a model call over budget.
+            return await self._fail(turn, execution, str(err), OVER_BUDGET)
         except ToolError as err:  # includes ToolValidationError: the model sees it and the turn goes on
             return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except Exception as err:
@@ -256,6 +260,10 @@ class ToolActivities:
         return outcome_of(settled, None)
 
 
+#: The error details of a call whose body went over a budget (it ran, so it still counts as a tool execution).
+OVER_BUDGET: Final = {"class": BudgetError.qualified_name, "over_budget": True}
+
+
 class _Denied(Exception):
     """An authorization denial inside a coordination tool: a failed execution with ``authorization_denied``."""
 
@@ -276,7 +284,8 @@ def budget_denial(execution: ToolExecutionRecord) -> str | None:
     """The budget denial that settled ``execution``, if one did (it fails the turn, on a retry too)."""
     error = execution.error or {}
     details = error.get("details") or {}
-    if execution.status == "failed" and isinstance(details, dict) and details.get("budget_denied"):
+    over = isinstance(details, dict) and (details.get("budget_denied") or details.get("over_budget"))
+    if execution.status == "failed" and over:
         return str(error.get("message") or "")
     return None
 

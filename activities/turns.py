@@ -22,9 +22,19 @@ from activities.output_audit import (
 from activities.tools import find_tool
 from activities.tools import outcome_of as outcome_of_execution
 from turnkit.agent import resolve_agent
+from turnkit.charges import tree_spend_denial
+from turnkit.controls import control_boundary, has_pending_controls
 from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
 from turnkit.dispatch import model_policy
-from turnkit.errors import ConfigError, ModelError, RecordNotFound, ToolError, TransientModelError, error_class_name
+from turnkit.errors import (
+    BudgetError,
+    ConfigError,
+    ModelError,
+    RecordNotFound,
+    ToolError,
+    TransientModelError,
+    error_class_name,
+)
 from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
@@ -105,10 +115,10 @@ class TurnActivities:
                 await completion_delivery(tx, turn, verdict)
                 already_done = True
             elif finish.status == "completed":
-                finished = await self._complete_by_terminal_tool(tx, turn, finish, audit)
-                if finished is None and not (await tx.load_turn(turn.id)).terminal:
-                    # A revision request was recorded (now or by an earlier attempt): back to the model.
-                    return TurnOutcome(turn_id=turn.id, status="completed", revised=True)
+                ended = await self._complete_by_terminal_tool(tx, turn, finish, audit)
+                if isinstance(ended, TurnOutcome):
+                    return ended  # not published: a revision request or a control (now or by an earlier attempt)
+                finished = ended
             else:
                 await repair_transcript(tx, turn)
                 finished = await tx.claim_turn(
@@ -125,7 +135,8 @@ class TurnActivities:
                 turn = finished or await tx.load_turn(turn.id)
                 await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
             if audit is not None and finished is not None:  # its events before the turn's own (behaviour §3.2)
-                announce_audit_in(tx, finished, audit, published=True)
+                over_budget = (finished.error or {}).get("class") == BudgetError.qualified_name
+                announce_audit_in(tx, finished, audit, published=not over_budget)
             # Only the write that ended the turn reports it: not a retry, nor a turn cancelled meanwhile.
             if finished is not None and finished.status == "completed":
                 announce(
@@ -165,13 +176,14 @@ class TurnActivities:
 
     async def _complete_by_terminal_tool(
         self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn, audit: AnswerAudit | None
-    ) -> TurnRecord | None:
-        """Behaviour §3.8: skip the calls after a terminal tool, append its completion message, complete the turn;
-        with an ``audit`` (§3.9), record it and publish by its verdict, or ask for a revision (None returned, the
-        turn left running in phase ``model``)."""
+    ) -> TurnRecord | TurnOutcome | None:
+        """Behaviour §3.8: skip the calls after a terminal tool, append its completion message, complete the turn
+        (its record returned; None if it was no longer running). Not published (a :class:`TurnOutcome` saying why):
+        a dirty ``audit`` (§3.9) with a revision left asks for one, the turn left running in phase ``model``; a
+        pending pause or steering passes the control boundary first (§5.10, as ``complete_with_output`` does)."""
         assert finish.terminal_execution_id is not None
         if turn.state.audited_execution_id == finish.terminal_execution_id:
-            return None  # an earlier attempt recorded this answer's audit and its revision request
+            return _unpublished(turn)  # an earlier attempt held this answer back (a revision request or a control)
         execution = await tx.load_tool_execution(finish.terminal_execution_id)
         for call in finish.skipped_calls:
             skipped, created = await tx.create_tool_execution(
@@ -197,12 +209,35 @@ class TurnActivities:
             agent = resolve_agent(turn.agent_name)
             state = state.model_copy(update={"candidate": text, "audited_execution_id": execution.id})
             turn = await charge_judges(tx, turn, audit)
+            denial = await tree_spend_denial(tx, turn)
+            if denial is not None:
+                # Over max_spend right after the judges' charge (behaviour §6.2), as on the model path: the turn
+                # fails with the budget error; the completion message stays in the transcript, nothing is published.
+                return await tx.claim_turn(
+                    turn.id,
+                    from_=("pending", "running"),
+                    to="failed",
+                    error={"class": BudgetError.qualified_name, "message": denial},
+                    options=turn.options.with_state(state),
+                    completed_at=utcnow(),
+                    claim_token=None,
+                )
             turn = await record_audit(tx, turn, agent, audit, state=state)
             if audit.attempt is not None:
                 announce_audit_in(tx, turn, audit, published=False)
-                return None
+                return TurnOutcome(turn_id=turn.id, status="completed", revised=True)
             state = turn.state
             status, error = publication(agent, turn)  # failed: a dirty audit in fail mode (the answer is kept)
+        if has_pending_controls(turn):
+            # Controls that arrived while the tool ran apply before publication: the answer is held (phase output,
+            # its candidate), published once resumed (by the model activity's boundary) or dropped by steering.
+            held = state.model_copy(update={"candidate": text, "audited_execution_id": execution.id})
+            turn = await tx.update_turn(turn.id, options=turn.options.with_state(held))
+            boundary, turn = await control_boundary(tx, turn)
+            if audit is not None:
+                announce_audit_in(tx, turn, audit, published=False)
+            if boundary is not None:
+                return TurnOutcome(turn_id=turn.id, status="completed", boundary=boundary)
         return await tx.claim_turn(
             turn.id,
             from_=("pending", "running"),
@@ -248,6 +283,13 @@ class TurnActivities:
         # A call whose activity committed but whose completion was lost is settled here as it was recorded: a
         # terminal tool still ends the turn, a budget denial still fails it (issue 8).
         return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name, settle.call.policy))
+
+
+def _unpublished(turn: TurnRecord) -> TurnOutcome:
+    """What an earlier attempt that held a terminal answer back reported: paused, or back to the model."""
+    if turn.status == "paused":
+        return TurnOutcome(turn_id=turn.id, status="completed", boundary="paused")
+    return TurnOutcome(turn_id=turn.id, status="completed", revised=True)
 
 
 def _unaudited(turn: TurnRecord, execution_id: str) -> bool:

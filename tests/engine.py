@@ -109,8 +109,9 @@ class Gate:
         self.runs = 0
 
 
-def gated_tool(gate: Gate, name: str = "slow") -> Tool:
-    """A tool named ``name`` that enters ``gate``, waits until it is opened and returns ``{"done": True}``."""
+def gated_tool(gate: Gate, name: str = "slow", **options: Any) -> Tool:
+    """A tool named ``name`` that enters ``gate``, waits until it is opened and returns ``{"done": True}``;
+    ``options`` are :func:`turnkit.tool`'s (``terminal=...``)."""
 
     async def body() -> dict[str, Any]:
         gate.runs += 1
@@ -120,7 +121,7 @@ def gated_tool(gate: Gate, name: str = "slow") -> Tool:
 
     body.__name__ = name
     body.__doc__ = "Work until released."
-    return tool(body)
+    return tool(**options)(body) if options else tool(body)
 
 
 class HeldModel:

@@ -42,6 +42,7 @@ __all__ = [
     "scenario_agent",
     "steer",
     "subagent_fanout",
+    "terminal_answer_audit",
     "turn_budget",
     "turn_terminal_tool",
     "turn_tool_failures",
@@ -146,6 +147,28 @@ class SaveReport(Tool):
         return {"id": f"report-{title}"}
 
 
+@turnkit.tool(terminal=True)
+async def file_memo(memo: str, gate: str = "") -> str:
+    """File the memo: a terminal tool whose answer is the memo.
+
+    Args:
+        memo: The memo.
+        gate: A gate to hold on first (none when empty).
+    """
+    if gate:
+        waiting = _GATES[gate]
+        waiting.entered.set()
+        await waiting.opened.wait()
+    return memo
+
+
+def needs_recommendation(output: str) -> dict[str, Any] | None:
+    """An output-policy constraint: the answer must give a Recommendation."""
+    if "Recommendation" in output:
+        return None
+    return {"rule": "needs_recommendation", "message": "output has no Recommendation"}
+
+
 # -- agents -----------------------------------------------------------------------------------------------------------
 
 TOOLS_AGENT = "history_tools"
@@ -164,6 +187,7 @@ DEADLINE_AGENT = "history_gated"
 STEER_AGENT = "history_steerable"
 LAUNCHER_AGENT = "history_launcher"
 HELPER_AGENT = "history_helper"
+AUDITED_AGENT = "history_audited"
 
 #: Agent name -> (tools, limits). The definitions must not change once histories are recorded with them.
 _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
@@ -183,6 +207,7 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     STEER_AGENT: ((hold, lookup), {}),
     LAUNCHER_AGENT: ((launch_agent,), {}),
     HELPER_AGENT: ((hold,), {}),
+    AUDITED_AGENT: ((file_memo,), {"output_policy": needs_recommendation, "output_retries": 1}),
 }
 
 #: Agent name -> its sub-agents (themselves in ``_AGENTS``), exposed as delegation tools named after them.
@@ -392,6 +417,34 @@ async def turn_terminal_tool(tk: TurnKit) -> list[Recorded]:
     assert turn.output_text == "Saved."
     executions = await turn.tool_executions()
     assert [(e.tool_name, e.status) for e in executions] == [("save_report", "completed"), ("lookup", "cancelled")]
+    await _lane_settled(tk, conversation.id, 1)
+    return [turn.id]
+
+
+async def terminal_answer_audit(tk: TurnKit) -> list[Recorded]:
+    """A terminal tool's answer is audited by the finish (patch ``terminal-answer-audit``): a dirty one goes back to
+    the model as a revision request; the clean resubmission meets a pause requested while its tool ran, is held, and
+    is published once resumed."""
+    gate = _gate("terminal-pause")
+    client = ScriptedClient(
+        [
+            call_tools(("file_memo", {"memo": "Draft only"})),
+            call_tools(("file_memo", {"memo": "Recommendation: ship it", "gate": "terminal-pause"})),
+        ]
+    )
+    conversation = await _conversation(tk, AUDITED_AGENT, client)
+    turn = await conversation.ask("file the memo", wait=False)
+    await gate.wait_entered()
+    await turn.pause()
+    gate.opened.set()
+    # model, tool, finish (a revision request), model, tool, finish (held at the pause): waiting for the resume.
+    await _settled(tk, turn.id, {ACTIVITY_COMPLETED: 6}, what="the terminal answer held at the pause")
+    held = await turn.refresh()
+    assert held.status == "paused" and held.record.options.state.candidate == "Recommendation: ship it"
+    await turn.resume()
+    turn = await turn.result(timeout=60)
+    assert (turn.status, turn.output_text) == ("completed", "Recommendation: ship it"), turn.error
+    assert turn.policy_clean is True and client.calls == 2
     await _lane_settled(tk, conversation.id, 1)
     return [turn.id]
 
@@ -643,6 +696,7 @@ SCENARIOS: dict[str, Scenario] = {
     "turn-budget": turn_budget,
     "lane-two-turns": lane_two_turns,
     "turn-terminal-tool": turn_terminal_tool,
+    "terminal-answer-audit": terminal_answer_audit,
     "subagent-fanout": subagent_fanout,
     "delivery-wake": delivery_wake,
     "wait-for": wait_for_turn,

@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from tests.engine import Gate, HeldModel, eventually, gated_tool, lane_buffers
+from activities.turns import TurnActivities
+from tests.engine import Engine, Gate, HeldModel, eventually, gated_tool, lane_buffers, turn_for_activities
+from turnkit.payloads import FinishTurn
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -185,6 +188,10 @@ async def _status_is(turn: turnkit.Turn, status: str) -> bool:
     return (await turn.refresh()).status == status
 
 
+async def _status_in(turn: turnkit.Turn, *statuses: str) -> bool:
+    return (await turn.refresh()).status in statuses
+
+
 async def test_steering_while_the_answer_is_written_is_applied_before_publishing(tk: TurnKit) -> None:
     model = HeldModel(turnkit.Result.build(text="first draft"), then="revised")
     turn = await (await tk.conversation(turnkit.Agent("writer", model="scripted", client=model))).ask(
@@ -218,6 +225,77 @@ async def test_pause_and_steer_during_a_tool_with_another_queued(tk: TurnKit) ->
     assert [e.status for e in await done.tool_executions()] == ["completed", "cancelled"]
     assert client.requests[1].messages[-1] == {"role": "user", "content": "use filings"}
     assert '"done": true' in client.requests[1].messages[-3]["content"]  # the first tool's result is kept
+
+
+async def test_pause_while_a_terminal_tool_runs_holds_its_answer(tk: TurnKit) -> None:
+    """Behaviour §3.2 phase output, §5.10: a pause requested while a terminal tool runs is acknowledged before its
+    answer is published: paused, no output, no claim, the completion message held (phase output); resumed, the turn
+    completes with it and the model is not asked again."""
+    gate = Gate()
+    client = ScriptedClient([call_tools(("file", {}), ("other", {}))])
+    agent = turnkit.Agent(
+        "filer", model="scripted", tools=[gated_tool(gate, "file", terminal="Filed."), other], client=client
+    )
+    turn = await (await tk.conversation(agent)).ask("file it", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await turn.pause()
+    gate.opened.set()
+    await eventually(lambda: _status_in(turn, "paused", "completed"), what="the terminal tool's answer to settle")
+    assert turn.status == "paused"  # not completed: the pause comes before publication
+    state = turn.record.options.state
+    assert (turn.output_text, turn.record.claim_token) == ("", None)
+    assert (state.phase, state.candidate, state.terminal_tool_name) == ("output", "Filed.", "file")
+    assert [e.status for e in await turn.tool_executions()] == ["completed", "cancelled"]  # still skipped
+    await turn.resume()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "Filed."
+    assert client.calls == 1 and done.record.options.state.iterations == 1
+    assert [m.text for m in await done.messages() if m.role == "assistant" and m.kind == "text"] == ["Filed."]
+
+
+async def test_steering_while_a_terminal_tool_runs_is_applied_before_its_answer(tk: TurnKit) -> None:
+    """Behaviour §5.10 (the boundary inside complete_with_output): steering queued while a terminal tool runs
+    supersedes its answer, which is never published: the model is asked again with the steering input last."""
+    gate = Gate()
+    client = ScriptedClient([call_tools(("file", {})), "filed with the appendix"])
+    agent = turnkit.Agent(
+        "steered_filer", model="scripted", tools=[gated_tool(gate, "file", terminal="Filed.")], client=client
+    )
+    turn = await (await tk.conversation(agent)).ask("file it", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await turn.steer("add the appendix", key="s1")
+    gate.opened.set()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "filed with the appendix"
+    assert client.calls == 2
+    assert client.requests[1].messages[-2:] == [
+        {"role": "assistant", "content": "Filed."},
+        {"role": "user", "content": "add the appendix"},
+    ]
+    assert done.record.options.state.terminal_tool_name is None
+
+
+async def test_a_retried_terminal_finish_at_a_pause_holds_the_answer_once(engine: Engine) -> None:
+    """turnkit.finish_turn retried after it held a terminal answer at a pause: the retry reports the pause again and
+    appends no second completion message (keyed by the execution id, like the audit)."""
+    tk = engine.tk
+    agent = turnkit.Agent("held_filer", model="scripted", tools=[gated_tool(Gate(), "file", terminal="Filed.")])
+    turnkit.register(agent)
+    conversation = await tk.conversation(agent)
+    record = await turn_for_activities(tk, conversation, "file it", status="running")
+    async with tk.store.atomic() as tx:
+        execution, _ = await tx.create_tool_execution(
+            turn_id=record.id, tool_call_id="call_1", tool_name="file", arguments={}, status="completed", result={}
+        )
+    await tk.turn(record.id).pause()
+    finish = FinishTurn(turn_id=record.id, status="completed", terminal_execution_id=execution.id)
+    env = ActivityEnvironment()
+    first = await env.run(TurnActivities(tk.store).finish_turn, finish)
+    again = await env.run(TurnActivities(tk.store).finish_turn, finish)  # the retry, after the commit
+    assert first.boundary == again.boundary == "paused"
+    assert [m.text for m in await conversation.messages() if m.role == "assistant"] == ["Filed."]
+    turn = await tk.store.load_turn(record.id)
+    assert (turn.status, turn.output_text, turn.options.state.candidate) == ("paused", None, "Filed.")
 
 
 @pytest.mark.parametrize("control", ["pause", "steer"])

@@ -451,6 +451,45 @@ async def test_image_tool_with_the_scripted_client(tk: TurnKit) -> None:
     assert execution.result is not None and execution.result["byte_size"] == len(data)
 
 
+async def test_a_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> None:
+    """T34 for a media call (behaviour §3.12 step 3): an image costing 0.05, painted by a terminal tool inside a turn
+    whose max_spend is 0.03, is charged, then fails the turn with "cost limit reached" right away (the tool call
+    fails with it, so the terminal tool ends nothing); the image stays recorded, as a model response over budget
+    does."""
+    data = png(uuid.uuid4().hex)
+
+    class Poster(ImageTool):
+        model = "scripted-image"
+        terminal = "Poster painted."
+
+    costly = image(data, usage=turnkit.Usage(input_tokens=1, output_tokens=5, cost=0.05))
+    client = ScriptedClient([call_tools(("poster", {"prompt": "a poster"})), "never"], images=[costly])
+    agent = turnkit.Agent("thrifty-poster", model="scripted", tools=[Poster()], client=client, max_spend=0.03)
+    turn = await (await tk.conversation(agent)).ask("poster please")
+    assert turn.status == "failed"
+    assert turn.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
+    assert turn.cost == pytest.approx(0.05) and client.calls == 1 and len(client.paint_requests) == 1
+    [execution] = await turn.tool_executions()
+    assert execution.status == "failed" and execution.error is not None
+    assert execution.error["message"] == "cost limit reached"
+    assert [m.kind for m in await turn.messages()].count("image") == 1
+
+
+async def test_a_standalone_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> None:
+    """T34 for a standalone media call: the prepared turn is charged, fails with "cost limit reached" and the
+    BudgetError is re-raised; it never completes."""
+    data = png(uuid.uuid4().hex)
+    costly = image(data, usage=turnkit.Usage(output_tokens=5, cost=0.05))
+    client = ScriptedClient([], images=[costly])
+    agent = turnkit.Agent("thrifty-painter", model="scripted", client=ScriptedClient(["never"]), max_spend=0.03)
+    prepared = await (await tk.conversation(agent)).build_turn("paint a cat")
+    with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
+        await prepared.paint("a cat", model="scripted-image", client=client)
+    failed = await prepared.refresh()
+    assert failed.status == "failed" and failed.cost == pytest.approx(0.05)
+    assert failed.error is not None and failed.error["class"] == "TurnKit::BudgetError"
+
+
 async def test_require_image_and_require_media_analysis_policies(tk: TurnKit) -> None:
     """Behaviour §3.9: ``OutputPolicy.require_image`` passes when the turn's messages hold an image (fail mode
     otherwise fails the turn with OutputAudit); ``require_media_analysis`` likewise for analyses."""

@@ -477,6 +477,34 @@ async def test_a_constraint_that_raises_on_a_terminal_answer_fails_the_turn(tk: 
     assert client.calls == 1
 
 
+async def test_a_terminal_answers_judge_cost_counts_against_max_spend(tk: TurnKit) -> None:
+    """T34 through a terminal tool's audit: the main call (0.01) and the judge (0.02) over a max_spend of 0.025 fail
+    the turn with "cost limit reached" right after the judge is charged, as on the model path: nothing is
+    published, the cost stays, and the audit's verdict is not announced."""
+    events: list[Event] = []
+    recorded(events)
+    main = call_tools(("submit_memo", {"memo": "Recommendation: ship it"}))
+    main = main.model_copy(update={"usage": Usage(input_tokens=10, cost=0.01)})
+    client = ScriptedClient(judge_and_main('{"approved": true, "violations": []}', main=main))
+    agent = turnkit.Agent(
+        "terminal_thrifty",
+        model="scripted",
+        client=client,
+        tools=[submit_memo],
+        output_policy=OutputPolicy("Memos end with a Recommendation."),
+        max_spend=0.025,
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.output_text == ""  # Turn.output_text: "" when none was recorded
+    assert run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
+    assert run.cost == pytest.approx(0.03) and client.calls == 2
+    assert [e.type for e in of_type(events, "output_policy.")] == [
+        "output_policy.model.requested",
+        "output_policy.model.completed",
+    ]
+    assert [e.type for e in events if e.type.startswith("turn.")][-1] == "turn.failed"
+
+
 async def test_a_retried_terminal_finish_does_not_audit_or_revise_twice(engine: Engine) -> None:
     """turnkit.finish_turn retried after it committed a terminal answer's revision request: keyed by the execution
     id, it neither calls the judge again nor appends a second request, and the judge is charged once."""

@@ -1,19 +1,22 @@
-"""Charging a model call to a turn: its usage and cost added to the turn's record (behaviour §6.4).
+"""Charging a model call to a turn: its usage and cost added to the turn's record (behaviour §6.4), and the tree's
+``max_spend`` verdict right after it (§6.2).
 
 The root tree's spend is read from its turns, so a charge is one write of the turn's row, inside the caller's
-transaction (with whatever the call produced, so both commit or neither does).
+transaction (with whatever the call produced, so both commit or neither does). Every paid call is charged here: the
+turn's model calls, compaction, output-policy judges, and ``paint`` / ``view_media``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from turnkit.budget import limits_of, spend_denial
 from turnkit.cost import Cost
 from turnkit.model import Usage
 from turnkit.records import TurnRecord
 from turnkit.store.store import StoreTx, utcnow
 
-__all__ = ["charge_turn"]
+__all__ = ["charge_turn", "tree_spend_denial"]
 
 
 async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:
@@ -26,6 +29,15 @@ async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, *
     if cost.total is not None:
         total_cost = (total_cost or 0.0) + cost.total
     return await tx.update_turn(turn.id, usage=usage_record, cost=total_cost, heartbeat_at=utcnow(), **updates)
+
+
+async def tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
+    """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (behaviour §6.2): ``"cost limit reached"``
+    when the tree's spend is now over it, else None. The root's running total: one row, whatever the tree's size."""
+    root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+    if limits_of(root).max_spend is None:
+        return None  # no limit: nothing to read
+    return spend_denial(root, await tx.tree_usage(root.id))
 
 
 def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:

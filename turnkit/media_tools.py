@@ -3,11 +3,14 @@
 Both run inside a tool's activity (the turn is ``running``; no claim is taken). Steps: the ``*.requested`` event,
 the client call, then one transaction that checks the tool execution is still open (fenced like
 :meth:`ToolContext.say`), appends an assistant ``image`` / ``media_analysis`` message and charges the call's usage
-and cost to the turn; then ``message.created`` and ``*.completed``. Generated image bytes go to the store's media
-table; the message, the tool result and the events hold only the reference (docs/design.md "Images and media").
+and cost to the turn (:func:`turnkit.charges.charge_turn`); then ``message.created`` and ``*.completed``. A charge
+that takes the tree over ``max_spend`` raises ``BudgetError "cost limit reached"`` once committed (§3.12 step 3):
+the tool call fails with it and so does the turn; the paid result stays recorded, as a model response does.
+Generated image bytes go to the store's media table; the message, the tool result and the events hold only the
+reference (docs/design.md "Images and media").
 
 The message id is derived from the tool execution, so a retried attempt that finds the message returns it without
-calling the client or charging again.
+calling the client or charging again (over ``max_spend``, it raises the budget error again).
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from turnkit.agent import resolve_agent
+from turnkit.charges import charge_turn, tree_spend_denial
 from turnkit.cost import cost_from_usage
-from turnkit.errors import ConfigError, Error, LostClaim, RecordNotFound
+from turnkit.errors import BudgetError, ConfigError, Error, LostClaim, RecordNotFound
 from turnkit.events import announce_message, emit
 from turnkit.media import MediaInput, media_part
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
-from turnkit.model import Client, Result, Usage
+from turnkit.model import Client, Result
 from turnkit.records import MessageRecord, TurnRecord
-from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.store.store import Store, StoreTx
 from turnkit.tools import Tool, ToolContext
 
 __all__ = ["ImageTool", "ViewMediaTool", "paint_in_turn", "view_media_in_turn"]
@@ -71,6 +75,7 @@ async def view_media_in_turn(
     message_id = _message_id(context, "view_media", ref["media_id"], objective)
     done = await _existing(store, message_id)
     if done is not None:
+        await _within_spend(store, turn)
         return done
     media_client = client_with(client or agent.effective_client, "view_media")
     try:
@@ -136,6 +141,7 @@ async def paint_in_turn(
     message_id = _message_id(context, "paint", prompt, model)
     done = await _existing(store, message_id)
     if done is not None:
+        await _within_spend(store, turn)
         return done
     image_client = client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
     result, parts = await generate(store, turn, image_client, request)
@@ -332,6 +338,10 @@ async def persist_media_message(
 
     A tool's message carries ``tool_execution_id`` in its metadata, as ToolContext.say does: the column of that
     name marks the execution's tool-result message.
+
+    Raises:
+        BudgetError: ``"cost limit reached"``: the charge took the tree over ``max_spend``; the message and the
+            charge are committed, ``finish`` is not run.
     """
     cost = cost_from_usage(result.usage, result.model)
     for part in parts:
@@ -347,24 +357,22 @@ async def persist_media_message(
             turn_id=turn.id,
             metadata=dict(metadata) | ({"output_data": output_data} if output_data is not None else {}),
         )
-        await _charge(tx, turn.id, result.usage, cost.total, cost.to_dict())
+        charged = await charge_turn(tx, await tx.load_turn(turn.id), result.usage, cost)
+        denial = await tree_spend_denial(tx, charged)
         announce_message(tx, message)
-        if finish is not None:
+        if finish is not None and denial is None:
             await finish(tx, message)
+    if denial is not None:
+        raise BudgetError(denial)  # after the commit: the call is paid for and recorded
     return message
 
 
-async def _charge(tx: StoreTx, turn_id: str, usage: Usage, total: float | None, details: dict[str, float]) -> None:
-    """Add the call's usage and cost to the turn (the root tree's spend is read from its turns, behaviour §6.4)."""
-    turn = await tx.load_turn(turn_id)
-    record = (Usage.from_dict(turn.usage) + usage).to_record()
-    previous: dict[str, float] = {str(k): float(v) for k, v in (turn.usage.get("cost_details") or {}).items()}
-    for name, value in details.items():
-        previous[name] = previous.get(name, 0.0) + value
-    if previous:
-        record["cost_details"] = previous
-    cost = turn.cost if total is None else (turn.cost or 0.0) + total
-    await tx.update_turn(turn_id, usage=record, cost=cost, heartbeat_at=utcnow())
+async def _within_spend(store: Store, turn: TurnRecord) -> None:
+    """Raise the budget error a call found in the store raised when it was charged (a retried attempt's answer)."""
+    async with store.atomic() as tx:
+        denial = await tree_spend_denial(tx, await tx.load_turn(turn.id))
+    if denial is not None:
+        raise BudgetError(denial)
 
 
 # -- tools ----------------------------------------------------------------------------------------------------------

@@ -228,6 +228,10 @@ class TurnOutcome(BaseModel):
     #: ``turnkit.finish_turn`` audited a terminal tool's answer and asked the model for a revision (behaviour
     #: §3.9): the turn is running again, in phase ``model``; ``status`` means nothing then.
     revised: bool = False
+    #: ``turnkit.finish_turn`` met a pending control before publishing a terminal tool's answer (behaviour §5.10):
+    #: ``paused`` (the answer is held, published once resumed) or ``steered`` (back to the model); ``status`` means
+    #: nothing then.
+    boundary: Literal["paused", "steered"] | None = None
 
 
 class ToolCallRef(BaseModel):

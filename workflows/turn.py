@@ -75,7 +75,9 @@ SEARCH_ATTRIBUTES = "search-attributes"
 #: The store decides (a turn paused while it waits on sub-agents is paused there, not in this workflow).
 PAUSE_OUTLASTS_DEADLINE = "pause-outlasts-deadline"
 #: Patch (issue 10): ``turnkit.finish_turn`` audits a terminal tool's answer (behaviour §3.9) and may ask the model for
-#: a revision instead of ending the turn; the turn then goes back to the model. Its timeout covers judge calls.
+#: a revision instead of ending the turn; the turn then goes back to the model. Its timeout covers judge calls. It
+#: passes the control boundary before publishing (§5.10): paused, the workflow waits for a resume; steered, it goes
+#: back to the model.
 TERMINAL_ANSWER_AUDIT = "terminal-answer-audit"
 
 
@@ -278,9 +280,13 @@ class TurnWorkflow:
                         return await self._finish_with(finish)
                     # The finish may call output-policy judges: as long as a model call may take, at least.
                     timeout = max(STORE_TIMEOUT, timedelta(seconds=_model_policy(turn).timeout))
+                    self._resume_mark = self._resumes  # the finish passes a control boundary
                     ended = await self._finish_with(finish, timeout=timeout)
-                    if ended.revised:
-                        return None  # a dirty audit with revisions left: the revision request is the model's next input
+                    if ended.boundary == "paused":
+                        await self._wait_for_resume()
+                        return None  # resumed: the model activity's boundary publishes the held answer
+                    if ended.revised or ended.boundary == "steered":
+                        return None  # a revision request or steering is the model's next input
                     return ended
                 case "done":
                     index += 1
