@@ -333,15 +333,17 @@ async def test_below_the_threshold_nothing_changes(tk: TurnKit) -> None:
     assert len(client.requests[0].messages) == 7
 
 
-async def test_disabled_compaction_makes_one_call(tk: TurnKit) -> None:  # T31
-    """T31 (the global switch; the per-turn ``compact=False`` needs ``ask(compact=…)``, not there yet): a long
-    history with compaction off gets exactly 1 client call, the turn's own, with the whole uncompacted history, and
-    no summary is created."""
-    configure(compaction=False)
+@pytest.mark.parametrize("switch", ["global", "per_turn"])
+async def test_disabled_compaction_makes_one_call(tk: TurnKit, switch: str) -> None:  # T31
+    """T31: with ``TurnKit.compaction = false`` (``configure(compaction=False)``), or a per-turn ``compact=False``
+    over an agent policy that would compact, a long history gets exactly 1 client call, the turn's own, with the
+    whole uncompacted history, and no summary is created."""
+    if switch == "global":
+        configure(compaction=False)
     client = ScriptedClient(["answered"])
     conversation = await seeded(tk, turnkit.Agent("compactor", model="scripted", client=client, compaction=_SMALL))
     before = len(await conversation.messages())
-    turn = await conversation.ask("go")
+    turn = await conversation.ask("go", compact=False if switch == "per_turn" else None)
     assert turn.status == "completed" and turn.output_text == "answered" and client.calls == 1
     [request] = client.requests
     assert not request.metadata.get("compaction"), "T31: the one call must be the turn's, not a summariser's"

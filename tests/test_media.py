@@ -451,6 +451,36 @@ async def test_image_tool_with_the_scripted_client(tk: TurnKit) -> None:
     assert execution.result is not None and execution.result["byte_size"] == len(data)
 
 
+async def test_a_paint_answered_without_an_image_fails_the_call(tk: TurnKit) -> None:
+    """Behaviour §3.12 step 4: a ``paint`` answer with no image part fails the call with "image client returned no
+    image", one whose image has neither url nor data with "image client returned image without url or data"; no
+    ``image`` message is written and ``image.completed`` is never emitted; the turn goes on."""
+    events: list[turnkit.Event] = []
+    turnkit.configure(on_event=events.append)
+    empty = turnkit.Result(parts=[])
+    hollow = turnkit.Result(parts=[{"type": "image", "mime_type": "image/png"}])
+
+    class Poster(ImageTool):
+        model = "scripted-image"
+
+    client = ScriptedClient(
+        [call_tools(("poster", {"prompt": "one"})), call_tools(("poster", {"prompt": "two"})), "gave up"],
+        images=[empty, hollow],
+    )
+    conversation = await tk.conversation(turnkit.Agent("hollow", model="scripted", tools=[Poster()], client=client))
+    turn = await conversation.ask("posters")
+    assert turn.status == "completed" and turn.output_text == "gave up"
+    executions = await turn.tool_executions()
+    assert [(e.status, (e.error or {}).get("message")) for e in executions] == [
+        ("failed", "Error: image client returned no image"),  # a non-ToolError is recorded "<class>: <message>"
+        ("failed", "Error: image client returned image without url or data"),
+    ]
+    assert len(client.paint_requests) == 2
+    assert [m for m in await conversation.messages() if m.kind == "image"] == []
+    mine = [e.type for e in events if e.turn_id == turn.id and e.type.startswith("image.")]
+    assert mine == ["image.requested", "image.requested"]
+
+
 async def test_a_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> None:
     """T34 for a media call (behaviour §3.12 step 3): an image costing 0.05, painted by a terminal tool inside a turn
     whose max_spend is 0.03, is charged, then fails the turn with "cost limit reached" right away (the tool call

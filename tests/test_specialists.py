@@ -175,6 +175,7 @@ async def test_painter_gate_and_reference_limit(tk: TurnKit) -> None:
         "message": "too many reference images: 3 (at most 2)",
         "details": {"class": "TurnKit::ToolValidationError"},
     }
+    assert client.paint_requests == [], "T106: a refused paint_image makes no image call"
     # Asked once, for the first call only: the second was refused on its references before reaching the gate.
     assert gate.requests == [
         {
