@@ -296,6 +296,8 @@ async def main(args: argparse.Namespace) -> None:
     report_rounds(sequential, f"{args.sequential} turns back to back")
     if stats is not None:
         report_profile(stats, args.turns, args.top)
+        if os.environ.get("TURNKIT_PROFILE_DUMP"):
+            stats.dump_stats(os.environ["TURNKIT_PROFILE_DUMP"])
 
 
 async def _warm_up(system: System, args: argparse.Namespace) -> None:

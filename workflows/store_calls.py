@@ -12,8 +12,8 @@ needs no task queue of its own (every workflow worker has the store) and is idem
 a crash runs it again and finds what it wrote). Runs that started before the patch keep their recorded activities on
 replay.
 
-Only the fast path is local: a few quick attempts. A store call that still fails then runs again as a regular
-activity with the full retry policy, because a local activity is the wrong tool for an outage: it keeps the workflow
+Only the fast path is local: one attempt. A store call whose attempt fails runs again as a regular activity with the
+full retry policy, because a local activity is the wrong tool for an outage: it keeps the workflow
 task open (heartbeating it adds three events every 8 s), and the SDK (temporalio 1.35) does not end its retries at
 ``schedule_to_close_timeout`` (measured: a local activity bounded at 5 s that always fails retries for minutes),
 which would break the 60 s bound of a submission. On the server the bound holds and an outage costs no history.
@@ -35,8 +35,10 @@ STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_
 STORE_TIMEOUT = timedelta(seconds=30)
 #: Patch (issue 9): the workflows' store calls run as local activities (see the module docstring).
 LOCAL_STORE_CALLS = "local-store-calls"
-#: The local fast path: a few attempts (backoff 0.2 s, 0.4 s), each bounded, before the call becomes a regular activity.
-LOCAL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+#: The local fast path is one attempt, bounded; a failed one runs again as a regular activity. One, because the SDK's
+#: retries of a local activity leave the earlier attempt's start-to-close timer running (temporalio 1.35; sdk-rust
+#: #1454): it can time out a later attempt early, and it panics a core thread when it fires after the worker stopped.
+LOCAL_RETRY = RetryPolicy(maximum_attempts=1)
 LOCAL_ATTEMPT_TIMEOUT = timedelta(seconds=10)
 
 
