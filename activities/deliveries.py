@@ -63,16 +63,18 @@ class DeliveryActivities:
                 if await tx.mark_delivered(delivery.id, message_id=message.id) is None:
                     raise RuntimeError(f"delivery {delivery.id} was applied concurrently")  # rolls back the append
                 delivered.append(delivery.id)
-            turn = await self._wake(tx, batch.conversation_id) if batch.wake else None
+            turn = await self._wake(tx, batch) if batch.wake else None
         return DeliverResult(delivered_ids=delivered, turn=turn)
 
-    async def _wake(self, tx: StoreTx, conversation_id: str) -> QueuedTurn | None:
+    async def _wake(self, tx: StoreTx, batch: DeliverBatch) -> QueuedTurn | None:
         """Start a turn for delivered input no turn has consumed yet; None when there is none (behaviour §5.11).
 
-        The woken turn's id is derived from this activity's identity, so a retry whose first attempt committed the
-        turn but lost its completion finds that turn and returns it (issue 8): the lane runs it, none is orphaned.
+        The woken turn's id is the lane's choice (or, from older lanes, derived from this activity's identity), so a
+        retry whose first attempt committed the turn but lost its completion finds that turn and returns it (issue 8):
+        the lane runs it, none is orphaned.
         """
-        woken_id = _woken_turn_id()
+        conversation_id = batch.conversation_id
+        woken_id = batch.woken_turn_id or _woken_turn_id()
         if woken_id is not None:
             existing = await tx.find_turn(woken_id)
             if existing is not None:

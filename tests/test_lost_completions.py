@@ -176,3 +176,47 @@ async def test_at_most_once_attempt_failing_outside_the_tool_is_interrupted(engi
     assert executions["refuse"].error is not None
     assert executions["refuse"].error["message"] == "ValueError: card declined: 2"
     assert effects == {"refuse": 1}
+
+
+class LoseLocalCompletion(Interceptor):
+    """Fails the *local* attempt of one activity type after its body committed (its fallback activity runs again)."""
+
+    def __init__(self, activity_type: str) -> None:
+        self.activity_type = activity_type
+        self.lost = 0
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        owner = self
+
+        class Inbound(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                result = await self.next.execute_activity(input)
+                info = activity.info()
+                if info.is_local and info.activity_type == owner.activity_type:
+                    owner.lost += 1
+                    raise RuntimeError(f"completion of local {info.activity_type} lost after its commit (test fault)")
+                return result
+
+        return Inbound(next)
+
+
+async def test_a_wake_whose_local_attempt_lost_its_completion_runs_the_turn_it_created(engine: Engine) -> None:
+    """Issue 9 (patch local-store-calls): the local attempt of ``turnkit.deliver`` commits the delivery and the woken
+    turn, then fails; its fallback activity finds that turn (the lane chose its id) and the lane runs it, so the
+    posted message is answered once and no pending turn is orphaned."""
+    client = ScriptedClient(["woken done"])
+    agent = turnkit.Agent("inbox", model="scripted", client=client)
+    lose = LoseLocalCompletion("turnkit.deliver")
+    async with engine.tk.worker(interceptors=[lose]):
+        conversation = await engine.tk.conversation(agent)
+        await conversation.post("wake up", key="wake-1")
+
+        async def settled() -> bool:
+            turns = await conversation.turns()
+            return bool(turns) and all(t.record.terminal for t in turns)
+
+        await eventually(settled, timeout=60, what="the woken turn to end")
+    assert lose.lost >= 1, "no local completion of turnkit.deliver was lost: the fault was not injected"
+    [turn] = await conversation.turns()
+    assert (turn.record.status, turn.record.output_text) == ("completed", "woken done")
+    assert client.calls == 1

@@ -130,6 +130,10 @@ class DeliverBatch(BaseModel):
     delivery_ids: list[str] = Field(default_factory=list[str])
     #: The lane is idle: start a turn for the delivered input (behaviour §5.11 ``wake``).
     wake: bool = False
+    #: The id a woken turn gets, chosen by the lane (patch ``local-store-calls``), so every run of this call finds the
+    #: turn an earlier one created: a local attempt, its regular-activity fallback, a retried workflow task. None
+    #: (older lanes): derived from the activity's identity, which differs between a local attempt and its fallback.
+    woken_turn_id: str | None = None
 
 
 class DeliverResult(BaseModel):

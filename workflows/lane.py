@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.search_attributes import AGENT, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
-    from workflows.store_calls import store_call
+    from workflows.store_calls import LOCAL_STORE_CALLS, store_call
     from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
@@ -283,10 +283,13 @@ class ConversationWorkflow:
         """Append the signalled deliveries (exactly once) and, when idle, start a turn for delivered input."""
         batch = list(self._pending_deliveries)
         wakes = self._wakes
+        # The woken turn's id, chosen here so that every run of the call (a local attempt, its fallback activity, a
+        # retried workflow task) finds the turn an earlier one committed (patched with the local store calls).
+        woken = f"turn_{workflow.uuid4().hex[:24]}" if wake and workflow.patched(LOCAL_STORE_CALLS) else None
         async with self._writing:
             result = await store_call(
                 "turnkit.deliver",
-                DeliverBatch(conversation_id=self._conversation_id, delivery_ids=batch, wake=wake),
+                DeliverBatch(conversation_id=self._conversation_id, delivery_ids=batch, wake=wake, woken_turn_id=woken),
                 DeliverResult,
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
             )
