@@ -267,18 +267,18 @@ async def _settled(
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             events = []
-        # An upsert of search attributes and a marker (a patch, a local activity's result) are recorded after their
-        # workflow task completed: nothing is in flight then.
-        last = [e for e in events if e.event_type not in _RECORDED_WITH_TASK][-1:]
-        if (
-            last
-            and last[0].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-            and all(_count(events, t) >= n for t, n in counts.items())
-        ):
+        if ends_at_completed_task(events) and all(_count(events, t) >= n for t, n in counts.items()):
             return
         if loop.time() > deadline:
             raise AssertionError(f"{workflow_id} did not settle: {what}")
         await asyncio.sleep(0.05)
+
+
+def ends_at_completed_task(events: list[HistoryEvent]) -> bool:
+    """Whether the history ends at a completed workflow task: nothing is in flight for the workflow itself. An upsert
+    of search attributes and a marker (a patch, a local activity's result) are recorded after their task completed."""
+    last = [e for e in events if e.event_type not in _RECORDED_WITH_TASK][-1:]
+    return bool(last) and last[0].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
 
 
 def _count(events: list[HistoryEvent], event_type: EventType.ValueType) -> int:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
@@ -27,7 +26,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 import turnkit
 from tests.engine import Engine, Gate, eventually, gated_tool
 from tests.faults import dev_server
-from tests.history_scenarios import register_scenario_agents
+from tests.history_scenarios import ends_at_completed_task, register_scenario_agents
 from tests.test_history_limits import limits, step, stepper, turnkit_on
 from tests.test_replay import AlteredTurnWorkflow
 from turnkit import cli
@@ -89,7 +88,7 @@ async def lane_settled(tk: TurnKit, conversation_id: str) -> None:
 
     async def settled() -> bool:
         events = list((await tk.client.get_workflow_handle(conversation_id).fetch_history()).events)
-        return bool(events) and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        return ends_at_completed_task(events)
 
     await eventually(settled, what="the lane to settle")
 

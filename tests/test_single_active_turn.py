@@ -8,6 +8,7 @@ from itertools import pairwise
 from temporalio.api.enums.v1 import EventType
 
 from tests.engine import busy_sub_agent, eventually, lane_buffers
+from tests.history_scenarios import ends_at_completed_task
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 
@@ -23,11 +24,7 @@ async def lane_quiet(tk: TurnKit, conversation_id: str, signals: int) -> bool:
     closed = kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) + kinds.count(
         EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
     )
-    return (
-        kinds.count(_SIGNALED) >= signals
-        and kinds[-1] == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-        and scheduled == closed
-    )
+    return kinds.count(_SIGNALED) >= signals and ends_at_completed_task(events) and scheduled == closed
 
 
 async def test_a_delivery_and_reconcile_do_not_release_a_lane_held_for_a_sub_agent(tk: TurnKit) -> None:
