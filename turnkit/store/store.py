@@ -268,26 +268,34 @@ class StoreTx:
             self._locked.add(("turn", turn_id))
 
     async def _get_or_create(
-        self, find: Callable[[], Awaitable[_Row | None]], build: Callable[[], _Row], *, look_first: bool = True
+        self,
+        find: Callable[[], Awaitable[_Row | None]],
+        build: Callable[[], _Row],
+        *,
+        look_first: bool = True,
+        found_absent: bool = False,
     ) -> tuple[_Row, bool]:
         """The row with a natural key, else a new one: ``(row, created)``. Every idempotent create goes through here.
 
-        ``find`` reads the row by its natural key (unique in the schema); ``build`` makes the new row. The insert
-        runs in a savepoint so that the loser of a concurrent create race on PostgreSQL (or SQLite) gets the
-        winner's row instead of an ``IntegrityError`` and an aborted transaction. ``look_first=False`` skips the
-        first read and the savepoint when the key was just generated (nothing can exist yet, so there is no race).
+        ``find`` reads the row by its natural key (unique in the schema); ``build`` makes the new row. On PostgreSQL
+        the insert runs in a savepoint so that the loser of a concurrent create race gets the winner's row instead of
+        an ``IntegrityError`` and an aborted transaction; on SQLite no race is possible (below). ``look_first=False``
+        skips the first read and the savepoint when the key was just generated (nothing can exist yet).
+        ``found_absent=True`` skips the first read only: the caller looked for the row in this transaction already.
         """
         if not look_first:
             # A key just generated cannot exist, so no create race can happen: no savepoint (two statements fewer).
             # An IntegrityError still raises, as it did after the savepoint (the new key cannot be found).
-            row = build()
-            self.session.add(row)
-            await self.session.flush()
-            return row, True
-        existing = await find()
-        if existing is not None:
-            return existing, False
+            return await self._insert(build()), True
+        if not found_absent:
+            existing = await find()
+            if existing is not None:
+                return existing, False
         row = build()
+        if self.store.dialect == "sqlite":
+            # Every SQLite transaction is BEGIN IMMEDIATE: no other writer can commit between the read that found no
+            # row and this insert, so there is no race to survive, and no savepoint (two statements fewer).
+            return await self._insert(row), True
         try:
             async with self.session.begin_nested():
                 self.session.add(row)
@@ -298,6 +306,11 @@ class StoreTx:
                 raise
             return found, False
         return row, True
+
+    async def _insert(self, row: _Row) -> _Row:
+        self.session.add(row)
+        await self.session.flush()
+        return row
 
     # Conversations -----------------------------------------------------------------------------------------------
 
@@ -738,8 +751,13 @@ class StoreTx:
         error: dict[str, Any] | None = None,
         started_at: datetime | None = None,
         completed_at: datetime | None = None,
+        found_absent: bool = False,
     ) -> tuple[ToolExecutionRecord, bool]:
-        """Get or create the execution of ``(turn_id, tool_call_id)``. Returns ``(record, created)``."""
+        """Get or create the execution of ``(turn_id, tool_call_id)``. Returns ``(record, created)``.
+
+        ``found_absent=True``: the caller found no execution for the call in this transaction (under the root turn's
+        lock), so it is not looked for again (a concurrent creator is still handled, see ``_get_or_create``).
+        """
         _check_tool_status(status)
 
         def build() -> ToolExecutionRow:
@@ -760,7 +778,9 @@ class StoreTx:
             )
 
         # Natural key: the unique (turn_uid, tool_call_id).
-        row, created = await self._get_or_create(lambda: self._tool_execution_row(turn_id, tool_call_id), build)
+        row, created = await self._get_or_create(
+            lambda: self._tool_execution_row(turn_id, tool_call_id), build, found_absent=found_absent
+        )
         if created and counts_against_budget(row.status, row.error):
             await self._count_execution(turn_id, tool_name, 1)
         return _tool_execution(row), created
