@@ -86,6 +86,10 @@ _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
 #: Every column of a turn row, by attribute (what ``_turn`` reads), for ``RETURNING``.
 _TURN_COLUMNS: Final = tuple(getattr(TurnRow, column.key) for column in TurnRow.__table__.columns)
+#: The same for a tool execution row (what ``_tool_execution`` reads).
+_EXECUTION_COLUMNS: Final = tuple(
+    getattr(ToolExecutionRow, attr.key) for attr in inspect(ToolExecutionRow).column_attrs
+)
 
 
 # Hot reads (issue 9, CPU per turn): built once, with bind parameters, as Core selects of the table's columns named
@@ -559,8 +563,12 @@ class StoreTx:
         model: str | None = None,
         options: TurnOptions | dict[str, Any] | None = None,
         submitted_at: datetime | None = None,
+        found_absent: bool = False,
     ) -> TurnRecord:
-        """Create a turn; with an ``id`` that already exists, return the existing record unchanged."""
+        """Create a turn; with an ``id`` that already exists, return the existing record unchanged.
+
+        ``found_absent=True``: the caller found no turn ``id`` in this transaction, so it is not looked for again.
+        """
         _check_turn_status(status)
         turn_id = id or new_id("turn")
 
@@ -583,7 +591,9 @@ class StoreTx:
                 updated_at=now,
             )
 
-        row, created = await self._get_or_create(lambda: self._turn_row(turn_id), build, look_first=id is not None)
+        row, created = await self._get_or_create(
+            lambda: self._turn_row(turn_id), build, look_first=id is not None, found_absent=found_absent
+        )
         if created:
             await self._add_to_tree(row.root_turn_uid, _iterations(row.options))
         return _turn(row)
@@ -879,14 +889,20 @@ class StoreTx:
                 )
             ).one_or_none()
             counted_before = old is None or counts_against_budget(old.status, old.error)
-        result = await self.session.execute(
+        statement = (
             update(ToolExecutionRow)
             .where(ToolExecutionRow.uid == execution_id, ToolExecutionRow.status.in_(expected))
             .values(**values)
         )
-        if _rowcount(result) == 0:
-            return None
-        settled = await self.load_tool_execution(execution_id)
+        if self.store.engine.dialect.update_returning:  # the row as written: no second SELECT (issue 9)
+            row = (await self.session.execute(statement.returning(*_EXECUTION_COLUMNS))).one_or_none()
+            if row is None:
+                return None
+            settled = _tool_execution(row)
+        else:
+            if _rowcount(await self.session.execute(statement)) == 0:
+                return None
+            settled = await self.load_tool_execution(execution_id)
         delta = int(settled.counts_against_budget) - int(counted_before)
         await self._count_execution(settled.turn_id, settled.tool_name, delta)
         return settled
