@@ -4,7 +4,8 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 
 1. **Reserve** (under the root turn's lock): if this ``request_id`` already has a persisted response, return it
    (a retry after commit never calls the model again); otherwise count the iteration against the root tree's
-   ``max_iterations`` and record ``state.request_id``. Read the turn's frozen context.
+   ``max_iterations`` and record ``state.request_id``. Read the turn's frozen context and, when the prompt shows it
+   (subject, live context), the conversation: the request is built from what the store held at reserve time.
 2. **Call** the agent's client, heartbeating. First, when the history is long, **compact** it (behaviour §3.10): one
    summariser call, then in its own transaction a ``context_summary`` message keyed on the ``request_id`` (so a
    retry never writes a second one); the request is built from the compacted projection.
@@ -50,8 +51,8 @@ from turnkit.events import announce, announce_message, emit
 from turnkit.media import with_media_data
 from turnkit.model import ModelRequest, Result
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.records import MessageRecord, TurnRecord
-from turnkit.request import build_model_request
+from turnkit.records import ConversationRecord, MessageRecord, TurnRecord
+from turnkit.request import build_model_request, needs_conversation
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.tracing import record_model_call
 from turnkit.turn_state import TurnState
@@ -79,7 +80,7 @@ class ModelActivities:
             ):  # the attempt that committed this response may have died before signalling
                 await self._announce(await retry_store(lambda: self.store.load_turn(call.turn_id), what="model"))
             return reserved
-        turn, messages, first_start = reserved
+        turn, messages, conversation, first_start = reserved
         if first_start:
             await emit(
                 "turn.started", turn.id, turn.conversation_id, store=self.store, status=turn.status, model=turn.model
@@ -94,7 +95,9 @@ class ModelActivities:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
         # The same builder as Turn.preview (turnkit.request): a preview cannot drift from what is sent.
         request = await retry_store(
-            lambda: build_model_request(self.store, turn, agent, messages, request_id=call.request_id),
+            lambda: build_model_request(
+                self.store, turn, agent, messages, request_id=call.request_id, conversation=conversation
+            ),
             what="model request",
         )
         await emit(
@@ -222,7 +225,11 @@ class ModelActivities:
             )
         return [*messages, summary], denial
 
-    async def _reserve(self, call: ModelCall) -> ModelStep | tuple[TurnRecord, list[MessageRecord], bool]:
+    async def _reserve(
+        self, call: ModelCall
+    ) -> ModelStep | tuple[TurnRecord, list[MessageRecord], ConversationRecord | None, bool]:
+        """Reserve the request (see the module docstring); with what its prompt is built from, read in the same
+        transaction: the turn's messages and, when the prompt shows it, the conversation (one store trip, issue 9)."""
         publish = await self._publish_verdict(call)
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
             turn = await tx.load_turn(call.turn_id)
@@ -284,7 +291,8 @@ class ModelActivities:
             )
             if claimed is None:
                 return ModelStep(outcome="stopped")
-            return claimed, messages, turn.started_at is None
+            conversation = await tx.load_conversation(claimed.conversation_id) if _prompt_reads(claimed) else None
+            return claimed, messages, conversation, turn.started_at is None
 
     async def _publish_verdict(self, call: ModelCall) -> Verdict:
         """The ``callback`` verdict for an answer held back at a pause, which ``_reserve`` may publish.
@@ -526,6 +534,17 @@ async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[s
     announce_message(tx, await tx.append_message(turn.conversation_id, role="user", text=text, turn_id=turn.id))
     state = turn.state.model_copy(update={"wait_input": True})
     return [], await tx.update_turn(turn.id, options=turn.options.with_state(state))
+
+
+def _prompt_reads(turn: TurnRecord) -> bool:
+    """Whether the request of ``turn`` shows its conversation (see :func:`turnkit.request.needs_conversation`).
+
+    An unknown agent or prompt mode says no: the activity fails on it right after the reserve, as it always did.
+    """
+    try:
+        return needs_conversation(turn, resolve_agent(turn.agent_name))
+    except (ConfigError, ValueError):
+        return False
 
 
 def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecord | None:

@@ -29,8 +29,8 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import BudgetError, ConfigError, RecordNotFound, ToolError, error_class_name
-from turnkit.executions import open_tool_execution, with_arguments
-from turnkit.payloads import CallPolicy, ToolCallInput, ToolOutcome
+from turnkit.executions import open_tool_execution, read_arguments, with_arguments
+from turnkit.payloads import CallPolicy, ToolCallInput, ToolCallRef, ToolOutcome
 from turnkit.records import (
     INTERRUPTED_MESSAGE,
     OPEN_EXECUTION_STATUSES,
@@ -67,16 +67,20 @@ class ToolActivities:
         record_tool_call(request)
         # Store phases ride out a database outage inside the attempt (issue 8): an at-most-once attempt is never
         # retried, so a failure here would otherwise record the call as failed.
-        [call] = await retry_store(  # large arguments come from the store
-            lambda: with_arguments(self.store, request.turn_id, [request.call]), what="tool arguments"
-        )
-        request = request.model_copy(update={"call": call})
+        if settings.authorize is not None:
+            # The hook sees the arguments before the reserving transaction (it never runs inside one), so they are
+            # read first; without a hook the reserving transaction reads them (one store trip less per tool call).
+            [call] = await retry_store(  # large arguments come from the store
+                lambda: with_arguments(self.store, request.turn_id, [request.call]), what="tool arguments"
+            )
+            request = request.model_copy(update={"call": call})
         tool = find_tool(request.agent_name, request.call.name, request.call.policy)
         wrong_queue = misrouted(tool, activity.info().task_queue) if tool is not None else None
         reserved = await retry_store(lambda: self._reserve(request, tool, wrong_queue), what="tool reserve")
         if isinstance(reserved, ToolOutcome):
             return reserved
-        turn, execution, conversation = reserved
+        turn, execution, conversation, call = reserved
+        request = request.model_copy(update={"call": call})
         assert tool is not None  # _reserve settles unknown tools
         context = ToolContext(
             turn_id=turn.id,
@@ -154,7 +158,7 @@ class ToolActivities:
 
     async def _reserve(
         self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
-    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord]:
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord, ToolCallRef]:
         verdict = await self._ask_tool(request, tool)
         return await self._reserve_in_tx(request, tool, verdict, wrong_queue)
 
@@ -178,8 +182,9 @@ class ToolActivities:
         tool: Tool | None,
         verdict: Verdict,
         wrong_queue: str | None = None,
-    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord]:
-        """Open (or resume) the call's execution; with the conversation the tool's context shows (same transaction)."""
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord, ToolCallRef]:
+        """Open (or resume) the call's execution; with the conversation the tool's context shows and the call with
+        its arguments (read here unless the authorization hook needed them first), in the same transaction."""
         call = request.call
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await tx.load_turn(request.turn_id)
@@ -189,6 +194,7 @@ class ToolActivities:
                 return outcome_of(execution, tool)
             if turn.status not in ("pending", "running", "paused"):
                 return ToolOutcome(outcome="stopped")  # cancelled: nothing more runs
+            [call] = await read_arguments(tx, turn.id, [call])  # large arguments come from the store
             if execution is None:
                 # The control boundary before an external effect (behaviour §5.10).
                 boundary, turn = await control_boundary(tx, turn)
@@ -222,7 +228,7 @@ class ToolActivities:
                     execution.id, from_="pending", to="running", started_at=utcnow()
                 )
                 execution = claimed or await tx.load_tool_execution(execution.id)
-            return turn, execution, await tx.load_conversation(turn.conversation_id)
+            return turn, execution, await tx.load_conversation(turn.conversation_id), call
 
     async def _complete(
         self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool

@@ -82,7 +82,8 @@ class TurnActivities:
             except (RecordNotFound, ConfigError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
             try:
-                turn = await create_turn(tx, conversation, agent, request, submitted=True)
+                # found_absent: the find_turn above, in this transaction, found no turn with this id.
+                turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True)
             except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
             busy = await sub_agent_turn_active(tx, conversation.id)

@@ -9,7 +9,10 @@ in a temporary SQLite file (or ``--database-url``). After a warm-up it measures:
    ``time.process_time()`` over the round, divided by the turns, and the same split by thread from
    ``/proc/self/task/*/stat``: the event loop (client, activities, store), the workflow threads (the lane and turn
    workflows, sandbox included), aiosqlite's connection threads, and the SDK's Rust core threads. Medians.
-2. **Where the Python CPU goes** (``--profile``, on by default): one more round under ``cProfile`` in every Python
+2. **Store trips per turn**: one more back-to-back round with SQLAlchemy's engine events counted: transactions
+   (``begin``) and SQL statements (``after_cursor_execute``, SQLite's ``BEGIN IMMEDIATE`` included), per turn, and
+   which activity (or "outside an activity": the client, the workflow's local work) ran them. Deterministic.
+3. **Where the Python CPU goes** (``--profile``, on by default): one more round under ``cProfile`` in every Python
    thread (the worker is opened after the hook is installed, so its threads are profiled from their start; the
    counters are cleared before the measured round). Self time is grouped by library (sandbox, temporalio,
    pydantic, SQLAlchemy, sqlite, json, asyncio, TurnKit's own code...), then the top functions by self time and by
@@ -34,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import event
+from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 
 from bench.peers.serve import temporal_cli
@@ -101,6 +106,57 @@ async def measure(run: Callable[[], Any], turns: int) -> Round:
     await run()
     wall, cpu = time.perf_counter() - wall_before, time.process_time() - cpu_before
     return Round(turns, wall, cpu, by_group(threads_before, cpu_by_thread()))
+
+
+# --- store trips --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trips:
+    """Transactions and SQL statements on the store's engine, by the activity type that ran them."""
+
+    transactions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    statements: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def _running_activity() -> str:
+    try:
+        kind = activity.info().activity_type
+    except RuntimeError:  # not in an activity: the client (ask, the submit's reads) or other callers
+        return "outside an activity"
+    return "tool:<name>" if kind.startswith("tool:") else kind
+
+
+async def count_trips(system: System, k: int, turns: int) -> Trips:
+    """Transactions and statements of ``turns`` back-to-back turns (listeners removed afterwards)."""
+    engine = system.store.engine.sync_engine
+    trips = Trips()
+
+    def on_begin(_conn: Any) -> None:
+        trips.transactions[_running_activity()] += 1
+
+    def on_statement(*_: Any) -> None:
+        trips.statements[_running_activity()] += 1
+
+    event.listen(engine, "begin", on_begin)
+    event.listen(engine, "after_cursor_execute", on_statement)
+    try:
+        await _sequential(system, k, turns)
+    finally:
+        event.remove(engine, "begin", on_begin)
+        event.remove(engine, "after_cursor_execute", on_statement)
+    return trips
+
+
+def report_trips(trips: Trips, turns: int) -> None:
+    total_tx, total_sql = sum(trips.transactions.values()), sum(trips.statements.values())
+    print(
+        f"\nstore trips per turn ({turns} turns back to back): {total_tx / turns:.1f} transactions, "
+        f"{total_sql / turns:.1f} SQL statements"
+    )
+    for kind in sorted(trips.statements, key=lambda name: -trips.statements[name]):
+        transactions, statements = trips.transactions.get(kind, 0) / turns, trips.statements[kind] / turns
+        print(f"  {kind:<50}{transactions:>6.1f} tx {statements:>7.1f} stmts")
 
 
 # --- cProfile in every thread ----------------------------------------------------------------------------------------
@@ -271,6 +327,7 @@ async def main(args: argparse.Namespace) -> None:
                 await measure(lambda: _sequential(system, args.k, args.sequential), args.sequential)
                 for _ in range(args.rounds)
             ]
+            trips = await count_trips(system, args.k, args.sequential)  # after the timed rounds: listeners cost CPU
         finally:
             await system.close()
         stats = None
@@ -294,6 +351,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"K = {args.k}, store {store}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     report_rounds(rounds, f"{args.turns} turns at once")
     report_rounds(sequential, f"{args.sequential} turns back to back")
+    report_trips(trips, args.sequential)
     if stats is not None:
         report_profile(stats, args.turns, args.top)
         if os.environ.get("TURNKIT_PROFILE_DUMP"):

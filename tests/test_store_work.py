@@ -99,3 +99,31 @@ async def test_store_work_per_model_and_tool_call_does_not_grow_with_the_turn(tk
     assert long_model[-1] == short_model[-1]
     assert long_tools[-1] == short_tools[-1] == short_tools[0]
     assert all(call == long_tools[0] for call in long_tools)
+
+
+async def test_store_transactions_per_model_and_tool_call(tk: TurnKit) -> None:
+    """issue 9: a model call opens two store transactions (the reserve, which also reads what the prompt shows, and
+    the persist) and the final answer one more (what its end signals: callback and waiters together); a tool call
+    two (the reserve, which also reads its stored arguments, and the commit)."""
+    agent = turnkit.Agent("store_trips", model="scripted", tools=[lookup], client=_looper(2), compaction=False)
+    transactions: dict[tuple[str, str], int] = defaultdict(int)
+
+    def begin(_conn: Any) -> None:
+        try:
+            info = activity.info()
+        except RuntimeError:
+            return
+        transactions[(info.activity_type, info.activity_id)] += 1
+
+    engine = tk.store.engine.sync_engine
+    event.listen(engine, "begin", begin)
+    try:
+        turn = await (await tk.conversation(agent)).ask("go")
+    finally:
+        event.remove(engine, "begin", begin)
+    assert turn.status == "completed", turn.error
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for (kind, _), count in sorted(transactions.items(), key=lambda item: int(item[0][1])):
+        by_type[kind].append(count)
+    assert by_type["turnkit.model"] == [2, 2, 3]
+    assert by_type["tool:lookup"] == [2, 2]

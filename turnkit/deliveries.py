@@ -29,6 +29,7 @@ __all__ = [
     "completion_delivery",
     "create_delivery",
     "notify_completion",
+    "pending_completion",
     "reconcile",
     "signal_delivery",
     "sub_agent_turn_active",
@@ -155,9 +156,15 @@ async def reconcile(store: Store, client: Client, task_queue: str, *, limit: int
 async def notify_completion(store: Store, client: Client, task_queue: str, turn_id: str) -> None:
     """Signal the completion callback of a finished turn, if it has one still pending (idempotent)."""
     async with store.atomic() as tx:
-        delivery = await tx.find_delivery(f"completion:{turn_id}")
-    if delivery is not None and delivery.delivered_at is None:
+        delivery = await pending_completion(tx, turn_id)
+    if delivery is not None:
         await signal_delivery(client, task_queue, delivery)
+
+
+async def pending_completion(tx: StoreTx, turn_id: str) -> DeliveryRecord | None:
+    """The completion callback of ``turn_id`` when it has one not delivered yet (to signal: :func:`signal_delivery`)."""
+    delivery = await tx.find_delivery(f"completion:{turn_id}")
+    return delivery if delivery is not None and delivery.delivered_at is None else None
 
 
 async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:

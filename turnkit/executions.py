@@ -10,7 +10,7 @@ from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import fail_execution
 
-__all__ = ["BUDGET_DENIED", "open_tool_execution", "with_arguments"]
+__all__ = ["BUDGET_DENIED", "open_tool_execution", "read_arguments", "with_arguments"]
 
 BUDGET_DENIED: Final = {"class": "TurnKit::BudgetError", "budget_denied": True}
 
@@ -26,8 +26,9 @@ async def open_tool_execution(
 ) -> tuple[ToolExecutionRecord, str | None]:
     """Create the execution of a new call and reserve tool budget for it over the root tree (behaviour §6.2).
 
-    Call it under the root turn's lock. A denied reservation settles the execution ``failed`` with
-    ``budget_denied`` (its result appended) and returns the denial message, which fails the turn.
+    Call it under the root turn's lock, in the transaction that found no execution for ``tool_call_id`` (the row is
+    not looked for again). A denied reservation settles the execution ``failed`` with ``budget_denied`` (its result
+    appended) and returns the denial message, which fails the turn.
     """
     root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
     # The root's running totals (one row), not the tree's executions: the check costs the same at every iteration.
@@ -39,6 +40,7 @@ async def open_tool_execution(
         arguments=arguments,
         status=status,
         started_at=utcnow(),
+        found_absent=True,  # every caller looked for it first, under the same lock: one SELECT per tool call fewer
     )
     if denial is not None:
         execution = await fail_execution(tx, turn, execution, denial, details=BUDGET_DENIED)
@@ -50,14 +52,21 @@ async def with_arguments(store: Store, turn_id: str, calls: list[ToolCallRef]) -
     message (the newest one that proposed the call id). Calls that carry their arguments are returned as they are."""
     if not any(call.arguments_stored for call in calls):
         return calls
-    wanted = {call.id for call in calls if call.arguments_stored}
     async with store.atomic() as tx:
-        # The calls being run are the latest response's: one indexed read (issue 9). Only if one is not there (a
-        # response written before responses carried their request id), the turn's messages are read.
-        latest = await tx.latest_response(turn_id)
-        stored = _call_arguments([latest] if latest is not None else [])
-        if not wanted <= stored.keys():
-            stored = _call_arguments(await tx.list_turn_messages(turn_id))
+        return await read_arguments(tx, turn_id, calls)
+
+
+async def read_arguments(tx: StoreTx, turn_id: str, calls: list[ToolCallRef]) -> list[ToolCallRef]:
+    """:func:`with_arguments` in the caller's transaction (a caller that opens one anyway saves a store trip)."""
+    wanted = {call.id for call in calls if call.arguments_stored}
+    if not wanted:
+        return calls
+    # The calls being run are the latest response's: one indexed read (issue 9). Only if one is not there (a
+    # response written before responses carried their request id), the turn's messages are read.
+    latest = await tx.latest_response(turn_id)
+    stored = _call_arguments([latest] if latest is not None else [])
+    if not wanted <= stored.keys():
+        stored = _call_arguments(await tx.list_turn_messages(turn_id))
     return [
         call.model_copy(update={"arguments": stored.get(call.id, {}), "arguments_stored": False})
         if call.arguments_stored

@@ -27,7 +27,7 @@ from turnkit.prompt import (
 from turnkit.records import ConversationRecord, MessageRecord, TurnRecord
 from turnkit.store.store import Store, utcnow
 
-__all__ = ["build_model_request", "subject_prompt_of", "turn_depth"]
+__all__ = ["build_model_request", "needs_conversation", "subject_prompt_of", "turn_depth"]
 
 
 def turn_depth(turn: TurnRecord) -> int:
@@ -40,6 +40,19 @@ def subject_prompt_of(conversation: ConversationRecord) -> str:
     return str(conversation.metadata.get("turnkit_subject_prompt") or "")
 
 
+def _sections(turn: TurnRecord, agent: Agent) -> tuple[str, tuple[str, ...]]:
+    """The turn's prompt mode and the sections it builds."""
+    mode = resolve_prompt_mode(agent, depth=turn_depth(turn), prompt_mode=turn.options.prompt_mode)
+    return mode, (() if mode == "none" else resolve_sections(agent, mode))
+
+
+def needs_conversation(turn: TurnRecord, agent: Agent) -> bool:
+    """Whether the request of ``turn`` reads its conversation (for the subject or the contributors' live context),
+    so that a caller already in a transaction can read it there and pass it to :func:`build_model_request`."""
+    _, sections = _sections(turn, agent)
+    return "subject" in sections or "live_context" in sections
+
+
 async def build_model_request(
     store: Store,
     turn: TurnRecord,
@@ -48,17 +61,21 @@ async def build_model_request(
     *,
     request_id: str | None,
     now: datetime | None = None,
+    conversation: ConversationRecord | None = None,
 ) -> ModelRequest:
     """The request the next model call of ``turn`` sends (behaviour §3.3); no model is called and nothing is written.
 
     Args:
-        store: Read for the conversation (subject, contributors' context) when the prompt needs it.
+        store: Read for the conversation (subject, contributors' context) when the prompt needs it and
+            ``conversation`` is not given.
         turn: The turn.
         agent: Its agent.
         messages: The turn's messages (frozen context plus its own), after any compaction, in sequence order.
         request_id: The reserved request's id (``state.request_id``), for ``metadata``; None in a preview that has
             none yet.
         now: The ``environment`` anchor; default the turn's start, else the current time.
+        conversation: The turn's conversation, when the caller has read it already (the model activity reads it in
+            the transaction that reserves the request: see :func:`needs_conversation`).
 
     Raises:
         ValueError: The prompt mode or a section is unknown.
@@ -67,12 +84,12 @@ async def build_model_request(
     model = turn.model or agent.effective_model
     specs = agent.tool_specs(turn.options.state.loaded_skills)  # loaded skills add their tools (behaviour §4.2)
     depth = turn_depth(turn)
-    mode = resolve_prompt_mode(agent, depth=depth, prompt_mode=turn.options.prompt_mode)
-    sections = () if mode == "none" else resolve_sections(agent, mode)
+    mode, sections = _sections(turn, agent)
     subject = ""
     live_context: list[LiveContextContribution] = []
     if "subject" in sections or "live_context" in sections:
-        conversation = await store.load_conversation(turn.conversation_id)
+        if conversation is None:
+            conversation = await store.load_conversation(turn.conversation_id)
         subject = subject_prompt_of(conversation) if "subject" in sections else ""
         if "live_context" in sections:
             build = PromptBuildContext(agent=agent, turn=turn, conversation=conversation, model=model)

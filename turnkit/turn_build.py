@@ -18,13 +18,21 @@ __all__ = ["create_turn"]
 
 
 async def create_turn(
-    tx: StoreTx, conversation: ConversationRecord, agent: Agent, request: SubmitTurn, *, submitted: bool
+    tx: StoreTx,
+    conversation: ConversationRecord,
+    agent: Agent,
+    request: SubmitTurn,
+    *,
+    submitted: bool,
+    found_absent: bool = False,
 ) -> TurnRecord:
     """Append ``request``'s text as a user message and create its turn: ``pending`` (or ``paused``), its frozen
     context ending at that message; ``submitted_at`` is now when ``submitted``, else None (a prepared turn).
 
     Raises:
         ToolError: A ``wait_for`` target is not allowed (the transaction rolls back the message and the turn).
+
+    ``found_absent``: the caller looked for ``request.turn_id`` in this transaction and found none (one read fewer).
     """
     message = await tx.append_message(
         conversation.id,
@@ -59,6 +67,7 @@ async def create_turn(
         options=options,
         root_turn_id=request.root_turn_id,  # None: the turn is its own root
         submitted_at=utcnow() if submitted else None,
+        found_absent=found_absent,
     )
     if request.wait_for:
         await add_waits(tx, turn, request.wait_for)

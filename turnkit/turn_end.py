@@ -13,14 +13,14 @@ from __future__ import annotations
 from temporalio.client import Client
 from temporalio.exceptions import CancelledError, TerminatedError, TimeoutError
 
-from turnkit.deliveries import callback_verdict, completion_delivery, notify_completion, wake_lane
+from turnkit.deliveries import callback_verdict, completion_delivery, pending_completion, signal_delivery, wake_lane
 from turnkit.events import emit
 from turnkit.records import ACTIVE_TURN_STATUSES, TurnRecord
 from turnkit.store.store import Store, utcnow
 from turnkit.transcript import repair_transcript
-from turnkit.waits import notify_waiters
+from turnkit.waits import signal_waiters, waiters_of
 
-__all__ = ["ENDED_CLASS", "ended_reason", "fail_unfinished_turn"]
+__all__ = ["ENDED_CLASS", "announce_end", "ended_reason", "fail_unfinished_turn"]
 
 #: The error class recorded for a turn whose workflow ended without a terminal status.
 ENDED_CLASS = "TurnKit::Error"
@@ -53,10 +53,24 @@ async def fail_unfinished_turn(
             await completion_delivery(tx, turn, verdict)  # committed with the terminal write (behaviour §5.7)
     if failed is not None:
         await emit("turn.failed", turn.id, turn.conversation_id, store=store, error=turn.error)
-    await notify_completion(store, client, task_queue, turn.id)
-    await notify_waiters(store, client, turn.id)
-    await wake_lane(client, turn)
+    await announce_end(store, client, task_queue, turn)
     return turn, failed is not None
+
+
+async def announce_end(store: Store, client: Client, task_queue: str, turn: TurnRecord) -> None:
+    """After ``turn``'s terminal write committed: signal its completion callback if still pending, every turn that
+    waits on it and, for a sub-agent's turn, its conversation's lane (idempotent).
+
+    What to signal is read in one transaction (the callback and the waiters: one store trip per turn end, issue 9),
+    then the signals go out in that order.
+    """
+    async with store.atomic() as tx:
+        delivery = await pending_completion(tx, turn.id)
+        waiters = await waiters_of(tx, turn.id)
+    if delivery is not None:
+        await signal_delivery(client, task_queue, delivery)
+    await signal_waiters(client, turn.id, waiters)
+    await wake_lane(client, turn)  # needs only ids and lineage, which never change
 
 
 def ended_reason(cause: BaseException | None) -> str:

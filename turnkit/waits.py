@@ -14,11 +14,19 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from turnkit.errors import RecordNotFound, ToolError
-from turnkit.records import TurnRecord
+from turnkit.errors import ToolError
+from turnkit.records import TurnRecord, WaitRecord
 from turnkit.store.store import Store, StoreTx
 
-__all__ = ["TARGET_FINISHED_SIGNAL", "add_waits", "enter_waiting", "leave_waiting", "notify_waiters"]
+__all__ = [
+    "TARGET_FINISHED_SIGNAL",
+    "add_waits",
+    "enter_waiting",
+    "leave_waiting",
+    "notify_waiters",
+    "signal_waiters",
+    "waiters_of",
+]
 
 TARGET_FINISHED_SIGNAL = "target_finished"
 
@@ -109,13 +117,21 @@ async def unfinished_targets(store: Store, target_ids: Sequence[str]) -> list[st
 async def notify_waiters(store: Store, client: Client, turn_id: str) -> None:
     """Signal every turn waiting on ``turn_id`` (after its terminal write committed); idempotent."""
     async with store.atomic() as tx:
-        try:
-            turn = await tx.load_turn(turn_id)
-        except RecordNotFound:
-            return
-        if not turn.terminal:
-            return
-        edges = await tx.list_waits(target_turn_id=turn_id)
+        edges = await waiters_of(tx, turn_id)
+    await signal_waiters(client, turn_id, edges)
+
+
+async def waiters_of(tx: StoreTx, turn_id: str) -> list[WaitRecord]:
+    """The edges of the turns waiting on ``turn_id``, read once its terminal write committed; [] while it is not
+    terminal (or gone): its end will list them then."""
+    turn = await tx.find_turn(turn_id)
+    if turn is None or not turn.terminal:
+        return []
+    return await tx.list_waits(target_turn_id=turn_id)
+
+
+async def signal_waiters(client: Client, turn_id: str, edges: Sequence[WaitRecord]) -> None:
+    """Signal ``target_finished`` to the waiter of each of ``edges`` (read by :func:`waiters_of`)."""
     for edge in edges:
         # RPCError: the waiter already finished (or never started): nothing to wake.
         with contextlib.suppress(RPCError):

@@ -78,6 +78,12 @@ class System:
         self._worker = self._tk.worker()
         await self._worker.__aenter__()
 
+    @property
+    def store(self) -> Store:
+        """The open store (for :mod:`bench.cpu_profile`'s counts)."""
+        assert self._store is not None
+        return self._store
+
     async def turn(self, k: int) -> list[str]:
         assert self._tk is not None
         conversation = await self._tk.conversation(AGENT)
