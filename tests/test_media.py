@@ -29,7 +29,7 @@ from tests.provider_server import (
 from turnkit.errors import InputError
 from turnkit.media import MediaInput
 from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS
-from turnkit.media_tools import ImageTool, ViewMediaTool, view_media_in_turn
+from turnkit.media_tools import ImageTool, ViewMediaTool, paint_in_turn, view_media_in_turn
 from turnkit.providers import AnthropicClient, OpenAIClient
 from turnkit.runtime import TurnKit
 from turnkit.store.store import Store
@@ -454,11 +454,14 @@ async def test_image_tool_with_the_scripted_client(tk: TurnKit) -> None:
 async def test_a_paint_answered_without_an_image_fails_the_call(tk: TurnKit) -> None:
     """Behaviour §3.12 step 4: a ``paint`` answer with no image part fails the call with "image client returned no
     image", one whose image has neither url nor data with "image client returned image without url or data"; no
-    ``image`` message is written and ``image.completed`` is never emitted; the turn goes on."""
+    ``image`` message is written and ``image.completed`` is never emitted; the turn goes on. Step 3 comes first:
+    both calls are charged to the turn."""
     events: list[turnkit.Event] = []
     turnkit.configure(on_event=events.append)
-    empty = turnkit.Result(parts=[])
-    hollow = turnkit.Result(parts=[{"type": "image", "mime_type": "image/png"}])
+    empty = turnkit.Result(parts=[], usage=turnkit.Usage(input_tokens=1, output_tokens=100))
+    hollow = turnkit.Result(
+        parts=[{"type": "image", "mime_type": "image/png"}], usage=turnkit.Usage(input_tokens=2, output_tokens=200)
+    )
 
     class Poster(ImageTool):
         model = "scripted-image"
@@ -479,6 +482,33 @@ async def test_a_paint_answered_without_an_image_fails_the_call(tk: TurnKit) -> 
     assert [m for m in await conversation.messages() if m.kind == "image"] == []
     mine = [e.type for e in events if e.turn_id == turn.id and e.type.startswith("image.")]
     assert mine == ["image.requested", "image.requested"]
+    assert (turn.usage.input_tokens, turn.usage.output_tokens) == (30 + 3, 15 + 300)  # three model calls, two paints
+
+
+async def test_a_repeated_unusable_paint_of_one_execution_is_charged_once(tk: TurnKit) -> None:
+    """A paint answered with no image is charged keyed by its message id (derived from the execution): a second
+    identical call in the same execution (what a retried attempt makes) raises the same error without calling the
+    client or charging again."""
+    errors: list[str] = []
+
+    @turnkit.tool
+    async def paint_twice(context: ToolContext) -> dict[str, str]:
+        """Paint twice."""
+        for _ in range(2):
+            try:
+                await paint_in_turn(context, "a cat", model="scripted-image")
+            except turnkit.Error as err:
+                errors.append(str(err))
+        return {"errors": "; ".join(errors)}
+
+    empty = turnkit.Result(parts=[], usage=turnkit.Usage(input_tokens=1, output_tokens=100))
+    client = ScriptedClient([call_tools(("paint_twice", {})), "done"], images=[empty, empty])
+    agent = turnkit.Agent("empty-twice", model="scripted", tools=[paint_twice], client=client)
+    turn = await (await tk.conversation(agent)).ask("paint")
+    assert turn.status == "completed", turn.error
+    assert errors == ["image client returned no image"] * 2
+    assert len(client.paint_requests) == 1
+    assert (turn.usage.input_tokens, turn.usage.output_tokens) == (20 + 1, 10 + 100)
 
 
 async def test_a_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> None:
@@ -682,6 +712,106 @@ async def test_turn_paint_standalone_claims_paints_and_completes_a_prepared_turn
     with pytest.raises(turnkit.Error, match=r"^cannot paint for paused turn$"):
         await queued.paint("x", model="scripted-image", client=client)
     await queued.cancel()
+
+
+async def test_a_standalone_paint_is_audited_by_the_agents_output_policy(tk: TurnKit) -> None:
+    """Behaviour §3.12 step 6, "with the output policy applied" (§3.9): the standalone paint's answer (text = the
+    media id, data = {type: image, images}) is audited. Fail mode with a dirty audit: the turn fails with
+    TurnKit::OutputAudit, the output still recorded, and OutputAudit is raised; report and revise modes: it completes
+    with the audit recorded (no revision request: there is no model to revise). A judge call is charged to the turn
+    (usage and cost) and counts against max_spend."""
+    data = png(uuid.uuid4().hex)
+    media_id = "media_" + hashlib.sha256(data).hexdigest()[:24]
+    seen: list[tuple[str, object]] = []
+
+    def no_cats(output: object, *, output_text: str, output_data: object) -> str:
+        seen.append((output_text, output_data))
+        return "no cats allowed"
+
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+    strict = turnkit.Agent("audited-painter", model="scripted", client=ScriptedClient([]), output_policy=[no_cats])
+    prepared = await (await tk.conversation(strict)).build_turn("paint a cat")
+    with pytest.raises(turnkit.OutputAudit, match=r"^no cats allowed$"):
+        await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[image(data)]))
+    failed = await prepared.refresh()
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error["class"] == "TurnKit::OutputAudit" and failed.error["message"] == "no cats allowed"
+    assert failed.output_text == media_id and failed.record.output_data is not None
+    assert failed.policy_clean is False
+    [(text, audited)] = seen
+    assert text == media_id and audited == failed.record.output_data
+    mine = [e.type for e in events if e.turn_id == prepared.id]
+    assert mine == [
+        "turn.started",
+        "image.requested",
+        "message.created",
+        "output_policy.completed",
+        "turn.failed",
+        "image.completed",
+    ]
+
+    for mode in ("report", "revise"):
+        lenient = turnkit.Agent(
+            f"reported-painter-{mode}",
+            model="scripted",
+            client=ScriptedClient([]),
+            output_policy=[no_cats],
+            output_policy_mode=mode,
+        )
+        conversation = await tk.conversation(lenient)
+        painted = await (await conversation.build_turn("paint a cat")).paint(
+            "a cat", model="scripted-image", client=ScriptedClient([], images=[image(data)])
+        )
+        assert painted.status == "completed", painted.error
+        assert painted.output_text == media_id and painted.policy_clean is False
+        assert painted.policy_audit is not None
+        assert painted.policy_audit["violations"][0]["message"] == "no cats allowed"
+        assert [m.kind for m in await conversation.messages()] == ["text", "image"]  # no revision request
+
+    verdict = '{"approved": true, "violations": []}'
+    judge_answer = turnkit.Result.build(text=verdict, usage=turnkit.Usage(input_tokens=7, output_tokens=3, cost=0.02))
+    judge = turnkit.OutputPolicy("Images only.", model="judge", client=ScriptedClient([judge_answer]))
+    judged = turnkit.Agent("judged-painter", model="scripted", client=ScriptedClient([]), output_policy=[judge])
+    clean = await (await (await tk.conversation(judged)).build_turn("paint")).paint(
+        "a cat", model="scripted-image", client=ScriptedClient([], images=[image(data)])
+    )
+    assert clean.status == "completed" and clean.policy_clean is True
+    assert (clean.usage.input_tokens, clean.usage.output_tokens) == (17, 8)  # the paint's 10/5 and the judge's 7/3
+    assert clean.cost == pytest.approx(0.02)
+
+    judge = turnkit.OutputPolicy("Images only.", model="judge", client=ScriptedClient([judge_answer]))
+    thrifty = turnkit.Agent(
+        "judged-thrifty", model="scripted", client=ScriptedClient([]), output_policy=[judge], max_spend=0.01
+    )
+    prepared = await (await tk.conversation(thrifty)).build_turn("paint")
+    with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
+        await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[image(data)]))
+    over = await prepared.refresh()
+    assert over.status == "failed" and over.cost == pytest.approx(0.02)
+
+
+async def test_a_standalone_paint_without_a_usable_image_is_charged_before_it_fails(tk: TurnKit) -> None:
+    """Behaviour §3.12 step 3 before step 4: a standalone paint answered with no image is charged to the turn (usage
+    and cost), then fails the turn with "image client returned no image"; over max_spend, the charge raises the
+    budget error first."""
+    empty = turnkit.Result(parts=[], usage=turnkit.Usage(input_tokens=4, output_tokens=2, cost=0.01))
+    agent = turnkit.Agent("empty-painter", model="scripted", client=ScriptedClient([]))
+    prepared = await (await tk.conversation(agent)).build_turn("paint")
+    with pytest.raises(turnkit.Error, match=r"^image client returned no image$"):
+        await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[empty]))
+    failed = await prepared.refresh()
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error["message"] == "image client returned no image"
+    assert (failed.usage.input_tokens, failed.usage.output_tokens) == (4, 2)
+    assert failed.cost == pytest.approx(0.01)
+
+    costly = turnkit.Result(parts=[], usage=turnkit.Usage(output_tokens=2, cost=0.05))
+    thrifty = turnkit.Agent("empty-thrifty", model="scripted", client=ScriptedClient([]), max_spend=0.03)
+    prepared = await (await tk.conversation(thrifty)).build_turn("paint")
+    with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
+        await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[costly]))
+    assert (await prepared.refresh()).cost == pytest.approx(0.05)
 
 
 async def test_turn_view_media_standalone_fails_the_turn_when_the_client_fails(tk: TurnKit) -> None:

@@ -3,8 +3,10 @@ image generation or media analysis.
 
 The turn must be ``pending`` and not submitted (a prepared turn, ``build_turn``): a submitted one belongs to its
 conversation's lane, which would run it. The call claims it (compare-and-set ``pending`` → ``running`` with a claim
-token; a lost claim raises ``"turn is already running"``), emits ``turn.started``, calls the client, then in one
-transaction fenced on the claim token writes the message, charges the turn and completes it. On error the turn
+token; a lost claim raises ``"turn is already running"``), emits ``turn.started``, calls the client, audits a
+painted image with the agent's output policy (judges before the transaction), then in one transaction fenced on the
+claim token writes the message, charges the turn (the call and the judges) and completes it (or, in ``fail`` mode
+with a dirty audit, fails it with ``TurnKit::OutputAudit``). On error the turn
 fails and the error is re-raised. No workflow is involved: this runs in the caller's process, like ``build_turn``.
 """
 
@@ -14,23 +16,27 @@ import base64
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from turnkit.agent import resolve_agent
-from turnkit.errors import ConfigError, Error, LostClaim
+from activities.output_audit import AnswerAudit, announce_audit_in, audit_answer, publication
+from turnkit.agent import Agent, resolve_agent
+from turnkit.errors import ConfigError, Error, LostClaim, OutputAudit
 from turnkit.events import announce, emit
 from turnkit.ids import new_claim_token
 from turnkit.media import MediaInput
 from turnkit.media_requests import PaintRequest, ViewMediaRequest
 from turnkit.media_tools import (
     Fence,
-    analyse,
+    analyses_of,
+    ask_view_media,
+    charged_if_unusable,
     described,
     emit_image_completed,
     emit_media_completed,
     generate,
     media_with_data,
     persist_media_message,
+    stored_images,
 )
-from turnkit.model import Client
+from turnkit.model import Client, Result
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.turn_end import fail_unfinished_turn
@@ -57,7 +63,12 @@ async def paint_turn(
     """Paint as the whole of a prepared turn; it completes with ``output_data = {type: "image", images: [...]}``
     (references, no bytes) and ``output_text`` = the image's URL, else its media id.
 
+    The answer is audited with the agent's output policy (behaviour §3.12 step 6): ``policy_audit`` is recorded;
+    in ``fail`` mode a dirty audit fails the turn (its output recorded) and raises; ``report`` and ``revise``
+    complete it (no model to revise with).
+
     Raises:
+        OutputAudit: The audit found violations and the agent's mode is ``fail``.
         Error: ``"cannot paint for <status> turn"``, ``"turn is already running"``, or the call's error (the turn
             is then failed).
     """
@@ -73,13 +84,23 @@ async def paint_turn(
     )
     try:
         image_client = _chosen(client, turn, "paint")
-        result, parts = await generate(store, turn, image_client, request)
+        fence = _claim_fence(turn.id, token)
+        result = await generate(turn, image_client, request)
+        parts = await charged_if_unusable(
+            store, fence, turn, result, None, lambda: stored_images(store, result, request)
+        )
         images = [dict(part) for part in parts]
         first_image = images[0]
         text = str(first_image.get("url") or first_image.get("media_id") or "")
+        output_data = {"type": "image", "images": images}
+        agent = resolve_agent(turn.agent_name)
+        # The output policy judges the answer as it would a model's (behaviour §3.12 step 6, §3.9).
+        audit = await audit_answer(
+            turn, agent, Result.build(text=text, output_data=output_data), f"paint:{turn.id}", store=store
+        )
         message = await persist_media_message(
             store,
-            _claim_fence(turn.id, token),
+            fence,
             turn,
             result,
             None,
@@ -87,13 +108,18 @@ async def paint_turn(
             parts=parts,
             metadata={},
             output_data=None,
-            finish=_completion(turn, text, {"type": "image", "images": images}),
+            extra_charges=[(judge.usage, judge.cost) for judge in audit.charges] if audit else (),
+            finish=_completion(turn, text, output_data, agent=agent, audit=audit),
         )
     except Exception as err:
         await _fail(tk, turn, err)
         raise
     await emit_image_completed(turn, described(message), request.metadata)
-    return await _finished(tk, turn)
+    finished = await _finished(tk, turn)
+    if finished.status == "failed" and finished.error is not None:
+        # Fail mode and a dirty audit: the turn failed with it (its output recorded), and the error is raised.
+        raise OutputAudit(str(finished.error.get("message") or ""), finished.error.get("policy_audit"))
+    return finished
 
 
 async def view_media_turn(
@@ -130,11 +156,15 @@ async def view_media_turn(
             params=dict(params or {}),
             metadata=chosen_metadata,
         )
-        result, analyses = await analyse(turn, _chosen(client, turn, "view_media"), request, ref)
+        fence = _claim_fence(turn.id, token)
+        result = await ask_view_media(turn, _chosen(client, turn, "view_media"), request, ref)
+        analyses = await charged_if_unusable(
+            store, fence, turn, result, None, lambda: analyses_of(result, request, ref)
+        )
         found = [dict(part) for part in analyses]
         message = await persist_media_message(
             store,
-            _claim_fence(turn.id, token),
+            fence,
             turn,
             result,
             None,
@@ -182,19 +212,42 @@ def _claim_fence(turn_id: str, token: str) -> Fence:
 
 
 def _completion(
-    turn: TurnRecord, output_text: str, output_data: dict[str, Any]
+    turn: TurnRecord,
+    output_text: str,
+    output_data: dict[str, Any],
+    *,
+    agent: Agent | None = None,
+    audit: AnswerAudit | None = None,
 ) -> Callable[[StoreTx, MessageRecord], Awaitable[None]]:
+    """The terminal write. With an ``audit``: ``state.policy_audit`` is recorded and the agent's mode decides, as
+    ``complete_with_output`` does (behaviour §3.2 phase output): ``fail`` with a dirty audit fails the turn with
+    ``TurnKit::OutputAudit`` (the output still recorded); otherwise it completes. There is no model to ask for a
+    revision, so ``revise`` ends like ``report`` (as it does once its revisions are used)."""
+
     async def finish(tx: StoreTx, message: MessageRecord) -> None:
-        await tx.claim_turn(
+        status, error, updates = "completed", None, {}
+        if audit is not None and agent is not None:
+            current = await tx.load_turn(turn.id)
+            state = current.state.model_copy(update={"policy_audit": audit.result.to_dict()})
+            current = await tx.update_turn(turn.id, options=current.options.with_state(state))
+            status, error = publication(agent, current)
+            updates = {"error": error} if error is not None else {}
+        ended = await tx.claim_turn(
             turn.id,
             from_="running",
-            to="completed",
+            to=status,
             output_text=output_text,
             output_data=output_data,
             completed_at=utcnow(),
             claim_token=None,
+            **updates,
         )
-        announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=output_text)
+        if audit is not None:
+            announce_audit_in(tx, turn, audit, published=True)  # before the turn's own event
+        if status == "completed":
+            announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=output_text)
+        else:
+            announce(tx, "turn.failed", turn.id, turn.conversation_id, error=(ended.error if ended else error))
 
     return finish
 

@@ -1,7 +1,8 @@
 """``paint`` and ``view_media`` inside a running turn, and the tools that call them (behaviour §3.12, §4.3).
 
 Both run inside a tool's activity (the turn is ``running``; no claim is taken). Steps: the ``*.requested`` event,
-the client call, then one transaction that checks the tool execution is still open (fenced like
+the client call (an answer with no usable image or analysis is charged, then its error raised:
+:func:`charged_if_unusable`), then one transaction that checks the tool execution is still open (fenced like
 :meth:`ToolContext.say`), appends an assistant ``image`` / ``media_analysis`` message and charges the call's usage
 and cost to the turn (:func:`turnkit.charges.charge_turn`); then ``message.created`` and ``*.completed``. A charge
 that takes the tree over ``max_spend`` raises ``BudgetError "cost limit reached"`` once committed (§3.12 step 3):
@@ -18,19 +19,19 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
 from turnkit.agent import resolve_agent
 from turnkit.charges import charge_turn, tree_spend_denial
-from turnkit.cost import cost_from_usage
+from turnkit.cost import Cost, cost_from_usage
 from turnkit.errors import BudgetError, ConfigError, Error, LostClaim, RecordNotFound
 from turnkit.events import announce_message, emit
 from turnkit.media import MediaInput, media_part
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
-from turnkit.model import Client, Result
+from turnkit.model import Client, Result, Usage
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx
 from turnkit.tools import Tool, ToolContext
@@ -73,13 +74,15 @@ async def view_media_in_turn(
         metadata=dict(metadata or {}),
     )
     message_id = _message_id(context, "view_media", ref["media_id"], objective)
-    done = await _existing(store, message_id)
+    done = await _existing(store, turn, message_id)
     if done is not None:
-        await _within_spend(store, turn)
         return done
     media_client = client_with(client or agent.effective_client, "view_media")
     try:
-        result, analyses = await analyse(turn, media_client, request, ref)
+        result = await ask_view_media(turn, media_client, request, ref)
+        analyses = await charged_if_unusable(
+            store, _execution_fence(context), turn, result, message_id, lambda: analyses_of(result, request, ref)
+        )
     except Exception as err:
         await emit("media.failed", turn.id, turn.conversation_id, error=str(err), metadata=request.metadata)
         raise
@@ -139,12 +142,14 @@ async def paint_in_turn(
         metadata=dict(metadata or {}),
     )
     message_id = _message_id(context, "paint", prompt, model)
-    done = await _existing(store, message_id)
+    done = await _existing(store, turn, message_id)
     if done is not None:
-        await _within_spend(store, turn)
         return done
     image_client = client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
-    result, parts = await generate(store, turn, image_client, request)
+    result = await generate(turn, image_client, request)
+    parts = await charged_if_unusable(
+        store, _execution_fence(context), turn, result, message_id, lambda: stored_images(store, result, request)
+    )
     message = await persist_media_message(
         store,
         _execution_fence(context),
@@ -164,41 +169,46 @@ async def paint_in_turn(
 # -- the call and its events (shared with the standalone mode, turnkit.media_standalone) ---------------------------
 
 
-async def analyse(
-    turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]
-) -> tuple[Result, list[dict[str, Any]]]:
-    """``media.requested``, the client's ``view_media``, and its ``media_analysis`` parts (media without bytes).
+async def ask_view_media(turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]) -> Result:
+    """``media.requested`` and the client's ``view_media`` (steps 1-2; the answer is taken by :func:`analyses_of`)."""
+    described_request = request.model_dump(exclude={"media"}) | {"media": ref}
+    await emit("media.requested", turn.id, turn.conversation_id, request=described_request)
+    return await client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+async def analyses_of(result: Result, request: ViewMediaRequest, ref: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``view_media`` answer's ``media_analysis`` parts (media without bytes).
 
     Raises:
         Error: ``"media client returned no media analysis"``.
     """
-    described_request = request.model_dump(exclude={"media"}) | {"media": ref}
-    await emit("media.requested", turn.id, turn.conversation_id, request=described_request)
-    result: Result = await client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
     analyses = analysis_parts(result)
     for part in analyses:
         part["media"] = {**{k: v for k, v in dict(part.get("media") or {}).items() if k != "data"}, **ref}
         part.setdefault("model", result.model or request.model)
         part["usage"] = result.usage.to_record()
         part["metadata"] = request.metadata
-    return result, analyses
+    return analyses
 
 
-async def generate(
-    store: Store, turn: TurnRecord, client: Client, request: PaintRequest
-) -> tuple[Result, list[dict[str, Any]]]:
-    """``image.requested``, the client's ``paint``, and its ``image`` parts with the bytes stored (references only).
-
-    Raises:
-        Error: ``"image client returned no image"`` / ``"image client returned image without url or data"``.
-    """
+async def generate(turn: TurnRecord, client: Client, request: PaintRequest) -> Result:
+    """``image.requested`` and the client's ``paint`` (steps 1-2; the answer is taken by :func:`stored_images`)."""
     await emit(
         "image.requested",
         turn.id,
         turn.conversation_id,
         request=request.model_dump(exclude={"input_images", "mask"}),
     )
-    result: Result = await client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
+    return await client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+async def stored_images(store: Store, result: Result, request: PaintRequest) -> list[dict[str, Any]]:
+    """A ``paint`` answer's ``image`` parts with their bytes stored (references only).
+
+    Raises:
+        Error: ``"image client returned no image"`` / ``"image client returned image without url or data"`` / ``"image
+            client returned image data that is not base64"``.
+    """
     parts: list[dict[str, Any]] = []
     for part in image_parts(result):
         stored: dict[str, Any] = {}
@@ -216,7 +226,45 @@ async def generate(
                 "metadata": request.metadata,
             }
         )
-    return result, parts
+    return parts
+
+
+async def charged_if_unusable(
+    store: Store,
+    fence: Fence,
+    turn: TurnRecord,
+    result: Result,
+    call_id: str | None,
+    take: Callable[[], Awaitable[list[dict[str, Any]]]],
+) -> list[dict[str, Any]]:
+    """The answer's parts (``take``); an answer it refuses (an :class:`Error`: no image, no analysis) is charged
+    first (behaviour §3.12: step 3, the charge, comes before step 4, the check), then its error is raised.
+
+    The charge is one fenced transaction under the root's lock; with a ``call_id`` (a tool's call: the message id
+    its retried attempts share) it also records the id in ``state.unusable_media_calls``, so a retried attempt
+    raises the same error without calling or charging again (:func:`_existing`).
+
+    Raises:
+        BudgetError: ``"cost limit reached"``: the charge took the tree over ``max_spend`` (step 3 raises first).
+        Error: The answer's own error.
+    """
+    try:
+        return await take()
+    except Error as err:
+        cost = cost_from_usage(result.usage, result.model)
+        async with store.atomic(turn_id=turn.root_turn_id) as tx:
+            await fence(tx)
+            current = await tx.load_turn(turn.id)
+            updates: dict[str, Any] = {}
+            if call_id is not None:
+                unusable = {**current.state.unusable_media_calls, call_id: str(err)}
+                state = current.state.model_copy(update={"unusable_media_calls": unusable})
+                updates["options"] = current.options.with_state(state)
+            charged = await charge_turn(tx, current, result.usage, cost, **updates)
+            denial = await tree_spend_denial(tx, charged)
+        if denial is not None:
+            raise BudgetError(denial) from err
+        raise
 
 
 async def emit_media_completed(
@@ -294,12 +342,21 @@ def _message_id(context: ToolContext, operation: str, *key: str) -> str:
     return f"msg_{digest[:24]}"
 
 
-async def _existing(store: Store, message_id: str) -> dict[str, Any] | None:
+async def _existing(store: Store, turn: TurnRecord, message_id: str) -> dict[str, Any] | None:
+    """What an earlier attempt of this call committed: its result, or (over ``max_spend``, or for a charged answer
+    that was unusable) the error it raised; None when it committed nothing."""
     async with store.atomic() as tx:
         try:
-            return described(await tx.load_message(message_id))
+            found = described(await tx.load_message(message_id))
         except RecordNotFound:
-            return None
+            found = None
+    unusable = turn.state.unusable_media_calls.get(message_id)
+    if found is None and unusable is None:
+        return None
+    await _within_spend(store, turn)
+    if unusable is not None:
+        raise Error(unusable)
+    return found
 
 
 def described(message: MessageRecord) -> dict[str, Any]:
@@ -332,9 +389,11 @@ async def persist_media_message(
     parts: list[dict[str, Any]],
     metadata: Mapping[str, Any],
     output_data: Any,
+    extra_charges: Sequence[tuple[Usage, Cost]] = (),
     finish: Callable[[StoreTx, MessageRecord], Awaitable[None]] | None = None,
 ) -> MessageRecord:
-    """Fence, append the message, charge the turn (and ``finish``), in one transaction under the root's lock.
+    """Fence, append the message, charge the turn (and ``extra_charges``: a standalone paint's judge calls; then
+    ``finish``), in one transaction under the root's lock.
 
     A tool's message carries ``tool_execution_id`` in its metadata, as ToolContext.say does: the column of that
     name marks the execution's tool-result message.
@@ -358,6 +417,8 @@ async def persist_media_message(
             metadata=dict(metadata) | ({"output_data": output_data} if output_data is not None else {}),
         )
         charged = await charge_turn(tx, await tx.load_turn(turn.id), result.usage, cost)
+        for usage, extra in extra_charges:
+            charged = await charge_turn(tx, charged, usage, extra)
         denial = await tree_spend_denial(tx, charged)
         announce_message(tx, message)
         if finish is not None and denial is None:

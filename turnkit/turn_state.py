@@ -115,6 +115,10 @@ class TurnState(BaseModel):
     #: The terminal tool execution whose answer was audited last: a retried ``turnkit.finish_turn`` that finds it
     #: here committed that audit already (and, after a revision request, must not ask for a second one).
     audited_execution_id: str | None = None
+    #: Media calls charged although their answer was unusable (no image, no analysis; behaviour §3.12 step 3 before
+    #: step 4): the call's message id → its error. A retried attempt that finds its id here raises that error again
+    #: instead of calling the client and charging a second time.
+    unusable_media_calls: dict[str, str] = Field(default_factory=dict[str, str])
 
     @property
     def holds_answer(self) -> bool:
