@@ -68,6 +68,9 @@ _SERVER_AWAY = frozenset(
         RPCStatusCode.INTERNAL,
     }
 )
+#: The server aborted an update because the workflow task that carried it failed (e.g. it completed with a command
+#: that new events made stale): the update was never accepted, and repeating it is safe (same update id).
+_UPDATE_ABORTED = "unexpected workflow task failure"
 #: How long a submission (or a delivery's signal) is repeated while the server is away before the caller gets a
 #: TurnKit error.
 SUBMIT_RECONNECT_WINDOW = 60.0
@@ -852,7 +855,8 @@ async def _while_server_away(call: Callable[[], Awaitable[None]], what: str) -> 
             await call()
             return
         except RPCError as err:
-            if err.status not in _SERVER_AWAY or loop.time() >= give_up:
+            retryable = err.status in _SERVER_AWAY or _UPDATE_ABORTED in err.message
+            if not retryable or loop.time() >= give_up:
                 raise errors.Error(f"{what} failed: {err.message}{registration_hint(err.message)}") from err
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)

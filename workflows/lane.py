@@ -111,6 +111,8 @@ class ConversationWorkflow:
         self._writing = asyncio.Lock()
         # Start turns with search attributes and add the agent's (set when run() starts).
         self._search = False
+        # The history length of the workflow task in which a submit last completed (None: none in this run).
+        self._submitted_in: int | None = None
 
     # Messages -------------------------------------------------------------------------------------------------------
 
@@ -143,6 +145,8 @@ class ConversationWorkflow:
                 # A sub-agent's turn runs here: its end (`wake`) lets the queue go on. A wake that came meanwhile
                 # asked for a re-check (patched), which runs after this handler releases the write lock.
                 self._held = True
+            # Completed in this workflow task: the lane does not continue as new in it (see _before_rollover).
+            self._submitted_in = workflow.info().get_current_history_length()
             if ticket.turn_id not in self._recent_turns:  # a retried submit is not queued twice
                 self._queue.append(
                     QueuedTurn(
@@ -234,7 +238,7 @@ class ConversationWorkflow:
                 continue
             if turn is not None:
                 if self._busy_rollover_due():
-                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    await self._before_rollover()
                     if not turn.done():
                         workflow.continue_as_new(self._carry(active=self._active_turn))
                 continue
@@ -247,10 +251,27 @@ class ConversationWorkflow:
             if not self._should_continue_as_new():
                 continue
             # Idle and due for a fresh run: let in-flight handlers land first, then roll over.
-            await workflow.wait_condition(workflow.all_handlers_finished)
+            await self._before_rollover()
             if (self._queue or self._pending_deliveries) and not self._held:
                 continue
             workflow.continue_as_new(self._carry(active=None))
+
+    async def _before_rollover(self) -> None:
+        """Wait until continuing as new is safe: every handler has finished, and (patch ``local-store-calls``) no
+        submit completed in this workflow task.
+
+        A submit's store call is local, so its update is accepted and completed in the task that ran it. If that
+        task also continued as new and the server then refused the task (an event arrived meanwhile, e.g. the
+        turn's end: "unhandled command"), the update would be aborted although its turn row is committed. A task of
+        its own for the rollover (a 1 ms timer) keeps every accepted submit in the history.
+        """
+        while True:
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            if self._submitted_in != workflow.info().get_current_history_length():
+                return
+            if not workflow.patched(LOCAL_STORE_CALLS):
+                return  # a history from before the patch continued as new in such a task: replay it as it ran
+            await workflow.sleep(timedelta(milliseconds=1), summary="roll over in a task of its own")
 
     def _carry(self, *, active: QueuedTurn | None) -> LaneInput:
         """The next run's input: everything this run keeps in memory."""
