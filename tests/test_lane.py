@@ -6,14 +6,13 @@ import asyncio
 from itertools import pairwise
 from typing import Any
 
-from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 import turnkit
 from tests.engine import Engine, eventually, held_tool
 from tests.history_scenarios import activity_types
+from tests.test_lost_completions import LocalAttemptFault
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -100,27 +99,6 @@ async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered
 # -- store calls: local first, a regular activity when the local attempts fail -----------------------------------------
 
 
-class FailLocalAttempts(Interceptor):
-    """Fails every *local* attempt of one activity type before its body runs (the store away for a moment)."""
-
-    def __init__(self, activity_type: str) -> None:
-        self.activity_type = activity_type
-        self.failed = 0
-
-    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
-        owner = self
-
-        class Inbound(ActivityInboundInterceptor):
-            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-                info = activity.info()
-                if info.is_local and info.activity_type == owner.activity_type:
-                    owner.failed += 1
-                    raise ConnectionRefusedError("the store is away (test fault)")
-                return await self.next.execute_activity(input)
-
-        return Inbound(next)
-
-
 async def _lane_events(tk: TurnKit, conversation_id: str) -> list[HistoryEvent]:
     return list((await tk.client.get_workflow_handle(conversation_id).fetch_history()).events)
 
@@ -143,7 +121,7 @@ async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task
 async def test_a_store_call_whose_local_attempts_fail_runs_again_as_an_activity(engine: Engine) -> None:
     """Issue 9: when the local attempts of ``turnkit.submit_turn`` fail (the store blinked), the lane runs it again as
     a regular activity with the store's retry policy; the turn completes, written once."""
-    fault = FailLocalAttempts("turnkit.submit_turn")
+    fault = LocalAttemptFault("turnkit.submit_turn", after_body=False)
     async with engine.tk.worker(interceptors=[fault]):
         client = ScriptedClient(["still here"])
         conversation = await engine.tk.conversation(turnkit.Agent("blink", model="scripted", client=client))

@@ -178,22 +178,28 @@ async def test_at_most_once_attempt_failing_outside_the_tool_is_interrupted(engi
     assert effects == {"refuse": 1}
 
 
-class LoseLocalCompletion(Interceptor):
-    """Fails the *local* attempt of one activity type after its body committed (its fallback activity runs again)."""
+class LocalAttemptFault(Interceptor):
+    """Fails the *local* attempt of one activity type (patch local-store-calls): before its body runs (the store is
+    away) or after its body committed (its completion is lost). The call's fallback activity runs it again."""
 
-    def __init__(self, activity_type: str) -> None:
+    def __init__(self, activity_type: str, *, after_body: bool) -> None:
         self.activity_type = activity_type
-        self.lost = 0
+        self.after_body = after_body
+        self.failed = 0
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         owner = self
 
         class Inbound(ActivityInboundInterceptor):
             async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-                result = await self.next.execute_activity(input)
                 info = activity.info()
-                if info.is_local and info.activity_type == owner.activity_type:
-                    owner.lost += 1
+                hit = info.is_local and info.activity_type == owner.activity_type
+                if hit and not owner.after_body:
+                    owner.failed += 1
+                    raise ConnectionRefusedError("the store is away (test fault)")
+                result = await self.next.execute_activity(input)
+                if hit:
+                    owner.failed += 1
                     raise RuntimeError(f"completion of local {info.activity_type} lost after its commit (test fault)")
                 return result
 
@@ -206,7 +212,7 @@ async def test_a_wake_whose_local_attempt_lost_its_completion_runs_the_turn_it_c
     posted message is answered once and no pending turn is orphaned."""
     client = ScriptedClient(["woken done"])
     agent = turnkit.Agent("inbox", model="scripted", client=client)
-    lose = LoseLocalCompletion("turnkit.deliver")
+    lose = LocalAttemptFault("turnkit.deliver", after_body=True)
     async with engine.tk.worker(interceptors=[lose]):
         conversation = await engine.tk.conversation(agent)
         await conversation.post("wake up", key="wake-1")
@@ -216,7 +222,7 @@ async def test_a_wake_whose_local_attempt_lost_its_completion_runs_the_turn_it_c
             return bool(turns) and all(t.record.terminal for t in turns)
 
         await eventually(settled, timeout=60, what="the woken turn to end")
-    assert lose.lost >= 1, "no local completion of turnkit.deliver was lost: the fault was not injected"
+    assert lose.failed >= 1, "no local completion of turnkit.deliver was lost: the fault was not injected"
     [turn] = await conversation.turns()
     assert (turn.record.status, turn.record.output_text) == ("completed", "woken done")
     assert client.calls == 1
