@@ -354,8 +354,8 @@ async def main(args: argparse.Namespace) -> None:
     report_trips(trips, args.sequential)
     if stats is not None:
         report_profile(stats, args.turns, args.top)
-        if os.environ.get("TURNKIT_PROFILE_DUMP"):
-            stats.dump_stats(os.environ["TURNKIT_PROFILE_DUMP"])
+        if args.dump:
+            stats.dump_stats(args.dump)  # for pstats: callers, callees
 
 
 async def _warm_up(system: System, args: argparse.Namespace) -> None:
@@ -378,6 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="back-to-back warm-up turns (default 5)")
     parser.add_argument("--top", type=int, default=30, help="functions listed per table (default 30)")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="skip the cProfile round")
+    parser.add_argument("--dump", metavar="FILE", help="also write the profile's pstats to FILE")
     parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
     return parser.parse_args(argv)
 

@@ -96,7 +96,7 @@ async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered
     assert request[1] == {"role": "assistant", "content": "let me check"}  # the call is dropped, its text kept
 
 
-# -- store calls: local first, a regular activity when the local attempts fail -----------------------------------------
+# -- store calls: one local attempt, then a regular activity when it fails -----------------------------------------
 
 
 async def _lane_events(tk: TurnKit, conversation_id: str) -> list[HistoryEvent]:
@@ -118,8 +118,8 @@ async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task
     assert kinds[:start].count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1, "the turn started in a later task"
 
 
-async def test_a_store_call_whose_local_attempts_fail_runs_again_as_an_activity(engine: Engine) -> None:
-    """Issue 9: when the local attempts of ``turnkit.submit_turn`` fail (the store blinked), the lane runs it again as
+async def test_a_store_call_whose_local_attempt_fails_runs_again_as_an_activity(engine: Engine) -> None:
+    """Issue 9: when the local attempt of ``turnkit.submit_turn`` fails (the store blinked), the lane runs it again as
     a regular activity with the store's retry policy; the turn completes, written once."""
     fault = LocalAttemptFault("turnkit.submit_turn", after_body=False)
     async with engine.tk.worker(interceptors=[fault]):
