@@ -39,7 +39,7 @@ def turnkit_replayer() -> Replayer:
     ``TurnKitPlugin`` itself registers ``ALL_WORKFLOWS``; passing them again would register every workflow twice
     (``ValueError: More than one workflow named ...``), so the replayer gets them from the plugin only.
     """
-    replayer = Replayer(workflows=[], plugins=[TurnKitPlugin()])
+    replayer = Replayer(workflows=[], plugins=[TurnKitPlugin(strict_sandbox=True)])
     assert list(replayer.config(active_config=True).get("workflows", [])) == ALL_WORKFLOWS
     return replayer
 
@@ -135,3 +135,23 @@ async def test_changed_workflow_fails_replay() -> None:
     )
     with pytest.raises(workflow.NondeterminismError, match=r"'turnkit\.model' does not match"):
         await replayer.replay_workflow(load_history(paths[-1]))
+
+
+# -- the sandbox ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strict", [True, False])
+async def test_strict_sandbox_runs_workflow_code_from_source(monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
+    """The replayers' strict sandbox re-imports ``workflows/`` for every run, so the sandbox's checks apply to it; a
+    worker's plugin shares the host's import (cheaper), so a change to the host module reaches its runs."""
+    import workflows.store_calls
+
+    path = next(p for p in HISTORIES if p.name == "lane-two-turns-ConversationWorkflow-v5.json")
+    monkeypatch.setattr(workflows.store_calls, "LOCAL_STORE_CALLS", "a-patch-never-recorded")
+    register_scenario_agents()
+    replayer = Replayer(workflows=[], plugins=[TurnKitPlugin(strict_sandbox=strict)])
+    if strict:
+        await replayer.replay_workflow(load_history(path))
+    else:
+        with pytest.raises(workflow.NondeterminismError):
+            await replayer.replay_workflow(load_history(path))

@@ -21,10 +21,14 @@ from turnkit.tracing import tracing_interceptors
 if TYPE_CHECKING:
     from turnkit.tracing import Tracing
 
-__all__ = ["PASSTHROUGH_MODULES", "TurnKitPlugin"]
+__all__ = ["PASSTHROUGH_MODULES", "WORKFLOW_MODULES", "TurnKitPlugin"]
 
 #: Modules the workflow sandbox imports once, from the host: pure models and definitions (no re-import per run).
 PASSTHROUGH_MODULES = ("turnkit", "pydantic", "pydantic_core", "annotated_types", "sqlalchemy", "activities")
+
+#: TurnKit's workflow code. A worker imports it once, from the host, like the modules above (``strict_sandbox=False``);
+#: the strict sandbox re-imports it for every workflow run instead (docs/design.md, "The workflow sandbox").
+WORKFLOW_MODULES = ("workflows",)
 
 
 def _sandbox(*extra: str) -> Callable[[WorkflowRunner | None], WorkflowRunner]:
@@ -51,13 +55,25 @@ class TurnKitPlugin(SimplePlugin):
             tool's own task queue (``@tool(task_queue="gpu")``, ``worker.py --queue gpu --only tools``). It runs
             whatever tool calls are scheduled on its queue: the tools whose ``task_queue`` is that queue, and on a
             turns' queue the tools without one. Needs ``store``: a tool call's records are written where it runs.
+        strict_sandbox: Re-import TurnKit's workflow code (``workflows/``) in the sandbox for every workflow run, so
+            that a call the sandbox forbids (the clock, randomness, I/O) raises there. The replayers (``turnkit
+            replay``, the replay tests) use it. Off (the default), a worker imports it once, like the pure modules it
+            uses: the sandbox still runs each workflow with its own globals and restricted builtins, and a workflow
+            run costs about a quarter less CPU (docs/design.md, "The workflow sandbox").
 
     Raises:
         InputError: ``tracing`` is not one of these.
         ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store.
     """
 
-    def __init__(self, store: Store | None = None, *, tracing: Tracing = False, tools_only: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        tracing: Tracing = False,
+        tools_only: bool = False,
+        strict_sandbox: bool = False,
+    ) -> None:
         # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
         from activities import build_activities, build_tool_activities
@@ -75,11 +91,12 @@ class TurnKitPlugin(SimplePlugin):
         if store is not None:
             # Deterministic store failures are not retried, in every activity (issue 8 item 1).
             interceptors.append(StoreFailureInterceptor())
+        shared = [*(() if strict_sandbox else WORKFLOW_MODULES), *(("opentelemetry",) if traced else ())]
         super().__init__(
             "turnkit.TurnKitPlugin",
             data_converter=pydantic_data_converter,
             workflows=None if tools_only else ALL_WORKFLOWS,
             activities=activities,
             interceptors=interceptors or None,
-            workflow_runner=_sandbox("opentelemetry") if traced else _sandbox(),
+            workflow_runner=_sandbox(*shared),
         )

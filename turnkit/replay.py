@@ -1,6 +1,7 @@
 """``turnkit replay``: replay recorded workflow histories on today's code, configured exactly like a worker.
 
-The replayer is ``Replayer(workflows=[], plugins=[TurnKitPlugin()])`` (the plugin registers the workflows). Each
+The replayer is ``Replayer(workflows=[], plugins=[TurnKitPlugin(strict_sandbox=True)])`` (the plugin registers the
+workflows; the strict sandbox re-imports them for every run, so a forbidden call in workflow code fails). Each
 history is replayed on its own, bounded by a timeout; a nondeterminism failure is reported with the SDK's own words
 (the recorded event and the command the code issued instead). ``TurnWorkflow`` reads tool retry policies from the
 agent registry while replaying, so the application's agents must be registered first (``--app``).
@@ -43,14 +44,16 @@ class ReplayOutcome:
 
 
 def turnkit_replayer(*, quiet: bool = False) -> Replayer:
-    """A replayer configured like a TurnKit worker (converter, sandbox pass-through, workflows).
+    """A replayer configured like a TurnKit worker (converter, sandbox pass-through, workflows), in the strict sandbox.
 
     ``quiet`` gives it its own SDK runtime that logs errors only: the SDK core warns about every failed workflow task,
     which :func:`report` already describes (for a command; a process needs only one such runtime).
     """
     from turnkit.plugin import TurnKitPlugin
 
-    return Replayer(workflows=[], plugins=[TurnKitPlugin()], runtime=_quiet_runtime() if quiet else None)
+    return Replayer(
+        workflows=[], plugins=[TurnKitPlugin(strict_sandbox=True)], runtime=_quiet_runtime() if quiet else None
+    )
 
 
 @functools.cache

@@ -52,8 +52,9 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.search_attributes import AGENT, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
-    from workflows.store_calls import LOCAL_STORE_CALLS, store_call
-    from workflows.turn import TurnWorkflow
+
+from workflows.store_calls import LOCAL_STORE_CALLS, store_call
+from workflows.turn import TurnWorkflow
 
 __all__ = ["RECENT_WINDOW", "ConversationWorkflow"]
 

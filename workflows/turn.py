@@ -53,7 +53,8 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
-    from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT, store_call
+
+from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT, store_call
 
 __all__ = ["TurnWorkflow"]
 
