@@ -15,19 +15,35 @@ UPDATE``; on SQLite every write transaction is ``BEGIN IMMEDIATE``, which serial
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
-from sqlalchemy import Select, Update, bindparam, delete, event, func, inspect, select, text, update
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy import (
+    Column,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    delete,
+    event,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import Connection, CursorResult, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import aliased
+from sqlalchemy.sql.schema import ColumnDefault
 
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_id
@@ -294,6 +310,9 @@ class StoreTx:
         self.store = store
         self.session = session
         self._locked: set[tuple[str, str]] = set()
+        # A turn's counted values (root, iterations, cost) as this transaction last read or wrote them, while no other
+        # writer can change them: a turn write counts its change from here instead of reading the row again.
+        self._turn_counts: dict[str, tuple[str, int, Decimal]] = {}
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     def after_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
@@ -350,8 +369,7 @@ class StoreTx:
             return await self._insert(row), True
         try:
             async with self.session.begin_nested():
-                self.session.add(row)
-                await self.session.flush()
+                await self._insert(row)
         except IntegrityError:
             found = await find()  # a concurrent creator won the unique index race: theirs is the row
             if found is None:
@@ -360,8 +378,28 @@ class StoreTx:
         return row, True
 
     async def _insert(self, row: _Row) -> _Row:
-        self.session.add(row)
-        await self.session.flush()
+        """INSERT a new row built as a mapped object, as one Core statement, and return the object with its columns
+        set (defaults and the generated primary key included).
+
+        Not through the ORM's unit of work: a flush (identity map, mapper events, post-fetch) cost about three times
+        the CPU of the statement itself, for objects nothing changes afterwards (CPU per turn, issue 9). The object
+        stays outside the session; a later ORM read of the same row in this transaction gets its own object.
+        """
+        table, columns = _insert_columns(type(row))
+        state = row.__dict__
+        values: dict[Any, Any] = {}
+        for key, column in columns:
+            if key in state:
+                values[column] = state[key]
+            elif isinstance(column.default, ColumnDefault) and not column.primary_key:
+                default: Any = column.default.arg
+                value = default(None) if callable(default) else default  # a callable default takes the context
+                setattr(row, key, value)
+                values[column] = value
+        result = cast(CursorResult[Any], await self.session.execute(insert(table).values(values)))
+        primary_key = result.inserted_primary_key
+        if primary_key is not None and getattr(row, "id", None) is None:
+            row.id = primary_key[0]  # pyright: ignore[reportAttributeAccessIssue]
         return row
 
     # Conversations -----------------------------------------------------------------------------------------------
@@ -474,8 +512,7 @@ class StoreTx:
             created_at=now,
             updated_at=now,
         )
-        self.session.add(row)
-        await self.session.flush()
+        await self._insert(row)
         return _message(row)
 
     async def latest_message_sequence(self, conversation_id: str) -> int:
@@ -603,12 +640,27 @@ class StoreTx:
         row = await self._read_one(_TURN_BY_UID, uid=turn_id)
         if row is None:
             raise RecordNotFound(f"turn not found: {turn_id}")
+        self._remember_counts(row)
         return _turn(row)
 
     async def find_turn(self, turn_id: str) -> TurnRecord | None:
         """The turn, or None when absent."""
         row = await self._read_one(_TURN_BY_UID, uid=turn_id)
-        return None if row is None else _turn(row)
+        if row is None:
+            return None
+        if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
+            self._locked.add(("turn", row.uid))  # an UPDATE holds the row's lock until the transaction ends
+        self._remember_counts(row)
+        return _turn(row)
+
+    def _remember_counts(self, row: Row[Any]) -> None:
+        """Keep a turn row's counted values for :meth:`_count_turn_change`, when they cannot change under us: on
+        SQLite the transaction holds the writer lock from its start; on PostgreSQL only a row this transaction has
+        locked (read after the lock, or written). Never inside a savepoint, which may roll back what it read."""
+        if self.session.in_nested_transaction():
+            self._turn_counts.pop(row.uid, None)
+        elif self.store.dialect != "postgresql" or ("turn", row.uid) in self._locked:
+            self._turn_counts[row.uid] = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
 
     async def find_child_turn(self, parent_tool_execution_id: str) -> TurnRecord | None:
         """The child turn a tool execution created (sub-agent delegation or launch), or None."""
@@ -660,9 +712,13 @@ class StoreTx:
         SELECT: CPU per turn, issue 9), else True when a row matched (a backend without ``UPDATE … RETURNING``), else
         None. The ORM's session synchronisation is unchanged (objects it holds see the same values)."""
         if not self.store.engine.dialect.update_returning:
+            self._turn_counts.clear()
             return True if _rowcount(await self.session.execute(statement)) else None
         row = (await self.session.execute(statement.returning(*_TURN_COLUMNS))).one_or_none()
-        return None if row is None else _turn(row)
+        if row is None:
+            return None
+        self._remember_counts(row)
+        return _turn(row)
 
     # Root-tree counters (behaviour §6.3): the sums over a tree's records, kept on its root row ----------------------
 
@@ -708,19 +764,23 @@ class StoreTx:
         """
         if "options" not in values and "cost" not in values:
             return None, 0, _ZERO
-        query = select(TurnRow.root_turn_uid, TurnRow.options, TurnRow.cost).where(TurnRow.uid == turn_id)
-        if self.store.dialect == "postgresql":
-            query = query.with_for_update()
-            self._locked.add(("turn", turn_id))
-        row = (await self.session.execute(query)).one_or_none()
-        if row is None:
-            return None, 0, _ZERO
-        iterations = _iterations(values["options"]) - _iterations(row.options) if "options" in values else 0
-        cost = _money(values["cost"]) - _money(row.cost) if "cost" in values else _ZERO
-        if row.root_turn_uid == turn_id:
+        known = self._turn_counts.get(turn_id)
+        if known is None:
+            query = select(TurnRow.root_turn_uid, TurnRow.options, TurnRow.cost).where(TurnRow.uid == turn_id)
+            if self.store.dialect == "postgresql":
+                query = query.with_for_update()
+                self._locked.add(("turn", turn_id))
+            row = (await self.session.execute(query)).one_or_none()
+            if row is None:
+                return None, 0, _ZERO
+            known = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
+        root, old_iterations, old_cost = known
+        iterations = _iterations(values["options"]) - old_iterations if "options" in values else 0
+        cost = _money(values["cost"]) - old_cost if "cost" in values else _ZERO
+        if root == turn_id:
             values.update(_tree_increments(iterations, cost))
             return None, 0, _ZERO
-        return row.root_turn_uid, iterations, cost
+        return root, iterations, cost
 
     async def _count_execution(self, turn_id: str, tool_name: str, delta: int) -> None:
         """Add ``delta`` (+1 or -1) counted executions of ``tool_name`` by ``turn_id`` to its root's totals.
@@ -1286,6 +1346,13 @@ def _tree_increments(iterations: int, cost: Decimal) -> dict[str, Any]:
     if cost:
         values["tree_cost"] = func.round(TurnRow.tree_cost + cost, 6)
     return values
+
+
+@functools.cache
+def _insert_columns(mapped: type[Any]) -> tuple[Table, tuple[tuple[str, Column[Any]], ...]]:
+    """A mapped class's table and its ``(attribute key, column)`` pairs, for :meth:`StoreTx._insert`."""
+    mapper = inspect(mapped)
+    return mapper.local_table, tuple((attr.key, attr.columns[0]) for attr in mapper.column_attrs)
 
 
 def _money(value: Any) -> Decimal:
