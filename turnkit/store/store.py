@@ -26,6 +26,7 @@ from typing import Any, Final, TypeVar, cast
 
 from sqlalchemy import (
     Column,
+    Insert,
     Select,
     Table,
     Update,
@@ -33,7 +34,6 @@ from sqlalchemy import (
     delete,
     event,
     func,
-    insert,
     inspect,
     select,
     text,
@@ -385,18 +385,18 @@ class StoreTx:
         the CPU of the statement itself, for objects nothing changes afterwards (CPU per turn, issue 9). The object
         stays outside the session; a later ORM read of the same row in this transaction gets its own object.
         """
-        table, columns = _insert_columns(type(row))
+        statement, columns = _insert_columns(type(row))
         state = row.__dict__
-        values: dict[Any, Any] = {}
+        values: dict[str, Any] = {}
         for key, column in columns:
             if key in state:
-                values[column] = state[key]
+                values[column.key] = state[key]
             elif isinstance(column.default, ColumnDefault) and not column.primary_key:
                 default: Any = column.default.arg
                 value = default(None) if callable(default) else default  # a callable default takes the context
                 setattr(row, key, value)
-                values[column] = value
-        result = cast(CursorResult[Any], await self.session.execute(insert(table).values(values)))
+                values[column.key] = value
+        result = cast(CursorResult[Any], await self.session.execute(statement, values))
         primary_key = result.inserted_primary_key
         if primary_key is not None and getattr(row, "id", None) is None:
             row.id = primary_key[0]  # pyright: ignore[reportAttributeAccessIssue]
@@ -1349,10 +1349,12 @@ def _tree_increments(iterations: int, cost: Decimal) -> dict[str, Any]:
 
 
 @functools.cache
-def _insert_columns(mapped: type[Any]) -> tuple[Table, tuple[tuple[str, Column[Any]], ...]]:
-    """A mapped class's table and its ``(attribute key, column)`` pairs, for :meth:`StoreTx._insert`."""
+def _insert_columns(mapped: type[Any]) -> tuple[Insert, tuple[tuple[str, Column[Any]], ...]]:
+    """A mapped class's INSERT (built once: its compiled form is cached) and its ``(attribute key, column)`` pairs,
+    for :meth:`StoreTx._insert`."""
     mapper = inspect(mapped)
-    return mapper.local_table, tuple((attr.key, attr.columns[0]) for attr in mapper.column_attrs)
+    table: Table = mapper.local_table
+    return table.insert(), tuple((attr.key, attr.columns[0]) for attr in mapper.column_attrs)
 
 
 def _money(value: Any) -> Decimal:
