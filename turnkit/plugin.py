@@ -27,7 +27,7 @@ __all__ = ["PASSTHROUGH_MODULES", "WORKFLOW_MODULES", "TurnKitPlugin"]
 PASSTHROUGH_MODULES = ("turnkit", "pydantic", "pydantic_core", "annotated_types", "sqlalchemy", "activities")
 
 #: TurnKit's workflow code. A worker imports it once, from the host, like the modules above (``strict_sandbox=False``);
-#: the strict sandbox re-imports it for every workflow run instead (docs/design.md, "The workflow sandbox").
+#: the strict sandbox re-imports it for every workflow run instead (docs/design.md, "Why each piece is where it is").
 WORKFLOW_MODULES = ("workflows",)
 
 
@@ -58,8 +58,9 @@ class TurnKitPlugin(SimplePlugin):
         strict_sandbox: Re-import TurnKit's workflow code (``workflows/``) in the sandbox for every workflow run, so
             that a call the sandbox forbids (the clock, randomness, I/O) raises there. The replayers (``turnkit
             replay``, the replay tests) use it. Off (the default), a worker imports it once, like the pure modules it
-            uses: the sandbox still runs each workflow with its own globals and restricted builtins, and a workflow
-            run costs about a quarter less CPU (docs/design.md, "The workflow sandbox").
+            uses: the sandbox still runs each workflow with its own globals and restricted builtins, and a new
+            workflow run's sandbox costs ~0.4 ms of CPU instead of ~17 ms (``python -m bench.sandbox_cost``; see
+            docs/design.md, "Why each piece is where it is").
 
     Raises:
         InputError: ``tracing`` is not one of these.
