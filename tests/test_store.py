@@ -7,6 +7,7 @@ whole session, so tests only look at records they created (fresh ids, unique age
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -275,6 +276,29 @@ async def test_concurrent_claim_turn_exactly_one_wins(store: Store) -> None:
     stored = await store.load_turn(turn.id)
     assert stored.status == "running"
     assert stored.claim_token == winners[0].claim_token
+
+
+async def test_tree_cost_counts_from_the_row_as_written_over_not_as_read_unlocked(store: Store) -> None:
+    """Root-tree counters (issue 9, one read per turn write fewer): a turn write may count its change from the row its
+    transaction read, but on PostgreSQL only from a row it had locked; a cost another writer committed after an
+    unlocked read is counted from, not counted twice."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): no other writer commits inside a transaction")
+    conversation = await _conversation(store)
+    root = await _turn(store, conversation.id)
+    child = await _turn(store, conversation.id, root_turn_id=root.id)
+
+    async def other_writer() -> None:
+        async with store.atomic() as tx:
+            await tx.update_turn(child.id, cost=1.0)
+
+    async with store.atomic() as tx:
+        assert (await tx.find_turn(child.id)) is not None  # read without a lock: cost 0
+        # A task with a context of its own: its atomic() opens a second transaction instead of joining this one.
+        await asyncio.create_task(other_writer(), context=contextvars.Context())
+        await tx.update_turn(child.id, cost=3.0)
+    async with store.atomic() as tx:
+        assert (await tx.tree_usage(root.id)).cost == 3.0  # 1.0, then 3.0 over it: not 1.0 + 3.0
 
 
 async def test_claim_tool_execution_first_commit_wins(store: Store) -> None:

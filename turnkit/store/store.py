@@ -648,8 +648,6 @@ class StoreTx:
         row = await self._read_one(_TURN_BY_UID, uid=turn_id)
         if row is None:
             return None
-        if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
-            self._locked.add(("turn", row.uid))  # an UPDATE holds the row's lock until the transaction ends
         self._remember_counts(row)
         return _turn(row)
 
@@ -717,6 +715,8 @@ class StoreTx:
         row = (await self.session.execute(statement.returning(*_TURN_COLUMNS))).one_or_none()
         if row is None:
             return None
+        if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
+            self._locked.add(("turn", row.uid))  # the UPDATE holds the row's lock until the transaction ends
         self._remember_counts(row)
         return _turn(row)
 
