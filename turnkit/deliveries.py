@@ -28,7 +28,6 @@ __all__ = [
     "callback_verdict",
     "completion_delivery",
     "create_delivery",
-    "notify_completion",
     "pending_completion",
     "reconcile",
     "signal_delivery",
@@ -151,14 +150,6 @@ async def reconcile(store: Store, client: Client, task_queue: str, *, limit: int
     for delivery in pending:
         await signal_delivery(client, task_queue, delivery)
     return pending
-
-
-async def notify_completion(store: Store, client: Client, task_queue: str, turn_id: str) -> None:
-    """Signal the completion callback of a finished turn, if it has one still pending (idempotent)."""
-    async with store.atomic() as tx:
-        delivery = await pending_completion(tx, turn_id)
-    if delivery is not None:
-        await signal_delivery(client, task_queue, delivery)
 
 
 async def pending_completion(tx: StoreTx, turn_id: str) -> DeliveryRecord | None:

@@ -296,7 +296,7 @@ class TurnWorkflow:
     async def _delegate(self, turn: TurnInput, group: list[ToolCallRef]) -> DelegateResult:
         """Run a group of sub-agent calls as parallel child turns; their results are appended in call order."""
         self._resume_mark = self._resumes
-        plan = await self._store_activity(
+        plan = await store_call(
             "turnkit.delegate",
             _delegation(turn, group, launch=False),
             DelegateResult,
@@ -330,13 +330,13 @@ class TurnWorkflow:
         lost = [(c.id, e) for c, e in zip(children, ends, strict=True) if isinstance(e, ChildWorkflowError)]
         if lost and workflow.patched(TURN_ENDS_LOST_CHILDREN):
             for child_id, err in lost:
-                await self._store_activity(
+                await store_call(
                     "turnkit.end_turn",
                     EndTurn(turn_id=child_id, reason=ended_reason(err.cause)),
                     TurnOutcome,
                     summary="record abnormal end",
                 )
-        await self._store_activity(
+        await store_call(
             "turnkit.join",
             JoinChildren(
                 turn_id=turn.turn_id,
@@ -351,7 +351,7 @@ class TurnWorkflow:
     async def _launch(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``launch_agent``: record the child and start it abandoned (it outlives this turn); return at once."""
         self._resume_mark = self._resumes
-        plan = await self._store_activity(
+        plan = await store_call(
             "turnkit.delegate", _delegation(turn, [call], launch=True), DelegateResult, summary="launch_agent"
         )
         if plan.boundary is not None:
@@ -376,7 +376,7 @@ class TurnWorkflow:
 
     async def _wait_tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``wait_for``: wait rows in the store, woken by the targets' signals (or awaits on our own children)."""
-        plan = await self._store_activity(
+        plan = await store_call(
             "turnkit.wait",
             WaitRequest(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, call=call),
             WaitPlan,
@@ -385,7 +385,7 @@ class TurnWorkflow:
         if plan.settled:
             return ToolOutcome(outcome="done", execution_id=plan.execution_id, status="failed")
         await self._wait_for_targets(plan.unfinished_ids)
-        return await self._store_activity(
+        return await store_call(
             "turnkit.finish_wait",
             FinishWait(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, execution_id=plan.execution_id),
             ToolOutcome,
@@ -437,9 +437,6 @@ class TurnWorkflow:
         """A call cancelled with the turn is not a failure to record: unwind instead."""
         if self._cancelled or isinstance(err.cause, CancelledError):
             raise asyncio.CancelledError() from err
-
-    async def _store_activity(self, name: str, arg: Any, result_type: type[Any], *, summary: str) -> Any:
-        return await store_call(name, arg, result_type, summary=summary)
 
     async def _model(self, turn: TurnInput, iteration: int) -> ModelStep | TurnOutcome:
         self._resume_mark = self._resumes
