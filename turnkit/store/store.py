@@ -100,12 +100,16 @@ TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "s
 DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
-#: Every column of a turn row, by attribute (what ``_turn`` reads), for ``RETURNING``.
-_TURN_COLUMNS: Final = tuple(getattr(TurnRow, column.key) for column in TurnRow.__table__.columns)
-#: The same for a tool execution row (what ``_tool_execution`` reads).
-_EXECUTION_COLUMNS: Final = tuple(
-    getattr(ToolExecutionRow, attr.key) for attr in inspect(ToolExecutionRow).column_attrs
-)
+
+
+def _every_attribute(model: Any) -> tuple[Any, ...]:
+    """Every mapped column attribute of ``model`` (what its ``_turn``/``_tool_execution`` converter reads), for
+    ``RETURNING``."""
+    return tuple(getattr(model, attr.key) for attr in inspect(model).column_attrs)
+
+
+_TURN_COLUMNS: Final = _every_attribute(TurnRow)
+_EXECUTION_COLUMNS: Final = _every_attribute(ToolExecutionRow)
 
 
 # Hot reads (issue 9, CPU per turn): built once, with bind parameters, as Core selects of the table's columns named
