@@ -45,6 +45,7 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         children.wait,
         children.finish_wait,
         lane.lane_held,
+        lane.start_turn,
         lane.end_turn,
         lane.follow_turn,
     ]

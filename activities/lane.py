@@ -4,22 +4,29 @@
   (``deliver``, ``wake``) makes a held lane ask the store again, never release blindly.
 * ``turnkit.end_turn``: a turn workflow the lane ran ended abnormally (terminated, timed out, failed): record it
   ``failed`` unless its record is terminal already.
-* ``turnkit.follow_turn``: after the lane continued as new while a turn ran, has that turn ended? Registers the lane
-  as a waiter of the turn (its end signals the lane), and does what ``end_turn`` does if the turn's workflow closed
-  without a terminal record.
+* ``turnkit.start_turn``: start the lane's next turn as a workflow of its own (patch ``lane-starts-turns``), eagerly:
+  the start's reply hands the turn's first workflow task to this worker, so no task of the server's rate-limited
+  queues lies between the submit and the turn's first model call (docs/design.md, "Queue and start").
+* ``turnkit.follow_turn``: has that turn ended? Registers the lane as a waiter of the turn (its end signals the
+  lane), and does what ``end_turn`` does if the turn's workflow closed without a terminal record. The lane asks it
+  when no end signal came for a while, and after it continued as new while a turn ran.
 """
 
 from __future__ import annotations
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.deliveries import sub_agent_turn_active
-from turnkit.payloads import EndTurn, TurnOutcome
+from turnkit.payloads import EndTurn, StartTurn, TurnOutcome
 from turnkit.records import TERMINAL_TURN_STATUSES
+from turnkit.search_attributes import turn_search_attributes
 from turnkit.store.store import Store
 from turnkit.turn_end import fail_unfinished_turn
+from turnkit.workflow_names import TURN_WORKFLOW
 
 __all__ = ["LaneActivities"]
 
@@ -35,6 +42,39 @@ class LaneActivities:
         """Whether a sub-agent's turn is still active in the conversation (the lane keeps holding its queue)."""
         async with self.store.atomic() as tx:
             return await sub_agent_turn_active(tx, conversation_id)
+
+    @activity.defn(name="turnkit.start_turn")
+    async def start_turn(self, start: StartTurn) -> bool:
+        """Start the turn's workflow (workflow id = turn id) on the lane's task queue; True if this call started it.
+
+        Idempotent: a retried call (a local attempt that ran again, a workflow task retried after a crash) finds the
+        workflow, running or closed, and starts nothing (``REJECT_DUPLICATE``: a turn never runs twice). The turn's
+        end signals the lane (:func:`turnkit.deliveries.wake_lane`), so nothing is written here.
+        """
+        turn = start.turn
+        attributes = None
+        if start.search_attributes:
+            attributes = turn_search_attributes(
+                conversation_id=turn.conversation_id,
+                agent_name=turn.agent_name,
+                root_turn_id=turn.root_turn_id,
+                parent_turn_id=None,
+            )
+        try:
+            await activity.client().start_workflow(
+                TURN_WORKFLOW,
+                turn,
+                id=turn.turn_id,
+                task_queue=activity.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=f"turn · {turn.agent_name}",
+                search_attributes=attributes,
+                # The reply carries the turn's first workflow task when this worker has a free slot for it.
+                request_eager_start=True,
+            )
+        except WorkflowAlreadyStartedError:
+            return False
+        return True
 
     @activity.defn(name="turnkit.end_turn")
     async def end_turn(self, end: EndTurn) -> TurnOutcome:

@@ -26,6 +26,7 @@ from turnkit.payloads import LaneInput
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
 from turnkit.tools import Tool, ToolContext
+from turnkit.waits import TARGET_FINISHED_SIGNAL
 from workflows.lane import ConversationWorkflow
 
 __all__ = [
@@ -305,17 +306,52 @@ def activity_types(events: list[HistoryEvent]) -> list[str]:
 
 
 async def _lane_settled(tk: TurnKit, conversation_id: str, turns: int, *, timeout: float = 30.0) -> None:
-    """Wait until the lane has seen ``turns`` children complete and has no workflow task in flight.
+    """Wait until the lane has seen ``turns`` turns end and has no workflow task in flight.
 
-    Then its (still running) history ends at a completed workflow task, and a recording does not depend on timing.
+    A turn's end reaches the lane as its ``target_finished`` signal (patch ``lane-starts-turns``), or as the child's
+    completion in a lane that runs its turns as children. Then its (still running) history ends at a completed
+    workflow task, and a recording does not depend on timing.
     """
-    await _settled(
-        tk,
-        conversation_id,
-        {EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: turns},
-        what=f"lane after {turns} turn(s)",
-        timeout=timeout,
-    )
+    handle = tk.client.get_workflow_handle(conversation_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        events = list((await handle.fetch_history()).events)
+        if ends_at_completed_task(events) and len(turns_ended(events)) >= turns:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"{conversation_id} did not settle: lane after {turns} turn(s)")
+        await asyncio.sleep(0.05)
+
+
+async def _lane_started(tk: TurnKit, conversation_id: str, turns: int, *, what: str) -> None:
+    """Wait until the lane (its current run) has started ``turns`` turns and has no workflow task in flight."""
+    handle = tk.client.get_workflow_handle(conversation_id)
+
+    async def started() -> bool:
+        events = list((await handle.fetch_history()).events)
+        return ends_at_completed_task(events) and started_turns(events) >= turns
+
+    await eventually(started, what=what)
+
+
+def turns_ended(events: list[HistoryEvent]) -> set[str]:
+    """The turns whose end a lane's history shows: ``target_finished`` signals and completed children."""
+    ended: set[str] = set()
+    for event in events:
+        if event.event_type == SIGNALED:
+            signal = event.workflow_execution_signaled_event_attributes
+            if signal.signal_name == TARGET_FINISHED_SIGNAL and signal.input.payloads:
+                ended.add(json.loads(signal.input.payloads[0].data))
+        elif event.event_type == CHILD_COMPLETED:
+            ended.add(event.child_workflow_execution_completed_event_attributes.workflow_execution.workflow_id)
+    return ended
+
+
+def started_turns(events: list[HistoryEvent]) -> int:
+    """How many turns a lane's history started: ``turnkit.start_turn`` calls, or child starts in older lanes."""
+    children = sum(1 for e in events if e.event_type == CHILD_STARTED)
+    return children + activity_types(events).count("turnkit.start_turn")
 
 
 def _requests_text(client: ScriptedClient) -> list[str]:
@@ -325,7 +361,14 @@ def _requests_text(client: ScriptedClient) -> list[str]:
 
 ACTIVITY_COMPLETED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
 #: Events a completed workflow task's commands leave after its completion event.
-_RECORDED_WITH_TASK = (EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES, EventType.EVENT_TYPE_MARKER_RECORDED)
+_RECORDED_WITH_TASK = (
+    EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+    EventType.EVENT_TYPE_MARKER_RECORDED,
+    EventType.EVENT_TYPE_TIMER_STARTED,
+    EventType.EVENT_TYPE_TIMER_CANCELED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
+)
 #: The marker a local activity's result is recorded in (Temporal's Core SDK).
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 CHILD_STARTED = EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
@@ -490,7 +533,7 @@ async def delivery_wake(tk: TurnKit) -> list[Recorded]:
     conversation = await _conversation(tk, DELIVERY_AGENT, client)
     await conversation.post("wake up", key=f"{conversation.id}:wake-1")  # keys are global: unique per run
     await gate.wait_entered()
-    await _settled(tk, conversation.id, {CHILD_STARTED: 1}, what="the woken turn started")
+    await _lane_started(tk, conversation.id, 1, what="the woken turn started")
     await conversation.post("while you were busy", key=f"{conversation.id}:busy-1")
     # The busy lane holds the second delivery until the turn ends (one deliver activity so far: the wake).
     await _settled(tk, conversation.id, {SIGNALED: 2}, what="the second post held by the busy lane")
@@ -653,7 +696,7 @@ async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
     assert (zero.status, zero.output_text) == ("completed", "zero done"), zero.error
     first = await conversation.ask("first", wait=False)
     await gate.wait_entered()
-    await _settled(tk, conversation.id, {CHILD_STARTED: 2}, what="the first turn running")
+    await _lane_started(tk, conversation.id, 2, what="the first turn running")
     status = await handle.query(ConversationWorkflow.status)
     assert status.run_history_events <= ROLLOVER_EVENTS, status
     second = await conversation.ask("second", wait=False)

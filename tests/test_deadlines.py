@@ -23,15 +23,17 @@ from temporalio.worker import Worker
 import turnkit
 from activities.turns import ticket_of
 from tests.engine import eventually, start_turn_workflow
+from turnkit.agent import resolve_agent
 from turnkit.builtin_tools import wait_for
 from turnkit.controls import apply_cancel, apply_pause, apply_resume
-from turnkit.payloads import TurnOutcome
+from turnkit.payloads import LaneInput, QueuedTurn, TurnOutcome
 from turnkit.plugin import TurnKitPlugin
 from turnkit.records import TurnRecord
 from turnkit.store import Store
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.turn_options import turn_options
+from workflows.lane import FOLLOW_POLL, ConversationWorkflow
 from workflows.turn import TurnWorkflow
 
 
@@ -223,3 +225,54 @@ async def test_a_turn_paused_while_it_waits_outlives_its_deadline(
     record = await store.load_turn(waiter.id)
     assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
     assert client.calls == 1
+
+
+async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_the_store(
+    time_skipping: tuple[WorkflowEnvironment, Store],
+) -> None:
+    """Issue 9 (patch lane-starts-turns): a lane starts each turn as a workflow of its own and hears of its end from
+    the turn's terminal write. A turn terminated by hand writes nothing; with nobody in ``Turn.result()`` to record
+    it, the lane asks the store after ``FOLLOW_POLL`` (skipped here), which records the turn ``failed``, and the
+    next queued turn runs."""
+    env, store = time_skipping
+    waiter, _ = await waiter_on_a_silent_target(store)  # its agent's next answer, "never", goes to the second turn
+    async with store.atomic() as tx:
+        message = await tx.append_message(waiter.conversation_id, role="user", text="and then")
+        second = await tx.create_turn(
+            conversation_id=waiter.conversation_id,
+            agent_name=waiter.agent_name,
+            context_message_sequence=message.sequence,
+            options=turn_options(resolve_agent(waiter.agent_name), trigger_message_id=message.id, context={}),
+            submitted_at=utcnow(),
+        )
+    queue = [
+        QueuedTurn(turn_id=t.id, agent_name=t.agent_name, root_turn_id=t.root_turn_id, deadline=ticket_of(t).deadline)
+        for t in (waiter, second)
+    ]
+    async with turn_worker(env, store) as task_queue:
+        lane = await env.client.start_workflow(
+            ConversationWorkflow.run,
+            LaneInput(conversation_id=waiter.conversation_id, queue=queue),
+            id=waiter.conversation_id,
+            task_queue=task_queue,
+        )
+
+        async def waiting() -> bool:
+            return (await store.load_turn(waiter.id)).status == "waiting"
+
+        await eventually(waiting, what="the first turn waiting on its silent target")
+        await env.client.get_workflow_handle(waiter.id).terminate("operator")
+        await env.sleep(FOLLOW_POLL + timedelta(seconds=5))
+
+        async def second_done() -> bool:
+            return (await store.load_turn(second.id)).terminal
+
+        await eventually(second_done, what="the queued turn to run after the lane asked the store")
+        status = await lane.query(ConversationWorkflow.status)
+    first, done = await store.load_turn(waiter.id), await store.load_turn(second.id)
+    assert first.status == "failed" and first.error == {
+        "class": "TurnKit::Error",
+        "message": "turn workflow terminated",
+    }
+    assert (done.status, done.output_text) == ("completed", "never")
+    assert status.active_turn_id is None and status.queued_turn_ids == []

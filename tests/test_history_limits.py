@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 from itertools import pairwise
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
 from tests.faults import DevServer, dev_server
+from tests.history_scenarios import started_turns, turns_ended
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
@@ -123,13 +123,12 @@ async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in
         runs = await runs_of(tk.client, conversation.id)
         assert len(runs) >= 2 and set(runs[:-1]) == {"CONTINUED_AS_NEW"}, runs
         assert runs[-1] == "RUNNING"
-        # At least one rollover happened while a turn ran: its run's history ends with a started, unfinished child.
+        # At least one rollover happened while a turn ran: its run started a turn whose end it did not see.
         busy_rollovers = 0
         async for execution in tk.client.list_workflows(f"WorkflowId = '{conversation.id}'"):
             history = await tk.client.get_workflow_handle(conversation.id, run_id=execution.run_id).fetch_history()
-            kinds = [e.event_type for e in history.events]
-            started = kinds.count(EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED)
-            busy_rollovers += started > kinds.count(EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED)
+            events = list(history.events)
+            busy_rollovers += started_turns(events) > len(turns_ended(events))
         assert busy_rollovers >= 1
         assert await replay_closed_runs(tk.client, conversation.id) == len(runs) - 1  # the rollover paths replay
 

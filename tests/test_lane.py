@@ -96,6 +96,37 @@ async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered
     assert request[1] == {"role": "assistant", "content": "let me check"}  # the call is dropped, its text kept
 
 
+async def test_a_queued_turn_cancelled_before_it_started_does_not_hold_up_the_next(tk: TurnKit) -> None:
+    """Issue 9 (patch lane-starts-turns): the lane moves on at a turn's end signal, and ``cancel`` sends it for a
+    queued turn too; so when the busy turn ends, the cancelled one is passed over and the one after it runs at once,
+    not after the lane's ``FOLLOW_POLL`` (1 min) check of the store."""
+    release, hold = held_tool()
+
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        last = request.messages[-1]
+        if last["role"] == "user" and last["content"] == "busy":
+            return call_tools(("hold", {}))
+        return turnkit.Result.build(text=f"answered {last['content'] if last['role'] == 'user' else 'busy'}")
+
+    conversation = await tk.conversation(
+        turnkit.Agent("passes-over", model="scripted", tools=[hold], client=ScriptedClient(script))
+    )
+    busy = await conversation.ask("busy", wait=False)
+
+    async def holding() -> bool:
+        return any(m.kind == "tool_call" for m in await conversation.messages())
+
+    await eventually(holding, what="the busy turn's tool call")
+    cancelled = await conversation.ask("never", wait=False)
+    after = await conversation.ask("after", wait=False)
+    assert (await cancelled.cancel()).status == "cancelled"
+    release.set()
+    assert (await busy.result(timeout=30)).status == "completed"
+    done = await after.result(timeout=30)  # well under FOLLOW_POLL: no store check was needed
+    assert (done.status, done.output_text) == ("completed", "answered after")
+    assert (await cancelled.refresh()).status == "cancelled"
+
+
 # -- store calls: one local attempt, then a regular activity when it fails -----------------------------------------
 
 
@@ -104,18 +135,32 @@ async def _lane_events(tk: TurnKit, conversation_id: str) -> list[HistoryEvent]:
 
 
 async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task(tk: TurnKit) -> None:
-    """Issue 9 (patch local-store-calls): the submit runs as a local activity, so the lane's first workflow task
-    accepts the update, writes the turn and starts the turn's workflow; no activity task is scheduled for it."""
+    """Issue 9 (patches local-store-calls, lane-starts-turns): the submit and the turn's start run as local
+    activities, so the lane's first workflow task accepts the update, writes the turn and starts the turn's workflow
+    (a workflow of its own, not a child); the turn's end signal lets the lane go on. No activity task is scheduled."""
     client = ScriptedClient(["hello"])
     conversation = await tk.conversation(turnkit.Agent("fast-lane", model="scripted", client=client))
     turn = await conversation.ask("hi")
     assert turn.status == "completed" and turn.output_text == "hello"
     events = await _lane_events(tk, conversation.id)
-    assert activity_types(events)[:1] == ["turnkit.submit_turn"]
+    assert activity_types(events)[:2] == ["turnkit.submit_turn", "turnkit.start_turn"]
     assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     kinds = [e.event_type for e in events]
-    start = kinds.index(EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED)
-    assert kinds[:start].count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1, "the turn started in a later task"
+    assert EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED not in kinds
+    markers = [i for i, kind in enumerate(kinds) if kind == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert kinds[: markers[1]].count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1, "the turn started later"
+    started = (await tk.client.get_workflow_handle(turn.id).fetch_history()).events[0]
+    assert not started.workflow_execution_started_event_attributes.HasField("parent_workflow_execution")
+
+    async def lane_saw_the_end() -> bool:
+        return any(
+            e.workflow_execution_signaled_event_attributes.signal_name == "target_finished"
+            for e in await _lane_events(tk, conversation.id)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        )
+
+    # Sent after the terminal write commits, so possibly after ask() returned.
+    await eventually(lane_saw_the_end, what="the turn's end signal at its lane")
 
 
 async def test_a_store_call_whose_local_attempt_fails_runs_again_as_an_activity(engine: Engine) -> None:

@@ -128,7 +128,9 @@ async def test_one_turn_with_a_tool_and_a_sub_agent_is_one_trace(
     assert _named(spans, "RunWorkflow:ConversationWorkflow", temporalWorkflowID=conversation.id)
     assert _named(spans, "HandleUpdate:submit", temporalWorkflowID=conversation.id)
     assert _named(spans, "RunActivity:turnkit.submit_turn", temporalWorkflowID=conversation.id)
-    assert _named(spans, "StartChildWorkflow:TurnWorkflow", temporalWorkflowID=conversation.id)
+    # The lane starts the turn's workflow from an activity (patch lane-starts-turns), in the ask's trace.
+    assert _named(spans, "RunActivity:turnkit.start_turn", temporalWorkflowID=conversation.id)
+    assert _named(spans, "StartWorkflow:TurnWorkflow", temporalWorkflowID=turn.id)
     assert _named(spans, "RunWorkflow:TurnWorkflow", temporalWorkflowID=turn.id)
     assert _named(spans, "StartChildWorkflow:TurnWorkflow", temporalWorkflowID=turn.id)  # the sub-agent's start
 

@@ -21,6 +21,7 @@ from turnkit.payloads import DeliverySignal, LaneInput
 from turnkit.records import ACTIVE_TURN_STATUSES, DeliveryRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.waits import TARGET_FINISHED_SIGNAL
 from turnkit.workflow_names import DELIVER_SIGNAL, LANE_WORKFLOW, WAKE_SIGNAL
 
 __all__ = [
@@ -169,14 +170,18 @@ async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:
 
 
 async def wake_lane(client: Client, turn: TurnRecord) -> None:
-    """After a sub-agent's turn ended: let its conversation's lane append the input it held back meanwhile.
+    """After ``turn``'s terminal write committed: tell its conversation's lane (idempotent).
 
-    Turns of the conversation's own lane need no signal (the lane sees them end). No lane yet means nothing is held.
+    A sub-agent's turn sends ``wake``: the lane may append the input it held back meanwhile. A turn of the lane's own
+    sends ``target_finished`` with its id: the lane started it as a workflow of its own (patch ``lane-starts-turns``)
+    and runs the next turn on this signal; a lane that runs its turns as children ignores it. No lane: nothing waits.
     """
-    if turn.parent_turn_id is None:
-        return
+    handle = client.get_workflow_handle(turn.conversation_id)
     try:
-        await client.get_workflow_handle(turn.conversation_id).signal(WAKE_SIGNAL)
+        if turn.parent_turn_id is None:
+            await handle.signal(TARGET_FINISHED_SIGNAL, turn.id)
+        else:
+            await handle.signal(WAKE_SIGNAL)
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise

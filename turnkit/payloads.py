@@ -28,6 +28,7 @@ __all__ = [
     "ModelStep",
     "QueuedTurn",
     "SettleToolCall",
+    "StartTurn",
     "SubmitTurn",
     "ToolCallInput",
     "ToolCallRef",
@@ -210,6 +211,14 @@ class TurnInput(BaseModel):
     finished_turn_ids: list[str] = Field(default_factory=list[str])
     launched_turn_ids: list[str] = Field(default_factory=list[str])
     model_policy: ModelPolicy | None = None
+
+
+class StartTurn(BaseModel):
+    """Input of ``turnkit.start_turn``: the lane's next turn, started as a workflow of its own (patch
+    ``lane-starts-turns``); with TurnKit's search attributes when the lane has them."""
+
+    turn: TurnInput
+    search_attributes: bool = False
 
 
 class EndTurn(BaseModel):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,12 +31,14 @@ from temporalio.converter import PayloadConverter
 from temporalio.worker import (
     HandleUpdateInput,
     Interceptor,
+    StartActivityInput,
     StartChildWorkflowInput,
+    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
 )
-from temporalio.workflow import ChildWorkflowHandle
+from temporalio.workflow import ActivityHandle, ChildWorkflowHandle
 
 from turnkit.errors import ConfigError, InputError
 
@@ -68,6 +70,10 @@ _HEADER: Final = "_tracer-data"
 
 #: The lane's update whose caller a turn's trace starts from.
 _SUBMIT: Final = "submit"
+#: How many submitted turns' caller contexts a lane keeps in memory (oldest dropped: it joins the lane's trace).
+_CARRIERS_KEPT: Final = 1024
+#: The lane's activity that starts a turn's workflow (patch ``lane-starts-turns``; older lanes start a child).
+_START_TURN: Final = "turnkit.start_turn"
 
 # Set once a plugin with tracing is built in this process; until then the activities' hooks cost one global read.
 _enabled = False
@@ -185,6 +191,8 @@ class _TurnTraceInbound(WorkflowInboundInterceptor):
         turn_id = getattr(ticket, "turn_id", None)
         if isinstance(turn_id, str) and carrier:
             self.turn_carriers[turn_id] = carrier
+            while len(self.turn_carriers) > _CARRIERS_KEPT:  # a started turn's carrier stays (a fallback may use it)
+                del self.turn_carriers[next(iter(self.turn_carriers))]
         return ticket
 
 
@@ -202,6 +210,29 @@ class _TurnTraceOutbound(WorkflowOutboundInterceptor):
             return await super().start_child_workflow(input)
         with self.inbound.attached(carrier):
             return await super().start_child_workflow(input)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
+        """``turnkit.start_turn`` runs in the turn's caller's context, so the turn's workflow starts in its trace."""
+        carrier = self._start_turn_carrier(input.activity, input.args)
+        if carrier is None:
+            return super().start_local_activity(input)
+        with self.inbound.attached(carrier):
+            return super().start_local_activity(input)
+
+    def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
+        """The same for the regular activity that runs ``turnkit.start_turn`` again after a failed local attempt."""
+        carrier = self._start_turn_carrier(input.activity, input.args)
+        if carrier is None:
+            return super().start_activity(input)
+        with self.inbound.attached(carrier):
+            return super().start_activity(input)
+
+    def _start_turn_carrier(self, activity: str, args: Sequence[Any]) -> Mapping[str, str] | None:
+        """The caller context of the turn a ``turnkit.start_turn`` call starts (kept for a fallback attempt)."""
+        if activity != _START_TURN or not args:
+            return None
+        turn_id = getattr(getattr(args[0], "turn", None), "turn_id", None)
+        return self.inbound.turn_carriers.get(turn_id) if isinstance(turn_id, str) else None
 
 
 # -- attributes on the activities' spans ----------------------------------------------------------------------------

@@ -69,7 +69,11 @@ async def announce_end(store: Store, client: Client, task_queue: str, turn: Turn
         waiters = await waiters_of(tx, turn.id)
     if delivery is not None:
         await signal_delivery(client, task_queue, delivery)
-    await signal_waiters(client, turn.id, waiters)
+    # A lane that follows its own turn (a wait row naming the conversation) hears of its end from wake_lane below.
+    lane_follows = turn.parent_turn_id is None
+    await signal_waiters(
+        client, turn.id, [w for w in waiters if not (lane_follows and w.turn_id == turn.conversation_id)]
+    )
     await wake_lane(client, turn)  # needs only ids and lineage, which never change
 
 

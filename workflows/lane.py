@@ -1,7 +1,10 @@
 """``ConversationWorkflow``: the conversation's serial lane (workflow id = conversation id).
 
-At most one turn of a conversation is active; submitted turns wait in FIFO order and run as children of the lane
-(child workflow id = turn id). Two kinds of input arrive:
+At most one turn of a conversation is active; submitted turns wait in FIFO order, and each runs as a workflow of its
+own (workflow id = turn id). Since patch ``lane-starts-turns`` the lane starts it through ``turnkit.start_turn``, a
+local activity whose eager start hands the turn's first workflow task straight to this worker, and learns of its end
+from the ``target_finished`` signal its terminal write sends (asking the store after ``FOLLOW_POLL`` without one).
+Older runs started it as a child and waited for the child's result. Two kinds of input arrive:
 
 * ``submit`` (an update, used with update-with-start): writes the trigger message and the turn record through an
   activity and returns the turn id at once; the turn is queued.
@@ -44,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         LaneInput,
         LaneStatus,
         QueuedTurn,
+        StartTurn,
         SubmitTurn,
         TurnInput,
         TurnOutcome,
@@ -70,6 +74,10 @@ LANE_RECHECKS_HOLD = "lane-rechecks-hold"
 #: Following a carried turn: its end signals the lane (`target_finished`); the store is asked again after this long
 #: anyway (a workflow that closed without a terminal record signals nothing).
 FOLLOW_POLL = timedelta(minutes=1)
+#: Patch (issue 9): the lane starts each turn as a workflow of its own from a local activity, eagerly, and follows it
+#: by its end signal, instead of a child workflow: the child's start and its first workflow task each waited for the
+#: server's rate-limited transfer queue on the way from ``ask`` to the first model call (docs/design.md).
+LANE_STARTS_TURNS = "lane-starts-turns"
 #: Patch: a submission gives up after SUBMIT_TIMEOUT (older runs retried it forever while holding the write lock).
 BOUNDED_SUBMIT = "bounded-submit"
 #: How long a submission may keep retrying a store that is away before the update is rejected (issue 8 item 1).
@@ -105,6 +113,10 @@ class ConversationWorkflow:
         self._recheck = False
         # The followed (carried) turn signalled its end.
         self._followed_ended = False
+        # Turns whose end was signalled (`target_finished`), most recent last: the turn this lane started is over
+        # once its id is here (a late signal of an earlier turn names another id).
+        self._ended_turns: dict[str, None] = {}
+        self._starts_turns = False  # set from the patch marker when run() starts
         # A sub-agent's turn (run by its parent, not by this lane) is active here: deliveries wait for its `wake`.
         self._held = lane.held
         self._wakes = 0
@@ -188,8 +200,10 @@ class ConversationWorkflow:
 
     @workflow.signal(name=TARGET_FINISHED_SIGNAL)
     def target_finished(self, turn_id: str) -> None:
-        """The turn this lane follows since it continued as new has ended (its wait row names this lane)."""
+        """A turn of this lane has ended: the one it follows since it continued as new (its wait row names this lane),
+        or (patch ``lane-starts-turns``) any turn of the conversation's own, whose terminal write signals the lane."""
         self._followed_ended = True
+        _remember(self._ended_turns, turn_id)
 
     def _nudge(self) -> None:
         if workflow.patched(LANE_RECHECKS_HOLD):
@@ -215,6 +229,7 @@ class ConversationWorkflow:
     async def run(self, lane: LaneInput) -> None:
         self._deliver_when_idle = workflow.patched(DELIVER_WHEN_IDLE)
         self._follows_turns = workflow.patched(LANE_FOLLOWS_TURNS)
+        self._starts_turns = self._follows_turns and workflow.patched(LANE_STARTS_TURNS)
         # Only when the start carried TurnKit's attributes: then the namespace has them (never a wedge).
         self._search = has_turnkit_attributes(workflow.info().typed_search_attributes) and workflow.patched(
             SEARCH_ATTRIBUTES
@@ -353,6 +368,12 @@ class ConversationWorkflow:
             deadline=queued.deadline,
             model_policy=queued.model_policy,
         )
+        if self._starts_turns:
+            try:
+                await self._start_turn(queued, turn_input)
+            finally:
+                self._clear_active()
+            return
         try:
             if self._follows_turns:
                 # ABANDON: the turn outlives this run when the lane continues as new while it runs.
@@ -382,6 +403,31 @@ class ConversationWorkflow:
                 await self._end_turn("turnkit.end_turn", queued, ended_reason(err.cause), summary="record abnormal end")
         finally:
             self._clear_active()
+
+    async def _start_turn(self, queued: QueuedTurn, turn_input: TurnInput) -> None:
+        """Start the turn's workflow (a local activity: no task of the server's queues before its first model call)
+        and wait for its end signal; without one for ``FOLLOW_POLL``, ask the store, which also records a turn whose
+        workflow closed without a terminal record (terminated, timed out)."""
+        await store_call(
+            "turnkit.start_turn",
+            StartTurn(turn=turn_input, search_attributes=self._search),
+            bool,
+            summary=f"start {queued.turn_id}",
+        )
+        self._active_started = True  # it outlives this run: the lane may continue as new and follow it
+        turn_id = queued.turn_id
+        while turn_id not in self._ended_turns:
+            with suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: turn_id in self._ended_turns, timeout=FOLLOW_POLL, timeout_summary="ask the store again"
+                )
+            if turn_id in self._ended_turns:
+                return
+            ended = await store_call(
+                "turnkit.follow_turn", EndTurn(turn_id=turn_id), bool, summary=f"has {turn_id} ended?"
+            )
+            if ended:
+                return
 
     async def _follow_turn(self, queued: QueuedTurn) -> None:
         """Follow a turn started by an earlier run of this lane (carried by continue-as-new) until it ends: ask the
