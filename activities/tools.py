@@ -94,8 +94,8 @@ class ToolActivities:
             attempt=activity.info().attempt,
             store=self.store,
             context=copy.deepcopy(turn.options.context),
-            subject=conversation.subject,
-            subject_prompt=subject_prompt_of(conversation),
+            subject=None if conversation is None else conversation.subject,
+            subject_prompt="" if conversation is None else subject_prompt_of(conversation),
         )
         try:
             if isinstance(tool, SendMessageTool):
@@ -158,7 +158,7 @@ class ToolActivities:
 
     async def _reserve(
         self, request: ToolCallInput, tool: Tool | None, wrong_queue: str | None
-    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord, ToolCallRef]:
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord | None, ToolCallRef]:
         verdict = await self._ask_tool(request, tool)
         return await self._reserve_in_tx(request, tool, verdict, wrong_queue)
 
@@ -182,7 +182,7 @@ class ToolActivities:
         tool: Tool | None,
         verdict: Verdict,
         wrong_queue: str | None = None,
-    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord, ToolCallRef]:
+    ) -> ToolOutcome | tuple[TurnRecord, ToolExecutionRecord, ConversationRecord | None, ToolCallRef]:
         """Open (or resume) the call's execution; with the conversation the tool's context shows and the call with
         its arguments (read here unless the authorization hook needed them first), in the same transaction."""
         call = request.call
@@ -228,7 +228,11 @@ class ToolActivities:
                     execution.id, from_="pending", to="running", started_at=utcnow()
                 )
                 execution = claimed or await tx.load_tool_execution(execution.id)
-            return turn, execution, await tx.load_conversation(turn.conversation_id), call
+            # The conversation only for a tool that sees its context (a store read per tool call fewer otherwise).
+            conversation = (
+                await tx.load_conversation(turn.conversation_id) if tool is None or tool.reads_context else None
+            )
+            return turn, execution, conversation, call
 
     async def _complete(
         self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool

@@ -22,7 +22,7 @@ from sqlalchemy.exc import StatementError
 
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_claim_token, new_id
-from turnkit.records import ConversationRecord, TurnRecord
+from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 
@@ -299,6 +299,37 @@ async def test_tree_cost_counts_from_the_row_as_written_over_not_as_read_unlocke
         await tx.update_turn(child.id, cost=3.0)
     async with store.atomic() as tx:
         assert (await tx.tree_usage(root.id)).cost == 3.0  # 1.0, then 3.0 over it: not 1.0 + 3.0
+
+
+async def test_tool_counts_count_from_the_root_row_as_read_locked_and_never_as_read_unlocked(store: Store) -> None:
+    """Root-tree counters (issue 9, one read per tool call fewer): a tool call counts its execution from the root's
+    by-name counts its transaction read under the root's lock; read without it (PostgreSQL), an execution another
+    writer committed meanwhile is counted from the row, not lost."""
+    conversation = await _conversation(store)
+    root = await _turn(store, conversation.id)
+    child = await _turn(store, conversation.id, root_turn_id=root.id)
+
+    async def other_writer() -> None:
+        async with store.atomic(turn_id=root.id) as tx:
+            await tx.create_tool_execution(turn_id=child.id, tool_call_id="other", tool_name="echo", status="running")
+
+    async with store.atomic(turn_id=root.id) as tx:  # the root's lock: its counts are read once
+        await tx.load_turn(child.id)
+        assert (await tx.tree_usage(root.id)).tool_executions_by_name == {}
+        for call in ("a", "b"):
+            await tx.create_tool_execution(turn_id=child.id, tool_call_id=call, tool_name="echo", status="running")
+    if store.dialect == "postgresql":
+        async with store.atomic() as tx:  # no lock: another writer may count in between
+            await tx.load_turn(child.id)
+            assert (await tx.tree_usage(root.id)).tool_executions_by_name == {"echo": 2}
+            await asyncio.create_task(other_writer(), context=contextvars.Context())
+            await tx.create_tool_execution(turn_id=child.id, tool_call_id="c", tool_name="echo", status="running")
+    async with store.atomic() as tx:
+        usage = await tx.tree_usage(root.id)
+        tree = await tx.list_turns(root_turn_id=root.id)
+        executions = [e for t in tree for e in await tx.list_tool_executions(turn_id=t.id)]
+    assert usage == TreeUsage.from_records(tree, executions)
+    assert usage.tool_executions_by_name == {"echo": 4 if store.dialect == "postgresql" else 2}
 
 
 async def test_claim_tool_execution_first_commit_wins(store: Store) -> None:

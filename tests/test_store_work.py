@@ -127,3 +127,42 @@ async def test_store_transactions_per_model_and_tool_call(tk: TurnKit) -> None:
         by_type[kind].append(count)
     assert by_type["turnkit.model"] == [2, 2, 3]
     assert by_type["tool:lookup"] == [2, 2]
+
+
+async def test_a_tool_call_reads_the_conversation_only_for_a_tool_that_sees_its_context(tk: TurnKit) -> None:
+    """issue 9: the conversation (the subject a ``ToolContext`` shows) is read by a tool call only when the tool takes
+    a context: a function tool without one saves that read; with one, it sees the subject (tests/test_prompt.py)."""
+    seen: list[dict[str, Any] | None] = []
+
+    @turnkit.tool(name="lookup", recovery="replay_safe")
+    async def lookup_with_context(q: str, context: turnkit.ToolContext) -> str:
+        """Look something up, knowing the subject.
+
+        Args:
+            q: The query.
+        """
+        seen.append(context.subject)
+        return f"result for {q}"
+
+    reads: dict[str, list[str]] = {}
+    for name, tool in (("plain", lookup), ("with_context", lookup_with_context)):
+        agent = turnkit.Agent(f"context_{name}", model="scripted", tools=[tool], client=_looper(1), compaction=False)
+        conversation = await tk.conversation(agent, subject={"type": "ticket", "id": "T-1"})
+        statements: list[str] = []
+
+        def after(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            try:
+                if activity.info().activity_type == "tool:lookup":
+                    statements.append(" ".join(statement.split()).lower())  # noqa: B023 (listener removed below)
+            except RuntimeError:
+                return
+
+        event.listen(tk.store.engine.sync_engine, "after_cursor_execute", after)
+        try:
+            turn = await conversation.ask("go")
+        finally:
+            event.remove(tk.store.engine.sync_engine, "after_cursor_execute", after)
+        assert turn.status == "completed", turn.error
+        reads[name] = [s for s in statements if s.startswith("select turnkit_conversations.id as id")]  # the row
+    assert reads["plain"] == [] and len(reads["with_context"]) == 1
+    assert seen == [{"type": "ticket", "id": "T-1"}]

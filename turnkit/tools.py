@@ -318,6 +318,13 @@ class Tool:
             cls.terminal = staticmethod(terminal)  # pyright: ignore[reportAttributeAccessIssue]
         _check_declarations(cls)
 
+    @property
+    def reads_context(self) -> bool:
+        """Whether ``call`` receives the :class:`ToolContext`: always for a subclass; for a function tool, only with a
+        ``ToolContext`` parameter. The tool activity reads what only the context shows (the conversation's subject)
+        only then."""
+        return True
+
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """Run the tool. Subclasses override this (sync or ``async def``).
 
@@ -573,6 +580,11 @@ class FunctionTool(Tool, Generic[P, R]):
     def function(self) -> Callable[P, R]:
         """The wrapped function."""
         return self._fn
+
+    @property
+    def reads_context(self) -> bool:
+        """Whether the function takes a :class:`ToolContext` parameter."""
+        return self._context_parameter is not None
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """See base class."""

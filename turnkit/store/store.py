@@ -317,6 +317,10 @@ class StoreTx:
         # A turn's counted values (root, iterations, cost) as this transaction last read or wrote them, while no other
         # writer can change them: a turn write counts its change from here instead of reading the row again.
         self._turn_counts: dict[str, tuple[str, int, Decimal]] = {}
+        # Every turn's root as read (a turn's root never changes), and a root's by-name tool counts as this transaction
+        # last read or wrote them under the same rule as _turn_counts: a tool call's count skips its read.
+        self._roots: dict[str, str] = {}
+        self._tool_counts: dict[str, dict[str, int]] = {}
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     def after_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
@@ -659,10 +663,15 @@ class StoreTx:
         """Keep a turn row's counted values for :meth:`_count_turn_change`, when they cannot change under us: on
         SQLite the transaction holds the writer lock from its start; on PostgreSQL only a row this transaction has
         locked (read after the lock, or written). Never inside a savepoint, which may roll back what it read."""
+        self._roots[row.uid] = row.root_turn_uid
         if self.session.in_nested_transaction():
             self._turn_counts.pop(row.uid, None)
-        elif self.store.dialect != "postgresql" or ("turn", row.uid) in self._locked:
+        elif self._unchanging(row.uid):
             self._turn_counts[row.uid] = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
+
+    def _unchanging(self, turn_id: str) -> bool:
+        """Whether no other writer can change the turn row until this transaction ends (see _remember_counts)."""
+        return self.store.dialect != "postgresql" or ("turn", turn_id) in self._locked
 
     async def find_child_turn(self, parent_tool_execution_id: str) -> TurnRecord | None:
         """The child turn a tool execution created (sub-agent delegation or launch), or None."""
@@ -746,6 +755,7 @@ class StoreTx:
         if row is None:
             raise RecordNotFound(f"turn not found: {root_turn_id}")
         iterations, tools, by_name, cost = row
+        self._remember_tool_counts(root_turn_id, by_name)
         return TreeUsage(
             iterations=int(iterations or 0),
             tool_executions=int(tools or 0),
@@ -794,24 +804,38 @@ class StoreTx:
         """
         if not delta:
             return
-        turn = aliased(TurnRow)
-        query = select(TurnRow.uid, TurnRow.tree_tool_executions_by_name).where(
-            TurnRow.uid == select(turn.root_turn_uid).where(turn.uid == turn_id).scalar_subquery()
-        )
-        if self.store.dialect == "postgresql":
-            query = query.with_for_update(of=TurnRow)
-        row = (await self.session.execute(query)).one_or_none()
-        if row is None:
-            return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
-        if self.store.dialect == "postgresql":
-            self._locked.add(("turn", row.uid))
-        counts = {str(k): int(v) for k, v in (row.tree_tool_executions_by_name or {}).items()}
-        counts[tool_name] = counts.get(tool_name, 0) + delta
+        root = self._roots.get(turn_id)
+        known = None if root is None or self.session.in_nested_transaction() else self._tool_counts.get(root)
+        if (
+            root is None or known is None
+        ):  # not read under the lock in this transaction: read (and lock) the root's counts
+            turn = aliased(TurnRow)
+            query = select(TurnRow.uid, TurnRow.tree_tool_executions_by_name).where(
+                TurnRow.uid == select(turn.root_turn_uid).where(turn.uid == turn_id).scalar_subquery()
+            )
+            if self.store.dialect == "postgresql":
+                query = query.with_for_update(of=TurnRow)
+            row = (await self.session.execute(query)).one_or_none()
+            if row is None:
+                return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
+            if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
+                self._locked.add(("turn", row.uid))
+            root, known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
+        counts = {**known, tool_name: known.get(tool_name, 0) + delta}
         await self.session.execute(
             update(TurnRow)
-            .where(TurnRow.uid == row.uid)
+            .where(TurnRow.uid == root)
             .values(tree_tool_executions=TurnRow.tree_tool_executions + delta, tree_tool_executions_by_name=counts)
         )
+        self._remember_tool_counts(root, counts)
+
+    def _remember_tool_counts(self, root_turn_id: str, by_name: dict[str, Any] | None) -> None:
+        """Keep a root's by-name tool counts for :meth:`_count_execution`, under the rule of :meth:`_remember_counts`
+        (a savepoint may roll back what it wrote: inside one, forget them instead)."""
+        if self.session.in_nested_transaction():
+            self._tool_counts.pop(root_turn_id, None)
+        elif self._unchanging(root_turn_id):
+            self._tool_counts[root_turn_id] = _tool_counts(by_name)
 
     async def list_turns(
         self,
@@ -1364,6 +1388,11 @@ def _insert_columns(mapped: type[Any]) -> tuple[Insert, tuple[tuple[str, Column[
 def _money(value: Any) -> Decimal:
     """A cost as the store keeps it: a Decimal with 6 places (0 for None)."""
     return Decimal(0) if value is None else Decimal(str(round(float(value), 6)))
+
+
+def _tool_counts(by_name: dict[str, Any] | None) -> dict[str, int]:
+    """A root's by-name tool execution counts as stored (a JSON map)."""
+    return {str(k): int(v) for k, v in (by_name or {}).items()}
 
 
 def _iterations(options: Any) -> int:
