@@ -62,11 +62,12 @@ async def announce_end(store: Store, client: Client, task_queue: str, turn: Turn
     waits on it and, for a sub-agent's turn, its conversation's lane (idempotent).
 
     What to signal is read in one transaction (the callback and the waiters: one store trip per turn end, issue 9),
-    then the signals go out in that order.
+    then the signals go out in that order. ``turn`` as its terminal write left it proves that write committed, so
+    the waiters are listed without reading the turn again; any other record has them read as ``waiters_of`` does.
     """
     async with store.atomic() as tx:
         delivery = await pending_completion(tx, turn.id)
-        waiters = await waiters_of(tx, turn.id)
+        waiters = await (tx.list_waits(target_turn_id=turn.id) if turn.terminal else waiters_of(tx, turn.id))
     if delivery is not None:
         await signal_delivery(client, task_queue, delivery)
     # A lane that follows its own turn (a wait row naming the conversation) hears of its end from wake_lane below.
