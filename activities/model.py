@@ -124,9 +124,10 @@ class ModelActivities:
                 audit = await audit_answer(turn, agent, result, call.request_id, messages, store=self.store)
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err
-        step = await self._persist(call, turn, request.model, result, audit)
+        ended: list[TurnRecord] = []  # the terminal record, when this attempt's write ended the turn
+        step = await self._persist(call, turn, request.model, result, audit, ended)
         if step.outcome in ("completed", "failed"):
-            await self._announce(turn)
+            await self._announce(ended[-1] if ended else turn)  # terminal: its waiters are listed without a re-read
         return step
 
     async def _announce(self, turn: TurnRecord) -> None:
@@ -307,7 +308,13 @@ class ModelActivities:
         return Verdict("callback", True)
 
     async def _persist(
-        self, call: ModelCall, turn: TurnRecord, model: str, result: Result, audit: AnswerAudit | None
+        self,
+        call: ModelCall,
+        turn: TurnRecord,
+        model: str,
+        result: Result,
+        audit: AnswerAudit | None,
+        ended: list[TurnRecord],
     ) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
@@ -318,7 +325,7 @@ class ModelActivities:
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
         # request id, so a commit whose acknowledgement was lost is found, not written twice).
         step, written = await retry_store(
-            lambda: self._write_response(call, result, cost, verdict, audit), what="model persist"
+            lambda: self._write_response(call, result, cost, verdict, audit, ended), what="model persist"
         )
         if written:
             await emit(
@@ -348,9 +355,21 @@ class ModelActivities:
         return step
 
     async def _write_response(
-        self, call: ModelCall, result: Result, cost: Cost, verdict: Verdict, audit: AnswerAudit | None = None
+        self,
+        call: ModelCall,
+        result: Result,
+        cost: Cost,
+        verdict: Verdict,
+        audit: AnswerAudit | None = None,
+        ended: list[TurnRecord] | None = None,
     ) -> tuple[ModelStep, bool]:
-        """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them."""
+        """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them.
+
+        A final answer's terminal record, as written, is put in ``ended`` (for the announcement after commit); an
+        attempt retried after a failed commit starts it empty again.
+        """
+        if ended is not None:
+            ended.clear()
         async with self.store.atomic(turn_id=call.root_turn_id) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
@@ -427,6 +446,8 @@ class ModelActivities:
                 )
                 if completed is not None:
                     await completion_delivery(tx, completed, verdict)  # with the terminal write (behaviour §5.7)
+                    if ended is not None:
+                        ended.append(completed)
         if error is not None:
             return ModelStep(
                 outcome="failed", message_id=message.id, error_class=error["class"], error_message=error["message"]
