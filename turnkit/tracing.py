@@ -213,26 +213,25 @@ class _TurnTraceOutbound(WorkflowOutboundInterceptor):
 
     def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
         """``turnkit.start_turn`` runs in the turn's caller's context, so the turn's workflow starts in its trace."""
-        carrier = self._start_turn_carrier(input.activity, input.args)
-        if carrier is None:
-            return super().start_local_activity(input)
-        with self.inbound.attached(carrier):
+        with self._start_turn_context(input.activity, input.args):
             return super().start_local_activity(input)
 
     def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
         """The same for the regular activity that runs ``turnkit.start_turn`` again after a failed local attempt."""
-        carrier = self._start_turn_carrier(input.activity, input.args)
-        if carrier is None:
-            return super().start_activity(input)
-        with self.inbound.attached(carrier):
+        with self._start_turn_context(input.activity, input.args):
             return super().start_activity(input)
 
-    def _start_turn_carrier(self, activity: str, args: Sequence[Any]) -> Mapping[str, str] | None:
-        """The caller context of the turn a ``turnkit.start_turn`` call starts (kept for a fallback attempt)."""
-        if activity != _START_TURN or not args:
-            return None
-        turn_id = getattr(getattr(args[0], "turn", None), "turn_id", None)
-        return self.inbound.turn_carriers.get(turn_id) if isinstance(turn_id, str) else None
+    @contextmanager
+    def _start_turn_context(self, activity: str, args: Sequence[Any]) -> Generator[None]:
+        """The caller context of the turn a ``turnkit.start_turn`` call starts (kept for a fallback attempt), made
+        current for the block; nothing for any other activity."""
+        turn_id = getattr(getattr(args[0], "turn", None), "turn_id", None) if activity == _START_TURN and args else None
+        carrier = self.inbound.turn_carriers.get(turn_id) if isinstance(turn_id, str) else None
+        if carrier is None:
+            yield
+            return
+        with self.inbound.attached(carrier):
+            yield
 
 
 # -- attributes on the activities' spans ----------------------------------------------------------------------------
