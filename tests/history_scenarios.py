@@ -313,15 +313,12 @@ async def _lane_settled(tk: TurnKit, conversation_id: str, turns: int, *, timeou
     workflow task, and a recording does not depend on timing.
     """
     handle = tk.client.get_workflow_handle(conversation_id)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+
+    async def settled() -> bool:
         events = list((await handle.fetch_history()).events)
-        if ends_at_completed_task(events) and len(turns_ended(events)) >= turns:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"{conversation_id} did not settle: lane after {turns} turn(s)")
-        await asyncio.sleep(0.05)
+        return ends_at_completed_task(events) and len(turns_ended(events)) >= turns
+
+    await eventually(settled, timeout=timeout, what=f"lane {conversation_id} to settle after {turns} turn(s)")
 
 
 async def _lane_started(tk: TurnKit, conversation_id: str, turns: int, *, what: str) -> None:

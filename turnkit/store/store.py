@@ -806,9 +806,8 @@ class StoreTx:
             return
         root = self._roots.get(turn_id)
         known = None if root is None or self.session.in_nested_transaction() else self._tool_counts.get(root)
-        if (
-            root is None or known is None
-        ):  # not read under the lock in this transaction: read (and lock) the root's counts
+        if root is None or known is None:
+            # Not read under the lock in this transaction: read (and lock) the root's counts.
             turn = aliased(TurnRow)
             query = select(TurnRow.uid, TurnRow.tree_tool_executions_by_name).where(
                 TurnRow.uid == select(turn.root_turn_uid).where(turn.uid == turn_id).scalar_subquery()
