@@ -292,16 +292,26 @@ def _count(events: list[HistoryEvent], event_type: EventType.ValueType) -> int:
     return count
 
 
-def activity_types(events: list[HistoryEvent]) -> list[str]:
-    """The activity types a history ran, in order: scheduled activities and local activities (their markers)."""
-    types: list[str] = []
-    for event in events:
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            types.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+def local_activities(events: list[HistoryEvent]) -> list[tuple[int, str]]:
+    """Each local activity's result marker in a history: (its index in ``events``, its activity type), in order."""
+    found: list[tuple[int, str]] = []
+    for index, event in enumerate(events):
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             marker = event.marker_recorded_event_attributes
             if marker.marker_name == LOCAL_ACTIVITY_MARKER:
-                types.append(json.loads(marker.details["data"].payloads[0].data)["activity_type"])
+                found.append((index, json.loads(marker.details["data"].payloads[0].data)["activity_type"]))
+    return found
+
+
+def activity_types(events: list[HistoryEvent]) -> list[str]:
+    """The activity types a history ran, in order: scheduled activities and local activities (their markers)."""
+    local = dict(local_activities(events))
+    types: list[str] = []
+    for index, event in enumerate(events):
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            types.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+        elif index in local:
+            types.append(local[index])
     return types
 
 

@@ -11,7 +11,7 @@ from temporalio.api.history.v1 import HistoryEvent
 
 import turnkit
 from tests.engine import Engine, eventually, held_tool
-from tests.history_scenarios import activity_types
+from tests.history_scenarios import activity_types, local_activities
 from tests.test_lost_completions import LocalAttemptFault
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -147,8 +147,11 @@ async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task
     assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     kinds = [e.event_type for e in events]
     assert EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED not in kinds
-    markers = [i for i, kind in enumerate(kinds) if kind == EventType.EVENT_TYPE_MARKER_RECORDED]
-    assert kinds[: markers[1]].count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1, "the turn started later"
+    tasks_before = {
+        kind: kinds[:index].count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+        for index, kind in local_activities(events)
+    }
+    assert tasks_before == {"turnkit.submit_turn": 1, "turnkit.start_turn": 1}, "the turn started in a later task"
     started = (await tk.client.get_workflow_handle(turn.id).fetch_history()).events[0]
     assert not started.workflow_execution_started_event_attributes.HasField("parent_workflow_execution")
 

@@ -18,7 +18,7 @@ from turnkit.authorization import DENIAL_CLASS, Verdict, check
 from turnkit.config import settings
 from turnkit.errors import RecordNotFound
 from turnkit.payloads import DeliverySignal, LaneInput
-from turnkit.records import ACTIVE_TURN_STATUSES, DeliveryRecord, TurnRecord
+from turnkit.records import DeliveryRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.waits import TARGET_FINISHED_SIGNAL
@@ -165,8 +165,7 @@ async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:
     The lane then holds new input and new turns until that turn's end sends it ``wake`` (:func:`wake_lane`), so a
     conversation still has one active turn at a time.
     """
-    active = await tx.list_turns(conversation_id=conversation_id, statuses=ACTIVE_TURN_STATUSES, has_parent=True)
-    return bool(active)
+    return await tx.sub_agent_turn_active(conversation_id)
 
 
 async def wake_lane(client: Client, turn: TurnRecord) -> None:

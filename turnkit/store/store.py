@@ -48,6 +48,7 @@ from sqlalchemy.sql.schema import ColumnDefault
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_id
 from turnkit.records import (
+    ACTIVE_TURN_STATUSES,
     MESSAGE_KINDS,
     MESSAGE_ROLES,
     TOOL_EXECUTION_STATUSES,
@@ -137,6 +138,15 @@ _DELIVERY_BY_KEY: Final = _whole_rows(DeliveryRow).where(_c(DeliveryRow, "key") 
 _STAGED_CONTENT: Final = select(_c(StagedInputRow, "content")).where(_c(StagedInputRow, "uid") == bindparam("uid"))
 _WAITS_OF_TURN: Final = (
     _whole_rows(WaitRow).where(_c(WaitRow, "turn_uid") == bindparam("uid")).order_by(_c(WaitRow, "id"))
+)
+_ACTIVE_SUB_AGENT_TURN: Final = (
+    select(_c(TurnRow, "id"))
+    .where(
+        _c(TurnRow, "conversation_uid") == bindparam("uid"),
+        _c(TurnRow, "parent_turn_uid").is_not(None),
+        _c(TurnRow, "status").in_(ACTIVE_TURN_STATUSES),
+    )
+    .limit(1)
 )
 _WAITS_ON_TARGET: Final = (
     _whole_rows(WaitRow).where(_c(WaitRow, "target_turn_uid") == bindparam("uid")).order_by(_c(WaitRow, "id"))
@@ -864,6 +874,11 @@ class StoreTx:
             query = query.where(TurnRow.agent_name == agent_name)
         rows = await self.session.scalars(query.order_by(TurnRow.created_at, TurnRow.id))
         return [_turn(row) for row in rows]
+
+    async def sub_agent_turn_active(self, conversation_id: str) -> bool:
+        """Whether a sub-agent's turn (one with a parent) is active in the conversation: at most one row read, by a
+        prebuilt statement (every submit asks)."""
+        return (await self.session.execute(_ACTIVE_SUB_AGENT_TURN, {"uid": conversation_id})).first() is not None
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an
