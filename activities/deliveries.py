@@ -8,7 +8,6 @@ from temporalio import activity
 
 from activities.turns import ticket_of
 from turnkit.agent import resolve_agent
-from turnkit.deliveries import sub_agent_turn_active
 from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
 from turnkit.records import MessageRecord, TurnRecord
@@ -33,7 +32,7 @@ class DeliveryActivities:
         """
         delivered: list[str] = []
         async with self.store.atomic(conversation_id=batch.conversation_id) as tx:
-            if batch.wake and await sub_agent_turn_active(tx, batch.conversation_id):
+            if batch.wake and await tx.sub_agent_turn_active(batch.conversation_id):
                 return DeliverResult(busy=True)  # its end wakes the lane; the input goes in after its messages
             for delivery_id in batch.delivery_ids:
                 try:

@@ -20,7 +20,6 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkit.deliveries import sub_agent_turn_active
 from turnkit.payloads import EndTurn, StartTurn, TurnOutcome
 from turnkit.records import TERMINAL_TURN_STATUSES
 from turnkit.search_attributes import turn_search_attributes
@@ -41,7 +40,7 @@ class LaneActivities:
     async def lane_held(self, conversation_id: str) -> bool:
         """Whether a sub-agent's turn is still active in the conversation (the lane keeps holding its queue)."""
         async with self.store.atomic() as tx:
-            return await sub_agent_turn_active(tx, conversation_id)
+            return await tx.sub_agent_turn_active(conversation_id)
 
     @activity.defn(name="turnkit.start_turn")
     async def start_turn(self, start: StartTurn) -> bool:

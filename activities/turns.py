@@ -24,7 +24,7 @@ from activities.tools import outcome_of as outcome_of_execution
 from turnkit.agent import resolve_agent
 from turnkit.charges import tree_spend_denial
 from turnkit.controls import control_boundary, has_pending_controls
-from turnkit.deliveries import callback_verdict, completion_delivery, sub_agent_turn_active
+from turnkit.deliveries import callback_verdict, completion_delivery
 from turnkit.dispatch import model_policy
 from turnkit.errors import (
     BudgetError,
@@ -62,7 +62,7 @@ class TurnActivities:
             if existing is not None:
                 if existing.submitted_at is None and existing.parent_turn_id is None:
                     existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
-                busy = await sub_agent_turn_active(tx, existing.conversation_id)
+                busy = await tx.sub_agent_turn_active(existing.conversation_id)
                 return ticket_of(existing, busy=busy, root=await _root_of(tx, existing))
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
@@ -86,7 +86,7 @@ class TurnActivities:
                 turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True)
             except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
-            busy = await sub_agent_turn_active(tx, conversation.id)
+            busy = await tx.sub_agent_turn_active(conversation.id)
             root = await _root_of(tx, turn)
         return ticket_of(turn, busy=busy, root=root)
 

@@ -32,7 +32,6 @@ __all__ = [
     "pending_completion",
     "reconcile",
     "signal_delivery",
-    "sub_agent_turn_active",
     "turn_result",
     "wake_lane",
 ]
@@ -157,15 +156,6 @@ async def pending_completion(tx: StoreTx, turn_id: str) -> DeliveryRecord | None
     """The completion callback of ``turn_id`` when it has one not delivered yet (to signal: :func:`signal_delivery`)."""
     delivery = await tx.find_delivery(f"completion:{turn_id}")
     return delivery if delivery is not None and delivery.delivered_at is None else None
-
-
-async def sub_agent_turn_active(tx: StoreTx, conversation_id: str) -> bool:
-    """Whether a turn the lane does not run (a sub-agent's, started by its parent) is active in the conversation.
-
-    The lane then holds new input and new turns until that turn's end sends it ``wake`` (:func:`wake_lane`), so a
-    conversation still has one active turn at a time.
-    """
-    return await tx.sub_agent_turn_active(conversation_id)
 
 
 async def wake_lane(client: Client, turn: TurnRecord) -> None:

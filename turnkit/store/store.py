@@ -876,8 +876,12 @@ class StoreTx:
         return [_turn(row) for row in rows]
 
     async def sub_agent_turn_active(self, conversation_id: str) -> bool:
-        """Whether a sub-agent's turn (one with a parent) is active in the conversation: at most one row read, by a
-        prebuilt statement (every submit asks)."""
+        """Whether a turn the lane does not run (a sub-agent's, started by its parent) is active in the conversation.
+
+        The lane then holds new input and new turns until that turn's end sends it ``wake``
+        (:func:`turnkit.deliveries.wake_lane`), so a conversation has one active turn at a time. At most one row is
+        read, by a prebuilt statement (every submit asks).
+        """
         return (await self.session.execute(_ACTIVE_SUB_AGENT_TURN, {"uid": conversation_id})).first() is not None
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
