@@ -91,7 +91,7 @@ class ToolActivities:
             idempotency_key=execution.idempotency_key,
             principal=turn.options.principal,
             agent_name=turn.agent_name,
-            attempt=activity.info().attempt,
+            attempt=activity.info().attempt + request.attempts_before,
             store=self.store,
             context=copy.deepcopy(turn.options.context),
             subject=None if conversation is None else conversation.subject,

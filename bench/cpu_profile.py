@@ -318,7 +318,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     try:
         # The timed rounds first, with no profiler anywhere.
-        system = System(args.database_url)
+        system = System(args.database_url, local_tool=args.local_tool)
         await system.open(env.client.service_client.config.target_host)
         try:
             await _warm_up(system, args)
@@ -335,7 +335,7 @@ async def main(args: argparse.Namespace) -> None:
             # A second worker, opened after the hook is installed, so that every thread it starts is profiled.
             profiler = AllThreads()
             profiler.install()
-            profiled_system = System(args.database_url)
+            profiled_system = System(args.database_url, local_tool=args.local_tool)
             await profiled_system.open(env.client.service_client.config.target_host)
             try:
                 await _warm_up(profiled_system, args)
@@ -380,6 +380,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="skip the cProfile round")
     parser.add_argument("--dump", metavar="FILE", help="also write the profile's pstats to FILE")
     parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
+    parser.add_argument("--local-tool", action="store_true", help="the tool as @tool(local=True) (a local activity)")
     return parser.parse_args(argv)
 
 

@@ -61,6 +61,18 @@ async def sync_inventory(sku: str, context: turnkit.ToolContext) -> dict[str, An
     return {"synced": sku, "key": context.idempotency_key}
 
 
+@turnkit.tool(name="charge_card", timeout=4, local=True)
+async def charge_card_local(amount: int) -> dict[str, Any]:
+    """``charge_card`` as a local tool: it runs inside the turn's workflow task when the worker is killed.
+
+    Args:
+        amount: Cents to charge.
+    """
+    if record("charge_card") == 1:
+        await asyncio.sleep(3600)
+    return {"charged": amount}
+
+
 def _scripted(tool_call: tuple[str, dict[str, Any]]) -> ScriptedClient:
     def script(request: turnkit.ModelRequest) -> turnkit.Result:
         record("model", str(request.metadata.get("request_id")))
@@ -74,6 +86,14 @@ def _scripted(tool_call: tuple[str, dict[str, Any]]) -> ScriptedClient:
 at_most_once = turnkit.register(
     turnkit.Agent(
         "at_most_once", model="scripted", tools=[charge_card], client=_scripted(("charge_card", {"amount": 500}))
+    )
+)
+at_most_once_local = turnkit.register(
+    turnkit.Agent(
+        "at_most_once_local",
+        model="scripted",
+        tools=[charge_card_local],
+        client=_scripted(("charge_card", {"amount": 500})),
     )
 )
 replay_safe = turnkit.register(

@@ -101,6 +101,38 @@ def boom(reason: str) -> dict[str, Any]:
     raise turnkit.ToolError(f"boom: {reason}")
 
 
+@turnkit.tool(name="lookup_local", recovery="replay_safe", local=True)
+def lookup_local(q: str) -> dict[str, Any]:
+    """Look something up, as a local activity.
+
+    Args:
+        q: The query.
+    """
+    return {"answer": q.upper()}
+
+
+@turnkit.tool(name="notify_local", local=True)
+def notify_local(message: str) -> dict[str, Any]:
+    """Send a notification (at most once), as a local activity.
+
+    Args:
+        message: What to send.
+    """
+    return {"sent": message}
+
+
+@turnkit.tool(name="flaky_local", recovery="replay_safe", local=True, initial_retry_interval=0.1)
+def flaky_local(q: str, context: turnkit.ToolContext) -> dict[str, Any]:
+    """Look something up; the first (local) attempt fails, the regular activity's attempt succeeds.
+
+    Args:
+        q: The query.
+    """
+    if context.attempt == 1:
+        raise ConnectionError("the first attempt lost its connection")
+    return {"answer": q.upper(), "attempt": context.attempt}
+
+
 class Gate:
     """Holds a :func:`hold` call until the scenario opens it; ``entered`` is set once the call is inside."""
 
@@ -189,6 +221,7 @@ STEER_AGENT = "history_steerable"
 LAUNCHER_AGENT = "history_launcher"
 HELPER_AGENT = "history_helper"
 AUDITED_AGENT = "history_audited"
+LOCAL_TOOLS_AGENT = "history_local_tools"
 
 #: Agent name -> (tools, limits). The definitions must not change once histories are recorded with them.
 _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
@@ -209,6 +242,7 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     LAUNCHER_AGENT: ((launch_agent,), {}),
     HELPER_AGENT: ((hold,), {}),
     AUDITED_AGENT: ((file_memo,), {"output_policy": needs_recommendation, "output_retries": 1}),
+    LOCAL_TOOLS_AGENT: ((lookup_local, notify_local, flaky_local), {}),
 }
 
 #: Agent name -> its sub-agents (themselves in ``_AGENTS``), exposed as delegation tools named after them.
@@ -408,6 +442,32 @@ async def turn_tools(tk: TurnKit) -> list[Recorded]:
     ]
     await _lane_settled(tk, conversation.id, 1)
     return [turn.id, conversation.id]
+
+
+async def turn_local_tools(tk: TurnKit) -> list[Recorded]:
+    """Local tool calls (``@tool(local=True)``): a replay-safe and an at-most-once call, then a replay-safe call whose
+    local attempt fails and whose second attempt runs as a regular activity, then a final answer."""
+    conversation = await _conversation(
+        tk,
+        LOCAL_TOOLS_AGENT,
+        [
+            call_tools(("lookup_local", {"q": "a"}), ("notify_local", {"message": "found A"})),
+            call_tools(("flaky_local", {"q": "b"})),
+            "all done",
+        ],
+    )
+    turn = await conversation.ask("look things up locally")
+    assert turn.status == "completed", turn.error
+    assert turn.output_text == "all done"
+    executions = await turn.tool_executions()
+    assert [(e.tool_name, e.status) for e in executions] == [
+        ("lookup_local", "completed"),
+        ("notify_local", "completed"),
+        ("flaky_local", "completed"),
+    ]
+    assert executions[2].result == {"answer": "B", "attempt": 2}
+    await _lane_settled(tk, conversation.id, 1)
+    return [turn.id]
 
 
 async def turn_tool_failures(tk: TurnKit) -> list[Recorded]:
@@ -742,6 +802,7 @@ async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
 #: Scenario name (the prefix of its history files) -> scenario.
 SCENARIOS: dict[str, Scenario] = {
     "turn-tools": turn_tools,
+    "turn-local-tools": turn_local_tools,
     "turn-tool-failures": turn_tool_failures,
     "turn-budget": turn_budget,
     "lane-two-turns": lane_two_turns,

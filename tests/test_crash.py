@@ -55,10 +55,13 @@ async def crash_and_recover(
     return conversation, done
 
 
-async def test_at_most_once_tool_runs_once_and_is_interrupted(engine: Engine, crash_dir: Path) -> None:
-    conversation, done = await crash_and_recover(
-        engine, crash_app.at_most_once, "charge it", killed_when=("charge_card",)
-    )
+@pytest.mark.parametrize("agent", [crash_app.at_most_once, crash_app.at_most_once_local], ids=["activity", "local"])
+async def test_at_most_once_tool_runs_once_and_is_interrupted(
+    engine: Engine, crash_dir: Path, agent: turnkit.Agent
+) -> None:
+    """T47: the worker dies while an at-most-once call runs (as an activity, or as a local activity inside the
+    turn's workflow task); the new worker records it "interrupted" and never runs it again."""
+    conversation, done = await crash_and_recover(engine, agent, "charge it", killed_when=("charge_card",))
     assert crash_app.lines("charge_card") == ["call"]  # the body ran exactly once, never again
     [execution] = await done.tool_executions()
     assert execution.status == "interrupted"

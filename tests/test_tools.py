@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from turnkit.agent import Agent
+from turnkit.dispatch import call_policy
 from turnkit.errors import ToolError, ToolValidationError
 from turnkit.model import ToolSpec
 from turnkit.tools import FunctionTool, Tool, ToolContext, as_tool, normalize_result, tool
@@ -101,6 +103,36 @@ def test_recovery_alias_and_validation() -> None:
 
         class Wrong(Tool):
             recovery = "sometimes"  # type: ignore[assignment]
+
+
+def test_a_local_tool_runs_on_the_turns_worker_so_it_cannot_name_a_task_queue() -> None:
+    """``@tool(local=True)``: dispatched as a local activity (the model activity's policy says so); with a
+    ``task_queue`` the definition fails, naming the tool and the queue."""
+
+    @tool(recovery="replay_safe", local=True)
+    def quick(q: str) -> str:
+        """Quick.
+
+        Args:
+            q: The query.
+        """
+        return q
+
+    assert quick.local and not StatusTool.local
+    policy = call_policy(Agent("local_tools", model="scripted", tools=[quick]), "quick")
+    assert (policy.kind, policy.local, policy.at_most_once) == ("tool", True, False)
+    with pytest.raises(ValueError, match=r"tool gpu_quick: a local tool .* cannot have a task_queue \('gpu'\)"):
+
+        @tool(local=True, task_queue="gpu")
+        def gpu_quick() -> str:
+            """On a GPU box."""
+            return ""
+
+    with pytest.raises(ValueError, match="a local tool"):
+
+        class Both(Tool):
+            local = True
+            task_queue = "gpu"
 
 
 def test_validate_definition() -> None:

@@ -7,14 +7,18 @@ import json
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from activities.model import ModelActivities
 from tests.engine import HeldModel, start_turn_workflow
+from tests.history_scenarios import local_activities
 from turnkit.ids import new_id
 from turnkit.model import Result
 from turnkit.payloads import ModelCall, SubmitTurn
+from turnkit.records import INTERRUPTED_MESSAGE
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -308,3 +312,109 @@ async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnK
     assert record.completed_at == first.completed_at
     assert [(m.role, m.text) for m in await conversation.messages()] == [("user", "do it"), ("assistant", "once")]
     assert [t.id for t in await conversation.turns()] == [request.turn_id]
+
+
+# -- local tool calls (@tool(local=True)) -----------------------------------------------------------------------------
+
+
+@turnkit.tool(name="lookup", recovery="replay_safe", local=True)
+def local_lookup(q: str) -> dict[str, Any]:
+    """Look something up, as a local activity.
+
+    Args:
+        q: The query.
+    """
+    return {"answer": q.upper()}
+
+
+async def _events(tk: TurnKit, workflow_id: str) -> list[HistoryEvent]:
+    return list((await tk.client.get_workflow_handle(workflow_id).fetch_history()).events)
+
+
+async def test_a_local_tool_call_costs_its_turn_no_workflow_task(tk: TurnKit) -> None:
+    """The same two-call turn with ``lookup`` as an activity and as a local one: the same transcript, but each local
+    call is a marker of the workflow task that also schedules the next model call, so the turn runs two workflow
+    tasks fewer and schedules no tool activity."""
+    tasks: dict[str, int] = {}
+    for name, lookup_tool in (("activity", lookup), ("local", local_lookup)):
+        client = ScriptedClient([call_tools(("lookup", {"q": "a"})), call_tools(("lookup", {"q": "b"})), "done"])
+        a = turnkit.Agent(f"lookup_{name}", model="scripted", tools=[lookup_tool], client=client)
+        turn = await (await tk.conversation(a)).ask("look up a, then b")
+        assert (turn.status, turn.output_text) == ("completed", "done"), turn.error
+        assert [(e.status, e.result) for e in await turn.tool_executions()] == [
+            ("completed", {"answer": "A"}),
+            ("completed", {"answer": "B"}),
+        ]
+        events = await _events(tk, turn.id)
+        tasks[name] = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+        scheduled = [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        local = [kind for _, kind in local_activities(events)]
+        if name == "local":
+            assert scheduled == ["turnkit.model"] * 3 and local.count("tool:lookup") == 2, (scheduled, local)
+        else:
+            assert scheduled.count("tool:lookup") == 2 and "tool:lookup" not in local, (scheduled, local)
+    assert tasks["local"] == tasks["activity"] - 2, tasks
+
+
+async def test_a_local_replay_safe_tool_whose_attempt_fails_runs_again_as_an_activity(tk: TurnKit) -> None:
+    """T46 for a local tool: the first attempt (local) raises after its effect; the second runs as a regular activity
+    (with the tool's retry policy), with the same execution and idempotency key, and counts as attempt 2."""
+    seen: list[tuple[int, str]] = []
+
+    @turnkit.tool(name="sync_inventory", recovery="replay_safe", local=True, initial_retry_interval=0.1)
+    async def sync_inventory(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Sync the inventory (an idempotent external write)."""
+        seen.append((context.attempt, context.idempotency_key))
+        if context.attempt == 1:
+            raise ConnectionError("lost the connection after the external commit")
+        return {"synced": True}
+
+    client = ScriptedClient([call_tools(("sync_inventory", {})), "synced"])
+    a = turnkit.Agent("local_t46", model="scripted", tools=[sync_inventory], client=client)
+    turn = await (await tk.conversation(a)).ask("sync")
+    assert (turn.status, turn.output_text) == ("completed", "synced"), turn.error
+    [execution] = await turn.tool_executions()
+    assert (execution.status, execution.result) == ("completed", {"synced": True})
+    assert seen == [(1, f"turnkit:tool:{execution.id}"), (2, f"turnkit:tool:{execution.id}")]
+    events = await _events(tk, turn.id)
+    assert [kind for _, kind in local_activities(events)].count("tool:sync_inventory") == 1
+    assert (
+        sum(
+            1
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "tool:sync_inventory"
+        )
+        == 1
+    )
+
+
+async def test_a_local_at_most_once_tool_that_outlives_its_timeout_is_interrupted_not_run_again(tk: TurnKit) -> None:
+    """T47 for a local tool: an at-most-once call whose local attempt times out is recorded "interrupted" (its
+    outcome is unknown), never run again, and the model is told so; the turn goes on."""
+    runs: list[str] = []
+
+    @turnkit.tool(name="charge_card", local=True, timeout=1)
+    async def charge_card(amount: int) -> dict[str, Any]:
+        """Charge a card.
+
+        Args:
+            amount: Cents.
+        """
+        runs.append("run")
+        await asyncio.sleep(5)
+        return {"charged": amount}
+
+    client = ScriptedClient([call_tools(("charge_card", {"amount": 500})), "told the user"])
+    a = turnkit.Agent("local_t47", model="scripted", tools=[charge_card], client=client)
+    turn = await (await tk.conversation(a)).ask("charge it")
+    assert (turn.status, turn.output_text) == ("completed", "told the user"), turn.error
+    [execution] = await turn.tool_executions()
+    assert (execution.status, execution.error) == ("interrupted", {"message": INTERRUPTED_MESSAGE})
+    assert runs == ["run"]
+    [result] = [m for m in client.requests[1].messages if m["role"] == "tool"]
+    assert "unknown" in result["content"]

@@ -56,4 +56,5 @@ def call_policy(agent: Agent, name: str, loaded_skills: Iterable[str] = ()) -> C
         maximum_retry_interval=tool.maximum_retry_interval,
         task_queue=tool.task_queue,
         skill=None if owner is None else owner.key,
+        local=tool.local,
     )

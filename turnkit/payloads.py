@@ -66,6 +66,8 @@ class CallPolicy(BaseModel):
     task_queue: str | None = None
     #: The loaded skill that owns this tool, when it is a skill's tool: the tool activity finds it there.
     skill: str | None = None
+    #: Run the call as a local activity first (``@tool(local=True)``); False in older histories.
+    local: bool = False
 
 
 class QueuedTurn(BaseModel):
@@ -337,6 +339,9 @@ class ToolCallInput(BaseModel):
     root_turn_id: str
     agent_name: str
     call: ToolCallRef
+    #: Attempts of this call made before this activity's first (a local first attempt): ``ToolContext.attempt``
+    #: counts on from them.
+    attempts_before: int = 0
 
 
 #: What the turn does after one proposed call: ``done`` go on with the next call, ``terminal`` the tool ends the turn,

@@ -244,6 +244,11 @@ def _check_declarations(cls: type[Tool]) -> None:
     if cls.recovery not in RECOVERY_MODES:
         raise ValueError(f"unknown recovery mode for tool {cls.name}: {cls.recovery!r}")
     check_task_queue(cls.name, cls.task_queue)
+    if cls.local and cls.task_queue is not None:
+        raise ValueError(
+            f"tool {cls.name}: a local tool runs in the worker that runs its turn, so it cannot have a task_queue "
+            f"({cls.task_queue!r})"
+        )
     arguments = cls.Arguments
     if not (isinstance(arguments, type) and issubclass(arguments, BaseModel)):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f"tool {cls.name}: Arguments must be a pydantic BaseModel subclass")
@@ -297,6 +302,14 @@ class Tool:
     task_queue: ClassVar[str | None] = None
     """The Temporal task queue this tool's activity runs on (a box with a GPU, or with credentials), served by
     ``worker.py --queue NAME --only tools``; None: the turn's own queue."""
+    local: ClassVar[bool] = False
+    """Run each call as a Temporal *local* activity, in the worker that runs the turn's workflow task, instead of an
+    activity task of its own: one workflow task fewer per call (its result and the next model call are in one task),
+    which is ~50 ms on a default dev server. For quick tools (a lookup, a calculation, a store read): a local call has
+    no heartbeat and holds the turn's workflow task while it runs, so a cancel reaches the turn when the call returns
+    (or every ~8 s). Its first attempt runs locally; should it fail, a replay-safe tool's remaining attempts run as a
+    regular activity, and an at-most-once tool's call is settled as any lost attempt is. Cannot be combined with
+    ``task_queue``. docs/design.md, "Local tool calls"."""
     terminal: ClassVar[Terminal] = False
     """Whether a completed call ends the turn, and with which completion message (behaviour §3.8)."""
     read_only: ClassVar[bool] = False
@@ -658,6 +671,7 @@ def _build_function_tool(
     initial_retry_interval: float,
     maximum_retry_interval: float,
     task_queue: str | None,
+    local: bool,
 ) -> FunctionTool[P, R]:
     if isinstance(fn, Tool) or not callable(fn):
         raise TypeError("@tool decorates plain functions")
@@ -708,6 +722,7 @@ def _build_function_tool(
         "initial_retry_interval": initial_retry_interval,
         "maximum_retry_interval": maximum_retry_interval,
         "task_queue": task_queue,
+        "local": local,
         "terminal": terminal,
         "Arguments": arguments_model,
         "__module__": getattr(fn, "__module__", __name__),
@@ -739,6 +754,7 @@ def tool(
     initial_retry_interval: float = 1.0,
     maximum_retry_interval: float = 30.0,
     task_queue: str | None = None,
+    local: bool = False,
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
@@ -756,6 +772,7 @@ def tool(
     initial_retry_interval: float = 1.0,
     maximum_retry_interval: float = 30.0,
     task_queue: str | None = None,
+    local: bool = False,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
     """Turn a typed function (sync or async) into a tool; usable bare (``@tool``) or with options.
 
@@ -777,6 +794,8 @@ def tool(
         maximum_retry_interval: Longest retry delay in seconds (replay-safe tools).
         task_queue: The Temporal task queue the tool's activity runs on (served by ``worker.py --queue NAME --only
             tools``); None (the default) runs it on the turn's own queue.
+        local: Run each call as a local activity in the turn's worker, one workflow task fewer per call; for quick
+            tools (see :attr:`Tool.local`).
 
     Returns:
         A :class:`FunctionTool`, or a decorator producing one.
@@ -784,7 +803,7 @@ def tool(
     Raises:
         ValueError: ``"context is a reserved parameter name"`` for a ``context`` parameter that is not a
             :class:`ToolContext`, an invalid name, ``*args``/``**kwargs``, an unknown recovery mode, or a
-            ``task_queue`` that is not a non-empty string.
+            ``task_queue`` that is not a non-empty string, or ``local`` together with a ``task_queue``.
     """
 
     def decorate(function: Callable[P, R]) -> FunctionTool[P, R]:
@@ -800,6 +819,7 @@ def tool(
             initial_retry_interval=initial_retry_interval,
             maximum_retry_interval=maximum_retry_interval,
             task_queue=task_queue,
+            local=local,
         )
 
     if fn is not None:

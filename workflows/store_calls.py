@@ -29,7 +29,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, CancelledError
 
-__all__ = ["LOCAL_STORE_CALLS", "STORE_RETRY", "STORE_TIMEOUT", "store_call"]
+__all__ = ["LOCAL_RETRY", "LOCAL_STORE_CALLS", "STORE_RETRY", "STORE_TIMEOUT", "store_call"]
 
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 STORE_TIMEOUT = timedelta(seconds=30)

@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
 
-from workflows.store_calls import STORE_RETRY, STORE_TIMEOUT, store_call
+from workflows.store_calls import LOCAL_RETRY, STORE_RETRY, STORE_TIMEOUT, store_call
 
 __all__ = ["TurnWorkflow"]
 
@@ -472,16 +472,39 @@ class TurnWorkflow:
         self._details(f"tool {call.name}")
         policy = _policy_of(turn, call)
         timeout, heartbeat, retry = _tool_policy(policy)
+        request = ToolCallInput(
+            turn_id=turn.turn_id,
+            conversation_id=turn.conversation_id,
+            root_turn_id=turn.root_turn_id,
+            agent_name=turn.agent_name,
+            call=call,
+        )
+        if policy.local:
+            # @tool(local=True): the first attempt runs in this worker, inside this workflow task, so its result and
+            # the next model call need no workflow task of their own (docs/design.md, "Local tool calls").
+            try:
+                return await workflow.execute_local_activity(
+                    f"tool:{call.name}",
+                    request,
+                    result_type=ToolOutcome,
+                    start_to_close_timeout=timeout,
+                    retry_policy=LOCAL_RETRY,  # one attempt: the SDK's local retries are unreliable (store_calls)
+                    summary=f"tool {call.name} · local",
+                )
+            except Exception as err:
+                # The SDK raises a local attempt's failure itself (an ActivityError only for a timeout).
+                failure = err.cause if isinstance(err, ActivityError) else err
+                if self._cancelled or isinstance(failure, CancelledError):
+                    raise asyncio.CancelledError() from err
+                if policy.at_most_once or policy.max_attempts <= 1:
+                    return await self._settle_failed(turn, call, policy, failure)
+                # A replay-safe call's remaining attempts run as a regular activity: the same execution and key.
+                request = request.model_copy(update={"attempts_before": 1})
+                retry = _retries(policy, policy.max_attempts - 1)
         try:
             return await workflow.execute_activity(
                 f"tool:{call.name}",
-                ToolCallInput(
-                    turn_id=turn.turn_id,
-                    conversation_id=turn.conversation_id,
-                    root_turn_id=turn.root_turn_id,
-                    agent_name=turn.agent_name,
-                    call=call,
-                ),
+                request,
                 result_type=ToolOutcome,
                 start_to_close_timeout=timeout,
                 heartbeat_timeout=heartbeat,
@@ -491,21 +514,26 @@ class TurnWorkflow:
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
-            # The attempt was lost (worker died, timed out) or the last retry failed: record that, never re-run an
-            # at-most-once tool. A lost attempt's outcome is unknown; the model is told so (behaviour §5.8).
-            lost = isinstance(err.cause, ActivityTimeoutError)
-            if not lost and policy.at_most_once and workflow.patched(INTERRUPTED_UNLESS_RAISED):
-                # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,
-                # the worker) may have come after the body ran, so it is "interrupted", never "failed".
-                lost = not (isinstance(err.cause, ApplicationError) and err.cause.type == TOOL_RAISED)
-            settle = SettleToolCall(
-                turn_id=turn.turn_id,
-                conversation_id=turn.conversation_id,
-                call=call,
-                outcome="interrupted" if lost else "failed",
-                message=INTERRUPTED_MESSAGE if lost else _failure(err)[1],
-            )
-            return await store_call("turnkit.settle_tool", settle, ToolOutcome, summary=f"settle {call.name}")
+            return await self._settle_failed(turn, call, policy, err.cause)
+
+    async def _settle_failed(
+        self, turn: TurnInput, call: ToolCallRef, policy: CallPolicy, failure: BaseException | None
+    ) -> ToolOutcome:
+        """Record a call whose last attempt failed or was lost (worker died, timed out); never re-run an at-most-once
+        tool. A lost attempt's outcome is unknown; the model is told so (behaviour §5.8)."""
+        lost = isinstance(failure, ActivityTimeoutError)
+        if not lost and policy.at_most_once and workflow.patched(INTERRUPTED_UNLESS_RAISED):
+            # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,
+            # the worker) may have come after the body ran, so it is "interrupted", never "failed".
+            lost = not (isinstance(failure, ApplicationError) and failure.type == TOOL_RAISED)
+        settle = SettleToolCall(
+            turn_id=turn.turn_id,
+            conversation_id=turn.conversation_id,
+            call=call,
+            outcome="interrupted" if lost else "failed",
+            message=INTERRUPTED_MESSAGE if lost else _failure_of(failure)[1],
+        )
+        return await store_call("turnkit.settle_tool", settle, ToolOutcome, summary=f"settle {call.name}")
 
     async def _finish(self, turn: TurnInput, status: str, error_class: str, message: str) -> TurnOutcome:
         finish = FinishTurn(turn_id=turn.turn_id, status=status, error_class=error_class, error_message=message)  # type: ignore[arg-type]
@@ -561,20 +589,27 @@ def _tool_policy(policy: CallPolicy) -> tuple[timedelta, timedelta, RetryPolicy]
         return timedelta(seconds=30), timedelta(seconds=30), RetryPolicy(maximum_attempts=1)
     timeout = timedelta(seconds=policy.timeout)
     heartbeat = timedelta(seconds=policy.heartbeat)
-    if not policy.at_most_once:
-        retry = RetryPolicy(
-            initial_interval=timedelta(seconds=policy.initial_retry_interval),
-            maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
-            maximum_attempts=policy.max_attempts,
-        )
-    else:
-        retry = RetryPolicy(maximum_attempts=1)  # at most once: a lost attempt is "interrupted", never re-run
+    # At most once: one attempt; a lost one is "interrupted", never re-run.
+    retry = RetryPolicy(maximum_attempts=1) if policy.at_most_once else _retries(policy, policy.max_attempts)
     return timeout, heartbeat, retry
+
+
+def _retries(policy: CallPolicy, attempts: int) -> RetryPolicy:
+    """A replay-safe tool's retry policy, for ``attempts`` attempts."""
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=policy.initial_retry_interval),
+        maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
+        maximum_attempts=attempts,
+    )
 
 
 def _failure(err: ActivityError) -> tuple[str, str]:
     """The TurnKit error class and message behind a failed activity."""
-    cause = err.cause
+    return _failure_of(err.cause, err)
+
+
+def _failure_of(cause: BaseException | None, err: BaseException | None = None) -> tuple[str, str]:
+    """The TurnKit error class and message of a failed attempt's ``cause`` (``err``: what wrapped it, if anything)."""
     if isinstance(cause, ApplicationError):
         name = cause.type or "Error"
         if name == "TransientModelError":  # retried until the attempts ran out: the provider failed the turn
@@ -582,7 +617,7 @@ def _failure(err: ActivityError) -> tuple[str, str]:
         return (name if name.startswith("TurnKit::") else f"TurnKit::{name}" if _turnkit(name) else name), cause.message
     if isinstance(cause, ActivityTimeoutError):
         return "TurnKit::ModelError", f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
-    return type(cause).__name__ if cause else "Error", str(cause or err)
+    return type(cause).__name__ if cause else "Error", str(cause or err or "")
 
 
 def _turnkit(name: str) -> bool:

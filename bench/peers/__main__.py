@@ -60,6 +60,7 @@ class Spec:
     title: str
     peer: bool
     database_url: str | None = None
+    local_tool: bool = False  # TurnKit: the tool as @tool(local=True)
 
 
 PEERS = [
@@ -111,6 +112,8 @@ async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
     command = [sys.executable, "-m", "bench.peers.serve"]
     if spec.database_url:
         command += ["--database-url", spec.database_url]
+    if spec.local_tool:
+        command += ["--local-tool"]
     command += [spec.system, "--", *flags]  # options before the positionals: argparse takes no option after them
     log = logdir / f"{spec.key}.log"
     with log.open("wb") as stderr:
@@ -257,8 +260,7 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
     peers = [s for s in specs if s.peer]
     header = ["K", *(s.title for s in specs)]
     if peers:
-        for s in ours:
-            header += [f"{s.title} latency ÷ faster peer", f"{s.title} throughput ÷ faster peer"]
+        header += [f"{s.title}: latency / throughput ÷ faster peer" for s in ours]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for k in args.k:
         row = [str(k)]
@@ -270,8 +272,8 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
             busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in peers)
             for s in ours:
                 f = per_spec[s.key][k]
-                row.append(f"{statistics.median(f.latency) / fastest:.2f}x")
-                row.append(f"{statistics.median(f.throughput) / busiest:.2f}x")
+                latency, throughput = statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
+                row.append(f"{latency:.2f}x / {throughput:.2f}x")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -300,7 +302,8 @@ def report(
 ) -> str:
     out = [f"Peers benchmark · {env[0]}", "", env[1], ""]
     out.append(
-        f"Workload: K tool-calling iterations (one replay-safe tool, an activity returning a short string) + a final "
+        f"Workload: K tool-calling iterations (one replay-safe tool, an activity returning a short string; in the "
+        f"'local tool' columns TurnKit's tool is declared `@tool(local=True)`, a local activity) + a final "
         f"answer, from an offline scripted model that runs as an activity; a fresh workflow (peers) or conversation "
         f"(TurnKit) per turn; each system on its own dev server. Sequential: median of {args.turns} turns back to "
         f"back after {args.warmup} warm-up; throughput: {args.burst} turns started at once. {args.rounds} round(s), "
@@ -362,6 +365,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="systems to run (openai_agents,pydantic_ai,turnkit)",
     )
     parser.add_argument(
+        "--tool-kinds",
+        type=lambda t: [s for s in t.split(",") if s],
+        default=["activity", "local"],
+        help="TurnKit's tool as an activity, as @tool(local=True), or both (activity,local)",
+    )
+    parser.add_argument(
         "--postgres-url",
         default=os.environ.get("TURNKIT_BENCH_POSTGRES_URL"),
         help="also run TurnKit on this PostgreSQL database, which it writes to (default $TURNKIT_BENCH_POSTGRES_URL)",
@@ -373,17 +382,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
         parser.error(f"unknown --settings {unknown}; choose from {list(SETTINGS)}")
+    kinds = [k for k in args.tool_kinds if k not in ("activity", "local")]
+    if kinds:
+        parser.error(f"unknown --tool-kinds {kinds}; choose from activity, local")
     return args
 
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
     specs = [p for p in PEERS if p.system in args.systems]
     if "turnkit" in args.systems:
-        specs.append(Spec("turnkit_sqlite", "turnkit", "TurnKit (SQLite)", peer=False))
+        stores = [("sqlite", "SQLite", None)]
         if args.postgres_url:
-            specs.append(
-                Spec("turnkit_pg", "turnkit", "TurnKit (PostgreSQL)", peer=False, database_url=args.postgres_url)
-            )
+            stores.append(("pg", "PostgreSQL", args.postgres_url))
+        for key, title, url in stores:
+            for kind in args.tool_kinds:
+                local = kind == "local"
+                specs.append(
+                    Spec(
+                        f"turnkit_{key}{'_local' if local else ''}",
+                        "turnkit",
+                        f"TurnKit ({title}{', local tool' if local else ''})",
+                        peer=False,
+                        database_url=url,
+                        local_tool=local,
+                    )
+                )
     return specs
 
 

@@ -187,9 +187,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="one system under test (driven by python -m bench.peers)")
     parser.add_argument("system", choices=sorted(SYSTEMS))
     parser.add_argument("--database-url", help="TurnKit's store (default: a temporary SQLite file)")
+    parser.add_argument("--local-tool", action="store_true", help="TurnKit's tool as @tool(local=True)")
     parser.add_argument("server_flags", nargs="*", help="extra flags for `temporal server start-dev`, after --")
     args = parser.parse_args()
-    options = {"database_url": args.database_url} if args.database_url else {}
+    options: dict[str, Any] = {"database_url": args.database_url} if args.database_url else {}
+    if args.local_tool:
+        options["local_tool"] = True
     # The protocol owns the original stdout; everything else printed in this process goes to stderr.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

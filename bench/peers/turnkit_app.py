@@ -3,7 +3,8 @@ temporary SQLite file unless a database URL is given), a client with ``TurnKitPl
 own task queue with an in-process worker. Each turn is ``tk.conversation(agent)`` then ``Conversation.ask``: a
 fresh conversation, as a peer runs each turn as a fresh workflow. The model is TurnKit's ``ScriptedClient`` (run by
 the ``turnkit.model`` activity) with a function that follows :mod:`bench.peers.workload`; the tool is replay-safe,
-so it runs as an activity.
+so it runs as an activity, or, with ``local_tool``, declared ``@tool(local=True)``: a local activity inside the
+turn's workflow task (a separate agent, ``bench_peers_local``, so both can be registered in one process).
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ async def lookup(q: str) -> str:
     return workload.lookup_result(q)
 
 
+@turnkit.tool(name=workload.TOOL_NAME, recovery="replay_safe", local=True)
+async def lookup_local(q: str) -> str:
+    """Look something up.
+
+    Args:
+        q: The query.
+    """
+    return workload.lookup_result(q)
+
+
 def scripted_model(request: turnkit.ModelRequest) -> turnkit.Result:
     """The scripted model: counts the tool results after the user message (a fresh conversation per turn)."""
     user = next(m for m in reversed(request.messages) if m.get("role") == "user")
@@ -46,17 +57,23 @@ def scripted_model(request: turnkit.ModelRequest) -> turnkit.Result:
     return turnkit.Result.build(text=workload.final_answer(k), usage=turnkit.Usage(input_tokens=10, output_tokens=2))
 
 
-AGENT = turnkit.register(
-    turnkit.Agent(
-        "bench_peers",
-        model="scripted",
-        instructions=workload.INSTRUCTIONS,
-        tools=[lookup],
-        client=ScriptedClient(scripted_model),
-        max_iterations=100,
-        compaction=False,  # the script counts the tool results it sees; a summary would replace them
+def _agent(name: str, tool: turnkit.Tool) -> turnkit.Agent:
+    return turnkit.register(
+        turnkit.Agent(
+            name,
+            model="scripted",
+            instructions=workload.INSTRUCTIONS,
+            tools=[tool],
+            client=ScriptedClient(scripted_model),
+            max_iterations=100,
+            compaction=False,  # the script counts the tool results it sees; a summary would replace them
+        )
     )
-)
+
+
+AGENT = _agent("bench_peers", lookup)
+#: The same agent with the tool as a local activity.
+LOCAL_AGENT = _agent("bench_peers_local", lookup_local)
 
 
 class System:
@@ -64,7 +81,8 @@ class System:
 
     client: Client
 
-    def __init__(self, database_url: str | None = None) -> None:
+    def __init__(self, database_url: str | None = None, local_tool: bool = False) -> None:
+        self.agent = LOCAL_AGENT if local_tool else AGENT
         self._tmp = tempfile.TemporaryDirectory(prefix="turnkit-bench-peers-")
         self.database_url = database_url or f"sqlite+aiosqlite:///{Path(self._tmp.name) / 'store.db'}"
         self._store: Store | None = None
@@ -86,7 +104,7 @@ class System:
 
     async def turn(self, k: int) -> list[str]:
         assert self._tk is not None
-        conversation = await self._tk.conversation(AGENT)
+        conversation = await self._tk.conversation(self.agent)
         turn = await conversation.ask(workload.prompt(k))
         if turn.status != "completed":
             raise RuntimeError(f"turn {turn.id} ended {turn.status}: {turn.error}")
