@@ -35,6 +35,7 @@ from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
 from turnkit.tool_queues import tools_on_queue
 from turnkit.tracing import add_tracing_argument
+from turnkit.worker_arguments import add_sandbox_argument
 
 log = logging.getLogger("turnkit.worker")
 
@@ -70,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_tracing_argument(parser)
+    add_sandbox_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -83,7 +85,8 @@ async def run(args: argparse.Namespace) -> None:
     served = _served_tools(args.task_queue) if tools_only else ""
     store = await Store.open(args.database_url)
     try:
-        plugin = TurnKitPlugin(store, tracing=args.tracing, tools_only=tools_only)
+        sandbox = getattr(args, "sandbox", True)
+        plugin = TurnKitPlugin(store, tracing=args.tracing, tools_only=tools_only, sandbox=sandbox)
         client = await Client.connect(address, **options, plugins=[plugin])
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
@@ -98,7 +101,8 @@ async def run(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stop.set)
         async with worker:
             log.info("turnkit worker polling %s on %s (%s)", args.task_queue, address, options["namespace"])
-            print(f"worker ready: task queue {args.task_queue} on {address}{served}", flush=True)
+            unsandboxed = "" if sandbox or tools_only else " (workflows unsandboxed)"
+            print(f"worker ready: task queue {args.task_queue} on {address}{served}{unsandboxed}", flush=True)
             await stop.wait()
             log.info("shutting down")
     finally:

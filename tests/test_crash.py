@@ -17,8 +17,8 @@ from turnkit.records import INTERRUPTED_MESSAGE
 pytestmark = pytest.mark.crash
 
 
-async def start_worker(engine: Engine, **env: str) -> WorkerProcess:
-    return await WorkerProcess.for_engine(engine, app="tests.crash_app", env=env)
+async def start_worker(engine: Engine, *args: str, **env: str) -> WorkerProcess:
+    return await WorkerProcess.for_engine(engine, app="tests.crash_app", env=env, extra_args=args)
 
 
 async def crash_and_recover(
@@ -29,11 +29,14 @@ async def crash_and_recover(
     killed_when: tuple[str, ...],
     on_release: Callable[[], None] | None = None,
     while_down: Callable[[turnkit.Turn], Awaitable[None]] | None = None,
+    worker_args: tuple[str, ...] = (),
     **first_env: str,
 ) -> tuple[turnkit.Conversation, turnkit.Turn]:
     """Ask on a first worker, SIGKILL it once every trace in ``killed_when`` has a line, finish on a second worker."""
     register(agent)
-    first = await start_worker(engine, **first_env)
+    first = await start_worker(engine, *worker_args, **first_env)
+    if "--no-sandbox" in worker_args:  # the worker says how it runs the workflows
+        assert first.ready_line.endswith("(workflows unsandboxed)"), first.ready_line
     conversation = await engine.tk.conversation(agent)
     turn = await conversation.ask(text, wait=False)
 
@@ -46,7 +49,7 @@ async def crash_and_recover(
         on_release()
     if while_down is not None:
         await while_down(turn)  # what the store says with no worker running
-    second = await start_worker(engine)
+    second = await start_worker(engine, *worker_args)
     try:
         done = await turn.result(timeout=120)
     finally:
@@ -79,6 +82,18 @@ async def test_replay_safe_tool_runs_again_with_the_same_key(engine: Engine, cra
     assert execution.status == "completed"
     assert execution.result == {"synced": "A-1", "key": keys[0]}
     assert keys[0] == f"turnkit:tool:{execution.id}"
+
+
+async def test_unsandboxed_workers_finish_a_turn_after_a_crash(engine: Engine, crash_dir: Path) -> None:
+    """``worker.py --no-sandbox``: workers that run the workflows unsandboxed survive a kill like sandboxed ones (the
+    new worker replays the turn's history and retries the tool with the same key)."""
+    _, done = await crash_and_recover(
+        engine, crash_app.replay_safe, "sync", killed_when=("sync_inventory",), worker_args=("--no-sandbox",)
+    )
+    keys = crash_app.lines("sync_inventory")
+    assert len(keys) == 2 and keys[0] == keys[1]
+    [execution] = await done.tool_executions()
+    assert execution.status == "completed"
 
 
 async def test_committed_model_response_is_not_requested_again(engine: Engine, crash_dir: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import turnkit
@@ -155,3 +155,21 @@ async def test_strict_sandbox_runs_workflow_code_from_source(monkeypatch: pytest
     else:
         with pytest.raises(workflow.NondeterminismError):
             await replayer.replay_workflow(load_history(path))
+
+
+async def test_an_unsandboxed_worker_replays_every_recorded_history() -> None:
+    """``TurnKitPlugin(sandbox=False)`` (``worker.py --no-sandbox``) runs the workflows with the unsandboxed runner;
+    a worker so configured replays every checked-in history as the sandboxed one does (a cache eviction or a crash
+    makes a worker replay), and the strict sandbox cannot be asked for without the sandbox."""
+    register_scenario_agents()
+    plugin = TurnKitPlugin(sandbox=False)
+    replayer = Replayer(workflows=[], plugins=[plugin])
+    assert isinstance(replayer.config(active_config=True).get("workflow_runner"), UnsandboxedWorkflowRunner)
+    failures: dict[str, str] = {}
+    for path in HISTORIES:
+        result = await replayer.replay_workflow(load_history(path), raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            failures[path.name] = str(result.replay_failure)
+    assert not failures, failures
+    with pytest.raises(turnkit.ConfigError, match="strict_sandbox=True needs sandbox=True"):
+        TurnKitPlugin(strict_sandbox=True, sandbox=False)

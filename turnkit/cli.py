@@ -46,6 +46,7 @@ from turnkit.connection import add_connection_arguments, client_options_from_arg
 from turnkit.errors import ConfigError
 from turnkit.process import exit_process
 from turnkit.tracing import add_tracing_argument
+from turnkit.worker_arguments import add_sandbox_argument
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -510,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_tracing_argument(worker)
+    add_sandbox_argument(worker)
     worker.add_argument(
         "--queue", dest="task_queue", default=argparse.SUPPRESS, metavar="NAME", help="same as --task-queue"
     )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import WorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from turnkit.errors import ConfigError
@@ -41,6 +41,10 @@ def _sandbox(*extra: str) -> Callable[[WorkflowRunner | None], WorkflowRunner]:
     return runner_for
 
 
+def _unsandboxed(_: WorkflowRunner | None) -> WorkflowRunner:
+    return UnsandboxedWorkflowRunner()
+
+
 class TurnKitPlugin(SimplePlugin):
     """Registers TurnKit on a Temporal client, worker or replayer.
 
@@ -61,10 +65,16 @@ class TurnKitPlugin(SimplePlugin):
             uses: the sandbox still runs each workflow with its own globals and restricted builtins, and a new
             workflow run's sandbox costs ~0.4 ms of CPU instead of ~17 ms (``python -m bench.sandbox_cost``; see
             docs/design.md, "Why each piece is where it is").
+        sandbox: Run the workflows in Temporal's sandbox (the default). False runs them with
+            ``UnsandboxedWorkflowRunner``: ~6 ms less CPU per 1-iteration turn (8 to 11%, ``python -m bench.cpu_profile
+            --no-sandbox``), because the sandbox's per-activation work goes. The workflows run only TurnKit's own code
+            (agents, tools and hooks run in activities), and CI replays every checked-in history under the strict
+            sandbox; what is given up is a run-time check of that code, not of yours. ``worker.py --no-sandbox``.
 
     Raises:
         InputError: ``tracing`` is not one of these.
-        ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store.
+        ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store;
+            ``strict_sandbox`` without ``sandbox``.
     """
 
     def __init__(
@@ -74,6 +84,7 @@ class TurnKitPlugin(SimplePlugin):
         tracing: Tracing = False,
         tools_only: bool = False,
         strict_sandbox: bool = False,
+        sandbox: bool = True,
     ) -> None:
         # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
@@ -81,6 +92,8 @@ class TurnKitPlugin(SimplePlugin):
         from activities.store_failures import StoreFailureInterceptor
         from workflows import ALL_WORKFLOWS
 
+        if strict_sandbox and not sandbox:
+            raise ConfigError("strict_sandbox=True needs sandbox=True: the strict sandbox is a sandbox")
         if tools_only and store is None:
             raise ConfigError("a tools-only TurnKitPlugin needs the store: tool calls write their records")
         activities = None
@@ -99,5 +112,5 @@ class TurnKitPlugin(SimplePlugin):
             workflows=None if tools_only else ALL_WORKFLOWS,
             activities=activities,
             interceptors=interceptors or None,
-            workflow_runner=_sandbox(*shared),
+            workflow_runner=_sandbox(*shared) if sandbox else _unsandboxed,
         )

@@ -81,7 +81,8 @@ class System:
 
     client: Client
 
-    def __init__(self, database_url: str | None = None, local_tool: bool = False) -> None:
+    def __init__(self, database_url: str | None = None, local_tool: bool = False, sandbox: bool = True) -> None:
+        self.sandbox = sandbox
         self.agent = LOCAL_AGENT if local_tool else AGENT
         self._tmp = tempfile.TemporaryDirectory(prefix="turnkit-bench-peers-")
         self.database_url = database_url or f"sqlite+aiosqlite:///{Path(self._tmp.name) / 'store.db'}"
@@ -91,7 +92,7 @@ class System:
 
     async def open(self, address: str) -> None:
         self._store = await Store.open(self.database_url)
-        self.client = await Client.connect(address, plugins=[TurnKitPlugin(self._store)])
+        self.client = await Client.connect(address, plugins=[TurnKitPlugin(self._store, sandbox=self.sandbox)])
         self._tk = TurnKit(self.client, self._store, task_queue=f"bench-turnkit-{uuid.uuid4().hex[:8]}")
         self._worker = self._tk.worker()
         await self._worker.__aenter__()
