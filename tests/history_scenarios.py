@@ -337,6 +337,15 @@ def local_activities(events: list[HistoryEvent]) -> list[tuple[int, str]]:
     return found
 
 
+def scheduled_activities(events: list[HistoryEvent]) -> list[str]:
+    """The types of the activities a history scheduled (activity tasks, not local activities), in order."""
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+
+
 def activity_types(events: list[HistoryEvent]) -> list[str]:
     """The activity types a history ran, in order: scheduled activities and local activities (their markers)."""
     local = dict(local_activities(events))

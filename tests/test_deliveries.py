@@ -11,6 +11,7 @@ import pytest
 
 import turnkit
 from tests.engine import busy_sub_agent, eventually, held_tool, lane_buffers
+from tests.history_scenarios import local_activities, scheduled_activities
 from turnkit.builtin_tools import send_message
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
@@ -123,6 +124,8 @@ async def test_completion_callback_delivers_the_result(tk: TurnKit) -> None:
 
 
 async def test_send_message_tool(tk: TurnKit) -> None:
+    """The built-in ``send_message`` delivers once and wakes the idle listener; the call runs as a local activity
+    inside the talker turn's workflow task (``SendMessageTool.local``), not as an activity task of its own."""
     listener, listener_client = echo_agent("listener")
     inbox = await tk.conversation(listener)
     client = ScriptedClient([call_tools(("send_message", {"conversation_id": inbox.id, "text": "ping"})), "sent"])
@@ -136,6 +139,9 @@ async def test_send_message_tool(tk: TurnKit) -> None:
     assert listener_client.calls == 1
     [message] = [m for m in await inbox.messages() if m.metadata.get("delivery_id")]
     assert message.text == "ping" and message.metadata["source_turn_id"] == turn.id
+    events = list((await tk.client.get_workflow_handle(turn.id).fetch_history()).events)
+    assert "tool:send_message" in [kind for _, kind in local_activities(events)]
+    assert "tool:send_message" not in scheduled_activities(events)
 
 
 async def test_delivery_to_a_missing_conversation_writes_nothing(tk: TurnKit) -> None:

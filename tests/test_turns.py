@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 import turnkit
 from activities.model import ModelActivities
 from tests.engine import HeldModel, start_turn_workflow
-from tests.history_scenarios import local_activities
+from tests.history_scenarios import local_activities, scheduled_activities
 from turnkit.ids import new_id
 from turnkit.model import Result
 from turnkit.payloads import ModelCall, SubmitTurn
@@ -347,11 +347,7 @@ async def test_a_local_tool_call_costs_its_turn_no_workflow_task(tk: TurnKit) ->
         ]
         events = await _events(tk, turn.id)
         tasks[name] = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
-        scheduled = [
-            e.activity_task_scheduled_event_attributes.activity_type.name
-            for e in events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        ]
+        scheduled = scheduled_activities(events)
         local = [kind for _, kind in local_activities(events)]
         if name == "local":
             assert scheduled == ["turnkit.model"] * 3 and local.count("tool:lookup") == 2, (scheduled, local)
@@ -382,15 +378,7 @@ async def test_a_local_replay_safe_tool_whose_attempt_fails_runs_again_as_an_act
     assert seen == [(1, f"turnkit:tool:{execution.id}"), (2, f"turnkit:tool:{execution.id}")]
     events = await _events(tk, turn.id)
     assert [kind for _, kind in local_activities(events)].count("tool:sync_inventory") == 1
-    assert (
-        sum(
-            1
-            for e in events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-            and e.activity_task_scheduled_event_attributes.activity_type.name == "tool:sync_inventory"
-        )
-        == 1
-    )
+    assert scheduled_activities(events).count("tool:sync_inventory") == 1
 
 
 async def test_a_local_at_most_once_tool_that_outlives_its_timeout_is_interrupted_not_run_again(tk: TurnKit) -> None:

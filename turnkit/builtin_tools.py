@@ -39,6 +39,9 @@ class SendMessageTool(CoordinationTool):
     name = "send_message"
     description = "Send a text message to another conversation. It is delivered durably, exactly once."
     usage_hint = "Use when another agent's conversation must be told something or asked to act."
+    #: A store write and a signal: quick, so it runs inside the turn's workflow task (docs/design.md, "Local tool
+    #: calls").
+    local = True
 
     class Arguments(BaseModel):
         conversation_id: str = Field(description="The id of the destination conversation (conv_…).")

@@ -120,6 +120,8 @@ class LoadSkillTool(Tool):
     #: No external effect: retrying it is harmless.
     recovery: ClassVar[Recovery] = "replay_safe"
     read_only: ClassVar[bool] = True
+    #: Reads the skill from memory and records it in the store: quick, so it runs inside the turn's workflow task.
+    local: ClassVar[bool] = True
 
     class Arguments(BaseModel):
         key: str = Field(description="The key of the skill to load, as listed in <skills_available>.")
