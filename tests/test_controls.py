@@ -52,6 +52,35 @@ async def test_steering_mid_tool_loop(tk: TurnKit) -> None:
     assert gate.runs == 1
 
 
+async def test_cancel_during_a_local_tool_call(tk: TurnKit) -> None:
+    """A turn cancelled while a ``@tool(local=True)`` call runs inside its workflow task: the record is cancelled at
+    once; the workflow hears of it at the task's next heartbeat (the call holds the task), cancels the call and
+    ends, and the call records no result; the conversation's next turn runs."""
+    gate = Gate()
+    client = ScriptedClient([call_tools(("slow", {})), "next answer"])
+    agent = turnkit.Agent("local_cancel", model="scripted", tools=[gated_tool(gate, local=True)], client=client)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("start", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+
+    cancelled = await turn.cancel()
+    assert cancelled.status == "cancelled"
+    ended = await turn.result(timeout=60)  # the workflow's end: within a task heartbeat (~8 s), not the tool's end
+    assert ended.status == "cancelled"
+
+    async def closed() -> bool:
+        described = await tk.client.get_workflow_handle(turn.id).describe()
+        return described.status is not None and described.status.name != "RUNNING"
+
+    await eventually(closed, timeout=30, what="the turn's workflow to close while the tool is still held")
+    assert not gate.opened.is_set() and gate.runs == 1
+    [execution] = await turn.tool_executions()
+    assert execution.status != "completed" and execution.result is None
+    following = await conversation.ask("again")
+    assert (following.status, following.output_text) == ("completed", "next answer"), following.error
+    assert client.calls == 2
+
+
 async def test_pause_during_a_long_tool_then_resume(tk: TurnKit) -> None:
     gate = Gate()
     client = ScriptedClient([call_tools(("slow", {})), "resumed answer"])
