@@ -2,7 +2,8 @@
 
 Temporal owns where the turn is; the store owns what it said. Each iteration is one ``turnkit.model`` activity
 (reserve the iteration, call the model, persist the response) followed by one activity per tool call, named
-``tool:<name>``, with the retry policy of the tool's recovery mode. Payloads carry ids, never the transcript.
+``tool:<name>``, with the retry policy of the tool's recovery mode; a tool declared ``local=True`` runs as a local
+activity inside the workflow task (docs/design.md, "Local tool calls"). Payloads carry ids, never the transcript.
 
 A long turn continues as new at the top of an iteration when Temporal suggests it (patch ``turn-continues-as-new``),
 carrying what the workflow keeps in memory in its ``TurnInput``; everything else is in the store.
