@@ -37,8 +37,7 @@ def lines(name: str) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-@turnkit.tool(timeout=4)
-async def charge_card(amount: int) -> dict[str, Any]:
+async def _charge(amount: int) -> dict[str, Any]:
     """An external effect that must run at most once. The first call hangs until the worker is killed.
 
     Args:
@@ -47,6 +46,11 @@ async def charge_card(amount: int) -> dict[str, Any]:
     if record("charge_card") == 1:
         await asyncio.sleep(3600)
     return {"charged": amount}
+
+
+charge_card = turnkit.tool(name="charge_card", timeout=4)(_charge)
+#: The same tool as a local one: it runs inside the turn's workflow task when the worker is killed.
+charge_card_local = turnkit.tool(name="charge_card", timeout=4, local=True)(_charge)
 
 
 @turnkit.tool(recovery="replay_safe", timeout=4, max_attempts=5, initial_retry_interval=0.2)
@@ -59,18 +63,6 @@ async def sync_inventory(sku: str, context: turnkit.ToolContext) -> dict[str, An
     if record("sync_inventory", context.idempotency_key) == 1:
         await asyncio.sleep(3600)
     return {"synced": sku, "key": context.idempotency_key}
-
-
-@turnkit.tool(name="charge_card", timeout=4, local=True)
-async def charge_card_local(amount: int) -> dict[str, Any]:
-    """``charge_card`` as a local tool: it runs inside the turn's workflow task when the worker is killed.
-
-    Args:
-        amount: Cents to charge.
-    """
-    if record("charge_card") == 1:
-        await asyncio.sleep(3600)
-    return {"charged": amount}
 
 
 def _scripted(tool_call: tuple[str, dict[str, Any]]) -> ScriptedClient:
