@@ -5,7 +5,10 @@ tests.chaos_app`` with ``TURNKIT_CHAOS_WORKER=1``); the test process imports it 
 The job: ``lead`` delegates to two sub-agents in parallel (``scout`` runs a replay-safe ``sync_inventory``, ``clerk``
 an at-most-once ``charge_card``), launches ``reporter`` with a completion callback, charges the order itself (at
 most once; after a *failed* charge it tries once more, as a model would, but never after an ``interrupted`` one),
-and answers. The callback later wakes ``lead``'s conversation for a second turn.
+and answers. The callback later wakes ``lead``'s conversation for a second turn. ``scout``'s and ``clerk``'s tools are
+local tool calls (``@tool(local=True)``), ``lead``'s charge is an activity: the faults reach both kinds (a kill
+loses a local call's workflow task, a lost completion fails its local attempt), and the store's bookkeeping must hold
+the at-most-once line for both.
 
 Effects land in ``$TURNKIT_CHAOS_DIR/effects/<tool>/<effect id>``, one line per run of the body: an at-most-once
 effect (a charge of one order) must have at most one line, whatever happened to workers, servers and databases.
@@ -67,8 +70,7 @@ async def hang_point(point: str) -> None:
             await asyncio.sleep(0.05)
 
 
-@turnkit.tool(timeout=5)
-async def charge_card(order: str, amount: int, context: turnkit.ToolContext) -> dict[str, Any]:
+async def _charge(order: str, amount: int, context: turnkit.ToolContext) -> dict[str, Any]:
     """Charge an order (an external effect: at most once).
 
     Args:
@@ -80,7 +82,12 @@ async def charge_card(order: str, amount: int, context: turnkit.ToolContext) -> 
     return {"charged": amount, "order": order}
 
 
-@turnkit.tool(recovery="replay_safe", timeout=5, max_attempts=8, initial_retry_interval=0.2)
+#: ``lead`` charges through an activity, ``clerk`` through a local tool call: the same at-most-once line for both.
+charge_card = turnkit.tool(name="charge_card", timeout=5)(_charge)
+charge_card_local = turnkit.tool(name="charge_card", timeout=5, local=True)(_charge)
+
+
+@turnkit.tool(recovery="replay_safe", timeout=5, max_attempts=8, initial_retry_interval=0.2, local=True)
 async def sync_inventory(sku: str, context: turnkit.ToolContext) -> dict[str, Any]:
     """Sync one item (replay-safe: runs again with the same idempotency key).
 
@@ -154,7 +161,7 @@ scout = turnkit.Agent(
 clerk = turnkit.Agent(
     "clerk",
     model="scripted",
-    tools=[charge_card],
+    tools=[charge_card_local],
     client=_worker("charge_card", lambda r: {"order": _order(r), "amount": 5}, "charged"),
 )
 reporter = turnkit.Agent("reporter", model="scripted", client=_Reporter())
