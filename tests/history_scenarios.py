@@ -337,6 +337,16 @@ def local_activities(events: list[HistoryEvent]) -> list[tuple[int, str]]:
     return found
 
 
+async def history_events(tk: TurnKit, workflow_id: str) -> list[HistoryEvent]:
+    """The events of a workflow's latest run, as the server holds them now."""
+    return list((await tk.client.get_workflow_handle(workflow_id).fetch_history()).events)
+
+
+def local_activity_types(events: list[HistoryEvent]) -> list[str]:
+    """The types of the local activities a history ran (their markers), in order."""
+    return [kind for _, kind in local_activities(events)]
+
+
 def scheduled_activities(events: list[HistoryEvent]) -> list[str]:
     """The types of the activities a history scheduled (activity tasks, not local activities), in order."""
     return [

@@ -11,7 +11,7 @@ import pytest
 
 import turnkit
 from tests.engine import busy_sub_agent, eventually, held_tool, lane_buffers
-from tests.history_scenarios import local_activities, scheduled_activities
+from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
 from turnkit.builtin_tools import send_message
 from turnkit.payloads import LaneStatus
 from turnkit.runtime import TurnKit
@@ -139,8 +139,8 @@ async def test_send_message_tool(tk: TurnKit) -> None:
     assert listener_client.calls == 1
     [message] = [m for m in await inbox.messages() if m.metadata.get("delivery_id")]
     assert message.text == "ping" and message.metadata["source_turn_id"] == turn.id
-    events = list((await tk.client.get_workflow_handle(turn.id).fetch_history()).events)
-    assert "tool:send_message" in [kind for _, kind in local_activities(events)]
+    events = await history_events(tk, turn.id)
+    assert "tool:send_message" in local_activity_types(events)
     assert "tool:send_message" not in scheduled_activities(events)
 
 

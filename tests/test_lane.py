@@ -7,11 +7,10 @@ from itertools import pairwise
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.history.v1 import HistoryEvent
 
 import turnkit
 from tests.engine import Engine, eventually, held_tool
-from tests.history_scenarios import activity_types, local_activities
+from tests.history_scenarios import activity_types, history_events, local_activities
 from tests.test_lost_completions import LocalAttemptFault
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -130,10 +129,6 @@ async def test_a_queued_turn_cancelled_before_it_started_does_not_hold_up_the_ne
 # -- store calls: one local attempt, then a regular activity when it fails -----------------------------------------
 
 
-async def _lane_events(tk: TurnKit, conversation_id: str) -> list[HistoryEvent]:
-    return list((await tk.client.get_workflow_handle(conversation_id).fetch_history()).events)
-
-
 async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task(tk: TurnKit) -> None:
     """Issue 9 (patches local-store-calls, lane-starts-turns): the submit and the turn's start run as local
     activities, so the lane's first workflow task accepts the update, writes the turn and starts the turn's workflow
@@ -142,7 +137,7 @@ async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task
     conversation = await tk.conversation(turnkit.Agent("fast-lane", model="scripted", client=client))
     turn = await conversation.ask("hi")
     assert turn.status == "completed" and turn.output_text == "hello"
-    events = await _lane_events(tk, conversation.id)
+    events = await history_events(tk, conversation.id)
     assert activity_types(events)[:2] == ["turnkit.submit_turn", "turnkit.start_turn"]
     assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     kinds = [e.event_type for e in events]
@@ -158,7 +153,7 @@ async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task
     async def lane_saw_the_end() -> bool:
         return any(
             e.workflow_execution_signaled_event_attributes.signal_name == "target_finished"
-            for e in await _lane_events(tk, conversation.id)
+            for e in await history_events(tk, conversation.id)
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
         )
 
@@ -176,7 +171,7 @@ async def test_a_store_call_whose_local_attempt_fails_runs_again_as_an_activity(
         turn = await conversation.ask("hi")
     assert turn.status == "completed" and turn.output_text == "still here"
     assert fault.failed == 1  # the one local attempt (LOCAL_RETRY) failed
-    events = await _lane_events(engine.tk, conversation.id)
+    events = await history_events(engine.tk, conversation.id)
     scheduled = [
         e.activity_task_scheduled_event_attributes.activity_type.name
         for e in events

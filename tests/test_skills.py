@@ -12,7 +12,7 @@ import pytest
 import turnkit
 from tests import crash_app, skills_app
 from tests.engine import Engine, eventually
-from tests.history_scenarios import local_activities, scheduled_activities
+from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
 from tests.workers import WorkerProcess
 from turnkit.agent import Agent, register
 from turnkit.config import configure
@@ -105,8 +105,8 @@ async def test_a_skill_tool_joins_the_tool_set_after_load_skill(tk: TurnKit) -> 
     # The load is stored with the turn (written with the load's result), never kept in workflow memory.
     assert (await tk.store.load_turn(turn.id)).options.state.loaded_skills == ["reading"]
     # load_skill is quick and runs inside the turn's workflow task (LoadSkillTool.local), a skill's tool as declared.
-    events = list((await tk.client.get_workflow_handle(turn.id).fetch_history()).events)
-    assert [kind for _, kind in local_activities(events)].count("tool:load_skill") == 1
+    events = await history_events(tk, turn.id)
+    assert local_activity_types(events).count("tool:load_skill") == 1
     assert "tool:load_skill" not in scheduled_activities(events)
     assert scheduled_activities(events).count("tool:skill_read") == 2
 

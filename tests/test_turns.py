@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.history.v1 import HistoryEvent
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from activities.model import ModelActivities
 from tests.engine import HeldModel, start_turn_workflow
-from tests.history_scenarios import local_activities, scheduled_activities
+from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
 from turnkit.ids import new_id
 from turnkit.model import Result
 from turnkit.payloads import ModelCall, SubmitTurn
@@ -327,10 +326,6 @@ def local_lookup(q: str) -> dict[str, Any]:
     return {"answer": q.upper()}
 
 
-async def _events(tk: TurnKit, workflow_id: str) -> list[HistoryEvent]:
-    return list((await tk.client.get_workflow_handle(workflow_id).fetch_history()).events)
-
-
 async def test_a_local_tool_call_costs_its_turn_no_workflow_task(tk: TurnKit) -> None:
     """The same two-call turn with ``lookup`` as an activity and as a local one: the same transcript, but each local
     call is a marker of the workflow task that also schedules the next model call, so the turn runs two workflow
@@ -345,10 +340,10 @@ async def test_a_local_tool_call_costs_its_turn_no_workflow_task(tk: TurnKit) ->
             ("completed", {"answer": "A"}),
             ("completed", {"answer": "B"}),
         ]
-        events = await _events(tk, turn.id)
+        events = await history_events(tk, turn.id)
         tasks[name] = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
         scheduled = scheduled_activities(events)
-        local = [kind for _, kind in local_activities(events)]
+        local = local_activity_types(events)
         if name == "local":
             assert scheduled == ["turnkit.model"] * 3 and local.count("tool:lookup") == 2, (scheduled, local)
         else:
@@ -376,8 +371,8 @@ async def test_a_local_replay_safe_tool_whose_attempt_fails_runs_again_as_an_act
     [execution] = await turn.tool_executions()
     assert (execution.status, execution.result) == ("completed", {"synced": True})
     assert seen == [(1, f"turnkit:tool:{execution.id}"), (2, f"turnkit:tool:{execution.id}")]
-    events = await _events(tk, turn.id)
-    assert [kind for _, kind in local_activities(events)].count("tool:sync_inventory") == 1
+    events = await history_events(tk, turn.id)
+    assert local_activity_types(events).count("tool:sync_inventory") == 1
     assert scheduled_activities(events).count("tool:sync_inventory") == 1
 
 

@@ -29,7 +29,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, CancelledError
 
-__all__ = ["LOCAL_RETRY", "LOCAL_STORE_CALLS", "STORE_RETRY", "STORE_TIMEOUT", "store_call"]
+__all__ = ["LOCAL_RETRY", "LOCAL_STORE_CALLS", "STORE_RETRY", "STORE_TIMEOUT", "local_failure", "store_call"]
 
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 STORE_TIMEOUT = timedelta(seconds=30)
@@ -40,6 +40,12 @@ LOCAL_STORE_CALLS = "local-store-calls"
 #: #1454): it can time out a later attempt early, and it panics a core thread when it fires after the worker stopped.
 LOCAL_RETRY = RetryPolicy(maximum_attempts=1)
 LOCAL_ATTEMPT_TIMEOUT = timedelta(seconds=10)
+
+
+def local_failure(err: Exception) -> BaseException | None:
+    """What failed a local activity: the SDK raises the attempt's failure itself, and an ``ActivityError`` (whose
+    cause it is) only for a timeout."""
+    return err.cause if isinstance(err, ActivityError) else err
 
 
 async def store_call(
@@ -65,10 +71,9 @@ async def store_call(
                 summary=summary,
             )
         except Exception as err:
-            # The SDK raises the last attempt's failure itself (an ActivityError only for a timeout): whatever it was,
-            # the regular activity below runs the call again. Not a cancellation: its workflow is being cancelled.
-            cause = err.cause if isinstance(err, ActivityError) else err
-            if isinstance(cause, CancelledError):
+            # Whatever it was, the regular activity below runs the call again. Not a cancellation: its workflow is
+            # being cancelled.
+            if isinstance(local_failure(err), CancelledError):
                 raise
     return await workflow.execute_activity(
         name,

@@ -55,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
 
-from workflows.store_calls import LOCAL_RETRY, STORE_RETRY, STORE_TIMEOUT, store_call
+from workflows.store_calls import LOCAL_RETRY, STORE_RETRY, STORE_TIMEOUT, local_failure, store_call
 
 __all__ = ["TurnWorkflow"]
 
@@ -493,8 +493,7 @@ class TurnWorkflow:
                     summary=f"tool {call.name} · local",
                 )
             except Exception as err:
-                # The SDK raises a local attempt's failure itself (an ActivityError only for a timeout).
-                failure = err.cause if isinstance(err, ActivityError) else err
+                failure = local_failure(err)
                 if self._cancelled or isinstance(failure, CancelledError):
                     raise asyncio.CancelledError() from err
                 if policy.at_most_once or policy.max_attempts <= 1:
