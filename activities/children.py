@@ -26,6 +26,7 @@ from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_cl
 from turnkit.executions import open_tool_execution, with_arguments
 from turnkit.ids import new_id
 from turnkit.payloads import (
+    PATCH_LEVEL,
     ChildPlan,
     DelegateCalls,
     DelegateResult,
@@ -367,4 +368,5 @@ def _child_input(child: TurnRecord | None, request: DelegateCalls) -> TurnInput 
         deadline=request.deadline,
         depth=request.depth + 1 if child.options.depth is None else child.options.depth,
         model_policy=model_policy(),
+        patch_level=PATCH_LEVEL,
     )

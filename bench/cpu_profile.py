@@ -41,7 +41,7 @@ from sqlalchemy import event
 from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 
-from bench.peers.serve import temporal_cli
+from bench.peers.serve import server_cpu, temporal_cli
 from bench.peers.turnkit_app import SERVER_FLAGS, System
 from turnkit.devserver import fast_task_loading_args
 
@@ -103,9 +103,12 @@ async def burst(system: System, k: int, turns: int) -> None:
 
 async def measure(run: Callable[[], Any], turns: int) -> Round:
     threads_before, cpu_before, wall_before = cpu_by_thread(), time.process_time(), time.perf_counter()
+    server_before = server_cpu()
     await run()
     wall, cpu = time.perf_counter() - wall_before, time.process_time() - cpu_before
-    return Round(turns, wall, cpu, by_group(threads_before, cpu_by_thread()))
+    groups = by_group(threads_before, cpu_by_thread())
+    groups["(the dev server process, not in the total)"] = server_cpu() - server_before
+    return Round(turns, wall, cpu, groups)
 
 
 # --- store trips --------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -335,6 +335,27 @@ def local_activities(events: list[HistoryEvent]) -> list[tuple[int, str]]:
             if marker.marker_name == LOCAL_ACTIVITY_MARKER:
                 found.append((index, json.loads(marker.details["data"].payloads[0].data)["activity_type"]))
     return found
+
+
+def patch_markers(events: Sequence[HistoryEvent]) -> list[str]:
+    """The patch ids a history's patch markers record, and a ``TemporalChangeVersion`` entry for each upsert of it."""
+    found: list[str] = []
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = event.marker_recorded_event_attributes
+            if marker.marker_name == "core_patch":
+                found.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
+        if event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            if "TemporalChangeVersion" in fields:
+                found.append("TemporalChangeVersion")
+    return found
+
+
+def patch_level(events: Sequence[HistoryEvent]) -> int:
+    """The ``patch_level`` of a run's input (0 when the input has none, as an older release's)."""
+    started = events[0].workflow_execution_started_event_attributes
+    return int(json.loads(started.input.payloads[0].data).get("patch_level", 0))
 
 
 async def history_events(tk: TurnKit, workflow_id: str) -> list[HistoryEvent]:

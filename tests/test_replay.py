@@ -23,8 +23,8 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import turnkit
-from tests.history_scenarios import SCENARIOS, register_scenario_agents, workflow_id
-from turnkit.payloads import FinishTurn, TurnInput, TurnOutcome
+from tests.history_scenarios import SCENARIOS, patch_level, patch_markers, register_scenario_agents, workflow_id
+from turnkit.payloads import PATCH_LEVEL, FinishTurn, LaneInput, TurnInput, TurnOutcome
 from turnkit.plugin import PASSTHROUGH_MODULES, TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -95,6 +95,47 @@ async def test_a_turn_replays_as_it_ran_after_its_agent_changed(tk: TurnKit) -> 
 def _lookup() -> str:
     """Look something up."""
     return "found"
+
+
+# -- patch markers ----------------------------------------------------------------------------------------------------
+
+
+async def test_runs_started_by_this_release_record_nopatch_markers(tk: TurnKit) -> None:
+    """Issue 9: a new conversation's lane and its turn carry this release's patch level and take its patches unasked,
+    so neither records a patch marker or a ``TemporalChangeVersion`` upsert (the lane recorded six of each); both
+    histories replay, under the strict sandbox."""
+    register_scenario_agents()
+    lookup = turnkit.tool(recovery="replay_safe")(_lookup)
+    agent = turnkit.Agent(
+        "unmarked", model="scripted", tools=[lookup], client=ScriptedClient([call_tools(("lookup", {})), "done"])
+    )
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("go")
+    assert turn.status == "completed"
+    for workflow_id_ in (conversation.id, turn.id):
+        history = await tk.client.get_workflow_handle(workflow_id_).fetch_history()
+        assert patch_level(history.events) == PATCH_LEVEL, workflow_id_
+        assert patch_markers(history.events) == [], workflow_id_
+        await turnkit_replayer().replay_workflow(history)
+
+
+async def test_a_lane_started_by_an_older_release_still_asks_for_its_patches(tk: TurnKit) -> None:
+    """Issue 9, upgrades: a lane whose input has no patch level (started by an older client, or continued by an older
+    worker) records its patch markers as before and replays; the turn it starts now is of this release's level."""
+    register_scenario_agents()
+    agent = turnkit.Agent("older-lane", model="scripted", client=ScriptedClient(["hello"]))
+    conversation = await tk.conversation(agent)
+    older_input = LaneInput(conversation_id=conversation.id).model_dump(exclude={"patch_level"})
+    await tk.client.start_workflow("ConversationWorkflow", older_input, id=conversation.id, task_queue=tk.task_queue)
+    turn = await conversation.ask("hi")  # update-with-start reaches the running lane
+    assert turn.status == "completed" and turn.output_text == "hello"
+    lane = await tk.client.get_workflow_handle(conversation.id).fetch_history()
+    assert patch_level(lane.events) == 0
+    markers = patch_markers(lane.events)
+    assert {"lane-starts-turns", "local-store-calls", "TemporalChangeVersion"} <= set(markers), markers
+    await turnkit_replayer().replay_workflow(lane)
+    started = await tk.client.get_workflow_handle(turn.id).fetch_history()
+    assert patch_level(started.events) == PATCH_LEVEL and patch_markers(started.events) == []
 
 
 # -- negative control -------------------------------------------------------------------------------------------------

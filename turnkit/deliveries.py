@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit.authorization import DENIAL_CLASS, Verdict, check
 from turnkit.config import settings
 from turnkit.errors import RecordNotFound
-from turnkit.payloads import DeliverySignal, LaneInput
+from turnkit.payloads import PATCH_LEVEL, DeliverySignal, LaneInput
 from turnkit.records import DeliveryRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.store import Store, StoreTx, utcnow
@@ -128,7 +128,7 @@ async def signal_delivery(client: Client, task_queue: str, delivery: DeliveryRec
     conversation_id = delivery.destination_conversation_id
     await client.start_workflow(
         LANE_WORKFLOW,
-        LaneInput(conversation_id=conversation_id),
+        LaneInput(conversation_id=conversation_id, patch_level=PATCH_LEVEL),
         id=conversation_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

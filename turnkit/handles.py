@@ -35,7 +35,7 @@ from turnkit.ids import new_id
 from turnkit.media import MediaInput, check_media, stored_media
 from turnkit.media_standalone import paint_turn, view_media_turn
 from turnkit.model import ModelRequest, Usage
-from turnkit.payloads import LaneInput, SubmitTurn, TurnTicket
+from turnkit.payloads import PATCH_LEVEL, LaneInput, SubmitTurn, TurnTicket
 from turnkit.prepared import SUBMITTABLE, preview_request
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, registration_hint
@@ -327,7 +327,7 @@ class Conversation:
         # Update-with-start: the lane is started if it is not running; the update returns once the turn exists.
         start = WithStartWorkflowOperation(
             LANE_WORKFLOW,
-            LaneInput(conversation_id=self.id),
+            LaneInput(conversation_id=self.id, patch_level=PATCH_LEVEL),
             id=self.id,
             task_queue=self._tk.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

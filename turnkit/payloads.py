@@ -14,7 +14,12 @@ from pydantic import BaseModel, Field, model_validator
 
 from turnkit.records import TerminalTurnStatus, ToolExecutionStatus
 
+#: The patch level of this release's workflow code, carried by every lane and turn input it starts: such a run takes
+#: the patches of its level as applied and records no marker for them (workflows/patches.py).
+PATCH_LEVEL = 1
+
 __all__ = [
+    "PATCH_LEVEL",
     "CallPolicy",
     "DeliverBatch",
     "DeliverResult",
@@ -183,6 +188,8 @@ class LaneInput(BaseModel):
     max_history_events: int = 2000
     #: The turn this lane ran when it continued as new while busy: the new run follows it to its end.
     active: QueuedTurn | None = None
+    #: The patch level of the code that started this run (workflows/patches.py); 0 in an older run's input.
+    patch_level: int = 0
 
 
 class LaneStatus(BaseModel):
@@ -213,6 +220,8 @@ class TurnInput(BaseModel):
     finished_turn_ids: list[str] = Field(default_factory=list[str])
     launched_turn_ids: list[str] = Field(default_factory=list[str])
     model_policy: ModelPolicy | None = None
+    #: The patch level of the code that started this run (workflows/patches.py); 0 in an older run's input.
+    patch_level: int = 0
 
 
 class StartTurn(BaseModel):

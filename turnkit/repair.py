@@ -47,7 +47,7 @@ from turnkit.check import (
 from turnkit.config import settings
 from turnkit.deliveries import signal_delivery
 from turnkit.dispatch import model_policy
-from turnkit.payloads import LaneInput, SubmitTurn, TurnInput, TurnTicket
+from turnkit.payloads import PATCH_LEVEL, LaneInput, SubmitTurn, TurnInput, TurnTicket
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, turn_search_attributes
 from turnkit.store.store import Store, utcnow
@@ -176,7 +176,7 @@ class _Fixer:
         )
         start = WithStartWorkflowOperation(
             LANE_WORKFLOW,
-            LaneInput(conversation_id=turn.conversation_id),
+            LaneInput(conversation_id=turn.conversation_id, patch_level=PATCH_LEVEL),
             id=turn.conversation_id,
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -213,6 +213,7 @@ class _Fixer:
             deadline=deadline,
             depth=1 if turn.options.depth is None else turn.options.depth,
             model_policy=model_policy(),
+            patch_level=PATCH_LEVEL,
         )
         try:
             await self.client.start_workflow(

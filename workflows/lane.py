@@ -40,6 +40,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from turnkit.payloads import (
+        PATCH_LEVEL,
         DeliverBatch,
         DeliverResult,
         DeliverySignal,
@@ -57,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
 
+from workflows.patches import Patches
 from workflows.store_calls import LOCAL_STORE_CALLS, store_call
 from workflows.turn import TurnWorkflow
 
@@ -85,6 +87,20 @@ SUBMIT_TIMEOUT = timedelta(seconds=60)
 #: Patch (issue 11): turns start with TurnKit's search attributes and the lane adds its agent when it lacks it; only
 #: when the lane was started with them itself (see :mod:`turnkit.search_attributes`).
 SEARCH_ATTRIBUTES = "search-attributes"
+#: The patches each patch level added (workflows/patches.py): a run of level 1 takes all of the above unasked.
+PATCH_LEVELS = {
+    1: frozenset(
+        {
+            DELIVER_WHEN_IDLE,
+            LANE_FOLLOWS_TURNS,
+            LANE_RECHECKS_HOLD,
+            LANE_STARTS_TURNS,
+            BOUNDED_SUBMIT,
+            SEARCH_ATTRIBUTES,
+            LOCAL_STORE_CALLS,
+        }
+    ),
+}
 
 
 @workflow.defn(name="ConversationWorkflow")
@@ -95,6 +111,7 @@ class ConversationWorkflow:
     def __init__(self, lane: LaneInput) -> None:
         # Handlers can run before run() (update/signal-with-start, after continue-as-new): all state is set up here.
         self._conversation_id = lane.conversation_id
+        self._patched = Patches(PATCH_LEVELS, lane.patch_level)
         self._queue: list[QueuedTurn] = list(lane.queue)
         self._recent_turns: dict[str, None] = dict.fromkeys(lane.recent_turn_ids)
         self._pending_deliveries: list[str] = list(lane.pending_delivery_ids)
@@ -135,7 +152,7 @@ class ConversationWorkflow:
         async with self._writing:
             wakes = self._wakes
             # Never hold the write lock across an unbounded retry: a failing submit releases it and is rejected.
-            bounded = workflow.patched(BOUNDED_SUBMIT)
+            bounded = self._patched(BOUNDED_SUBMIT)
             try:
                 ticket = await store_call(
                     "turnkit.submit_turn",
@@ -143,6 +160,7 @@ class ConversationWorkflow:
                     TurnTicket,
                     summary="submit turn",
                     schedule_to_close=SUBMIT_TIMEOUT if bounded else None,
+                    patched=self._patched,
                 )
             except ActivityError as err:
                 # Reject the update (the caller gets the error); never fail the lane's workflow task.
@@ -154,7 +172,7 @@ class ConversationWorkflow:
                 if isinstance(cause, ApplicationError):
                     raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from err
                 raise ApplicationError(str(cause or err), type="Error", non_retryable=True) from err
-            if ticket.busy and (self._wakes == wakes or workflow.patched(LANE_RECHECKS_HOLD)):
+            if ticket.busy and (self._wakes == wakes or self._patched(LANE_RECHECKS_HOLD)):
                 # A sub-agent's turn runs here: its end (`wake`) lets the queue go on. A wake that came meanwhile
                 # asked for a re-check (patched), which runs after this handler releases the write lock.
                 self._held = True
@@ -206,7 +224,7 @@ class ConversationWorkflow:
         _remember(self._ended_turns, turn_id)
 
     def _nudge(self) -> None:
-        if workflow.patched(LANE_RECHECKS_HOLD):
+        if self._patched(LANE_RECHECKS_HOLD):
             self._recheck = True  # never release on a signal alone: the store says whether a turn still runs
         else:
             self._held = False
@@ -227,14 +245,14 @@ class ConversationWorkflow:
 
     @workflow.run
     async def run(self, lane: LaneInput) -> None:
-        self._deliver_when_idle = workflow.patched(DELIVER_WHEN_IDLE)
-        self._follows_turns = workflow.patched(LANE_FOLLOWS_TURNS)
-        self._starts_turns = self._follows_turns and workflow.patched(LANE_STARTS_TURNS)
+        self._deliver_when_idle = self._patched(DELIVER_WHEN_IDLE)
+        self._follows_turns = self._patched(LANE_FOLLOWS_TURNS)
+        self._starts_turns = self._follows_turns and self._patched(LANE_STARTS_TURNS)
         # Only when the start carried TurnKit's attributes: then the namespace has them (never a wedge).
-        self._search = has_turnkit_attributes(workflow.info().typed_search_attributes) and workflow.patched(
+        self._search = has_turnkit_attributes(workflow.info().typed_search_attributes) and self._patched(
             SEARCH_ATTRIBUTES
         )
-        if self._held and workflow.patched(LANE_RECHECKS_HOLD):
+        if self._held and self._patched(LANE_RECHECKS_HOLD):
             self._recheck = True  # a carried hold is re-checked once: its `wake` may have come to the old run
         turn: asyncio.Task[None] | None = None
         if self._active_turn is not None:  # carried by continue-as-new (only runs with the patch carry one)
@@ -285,7 +303,7 @@ class ConversationWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if self._submitted_in != workflow.info().get_current_history_length():
                 return
-            if not workflow.patched(LOCAL_STORE_CALLS):
+            if not self._patched(LOCAL_STORE_CALLS):
                 return  # a history from before the patch continued as new in such a task: replay it as it ran
             await workflow.sleep(timedelta(milliseconds=1), summary="roll over in a task of its own")
 
@@ -302,6 +320,7 @@ class ConversationWorkflow:
             turns_started=self._turns_started,
             max_history_events=self._max_history_events,
             active=active,
+            patch_level=PATCH_LEVEL,  # the next run starts on this code
         )
 
     def _busy_rollover_due(self) -> bool:
@@ -313,7 +332,11 @@ class ConversationWorkflow:
         self._recheck = False  # a nudge during the check asks again
         async with self._writing:  # after a submit in flight: it may have set the hold from an older answer
             self._held = await store_call(
-                "turnkit.lane_held", self._conversation_id, bool, summary="is a sub-agent turn active?"
+                "turnkit.lane_held",
+                self._conversation_id,
+                bool,
+                summary="is a sub-agent turn active?",
+                patched=self._patched,
             )
 
     async def _apply_deliveries(self, *, wake: bool) -> None:
@@ -322,17 +345,18 @@ class ConversationWorkflow:
         wakes = self._wakes
         # The woken turn's id, chosen here so that every run of the call (a local attempt, its fallback activity, a
         # retried workflow task) finds the turn an earlier one committed (patched with the local store calls).
-        woken = f"turn_{workflow.uuid4().hex[:24]}" if wake and workflow.patched(LOCAL_STORE_CALLS) else None
+        woken = f"turn_{workflow.uuid4().hex[:24]}" if wake and self._patched(LOCAL_STORE_CALLS) else None
         async with self._writing:
             result = await store_call(
                 "turnkit.deliver",
                 DeliverBatch(conversation_id=self._conversation_id, delivery_ids=batch, wake=wake, woken_turn_id=woken),
                 DeliverResult,
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
+                patched=self._patched,
             )
         if result.busy:
             # Unless that turn's end was signalled meanwhile: then try again (patched: the wake asked for a re-check).
-            self._held = self._wakes == wakes or workflow.patched(LANE_RECHECKS_HOLD)
+            self._held = self._wakes == wakes or self._patched(LANE_RECHECKS_HOLD)
             return
         for delivery_id in batch:
             self._pending_deliveries.remove(delivery_id)
@@ -367,6 +391,7 @@ class ConversationWorkflow:
             root_turn_id=queued.root_turn_id,
             deadline=queued.deadline,
             model_policy=queued.model_policy,
+            patch_level=PATCH_LEVEL,
         )
         if self._starts_turns:
             try:
@@ -413,6 +438,7 @@ class ConversationWorkflow:
             StartTurn(turn=turn_input, search_attributes=self._search),
             bool,
             summary=f"start {queued.turn_id}",
+            patched=self._patched,
         )
         self._active_started = True  # it outlives this run: the lane may continue as new and follow it
         turn_id = queued.turn_id
@@ -424,7 +450,11 @@ class ConversationWorkflow:
             if turn_id in self._ended_turns:
                 return
             ended = await store_call(
-                "turnkit.follow_turn", EndTurn(turn_id=turn_id), bool, summary=f"has {turn_id} ended?"
+                "turnkit.follow_turn",
+                EndTurn(turn_id=turn_id),
+                bool,
+                summary=f"has {turn_id} ended?",
+                patched=self._patched,
             )
             if ended:
                 return
@@ -439,7 +469,11 @@ class ConversationWorkflow:
             while True:
                 self._followed_ended = False  # a signal during the check asks again at once
                 ended = await store_call(
-                    "turnkit.follow_turn", EndTurn(turn_id=queued.turn_id), bool, summary=f"has {queued.turn_id} ended?"
+                    "turnkit.follow_turn",
+                    EndTurn(turn_id=queued.turn_id),
+                    bool,
+                    summary=f"has {queued.turn_id} ended?",
+                    patched=self._patched,
                 )
                 if ended:
                     return
@@ -451,7 +485,13 @@ class ConversationWorkflow:
             self._clear_active()
 
     async def _end_turn(self, activity: str, queued: QueuedTurn, reason: str, *, summary: str) -> None:
-        await store_call(activity, EndTurn(turn_id=queued.turn_id, reason=reason), TurnOutcome, summary=summary)
+        await store_call(
+            activity,
+            EndTurn(turn_id=queued.turn_id, reason=reason),
+            TurnOutcome,
+            summary=summary,
+            patched=self._patched,
+        )
 
     def _clear_active(self) -> None:
         self._active = None

@@ -22,6 +22,7 @@ A non-retryable failure takes the same way, so callers see it as before, as the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -54,13 +55,15 @@ async def store_call(
     result_type: type[Any],
     *,
     summary: str,
+    patched: Callable[[str], bool],
     schedule_to_close: timedelta | None = None,
 ) -> Any:
     """Run the store activity ``name``: local first (patched), then as a regular activity with the store's retries.
 
-    ``schedule_to_close`` bounds all attempts together (None: retry for as long as the store is away).
+    ``patched`` is the calling run's :class:`workflows.patches.Patches`. ``schedule_to_close`` bounds all attempts
+    together (None: retry for as long as the store is away).
     """
-    if workflow.patched(LOCAL_STORE_CALLS):
+    if patched(LOCAL_STORE_CALLS):
         try:
             return await workflow.execute_local_activity(
                 name,

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.budget import TIMED_OUT
     from turnkit.dispatch import call_policy, model_policy
     from turnkit.payloads import (
+        PATCH_LEVEL,
         CallPolicy,
         DelegateCalls,
         DelegateResult,
@@ -55,7 +56,15 @@ with workflow.unsafe.imports_passed_through():
     from turnkit.turn_end import ended_reason
     from turnkit.waits import TARGET_FINISHED_SIGNAL
 
-from workflows.store_calls import LOCAL_RETRY, STORE_RETRY, STORE_TIMEOUT, local_failure, store_call
+from workflows.patches import Patches
+from workflows.store_calls import (
+    LOCAL_RETRY,
+    LOCAL_STORE_CALLS,
+    STORE_RETRY,
+    STORE_TIMEOUT,
+    local_failure,
+    store_call,
+)
 
 __all__ = ["TurnWorkflow"]
 
@@ -81,6 +90,20 @@ PAUSE_OUTLASTS_DEADLINE = "pause-outlasts-deadline"
 #: passes the control boundary before publishing (§5.10): paused, the workflow waits for a resume; steered, it goes
 #: back to the model.
 TERMINAL_ANSWER_AUDIT = "terminal-answer-audit"
+#: The patches each patch level added (workflows/patches.py): a run of level 1 takes all of the above unasked.
+PATCH_LEVELS = {
+    1: frozenset(
+        {
+            INTERRUPTED_UNLESS_RAISED,
+            TURN_CONTINUES_AS_NEW,
+            TURN_ENDS_LOST_CHILDREN,
+            SEARCH_ATTRIBUTES,
+            PAUSE_OUTLASTS_DEADLINE,
+            TERMINAL_ANSWER_AUDIT,
+            LOCAL_STORE_CALLS,
+        }
+    ),
+}
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -97,9 +120,11 @@ class TurnWorkflow:
         self._search = False  # keep the search attributes current (set when run() starts)
         self._status = "running"  # the TurnKitTurnStatus value last set
         self._iteration = 0  # for the current details
+        self._patched = Patches(PATCH_LEVELS, 0)  # set from the input when run() starts (no handler asks before)
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
+        self._patched = Patches(PATCH_LEVELS, turn.patch_level)
         # What an earlier run of this turn carried over (all empty for a new turn); signals may have landed already.
         self._resumes += turn.resumes
         self._resume_mark = turn.resumes
@@ -108,7 +133,7 @@ class TurnWorkflow:
         self._iteration = turn.iteration
         attributes = workflow.info().typed_search_attributes
         # Upserts only when the start carried TurnKit's attributes: then the namespace has them (never a wedge).
-        self._search = has_turnkit_attributes(attributes) and workflow.patched(SEARCH_ATTRIBUTES)
+        self._search = has_turnkit_attributes(attributes) and self._patched(SEARCH_ATTRIBUTES)
         self._status = attributes.get(TURN_STATUS) or "running"
         self._details("starting")
         ended = await self._run(turn)
@@ -146,7 +171,7 @@ class TurnWorkflow:
                 try:
                     return await loop
                 except asyncio.CancelledError:
-                    if workflow.patched(PAUSE_OUTLASTS_DEADLINE):
+                    if self._patched(PAUSE_OUTLASTS_DEADLINE):
                         return await self._time_out(turn)
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
             return loop.result()
@@ -186,7 +211,7 @@ class TurnWorkflow:
     async def _loop(self, turn: TurnInput) -> TurnOutcome | TurnInput:
         iteration = turn.iteration
         while True:
-            if workflow.info().is_continue_as_new_suggested() and workflow.patched(TURN_CONTINUES_AS_NEW):
+            if workflow.info().is_continue_as_new_suggested() and self._patched(TURN_CONTINUES_AS_NEW):
                 # Between iterations nothing is in flight: let signal handlers land, then carry the memory over.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._carry(turn, iteration)
@@ -232,6 +257,7 @@ class TurnWorkflow:
                 "resumes": self._resumes,
                 "finished_turn_ids": list(self._finished),
                 "launched_turn_ids": [*self._launched, *self._children],
+                "patch_level": PATCH_LEVEL,  # the next run starts on this code
             }
         )
 
@@ -278,7 +304,7 @@ class TurnWorkflow:
                         terminal_execution_id=outcome.execution_id,
                         skipped_calls=calls[index + 1 :],
                     )
-                    if not workflow.patched(TERMINAL_ANSWER_AUDIT):
+                    if not self._patched(TERMINAL_ANSWER_AUDIT):
                         return await self._finish_with(finish)
                     # The finish may call output-policy judges: as long as a model call may take, at least.
                     timeout = max(STORE_TIMEOUT, timedelta(seconds=_model_policy(turn).timeout))
@@ -302,6 +328,7 @@ class TurnWorkflow:
             _delegation(turn, group, launch=False),
             DelegateResult,
             summary=f"delegate · {', '.join(c.name for c in group)}",
+            patched=self._patched,
         )
         if plan.boundary is not None:
             return plan
@@ -329,13 +356,14 @@ class TurnWorkflow:
         self._set_status("running")
         self._details("sub-agents done")
         lost = [(c.id, e) for c, e in zip(children, ends, strict=True) if isinstance(e, ChildWorkflowError)]
-        if lost and workflow.patched(TURN_ENDS_LOST_CHILDREN):
+        if lost and self._patched(TURN_ENDS_LOST_CHILDREN):
             for child_id, err in lost:
                 await store_call(
                     "turnkit.end_turn",
                     EndTurn(turn_id=child_id, reason=ended_reason(err.cause)),
                     TurnOutcome,
                     summary="record abnormal end",
+                    patched=self._patched,
                 )
         await store_call(
             "turnkit.join",
@@ -346,6 +374,7 @@ class TurnWorkflow:
             ),
             list[ToolOutcome],
             summary="join sub-agents",
+            patched=self._patched,
         )
         return plan
 
@@ -353,7 +382,11 @@ class TurnWorkflow:
         """``launch_agent``: record the child and start it abandoned (it outlives this turn); return at once."""
         self._resume_mark = self._resumes
         plan = await store_call(
-            "turnkit.delegate", _delegation(turn, [call], launch=True), DelegateResult, summary="launch_agent"
+            "turnkit.delegate",
+            _delegation(turn, [call], launch=True),
+            DelegateResult,
+            summary="launch_agent",
+            patched=self._patched,
         )
         if plan.boundary is not None:
             return ToolOutcome(outcome=plan.boundary)
@@ -382,6 +415,7 @@ class TurnWorkflow:
             WaitRequest(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, call=call),
             WaitPlan,
             summary="wait_for",
+            patched=self._patched,
         )
         if plan.settled:
             return ToolOutcome(outcome="done", execution_id=plan.execution_id, status="failed")
@@ -391,6 +425,7 @@ class TurnWorkflow:
             FinishWait(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, execution_id=plan.execution_id),
             ToolOutcome,
             summary="wait_for · done",
+            patched=self._patched,
         )
 
     def _child_attributes(self, turn: TurnInput, child: TurnInput) -> TypedSearchAttributes | None:
@@ -522,7 +557,7 @@ class TurnWorkflow:
         """Record a call whose last attempt failed or was lost (worker died, timed out); never re-run an at-most-once
         tool. A lost attempt's outcome is unknown; the model is told so (behaviour §5.8)."""
         lost = isinstance(failure, ActivityTimeoutError)
-        if not lost and policy.at_most_once and workflow.patched(INTERRUPTED_UNLESS_RAISED):
+        if not lost and policy.at_most_once and self._patched(INTERRUPTED_UNLESS_RAISED):
             # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,
             # the worker) may have come after the body ran, so it is "interrupted", never "failed".
             lost = not (isinstance(failure, ApplicationError) and failure.type == TOOL_RAISED)
@@ -533,7 +568,9 @@ class TurnWorkflow:
             outcome="interrupted" if lost else "failed",
             message=INTERRUPTED_MESSAGE if lost else _failure_of(failure)[1],
         )
-        return await store_call("turnkit.settle_tool", settle, ToolOutcome, summary=f"settle {call.name}")
+        return await store_call(
+            "turnkit.settle_tool", settle, ToolOutcome, summary=f"settle {call.name}", patched=self._patched
+        )
 
     async def _finish(self, turn: TurnInput, status: str, error_class: str, message: str) -> TurnOutcome:
         finish = FinishTurn(turn_id=turn.turn_id, status=status, error_class=error_class, error_message=message)  # type: ignore[arg-type]
@@ -542,7 +579,7 @@ class TurnWorkflow:
     async def _finish_with(self, finish: FinishTurn, *, timeout: timedelta | None = None) -> TurnOutcome:
         summary = f"finish · {finish.status}"
         if timeout is None:
-            return await store_call("turnkit.finish_turn", finish, TurnOutcome, summary=summary)
+            return await store_call("turnkit.finish_turn", finish, TurnOutcome, summary=summary, patched=self._patched)
         # A terminal answer's finish may call output-policy judges (model calls): a regular activity, as long as a
         # model call may take, never the local fast path.
         return await workflow.execute_activity(

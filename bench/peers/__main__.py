@@ -139,6 +139,8 @@ class Figures:
     latency: list[float] = field(default_factory=list[float])  # median seconds of the sequential turns
     throughput: list[float] = field(default_factory=list[float])  # turns/s of the burst
     burst_latency: list[float] = field(default_factory=list[float])  # median seconds of a turn within the burst
+    cpu: list[float] = field(default_factory=list[float])  # CPU seconds per turn of the burst: client and worker
+    server_cpu: list[float] = field(default_factory=list[float])  # the same, of the system's dev server
 
 
 Results = dict[str, dict[str, dict[int, Figures]]]  # setting -> spec key -> K -> figures
@@ -182,6 +184,8 @@ async def measure(args: argparse.Namespace, specs: list[Spec], logdir: Path) -> 
                         figures = per_spec[child.spec.key][k]
                         figures.throughput.append(len(answer["times"]) / answer["elapsed"])
                         figures.burst_latency.append(statistics.median(answer["times"]))
+                        figures.cpu.append(answer["cpu"] / args.burst)
+                        figures.server_cpu.append(answer["server_cpu"] / args.burst)
             if not history and args.history_k:
                 for child in children:
                     _progress(f"{setting}: {child.spec.title} history sizes")
@@ -278,6 +282,19 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
     return lines
 
 
+def cpu_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
+    """CPU per turn during the bursts: the system's process (client and worker) + its dev server = total."""
+    lines = ["| K | " + " | ".join(s.title for s in specs) + " |", "|" + "---|" * (len(specs) + 1)]
+    for k in args.k:
+        row = [str(k)]
+        for s in specs:
+            f = per_spec[s.key][k]
+            process, server = statistics.median(f.cpu) * 1000, statistics.median(f.server_cpu) * 1000
+            row.append(f"{process:.0f} + {server:.0f} = {process + server:.0f} ms")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def history_table(args: argparse.Namespace, specs: list[Spec], history: dict[str, Any]) -> list[str]:
     ks = sorted(args.history_k)
     header = ["system", *(f"K={k}" for k in ks)]
@@ -312,6 +329,14 @@ def report(
     )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
+        out += [
+            "",
+            f"CPU per turn during the {args.burst}-turn bursts ({SETTING_TITLES[setting].lower()}), medians of the "
+            "rounds: the system's process (client and worker) + its dev server = total. Throughput on these 2 "
+            "cores is bounded by the total.",
+            "",
+            *cpu_table(args, specs, results[setting]),
+        ]
     if history:
         out += [
             "",

@@ -8,7 +8,9 @@ other output of the libraries goes to stderr). Requests:
 - ``{"op": "sequential", "k": K, "turns": N, "warmup": W}``: W discarded turns, then N turns back to back, each a
   fresh workflow / conversation; answers ``{"times": [seconds, ...]}``.
 - ``{"op": "burst", "k": K, "turns": N}``: N turns started at once, each in its own workflow / conversation;
-  answers ``{"elapsed": seconds, "times": [...]}`` (``elapsed`` from the first start to the last finish).
+  answers ``{"elapsed": seconds, "times": [...], "cpu": seconds, "server_cpu": seconds}`` (``elapsed`` from the
+  first start to the last finish; ``cpu`` this process's CPU time meanwhile: client and worker; ``server_cpu`` its
+  dev server's).
 - ``{"op": "history", "ks": [K, ...]}``: one turn per K; answers the history size of the workflows it ran,
   ``{"sizes": {K: {"json": bytes, "proto": bytes, "events": n, "activities": n}}}``.
 - ``{"op": "quit"}``.
@@ -93,15 +95,36 @@ async def sequential(system: System, k: int, turns: int, warmup: int) -> dict[st
     return {"times": times}
 
 
+def server_cpu() -> float:
+    """CPU seconds used so far by this process's child processes that are Temporal dev servers (0 when none)."""
+    total = 0.0
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not Linux
+            continue
+        if fields[1] == me and b"start-dev" in cmdline:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
+
+
 async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
     async def timed() -> float:
         start = time.perf_counter()
         await system.turn(k)
         return time.perf_counter() - start
 
+    cpu, server = time.process_time(), server_cpu()
     start = time.perf_counter()
     times = await asyncio.gather(*(timed() for _ in range(turns)))
-    return {"elapsed": time.perf_counter() - start, "times": list(times)}
+    return {
+        "elapsed": time.perf_counter() - start,
+        "times": list(times),
+        "cpu": time.process_time() - cpu,
+        "server_cpu": server_cpu() - server,
+    }
 
 
 async def settled_history(client: Client, workflow_id: str) -> WorkflowHistory:
