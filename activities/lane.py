@@ -7,9 +7,10 @@
 * ``turnkit.start_turn``: start the lane's next turn as a workflow of its own (patch ``lane-starts-turns``), eagerly:
   the start's reply hands the turn's first workflow task to this worker, so no task of the server's rate-limited
   queues lies between the submit and the turn's first model call (docs/design.md, "Queue and start").
-* ``turnkit.follow_turn``: has that turn ended? Registers the lane as a waiter of the turn (its end signals the
-  lane), and does what ``end_turn`` does if the turn's workflow closed without a terminal record. The lane asks it
-  when no end signal came for a while, and after it continued as new while a turn ran.
+* ``turnkit.follow_turn``: has that turn ended? If not, registers the lane as a waiter of the turn (its end signals
+  the lane), and does what ``end_turn`` does if the turn's workflow closed without a terminal record. The lane asks
+  it when more work arrives while a turn runs (patch ``lane-follows-on-demand``), when no end signal came for a
+  while, and after it continued as new while a turn ran.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class LaneActivities:
         """Start the turn's workflow (workflow id = turn id) on the lane's task queue; True if this call started it.
 
         Idempotent: a retried call (a local attempt that ran again, a workflow task retried after a crash) finds the
-        workflow, running or closed, and starts nothing (``REJECT_DUPLICATE``: a turn never runs twice). The turn's
-        end signals the lane (:func:`turnkit.deliveries.wake_lane`), so nothing is written here.
+        workflow, running or closed, and starts nothing (``REJECT_DUPLICATE``: a turn never runs twice). Nothing is
+        written here: the lane asks for the turn's end when it needs it (``turnkit.follow_turn``).
         """
         turn = start.turn
         attributes = None
@@ -85,14 +86,18 @@ class LaneActivities:
 
     @activity.defn(name="turnkit.follow_turn")
     async def follow_turn(self, end: EndTurn) -> bool:
-        """Whether a turn the lane no longer parents (it continued as new while the turn ran) has ended.
+        """Whether the lane's turn has ended; if not, the lane waits for its end signal from now on.
 
-        The lane registers as a waiter of the turn: a wait row whose waiter is the conversation id (the lane's
-        workflow id), so the turn's end signals the lane (``target_finished``) as it signals waiting turns. The
-        record is read after the row committed, so no end is missed (see :mod:`turnkit.waits`). A turn workflow
-        that closed without a terminal record is recorded ``failed`` here (nothing else would signal that).
+        A terminal record is final: then nothing is written (the usual case when a conversation's next turn arrives
+        after the previous one ended). Otherwise the lane registers as a waiter of the turn: a wait row whose waiter
+        is the conversation id (the lane's workflow id), so the turn's end signals the lane (``target_finished``)
+        as it signals waiting turns. The record is read again after the row committed, so no end is missed (see
+        :mod:`turnkit.waits`). A turn workflow that closed without a terminal record is recorded ``failed`` here
+        (nothing else would signal that).
         """
         turn = await self.store.load_turn(end.turn_id)
+        if turn.terminal:
+            return True
         async with self.store.atomic() as tx:
             await tx.create_wait(turn_id=turn.conversation_id, target_turn_id=turn.id)
         turn = await self.store.load_turn(end.turn_id)

@@ -26,7 +26,6 @@ from turnkit.payloads import LaneInput
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
 from turnkit.tools import Tool, ToolContext
-from turnkit.waits import TARGET_FINISHED_SIGNAL
 from workflows.lane import ConversationWorkflow
 
 __all__ = [
@@ -390,17 +389,18 @@ def activity_types(events: list[HistoryEvent]) -> list[str]:
 
 
 async def _lane_settled(tk: TurnKit, conversation_id: str, turns: int, *, timeout: float = 30.0) -> None:
-    """Wait until the lane has seen ``turns`` turns end and has no workflow task in flight.
+    """Wait until the lane has started ``turns`` turns and has no workflow task in flight (called once those turns
+    ended: then its history no longer grows, and a recording does not depend on timing).
 
-    A turn's end reaches the lane as its ``target_finished`` signal (patch ``lane-starts-turns``), or as the child's
-    completion in a lane that runs its turns as children. Then its (still running) history ends at a completed
-    workflow task, and a recording does not depend on timing.
+    The lane learns of a turn's end only when it has more to run (patch ``lane-follows-on-demand``): from the
+    turn's ``target_finished`` signal, or from ``turnkit.follow_turn`` when the turn had ended already. So the last
+    turn's end never reaches it.
     """
     handle = tk.client.get_workflow_handle(conversation_id)
 
     async def settled() -> bool:
         events = list((await handle.fetch_history()).events)
-        return ends_at_completed_task(events) and len(turns_ended(events)) >= turns
+        return ends_at_completed_task(events) and started_turns(events) >= turns
 
     await eventually(settled, timeout=timeout, what=f"lane {conversation_id} to settle after {turns} turn(s)")
 
@@ -416,17 +416,11 @@ async def _lane_started(tk: TurnKit, conversation_id: str, turns: int, *, what: 
     await eventually(started, what=what)
 
 
-def turns_ended(events: list[HistoryEvent]) -> set[str]:
-    """The turns whose end a lane's history shows: ``target_finished`` signals and completed children."""
-    ended: set[str] = set()
-    for event in events:
-        if event.event_type == SIGNALED:
-            signal = event.workflow_execution_signaled_event_attributes
-            if signal.signal_name == TARGET_FINISHED_SIGNAL and signal.input.payloads:
-                ended.add(json.loads(signal.input.payloads[0].data))
-        elif event.event_type == CHILD_COMPLETED:
-            ended.add(event.child_workflow_execution_completed_event_attributes.workflow_execution.workflow_id)
-    return ended
+def carried_turn(events: Sequence[HistoryEvent]) -> str | None:
+    """The turn a lane run was started to follow (its predecessor continued as new while that turn ran), or None."""
+    started = events[0].workflow_execution_started_event_attributes
+    active = json.loads(started.input.payloads[0].data).get("active")
+    return None if active is None else str(active["turn_id"])
 
 
 def started_turns(events: list[HistoryEvent]) -> int:
@@ -646,8 +640,9 @@ async def delivery_wake(tk: TurnKit) -> list[Recorded]:
     await _settled(tk, conversation.id, {SIGNALED: 2}, what="the second post held by the busy lane")
     assert len(await conversation.turns()) == 1
     gate.opened.set()
+    await _lane_started(tk, conversation.id, 2, what="the second turn started")
+    first, second = [await t.result(timeout=60) for t in await conversation.turns()]
     await _lane_settled(tk, conversation.id, 2)
-    first, second = [await t.refresh() for t in await conversation.turns()]
     assert (first.status, first.output_text) == ("completed", "first done"), first.error
     assert (second.status, second.output_text) == ("completed", "second done"), second.error
     texts = _requests_text(client)
@@ -773,8 +768,9 @@ async def launch_callback(tk: TurnKit) -> list[Recorded]:
     launched = await launched.result(timeout=60)
     assert (launched.status, launched.output_text) == ("completed", "helper done"), launched.error
     assert launched.record.parent_turn_id == turn.id
+    await _lane_started(tk, conversation.id, 2, what="the woken turn started")
+    [_, woken] = [await t.result(timeout=60) for t in await conversation.turns()]
     await _lane_settled(tk, conversation.id, 2)
-    [_, woken] = [await t.refresh() for t in await conversation.turns()]
     assert (woken.status, woken.output_text) == ("completed", "got the callback"), woken.error
     [delivery] = await conversation.inbox()
     assert delivery.key == f"completion:{launched.id}"

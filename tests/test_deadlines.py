@@ -230,10 +230,11 @@ async def test_a_turn_paused_while_it_waits_outlives_its_deadline(
 async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_the_store(
     time_skipping: tuple[WorkflowEnvironment, Store],
 ) -> None:
-    """Issue 9 (patch lane-starts-turns): a lane starts each turn as a workflow of its own and hears of its end from
-    the turn's terminal write. A turn terminated by hand writes nothing; with nobody in ``Turn.result()`` to record
-    it, the lane asks the store after ``FOLLOW_POLL`` (skipped here), which records the turn ``failed``, and the
-    next queued turn runs."""
+    """Issue 9 (patches lane-starts-turns, lane-follows-on-demand): a lane starts each turn as a workflow of its own
+    and, with another turn queued, waits for the running turn's end signal. A turn terminated by hand writes and
+    signals nothing; with nobody in ``Turn.result()`` to record it, the lane asks the store after ``FOLLOW_POLL``
+    (skipped here), which records the turn ``failed``, and the next queued turn runs. With nothing queued behind it,
+    the lane does not look for the last turn's end: its status names it until more work arrives."""
     env, store = time_skipping
     waiter, _ = await waiter_on_a_silent_target(store)  # its agent's next answer, "never", goes to the second turn
     async with store.atomic() as tx:
@@ -275,4 +276,4 @@ async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_t
         "message": "turn workflow terminated",
     }
     assert (done.status, done.output_text) == ("completed", "never")
-    assert status.active_turn_id is None and status.queued_turn_ids == []
+    assert status.active_turn_id == second.id and status.queued_turn_ids == []

@@ -21,7 +21,7 @@ from temporalio.worker import Replayer
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
 from tests.faults import DevServer, dev_server
-from tests.history_scenarios import patch_level, patch_markers, started_turns, turns_ended
+from tests.history_scenarios import carried_turn, patch_level, patch_markers
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.payloads import PATCH_LEVEL
 from turnkit.plugin import TurnKitPlugin
@@ -124,12 +124,12 @@ async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in
         runs = await runs_of(tk.client, conversation.id)
         assert len(runs) >= 2 and set(runs[:-1]) == {"CONTINUED_AS_NEW"}, runs
         assert runs[-1] == "RUNNING"
-        # At least one rollover happened while a turn ran: its run started a turn whose end it did not see.
+        # At least one rollover happened while a turn ran: a run started by continue-as-new follows a carried turn.
         busy_rollovers = 0
         async for execution in tk.client.list_workflows(f"WorkflowId = '{conversation.id}'"):
             history = await tk.client.get_workflow_handle(conversation.id, run_id=execution.run_id).fetch_history()
             events = list(history.events)
-            busy_rollovers += started_turns(events) > len(turns_ended(events))
+            busy_rollovers += carried_turn(events) is not None
             # Each run (the first, and every one its predecessor started) is of this release's patch level.
             assert patch_level(events) == PATCH_LEVEL and patch_markers(events) == [], execution.run_id
         assert busy_rollovers >= 1

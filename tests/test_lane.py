@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from itertools import pairwise
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 
 import turnkit
 from tests.engine import Engine, eventually, held_tool
-from tests.history_scenarios import activity_types, history_events, local_activities
+from tests.history_scenarios import activity_types, ends_at_completed_task, history_events, local_activities
 from tests.test_lost_completions import LocalAttemptFault
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
+from workflows.lane import ConversationWorkflow
 
 
 @turnkit.tool(recovery="replay_safe")
@@ -95,10 +98,8 @@ async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered
     assert request[1] == {"role": "assistant", "content": "let me check"}  # the call is dropped, its text kept
 
 
-async def test_a_queued_turn_cancelled_before_it_started_does_not_hold_up_the_next(tk: TurnKit) -> None:
-    """Issue 9 (patch lane-starts-turns): the lane moves on at a turn's end signal, and ``cancel`` sends it for a
-    queued turn too; so when the busy turn ends, the cancelled one is passed over and the one after it runs at once,
-    not after the lane's ``FOLLOW_POLL`` (1 min) check of the store."""
+def _busy_agent(name: str) -> tuple[asyncio.Event, turnkit.Agent]:
+    """An agent whose turn on "busy" holds in a tool until the event is set; it answers any other input at once."""
     release, hold = held_tool()
 
     def script(request: turnkit.ModelRequest) -> turnkit.Result:
@@ -107,15 +108,22 @@ async def test_a_queued_turn_cancelled_before_it_started_does_not_hold_up_the_ne
             return call_tools(("hold", {}))
         return turnkit.Result.build(text=f"answered {last['content'] if last['role'] == 'user' else 'busy'}")
 
-    conversation = await tk.conversation(
-        turnkit.Agent("passes-over", model="scripted", tools=[hold], client=ScriptedClient(script))
-    )
+    return release, turnkit.Agent(name, model="scripted", tools=[hold], client=ScriptedClient(script))
+
+
+async def _holding(conversation: turnkit.Conversation) -> bool:
+    """Whether the conversation's busy turn has proposed its tool call (it is in the tool now)."""
+    return any(m.kind == "tool_call" for m in await conversation.messages())
+
+
+async def test_a_queued_turn_cancelled_before_it_started_does_not_hold_up_the_next(tk: TurnKit) -> None:
+    """Issue 9 (patches lane-starts-turns, lane-follows-on-demand): with turns queued, the lane waits for the busy
+    turn's end signal; when it comes, the cancelled turn is found ended in the store and passed over, and the one
+    after it runs at once, not after the lane's ``FOLLOW_POLL`` (1 min) check of the store."""
+    release, agent = _busy_agent("passes-over")
+    conversation = await tk.conversation(agent)
     busy = await conversation.ask("busy", wait=False)
-
-    async def holding() -> bool:
-        return any(m.kind == "tool_call" for m in await conversation.messages())
-
-    await eventually(holding, what="the busy turn's tool call")
+    await eventually(lambda: _holding(conversation), what="the busy turn's tool call")
     cancelled = await conversation.ask("never", wait=False)
     after = await conversation.ask("after", wait=False)
     assert (await cancelled.cancel()).status == "cancelled"
@@ -150,15 +158,55 @@ async def test_a_fresh_conversations_submit_and_turn_start_are_one_workflow_task
     started = (await tk.client.get_workflow_handle(turn.id).fetch_history()).events[0]
     assert not started.workflow_execution_started_event_attributes.HasField("parent_workflow_execution")
 
-    async def lane_saw_the_end() -> bool:
-        return any(
-            e.workflow_execution_signaled_event_attributes.signal_name == "target_finished"
-            for e in await history_events(tk, conversation.id)
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        )
 
-    # Sent after the terminal write commits, so possibly after ask() returned.
-    await eventually(lane_saw_the_end, what="the turn's end signal at its lane")
+def _lane_signals(events: list[HistoryEvent]) -> list[str]:
+    """The ``target_finished`` signals a lane's history received: the turn id each names."""
+    return [
+        json.loads(e.workflow_execution_signaled_event_attributes.input.payloads[0].data)
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == "target_finished"
+    ]
+
+
+async def test_a_lane_hears_of_a_turns_end_only_when_it_has_more_to_run(tk: TurnKit) -> None:
+    """Issue 9 (patch lane-follows-on-demand): a turn's end costs its lane nothing while nothing else waits (no
+    signal, no timer, no workflow task); the next ask finds the end in the store without a wait row; a turn queued
+    behind a running one registers the lane as its waiter, and the running turn's end signals the lane."""
+    release, agent = _busy_agent("on-demand")
+    conversation = await tk.conversation(agent)
+    first = await conversation.ask("one")
+    assert first.output_text == "answered one"
+    events = await history_events(tk, conversation.id)
+    kinds = [e.event_type for e in events]
+    assert ends_at_completed_task(events) and EventType.EVENT_TYPE_TIMER_STARTED not in kinds
+    assert kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1, "the turn's end woke the lane"
+    status = await tk.client.get_workflow_handle(conversation.id).query(ConversationWorkflow.status)
+    assert status.active_turn_id == first.id  # the lane has not looked: its end was of no use to it yet
+
+    second = await conversation.ask("two")  # the lane asks the store, which knows the first turn ended
+    assert second.output_text == "answered two"
+    events = await history_events(tk, conversation.id)
+    assert activity_types(events).count("turnkit.follow_turn") == 1 and _lane_signals(events) == []
+    assert await _waits_of(tk, conversation.id) == []  # an ended turn needs no waiter row
+
+    busy = await conversation.ask("busy", wait=False)
+    await eventually(lambda: _holding(conversation), what="the busy turn's tool call")
+    queued = await conversation.ask("after", wait=False)  # more to run: the lane registers as the busy turn's waiter
+    await eventually(lambda: _waits_on(tk, conversation.id, busy.id), what="the lane's wait row on the busy turn")
+    release.set()
+    assert (await queued.result(timeout=30)).output_text == "answered after"  # well under FOLLOW_POLL
+    assert _lane_signals(await history_events(tk, conversation.id)) == [busy.id]
+
+
+async def _waits_of(tk: TurnKit, waiter: str) -> list[str]:
+    """The turns ``waiter`` (a turn or a lane: its conversation id) has wait rows on."""
+    async with tk.store.atomic() as tx:
+        return [w.target_turn_id for w in await tx.list_waits(turn_id=waiter)]
+
+
+async def _waits_on(tk: TurnKit, waiter: str, target: str) -> bool:
+    return await _waits_of(tk, waiter) == [target]
 
 
 async def test_a_store_call_whose_local_attempt_fails_runs_again_as_an_activity(engine: Engine) -> None:

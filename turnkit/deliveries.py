@@ -21,7 +21,6 @@ from turnkit.payloads import PATCH_LEVEL, DeliverySignal, LaneInput
 from turnkit.records import DeliveryRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.waits import TARGET_FINISHED_SIGNAL
 from turnkit.workflow_names import DELIVER_SIGNAL, LANE_WORKFLOW, WAKE_SIGNAL
 
 __all__ = [
@@ -159,18 +158,17 @@ async def pending_completion(tx: StoreTx, turn_id: str) -> DeliveryRecord | None
 
 
 async def wake_lane(client: Client, turn: TurnRecord) -> None:
-    """After ``turn``'s terminal write committed: tell its conversation's lane (idempotent).
+    """After a sub-agent's ``turn``'s terminal write committed: tell its conversation's lane (idempotent).
 
-    A sub-agent's turn sends ``wake``: the lane may append the input it held back meanwhile. A turn of the lane's own
-    sends ``target_finished`` with its id: the lane started it as a workflow of its own (patch ``lane-starts-turns``)
-    and runs the next turn on this signal; a lane that runs its turns as children ignores it. No lane: nothing waits.
+    The lane may append the input it held back meanwhile (``wake``). A turn of the lane's own sends nothing here: the
+    lane registers as its waiter when it needs its end (patch ``lane-follows-on-demand``, ``turnkit.follow_turn``),
+    and is signalled with the waiters. No lane: nothing waits.
     """
+    if turn.parent_turn_id is None:
+        return
     handle = client.get_workflow_handle(turn.conversation_id)
     try:
-        if turn.parent_turn_id is None:
-            await handle.signal(TARGET_FINISHED_SIGNAL, turn.id)
-        else:
-            await handle.signal(WAKE_SIGNAL)
+        await handle.signal(WAKE_SIGNAL)
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise

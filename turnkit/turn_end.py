@@ -58,8 +58,8 @@ async def fail_unfinished_turn(
 
 
 async def announce_end(store: Store, client: Client, task_queue: str, turn: TurnRecord) -> None:
-    """After ``turn``'s terminal write committed: signal its completion callback if still pending, every turn that
-    waits on it and, for a sub-agent's turn, its conversation's lane (idempotent).
+    """After ``turn``'s terminal write committed: signal its completion callback if still pending, every turn (and
+    lane) that waits on it and, for a sub-agent's turn, its conversation's lane (idempotent).
 
     What to signal is read in one transaction (the callback and the waiters: one store trip per turn end, issue 9),
     then the signals go out in that order. ``turn`` as its terminal write left it proves that write committed, so
@@ -70,11 +70,9 @@ async def announce_end(store: Store, client: Client, task_queue: str, turn: Turn
         waiters = await (tx.list_waits(target_turn_id=turn.id) if turn.terminal else waiters_of(tx, turn.id))
     if delivery is not None:
         await signal_delivery(client, task_queue, delivery)
-    # A lane that follows its own turn (a wait row naming the conversation) hears of its end from wake_lane below.
-    lane_follows = turn.parent_turn_id is None
-    await signal_waiters(
-        client, turn.id, [w for w in waiters if not (lane_follows and w.turn_id == turn.conversation_id)]
-    )
+    # A lane that needs its turn's end registered a wait row naming the conversation (turnkit.follow_turn): it is
+    # signalled here like any waiter. A lane with nothing more to run is not signalled at all.
+    await signal_waiters(client, turn.id, waiters)
     await wake_lane(client, turn)  # needs only ids and lineage, which never change
 
 

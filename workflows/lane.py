@@ -2,9 +2,11 @@
 
 At most one turn of a conversation is active; submitted turns wait in FIFO order, and each runs as a workflow of its
 own (workflow id = turn id). Since patch ``lane-starts-turns`` the lane starts it through ``turnkit.start_turn``, a
-local activity whose eager start hands the turn's first workflow task straight to this worker, and learns of its end
-from the ``target_finished`` signal its terminal write sends (asking the store after ``FOLLOW_POLL`` without one).
-Older runs started it as a child and waited for the child's result. Two kinds of input arrive:
+local activity whose eager start hands the turn's first workflow task straight to this worker. Since patch
+``lane-follows-on-demand`` it looks for the turn's end only when it has more to run: then ``turnkit.follow_turn``
+registers the lane as the turn's waiter, and the turn's end signals it ``target_finished`` (the store is asked again
+after ``FOLLOW_POLL`` without one). Runs before that patch were signalled at every turn's end; older runs still
+started the turn as a child and waited for the child's result. Two kinds of input arrive:
 
 * ``submit`` (an update, used with update-with-start): writes the trigger message and the turn record through an
   activity and returns the turn id at once; the turn is queued.
@@ -87,10 +89,15 @@ SUBMIT_TIMEOUT = timedelta(seconds=60)
 #: Patch (issue 11): turns start with TurnKit's search attributes and the lane adds its agent when it lacks it; only
 #: when the lane was started with them itself (see :mod:`turnkit.search_attributes`).
 SEARCH_ATTRIBUTES = "search-attributes"
+#: Patch (issue 9): the lane hears of its turn's end only when it has more to do (a queued turn, a delivery): then it
+#: registers as a waiter of the turn (``turnkit.follow_turn``) and the end signals it. Before, every turn's terminal
+#: write signalled its lane, a signal and a lane workflow task per turn that an idle lane did not need.
+LANE_FOLLOWS_ON_DEMAND = "lane-follows-on-demand"
 #: The patches each patch level added (workflows/patches.py): a run of level 1 takes all of the above unasked.
 PATCH_LEVELS = {
     1: frozenset(
         {
+            LANE_FOLLOWS_ON_DEMAND,
             DELIVER_WHEN_IDLE,
             LANE_FOLLOWS_TURNS,
             LANE_RECHECKS_HOLD,
@@ -134,6 +141,8 @@ class ConversationWorkflow:
         # once its id is here (a late signal of an earlier turn names another id).
         self._ended_turns: dict[str, None] = {}
         self._starts_turns = False  # set from the patch marker when run() starts
+        # The active turn was started and nothing needs its end yet (patch ``lane-follows-on-demand``).
+        self._on_demand = False
         # A sub-agent's turn (run by its parent, not by this lane) is active here: deliveries wait for its `wake`.
         self._held = lane.held
         self._wakes = 0
@@ -442,13 +451,27 @@ class ConversationWorkflow:
         )
         self._active_started = True  # it outlives this run: the lane may continue as new and follow it
         turn_id = queued.turn_id
+        ask_now = False
+        if self._patched(LANE_FOLLOWS_ON_DEMAND):
+            # Nothing else to run: the turn's end is of no use yet, so nothing signals it and no timer runs. When
+            # more work arrives, ask the store, which registers this lane as the turn's waiter (docs/design.md).
+            self._on_demand = True
+            self._show()
+            await workflow.wait_condition(lambda: turn_id in self._ended_turns or self._needs_turn_end())
+            self._on_demand = False
+            self._show()
+            ask_now = True
         while turn_id not in self._ended_turns:
-            with suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: turn_id in self._ended_turns, timeout=FOLLOW_POLL, timeout_summary="ask the store again"
-                )
-            if turn_id in self._ended_turns:
-                return
+            if not ask_now:
+                with suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: turn_id in self._ended_turns,
+                        timeout=FOLLOW_POLL,
+                        timeout_summary="ask the store again",
+                    )
+                if turn_id in self._ended_turns:
+                    return
+            ask_now = False
             ended = await store_call(
                 "turnkit.follow_turn",
                 EndTurn(turn_id=turn_id),
@@ -494,13 +517,17 @@ class ConversationWorkflow:
         )
 
     def _clear_active(self) -> None:
+        self._on_demand = False
         self._active = None
         self._active_turn = None
         self._active_started = False
 
     def _show(self) -> None:
         """The current details shown in the UI: ``running turn_… · 2 queued · 1 delivery pending``."""
-        parts = [f"running {self._active}" if self._active else "idle"]
+        if self._active and self._on_demand:
+            parts = [f"started {self._active} (followed when more work arrives)"]
+        else:
+            parts = [f"running {self._active}" if self._active else "idle"]
         if self._queue:
             parts.append(f"{len(self._queue)} queued")
         if self._pending_deliveries:
@@ -520,6 +547,11 @@ class ConversationWorkflow:
         if turn.done() or (bool(self._pending_deliveries) and not self._deliver_when_idle):
             return True
         return (self._held and self._recheck) or self._busy_rollover_due()
+
+    def _needs_turn_end(self) -> bool:
+        """Whether the lane has something to do once its active turn ends (patch ``lane-follows-on-demand``): a queued
+        turn, deliveries waiting for it to be idle, a wake. (A rollover carries the turn: the next run follows it.)"""
+        return bool(self._queue or self._pending_deliveries or self._wake_pending)
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
