@@ -351,10 +351,15 @@ def patch_markers(events: Sequence[HistoryEvent]) -> list[str]:
     return found
 
 
+def run_input(events: Sequence[HistoryEvent]) -> dict[str, Any]:
+    """A run's input (a lane's ``LaneInput``, a turn's ``TurnInput``) as JSON, from its first event."""
+    started = events[0].workflow_execution_started_event_attributes
+    return json.loads(started.input.payloads[0].data)
+
+
 def patch_level(events: Sequence[HistoryEvent]) -> int:
     """The ``patch_level`` of a run's input (0 when the input has none, as an older release's)."""
-    started = events[0].workflow_execution_started_event_attributes
-    return int(json.loads(started.input.payloads[0].data).get("patch_level", 0))
+    return int(run_input(events).get("patch_level", 0))
 
 
 async def history_events(tk: TurnKit, workflow_id: str) -> list[HistoryEvent]:
@@ -418,8 +423,7 @@ async def _lane_started(tk: TurnKit, conversation_id: str, turns: int, *, what: 
 
 def carried_turn(events: Sequence[HistoryEvent]) -> str | None:
     """The turn a lane run was started to follow (its predecessor continued as new while that turn ran), or None."""
-    started = events[0].workflow_execution_started_event_attributes
-    active = json.loads(started.input.payloads[0].data).get("active")
+    active = run_input(events).get("active")
     return None if active is None else str(active["turn_id"])
 
 

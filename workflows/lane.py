@@ -451,7 +451,6 @@ class ConversationWorkflow:
         )
         self._active_started = True  # it outlives this run: the lane may continue as new and follow it
         turn_id = queued.turn_id
-        ask_now = False
         if self._patched(LANE_FOLLOWS_ON_DEMAND):
             # Nothing else to run: the turn's end is of no use yet, so nothing signals it and no timer runs. When
             # more work arrives, ask the store, which registers this lane as the turn's waiter (docs/design.md).
@@ -460,27 +459,25 @@ class ConversationWorkflow:
             await workflow.wait_condition(lambda: turn_id in self._ended_turns or self._needs_turn_end())
             self._on_demand = False
             self._show()
-            ask_now = True
-        while turn_id not in self._ended_turns:
-            if not ask_now:
-                with suppress(TimeoutError):
-                    await workflow.wait_condition(
-                        lambda: turn_id in self._ended_turns,
-                        timeout=FOLLOW_POLL,
-                        timeout_summary="ask the store again",
-                    )
-                if turn_id in self._ended_turns:
-                    return
-            ask_now = False
-            ended = await store_call(
-                "turnkit.follow_turn",
-                EndTurn(turn_id=turn_id),
-                bool,
-                summary=f"has {turn_id} ended?",
-                patched=self._patched,
-            )
-            if ended:
+            if turn_id in self._ended_turns or await self._has_ended(turn_id):
                 return
+        while turn_id not in self._ended_turns:
+            with suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: turn_id in self._ended_turns, timeout=FOLLOW_POLL, timeout_summary="ask the store again"
+                )
+            if turn_id in self._ended_turns or await self._has_ended(turn_id):
+                return
+
+    async def _has_ended(self, turn_id: str) -> bool:
+        """Ask the store whether the turn has ended; if not, its end will signal this lane (``turnkit.follow_turn``)."""
+        return await store_call(
+            "turnkit.follow_turn",
+            EndTurn(turn_id=turn_id),
+            bool,
+            summary=f"has {turn_id} ended?",
+            patched=self._patched,
+        )
 
     async def _follow_turn(self, queued: QueuedTurn) -> None:
         """Follow a turn started by an earlier run of this lane (carried by continue-as-new) until it ends: ask the
@@ -491,14 +488,7 @@ class ConversationWorkflow:
         try:
             while True:
                 self._followed_ended = False  # a signal during the check asks again at once
-                ended = await store_call(
-                    "turnkit.follow_turn",
-                    EndTurn(turn_id=queued.turn_id),
-                    bool,
-                    summary=f"has {queued.turn_id} ended?",
-                    patched=self._patched,
-                )
-                if ended:
+                if await self._has_ended(queued.turn_id):
                     return
                 with suppress(TimeoutError):
                     await workflow.wait_condition(
