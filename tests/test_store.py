@@ -719,6 +719,47 @@ async def test_nested_atomic_joins_the_outer_transaction(store: Store) -> None:
     assert [m.text for m in await store.list_messages(conversation.id)] == ["committed"]
 
 
+async def test_a_transaction_reads_its_own_writes(store: Store) -> None:
+    """Issue 9 (docs/design.md "The store's SQL is built once"): reads are prebuilt Core selects and writes Core
+    statements whose SET clause comes from their parameters; within one transaction each get-or-create that finds a
+    record, each compare-and-set, each list and the tree's counters see every write before them."""
+    conversation = await _conversation(store)
+    async with store.atomic(conversation_id=conversation.id) as tx:
+        first = await tx.append_message(conversation.id, role="user", text="hi", id=new_id("message"))
+        assert (await tx.append_message(conversation.id, role="user", text="again", id=first.id)).text == "hi"
+        turn = await tx.create_turn(conversation_id=conversation.id, agent_name="agent", id=new_id("turn"))
+        assert (await tx.create_turn(conversation_id=conversation.id, agent_name="other", id=turn.id)) == turn
+        claimed = await tx.claim_turn(turn.id, options={"state": {"iterations": 2}}, cost=0.5)
+        assert claimed is not None and claimed.status == "running"
+        assert await tx.claim_turn(turn.id) is None  # the compare-and-set sees its own write
+        assert [t.status for t in await tx.list_turns(conversation_id=conversation.id)] == ["running"]
+        execution, created = await tx.create_tool_execution(
+            turn_id=turn.id, tool_call_id="call_1", tool_name="lookup", status="running"
+        )
+        assert (
+            created and not (await tx.create_tool_execution(turn_id=turn.id, tool_call_id="call_1", tool_name="x"))[1]
+        )
+        await tx.claim_tool_execution(execution.id, to="failed", error={"message": "no"})
+        assert [e.status for e in await tx.list_tool_executions(turn_id=turn.id)] == ["failed"]
+        usage = await tx.tree_usage(turn.id)
+        assert (usage.iterations, usage.cost) == (2, 0.5)
+        tree = await tx.list_turns(root_turn_id=turn.id), await tx.list_tool_executions(root_turn_id=turn.id)
+        assert usage == TreeUsage.from_records(*tree)
+        delivery, _ = await tx.create_delivery(
+            source_conversation_id=conversation.id,
+            destination_conversation_id=conversation.id,
+            key=_name("key"),
+            payload={"text": "x"},
+        )
+        assert await tx.mark_delivered(delivery.id, message_id=first.id) is not None
+        assert await tx.list_deliveries(destination_conversation_id=conversation.id, pending=True) == []
+        assert (await tx.create_wait(turn_id=turn.id, target_turn_id=_name("turn")))[1]
+        assert len(await tx.list_waits(turn_id=turn.id)) == 1
+        await tx.put_media(b"bytes", mime_type="image/png")
+        await tx.put_media(b"bytes", mime_type="image/png")
+        assert [m.sequence for m in await tx.list_messages(conversation.id, through_sequence=0, turn_id=None)] == []
+
+
 async def test_exception_in_nested_block_rolls_back_outer_writes_too(store: Store) -> None:
     conversation = await _conversation(store)
     with pytest.raises(_Boom):

@@ -29,26 +29,21 @@ from sqlalchemy import (
     Insert,
     Select,
     Table,
-    Update,
-    bindparam,
     delete,
     event,
-    func,
     inspect,
     select,
     text,
-    update,
 )
 from sqlalchemy.engine import Connection, CursorResult, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import aliased
 from sqlalchemy.sql.schema import ColumnDefault
 
+import turnkit.store.statements as sql
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_id
 from turnkit.records import (
-    ACTIVE_TURN_STATUSES,
     MESSAGE_KINDS,
     MESSAGE_ROLES,
     TOOL_EXECUTION_STATUSES,
@@ -102,72 +97,6 @@ DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
 
-
-def _every_attribute(model: Any) -> tuple[Any, ...]:
-    """Every mapped column attribute of ``model`` (what its ``_turn``/``_tool_execution`` converter reads), for
-    ``RETURNING``."""
-    return tuple(getattr(model, attr.key) for attr in inspect(model).column_attrs)
-
-
-_TURN_COLUMNS: Final = _every_attribute(TurnRow)
-_EXECUTION_COLUMNS: Final = _every_attribute(ToolExecutionRow)
-
-
-# Hot reads (issue 9, CPU per turn): built once, with bind parameters, as Core selects of the table's columns named
-# as the mapped attributes (what the ``_turn``/``_message``... converters read). SQLAlchemy then neither builds and
-# coerces the statement nor computes its cache key on every call, and the rows skip the ORM's identity map: a turn
-# load costs about 40% less CPU. The ORM rows are kept for writes and get-or-create.
-def _whole_rows(model: Any) -> Select[*tuple[Any, ...]]:
-    """``SELECT`` of every column of ``model``'s table, each labelled with its attribute's name (``metadata_``)."""
-    return select(*(attr.columns[0].label(attr.key) for attr in inspect(model).column_attrs))
-
-
-def _c(model: Any, name: str) -> Any:
-    """The table column of ``model`` (Core, not the ORM attribute: an ORM element would make the select ORM's)."""
-    return model.__table__.c[name]
-
-
-_TURN_BY_UID: Final = _whole_rows(TurnRow).where(_c(TurnRow, "uid") == bindparam("uid"))
-_CONVERSATION_BY_UID: Final = _whole_rows(ConversationRow).where(_c(ConversationRow, "uid") == bindparam("uid"))
-_EXECUTION_BY_UID: Final = _whole_rows(ToolExecutionRow).where(_c(ToolExecutionRow, "uid") == bindparam("uid"))
-_EXECUTION_BY_CALL: Final = _whole_rows(ToolExecutionRow).where(
-    _c(ToolExecutionRow, "turn_uid") == bindparam("turn_uid"),
-    _c(ToolExecutionRow, "tool_call_id") == bindparam("tool_call_id"),
-)
-_DELIVERY_BY_KEY: Final = _whole_rows(DeliveryRow).where(_c(DeliveryRow, "key") == bindparam("key"))
-_STAGED_CONTENT: Final = select(_c(StagedInputRow, "content")).where(_c(StagedInputRow, "uid") == bindparam("uid"))
-_WAITS_OF_TURN: Final = (
-    _whole_rows(WaitRow).where(_c(WaitRow, "turn_uid") == bindparam("uid")).order_by(_c(WaitRow, "id"))
-)
-_ACTIVE_SUB_AGENT_TURN: Final = (
-    select(_c(TurnRow, "id"))
-    .where(
-        _c(TurnRow, "conversation_uid") == bindparam("uid"),
-        _c(TurnRow, "parent_turn_uid").is_not(None),
-        _c(TurnRow, "status").in_(ACTIVE_TURN_STATUSES),
-    )
-    .limit(1)
-)
-_WAITS_ON_TARGET: Final = (
-    _whole_rows(WaitRow).where(_c(WaitRow, "target_turn_uid") == bindparam("uid")).order_by(_c(WaitRow, "id"))
-)
-
-
-def _newest_response(*, summary: bool, request: bool) -> Select[*tuple[Any, ...]]:
-    """The turn's newest response message: the summary (``summary``) or the response itself, of one request
-    (``request``: bound ``request_uid``) or of any."""
-    kind, request_uid = _c(MessageRow, "kind"), _c(MessageRow, "request_uid")
-    query = _whole_rows(MessageRow).where(
-        _c(MessageRow, "turn_uid") == bindparam("turn_uid"),
-        request_uid == bindparam("request_uid") if request else request_uid.is_not(None),
-        kind == "context_summary" if summary else kind != "context_summary",
-    )
-    return query.order_by(_c(MessageRow, "sequence").desc()).limit(1)
-
-
-_RESPONSE_TO: Final = _newest_response(summary=False, request=True)
-_SUMMARY_FOR: Final = _newest_response(summary=True, request=True)
-_LATEST_RESPONSE: Final = _newest_response(summary=False, request=False)
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
@@ -348,12 +277,10 @@ class StoreTx:
         if self.store.dialect != "postgresql":
             return  # BEGIN IMMEDIATE already holds SQLite's single writer lock.
         if conversation_id and ("conversation", conversation_id) not in self._locked:
-            await self.session.execute(
-                select(ConversationRow.id).where(ConversationRow.uid == conversation_id).with_for_update()
-            )
+            await self.session.execute(sql.LOCK_CONVERSATION, {"uid": conversation_id})
             self._locked.add(("conversation", conversation_id))
         if turn_id and ("turn", turn_id) not in self._locked:
-            await self.session.execute(select(TurnRow.id).where(TurnRow.uid == turn_id).with_for_update())
+            await self.session.execute(sql.LOCK_TURN, {"uid": turn_id})
             self._locked.add(("turn", turn_id))
 
     async def _get_or_create(
@@ -449,22 +376,25 @@ class StoreTx:
                 updated_at=now,
             )
 
-        row, _ = await self._get_or_create(lambda: self._conversation_row(uid), build, look_first=id is not None)
+        row, _ = await self._get_or_create(
+            lambda: self._read_one(sql.CONVERSATION_BY_UID, uid=uid), build, look_first=id is not None
+        )
         return _conversation(row)
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
         """The conversation; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(_CONVERSATION_BY_UID, uid=conversation_id)
+        row = await self._read_one(sql.CONVERSATION_BY_UID, uid=conversation_id)
         if row is None:
             raise RecordNotFound(f"conversation not found: {conversation_id}")
         return _conversation(row)
 
     async def _read_one(self, statement: Select[*tuple[Any, ...]], **params: Any) -> Row[Any] | None:
-        """The first row of a prebuilt hot read (see ``_whole_rows``), or None."""
+        """The first row of a prebuilt read (:mod:`turnkit.store.statements`), or None."""
         return (await self.session.execute(statement, params)).first()
 
-    async def _conversation_row(self, conversation_id: str) -> ConversationRow | None:
-        return await self.session.scalar(select(ConversationRow).where(ConversationRow.uid == conversation_id))
+    async def _read_all(self, statement: Select[*tuple[Any, ...]], **params: Any) -> Sequence[Row[Any]]:
+        """Every row of a read (prebuilt, or built of :mod:`turnkit.store.statements`' tables)."""
+        return (await self.session.execute(statement, params)).all()
 
     # Messages ----------------------------------------------------------------------------------------------------
 
@@ -496,25 +426,18 @@ class StoreTx:
         # transactions that did not lock the conversation up front) see each other instead of IntegrityError.
         await self.lock(conversation_id=conversation_id)
         if id is not None:
-            existing = await self.session.scalar(select(MessageRow).where(MessageRow.uid == id))
+            existing = await self._read_one(sql.MESSAGE_BY_UID, uid=id)
             if existing is not None:
                 return _message(existing)
         # The conversation's existence and its latest sequence in one statement (CPU per turn, issue 9).
-        latest = (
-            select(func.max(MessageRow.sequence))
-            .where(MessageRow.conversation_uid == conversation_id)
-            .scalar_subquery()
-        )
-        found = (
-            await self.session.execute(select(ConversationRow.id, latest).where(ConversationRow.uid == conversation_id))
-        ).one_or_none()
+        found = await self._read_one(sql.CONVERSATION_AND_LATEST_SEQUENCE, uid=conversation_id)
         if found is None:
             raise RecordNotFound(f"conversation not found: {conversation_id}")
         parts = [dict(part) for part in content] if content is not None else []
         if text is not None:
             parts.append({"type": "text", "text": text})
         parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-        sequence = int(found[1] or 0) + 1
+        sequence = int(found.latest or 0) + 1
         now = utcnow()
         row = MessageRow(
             uid=id or new_id("message"),
@@ -535,14 +458,12 @@ class StoreTx:
 
     async def latest_message_sequence(self, conversation_id: str) -> int:
         """The highest sequence in the conversation, 0 when it has no messages."""
-        value = await self.session.scalar(
-            select(func.max(MessageRow.sequence)).where(MessageRow.conversation_uid == conversation_id)
-        )
+        value = await self.session.scalar(sql.LATEST_SEQUENCE, {"uid": conversation_id})
         return int(value or 0)
 
     async def load_message(self, message_id: str) -> MessageRecord:
         """The message; raises :class:`RecordNotFound` when absent."""
-        row = await self.session.scalar(select(MessageRow).where(MessageRow.uid == message_id))
+        row = await self._read_one(sql.MESSAGE_BY_UID, uid=message_id)
         if row is None:
             raise RecordNotFound(f"message not found: {message_id}")
         return _message(row)
@@ -560,25 +481,16 @@ class StoreTx:
         With ``through_sequence``: only rows with ``sequence <= N`` or ``turn_id == turn_id`` (a turn's frozen
         context plus its own messages, ``messages_for_turn`` in behaviour §1.3). With ``after_sequence``: rows after it.
         """
-        query = select(MessageRow).where(MessageRow.conversation_uid == conversation_id)
-        if through_sequence is not None:
-            if turn_id is not None:
-                query = query.where((MessageRow.sequence <= through_sequence) | (MessageRow.turn_uid == turn_id))
-            else:
-                query = query.where(MessageRow.sequence <= through_sequence)
-        elif turn_id is not None:
-            query = query.where(MessageRow.turn_uid == turn_id)
-        if after_sequence is not None:
-            query = query.where(MessageRow.sequence > after_sequence)
-        rows = await self.session.scalars(query.order_by(MessageRow.sequence))
+        query = sql.messages(
+            through=through_sequence is not None, turn=turn_id is not None, after=after_sequence is not None
+        )
+        params = {"uid": conversation_id, "through": through_sequence, "turn_uid": turn_id, "after": after_sequence}
+        rows = await self._read_all(query, **{key: value for key, value in params.items() if value is not None})
         return [_message(row) for row in rows]
 
     async def list_turn_messages(self, turn_id: str) -> list[MessageRecord]:
         """The messages a turn wrote (its ``turn_id``), in sequence order."""
-        rows = await self.session.scalars(
-            select(MessageRow).where(MessageRow.turn_uid == turn_id).order_by(MessageRow.sequence)
-        )
-        return [_message(row) for row in rows]
+        return [_message(row) for row in await self._read_all(sql.TURN_MESSAGES, uid=turn_id)]
 
     async def find_response(self, turn_id: str, request_id: str, *, kind: str | None = None) -> MessageRecord | None:
         """The assistant response a turn persisted for model request ``request_id`` (an indexed lookup), or None.
@@ -586,20 +498,18 @@ class StoreTx:
         A request may have two messages: the automatic compaction summary made before it (``kind=
         "context_summary"``) and the response itself (any other kind, the default).
         """
-        query = _SUMMARY_FOR if kind == "context_summary" else _RESPONSE_TO
+        query = sql.SUMMARY_FOR if kind == "context_summary" else sql.RESPONSE_TO
         row = await self._read_one(query, turn_uid=turn_id, request_uid=request_id)
         return None if row is None else _message(row)
 
     async def latest_response(self, turn_id: str) -> MessageRecord | None:
         """The turn's latest assistant response to a model request (an indexed lookup), or None."""
-        row = await self._read_one(_LATEST_RESPONSE, turn_uid=turn_id)
+        row = await self._read_one(sql.LATEST_RESPONSE, turn_uid=turn_id)
         return None if row is None else _message(row)
 
     async def tool_result_message(self, tool_execution_id: str) -> MessageRecord | None:
         """The tool-result message of an execution, if one was appended."""
-        row = await self.session.scalar(
-            select(MessageRow).where(MessageRow.tool_execution_uid == tool_execution_id).limit(1)
-        )
+        row = await self._read_one(sql.TOOL_RESULT_MESSAGE, uid=tool_execution_id)
         return None if row is None else _message(row)
 
     # Turns -------------------------------------------------------------------------------------------------------
@@ -647,7 +557,10 @@ class StoreTx:
             )
 
         row, created = await self._get_or_create(
-            lambda: self._turn_row(turn_id), build, look_first=id is not None, found_absent=found_absent
+            lambda: self._read_one(sql.TURN_BY_UID, uid=turn_id),
+            build,
+            look_first=id is not None,
+            found_absent=found_absent,
         )
         if created:
             await self._add_to_tree(row.root_turn_uid, _iterations(row.options))
@@ -655,7 +568,7 @@ class StoreTx:
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
         """The turn; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(_TURN_BY_UID, uid=turn_id)
+        row = await self._read_one(sql.TURN_BY_UID, uid=turn_id)
         if row is None:
             raise RecordNotFound(f"turn not found: {turn_id}")
         self._remember_counts(row)
@@ -663,7 +576,7 @@ class StoreTx:
 
     async def find_turn(self, turn_id: str) -> TurnRecord | None:
         """The turn, or None when absent."""
-        row = await self._read_one(_TURN_BY_UID, uid=turn_id)
+        row = await self._read_one(sql.TURN_BY_UID, uid=turn_id)
         if row is None:
             return None
         self._remember_counts(row)
@@ -685,9 +598,7 @@ class StoreTx:
 
     async def find_child_turn(self, parent_tool_execution_id: str) -> TurnRecord | None:
         """The child turn a tool execution created (sub-agent delegation or launch), or None."""
-        row = await self.session.scalar(
-            select(TurnRow).where(TurnRow.parent_tool_execution_uid == parent_tool_execution_id).limit(1)
-        )
+        row = await self._read_one(sql.CHILD_TURN, uid=parent_tool_execution_id)
         return None if row is None else _turn(row)
 
     async def lock_wait_graph(self) -> None:
@@ -698,14 +609,11 @@ class StoreTx:
         if self.store.dialect == "postgresql":
             await self.session.execute(text("SELECT pg_advisory_xact_lock(1414876747)"))
 
-    async def _turn_row(self, turn_id: str) -> TurnRow | None:
-        return await self.session.scalar(select(TurnRow).where(TurnRow.uid == turn_id))
-
     async def update_turn(self, turn_id: str, **attrs: Any) -> TurnRecord:
         """Update whitelisted fields (behaviour §2.8) and touch ``updated_at``."""
         values = _turn_values(attrs)
         other_root = await self._count_turn_change(turn_id, values)
-        updated = await self._update_turn_row(update(TurnRow).where(TurnRow.uid == turn_id).values(**values))
+        updated = await self._update_turn_row(turn_id, values)
         if updated is None:
             raise RecordNotFound(f"turn not found: {turn_id}")
         await self._add_to_tree(*other_root)
@@ -720,22 +628,33 @@ class StoreTx:
             _check_turn_status(status)
         values = _turn_values({**attrs, "status": to})
         other_root = await self._count_turn_change(turn_id, values)
-        updated = await self._update_turn_row(
-            update(TurnRow).where(TurnRow.uid == turn_id, TurnRow.status.in_(expected)).values(**values)
-        )
+        updated = await self._update_turn_row(turn_id, values, expected=expected)
         if updated is None:
             return None
         await self._add_to_tree(*other_root)
         return updated if isinstance(updated, TurnRecord) else await self.load_turn(turn_id)
 
-    async def _update_turn_row(self, statement: Update) -> TurnRecord | bool | None:
-        """Run an UPDATE of one turn row: the row as written (``RETURNING``, one statement instead of an UPDATE and a
-        SELECT: CPU per turn, issue 9), else True when a row matched (a backend without ``UPDATE … RETURNING``), else
-        None. The ORM's session synchronisation is unchanged (objects it holds see the same values)."""
-        if not self.store.engine.dialect.update_returning:
+    async def _update_turn_row(
+        self, turn_id: str, values: dict[str, Any], *, expected: list[str] | None = None
+    ) -> TurnRecord | bool | None:
+        """UPDATE the turn's row with ``values`` (columns, and the tree increments of :func:`_tree_increments`), only
+        while its status is one of ``expected`` when given. Returns the row as written (``RETURNING``, one statement
+        instead of an UPDATE and a SELECT: CPU per turn, issue 9), else True when a row matched (a backend without
+        ``UPDATE … RETURNING``), else None."""
+        returning = self.store.engine.dialect.update_returning
+        statement = sql.turn_update(
+            cas=expected is not None,
+            iterations="add_iterations" in values,
+            cost="add_cost" in values,
+            returning=returning,
+        )
+        params = {**values, "b_uid": turn_id}
+        if expected is not None:
+            params["b_expected"] = expected
+        if not returning:
             self._turn_counts.clear()
-            return True if _rowcount(await self.session.execute(statement)) else None
-        row = (await self.session.execute(statement.returning(*_TURN_COLUMNS))).one_or_none()
+            return True if _rowcount(await self.session.execute(statement, params)) else None
+        row = (await self.session.execute(statement, params)).one_or_none()
         if row is None:
             return None
         if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
@@ -752,32 +671,26 @@ class StoreTx:
         value (a turn's ``options.state.iterations`` or ``cost``, an execution's creation or status) updates the
         root's totals in its own transaction. Hold the root's lock to check and then reserve.
         """
-        row = (
-            await self.session.execute(
-                select(
-                    TurnRow.tree_iterations,
-                    TurnRow.tree_tool_executions,
-                    TurnRow.tree_tool_executions_by_name,
-                    TurnRow.tree_cost,
-                ).where(TurnRow.uid == root_turn_id)
-            )
-        ).one_or_none()
+        row = await self._read_one(sql.TREE_USAGE, uid=root_turn_id)
         if row is None:
             raise RecordNotFound(f"turn not found: {root_turn_id}")
-        iterations, tools, by_name, cost = row
+        by_name = row.tree_tool_executions_by_name
         self._remember_tool_counts(root_turn_id, by_name)
         return TreeUsage(
-            iterations=int(iterations or 0),
-            tool_executions=int(tools or 0),
+            iterations=int(row.tree_iterations or 0),
+            tool_executions=int(row.tree_tool_executions or 0),
             tool_executions_by_name={str(k): int(v) for k, v in (by_name or {}).items() if v},
-            cost=float(cost or 0),
+            cost=float(row.tree_cost or 0),
         )
 
     async def _add_to_tree(self, root_turn_id: str | None, iterations: int = 0, cost: Decimal = _ZERO) -> None:
         """Add to the root's running totals of iterations and cost (in SQL; a no-op for zero)."""
         values = _tree_increments(iterations, cost)
         if root_turn_id is not None and values:
-            await self.session.execute(update(TurnRow).where(TurnRow.uid == root_turn_id).values(**values))
+            statement = sql.turn_update(
+                cas=False, iterations="add_iterations" in values, cost="add_cost" in values, returning=False
+            )
+            await self.session.execute(statement, {**values, "b_uid": root_turn_id})
 
     async def _count_turn_change(self, turn_id: str, values: dict[str, Any]) -> tuple[str | None, int, Decimal]:
         """Before a turn write that may change its iterations or cost: the root-total increments it makes.
@@ -790,11 +703,11 @@ class StoreTx:
             return None, 0, _ZERO
         known = self._turn_counts.get(turn_id)
         if known is None:
-            query = select(TurnRow.root_turn_uid, TurnRow.options, TurnRow.cost).where(TurnRow.uid == turn_id)
+            query = sql.TURN_COUNTS
             if self.store.dialect == "postgresql":
-                query = query.with_for_update()
+                query = sql.TURN_COUNTS_LOCKED
                 self._locked.add(("turn", turn_id))
-            row = (await self.session.execute(query)).one_or_none()
+            row = await self._read_one(query, uid=turn_id)
             if row is None:
                 return None, 0, _ZERO
             known = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
@@ -818,24 +731,15 @@ class StoreTx:
         known = None if root is None or self.session.in_nested_transaction() else self._tool_counts.get(root)
         if root is None or known is None:
             # Not read under the lock in this transaction: read (and lock) the root's counts.
-            turn = aliased(TurnRow)
-            query = select(TurnRow.uid, TurnRow.tree_tool_executions_by_name).where(
-                TurnRow.uid == select(turn.root_turn_uid).where(turn.uid == turn_id).scalar_subquery()
-            )
-            if self.store.dialect == "postgresql":
-                query = query.with_for_update(of=TurnRow)
-            row = (await self.session.execute(query)).one_or_none()
+            postgresql = self.store.dialect == "postgresql"
+            row = await self._read_one(sql.ROOT_TOOL_COUNTS_LOCKED if postgresql else sql.ROOT_TOOL_COUNTS, uid=turn_id)
             if row is None:
                 return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
             if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
                 self._locked.add(("turn", row.uid))
             root, known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
         counts = {**known, tool_name: known.get(tool_name, 0) + delta}
-        await self.session.execute(
-            update(TurnRow)
-            .where(TurnRow.uid == root)
-            .values(tree_tool_executions=TurnRow.tree_tool_executions + delta, tree_tool_executions_by_name=counts)
-        )
+        await self.session.execute(sql.COUNT_TOOL_EXECUTIONS, {"b_uid": root, "add_tools": delta, "by_name": counts})
         self._remember_tool_counts(root, counts)
 
     def _remember_tool_counts(self, root_turn_id: str, by_name: dict[str, Any] | None) -> None:
@@ -860,20 +764,19 @@ class StoreTx:
         ``statuses`` keeps turns in any of those statuses; ``has_parent`` keeps sub-agent turns (True) or root
         turns (False).
         """
-        query = select(TurnRow)
+        turns = sql.TURNS.c
+        query = sql.whole_rows(TurnRow)
         if statuses is not None:
-            query = query.where(TurnRow.status.in_(list(statuses)))
+            query = query.where(turns.status.in_(list(statuses)))
         if has_parent is not None:
-            parent = TurnRow.parent_turn_uid
-            query = query.where(parent.is_not(None) if has_parent else parent.is_(None))
+            query = query.where(turns.parent_turn_uid.is_not(None) if has_parent else turns.parent_turn_uid.is_(None))
         if root_turn_id is not None:
-            query = query.where(TurnRow.root_turn_uid == root_turn_id)
+            query = query.where(turns.root_turn_uid == root_turn_id)
         if conversation_id is not None:
-            query = query.where(TurnRow.conversation_uid == conversation_id)
+            query = query.where(turns.conversation_uid == conversation_id)
         if agent_name is not None:
-            query = query.where(TurnRow.agent_name == agent_name)
-        rows = await self.session.scalars(query.order_by(TurnRow.created_at, TurnRow.id))
-        return [_turn(row) for row in rows]
+            query = query.where(turns.agent_name == agent_name)
+        return [_turn(row) for row in await self._read_all(query.order_by(turns.created_at, turns.id))]
 
     async def sub_agent_turn_active(self, conversation_id: str) -> bool:
         """Whether a turn the lane does not run (a sub-agent's, started by its parent) is active in the conversation.
@@ -882,15 +785,16 @@ class StoreTx:
         (:func:`turnkit.deliveries.wake_lane`), so a conversation has one active turn at a time. At most one row is
         read, by a prebuilt statement (every submit asks).
         """
-        return (await self.session.execute(_ACTIVE_SUB_AGENT_TURN, {"uid": conversation_id})).first() is not None
+        return (await self.session.execute(sql.ACTIVE_SUB_AGENT_TURN, {"uid": conversation_id})).first() is not None
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an
         inventory for applications; prepared turns (``build_turn``) are not in it until they are submitted."""
-        query = select(TurnRow).where(TurnRow.submitted_at.is_not(None)).order_by(TurnRow.created_at, TurnRow.id)
+        turns = sql.TURNS.c
+        query = sql.whole_rows(TurnRow).where(turns.submitted_at.is_not(None)).order_by(turns.created_at, turns.id)
         if limit is not None:
             query = query.limit(limit)
-        return [_turn(row) for row in await self.session.scalars(query)]
+        return [_turn(row) for row in await self._read_all(query)]
 
     # Tool executions ---------------------------------------------------------------------------------------------
 
@@ -934,7 +838,9 @@ class StoreTx:
 
         # Natural key: the unique (turn_uid, tool_call_id).
         row, created = await self._get_or_create(
-            lambda: self._tool_execution_row(turn_id, tool_call_id), build, found_absent=found_absent
+            lambda: self._read_one(sql.EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id),
+            build,
+            found_absent=found_absent,
         )
         if created and counts_against_budget(row.status, row.error):
             await self._count_execution(turn_id, tool_name, 1)
@@ -945,28 +851,17 @@ class StoreTx:
         wanted = sorted({str(i) for i in tool_call_ids})
         if not wanted:
             return set()
-        rows = await self.session.scalars(
-            select(ToolExecutionRow.tool_call_id).where(
-                ToolExecutionRow.turn_uid == turn_id, ToolExecutionRow.tool_call_id.in_(wanted)
-            )
-        )
+        rows = await self.session.scalars(sql.EXISTING_CALL_IDS, {"turn_uid": turn_id, "ids": wanted})
         return set(rows)
 
     async def find_tool_execution(self, turn_id: str, tool_call_id: str) -> ToolExecutionRecord | None:
         """The execution of ``(turn_id, tool_call_id)``, or None."""
-        row = await self._read_one(_EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id)
+        row = await self._read_one(sql.EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id)
         return None if row is None else _tool_execution(row)
-
-    async def _tool_execution_row(self, turn_id: str, tool_call_id: str) -> ToolExecutionRow | None:
-        return await self.session.scalar(
-            select(ToolExecutionRow).where(
-                ToolExecutionRow.turn_uid == turn_id, ToolExecutionRow.tool_call_id == tool_call_id
-            )
-        )
 
     async def load_tool_execution(self, execution_id: str) -> ToolExecutionRecord:
         """The execution; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(_EXECUTION_BY_UID, uid=execution_id)
+        row = await self._read_one(sql.EXECUTION_BY_UID, uid=execution_id)
         if row is None:
             raise RecordNotFound(f"tool execution not found: {execution_id}")
         return _tool_execution(row)
@@ -989,24 +884,16 @@ class StoreTx:
         counted_before = True
         if not set(expected) <= {"pending", "running"}:
             await self.lock_tool_execution(execution_id)
-            old = (
-                await self.session.execute(
-                    select(ToolExecutionRow.status, ToolExecutionRow.error).where(ToolExecutionRow.uid == execution_id)
-                )
-            ).one_or_none()
+            old = await self._read_one(sql.EXECUTION_COUNTED, uid=execution_id)
             counted_before = old is None or counts_against_budget(old.status, old.error)
-        statement = (
-            update(ToolExecutionRow)
-            .where(ToolExecutionRow.uid == execution_id, ToolExecutionRow.status.in_(expected))
-            .values(**values)
-        )
+        params = {**values, "b_uid": execution_id, "b_expected": expected}
         if self.store.engine.dialect.update_returning:  # the row as written: no second SELECT (issue 9)
-            row = (await self.session.execute(statement.returning(*_EXECUTION_COLUMNS))).one_or_none()
+            row = (await self.session.execute(sql.CLAIM_EXECUTION_RETURNING, params)).one_or_none()
             if row is None:
                 return None
             settled = _tool_execution(row)
         else:
-            if _rowcount(await self.session.execute(statement)) == 0:
+            if _rowcount(await self.session.execute(sql.CLAIM_EXECUTION, params)) == 0:
                 return None
             settled = await self.load_tool_execution(execution_id)
         delta = int(settled.counts_against_budget) - int(counted_before)
@@ -1016,21 +903,20 @@ class StoreTx:
     async def lock_tool_execution(self, execution_id: str) -> None:
         """Lock an execution row until the transaction ends (a no-op on SQLite)."""
         if self.store.dialect == "postgresql":
-            await self.session.execute(
-                select(ToolExecutionRow.id).where(ToolExecutionRow.uid == execution_id).with_for_update()
-            )
+            await self.session.execute(sql.LOCK_EXECUTION, {"uid": execution_id})
 
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
     ) -> list[ToolExecutionRecord]:
         """Executions of one turn, or of every turn in a root tree, ordered by ``created_at, id``."""
-        query = select(ToolExecutionRow)
+        executions = sql.TOOL_EXECUTIONS.c
+        query = sql.whole_rows(ToolExecutionRow)
         if turn_id is not None:
-            query = query.where(ToolExecutionRow.turn_uid == turn_id)
+            query = query.where(executions.turn_uid == turn_id)
         if root_turn_id is not None:
-            tree = select(TurnRow.uid).where(TurnRow.root_turn_uid == root_turn_id)
-            query = query.where(ToolExecutionRow.turn_uid.in_(tree))
-        rows = await self.session.scalars(query.order_by(ToolExecutionRow.created_at, ToolExecutionRow.id))
+            tree = select(sql.TURNS.c.uid).where(sql.TURNS.c.root_turn_uid == root_turn_id)
+            query = query.where(executions.turn_uid.in_(tree))
+        rows = await self._read_all(query.order_by(executions.created_at, executions.id))
         return [_tool_execution(row) for row in rows]
 
     # Deliveries --------------------------------------------------------------------------------------------------
@@ -1066,7 +952,7 @@ class StoreTx:
                 updated_at=now,
             )
 
-        existing, created = await self._get_or_create(lambda: self._delivery_by_key(key), build)
+        existing, created = await self._get_or_create(lambda: self._read_one(sql.DELIVERY_BY_KEY, key=key), build)
         if created:
             return _delivery(existing), True
         same = (
@@ -1081,15 +967,12 @@ class StoreTx:
 
     async def find_delivery(self, key: str) -> DeliveryRecord | None:
         """The delivery with this idempotency key, or None."""
-        row = await self._read_one(_DELIVERY_BY_KEY, key=key)
+        row = await self._read_one(sql.DELIVERY_BY_KEY, key=key)
         return None if row is None else _delivery(row)
-
-    async def _delivery_by_key(self, key: str) -> DeliveryRow | None:
-        return await self.session.scalar(select(DeliveryRow).where(DeliveryRow.key == key))
 
     async def load_delivery(self, delivery_id: str) -> DeliveryRecord:
         """The delivery; raises :class:`RecordNotFound` when absent."""
-        row = await self.session.scalar(select(DeliveryRow).where(DeliveryRow.uid == delivery_id))
+        row = await self._read_one(sql.DELIVERY_BY_UID, uid=delivery_id)
         if row is None:
             raise RecordNotFound(f"delivery not found: {delivery_id}")
         return _delivery(row)
@@ -1098,9 +981,8 @@ class StoreTx:
         """Compare-and-set ``delivered_at`` from NULL. None when it was already delivered."""
         now = utcnow()
         result = await self.session.execute(
-            update(DeliveryRow)
-            .where(DeliveryRow.uid == delivery_id, DeliveryRow.delivered_at.is_(None))
-            .values(message_uid=message_id, delivered_at=now, updated_at=now)
+            sql.MARK_DELIVERED,
+            {"b_uid": delivery_id, "message_uid": message_id, "delivered_at": now, "updated_at": now},
         )
         if _rowcount(result) == 0:
             return None
@@ -1115,27 +997,26 @@ class StoreTx:
         limit: int | None = None,
     ) -> list[DeliveryRecord]:
         """Deliveries matching the filters, ordered by ``created_at, id``."""
-        query = select(DeliveryRow)
+        deliveries = sql.DELIVERIES.c
+        query = sql.whole_rows(DeliveryRow)
         if source_conversation_id is not None:
-            query = query.where(DeliveryRow.source_conversation_uid == source_conversation_id)
+            query = query.where(deliveries.source_conversation_uid == source_conversation_id)
         if destination_conversation_id is not None:
-            query = query.where(DeliveryRow.destination_conversation_uid == destination_conversation_id)
+            query = query.where(deliveries.destination_conversation_uid == destination_conversation_id)
         if pending:
-            query = query.where(DeliveryRow.delivered_at.is_(None))
-        query = query.order_by(DeliveryRow.created_at, DeliveryRow.id)
+            query = query.where(deliveries.delivered_at.is_(None))
+        query = query.order_by(deliveries.created_at, deliveries.id)
         if limit is not None:
             query = query.limit(limit)
-        return [_delivery(row) for row in await self.session.scalars(query)]
+        return [_delivery(row) for row in await self._read_all(query)]
 
     # Waits -------------------------------------------------------------------------------------------------------
 
     async def create_wait(self, *, turn_id: str, target_turn_id: str) -> tuple[WaitRecord, bool]:
         """Create the edge ``turn_id → target_turn_id`` (idempotent). Returns ``(record, created)``."""
 
-        async def find() -> WaitRow | None:
-            return await self.session.scalar(
-                select(WaitRow).where(WaitRow.turn_uid == turn_id, WaitRow.target_turn_uid == target_turn_id)
-            )
+        async def find() -> Row[Any] | None:
+            return await self._read_one(sql.WAIT_EDGE, turn_uid=turn_id, target_turn_uid=target_turn_id)
 
         def build() -> WaitRow:
             now = utcnow()
@@ -1147,14 +1028,15 @@ class StoreTx:
     async def list_waits(self, *, turn_id: str | None = None, target_turn_id: str | None = None) -> list[WaitRecord]:
         """Wait edges matching the filters, in creation order."""
         if (turn_id is None) != (target_turn_id is None):  # the hot cases: one filter, a prebuilt statement
-            query = _WAITS_OF_TURN if turn_id is not None else _WAITS_ON_TARGET
+            query = sql.WAITS_OF_TURN if turn_id is not None else sql.WAITS_ON_TARGET
             return [_wait(row) for row in await self.session.execute(query, {"uid": turn_id or target_turn_id})]
-        query = select(WaitRow)
+        waits = sql.WAITS.c
+        query = sql.whole_rows(WaitRow)
         if turn_id is not None:
-            query = query.where(WaitRow.turn_uid == turn_id)
+            query = query.where(waits.turn_uid == turn_id)
         if target_turn_id is not None:
-            query = query.where(WaitRow.target_turn_uid == target_turn_id)
-        return [_wait(row) for row in await self.session.scalars(query.order_by(WaitRow.id))]
+            query = query.where(waits.target_turn_uid == target_turn_id)
+        return [_wait(row) for row in await self._read_all(query.order_by(waits.id))]
 
     # Staged inputs -----------------------------------------------------------------------------------------------
 
@@ -1168,30 +1050,28 @@ class StoreTx:
                 uid=staged_id, conversation_uid=conversation_id, content=canonical_json(content), created_at=utcnow()
             )
 
-        _, created = await self._get_or_create(lambda: self._staged_input_row(staged_id), build)
+        _, created = await self._get_or_create(lambda: self._read_one(sql.STAGED_BY_UID, uid=staged_id), build)
         return created
 
     async def load_staged_input(self, staged_id: str) -> dict[str, Any]:
         """The content staged under ``staged_id``; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(_STAGED_CONTENT, uid=staged_id)
+        row = await self._read_one(sql.STAGED_CONTENT, uid=staged_id)
         if row is None:
             raise RecordNotFound(f"staged input not found: {staged_id}")
         return dict(row.content)
 
     async def delete_staged_input(self, staged_id: str) -> None:
         """Drop a staged input once its message exists (a no-op when it is gone already)."""
-        await self.session.execute(delete(StagedInputRow).where(StagedInputRow.uid == staged_id))
+        await self.session.execute(sql.DELETE_STAGED, {"uid": staged_id})
 
     async def drop_staged_inputs(self, *, older_than: datetime) -> list[str]:
         """Delete staged inputs written before ``older_than``: orphans of submissions whose update never reached
         their lane (``turnkit repair``). Returns their ids."""
+        staged = sql.STAGED_INPUTS
         rows = await self.session.scalars(
-            delete(StagedInputRow).where(StagedInputRow.created_at < older_than).returning(StagedInputRow.uid)
+            delete(staged).where(staged.c.created_at < older_than).returning(staged.c.uid)
         )
         return sorted(rows)
-
-    async def _staged_input_row(self, staged_id: str) -> StagedInputRow | None:
-        return await self.session.scalar(select(StagedInputRow).where(StagedInputRow.uid == staged_id))
 
     # Media -------------------------------------------------------------------------------------------------------
 
@@ -1212,13 +1092,13 @@ class StoreTx:
                 created_at=utcnow(),
             )
 
-        row, _ = await self._get_or_create(lambda: self._media_row(media_id), build)
+        row, _ = await self._get_or_create(lambda: self._read_one(sql.MEDIA_BY_UID, uid=media_id), build)
         return _media(row)
 
     async def load_media(self, media_id: str) -> MediaRecord:
         """The reference of a stored media item; raises :class:`RecordNotFound` when absent."""
         # Only the columns of the reference: the bytes are not read.
-        found = (await self.session.execute(_media_columns().where(MediaRow.uid == media_id))).first()
+        found = await self._read_one(sql.MEDIA_REFERENCE, uid=media_id)
         if found is None:
             raise RecordNotFound(f"media not found: {media_id}")
         return MediaRecord(
@@ -1231,13 +1111,10 @@ class StoreTx:
 
     async def load_media_data(self, media_id: str) -> bytes:
         """The bytes of a stored media item; raises :class:`RecordNotFound` when absent."""
-        data = await self.session.scalar(select(MediaRow.data).where(MediaRow.uid == media_id))
+        data = await self.session.scalar(sql.MEDIA_DATA, {"uid": media_id})
         if data is None:
             raise RecordNotFound(f"media not found: {media_id}")
         return bytes(data)
-
-    async def _media_row(self, media_id: str) -> MediaRow | None:
-        return await self.session.scalar(select(MediaRow).where(MediaRow.uid == media_id))
 
 
 def media_id_for(sha256: str) -> str:
@@ -1245,11 +1122,7 @@ def media_id_for(sha256: str) -> str:
     return f"media_{sha256[:24]}"
 
 
-def _media_columns() -> Any:
-    return select(MediaRow.uid, MediaRow.mime_type, MediaRow.byte_size, MediaRow.sha256, MediaRow.filename)
-
-
-def _media(row: MediaRow) -> MediaRecord:
+def _media(row: MediaRow | Row[Any]) -> MediaRecord:
     return MediaRecord(
         id=row.uid, mime_type=row.mime_type, byte_size=row.byte_size, sha256=row.sha256, filename=row.filename
     )
@@ -1385,12 +1258,13 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tree_increments(iterations: int, cost: Decimal) -> dict[str, Any]:
-    """SQL increments of a root's ``tree_iterations`` and ``tree_cost`` (rounded like a turn's cost)."""
+    """The parameters that add to a root's ``tree_iterations`` and ``tree_cost`` in :func:`statements.turn_update`
+    (which rounds the cost like a turn's); none for zero."""
     values: dict[str, Any] = {}
     if iterations:
-        values["tree_iterations"] = TurnRow.tree_iterations + iterations
+        values["add_iterations"] = iterations
     if cost:
-        values["tree_cost"] = func.round(TurnRow.tree_cost + cost, 6)
+        values["add_cost"] = cost
     return values
 
 

@@ -1,0 +1,141 @@
+"""CPU of one turn's store work, without Temporal: ``python -m bench.store_cpu``.
+
+A K-iteration turn with a tool call per iteration (the :mod:`bench.peers` workload) makes the store calls below, in
+the transactions its activities open (``store_trips`` in :mod:`bench.cpu_profile` counts the same 11 transactions
+and 61 statements at K = 1 on SQLite). This script makes those calls directly on a :class:`turnkit.store.Store`, turn
+after turn, and reports the process CPU (``time.process_time``) per turn: the median of ``--rounds`` rounds.
+
+Nothing else runs in the process and no dev server shares the cores, so the figure moves by a few percent between
+runs where :mod:`bench.cpu_profile` moves by 10-20%: use it to compare two builds of the store (run the script once
+in each checkout, alternately). It does not replace the end-to-end benches; what it leaves out (the activities'
+own code, Temporal, the workflows) is most of a turn's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from turnkit.ids import new_id
+from turnkit.store import Store
+
+TOOL_RESULT = {"content": [{"type": "text", "text": "result " * 20}]}
+
+
+async def turn(store: Store, k: int) -> None:
+    """The store calls of one K-iteration turn in a fresh conversation, transaction by transaction."""
+    async with store.atomic() as tx:  # the client: get the conversation
+        conversation = await tx.create_conversation(agent_name="bench")
+    staged, turn_id = new_id("message"), new_id("turn")
+    async with store.atomic() as tx:  # the client: stage the input
+        await tx.stage_input(staged, conversation_id=conversation.id, content={"text": "question"})
+    async with store.atomic(conversation_id=conversation.id) as tx:  # turnkit.submit_turn
+        assert await tx.find_turn(turn_id) is None
+        await tx.load_conversation(conversation.id)
+        content = await tx.load_staged_input(staged)
+        await tx.delete_staged_input(staged)
+        message = await tx.append_message(conversation.id, role="user", text=content["text"], id=staged)
+        await tx.create_turn(
+            id=turn_id,
+            conversation_id=conversation.id,
+            agent_name="bench",
+            context_message_sequence=message.sequence,
+            submitted_at=datetime.now(UTC),
+            found_absent=True,
+        )
+        await tx.sub_agent_turn_active(conversation.id)
+    for iteration in range(k + 1):
+        request_id = new_id("message")
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn_id) as tx:  # turnkit.model: reserve
+            current = await tx.load_turn(turn_id)
+            assert await tx.find_response(turn_id, request_id) is None
+            await tx.list_waits(turn_id=turn_id)
+            await tx.tree_usage(turn_id)
+            await tx.list_messages(conversation.id, through_sequence=current.context_message_sequence, turn_id=turn_id)
+            state = current.options.state.model_copy(update={"iterations": iteration + 1})
+            now = datetime.now(UTC)
+            await tx.claim_turn(
+                turn_id,
+                from_=("pending", "running"),
+                to="running",
+                options=current.options.with_state(state),
+                started_at=current.started_at or now,
+                heartbeat_at=now,
+            )
+            await tx.load_conversation(conversation.id)
+        final = iteration == k
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn_id) as tx:  # turnkit.model: persist
+            current = await tx.load_turn(turn_id)
+            assert await tx.find_response(turn_id, request_id) is None
+            call_id = f"call_{iteration}"
+            if not final:
+                await tx.existing_call_ids(turn_id, [call_id])
+            await tx.append_message(
+                conversation.id,
+                role="assistant",
+                text="answer" if final else None,
+                content=None if final else [{"type": "tool_call", "id": call_id, "name": "lookup", "arguments": {}}],
+                turn_id=turn_id,
+                request_id=request_id,
+            )
+            await tx.update_turn(turn_id, options=current.options, usage={"input_tokens": 10}, cost=0.001)
+            if final:
+                await tx.claim_turn(turn_id, from_="running", to="completed", output_text="answer")
+                break
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn_id) as tx:  # the tool: reserve
+            await tx.load_turn(turn_id)
+            assert await tx.find_tool_execution(turn_id, call_id) is None
+            await tx.tree_usage(turn_id)
+            execution, _ = await tx.create_tool_execution(
+                turn_id=turn_id, tool_call_id=call_id, tool_name="lookup", status="running", found_absent=True
+            )
+            await tx.tool_result_message(execution.id)
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn_id) as tx:  # the tool: complete
+            await tx.claim_tool_execution(execution.id, result=TOOL_RESULT, completed_at=datetime.now(UTC))
+            await tx.tool_result_message(execution.id)
+            await tx.append_message(
+                conversation.id, role="tool", content=[TOOL_RESULT], turn_id=turn_id, tool_execution_id=execution.id
+            )
+    async with store.atomic(conversation_id=conversation.id) as tx:  # the turn's end: deliveries and waiters
+        await tx.list_deliveries(destination_conversation_id=conversation.id, pending=True)
+        await tx.list_waits(target_turn_id=turn_id)
+    async with store.atomic() as tx:  # the client: the answer
+        await tx.load_turn(turn_id)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
+        url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
+        store = await Store.open(url)
+        try:
+            for _ in range(args.warmup):
+                await turn(store, args.k)
+            per_turn = []
+            for _ in range(args.rounds):
+                started = time.process_time()
+                for _ in range(args.turns):
+                    await turn(store, args.k)
+                per_turn.append((time.process_time() - started) / args.turns * 1000)
+        finally:
+            await store.close()
+    print(
+        f"store work of a K = {args.k} turn ({store.dialect}, pid {os.getpid()}): "
+        f"{statistics.median(per_turn):.2f} ms of CPU (median of {args.rounds} rounds of {args.turns}; "
+        f"rounds {', '.join(f'{x:.2f}' for x in per_turn)})"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", type=int, default=1, help="tool-calling iterations per turn (default 1)")
+    parser.add_argument("--turns", type=int, default=100, help="turns per round (default 100)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--warmup", type=int, default=20, help="turns before the rounds (default 20)")
+    parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
+    asyncio.run(main(parser.parse_args()))

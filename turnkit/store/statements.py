@@ -1,0 +1,222 @@
+"""The store's SQL, built once (issue 9, CPU per turn; docs/design.md "The store's SQL is built once").
+
+Every statement here is Core on the tables, never on the ORM's mapped classes, and takes its values as bind
+parameters. Three costs go away with that, on every call of the hot path:
+
+* building and coercing the statement, and computing its cache key (SQLAlchemy memoises the key on the object);
+* the ORM's loading (identity map, instance state) for reads: results are plain rows;
+* the ORM's bulk UPDATE path and its session synchronisation for writes.
+
+A row carries every column under its mapped attribute's name (``metadata_``, not ``metadata``): the record
+converters in :mod:`turnkit.store.store` read rows and mapped objects alike. No mapped object is ever loaded into the
+store's session, so a Core UPDATE can never leave a stale one behind.
+
+An UPDATE's SET clause is the keys of the parameters it is executed with: SQLAlchemy compiles and caches one form
+per set of keys. Its WHERE parameters are named ``b_*`` so that they never clash with a column's name.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Final, cast
+
+from sqlalchemy import ColumnElement, Delete, Select, Table, Update, bindparam, delete, func, inspect, select, update
+
+from turnkit.records import ACTIVE_TURN_STATUSES
+from turnkit.store.schema import (
+    ConversationRow,
+    DeliveryRow,
+    MediaRow,
+    MessageRow,
+    StagedInputRow,
+    ToolExecutionRow,
+    TurnRow,
+    WaitRow,
+)
+
+
+def _table(model: type[Any]) -> Table:
+    return cast(Table, model.__table__)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+CONVERSATIONS: Final = _table(ConversationRow)
+MESSAGES: Final = _table(MessageRow)
+TURNS: Final = _table(TurnRow)
+TOOL_EXECUTIONS: Final = _table(ToolExecutionRow)
+DELIVERIES: Final = _table(DeliveryRow)
+WAITS: Final = _table(WaitRow)
+STAGED_INPUTS: Final = _table(StagedInputRow)
+MEDIA: Final = _table(MediaRow)
+
+
+def columns(model: type[Any]) -> tuple[ColumnElement[Any], ...]:
+    """Every column of ``model``'s table, each labelled with its mapped attribute's name (for SELECT and RETURNING)."""
+    return tuple(attr.columns[0].label(attr.key) for attr in inspect(model).column_attrs)
+
+
+def whole_rows(model: type[Any]) -> Select[*tuple[Any, ...]]:
+    """``SELECT`` of every column of ``model``'s table (see :func:`columns`)."""
+    return select(*columns(model))
+
+
+# Reads by key -------------------------------------------------------------------------------------------------------
+
+CONVERSATION_BY_UID: Final = whole_rows(ConversationRow).where(CONVERSATIONS.c.uid == bindparam("uid"))
+TURN_BY_UID: Final = whole_rows(TurnRow).where(TURNS.c.uid == bindparam("uid"))
+MESSAGE_BY_UID: Final = whole_rows(MessageRow).where(MESSAGES.c.uid == bindparam("uid"))
+EXECUTION_BY_UID: Final = whole_rows(ToolExecutionRow).where(TOOL_EXECUTIONS.c.uid == bindparam("uid"))
+EXECUTION_BY_CALL: Final = whole_rows(ToolExecutionRow).where(
+    TOOL_EXECUTIONS.c.turn_uid == bindparam("turn_uid"), TOOL_EXECUTIONS.c.tool_call_id == bindparam("tool_call_id")
+)
+DELIVERY_BY_KEY: Final = whole_rows(DeliveryRow).where(DELIVERIES.c.key == bindparam("key"))
+DELIVERY_BY_UID: Final = whole_rows(DeliveryRow).where(DELIVERIES.c.uid == bindparam("uid"))
+WAIT_EDGE: Final = whole_rows(WaitRow).where(
+    WAITS.c.turn_uid == bindparam("turn_uid"), WAITS.c.target_turn_uid == bindparam("target_turn_uid")
+)
+WAITS_OF_TURN: Final = whole_rows(WaitRow).where(WAITS.c.turn_uid == bindparam("uid")).order_by(WAITS.c.id)
+WAITS_ON_TARGET: Final = whole_rows(WaitRow).where(WAITS.c.target_turn_uid == bindparam("uid")).order_by(WAITS.c.id)
+STAGED_BY_UID: Final = whole_rows(StagedInputRow).where(STAGED_INPUTS.c.uid == bindparam("uid"))
+STAGED_CONTENT: Final = select(STAGED_INPUTS.c.content).where(STAGED_INPUTS.c.uid == bindparam("uid"))
+MEDIA_BY_UID: Final = whole_rows(MediaRow).where(MEDIA.c.uid == bindparam("uid"))
+MEDIA_REFERENCE: Final = select(
+    MEDIA.c.uid, MEDIA.c.mime_type, MEDIA.c.byte_size, MEDIA.c.sha256, MEDIA.c.filename
+).where(MEDIA.c.uid == bindparam("uid"))
+MEDIA_DATA: Final = select(MEDIA.c.data).where(MEDIA.c.uid == bindparam("uid"))
+
+# Row locks (PostgreSQL only; SQLite's BEGIN IMMEDIATE holds the single writer lock) ----------------------------------
+
+LOCK_CONVERSATION: Final = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.uid == bindparam("uid")).with_for_update()
+LOCK_TURN: Final = select(TURNS.c.id).where(TURNS.c.uid == bindparam("uid")).with_for_update()
+LOCK_EXECUTION: Final = select(TOOL_EXECUTIONS.c.id).where(TOOL_EXECUTIONS.c.uid == bindparam("uid")).with_for_update()
+
+# Messages -----------------------------------------------------------------------------------------------------------
+
+#: The conversation's existence and its latest sequence, in one statement (an append reads both).
+CONVERSATION_AND_LATEST_SEQUENCE: Final = select(
+    CONVERSATIONS.c.id,
+    select(func.max(MESSAGES.c.sequence))
+    .where(MESSAGES.c.conversation_uid == bindparam("uid"))
+    .scalar_subquery()
+    .label("latest"),
+).where(CONVERSATIONS.c.uid == bindparam("uid"))
+LATEST_SEQUENCE: Final = select(func.max(MESSAGES.c.sequence)).where(MESSAGES.c.conversation_uid == bindparam("uid"))
+TURN_MESSAGES: Final = (
+    whole_rows(MessageRow).where(MESSAGES.c.turn_uid == bindparam("uid")).order_by(MESSAGES.c.sequence)
+)
+TOOL_RESULT_MESSAGE: Final = whole_rows(MessageRow).where(MESSAGES.c.tool_execution_uid == bindparam("uid")).limit(1)
+
+
+@functools.cache
+def messages(*, through: bool, turn: bool, after: bool) -> Select[*tuple[Any, ...]]:
+    """A conversation's messages (bound ``uid``) in sequence order: with ``through``, those with ``sequence <=``
+    bound ``through`` or (with ``turn``) of bound ``turn_uid``; else with ``turn``, of that turn; with ``after``,
+    those after bound ``after``. One statement per combination, built on first use."""
+    query = whole_rows(MessageRow).where(MESSAGES.c.conversation_uid == bindparam("uid"))
+    sequence, turn_uid = MESSAGES.c.sequence, MESSAGES.c.turn_uid
+    if through:
+        bound = sequence <= bindparam("through")
+        query = query.where(bound | (turn_uid == bindparam("turn_uid")) if turn else bound)
+    elif turn:
+        query = query.where(turn_uid == bindparam("turn_uid"))
+    if after:
+        query = query.where(sequence > bindparam("after"))
+    return query.order_by(sequence)
+
+
+def _newest_response(*, summary: bool, request: bool) -> Select[*tuple[Any, ...]]:
+    """The turn's newest response message: the summary (``summary``) or the response itself, of one request
+    (``request``: bound ``request_uid``) or of any."""
+    kind, request_uid = MESSAGES.c.kind, MESSAGES.c.request_uid
+    query = whole_rows(MessageRow).where(
+        MESSAGES.c.turn_uid == bindparam("turn_uid"),
+        request_uid == bindparam("request_uid") if request else request_uid.is_not(None),
+        kind == "context_summary" if summary else kind != "context_summary",
+    )
+    return query.order_by(MESSAGES.c.sequence.desc()).limit(1)
+
+
+RESPONSE_TO: Final = _newest_response(summary=False, request=True)
+SUMMARY_FOR: Final = _newest_response(summary=True, request=True)
+LATEST_RESPONSE: Final = _newest_response(summary=False, request=False)
+
+# Turns --------------------------------------------------------------------------------------------------------------
+
+CHILD_TURN: Final = whole_rows(TurnRow).where(TURNS.c.parent_tool_execution_uid == bindparam("uid")).limit(1)
+ACTIVE_SUB_AGENT_TURN: Final = (
+    select(TURNS.c.id)
+    .where(
+        TURNS.c.conversation_uid == bindparam("uid"),
+        TURNS.c.parent_turn_uid.is_not(None),
+        TURNS.c.status.in_(ACTIVE_TURN_STATUSES),
+    )
+    .limit(1)
+)
+TREE_USAGE: Final = select(
+    TURNS.c.tree_iterations, TURNS.c.tree_tool_executions, TURNS.c.tree_tool_executions_by_name, TURNS.c.tree_cost
+).where(TURNS.c.uid == bindparam("uid"))
+#: What a turn write counts towards its root's totals: the root, the iterations (in ``options``) and the cost.
+TURN_COUNTS: Final = select(TURNS.c.root_turn_uid, TURNS.c.options, TURNS.c.cost).where(TURNS.c.uid == bindparam("uid"))
+TURN_COUNTS_LOCKED: Final = TURN_COUNTS.with_for_update()
+_ROOT_OF_TURN = TURNS.alias("turn")
+#: A turn's root and its by-name tool counts, found through the turn (bound ``uid``).
+ROOT_TOOL_COUNTS: Final = select(TURNS.c.uid, TURNS.c.tree_tool_executions_by_name).where(
+    TURNS.c.uid
+    == select(_ROOT_OF_TURN.c.root_turn_uid).where(_ROOT_OF_TURN.c.uid == bindparam("uid")).scalar_subquery()
+)
+ROOT_TOOL_COUNTS_LOCKED: Final = ROOT_TOOL_COUNTS.with_for_update(of=TURNS)
+TURN_RETURNING: Final = columns(TurnRow)
+
+
+@functools.cache
+def turn_update(*, cas: bool, iterations: bool, cost: bool, returning: bool) -> Update:
+    """UPDATE of the turn bound ``b_uid``, SET from the parameters' column keys; with ``cas``, only while its status
+    is one of bound ``b_expected``. ``iterations``/``cost`` also add bound ``add_iterations``/``add_cost`` to the
+    row's tree totals (a root's own write, or another turn's increments of it). ``returning``: the row as written."""
+    statement = update(TURNS).where(TURNS.c.uid == bindparam("b_uid"))
+    if cas:
+        statement = statement.where(TURNS.c.status.in_(bindparam("b_expected", expanding=True)))
+    increments: dict[str, Any] = {}
+    if iterations:
+        increments["tree_iterations"] = TURNS.c.tree_iterations + bindparam(
+            "add_iterations", type_=TURNS.c.tree_iterations.type
+        )
+    if cost:
+        increments["tree_cost"] = func.round(TURNS.c.tree_cost + bindparam("add_cost", type_=TURNS.c.tree_cost.type), 6)
+    if increments:
+        statement = statement.values(**increments)
+    return statement.returning(*TURN_RETURNING) if returning else statement
+
+
+#: Count ``add_tools`` executions more on the root bound ``b_uid``, with its by-name counts as bound ``by_name``.
+COUNT_TOOL_EXECUTIONS: Final = (
+    update(TURNS)
+    .where(TURNS.c.uid == bindparam("b_uid"))
+    .values(
+        tree_tool_executions=TURNS.c.tree_tool_executions
+        + bindparam("add_tools", type_=TURNS.c.tree_tool_executions.type),
+        tree_tool_executions_by_name=bindparam("by_name", type_=TURNS.c.tree_tool_executions_by_name.type),
+    )
+)
+
+# Tool executions ----------------------------------------------------------------------------------------------------
+
+EXISTING_CALL_IDS: Final = select(TOOL_EXECUTIONS.c.tool_call_id).where(
+    TOOL_EXECUTIONS.c.turn_uid == bindparam("turn_uid"),
+    TOOL_EXECUTIONS.c.tool_call_id.in_(bindparam("ids", expanding=True)),
+)
+EXECUTION_COUNTED: Final = select(TOOL_EXECUTIONS.c.status, TOOL_EXECUTIONS.c.error).where(
+    TOOL_EXECUTIONS.c.uid == bindparam("uid")
+)
+_CLAIM_EXECUTION: Final = update(TOOL_EXECUTIONS).where(
+    TOOL_EXECUTIONS.c.uid == bindparam("b_uid"), TOOL_EXECUTIONS.c.status.in_(bindparam("b_expected", expanding=True))
+)
+#: Compare-and-set of an execution (bound ``b_uid``, ``b_expected``), SET from the parameters' column keys.
+CLAIM_EXECUTION: Final = _CLAIM_EXECUTION
+CLAIM_EXECUTION_RETURNING: Final = _CLAIM_EXECUTION.returning(*columns(ToolExecutionRow))
+
+# Deliveries and staged inputs ---------------------------------------------------------------------------------------
+
+MARK_DELIVERED: Final = update(DELIVERIES).where(
+    DELIVERIES.c.uid == bindparam("b_uid"), DELIVERIES.c.delivered_at.is_(None)
+)
+DELETE_STAGED: Final[Delete] = delete(STAGED_INPUTS).where(STAGED_INPUTS.c.uid == bindparam("uid"))
