@@ -18,6 +18,8 @@ per set of keys. Its WHERE parameters are named ``b_*`` so that they never clash
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Final, cast
 
 from sqlalchemy import ColumnElement, Delete, Select, Table, Update, bindparam, delete, func, inspect, select, update
@@ -167,11 +169,27 @@ ROOT_TOOL_COUNTS_LOCKED: Final = ROOT_TOOL_COUNTS.with_for_update(of=TURNS)
 TURN_RETURNING: Final = columns(TurnRow)
 
 
+def tree_increments(iterations: int, cost: Decimal) -> dict[str, Any]:
+    """The parameters of :func:`turn_update` that add to a root's ``tree_iterations`` and ``tree_cost`` (the cost
+    rounded like a turn's); none for zero."""
+    values: dict[str, Any] = {}
+    if iterations:
+        values["add_iterations"] = iterations
+    if cost:
+        values["add_cost"] = cost
+    return values
+
+
+def turn_update(params: Mapping[str, Any], *, cas: bool, returning: bool) -> Update:
+    """UPDATE of the turn bound ``b_uid``, SET from the column keys of ``params`` (the parameters it is executed
+    with); with ``cas``, only while its status is one of bound ``b_expected``. The :func:`tree_increments` among
+    ``params`` add to the row's tree totals (a root's own write, or another turn's increments of it).
+    ``returning``: the row as written."""
+    return _turn_update(cas, "add_iterations" in params, "add_cost" in params, returning)
+
+
 @functools.cache
-def turn_update(*, cas: bool, iterations: bool, cost: bool, returning: bool) -> Update:
-    """UPDATE of the turn bound ``b_uid``, SET from the parameters' column keys; with ``cas``, only while its status
-    is one of bound ``b_expected``. ``iterations``/``cost`` also add bound ``add_iterations``/``add_cost`` to the
-    row's tree totals (a root's own write, or another turn's increments of it). ``returning``: the row as written."""
+def _turn_update(cas: bool, iterations: bool, cost: bool, returning: bool) -> Update:
     statement = update(TURNS).where(TURNS.c.uid == bindparam("b_uid"))
     if cas:
         statement = statement.where(TURNS.c.status.in_(bindparam("b_expected", expanding=True)))
@@ -207,12 +225,11 @@ EXISTING_CALL_IDS: Final = select(TOOL_EXECUTIONS.c.tool_call_id).where(
 EXECUTION_COUNTED: Final = select(TOOL_EXECUTIONS.c.status, TOOL_EXECUTIONS.c.error).where(
     TOOL_EXECUTIONS.c.uid == bindparam("uid")
 )
-_CLAIM_EXECUTION: Final = update(TOOL_EXECUTIONS).where(
+#: Compare-and-set of an execution (bound ``b_uid``, ``b_expected``), SET from the parameters' column keys.
+CLAIM_EXECUTION: Final = update(TOOL_EXECUTIONS).where(
     TOOL_EXECUTIONS.c.uid == bindparam("b_uid"), TOOL_EXECUTIONS.c.status.in_(bindparam("b_expected", expanding=True))
 )
-#: Compare-and-set of an execution (bound ``b_uid``, ``b_expected``), SET from the parameters' column keys.
-CLAIM_EXECUTION: Final = _CLAIM_EXECUTION
-CLAIM_EXECUTION_RETURNING: Final = _CLAIM_EXECUTION.returning(*columns(ToolExecutionRow))
+CLAIM_EXECUTION_RETURNING: Final = CLAIM_EXECUTION.returning(*columns(ToolExecutionRow))
 
 # Deliveries and staged inputs ---------------------------------------------------------------------------------------
 

@@ -637,20 +637,15 @@ class StoreTx:
     async def _update_turn_row(
         self, turn_id: str, values: dict[str, Any], *, expected: list[str] | None = None
     ) -> TurnRecord | bool | None:
-        """UPDATE the turn's row with ``values`` (columns, and the tree increments of :func:`_tree_increments`), only
+        """UPDATE the turn's row with ``values`` (columns, and :func:`statements.tree_increments`), only
         while its status is one of ``expected`` when given. Returns the row as written (``RETURNING``, one statement
         instead of an UPDATE and a SELECT: CPU per turn, issue 9), else True when a row matched (a backend without
         ``UPDATE … RETURNING``), else None."""
         returning = self.store.engine.dialect.update_returning
-        statement = sql.turn_update(
-            cas=expected is not None,
-            iterations="add_iterations" in values,
-            cost="add_cost" in values,
-            returning=returning,
-        )
         params = {**values, "b_uid": turn_id}
         if expected is not None:
             params["b_expected"] = expected
+        statement = sql.turn_update(params, cas=expected is not None, returning=returning)
         if not returning:
             self._turn_counts.clear()
             return True if _rowcount(await self.session.execute(statement, params)) else None
@@ -685,12 +680,10 @@ class StoreTx:
 
     async def _add_to_tree(self, root_turn_id: str | None, iterations: int = 0, cost: Decimal = _ZERO) -> None:
         """Add to the root's running totals of iterations and cost (in SQL; a no-op for zero)."""
-        values = _tree_increments(iterations, cost)
+        values = sql.tree_increments(iterations, cost)
         if root_turn_id is not None and values:
-            statement = sql.turn_update(
-                cas=False, iterations="add_iterations" in values, cost="add_cost" in values, returning=False
-            )
-            await self.session.execute(statement, {**values, "b_uid": root_turn_id})
+            params = {**values, "b_uid": root_turn_id}
+            await self.session.execute(sql.turn_update(params, cas=False, returning=False), params)
 
     async def _count_turn_change(self, turn_id: str, values: dict[str, Any]) -> tuple[str | None, int, Decimal]:
         """Before a turn write that may change its iterations or cost: the root-total increments it makes.
@@ -715,7 +708,7 @@ class StoreTx:
         iterations = _iterations(values["options"]) - old_iterations if "options" in values else 0
         cost = _money(values["cost"]) - old_cost if "cost" in values else _ZERO
         if root == turn_id:
-            values.update(_tree_increments(iterations, cost))
+            values.update(sql.tree_increments(iterations, cost))
             return None, 0, _ZERO
         return root, iterations, cost
 
@@ -1254,17 +1247,6 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
             value = Decimal(str(round(float(value), 6)))
         values[key] = value
     values["updated_at"] = utcnow()
-    return values
-
-
-def _tree_increments(iterations: int, cost: Decimal) -> dict[str, Any]:
-    """The parameters that add to a root's ``tree_iterations`` and ``tree_cost`` in :func:`statements.turn_update`
-    (which rounds the cost like a turn's); none for zero."""
-    values: dict[str, Any] = {}
-    if iterations:
-        values["add_iterations"] = iterations
-    if cost:
-        values["add_cost"] = cost
     return values
 
 
