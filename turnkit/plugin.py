@@ -10,11 +10,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from turnkit.errors import ConfigError
+from turnkit.sandbox_runner import TurnKitSandboxRunner
 from turnkit.store.store import Store
 from turnkit.tracing import tracing_interceptors
 
@@ -34,11 +36,27 @@ WORKFLOW_MODULES = ("workflows",)
 def _sandbox(*extra: str) -> Callable[[WorkflowRunner | None], WorkflowRunner]:
     def runner_for(runner: WorkflowRunner | None) -> WorkflowRunner:
         restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES, *extra)
-        if isinstance(runner, SandboxedWorkflowRunner):
-            return replace(runner, restrictions=restrictions)
-        return SandboxedWorkflowRunner(restrictions=restrictions)
+        if isinstance(runner, SandboxedWorkflowRunner) and type(runner) not in (
+            SandboxedWorkflowRunner,
+            TurnKitSandboxRunner,
+        ):
+            return replace(runner, restrictions=restrictions)  # the application's own sandbox class, kept
+        # The SDK's sandbox, answering the converter's context questions without re-entering it per payload
+        # (turnkit.sandbox_runner); an application's runner_class is kept.
+        runner_class = runner.runner_class if isinstance(runner, SandboxedWorkflowRunner) else None
+        if runner_class is None:
+            return TurnKitSandboxRunner(restrictions=restrictions)
+        return TurnKitSandboxRunner(restrictions=restrictions, runner_class=runner_class)
 
     return runner_for
+
+
+def _data_converter(existing: DataConverter | None) -> DataConverter:
+    """TurnKit's payloads are pydantic models, so the payload converter is pydantic's; the application's payload codec
+    (an encrypting one, say), failure converter and external storage are kept."""
+    if existing is None:
+        return pydantic_data_converter
+    return replace(existing, payload_converter_class=pydantic_data_converter.payload_converter_class)
 
 
 def _unsandboxed(_: WorkflowRunner | None) -> WorkflowRunner:
@@ -47,6 +65,10 @@ def _unsandboxed(_: WorkflowRunner | None) -> WorkflowRunner:
 
 class TurnKitPlugin(SimplePlugin):
     """Registers TurnKit on a Temporal client, worker or replayer.
+
+    The client's data converter gets pydantic's payload converter and keeps its payload codec, failure converter and
+    external storage; the worker's workflows run in Temporal's sandbox through
+    :class:`~turnkit.sandbox_runner.TurnKitSandboxRunner`.
 
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
@@ -90,6 +112,7 @@ class TurnKitPlugin(SimplePlugin):
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
         from activities import build_activities, build_tool_activities
         from activities.store_failures import StoreFailureInterceptor
+        from turnkit.heartbeats import HeartbeatClock
         from workflows import ALL_WORKFLOWS
 
         if strict_sandbox and not sandbox:
@@ -105,10 +128,12 @@ class TurnKitPlugin(SimplePlugin):
         if store is not None:
             # Deterministic store failures are not retried, in every activity (issue 8 item 1).
             interceptors.append(StoreFailureInterceptor())
+            # Heartbeats paced from each attempt's start, not sent at every store phase (turnkit/heartbeats.py).
+            interceptors.append(HeartbeatClock())
         shared = [*(() if strict_sandbox else WORKFLOW_MODULES), *(("opentelemetry",) if traced else ())]
         super().__init__(
             "turnkit.TurnKitPlugin",
-            data_converter=pydantic_data_converter,
+            data_converter=_data_converter,
             workflows=None if tools_only else ALL_WORKFLOWS,
             activities=activities,
             interceptors=interceptors or None,
