@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import aiosqlite
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -1092,3 +1093,69 @@ async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url
             assert "turnkit_staged_inputs" not in await conn.run_sync(downgrade)
     finally:
         await store.close()
+
+
+# 13. Trips to SQLite's thread ----------------------------------------------------------------------------------------
+
+
+async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite a transaction of one read is two trips to aiosqlite's thread (BEGIN IMMEDIATE with the read, then
+    COMMIT; the pool's rollback of a connection with no transaction open makes none), an empty transaction none, and
+    a rollback after a write still undoes it (``turnkit/store/sqlite_trips.py``)."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's driver thread only")
+    conversation = await _conversation(store)
+    trips: list[str] = []
+    execute = aiosqlite.Connection._execute  # pyright: ignore[reportPrivateUsage]
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(getattr(fn, "__qualname__", repr(fn)))
+        return await execute(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    await store.load_conversation(conversation.id)
+    assert len(trips) == 2, trips
+    trips.clear()
+    async with store.atomic():
+        pass
+    assert trips == []
+    with pytest.raises(_Boom):
+        async with store.atomic() as tx:
+            await tx.append_message(
+                conversation.id, role="user", kind="text", content=[{"type": "text", "text": "undone"}]
+            )
+            raise _Boom
+    assert await store.list_messages(conversation.id) == []
+    assert (await store.load_conversation(conversation.id)).id == conversation.id
+
+
+async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_statement(store: Store) -> None:
+    """BEGIN IMMEDIATE still comes first, with the first statement: a second transaction's first statement waits
+    until the first transaction commits (what keeps concurrent appends gap-free), then sees its write."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's writer lock only")
+    conversation = await _conversation(store)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def first() -> None:
+        async with store.atomic() as tx:
+            await tx.append_message(
+                conversation.id, role="user", kind="text", content=[{"type": "text", "text": "first"}]
+            )
+            holding.set()
+            await release.wait()
+
+    async def second() -> int:
+        async with store.atomic() as tx:
+            return len(await tx.list_messages(conversation.id))
+
+    writer = asyncio.create_task(first())
+    await asyncio.wait_for(holding.wait(), timeout=10)
+    reader = asyncio.create_task(second())
+    done, _ = await asyncio.wait({reader}, timeout=0.5)
+    assert not done, "the second transaction ran while the first held the writer lock"
+    release.set()
+    await asyncio.wait_for(writer, timeout=10)
+    assert await asyncio.wait_for(reader, timeout=10) == 1

@@ -19,8 +19,13 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from turnkit.store import Store
-from turnkit.store.errors import deterministic_store_error, store_failure_message, unavailable_message
+from turnkit.store import Store, idle_ping
+from turnkit.store.errors import (
+    deterministic_store_error,
+    store_failure_message,
+    transient_store_error,
+    unavailable_message,
+)
 from turnkit.store.storable import UnstorableValue, storable
 
 SECRET = "secret-value-7f3a"
@@ -159,3 +164,35 @@ def test_unstorable_values() -> None:
     assert deterministic_store_error(caught.value)
     assert not deterministic_store_error(RuntimeError("anything else"))
     assert not deterministic_store_error(ConnectionRefusedError())
+
+
+async def _backend_pid(store: Store) -> int:
+    async with store.atomic() as tx:
+        return int((await tx.session.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle", "just-used"])
+async def test_a_pooled_connection_killed_in_the_pool(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, idle: bool
+) -> None:
+    """A pooled PostgreSQL connection whose backend was terminated while it sat in the pool: after an idle spell it is
+    pinged at checkout and replaced, so the next transaction runs; right after its last use it is not pinged (a ping
+    on every checkout was three round trips), and the transaction fails with an error TurnKit retries as transient,
+    after which the pool has replaced it (``turnkit/store/idle_ping.py``)."""
+    monkeypatch.setattr(idle_ping, "IDLE_BEFORE_PING", 0.0 if idle else 3600.0)
+    store = await Store.open(postgres_url)
+    admin = create_async_engine(postgres_url)
+    try:
+        killed = await _backend_pid(store)
+        async with admin.connect() as conn:
+            await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed})
+        if idle:
+            assert await _backend_pid(store) != killed
+        else:
+            with pytest.raises(Exception) as failure:
+                await _backend_pid(store)
+            assert transient_store_error(failure.value), failure.value
+            assert await _backend_pid(store) != killed
+    finally:
+        await admin.dispose()
+        await store.close()

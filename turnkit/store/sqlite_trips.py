@@ -9,14 +9,20 @@ the order of statements on the connection and the transactions are unchanged; on
 
 SQLAlchemy's adapter reads whole results anyway (its non-streaming cursor calls ``fetchall`` after each statement),
 so fetching them in the same call changes no behaviour. :func:`use_one_trip_cursors` installs it on an engine.
+
+A transaction's own trips are cut the same way. Its ``BEGIN IMMEDIATE`` (``store.py``'s begin hook) travels with
+its first statement (:meth:`OneTripConnection.begin_with_next_statement`), and the rollback that SQLAlchemy's pool
+sends every connection it takes back, also after a commit, costs no trip when sqlite3 said, at the end of the last
+trip, that no transaction is open (its ``rollback`` would do nothing then). A store transaction of one read went
+from four trips (BEGIN, the read, COMMIT, the pool's ROLLBACK) to two.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import aiosqlite
 from aiosqlite import context as aiosqlite_context
@@ -29,8 +35,13 @@ __all__ = ["OneTripConnection", "OneTripCursor", "use_one_trip_cursors"]
 _Outcome = tuple[Any, int, int | None, list[Any]]
 
 
-def _run(connection: sqlite3.Connection, sql: str, parameters: Any, many: bool, row_factory: Any) -> _Outcome:
-    """On the connection's thread: the statement, its rows, and what the cursor said, with the cursor closed."""
+def _run(
+    connection: sqlite3.Connection, begin: str | None, sql: str, parameters: Any, many: bool, row_factory: Any
+) -> _Outcome:
+    """On the connection's thread: ``begin`` (the transaction's BEGIN, when this is its first statement), then the
+    statement, its rows, and what the cursor said, with the cursor closed."""
+    if begin is not None:
+        connection.execute(begin).close()
     cursor = connection.cursor()
     try:
         if row_factory is not None:
@@ -72,13 +83,21 @@ class OneTripCursor(aiosqlite.Cursor):
 
     async def executescript(self, sql_script: str) -> OneTripCursor:
         """Run a script (a trip of its own; no rows)."""
-        await self._conn._execute(_script, self._conn._conn, sql_script)  # pyright: ignore[reportPrivateUsage]
+        connection = self._one_trip_connection
+        begin = connection.take_begin()
+        await connection._execute(_script, connection._conn, begin, sql_script)  # pyright: ignore[reportPrivateUsage]
         self._outcome, self._next = (None, -1, None, []), 0
         return self
 
+    @property
+    def _one_trip_connection(self) -> OneTripConnection:
+        return cast(OneTripConnection, self._conn)
+
     async def _trip(self, sql: str, parameters: Any, *, many: bool) -> None:
-        connection = self._conn._conn  # pyright: ignore[reportPrivateUsage]  # raises when closed, like aiosqlite
-        self._outcome = await self._conn._execute(_run, connection, sql, parameters, many, self._row_factory)  # pyright: ignore[reportPrivateUsage]
+        connection = self._one_trip_connection
+        sqlite = connection._conn  # pyright: ignore[reportPrivateUsage]  # raises when closed, like aiosqlite
+        begin = connection.take_begin()
+        self._outcome = await connection._execute(_run, sqlite, begin, sql, parameters, many, self._row_factory)  # pyright: ignore[reportPrivateUsage]
         self._next = 0
 
     async def fetchone(self) -> Any:
@@ -136,12 +155,67 @@ class OneTripCursor(aiosqlite.Cursor):
         return self._conn._conn  # pyright: ignore[reportPrivateUsage]
 
 
-def _script(connection: sqlite3.Connection, sql_script: str) -> None:
+def _script(connection: sqlite3.Connection, begin: str | None, sql_script: str) -> None:
+    if begin is not None:
+        connection.execute(begin).close()
     connection.executescript(sql_script)
 
 
+def _in_transaction(connection: sqlite3.Connection | None) -> bool:
+    """On the connection's thread: whether a transaction is open (False once the connection is closed)."""
+    try:
+        return connection is not None and connection.in_transaction
+    except sqlite3.ProgrammingError:  # closed
+        return False
+
+
 class OneTripConnection(aiosqlite.Connection):
-    """An aiosqlite connection whose cursors are :class:`OneTripCursor` (made without a trip)."""
+    """An aiosqlite connection whose cursors are :class:`OneTripCursor` (made without a trip), whose BEGIN travels
+    with the transaction's first statement, and whose rollback outside a transaction makes no trip."""
+
+    def __init__(self, connector: Callable[[], sqlite3.Connection], iter_chunk_size: int) -> None:
+        super().__init__(connector, iter_chunk_size)
+        #: The BEGIN to send before the next statement (set by the engine's begin hook, taken by the next trip).
+        self._begin: str | None = None
+        #: Whether sqlite3 had a transaction open at the end of the last trip (read on the connection's thread).
+        self._open = False
+
+    def begin_with_next_statement(self, begin: str) -> None:
+        """Send ``begin`` (``BEGIN IMMEDIATE``) in the same trip as the next statement instead of in one of its own.
+
+        Nothing else runs on this connection in between: SQLAlchemy's transaction goes on with a statement, or ends
+        (then the BEGIN is dropped: a commit or rollback of a transaction that never started does nothing)."""
+        self._begin = begin
+
+    def take_begin(self) -> str | None:
+        """The BEGIN waiting for the next statement, if any (it is sent with that statement, or not at all)."""
+        begin, self._begin = self._begin, None
+        return begin
+
+    async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """aiosqlite's one funnel to the connection's thread, noting there whether a transaction is open after."""
+
+        def call() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._open = _in_transaction(self._connection)
+
+        return await super()._execute(call)
+
+    async def commit(self) -> None:
+        """Commit, unless the transaction never sent a statement (nothing to commit: no trip)."""
+        if self.take_begin() is not None and not self._open:
+            return
+        await super().commit()
+
+    async def rollback(self) -> None:
+        """Roll back; no trip when no transaction is open (sqlite3's rollback would do nothing). SQLAlchemy's pool
+        rolls back every connection it takes back, also right after a commit."""
+        self.take_begin()
+        if not self._open:
+            return
+        await super().rollback()
 
     @aiosqlite_context.contextmanager  # awaitable and an async context manager, as aiosqlite's own cursor()
     async def cursor(self) -> OneTripCursor:  # pyright: ignore[reportIncompatibleMethodOverride]

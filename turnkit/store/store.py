@@ -58,6 +58,7 @@ from turnkit.records import (
     WaitRecord,
     counts_against_budget,
 )
+from turnkit.store.idle_ping import ping_when_idle
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -68,7 +69,7 @@ from turnkit.store.schema import (
     TurnRow,
     WaitRow,
 )
-from turnkit.store.sqlite_trips import use_one_trip_cursors
+from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
 
@@ -1295,7 +1296,9 @@ def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
     # inside a store activity's start-to-close timeout (issue 8).
     connect_args = {"timeout": 10} if "+asyncpg" in url else {}
-    return create_async_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
+    engine = create_async_engine(url, echo=echo, connect_args=connect_args)
+    ping_when_idle(engine)  # not pool_pre_ping: three round trips on every checkout (turnkit/store/idle_ping.py)
+    return engine
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
@@ -1316,4 +1319,8 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        driver = getattr(conn.connection.dbapi_connection, "_connection", None)  # SQLAlchemy's aiosqlite adapter
+        if isinstance(driver, OneTripConnection):
+            driver.begin_with_next_statement("BEGIN IMMEDIATE")  # one trip with the first statement
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
