@@ -22,7 +22,6 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
 from activities.notify import announce_terminal
 from activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, record_audit
 from activities.store_retry import retry_store
@@ -48,6 +47,7 @@ from turnkit.errors import (
     error_class_name,
 )
 from turnkit.events import announce, announce_message, emit
+from turnkit.heartbeats import heartbeating
 from turnkit.media import with_media_data
 from turnkit.model import ModelRequest, Result
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef

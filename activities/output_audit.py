@@ -26,13 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from activities.heartbeat import heartbeating
 from turnkit.agent import Agent
 from turnkit.charges import charge_turn
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.errors import OutputAudit
 from turnkit.events import announce, announce_message, emit
+from turnkit.heartbeats import heartbeating
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
 from turnkit.records import MessageRecord, TurnRecord

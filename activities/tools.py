@@ -20,7 +20,6 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
 from activities.store_retry import retry_store
 from turnkit.agent import resolve_agent
 from turnkit.authorization import Verdict, check
@@ -30,6 +29,7 @@ from turnkit.controls import control_boundary
 from turnkit.deliveries import create_delivery, signal_delivery
 from turnkit.errors import BudgetError, ConfigError, RecordNotFound, ToolError, error_class_name
 from turnkit.executions import open_tool_execution, read_arguments, with_arguments
+from turnkit.heartbeats import heartbeating
 from turnkit.payloads import CallPolicy, ToolCallInput, ToolCallRef, ToolOutcome
 from turnkit.records import (
     INTERRUPTED_MESSAGE,

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+import temporalio.activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
@@ -401,3 +402,41 @@ async def test_a_local_at_most_once_tool_that_outlives_its_timeout_is_interrupte
     assert runs == ["run"]
     [result] = [m for m in client.requests[1].messages if m["role"] == "tool"]
     assert "unknown" in result["content"]
+
+
+async def test_activities_heartbeat_only_when_a_beat_is_due(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn's short activities send no heartbeat (each is a write to the workflow's state on the server); a tool
+    that runs past half its 1 s heartbeat timeout beats every half timeout, from its attempt's start, and completes
+    (``turnkit/heartbeats.py``)."""
+    turnkit.configure(tool_heartbeat_timeout=1.0)
+    beats: list[str] = []
+    heartbeat = temporalio.activity.heartbeat
+
+    def counted(*details: Any) -> None:
+        beats.append(temporalio.activity.info().activity_type)
+        heartbeat(*details)
+
+    monkeypatch.setattr(temporalio.activity, "heartbeat", counted)
+
+    @turnkit.tool(recovery="replay_safe")
+    async def quick() -> str:
+        """Answers at once."""
+        return "quick"
+
+    @turnkit.tool(recovery="replay_safe")
+    async def slow() -> str:
+        """Runs for 1.6 s: past its heartbeat timeout, so only its heartbeats keep it alive."""
+        await asyncio.sleep(1.6)
+        return "slow"
+
+    agent = turnkit.Agent(
+        "beats",
+        model="scripted",
+        tools=[quick, slow],
+        client=ScriptedClient([call_tools(("quick", {})), call_tools(("slow", {})), "done"]),
+    )
+    turnkit.register(agent)
+    turn = await (await tk.conversation(agent)).ask("go")
+    assert turn.status == "completed", turn.error
+    assert beats.count("tool:slow") >= 2, beats
+    assert [kind for kind in beats if kind != "tool:slow"] == [], beats

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from temporalio import activity
 
+from turnkit.heartbeats import heartbeating
 from turnkit.store.store import in_transaction
 
 __all__ = ["call_application", "require_no_transaction"]
@@ -83,18 +84,6 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 
 async def _heartbeating(awaitable: Awaitable[Any]) -> Any:
-    """Await ``awaitable``, heartbeating meanwhile when inside an activity with a heartbeat timeout."""
-    timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
-    if not timeout:
+    """Await ``awaitable``, heartbeating when due meanwhile (inside an activity with a heartbeat timeout)."""
+    async with heartbeating():
         return await awaitable
-    interval = max(timeout.total_seconds() / 2, 0.05)
-    task = asyncio.ensure_future(awaitable)
-    try:
-        while True:
-            activity.heartbeat()
-            done, _ = await asyncio.wait({task}, timeout=interval)
-            if done:
-                return task.result()
-    finally:
-        if not task.done():
-            task.cancel()

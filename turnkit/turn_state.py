@@ -12,6 +12,7 @@ Pure: no clocks, no I/O.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,15 +177,23 @@ class TurnOptions(BaseModel):
         return self.controls if self.controls is not None else TurnControls()
 
 
+@functools.cache
+def _defaults(model_class: type[BaseModel]) -> dict[str, Any]:
+    """Each field's default, built once per class: only compared with, never handed out or changed (a default
+    factory's new list, dict or model on every write cost ~0.1 ms per turn write)."""
+    return {name: field.get_default(call_default_factory=True) for name, field in model_class.model_fields.items()}
+
+
 def _mark_changed(model: BaseModel) -> None:
     """Count as set every field whose value differs from its default, at every depth.
 
     ``exclude_unset`` only knows fields that were passed or assigned; a default list or dict changed in place (an
     appended steering input) would otherwise be left out of the write.
     """
-    for name, field in type(model).model_fields.items():
+    defaults = _defaults(type(model))
+    for name in type(model).model_fields:
         value = getattr(model, name)
-        if name not in model.model_fields_set and value != field.get_default(call_default_factory=True):
+        if name not in model.model_fields_set and value != defaults[name]:
             model.model_fields_set.add(name)
         if isinstance(value, BaseModel):
             _mark_changed(value)
