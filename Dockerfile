@@ -24,7 +24,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /dist /dist
-RUN pip install "$(ls /dist/turnkit-*.whl)[postgres,providers,prices,otel]" && rm -rf /dist
+RUN pip install "$(ls /dist/turnkit-*.whl)[postgres,providers,prices,otel,uvloop]" && rm -rf /dist
 # A fixed uid, so that volumes can be chowned to it; /app is its working directory (the demo writes notes there).
 RUN useradd --create-home --uid 10001 turnkit && mkdir /app && chown turnkit:turnkit /app
 USER turnkit

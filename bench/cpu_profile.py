@@ -387,8 +387,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-sandbox", dest="sandbox", action="store_false", help="the worker's workflows unsandboxed (sandbox=False)"
     )
+    parser.add_argument("--uvloop", action="store_true", help="run the process on uvloop (pip install uvloop)")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    arguments = parse_args()
+    if arguments.uvloop:
+        import uvloop
+
+        uvloop.run(main(arguments))
+    else:
+        asyncio.run(main(arguments))

@@ -2,8 +2,9 @@
 
 A K-iteration turn with a tool call per iteration (the :mod:`bench.peers` workload) makes the store calls below, in
 the transactions its activities open (``store_trips`` in :mod:`bench.cpu_profile` counts the same 11 transactions
-and 61 statements at K = 1 on SQLite). This script makes those calls directly on a :class:`turnkit.store.Store`, turn
-after turn, and reports the process CPU (``time.process_time``) per turn: the median of ``--rounds`` rounds.
+and 50 statements at K = 1 on SQLite, each transaction's BEGIN, sent with its first statement, not counted). This
+script makes those calls directly on a :class:`turnkit.store.Store`, turn after turn, and reports the process CPU
+(``time.process_time``) per turn: the median of ``--rounds`` rounds.
 
 Nothing else runs in the process and no dev server shares the cores, so the figure moves by a few percent between
 runs where :mod:`bench.cpu_profile` moves by 10-20%: use it to compare two builds of the store (run the script once

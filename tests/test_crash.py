@@ -37,6 +37,9 @@ async def crash_and_recover(
     first = await start_worker(engine, *worker_args, **first_env)
     if "--no-sandbox" in worker_args:  # the worker says how it runs the workflows
         assert first.ready_line.endswith("(workflows unsandboxed)"), first.ready_line
+    # ... and on which event loop: uvloop (installed with the test extra) unless asked for asyncio's.
+    on_uvloop = "(uvloop)" in first.ready_line
+    assert on_uvloop != ("asyncio" in worker_args), first.ready_line
     conversation = await engine.tk.conversation(agent)
     turn = await conversation.ask(text, wait=False)
 
@@ -89,6 +92,18 @@ async def test_unsandboxed_workers_finish_a_turn_after_a_crash(engine: Engine, c
     new worker replays the turn's history and retries the tool with the same key)."""
     _, done = await crash_and_recover(
         engine, crash_app.replay_safe, "sync", killed_when=("sync_inventory",), worker_args=("--no-sandbox",)
+    )
+    keys = crash_app.lines("sync_inventory")
+    assert len(keys) == 2 and keys[0] == keys[1]
+    [execution] = await done.tool_executions()
+    assert execution.status == "completed"
+
+
+async def test_workers_on_asyncios_loop_finish_a_turn_after_a_crash(engine: Engine, crash_dir: Path) -> None:
+    """``worker.py --loop asyncio``: workers on asyncio's own loop (the other tests' workers run on uvloop) survive a
+    kill alike."""
+    _, done = await crash_and_recover(
+        engine, crash_app.replay_safe, "sync", killed_when=("sync_inventory",), worker_args=("--loop", "asyncio")
     )
     keys = crash_app.lines("sync_inventory")
     assert len(keys) == 2 and keys[0] == keys[1]

@@ -135,7 +135,8 @@ def _instructions(dockerfile: str) -> list[tuple[str, str]]:
 
 def test_the_dockerfile_installs_the_wheel_as_a_non_root_user() -> None:
     """A build stage makes the wheel from the packaged sources; the runtime stage installs that wheel, not editable,
-    with the ``postgres`` and ``providers`` extras, switches to a non-root user and runs ``turnkit worker``."""
+    with the ``postgres``, ``providers``, ``prices``, ``otel`` and ``uvloop`` extras, switches to a non-root user and
+    runs ``turnkit worker``."""
     steps = _instructions((ROOT / "Dockerfile").read_text())
     stages = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
     assert len(stages) == 2 and steps[stages[0]][1].endswith(" AS build")
@@ -148,7 +149,7 @@ def test_the_dockerfile_installs_the_wheel_as_a_non_root_user() -> None:
     installs = [i for i, (k, a) in enumerate(runtime) if k == "RUN" and "pip install" in a]
     assert len(installs) == 1
     install = runtime[installs[0]][1]
-    assert ".whl" in install and "[postgres,providers,prices,otel]" in install
+    assert ".whl" in install and "[postgres,providers,prices,otel,uvloop]" in install
     assert not re.search(r"(^|\s)(-e|--editable)(\s|$)", " ".join(a for _, a in steps))
     users = [(i, a) for i, (k, a) in enumerate(runtime) if k == "USER"]
     assert users and users[-1][1] not in ("root", "0") and users[-1][0] > installs[0]

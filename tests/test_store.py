@@ -17,7 +17,7 @@ import aiosqlite
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import StatementError
 
@@ -1159,3 +1159,36 @@ async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_stateme
     release.set()
     await asyncio.wait_for(writer, timeout=10)
     assert await asyncio.wait_for(reader, timeout=10) == 1
+
+
+async def test_a_sqlite_transaction_cancelled_mid_statement_releases_the_writer_lock(store: Store) -> None:
+    """A task cancelled while its transaction's first statement runs on aiosqlite's thread (BEGIN IMMEDIATE went
+    with it) leaves no transaction open on the pooled connection: the next writer gets the lock at once and the
+    cancelled transaction wrote nothing."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's driver thread only")
+    conversation = await _conversation(store)
+    slow = text(
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) SELECT count(*) FROM c"
+    )
+    started = asyncio.Event()
+
+    async def cancelled() -> None:
+        async with store.atomic() as tx:
+            started.set()
+            await tx.session.execute(slow)
+            await tx.append_message(conversation.id, role="user", kind="text", content=[{"type": "text", "text": "x"}])
+
+    task = asyncio.create_task(cancelled())
+    await asyncio.wait_for(started.wait(), timeout=10)
+    await asyncio.sleep(0.05)  # the slow statement is on the driver's thread now (~0.5 s of work)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(3):  # whichever pooled connection the next transactions get
+        message = await asyncio.wait_for(
+            store.append_message(conversation.id, role="user", kind="text", content=[{"type": "text", "text": "y"}]),
+            timeout=20,
+        )
+        assert message.content == [{"type": "text", "text": "y"}]
+    assert [m.content for m in await store.list_messages(conversation.id)] == [[{"type": "text", "text": "y"}]] * 3

@@ -46,7 +46,7 @@ from turnkit.connection import add_connection_arguments, client_options_from_arg
 from turnkit.errors import ConfigError
 from turnkit.process import exit_process
 from turnkit.tracing import add_tracing_argument
-from turnkit.worker_arguments import add_sandbox_argument
+from turnkit.worker_arguments import add_loop_argument, add_sandbox_argument, loop_name, run_on_loop
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -512,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_tracing_argument(worker)
     add_sandbox_argument(worker)
+    add_loop_argument(worker)
     worker.add_argument(
         "--queue", dest="task_queue", default=argparse.SUPPRESS, metavar="NAME", help="same as --task-queue"
     )
@@ -573,7 +574,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = ["turnkit demo", *(["--hold"] if args.hold else [])]  # the demo parses its own arguments
         demo()  # exits the process itself
     try:
-        code = asyncio.run(_COMMANDS[args.command](args))
+        if args.command == "worker":
+            args.loop = loop_name(args.loop)  # a worker may run on uvloop (turnkit.worker_arguments)
+            code = run_on_loop(_COMMANDS[args.command](args), args.loop)
+        else:
+            code = asyncio.run(_COMMANDS[args.command](args))
+    except ConfigError as error:  # --loop uvloop without uvloop installed
+        print(f"turnkit {args.command}: {error}", file=sys.stderr)
+        code = 2
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:  # `turnkit events … | head`: the reader left; not an error of ours

@@ -179,6 +179,10 @@ class OneTripConnection(aiosqlite.Connection):
         self._begin: str | None = None
         #: Whether sqlite3 had a transaction open at the end of the last trip (read on the connection's thread).
         self._open = False
+        #: Trips queued (counted on the event loop) and the last one finished (set on the connection's thread): while
+        #: one is still running, ``_open`` is not yet known. A cancelled ``await`` leaves its statement running there.
+        self._queued = 0
+        self._finished = 0
 
     def begin_with_next_statement(self, begin: str) -> None:
         """Send ``begin`` (``BEGIN IMMEDIATE``) in the same trip as the next statement instead of in one of its own.
@@ -195,25 +199,34 @@ class OneTripConnection(aiosqlite.Connection):
     async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """aiosqlite's one funnel to the connection's thread, noting there whether a transaction is open after."""
 
+        self._queued += 1
+        trip = self._queued
+
         def call() -> Any:
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._open = _in_transaction(self._connection)
+                self._finished = trip  # after _open: seeing this trip finished means seeing its _open
 
         return await super()._execute(call)
 
+    def _surely_idle(self) -> bool:
+        """No transaction is open: every queued trip has finished, and sqlite3 said so at the end of the last."""
+        return self._finished == self._queued and not self._open
+
     async def commit(self) -> None:
         """Commit, unless the transaction never sent a statement (nothing to commit: no trip)."""
-        if self.take_begin() is not None and not self._open:
+        if self.take_begin() is not None and self._surely_idle():
             return
         await super().commit()
 
     async def rollback(self) -> None:
         """Roll back; no trip when no transaction is open (sqlite3's rollback would do nothing). SQLAlchemy's pool
-        rolls back every connection it takes back, also right after a commit."""
+        rolls back every connection it takes back, also right after a commit. A trip still running (its ``await``
+        was cancelled) may yet open one: then the rollback is queued behind it, as before."""
         self.take_begin()
-        if not self._open:
+        if self._surely_idle():
             return
         await super().rollback()
 
