@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -227,6 +228,14 @@ async def test_a_turn_paused_while_it_waits_outlives_its_deadline(
     assert client.calls == 1
 
 
+_ACTIVITY_CLOSED = (
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED,
+)
+
+
 async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_the_store(
     time_skipping: tuple[WorkflowEnvironment, Store],
 ) -> None:
@@ -258,11 +267,25 @@ async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_t
             task_queue=task_queue,
         )
 
-        async def waiting() -> bool:
-            return (await store.load_turn(waiter.id)).status == "waiting"
+        turn_workflow = env.client.get_workflow_handle(waiter.id)
 
-        await eventually(waiting, what="the first turn waiting on its silent target")
-        await env.client.get_workflow_handle(waiter.id).terminate("operator")
+        async def waiting() -> bool:
+            # Waiting in the store, and its workflow idle by its history (the time-skipping server's describe does not
+            # show a running workflow task): the model activity that wrote the status is followed by a workflow task,
+            # and terminating the run in the middle of that task leaves the server's clock locked (the task's
+            # completion finds the run gone), so that the skip below would wait in real time and time out.
+            if (await store.load_turn(waiter.id)).status != "waiting":
+                return False
+            kinds = [event.event_type for event in (await turn_workflow.fetch_history()).events]
+            activities_closed = sum(kinds.count(kind) for kind in _ACTIVITY_CLOSED)
+            return (
+                kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED)
+                == kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+                and kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == activities_closed
+            )
+
+        await eventually(waiting, what="the first turn waiting on its silent target, its workflow idle")
+        await turn_workflow.terminate("operator")
         await env.sleep(FOLLOW_POLL + timedelta(seconds=5))
 
         async def second_done() -> bool:
