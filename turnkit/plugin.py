@@ -16,6 +16,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from turnkit.errors import ConfigError
+from turnkit.heartbeats import HeartbeatClock
 from turnkit.sandbox_runner import TurnKitSandboxRunner
 from turnkit.store.store import Store
 from turnkit.tracing import tracing_interceptors
@@ -112,7 +113,6 @@ class TurnKitPlugin(SimplePlugin):
         # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
         from activities import build_activities, build_tool_activities
         from activities.store_failures import StoreFailureInterceptor
-        from turnkit.heartbeats import HeartbeatClock
         from workflows import ALL_WORKFLOWS
 
         if strict_sandbox and not sandbox:
