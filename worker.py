@@ -35,7 +35,7 @@ from turnkit.search_attributes import require_search_attributes
 from turnkit.store import Store
 from turnkit.tool_queues import tools_on_queue
 from turnkit.tracing import add_tracing_argument
-from turnkit.worker_arguments import add_loop_argument, add_sandbox_argument, loop_name, run_on_loop
+from turnkit.worker_arguments import add_loop_argument, add_sandbox_argument, on_uvloop, run_on_loop
 
 log = logging.getLogger("turnkit.worker")
 
@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace) -> None:
         async with worker:
             log.info("turnkit worker polling %s on %s (%s)", args.task_queue, address, options["namespace"])
             unsandboxed = "" if sandbox or tools_only else " (workflows unsandboxed)"
-            on_loop = " (uvloop)" if getattr(args, "loop", "asyncio") == "uvloop" else ""
+            on_loop = " (uvloop)" if on_uvloop() else ""
             print(f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}", flush=True)
             await stop.wait()
             log.info("shutting down")
@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
-        args.loop = loop_name(args.loop)
         run_on_loop(run(args), args.loop)
     except ConfigError as error:  # also missing search attributes: say what to do, without a traceback
         print(f"turnkit worker: {error}", file=sys.stderr, flush=True)

@@ -20,7 +20,9 @@ import yaml
 
 import worker
 from turnkit.connection import client_options
+from turnkit.errors import ConfigError
 from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
+from turnkit.worker_arguments import on_uvloop, run_on_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {"postgresql", "temporal", "temporal-setup", "temporal-ui", "worker"}
@@ -174,3 +176,19 @@ def test_the_readme_profile_example_loads(deploying: str, tmp_path: Path) -> Non
     assert options["target_host"] == "my-ns.a1b2c.tmprl.cloud:7233" and options["namespace"] == "my-ns.a1b2c"
     assert options["tls"] is True and options["api_key"]
     assert "No Docker image was built" in deploying
+
+
+def test_a_worker_runs_on_the_loop_it_asks_for() -> None:
+    """``--loop``/``TURNKIT_LOOP``: ``auto`` and ``uvloop`` run the worker on uvloop (the test extra installs it),
+    ``asyncio`` on asyncio's own loop; a loop TurnKit does not know (an unchecked ``TURNKIT_LOOP``) is a
+    ``ConfigError`` naming the choices, and the worker's coroutine is closed unrun."""
+    for requested, expected in (("auto", True), ("uvloop", True), ("asyncio", False)):
+        assert run_on_loop(_on_uvloop(), requested) is expected, requested
+    never = _on_uvloop()
+    with pytest.raises(ConfigError, match="unknown event loop 'trio': choose one of auto, uvloop, asyncio"):
+        run_on_loop(never, "trio")
+    assert never.cr_frame is None  # closed
+
+
+async def _on_uvloop() -> bool:
+    return on_uvloop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -24,7 +25,7 @@ from sqlalchemy.exc import StatementError
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_claim_token, new_id
 from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
-from turnkit.store import Store
+from turnkit.store import Store, sqlite_trips
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 
 ID_RE = r"[0-9a-f]{24}"
@@ -1161,7 +1162,9 @@ async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_stateme
     assert await asyncio.wait_for(reader, timeout=10) == 1
 
 
-async def test_a_sqlite_transaction_cancelled_mid_statement_releases_the_writer_lock(store: Store) -> None:
+async def test_a_sqlite_transaction_cancelled_mid_statement_releases_the_writer_lock(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A task cancelled while its transaction's first statement runs on aiosqlite's thread (BEGIN IMMEDIATE went
     with it) leaves no transaction open on the pooled connection: the next writer gets the lock at once and the
     cancelled transaction wrote nothing."""
@@ -1171,18 +1174,24 @@ async def test_a_sqlite_transaction_cancelled_mid_statement_releases_the_writer_
     slow = text(
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) SELECT count(*) FROM c"
     )
-    started = asyncio.Event()
+    running = threading.Event()  # set on aiosqlite's thread when the slow statement starts there
+    run = sqlite_trips._run  # pyright: ignore[reportPrivateUsage]
+
+    def marked(connection: Any, begin: str | None, statement: str, *rest: Any) -> Any:
+        if "WITH RECURSIVE" in statement:
+            running.set()
+        return run(connection, begin, statement, *rest)
+
+    monkeypatch.setattr(sqlite_trips, "_run", marked)
 
     async def cancelled() -> None:
         async with store.atomic() as tx:
-            started.set()
             await tx.session.execute(slow)
             await tx.append_message(conversation.id, role="user", kind="text", content=[{"type": "text", "text": "x"}])
 
     task = asyncio.create_task(cancelled())
-    await asyncio.wait_for(started.wait(), timeout=10)
-    await asyncio.sleep(0.05)  # the slow statement is on the driver's thread now (~0.5 s of work)
-    task.cancel()
+    assert await asyncio.to_thread(running.wait, 10), "the slow statement never started"
+    task.cancel()  # while it runs on the driver's thread (~0.5 s of work), with the transaction's BEGIN before it
     with pytest.raises(asyncio.CancelledError):
         await task
     for _ in range(3):  # whichever pooled connection the next transactions get

@@ -15,7 +15,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -43,15 +43,16 @@ async def call_application(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    if _is_async(fn):
-        result = fn(*args, **kwargs)
-    else:
-        loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        result = await _heartbeating(loop.run_in_executor(_POOL, call))
-    if inspect.isawaitable(result):
-        result = await _heartbeating(result)
-    return result
+    async with heartbeating():  # when due, inside an activity: a slow hook must not look like a dead worker
+        if _is_async(fn):
+            result = fn(*args, **kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+            result = await loop.run_in_executor(_POOL, call)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
 
 def _time_left() -> float | None:
@@ -81,9 +82,3 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - an object whose __call__ is ``async def``
     return call is not None and inspect.iscoroutinefunction(call)
-
-
-async def _heartbeating(awaitable: Awaitable[Any]) -> Any:
-    """Await ``awaitable``, heartbeating when due meanwhile (inside an activity with a heartbeat timeout)."""
-    async with heartbeating():
-        return await awaitable

@@ -29,7 +29,6 @@ comes from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's pro
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import json
 import logging
@@ -46,7 +45,7 @@ from turnkit.connection import add_connection_arguments, client_options_from_arg
 from turnkit.errors import ConfigError
 from turnkit.process import exit_process
 from turnkit.tracing import add_tracing_argument
-from turnkit.worker_arguments import add_loop_argument, add_sandbox_argument, loop_name, run_on_loop
+from turnkit.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -574,11 +573,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = ["turnkit demo", *(["--hold"] if args.hold else [])]  # the demo parses its own arguments
         demo()  # exits the process itself
     try:
-        if args.command == "worker":
-            args.loop = loop_name(args.loop)  # a worker may run on uvloop (turnkit.worker_arguments)
-            code = run_on_loop(_COMMANDS[args.command](args), args.loop)
-        else:
-            code = asyncio.run(_COMMANDS[args.command](args))
+        # A worker may run on uvloop (turnkit.worker_arguments); the other commands on asyncio's loop.
+        code = run_on_loop(_COMMANDS[args.command](args), args.loop if args.command == "worker" else "asyncio")
     except ConfigError as error:  # --loop uvloop without uvloop installed
         print(f"turnkit {args.command}: {error}", file=sys.stderr)
         code = 2

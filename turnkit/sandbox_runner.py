@@ -37,15 +37,12 @@ __all__ = ["DIRECT_CONTEXTS", "TurnKitSandboxRunner"]
 #: The name under which the SDK's sandbox keeps its in-sandbox instance (``_runner._Instance._create_instance``).
 _IN_SANDBOX = "__temporal_in_sandbox"
 
-#: Whether this temporalio release has what the direct answers rely on.
-DIRECT_CONTEXTS: bool = _SandboxInstance is not None and all(
-    hasattr(_SandboxInstance, name)
-    for name in ("get_serialization_context", "get_external_store_context", "_create_instance")
-)
-
 _Answering: type[WorkflowInstance] | None = None
 
-if _SandboxInstance is not None and DIRECT_CONTEXTS:
+if _SandboxInstance is not None and all(
+    hasattr(_SandboxInstance, name)
+    for name in ("get_serialization_context", "get_external_store_context", "_create_instance")
+):
 
     class _AnsweringInstance(_SandboxInstance):
         """A sandboxed workflow instance that answers the converter's context questions without entering the sandbox."""
@@ -67,6 +64,9 @@ if _SandboxInstance is not None and DIRECT_CONTEXTS:
             return self._in_sandbox.get_external_store_context(command_info)
 
     _Answering = _AnsweringInstance
+
+#: Whether this temporalio release has what the direct answers rely on.
+DIRECT_CONTEXTS: bool = _Answering is not None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from turnkit.errors import ConfigError
 
-__all__ = ["LOOPS", "add_loop_argument", "add_sandbox_argument", "loop_name", "run_on_loop"]
+__all__ = ["LOOPS", "add_loop_argument", "add_sandbox_argument", "on_uvloop", "run_on_loop"]
 
 T = TypeVar("T")
 
@@ -42,30 +42,32 @@ def add_loop_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def loop_name(requested: str) -> str:
-    """The loop a worker asked for ``requested`` runs on: ``uvloop`` or ``asyncio``.
+def run_on_loop(main: Coroutine[Any, Any, T], requested: str) -> T:
+    """Run ``main`` to completion, as :func:`asyncio.run` does, on the loop ``requested`` (one of :data:`LOOPS`).
 
     Raises:
-        ConfigError: ``uvloop`` was asked for and is not installed, or ``requested`` is no loop TurnKit knows.
+        ConfigError: ``uvloop`` was asked for and is not installed, or ``requested`` is no loop TurnKit knows (a
+            ``TURNKIT_LOOP`` that argparse's choices did not check). ``main`` is closed unrun.
     """
-    if requested not in LOOPS:
-        raise ConfigError(f"unknown event loop {requested!r}: choose one of {', '.join(LOOPS)} (--loop, TURNKIT_LOOP)")
-    if requested == "asyncio":
-        return "asyncio"
-    try:
-        import uvloop  # noqa: F401  # pyright: ignore[reportUnusedImport]
-    except ImportError:
-        if requested == "uvloop":
-            raise ConfigError("--loop uvloop needs uvloop: pip install 'turnkit[uvloop]'") from None
-        return "asyncio"
-    return "uvloop"
-
-
-def run_on_loop(main: Coroutine[Any, Any, T], loop: str) -> T:
-    """Run ``main`` to completion on ``loop`` (a :func:`loop_name`), as :func:`asyncio.run` does."""
     runner: Callable[[Coroutine[Any, Any, T]], T] = asyncio.run
-    if loop == "uvloop":
-        import uvloop
-
-        runner = uvloop.run
+    try:
+        if requested not in LOOPS:
+            choices = ", ".join(LOOPS)
+            raise ConfigError(f"unknown event loop {requested!r}: choose one of {choices} (--loop, TURNKIT_LOOP)")
+        if requested != "asyncio":
+            try:
+                import uvloop
+            except ImportError:
+                if requested == "uvloop":
+                    raise ConfigError("--loop uvloop needs uvloop: pip install 'turnkit[uvloop]'") from None
+            else:
+                runner = uvloop.run
+    except ConfigError:
+        main.close()  # never awaited: no "coroutine was never awaited" warning
+        raise
     return runner(main)
+
+
+def on_uvloop() -> bool:
+    """Whether the running event loop is uvloop's (for a worker's ready line)."""
+    return type(asyncio.get_running_loop()).__module__.startswith("uvloop")
