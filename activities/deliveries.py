@@ -6,12 +6,12 @@ import hashlib
 
 from temporalio import activity
 
-from activities.turns import ticket_of
 from turnkit.agent import resolve_agent
 from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.turn_build import queued_turn, root_of, ticket_of
 from turnkit.turn_options import turn_options
 
 __all__ = ["DeliveryActivities"]
@@ -32,8 +32,13 @@ class DeliveryActivities:
         """
         delivered: list[str] = []
         async with self.store.atomic(conversation_id=batch.conversation_id) as tx:
-            if batch.wake and await tx.sub_agent_turn_active(batch.conversation_id):
-                return DeliverResult(busy=True)  # its end wakes the lane; the input goes in after its messages
+            if batch.wake:
+                outside = await tx.turns_outside_lane(batch.conversation_id)
+                if outside.sub_agent:
+                    return DeliverResult(busy=True)  # its end wakes the lane; the input goes in after its messages
+                if outside.direct is not None:  # ask's direct turn runs: the lane follows it, then delivers
+                    root = await root_of(tx, outside.direct)
+                    return DeliverResult(ahead=queued_turn(ticket_of(outside.direct, root=root)))
             for delivery_id in batch.delivery_ids:
                 try:
                     delivery = await tx.load_delivery(delivery_id)
@@ -109,14 +114,7 @@ class DeliveryActivities:
 
 
 def _queued(turn: TurnRecord) -> QueuedTurn:
-    ticket = ticket_of(turn)
-    return QueuedTurn(
-        turn_id=turn.id,
-        agent_name=turn.agent_name,
-        root_turn_id=turn.root_turn_id,
-        deadline=ticket.deadline,
-        model_policy=ticket.model_policy,
-    )
+    return queued_turn(ticket_of(turn))
 
 
 def _woken_turn_id() -> str | None:

@@ -39,9 +39,11 @@ class LaneActivities:
 
     @activity.defn(name="turnkit.lane_held")
     async def lane_held(self, conversation_id: str) -> bool:
-        """Whether a sub-agent's turn is still active in the conversation (the lane keeps holding its queue)."""
+        """Whether a turn the lane does not run is still active in the conversation (the lane keeps holding its
+        queue): a sub-agent's, or the direct turn that an older lane run holds for instead of following it."""
         async with self.store.atomic() as tx:
-            return await tx.sub_agent_turn_active(conversation_id)
+            outside = await tx.turns_outside_lane(conversation_id)
+        return outside.sub_agent or outside.direct is not None
 
     @activity.defn(name="turnkit.start_turn")
     async def start_turn(self, start: StartTurn) -> bool:

@@ -42,9 +42,9 @@ from turnkit.prepared import submit_prepared
 from turnkit.records import TERMINAL_TURN_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
-from turnkit.turn_build import create_turn
+from turnkit.turn_build import create_turn, queued_turn, root_of, ticket_of
 
-__all__ = ["TurnActivities", "ticket_of", "unstaged"]
+__all__ = ["TurnActivities", "unstaged"]
 
 
 class TurnActivities:
@@ -62,8 +62,7 @@ class TurnActivities:
             if existing is not None:
                 if existing.submitted_at is None and existing.parent_turn_id is None:
                     existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
-                busy = await tx.sub_agent_turn_active(existing.conversation_id)
-                return ticket_of(existing, busy=busy, root=await _root_of(tx, existing))
+                return await _ticket(tx, existing)
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
                 agent = resolve_agent(request.agent_name or conversation.agent_name)
@@ -86,9 +85,7 @@ class TurnActivities:
                 turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True)
             except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
-            busy = await tx.sub_agent_turn_active(conversation.id)
-            root = await _root_of(tx, turn)
-        return ticket_of(turn, busy=busy, root=root)
+            return await _ticket(tx, turn)
 
     @activity.defn(name="turnkit.finish_turn")
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
@@ -304,23 +301,16 @@ def _completion_text(turn: TurnRecord, execution: ToolExecutionRecord) -> str:
     return tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
 
 
-async def _root_of(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
-    """The root of ``turn``'s tree (itself, unless it joined another run's tree)."""
-    return turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-
-
-def ticket_of(turn: TurnRecord, *, busy: bool = False, root: TurnRecord | None = None) -> TurnTicket:
-    """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
-    deadline = (root or turn).deadline
-    return TurnTicket(
-        turn_id=turn.id,
-        conversation_id=turn.conversation_id,
-        agent_name=turn.agent_name,
-        root_turn_id=turn.root_turn_id,
-        trigger_message_id=turn.options.trigger_message_id or "",
-        deadline=deadline,
-        busy=busy,
-        model_policy=model_policy(),
+async def _ticket(tx: StoreTx, turn: TurnRecord) -> TurnTicket:
+    """The submitted ``turn``'s ticket, with what its lane must know of the turns it does not run (``busy``, ``ahead``:
+    docs/design.md, "A fresh conversation's first turn")."""
+    outside = await tx.turns_outside_lane(turn.conversation_id)
+    ahead = outside.direct if outside.direct is not None and outside.direct.id != turn.id else None
+    return ticket_of(
+        turn,
+        busy=outside.sub_agent,
+        root=await root_of(tx, turn),
+        ahead=None if ahead is None else queued_turn(ticket_of(ahead, root=await root_of(tx, ahead))),
     )
 
 

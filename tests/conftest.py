@@ -17,7 +17,7 @@ from tests.chaos import SUMMARY
 from tests.engine import Engine
 from tests.workers import crash_dir  # noqa: F401  (a shared fixture: importing it here makes it visible to every test)
 from turnkit.agent import unregister_all
-from turnkit.config import reset_settings
+from turnkit.config import configure, reset_settings
 from turnkit.devserver import fast_task_loading_args
 from turnkit.plugin import TurnKitPlugin
 from turnkit.process import exit_process
@@ -71,6 +71,13 @@ def _clean_registry() -> None:
     """Each test registers its own agents and settings."""
     unregister_all()
     reset_settings()
+
+
+@pytest.fixture
+def through_lanes() -> None:
+    """Every turn goes through its conversation's lane, a fresh conversation's first too (tests of the lane itself
+    and of what it records; the first turn's direct path is tests/test_first_turn.py)."""
+    configure(direct_first_turns=False)
 
 
 @pytest_asyncio.fixture

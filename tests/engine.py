@@ -10,7 +10,6 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 import turnkit
-from activities.turns import ticket_of
 from turnkit.handles import Conversation, Turn
 from turnkit.model import ModelRequest, Result
 from turnkit.payloads import LaneStatus, TurnInput, TurnOutcome
@@ -18,6 +17,7 @@ from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import Tool, tool
+from turnkit.turn_build import ticket_of
 from workflows.turn import TurnWorkflow
 
 

@@ -22,6 +22,7 @@ import turnkit
 from tests.engine import eventually
 from turnkit.agent import Agent, register
 from turnkit.builtin_tools import launch_agent, wait_for
+from turnkit.config import configure
 from turnkit.payloads import LaneInput
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
@@ -32,6 +33,7 @@ __all__ = [
     "SCENARIOS",
     "Recorded",
     "delivery_wake",
+    "direct_first_turn",
     "history_prefix",
     "lane_busy_rollover",
     "lane_two_turns",
@@ -221,6 +223,7 @@ LAUNCHER_AGENT = "history_launcher"
 HELPER_AGENT = "history_helper"
 AUDITED_AGENT = "history_audited"
 LOCAL_TOOLS_AGENT = "history_local_tools"
+DIRECT_AGENT = "history_direct"
 
 #: Agent name -> (tools, limits). The definitions must not change once histories are recorded with them.
 _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
@@ -242,6 +245,7 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     HELPER_AGENT: ((hold,), {}),
     AUDITED_AGENT: ((file_memo,), {"output_policy": needs_recommendation, "output_retries": 1}),
     LOCAL_TOOLS_AGENT: ((lookup_local, notify_local, flaky_local), {}),
+    DIRECT_AGENT: ((hold,), {}),
 }
 
 #: Agent name -> its sub-agents (themselves in ``_AGENTS``), exposed as delegation tools named after them.
@@ -781,6 +785,28 @@ async def launch_callback(tk: TurnKit) -> list[Recorded]:
     return [turn.id]
 
 
+async def direct_first_turn(tk: TurnKit) -> list[Recorded]:
+    """Issue 9: a fresh conversation's first turn runs without its lane; a second ask while it holds in a tool starts
+    the lane, whose submit names the direct turn ``ahead``: the lane runs it first (its start finds the workflow
+    running) and follows it to its end, then runs the second turn. Keeps the direct turn's history and the lane's."""
+    configure(direct_first_turns=True)
+    gate = _gate("direct")
+    script = [call_tools(("hold", {"gate": "direct"})), "first done", "second done"]
+    conversation = await _conversation(tk, DIRECT_AGENT, script)
+    first = await conversation.ask("first", wait=False)
+    await gate.wait_entered()
+    second = await conversation.ask("second", wait=False)
+    await _lane_started(tk, conversation.id, 1, what="the lane following the direct turn")
+    gate.opened.set()
+    first, second = await first.result(timeout=60), await second.result(timeout=60)
+    assert (first.status, first.output_text) == ("completed", "first done"), first.error
+    assert (second.status, second.output_text) == ("completed", "second done"), second.error
+    started, ended = second.record.started_at, first.record.completed_at
+    assert started is not None and ended is not None and started >= ended, "the second turn ran alongside the first"
+    await _lane_settled(tk, conversation.id, 2)
+    return [first.id, conversation.id]
+
+
 #: The rollover scenario's lane continues as new past this many events: after a finished turn, a running one and a
 #: queued one (not before the last was submitted), and not again in the run that follows the running turn.
 ROLLOVER_EVENTS = 48
@@ -840,20 +866,32 @@ async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
 
 
 #: Scenario name (the prefix of its history files) -> scenario.
+def _through_lanes(scenario: Scenario) -> Scenario:
+    """``scenario`` with every turn through its conversation's lane, the first too: the lane's code is what these
+    histories keep replaying (``direct-first-turn`` records the first turn's direct path, issue 9)."""
+
+    async def run(tk: TurnKit) -> list[Recorded]:
+        configure(direct_first_turns=False)
+        return await scenario(tk)
+
+    return run
+
+
 SCENARIOS: dict[str, Scenario] = {
-    "turn-tools": turn_tools,
-    "turn-local-tools": turn_local_tools,
-    "turn-tool-failures": turn_tool_failures,
-    "turn-budget": turn_budget,
-    "lane-two-turns": lane_two_turns,
-    "turn-terminal-tool": turn_terminal_tool,
-    "terminal-answer-audit": terminal_answer_audit,
-    "subagent-fanout": subagent_fanout,
-    "delivery-wake": delivery_wake,
-    "wait-for": wait_for_turn,
-    "pause-resume": pause_resume,
-    "pause-past-deadline": pause_past_deadline,
-    "steer": steer,
-    "launch-callback": launch_callback,
-    "lane-busy-rollover": lane_busy_rollover,
+    "direct-first-turn": direct_first_turn,
+    "turn-tools": _through_lanes(turn_tools),
+    "turn-local-tools": _through_lanes(turn_local_tools),
+    "turn-tool-failures": _through_lanes(turn_tool_failures),
+    "turn-budget": _through_lanes(turn_budget),
+    "lane-two-turns": _through_lanes(lane_two_turns),
+    "turn-terminal-tool": _through_lanes(turn_terminal_tool),
+    "terminal-answer-audit": _through_lanes(terminal_answer_audit),
+    "subagent-fanout": _through_lanes(subagent_fanout),
+    "delivery-wake": _through_lanes(delivery_wake),
+    "wait-for": _through_lanes(wait_for_turn),
+    "pause-resume": _through_lanes(pause_resume),
+    "pause-past-deadline": _through_lanes(pause_past_deadline),
+    "steer": _through_lanes(steer),
+    "launch-callback": _through_lanes(launch_callback),
+    "lane-busy-rollover": _through_lanes(lane_busy_rollover),
 }

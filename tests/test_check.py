@@ -65,6 +65,7 @@ async def _all_terminal(tk: TurnKit, since: Any) -> bool:
     return all(t.terminal for t in turns)
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_lost_lane_orphans_are_reported_and_repaired(tk: TurnKit) -> None:
     """A lane and its running turn terminated for real (by an operator) while the turn runs a tool and another turn
     waits in the lane: the running turn's execution has no attempt left, the queued turn has no workflow; repair

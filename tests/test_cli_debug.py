@@ -128,6 +128,7 @@ async def test_show_lists_the_tree_as_text_json_and_html(
     assert "<script" not in html and "<link" not in html and "src=" not in html
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_replay_names_every_run_and_an_exported_history_replays(
     tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

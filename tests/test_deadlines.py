@@ -22,7 +22,6 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 import turnkit
-from activities.turns import ticket_of
 from tests.engine import eventually, start_turn_workflow
 from turnkit.agent import resolve_agent
 from turnkit.builtin_tools import wait_for
@@ -33,6 +32,7 @@ from turnkit.records import TurnRecord
 from turnkit.store import Store
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
+from turnkit.turn_build import ticket_of
 from turnkit.turn_options import turn_options
 from workflows.lane import FOLLOW_POLL, ConversationWorkflow
 from workflows.turn import TurnWorkflow

@@ -64,6 +64,7 @@ async def test_concurrent_senders_while_busy(tk: TurnKit) -> None:
     assert len(turns) >= 2  # the busy turn, then woken turn(s) for the buffered input
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_lane_continues_as_new_over_hundreds_of_turns(tk: TurnKit) -> None:
     client = ScriptedClient(lambda request: turnkit.Result.build(text="ok"))
     conversation = await tk.conversation(turnkit.Agent("chatty", model="scripted", client=client))

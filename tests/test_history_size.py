@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+
 import turnkit
 from tests.engine import eventually
 from turnkit.builtin_tools import send_message
@@ -68,6 +70,7 @@ def echo_note(note: str) -> str:
     return f"noted {len(note)} characters"
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_tool_arguments_sub_agent_tasks_and_sent_messages_stay_out_of_every_history(tk: TurnKit) -> None:
     """Issue 9, payloads carry ids: a tool's arguments, a sub-agent's task and a ``send_message`` text reach their
     activities and the records, yet none of them is in any workflow history of the tree (lanes, turn, sub-agent)."""

@@ -7,6 +7,7 @@ import json
 from itertools import pairwise
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
@@ -17,6 +18,9 @@ from tests.test_lost_completions import LocalAttemptFault
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 from workflows.lane import ConversationWorkflow
+
+#: The lane itself: every turn goes through it, a fresh conversation's first too (tests/test_first_turn.py has that).
+pytestmark = pytest.mark.usefixtures("through_lanes")
 
 
 @turnkit.tool(recovery="replay_safe")

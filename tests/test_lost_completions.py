@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
@@ -63,6 +64,7 @@ def lookup(q: str) -> dict[str, Any]:
     return {"answer": q.upper()}
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_every_activity_losing_its_first_completion_orphans_nothing(engine: Engine) -> None:
     """Issue 8 item 4: every activity's first completion is lost: the tree still completes, the delegated and the
     launched child run, the posted message wakes a turn, and no tool or model call is repeated."""

@@ -107,6 +107,7 @@ async def _one_turn(temporal: WorkflowEnvironment, database_url: str) -> tuple[l
         await store.close()
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_the_codec_sees_the_sdks_contexts_without_the_sandbox_being_reentered(
     temporal: WorkflowEnvironment, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -100,6 +100,7 @@ def _lookup() -> str:
 # -- patch markers ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_runs_started_by_this_release_record_nopatch_markers(tk: TurnKit) -> None:
     """Issue 9: a new conversation's lane and its turn carry this release's patch level and take its patches unasked,
     so neither records a patch marker or a ``TemporalChangeVersion`` upsert (the lane recorded six of each); both
@@ -119,6 +120,7 @@ async def test_runs_started_by_this_release_record_nopatch_markers(tk: TurnKit) 
         await turnkit_replayer().replay_workflow(history)
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_a_lane_started_by_an_older_release_still_asks_for_its_patches(tk: TurnKit) -> None:
     """Issue 9, upgrades: a lane whose input has no patch level (started by an older client, or continued by an older
     worker) records its patch markers as before and replays; the turn it starts now is of this release's level."""

@@ -238,14 +238,17 @@ async def test_workers_name_missing_search_attributes(database_url: str) -> None
             for command in create_commands("default"):
                 assert command in message
 
-            # A client that starts a lane anyway gets Temporal's refusal, with what to do about it.
+            # A client that starts a turn anyway (a fresh conversation's first: its own workflow, issue 9) gets
+            # Temporal's refusal, with what to do about it; the turn it wrote is recorded failed, never run later.
             agent = turnkit.Agent("sa_plain", model="scripted", client=ScriptedClient(["plain", "searchable"]))
             conversation = await tk.conversation(agent)
             with pytest.raises(turnkit.Error) as refused:
                 await conversation.ask("refused", wait=False)
-            # Temporal names the first unknown attribute it met (map order: any of the lane's two).
+            # Temporal names the first unknown attribute it met (map order: any of the turn's).
             assert "search attribute TurnKit" in str(refused.value), refused.value
             assert "temporal operator search-attribute create" in str(refused.value)
+            [unstarted] = await store.list_turns(conversation_id=conversation.id)
+            assert unstarted.status == "failed" and "search attribute TurnKit" in str(unstarted.error)
 
             # Opted out: no attributes are sent, none are upserted, and the turn runs.
             configure(search_attributes=False)

@@ -110,6 +110,11 @@ class Settings:
     check at start-up that the namespace has them. False: no attributes (for a namespace where they cannot be
     registered); workflows started without them never set any."""
 
+    direct_first_turns: bool = True
+    """``ask`` starts a fresh conversation's first turn itself, without the conversation's lane (one workflow start
+    instead of the lane's start, update and workflow task; :mod:`turnkit.first_turn`). False: every turn goes through
+    the lane, as before (upgrade: turn it on once every worker runs this release, which understands direct turns)."""
+
     compaction: bool | dict[str, Any] = True
     """Context compaction (behaviour §3.10): True (the defaults), False (disabled) or a mapping of options from
     :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""

@@ -31,11 +31,12 @@ from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_stee
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.events import check_on_event, register_turn_callback, unregister_turn_callback
+from turnkit.first_turn import can_start_directly, start_turn_workflow, write_first_turn
 from turnkit.ids import new_id
 from turnkit.media import MediaInput, check_media, stored_media
 from turnkit.media_standalone import paint_turn, view_media_turn
 from turnkit.model import ModelRequest, Usage
-from turnkit.payloads import PATCH_LEVEL, LaneInput, SubmitTurn, TurnTicket
+from turnkit.payloads import PATCH_LEVEL, LaneInput, SubmitTurn, TurnInput, TurnTicket
 from turnkit.prepared import SUBMITTABLE, preview_request
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, registration_hint
@@ -208,7 +209,8 @@ class Conversation:
         if callbacks is not None:
             register_turn_callback(request.turn_id, callbacks)  # before the turn exists: its first event is caught
         try:
-            await self._submit(await self._staged(request))
+            if not await self._start_first_turn(request):
+                await self._submit(await self._staged(request))
         except BaseException:
             unregister_turn_callback(request.turn_id)
             raise
@@ -300,6 +302,37 @@ class Conversation:
         check_json("principal", principal, lenient=True)
         if compact is not None and not isinstance(compact, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise errors.InputError(f"compact must be True, False or None, not {compact!r}")
+
+    async def _start_first_turn(self, request: SubmitTurn) -> bool:
+        """Run ``request`` as the conversation's first turn without its lane (:mod:`turnkit.first_turn`); False, with
+        nothing written, when it is not the first (or may not skip the lane): then the lane queues it."""
+        if not can_start_directly(request):
+            return False
+
+        async def write() -> TurnInput | None:
+            return await write_first_turn(self._tk.store, request, self.agent_name)
+
+        # A database blink is waited out, as for a staged input (idempotent by the turn id).
+        turn = await patiently(write, what="accept the turn's input", window=STAGE_RETRY_WINDOW)
+        if turn is None:
+            return False
+        try:
+            await _while_server_away(
+                lambda: start_turn_workflow(self._tk.client, self._tk.task_queue, turn),
+                f"starting turn {turn.turn_id} of conversation {self.id}",
+            )
+        except errors.Error as err:
+            # The caller gets an error: the committed turn must not run later (a lane would start it), so it is
+            # recorded failed. Should that write fail too, `turnkit check` reports the turn (turn_without_workflow).
+            await self._fail_unstarted(turn.turn_id, str(err))
+            raise
+        return True
+
+    async def _fail_unstarted(self, turn_id: str, reason: str) -> None:
+        """Record a direct turn whose workflow could not be started ``failed`` (a compare-and-set: a turn that a lane
+        started meanwhile and that has ended is left as it is)."""
+        with suppress(RPCError):  # its announcements (a callback's signal) are repaired by `turnkit reconcile`
+            await fail_unfinished_turn(self._tk.store, self._tk.client, self._tk.task_queue, turn_id, reason)
 
     async def _staged(self, request: SubmitTurn) -> SubmitTurn:
         """Write what the user wrote to the store; the update carries its id instead (issue 8 item 12).

@@ -152,6 +152,9 @@ class DeliverResult(BaseModel):
     #: A turn the lane does not run (a sub-agent's) is active in the conversation: nothing was appended; the lane
     #: holds the deliveries until that turn's end sends it ``wake``.
     busy: bool = False
+    #: The turn ``ask`` started without the lane (a fresh conversation's first) is active: nothing was appended and
+    #: no turn woken; the lane runs (follows) it first, then applies the deliveries (docs/design.md).
+    ahead: QueuedTurn | None = None
 
 
 class TurnTicket(BaseModel):
@@ -166,6 +169,9 @@ class TurnTicket(BaseModel):
     #: A sub-agent's turn is active in the conversation: the lane starts nothing until its ``wake``.
     busy: bool = False
     model_policy: ModelPolicy | None = None
+    #: The turn ``ask`` started without the lane (a fresh conversation's first) is still active: the lane runs (follows)
+    #: it before this one (docs/design.md, "A fresh conversation's first turn").
+    ahead: QueuedTurn | None = None
 
 
 class LaneInput(BaseModel):

@@ -8,13 +8,14 @@ One function for both ways a root turn is created: submitted through its convers
 from __future__ import annotations
 
 from turnkit.agent import Agent
-from turnkit.payloads import SubmitTurn
+from turnkit.dispatch import model_policy
+from turnkit.payloads import QueuedTurn, SubmitTurn, TurnTicket
 from turnkit.records import ConversationRecord, TurnRecord
 from turnkit.store.store import StoreTx, utcnow
 from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits
 
-__all__ = ["create_turn"]
+__all__ = ["create_turn", "queued_turn", "root_of", "ticket_of"]
 
 
 async def create_turn(
@@ -25,6 +26,7 @@ async def create_turn(
     *,
     submitted: bool,
     found_absent: bool = False,
+    direct: bool = False,
 ) -> TurnRecord:
     """Append ``request``'s text as a user message and create its turn: ``pending`` (or ``paused``), its frozen
     context ending at that message; ``submitted_at`` is now when ``submitted``, else None (a prepared turn).
@@ -33,6 +35,7 @@ async def create_turn(
         ToolError: A ``wait_for`` target is not allowed (the transaction rolls back the message and the turn).
 
     ``found_absent``: the caller looked for ``request.turn_id`` in this transaction and found none (one read fewer).
+    ``direct``: ``ask`` starts it without the lane (:mod:`turnkit.first_turn`).
     """
     message = await tx.append_message(
         conversation.id,
@@ -68,7 +71,42 @@ async def create_turn(
         root_turn_id=request.root_turn_id,  # None: the turn is its own root
         submitted_at=utcnow() if submitted else None,
         found_absent=found_absent,
+        direct=direct,
     )
     if request.wait_for:
         await add_waits(tx, turn, request.wait_for)
     return turn
+
+
+async def root_of(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
+    """The root of ``turn``'s tree (itself, unless it joined another run's tree)."""
+    return turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
+
+
+def ticket_of(
+    turn: TurnRecord, *, busy: bool = False, root: TurnRecord | None = None, ahead: QueuedTurn | None = None
+) -> TurnTicket:
+    """The submission ticket of a stored turn (its deadline: root submission + the root's timeout)."""
+    deadline = (root or turn).deadline
+    return TurnTicket(
+        turn_id=turn.id,
+        conversation_id=turn.conversation_id,
+        agent_name=turn.agent_name,
+        root_turn_id=turn.root_turn_id,
+        trigger_message_id=turn.options.trigger_message_id or "",
+        deadline=deadline,
+        busy=busy,
+        model_policy=model_policy(),
+        ahead=ahead,
+    )
+
+
+def queued_turn(ticket: TurnTicket) -> QueuedTurn:
+    """What a lane queues of a submitted turn."""
+    return QueuedTurn(
+        turn_id=ticket.turn_id,
+        agent_name=ticket.agent_name,
+        root_turn_id=ticket.root_turn_id,
+        deadline=ticket.deadline,
+        model_policy=ticket.model_policy,
+    )

@@ -187,6 +187,7 @@ class ConversationWorkflow:
                 self._held = True
             # Completed in this workflow task: the lane does not continue as new in it (see _before_rollover).
             self._submitted_in = workflow.info().get_current_history_length()
+            self._run_ahead(ticket.ahead)
             if ticket.turn_id not in self._recent_turns:  # a retried submit is not queued twice
                 self._queue.append(
                     QueuedTurn(
@@ -363,6 +364,9 @@ class ConversationWorkflow:
                 summary=f"deliver {len(batch)}" + (" · wake" if wake else ""),
                 patched=self._patched,
             )
+        if result.ahead is not None:
+            self._run_ahead(result.ahead)  # the deliveries wait until it has ended: the loop runs it first
+            return
         if result.busy:
             # Unless that turn's end was signalled meanwhile: then try again (patched: the wake asked for a re-check).
             self._held = self._wakes == wakes or self._patched(LANE_RECHECKS_HOLD)
@@ -377,6 +381,24 @@ class ConversationWorkflow:
         if result.turn is not None:
             self._queue.append(result.turn)
             _remember(self._recent_turns, result.turn.turn_id)
+
+    def _run_ahead(self, ahead: QueuedTurn | None) -> None:
+        """Run ``ahead`` before anything else: a turn ``ask`` started without this lane (a fresh conversation's first
+        turn, docs/design.md) that is still active. The lane "starts" it (a no-op when its workflow runs, the start it
+        missed when its client died first) and follows it to its end as it does its own.
+
+        No patch: only results recorded with ``ahead`` set lead here, and no older history has one. A run from before
+        patch ``lane-starts-turns`` (its turns are children, whose start would collide with the running workflow)
+        holds instead, as for a sub-agent's turn: a nudge (a delivery, ``turnkit reconcile``) releases it once the
+        store says the turn has ended.
+        """
+        if ahead is None or ahead.turn_id in self._recent_turns:
+            return
+        if not self._starts_turns:
+            self._held = True
+            return
+        self._queue.insert(0, ahead)
+        _remember(self._recent_turns, ahead.turn_id)
 
     async def _run_turn(self, queued: QueuedTurn) -> None:
         self._active = queued.turn_id

@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 import turnkit
 from bench.peers import workload
+from turnkit.config import settings
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.search_attributes import dev_server_flags
@@ -110,6 +111,8 @@ class System:
         if turn.status != "completed":
             raise RuntimeError(f"turn {turn.id} ended {turn.status}: {turn.error}")
         workload.check(k, turn.output_text)
+        if settings.direct_first_turns:  # a fresh conversation's first turn runs without its lane
+            return [turn.id]
         return [conversation.id, turn.id]  # the lane workflow (this conversation's only turn) and the turn workflow
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Index,
     Integer,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -168,6 +170,9 @@ class TurnRow(_Timestamps, Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Started by ``ask`` without the conversation's lane: a fresh conversation's first turn (docs/design.md, "A fresh
+    # conversation's first turn"). A lane that meets it active runs it before anything of its own.
+    direct: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
     # Running totals of the root tree (behaviour §6.3), kept on the root turn's row by the store in the transaction of
     # each write they count, so a budget check reads one row instead of the whole tree (issue 9). Always equal to
     # the sums over the records: model iterations (``options.state.iterations``), counted tool executions (by name

@@ -22,7 +22,20 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Final, cast
 
-from sqlalchemy import ColumnElement, Delete, Select, Table, Update, bindparam, delete, func, inspect, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Delete,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    delete,
+    func,
+    inspect,
+    or_,
+    select,
+    update,
+)
 
 from turnkit.records import ACTIVE_TURN_STATUSES
 from turnkit.store.schema import (
@@ -144,15 +157,19 @@ LATEST_RESPONSE: Final = _newest_response(summary=False, request=False)
 # Turns --------------------------------------------------------------------------------------------------------------
 
 CHILD_TURN: Final = whole_rows(TurnRow).where(TURNS.c.parent_tool_execution_uid == bindparam("uid")).limit(1)
-ACTIVE_SUB_AGENT_TURN: Final = (
-    select(TURNS.c.id)
+#: The active turns of a conversation that its lane does not run: a sub-agent's (started by its parent) and a
+#: turn ``ask`` started directly (a fresh conversation's first). At most one of each can be active at a time.
+TURNS_OUTSIDE_LANE: Final = (
+    whole_rows(TurnRow)
     .where(
         TURNS.c.conversation_uid == bindparam("uid"),
-        TURNS.c.parent_turn_uid.is_not(None),
+        or_(TURNS.c.parent_turn_uid.is_not(None), TURNS.c.direct.is_(True)),
         TURNS.c.status.in_(ACTIVE_TURN_STATUSES),
     )
-    .limit(1)
+    .limit(2)
 )
+#: Whether a conversation has any turn (a direct first turn needs none).
+ANY_TURN: Final = select(TURNS.c.id).where(TURNS.c.conversation_uid == bindparam("uid")).limit(1)
 TREE_USAGE: Final = select(
     TURNS.c.tree_iterations, TURNS.c.tree_tool_executions, TURNS.c.tree_tool_executions_by_name, TURNS.c.tree_cost
 ).where(TURNS.c.uid == bindparam("uid"))

@@ -19,6 +19,7 @@ import functools
 import hashlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -73,7 +74,7 @@ from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
 
-__all__ = ["DEFAULT_DATABASE_URL", "Store", "StoreTx", "in_transaction", "media_id_for", "utcnow"]
+__all__ = ["DEFAULT_DATABASE_URL", "OutsideLane", "Store", "StoreTx", "in_transaction", "media_id_for", "utcnow"]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
 
@@ -101,6 +102,16 @@ _Row = TypeVar("_Row")
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
 _current_tx: contextvars.ContextVar[StoreTx | None] = contextvars.ContextVar("turnkit_store_tx", default=None)
+
+
+@dataclass(frozen=True)
+class OutsideLane:
+    """The active turns of a conversation that its lane does not run (:meth:`StoreTx.turns_outside_lane`)."""
+
+    #: A sub-agent's turn (started by its parent) is active: the lane holds until its end sends ``wake``.
+    sub_agent: bool
+    #: The turn ``ask`` started without the lane (a fresh conversation's first turn), while it is active.
+    direct: TurnRecord | None
 
 
 def in_transaction() -> bool:
@@ -530,10 +541,12 @@ class StoreTx:
         options: TurnOptions | dict[str, Any] | None = None,
         submitted_at: datetime | None = None,
         found_absent: bool = False,
+        direct: bool = False,
     ) -> TurnRecord:
         """Create a turn; with an ``id`` that already exists, return the existing record unchanged.
 
         ``found_absent=True``: the caller found no turn ``id`` in this transaction, so it is not looked for again.
+        ``direct=True``: ``ask`` starts it without the conversation's lane (:meth:`turns_outside_lane`).
         """
         _check_turn_status(status)
         turn_id = id or new_id("turn")
@@ -553,6 +566,7 @@ class StoreTx:
                 options=canonical_json(options.stored() if isinstance(options, TurnOptions) else options or {}),
                 usage={},
                 submitted_at=submitted_at,
+                direct=direct,
                 created_at=now,
                 updated_at=now,
             )
@@ -772,14 +786,25 @@ class StoreTx:
             query = query.where(turns.agent_name == agent_name)
         return [_turn(row) for row in await self._read_all(query.order_by(turns.created_at, turns.id))]
 
-    async def sub_agent_turn_active(self, conversation_id: str) -> bool:
-        """Whether a turn the lane does not run (a sub-agent's, started by its parent) is active in the conversation.
+    async def turns_outside_lane(self, conversation_id: str) -> OutsideLane:
+        """The active turns of the conversation that its lane does not run: whether a sub-agent's is (started by its
+        parent), and the turn ``ask`` started directly, if it is still active (a fresh conversation's first turn).
 
-        The lane then holds new input and new turns until that turn's end sends it ``wake``
-        (:func:`turnkit.deliveries.wake_lane`), so a conversation has one active turn at a time. At most one row is
-        read, by a prebuilt statement (every submit asks).
+        The lane holds new input and new turns while a sub-agent's turn is active, until that turn's end sends it
+        ``wake`` (:func:`turnkit.deliveries.wake_lane`), and runs the direct turn before anything of its own
+        (docs/design.md), so a conversation has one active turn at a time. One prebuilt statement (every submit asks).
         """
-        return (await self.session.execute(sql.ACTIVE_SUB_AGENT_TURN, {"uid": conversation_id})).first() is not None
+        rows = (await self.session.execute(sql.TURNS_OUTSIDE_LANE, {"uid": conversation_id})).all()
+        direct = next((_turn(row) for row in rows if row.direct), None)
+        return OutsideLane(sub_agent=any(row.parent_turn_uid is not None for row in rows), direct=direct)
+
+    async def sub_agent_turn_active(self, conversation_id: str) -> bool:
+        """Whether a sub-agent's turn (run by its parent, not by the lane) is active in the conversation."""
+        return (await self.turns_outside_lane(conversation_id)).sub_agent
+
+    async def has_turns(self, conversation_id: str) -> bool:
+        """Whether the conversation has any turn, prepared, queued, running or ended."""
+        return (await self.session.execute(sql.ANY_TURN, {"uid": conversation_id})).first() is not None
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an

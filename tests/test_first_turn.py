@@ -1,0 +1,186 @@
+"""A fresh conversation's first turn runs without the conversation's lane (issue 9, :mod:`turnkit.first_turn`).
+
+What must hold: ``ask`` starts the first turn itself (no lane workflow, no staged input); any later turn, a delivery
+or a concurrent first ``ask`` goes through the lane, which runs the direct turn first and follows it to its end, so
+a conversation never has two active turns; a direct turn whose client died between its commit and its start is
+started by the lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+from temporalio.service import RPCError, RPCStatusCode
+
+import turnkit
+from tests.engine import eventually, held_tool
+from turnkit.config import settings
+from turnkit.errors import RecordNotFound
+from turnkit.first_turn import write_first_turn
+from turnkit.ids import new_id
+from turnkit.payloads import SubmitTurn
+from turnkit.records import TurnRecord
+from turnkit.runtime import TurnKit
+from turnkit.testing import ScriptedClient, call_tools
+from workflows.lane import ConversationWorkflow
+
+
+def _busy_agent(name: str) -> tuple[asyncio.Event, turnkit.Agent]:
+    """An agent whose turn on "busy" holds in a tool until the event is set; it answers any other input at once."""
+    release, hold = held_tool()
+
+    def script(request: turnkit.ModelRequest) -> turnkit.Result:
+        last = request.messages[-1]
+        if last["role"] == "user" and last["content"] == "busy":
+            return call_tools(("hold", {}))
+        return turnkit.Result.build(text=f"answered {last['content'] if last['role'] == 'user' else 'busy'}")
+
+    return release, turnkit.Agent(name, model="scripted", tools=[hold], client=ScriptedClient(script))
+
+
+async def _direct(tk: TurnKit, turn_id: str) -> bool:
+    """Whether the store marks ``turn_id`` as started without its lane."""
+    async with tk.store.atomic() as tx:
+        row = await tx.session.execute(text("SELECT direct FROM turnkit_turns WHERE uid = :uid"), {"uid": turn_id})
+        return bool(row.scalar_one())
+
+
+async def _lane_exists(tk: TurnKit, conversation_id: str) -> bool:
+    try:
+        await tk.client.get_workflow_handle(conversation_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+async def _in_tool(conversation: turnkit.Conversation) -> bool:
+    return any(m.kind == "tool_call" for m in await conversation.messages())
+
+
+def _one_after_the_other(first: TurnRecord, second: TurnRecord) -> None:
+    assert first.completed_at is not None and second.started_at is not None
+    assert second.started_at >= first.completed_at, f"{second.id} started while {first.id} ran"
+
+
+async def test_a_fresh_conversations_first_turn_runs_without_a_lane(tk: TurnKit) -> None:
+    """Issue 9: the first ``ask`` writes the message and the turn (marked direct, no staged input) and starts the
+    turn's workflow itself; no lane workflow exists. The second ``ask`` goes through the lane."""
+    conversation = await tk.conversation(turnkit.Agent("direct", model="scripted", client=ScriptedClient(["a", "b"])))
+    first = await conversation.ask("one")
+    assert first.status == "completed" and first.output_text == "a"
+    assert await _direct(tk, first.id)
+    assert not await _lane_exists(tk, conversation.id)
+    async with tk.store.atomic() as tx:
+        with pytest.raises(RecordNotFound):  # the content went straight into the message
+            await tx.load_staged_input(first.record.options.trigger_message_id or "")
+    second = await conversation.ask("two")
+    assert second.output_text == "b" and not await _direct(tk, second.id)
+    assert await _lane_exists(tk, conversation.id)
+    assert [m.text for m in await conversation.messages()] == ["one", "a", "two", "b"]
+
+
+async def test_a_turn_asked_while_the_direct_first_turn_runs_waits_for_it(tk: TurnKit) -> None:
+    """Issue 9 (one active turn per conversation): the lane meets the running direct turn in the submit's
+    transaction, runs it first (its start a no-op) and follows it; the second turn starts after the first ended."""
+    release, agent = _busy_agent("direct-busy")
+    conversation = await tk.conversation(agent)
+    busy = await conversation.ask("busy", wait=False)
+    await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")
+    after = await conversation.ask("after", wait=False)
+    lane = tk.client.get_workflow_handle(conversation.id)
+
+    async def lane_follows_busy() -> bool:
+        status = await lane.query(ConversationWorkflow.status)
+        return status.active_turn_id == busy.id and status.queued_turn_ids == [after.id]
+
+    await eventually(lane_follows_busy, what="the lane running the direct turn first")
+    assert (await after.refresh()).status == "pending"
+    release.set()
+    done = await after.result(timeout=30)
+    assert done.output_text == "answered after"
+    _one_after_the_other((await busy.refresh()).record, done.record)
+
+
+async def test_a_delivery_to_a_conversation_whose_direct_turn_runs_goes_in_after_it(tk: TurnKit) -> None:
+    """Issue 9, behaviour §5.11: a delivery's signal starts the lane while the direct first turn runs; the lane
+    follows that turn, then appends the delivery and wakes a turn for it, after the first turn's messages."""
+    release, agent = _busy_agent("direct-post")
+    conversation = await tk.conversation(agent)
+    busy = await conversation.ask("busy", wait=False)
+    await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")
+    await conversation.post("later", key="later-1")
+    lane = tk.client.get_workflow_handle(conversation.id)
+
+    async def lane_follows_busy() -> bool:
+        return (await lane.query(ConversationWorkflow.status)).active_turn_id == busy.id
+
+    await eventually(lane_follows_busy, what="the lane following the direct turn")
+    assert [m.text for m in await conversation.messages() if m.role == "user"] == ["busy"]
+    release.set()
+    first = (await busy.result(timeout=30)).record
+
+    async def woken() -> list[TurnRecord]:
+        return [t for t in await tk.store.list_turns(conversation_id=conversation.id) if t.id != busy.id]
+
+    async def woken_ended() -> bool:
+        turns = await woken()
+        return len(turns) == 1 and turns[0].terminal
+
+    await eventually(woken_ended, what="the woken turn's end")
+    [turn] = await woken()
+    assert turn.status == "completed" and turn.output_text == "answered later"
+    _one_after_the_other(first, turn)
+    assert [m.text for m in await conversation.messages()][-2:] == ["later", "answered later"]
+
+
+async def test_a_direct_turn_whose_client_died_before_its_start_is_started_by_the_lane(tk: TurnKit) -> None:
+    """Issue 9, fault: the direct turn committed but its client died before starting its workflow; the
+    conversation's next ``ask`` makes the lane start it first (then the new turn), so nothing is orphaned."""
+    conversation = await tk.conversation(turnkit.Agent("orphan", model="scripted", client=ScriptedClient(["a", "b"])))
+    request = SubmitTurn(
+        conversation_id=conversation.id, turn_id=new_id("turn"), message_id=new_id("message"), text="one"
+    )
+    assert await write_first_turn(tk.store, request, conversation.agent_name) is not None  # and no start
+    second = await conversation.ask("two")
+    orphan = await tk.store.load_turn(request.turn_id)
+    assert orphan.status == "completed" and orphan.output_text == "a"
+    assert second.output_text == "b"
+    _one_after_the_other(orphan, second.record)
+
+
+async def test_concurrent_first_asks_run_one_after_the_other(tk: TurnKit) -> None:
+    """Issue 9 (race): two ``ask`` calls on a fresh conversation at once; the conversation's row lock lets one be
+    its direct first turn and sends the other through the lane, which runs it after the first."""
+    conversation = await tk.conversation(turnkit.Agent("race", model="scripted", client=ScriptedClient(["x", "y"])))
+    one, two = await asyncio.gather(conversation.ask("one"), conversation.ask("two"))
+    assert {one.status, two.status} == {"completed"}
+    direct = [await _direct(tk, t.id) for t in (one, two)]
+    assert sorted(direct) == [False, True]
+    first, second = (one, two) if direct[0] else (two, one)
+    _one_after_the_other(first.record, second.record)
+
+
+@pytest.mark.parametrize("how", ["paused", "wait_for", "setting"])
+async def test_turns_that_need_the_lane_go_through_it_even_when_first(
+    tk: TurnKit, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 9: a paused first turn (it waits in its lane for a resume), one with ``wait_for`` (its edges take the
+    store's wait-graph lock in the lane's submit) and any with ``direct_first_turns=False`` go through the lane."""
+    agent = turnkit.Agent(f"lane-{how}", model="scripted", client=ScriptedClient(["done", "done"]))
+    if how == "setting":
+        monkeypatch.setattr(settings, "direct_first_turns", False)
+    other = await tk.conversation(agent)
+    target = await other.ask("target") if how == "wait_for" else None
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask(
+        "hi", paused=how == "paused", wait_for=[target] if target is not None else None, wait=how != "paused"
+    )
+    if how == "paused":
+        await turn.resume()
+        turn = await turn.result(timeout=30)
+    assert turn.status == "completed"
+    assert not await _direct(tk, turn.id) and await _lane_exists(tk, conversation.id)

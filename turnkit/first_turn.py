@@ -1,0 +1,96 @@
+"""A fresh conversation's first turn, started by ``ask`` without the conversation's lane (issue 9).
+
+The lane exists to put a conversation's turns in order. A conversation's first ``ask`` has nothing to order yet, so it
+skips the lane: ``ask`` writes the message and the turn in one store transaction and starts the turn's workflow itself
+(workflow id = turn id). That saves, per fresh conversation, the lane's start, its update and its workflow task (with
+the submit and start local activities in it), and the staged-input round trip: the measured figures are in
+``bench/README.md``. The design, with the race it closes, is in docs/design.md ("A fresh conversation's first turn").
+
+How the lane still keeps one active turn per conversation: the turn row is marked ``direct``, and it is written only
+when the conversation has no turn at all, under the conversation's row lock. Every lane transaction that queues or
+wakes a turn (``turnkit.submit_turn``, ``turnkit.deliver``) takes the same lock and asks for an active direct turn
+(:meth:`~turnkit.store.store.StoreTx.turns_outside_lane`); when there is one, the lane runs it first: its start is a
+no-op (``REJECT_DUPLICATE``), or the start that a client that died after its commit never made, and the lane follows
+it to its end as it follows its own turns.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from turnkit.agent import resolve_agent
+from turnkit.config import settings
+from turnkit.errors import ConfigError
+from turnkit.payloads import PATCH_LEVEL, SubmitTurn, TurnInput
+from turnkit.search_attributes import turn_search_attributes
+from turnkit.store.store import Store
+from turnkit.turn_build import create_turn, root_of, ticket_of
+from turnkit.workflow_names import TURN_WORKFLOW
+
+__all__ = ["can_start_directly", "start_turn_workflow", "write_first_turn"]
+
+
+def can_start_directly(request: SubmitTurn) -> bool:
+    """Whether ``request`` may skip the lane if it is its conversation's first turn: ``settings.direct_first_turns``,
+    not paused (a paused turn waits in its lane for a resume) and without ``wait_for`` (its edges need the store's
+    wait-graph lock, which the lane's submit takes)."""
+    return settings.direct_first_turns and not request.paused and not request.wait_for
+
+
+async def write_first_turn(store: Store, request: SubmitTurn, agent_name: str) -> TurnInput | None:
+    """Append ``request``'s message and create its turn, marked ``direct``, if the conversation has no turn yet;
+    return the turn workflow's input. None, with nothing written, when the conversation has a turn (its lane orders
+    this one) or ``agent_name`` is not registered in this process (a worker elsewhere may know it).
+
+    Idempotent by the turn id: a repeat after a lost commit reply finds the turn it wrote.
+    """
+    try:
+        agent = resolve_agent(request.agent_name or agent_name)
+    except ConfigError:
+        return None
+    async with store.atomic(conversation_id=request.conversation_id) as tx:
+        turn = await tx.find_turn(request.turn_id)
+        if turn is None:
+            if await tx.has_turns(request.conversation_id):
+                return None
+            conversation = await tx.load_conversation(request.conversation_id)
+            turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True, direct=True)
+        ticket = ticket_of(turn, root=await root_of(tx, turn))
+    return TurnInput(
+        turn_id=ticket.turn_id,
+        conversation_id=ticket.conversation_id,
+        agent_name=ticket.agent_name,
+        root_turn_id=ticket.root_turn_id,
+        deadline=ticket.deadline,
+        model_policy=ticket.model_policy,
+        patch_level=PATCH_LEVEL,
+    )
+
+
+async def start_turn_workflow(client: Client, task_queue: str, turn: TurnInput) -> None:
+    """Start ``turn``'s workflow, as the lane's ``turnkit.start_turn`` does: ``REJECT_DUPLICATE`` (a turn never runs
+    twice; a workflow that exists already, started by an earlier attempt or by a lane, is fine) and an eager start
+    (when this client's own worker has a free slot, the reply hands it the turn's first workflow task)."""
+    attributes = None
+    if settings.search_attributes:
+        attributes = turn_search_attributes(
+            conversation_id=turn.conversation_id,
+            agent_name=turn.agent_name,
+            root_turn_id=turn.root_turn_id,
+            parent_turn_id=None,
+        )
+    with suppress(WorkflowAlreadyStartedError):
+        await client.start_workflow(
+            TURN_WORKFLOW,
+            turn,
+            id=turn.turn_id,
+            task_queue=task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"turn · {turn.agent_name}",
+            search_attributes=attributes,
+            request_eager_start=True,
+        )
