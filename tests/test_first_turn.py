@@ -184,3 +184,20 @@ async def test_turns_that_need_the_lane_go_through_it_even_when_first(
         turn = await turn.result(timeout=30)
     assert turn.status == "completed"
     assert not await _direct(tk, turn.id) and await _lane_exists(tk, conversation.id)
+
+
+async def test_a_direct_turn_whose_workflow_was_terminated_is_failed_by_the_lane_before_the_next(tk: TurnKit) -> None:
+    """Issue 9, fault (an operator terminated the running direct turn's workflow): the record still says running;
+    the conversation's next ``ask`` makes the lane follow that turn, find its workflow closed, record it failed, and
+    only then run the new turn."""
+    release, agent = _busy_agent("direct-terminated")
+    conversation = await tk.conversation(agent)
+    busy = await conversation.ask("busy", wait=False)
+    await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")
+    await tk.client.get_workflow_handle(busy.id).terminate("test: an operator ends it")
+    after = await conversation.ask("after")
+    assert after.output_text == "answered after"
+    lost = (await busy.refresh()).record
+    assert lost.status == "failed" and lost.error == {"class": "TurnKit::Error", "message": "turn workflow terminated"}
+    _one_after_the_other(lost, after.record)
+    release.set()  # the zombie tool body ends: fenced, it writes nothing

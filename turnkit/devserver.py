@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, GetSystemInfoRequest
 from temporalio.client import Client
 
 from turnkit.errors import ConfigError
@@ -124,6 +124,9 @@ class EmbeddedDevServer:
     async def _ping(self) -> None:
         client = await Client.connect(self.address, namespace=self.namespace)
         await client.workflow_service.get_system_info(GetSystemInfoRequest())
+        # The CLI registers the namespace after the frontend answers: a start in between is refused ("Namespace
+        # default is not found"), and a fresh conversation's first ask starts a workflow at once (issue 9).
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=self.namespace))
 
     async def _wait_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
