@@ -27,6 +27,8 @@ from turnkit.testing import ScriptedClient, call_tools
 #: How long the server stays down: longer than the Temporal client's own retries of a call (~10 s), so that a caller
 #: that does not wait it out sees the failure (a fault duration, not a settling sleep).
 OUTAGE = 15.0
+#: Down while a turn's end signals its waiter: past the client's own retries (~10 s), within ``WAKE_WINDOW``.
+WAKE_OUTAGE = 14.0
 
 
 @contextlib.asynccontextmanager
@@ -97,3 +99,35 @@ async def test_errors_while_the_server_is_away_are_turnkit_errors(
             finally:
                 gate.opened.set()
                 await server.start()
+
+
+async def test_a_turns_end_wakes_the_lane_that_follows_it_through_a_server_restart(database_url: str) -> None:
+    """Issue 9 (found by the chaos suite, 1 seed in 90): the server goes down just as a turn's end signals the lane
+    that follows it (a turn is queued behind it), for longer than the client's own retries; the signal is repeated
+    until the server is back, so the queued turn starts then, not after the lane's one-minute look at the store
+    (``FOLLOW_POLL``)."""
+    gate = Gate()
+    restarted: list[asyncio.Task[None]] = []
+    async with dev_server() as server, connected(server, database_url) as tk, tk.worker():
+
+        async def restart() -> None:
+            server.stop()
+            await asyncio.sleep(WAKE_OUTAGE)  # the fault's duration
+            await server.start()
+
+        def script(request: turnkit.ModelRequest) -> turnkit.Result:
+            last = request.messages[-1]
+            if last["role"] == "tool":  # the busy turn's last model call: its end meets the server away
+                restarted.append(asyncio.get_running_loop().create_task(restart()))
+                return turnkit.Result.build(text="ended")
+            return call_tools(("slow", {})) if last["content"] == "busy" else turnkit.Result.build(text="next")
+
+        agent = turnkit.Agent("follows", model="scripted", tools=[gated_tool(gate)], client=ScriptedClient(script))
+        conversation = await tk.conversation(agent)
+        busy = await conversation.ask("busy", wait=False)
+        await asyncio.wait_for(gate.entered.wait(), 30)
+        queued = await conversation.ask("after", wait=False)  # the lane follows the busy turn: a wait row
+        gate.opened.set()
+        done = await queued.result(timeout=50)  # under FOLLOW_POLL after the outage: the end's signal got through
+        assert done.output_text == "next" and (await busy.refresh()).output_text == "ended"
+        assert restarted and restarted[0].done()

@@ -40,6 +40,7 @@ from turnkit.payloads import PATCH_LEVEL, LaneInput, SubmitTurn, TurnInput, Turn
 from turnkit.prepared import SUBMITTABLE, preview_request
 from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.search_attributes import lane_search_attributes, registration_hint
+from turnkit.server_away import SERVER_AWAY, while_server_away
 from turnkit.store.patience import patiently
 from turnkit.store.store import Store, StoreTx
 from turnkit.turn_build import create_turn
@@ -56,19 +57,6 @@ __all__ = ["Conversation", "Turn"]
 
 _UNSET: Any = object()
 
-#: RPC statuses that mean the Temporal server is away or overloaded (a restart, a lost connection): the client
-#: reconnects by itself, so waiting goes on and an idempotent call is repeated (issue 8 item 6).
-_SERVER_AWAY = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.UNKNOWN,
-        RPCStatusCode.RESOURCE_EXHAUSTED,
-        RPCStatusCode.ABORTED,
-        RPCStatusCode.INTERNAL,
-    }
-)
 #: The server aborted an update because the workflow task that carried it failed (e.g. it completed with a command
 #: that new events made stale): the update was never accepted, and repeating it is safe (same update id).
 _UPDATE_ABORTED = "unexpected workflow task failure"
@@ -734,7 +722,7 @@ class Turn:
                 closed = ended_reason(err.cause)  # terminated, timed out...: the record tells what is known
             except RPCError as err:
                 # Not found: still queued. Server away: the client reconnects; the store tells meanwhile.
-                if err.status != RPCStatusCode.NOT_FOUND and err.status not in _SERVER_AWAY:
+                if err.status != RPCStatusCode.NOT_FOUND and err.status not in SERVER_AWAY:
                     raise errors.Error(f"waiting for turn {self.id} failed: {err.message}") from err
             record = await self._load()  # raises RecordNotFound for an unknown id
             if record.terminal:
@@ -880,19 +868,12 @@ async def _signal(tk: TurnKit, workflow_id: str, signal: str) -> None:
 async def _while_server_away(call: Callable[[], Awaitable[None]], what: str) -> None:
     """Run ``call``, repeating it while the Temporal server is away (up to ``SUBMIT_RECONNECT_WINDOW`` seconds); any
     other RPC failure, or one that outlasts the window, is raised as a TurnKit error that names ``what``."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + SUBMIT_RECONNECT_WINDOW
-    delay = 0.1
-    while True:
-        try:
-            await call()
-            return
-        except RPCError as err:
-            retryable = err.status in _SERVER_AWAY or _UPDATE_ABORTED in err.message
-            if not retryable or loop.time() >= give_up:
-                raise errors.Error(f"{what} failed: {err.message}{registration_hint(err.message)}") from err
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
+    try:
+        await while_server_away(
+            call, window=SUBMIT_RECONNECT_WINDOW, retry_if=lambda err: _UPDATE_ABORTED in err.message
+        )
+    except RPCError as err:
+        raise errors.Error(f"{what} failed: {err.message}{registration_hint(err.message)}") from err
 
 
 def _turnkit_error(cause: BaseException | None) -> Exception:

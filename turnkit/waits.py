@@ -9,6 +9,7 @@ missed the edge, the edge committed after the listing, hence after the terminal 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 
 from temporalio.client import Client
@@ -16,6 +17,7 @@ from temporalio.service import RPCError
 
 from turnkit.errors import ToolError
 from turnkit.records import TurnRecord, WaitRecord
+from turnkit.server_away import while_server_away
 from turnkit.store.store import Store, StoreTx
 
 __all__ = [
@@ -29,6 +31,10 @@ __all__ = [
 ]
 
 TARGET_FINISHED_SIGNAL = "target_finished"
+#: How long a target's end keeps signalling a waiter while the Temporal server is away, after the client's own retries
+#: (~10 s) gave up: a dev server restarted on its database file under load. A local store call that announces the end
+#: outlasts its 10 s attempt then, and its regular activity announces again (idempotent).
+WAKE_WINDOW = 30.0
 
 
 class _Gone:
@@ -131,8 +137,13 @@ async def waiters_of(tx: StoreTx, turn_id: str) -> list[WaitRecord]:
 
 
 async def signal_waiters(client: Client, turn_id: str, edges: Sequence[WaitRecord]) -> None:
-    """Signal ``target_finished`` to the waiter of each of ``edges`` (read by :func:`waiters_of`)."""
+    """Signal ``target_finished`` to the waiter of each of ``edges`` (read by :func:`waiters_of`).
+
+    A server that is away (a restart) is waited out for up to :data:`WAKE_WINDOW`: a lost wake-up would leave a lane
+    following the turn idle until its next look at the store (a minute), and a waiting turn until its next check.
+    Other refusals mean the waiter finished, or never started: nothing to wake.
+    """
     for edge in edges:
-        # RPCError: the waiter already finished (or never started): nothing to wake.
+        signal = functools.partial(client.get_workflow_handle(edge.turn_id).signal, TARGET_FINISHED_SIGNAL, turn_id)
         with contextlib.suppress(RPCError):
-            await client.get_workflow_handle(edge.turn_id).signal(TARGET_FINISHED_SIGNAL, turn_id)
+            await while_server_away(signal, window=WAKE_WINDOW)
