@@ -17,16 +17,13 @@ from __future__ import annotations
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.payloads import EndTurn, StartTurn, TurnOutcome
 from turnkit.records import TERMINAL_TURN_STATUSES
-from turnkit.search_attributes import turn_search_attributes
 from turnkit.store.store import Store
 from turnkit.turn_end import fail_unfinished_turn
-from turnkit.workflow_names import TURN_WORKFLOW
+from turnkit.turn_start import start_turn_workflow
 
 __all__ = ["LaneActivities"]
 
@@ -53,30 +50,8 @@ class LaneActivities:
         workflow, running or closed, and starts nothing (``REJECT_DUPLICATE``: a turn never runs twice). Nothing is
         written here: the lane asks for the turn's end when it needs it (``turnkit.follow_turn``).
         """
-        turn = start.turn
-        attributes = None
-        if start.search_attributes:
-            attributes = turn_search_attributes(
-                conversation_id=turn.conversation_id,
-                agent_name=turn.agent_name,
-                root_turn_id=turn.root_turn_id,
-                parent_turn_id=None,
-            )
-        try:
-            await activity.client().start_workflow(
-                TURN_WORKFLOW,
-                turn,
-                id=turn.turn_id,
-                task_queue=activity.info().task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                static_summary=f"turn · {turn.agent_name}",
-                search_attributes=attributes,
-                # The reply carries the turn's first workflow task when this worker has a free slot for it.
-                request_eager_start=True,
-            )
-        except WorkflowAlreadyStartedError:
-            return False
-        return True
+        client, task_queue = activity.client(), activity.info().task_queue
+        return await start_turn_workflow(client, task_queue, start.turn, search_attributes=start.search_attributes)
 
     @activity.defn(name="turnkit.end_turn")
     async def end_turn(self, end: EndTurn) -> TurnOutcome:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
 from turnkit.handles import Conversation, Turn
@@ -98,6 +99,30 @@ def held_tool(name: str = "hold") -> tuple[asyncio.Event, Tool]:
     body.__name__ = name
     body.__doc__ = "Wait until released."
     return release, tool(body)
+
+
+def busy_agent(name: str) -> tuple[asyncio.Event, turnkit.Agent]:
+    """An agent whose turn on "busy" holds in a tool until the event is set; it answers any other input at once."""
+    release, hold = held_tool()
+
+    def script(request: ModelRequest) -> Result:
+        last = request.messages[-1]
+        if last["role"] == "user" and last["content"] == "busy":
+            return call_tools(("hold", {}))
+        return Result.build(text=f"answered {last['content'] if last['role'] == 'user' else 'busy'}")
+
+    return release, turnkit.Agent(name, model="scripted", tools=[hold], client=ScriptedClient(script))
+
+
+async def lane_exists(tk: TurnKit, conversation_id: str) -> bool:
+    """Whether the conversation's lane workflow was ever started."""
+    try:
+        await tk.client.get_workflow_handle(conversation_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
 
 
 class Gate:

@@ -12,10 +12,9 @@ import asyncio
 
 import pytest
 from sqlalchemy import text
-from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
-from tests.engine import eventually, held_tool
+from tests.engine import busy_agent, eventually, lane_exists
 from turnkit.config import settings
 from turnkit.errors import RecordNotFound
 from turnkit.first_turn import write_first_turn
@@ -23,21 +22,8 @@ from turnkit.ids import new_id
 from turnkit.payloads import SubmitTurn
 from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.testing import ScriptedClient
 from workflows.lane import ConversationWorkflow
-
-
-def _busy_agent(name: str) -> tuple[asyncio.Event, turnkit.Agent]:
-    """An agent whose turn on "busy" holds in a tool until the event is set; it answers any other input at once."""
-    release, hold = held_tool()
-
-    def script(request: turnkit.ModelRequest) -> turnkit.Result:
-        last = request.messages[-1]
-        if last["role"] == "user" and last["content"] == "busy":
-            return call_tools(("hold", {}))
-        return turnkit.Result.build(text=f"answered {last['content'] if last['role'] == 'user' else 'busy'}")
-
-    return release, turnkit.Agent(name, model="scripted", tools=[hold], client=ScriptedClient(script))
 
 
 async def _direct(tk: TurnKit, turn_id: str) -> bool:
@@ -45,16 +31,6 @@ async def _direct(tk: TurnKit, turn_id: str) -> bool:
     async with tk.store.atomic() as tx:
         row = await tx.session.execute(text("SELECT direct FROM turnkit_turns WHERE uid = :uid"), {"uid": turn_id})
         return bool(row.scalar_one())
-
-
-async def _lane_exists(tk: TurnKit, conversation_id: str) -> bool:
-    try:
-        await tk.client.get_workflow_handle(conversation_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
 
 
 async def _in_tool(conversation: turnkit.Conversation) -> bool:
@@ -73,20 +49,20 @@ async def test_a_fresh_conversations_first_turn_runs_without_a_lane(tk: TurnKit)
     first = await conversation.ask("one")
     assert first.status == "completed" and first.output_text == "a"
     assert await _direct(tk, first.id)
-    assert not await _lane_exists(tk, conversation.id)
+    assert not await lane_exists(tk, conversation.id)
     async with tk.store.atomic() as tx:
         with pytest.raises(RecordNotFound):  # the content went straight into the message
             await tx.load_staged_input(first.record.options.trigger_message_id or "")
     second = await conversation.ask("two")
     assert second.output_text == "b" and not await _direct(tk, second.id)
-    assert await _lane_exists(tk, conversation.id)
+    assert await lane_exists(tk, conversation.id)
     assert [m.text for m in await conversation.messages()] == ["one", "a", "two", "b"]
 
 
 async def test_a_turn_asked_while_the_direct_first_turn_runs_waits_for_it(tk: TurnKit) -> None:
     """Issue 9 (one active turn per conversation): the lane meets the running direct turn in the submit's
     transaction, runs it first (its start a no-op) and follows it; the second turn starts after the first ended."""
-    release, agent = _busy_agent("direct-busy")
+    release, agent = busy_agent("direct-busy")
     conversation = await tk.conversation(agent)
     busy = await conversation.ask("busy", wait=False)
     await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")
@@ -108,7 +84,7 @@ async def test_a_turn_asked_while_the_direct_first_turn_runs_waits_for_it(tk: Tu
 async def test_a_delivery_to_a_conversation_whose_direct_turn_runs_goes_in_after_it(tk: TurnKit) -> None:
     """Issue 9, behaviour §5.11: a delivery's signal starts the lane while the direct first turn runs; the lane
     follows that turn, then appends the delivery and wakes a turn for it, after the first turn's messages."""
-    release, agent = _busy_agent("direct-post")
+    release, agent = busy_agent("direct-post")
     conversation = await tk.conversation(agent)
     busy = await conversation.ask("busy", wait=False)
     await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")
@@ -183,14 +159,14 @@ async def test_turns_that_need_the_lane_go_through_it_even_when_first(
         await turn.resume()
         turn = await turn.result(timeout=30)
     assert turn.status == "completed"
-    assert not await _direct(tk, turn.id) and await _lane_exists(tk, conversation.id)
+    assert not await _direct(tk, turn.id) and await lane_exists(tk, conversation.id)
 
 
 async def test_a_direct_turn_whose_workflow_was_terminated_is_failed_by_the_lane_before_the_next(tk: TurnKit) -> None:
     """Issue 9, fault (an operator terminated the running direct turn's workflow): the record still says running;
     the conversation's next ``ask`` makes the lane follow that turn, find its workflow closed, record it failed, and
     only then run the new turn."""
-    release, agent = _busy_agent("direct-terminated")
+    release, agent = busy_agent("direct-terminated")
     conversation = await tk.conversation(agent)
     busy = await conversation.ask("busy", wait=False)
     await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
-from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
-from tests.engine import Engine
+from tests.engine import Engine, lane_exists
 from turnkit.config import configure, settings
 from turnkit.errors import ConfigError, InputError
 from turnkit.handles import Conversation
@@ -30,16 +29,6 @@ def _agent(name: str | None = None, **options: Any) -> turnkit.Agent:
     return turnkit.Agent(name or f"v-{uuid.uuid4().hex[:8]}", model="scripted", client=ScriptedClient([]), **options)
 
 
-async def _lane_started(tk: TurnKit, conversation_id: str) -> bool:
-    try:
-        await tk.client.get_workflow_handle(conversation_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
-
-
 async def _count(tk: TurnKit, row: Any, **where: Any) -> int:
     async with tk.store.atomic() as tx:
         query = select(func.count()).select_from(row)
@@ -52,7 +41,7 @@ async def _assert_untouched(tk: TurnKit, conversation: Conversation) -> None:
     assert await conversation.messages() == []
     assert await conversation.turns() == []
     assert await conversation.inbox() == []
-    assert not await _lane_started(tk, conversation.id)
+    assert not await lane_exists(tk, conversation.id)
 
 
 LOOP: dict[str, Any] = {}

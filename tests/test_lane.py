@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
 import turnkit
-from tests.engine import Engine, eventually, held_tool
+from tests.engine import Engine, busy_agent, eventually, held_tool
 from tests.history_scenarios import activity_types, ends_at_completed_task, history_events, local_activities
 from tests.test_lost_completions import LocalAttemptFault
 from turnkit.runtime import TurnKit
@@ -102,19 +102,6 @@ async def test_a_turn_submitted_between_a_call_and_its_result_sees_no_unanswered
     assert request[1] == {"role": "assistant", "content": "let me check"}  # the call is dropped, its text kept
 
 
-def _busy_agent(name: str) -> tuple[asyncio.Event, turnkit.Agent]:
-    """An agent whose turn on "busy" holds in a tool until the event is set; it answers any other input at once."""
-    release, hold = held_tool()
-
-    def script(request: turnkit.ModelRequest) -> turnkit.Result:
-        last = request.messages[-1]
-        if last["role"] == "user" and last["content"] == "busy":
-            return call_tools(("hold", {}))
-        return turnkit.Result.build(text=f"answered {last['content'] if last['role'] == 'user' else 'busy'}")
-
-    return release, turnkit.Agent(name, model="scripted", tools=[hold], client=ScriptedClient(script))
-
-
 async def _holding(conversation: turnkit.Conversation) -> bool:
     """Whether the conversation's busy turn has proposed its tool call (it is in the tool now)."""
     return any(m.kind == "tool_call" for m in await conversation.messages())
@@ -124,7 +111,7 @@ async def test_a_queued_turn_cancelled_before_it_started_does_not_hold_up_the_ne
     """Issue 9 (patches lane-starts-turns, lane-follows-on-demand): with turns queued, the lane waits for the busy
     turn's end signal; when it comes, the cancelled turn is found ended in the store and passed over, and the one
     after it runs at once, not after the lane's ``FOLLOW_POLL`` (1 min) check of the store."""
-    release, agent = _busy_agent("passes-over")
+    release, agent = busy_agent("passes-over")
     conversation = await tk.conversation(agent)
     busy = await conversation.ask("busy", wait=False)
     await eventually(lambda: _holding(conversation), what="the busy turn's tool call")
@@ -177,7 +164,7 @@ async def test_a_lane_hears_of_a_turns_end_only_when_it_has_more_to_run(tk: Turn
     """Issue 9 (patch lane-follows-on-demand): a turn's end costs its lane nothing while nothing else waits (no
     signal, no timer, no workflow task); the next ask finds the end in the store without a wait row; a turn queued
     behind a running one registers the lane as its waiter, and the running turn's end signals the lane."""
-    release, agent = _busy_agent("on-demand")
+    release, agent = busy_agent("on-demand")
     conversation = await tk.conversation(agent)
     first = await conversation.ask("one")
     assert first.output_text == "answered one"

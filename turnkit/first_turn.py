@@ -16,22 +16,14 @@ it to its end as it follows its own turns.
 
 from __future__ import annotations
 
-from contextlib import suppress
-
-from temporalio.client import Client
-from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-
 from turnkit.agent import resolve_agent
 from turnkit.config import settings
 from turnkit.errors import ConfigError
-from turnkit.payloads import PATCH_LEVEL, SubmitTurn, TurnInput
-from turnkit.search_attributes import turn_search_attributes
+from turnkit.payloads import SubmitTurn, TurnInput
 from turnkit.store.store import Store
-from turnkit.turn_build import create_turn, root_of, ticket_of
-from turnkit.workflow_names import TURN_WORKFLOW
+from turnkit.turn_build import create_turn, queued_turn, root_of, ticket_of
 
-__all__ = ["can_start_directly", "start_turn_workflow", "write_first_turn"]
+__all__ = ["can_start_directly", "write_first_turn"]
 
 
 def can_start_directly(request: SubmitTurn) -> bool:
@@ -60,37 +52,4 @@ async def write_first_turn(store: Store, request: SubmitTurn, agent_name: str) -
             conversation = await tx.load_conversation(request.conversation_id)
             turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True, direct=True)
         ticket = ticket_of(turn, root=await root_of(tx, turn))
-    return TurnInput(
-        turn_id=ticket.turn_id,
-        conversation_id=ticket.conversation_id,
-        agent_name=ticket.agent_name,
-        root_turn_id=ticket.root_turn_id,
-        deadline=ticket.deadline,
-        model_policy=ticket.model_policy,
-        patch_level=PATCH_LEVEL,
-    )
-
-
-async def start_turn_workflow(client: Client, task_queue: str, turn: TurnInput) -> None:
-    """Start ``turn``'s workflow, as the lane's ``turnkit.start_turn`` does: ``REJECT_DUPLICATE`` (a turn never runs
-    twice; a workflow that exists already, started by an earlier attempt or by a lane, is fine) and an eager start
-    (when this client's own worker has a free slot, the reply hands it the turn's first workflow task)."""
-    attributes = None
-    if settings.search_attributes:
-        attributes = turn_search_attributes(
-            conversation_id=turn.conversation_id,
-            agent_name=turn.agent_name,
-            root_turn_id=turn.root_turn_id,
-            parent_turn_id=None,
-        )
-    with suppress(WorkflowAlreadyStartedError):
-        await client.start_workflow(
-            TURN_WORKFLOW,
-            turn,
-            id=turn.turn_id,
-            task_queue=task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            static_summary=f"turn · {turn.agent_name}",
-            search_attributes=attributes,
-            request_eager_start=True,
-        )
+    return queued_turn(ticket).turn_input(ticket.conversation_id)

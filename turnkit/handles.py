@@ -31,7 +31,7 @@ from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_stee
 from turnkit.cost import total_cost, total_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.events import check_on_event, register_turn_callback, unregister_turn_callback
-from turnkit.first_turn import can_start_directly, start_turn_workflow, write_first_turn
+from turnkit.first_turn import can_start_directly, write_first_turn
 from turnkit.ids import new_id
 from turnkit.media import MediaInput, check_media, stored_media
 from turnkit.media_standalone import paint_turn, view_media_turn
@@ -46,6 +46,7 @@ from turnkit.store.store import Store, StoreTx
 from turnkit.turn_build import create_turn
 from turnkit.turn_end import ended_reason, fail_unfinished_turn
 from turnkit.turn_options import check_budget
+from turnkit.turn_start import start_turn_workflow
 from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit.waits import add_waits, enter_waiting, notify_waiters
 from turnkit.workflow_names import LANE_WORKFLOW, SUBMIT_UPDATE
@@ -304,11 +305,13 @@ class Conversation:
         turn = await patiently(write, what="accept the turn's input", window=STAGE_RETRY_WINDOW)
         if turn is None:
             return False
+        tk = self._tk
+
+        async def start() -> None:  # started here, or already (an earlier attempt, a lane): either way it runs
+            await start_turn_workflow(tk.client, tk.task_queue, turn, search_attributes=settings.search_attributes)
+
         try:
-            await _while_server_away(
-                lambda: start_turn_workflow(self._tk.client, self._tk.task_queue, turn),
-                f"starting turn {turn.turn_id} of conversation {self.id}",
-            )
+            await _while_server_away(start, f"starting turn {turn.turn_id} of conversation {self.id}")
         except errors.Error as err:
             # The caller gets an error: the committed turn must not run later (a lane would start it), so it is
             # recorded failed. Should that write fail too, `turnkit check` reports the turn (turn_without_workflow).

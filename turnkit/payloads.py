@@ -84,6 +84,18 @@ class QueuedTurn(BaseModel):
     deadline: datetime | None = None
     model_policy: ModelPolicy | None = None
 
+    def turn_input(self, conversation_id: str) -> TurnInput:
+        """The input of this turn's workflow, started by this release (its patch level)."""
+        return TurnInput(
+            turn_id=self.turn_id,
+            conversation_id=conversation_id,
+            agent_name=self.agent_name,
+            root_turn_id=self.root_turn_id,
+            deadline=self.deadline,
+            model_policy=self.model_policy,
+            patch_level=PATCH_LEVEL,
+        )
+
 
 class SubmitTurn(BaseModel):
     """The lane's ``submit`` update: append the trigger message and create the turn record (ids chosen by the caller).

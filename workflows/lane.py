@@ -415,15 +415,7 @@ class ConversationWorkflow:
                 root_turn_id=queued.root_turn_id,
                 parent_turn_id=None,
             )
-        turn_input = TurnInput(
-            turn_id=queued.turn_id,
-            conversation_id=self._conversation_id,
-            agent_name=queued.agent_name,
-            root_turn_id=queued.root_turn_id,
-            deadline=queued.deadline,
-            model_policy=queued.model_policy,
-            patch_level=PATCH_LEVEL,
-        )
+        turn_input = queued.turn_input(self._conversation_id)
         if self._starts_turns:
             try:
                 await self._start_turn(queued, turn_input)

@@ -341,7 +341,8 @@ def report(
         out += [
             "",
             f"**History per turn** on the {args.settings[0]} server: JSON bytes of `fetch_history().to_json()` "
-            "summed over the turn's workflows (TurnKit: the turn's; a fresh conversation's first turn runs without a lane), in brackets the protobuf bytes "
+            "summed over the turn's workflows (TurnKit: the turn's; a fresh conversation's first turn runs without "
+            "a lane), in brackets the protobuf bytes "
             "(sum of `event.ByteSize()`) and the activities scheduled; per iteration = the difference between two "
             "K divided by the difference in K, JSON (protobuf).",
             "",
