@@ -14,7 +14,9 @@ from turnkit.workflow_names import TURN_WORKFLOW
 __all__ = ["start_turn_workflow"]
 
 
-async def start_turn_workflow(client: Client, task_queue: str, turn: TurnInput, *, search_attributes: bool) -> bool:
+async def start_turn_workflow(
+    client: Client, task_queue: str, turn: TurnInput, *, search_attributes: bool, eager: bool = True
+) -> bool:
     """Start ``turn``'s workflow; True if this call started it.
 
     ``REJECT_DUPLICATE``: a workflow that exists, running or closed (an earlier attempt, a lane, the client that
@@ -38,7 +40,7 @@ async def start_turn_workflow(client: Client, task_queue: str, turn: TurnInput, 
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=f"turn · {turn.agent_name}",
             search_attributes=attributes,
-            request_eager_start=True,
+            request_eager_start=eager,
         )
     except WorkflowAlreadyStartedError:
         return False
