@@ -11,7 +11,7 @@ from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.turn_build import queued_turn, root_of, ticket_of
+from turnkit.turn_build import queued_turn, queued_with_root, ticket_of
 from turnkit.turn_options import turn_options
 
 __all__ = ["DeliveryActivities"]
@@ -37,8 +37,7 @@ class DeliveryActivities:
                 if outside.sub_agent:
                     return DeliverResult(busy=True)  # its end wakes the lane; the input goes in after its messages
                 if outside.direct is not None:  # ask's direct turn runs: the lane follows it, then delivers
-                    root = await root_of(tx, outside.direct)
-                    return DeliverResult(ahead=queued_turn(ticket_of(outside.direct, root=root)))
+                    return DeliverResult(ahead=await queued_with_root(tx, outside.direct))
             for delivery_id in batch.delivery_ids:
                 try:
                     delivery = await tx.load_delivery(delivery_id)

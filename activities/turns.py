@@ -42,7 +42,7 @@ from turnkit.prepared import submit_prepared
 from turnkit.records import TERMINAL_TURN_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
-from turnkit.turn_build import create_turn, queued_turn, root_of, ticket_of
+from turnkit.turn_build import create_turn, queued_with_root, root_of, ticket_of
 
 __all__ = ["TurnActivities", "unstaged"]
 
@@ -310,7 +310,7 @@ async def _ticket(tx: StoreTx, turn: TurnRecord) -> TurnTicket:
         turn,
         busy=outside.sub_agent,
         root=await root_of(tx, turn),
-        ahead=None if ahead is None else queued_turn(ticket_of(ahead, root=await root_of(tx, ahead))),
+        ahead=None if ahead is None else await queued_with_root(tx, ahead),
     )
 
 

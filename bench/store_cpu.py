@@ -50,7 +50,7 @@ async def turn(store: Store, k: int) -> None:
             submitted_at=datetime.now(UTC),
             found_absent=True,
         )
-        await tx.sub_agent_turn_active(conversation.id)
+        await tx.turns_outside_lane(conversation.id)
     for iteration in range(k + 1):
         request_id = new_id("message")
         async with store.atomic(conversation_id=conversation.id, turn_id=turn_id) as tx:  # turnkit.model: reserve

@@ -21,7 +21,7 @@ from turnkit.config import settings
 from turnkit.errors import ConfigError
 from turnkit.payloads import SubmitTurn, TurnInput
 from turnkit.store.store import Store
-from turnkit.turn_build import create_turn, queued_turn, root_of, ticket_of
+from turnkit.turn_build import create_turn, queued_with_root
 
 __all__ = ["can_start_directly", "write_first_turn"]
 
@@ -51,5 +51,5 @@ async def write_first_turn(store: Store, request: SubmitTurn, agent_name: str) -
                 return None
             conversation = await tx.load_conversation(request.conversation_id)
             turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True, direct=True)
-        ticket = ticket_of(turn, root=await root_of(tx, turn))
-    return queued_turn(ticket).turn_input(ticket.conversation_id)
+        queued = await queued_with_root(tx, turn)
+    return queued.turn_input(turn.conversation_id)

@@ -15,7 +15,7 @@ from turnkit.store.store import StoreTx, utcnow
 from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits
 
-__all__ = ["create_turn", "queued_turn", "root_of", "ticket_of"]
+__all__ = ["create_turn", "queued_turn", "queued_with_root", "root_of", "ticket_of"]
 
 
 async def create_turn(
@@ -99,6 +99,11 @@ def ticket_of(
         model_policy=model_policy(),
         ahead=ahead,
     )
+
+
+async def queued_with_root(tx: StoreTx, turn: TurnRecord) -> QueuedTurn:
+    """What a lane queues of the stored ``turn``, with its tree's deadline (its root's, if it joined another tree)."""
+    return queued_turn(ticket_of(turn, root=await root_of(tx, turn)))
 
 
 def queued_turn(ticket: TurnTicket) -> QueuedTurn:

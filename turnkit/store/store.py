@@ -798,10 +798,6 @@ class StoreTx:
         direct = next((_turn(row) for row in rows if row.direct), None)
         return OutsideLane(sub_agent=any(row.parent_turn_uid is not None for row in rows), direct=direct)
 
-    async def sub_agent_turn_active(self, conversation_id: str) -> bool:
-        """Whether a sub-agent's turn (run by its parent, not by the lane) is active in the conversation."""
-        return (await self.turns_outside_lane(conversation_id)).sub_agent
-
     async def has_turns(self, conversation_id: str) -> bool:
         """Whether the conversation has any turn, prepared, queued, running or ended."""
         return (await self.session.execute(sql.ANY_TURN, {"uid": conversation_id})).first() is not None
