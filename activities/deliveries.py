@@ -11,7 +11,7 @@ from turnkit.errors import ConfigError, RecordNotFound
 from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
 from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.turn_build import queued_turn, queued_with_root, ticket_of
+from turnkit.turn_build import queued_with_root, ticket_of
 from turnkit.turn_options import turn_options
 
 __all__ = ["DeliveryActivities"]
@@ -113,7 +113,7 @@ class DeliveryActivities:
 
 
 def _queued(turn: TurnRecord) -> QueuedTurn:
-    return queued_turn(ticket_of(turn))
+    return ticket_of(turn).queued()
 
 
 def _woken_turn_id() -> str | None:

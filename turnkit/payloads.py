@@ -185,6 +185,16 @@ class TurnTicket(BaseModel):
     #: it before this one (docs/design.md, "A fresh conversation's first turn").
     ahead: QueuedTurn | None = None
 
+    def queued(self) -> QueuedTurn:
+        """What a lane queues of this turn."""
+        return QueuedTurn(
+            turn_id=self.turn_id,
+            agent_name=self.agent_name,
+            root_turn_id=self.root_turn_id,
+            deadline=self.deadline,
+            model_policy=self.model_policy,
+        )
+
 
 class LaneInput(BaseModel):
     """Start (or continue-as-new) input of a conversation lane."""

@@ -15,7 +15,7 @@ from turnkit.store.store import StoreTx, utcnow
 from turnkit.turn_options import turn_options
 from turnkit.waits import add_waits
 
-__all__ = ["create_turn", "queued_turn", "queued_with_root", "root_of", "ticket_of"]
+__all__ = ["create_turn", "queued_with_root", "root_of", "ticket_of"]
 
 
 async def create_turn(
@@ -103,15 +103,4 @@ def ticket_of(
 
 async def queued_with_root(tx: StoreTx, turn: TurnRecord) -> QueuedTurn:
     """What a lane queues of the stored ``turn``, with its tree's deadline (its root's, if it joined another tree)."""
-    return queued_turn(ticket_of(turn, root=await root_of(tx, turn)))
-
-
-def queued_turn(ticket: TurnTicket) -> QueuedTurn:
-    """What a lane queues of a submitted turn."""
-    return QueuedTurn(
-        turn_id=ticket.turn_id,
-        agent_name=ticket.agent_name,
-        root_turn_id=ticket.root_turn_id,
-        deadline=ticket.deadline,
-        model_policy=ticket.model_policy,
-    )
+    return ticket_of(turn, root=await root_of(tx, turn)).queued()

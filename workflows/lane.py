@@ -189,15 +189,7 @@ class ConversationWorkflow:
             self._submitted_in = workflow.info().get_current_history_length()
             self._run_ahead(ticket.ahead)
             if ticket.turn_id not in self._recent_turns:  # a retried submit is not queued twice
-                self._queue.append(
-                    QueuedTurn(
-                        turn_id=ticket.turn_id,
-                        agent_name=ticket.agent_name,
-                        root_turn_id=ticket.root_turn_id,
-                        deadline=ticket.deadline,
-                        model_policy=ticket.model_policy,
-                    )
-                )
+                self._queue.append(ticket.queued())
                 _remember(self._recent_turns, ticket.turn_id)
             self._show()
             return ticket
