@@ -431,8 +431,11 @@ async def test_steering_a_model_request_in_flight_supersedes_its_proposals(tk: T
     assert [i["id"] for i in inputs] == [first["id"], second["id"]]
     assert [i["request_id"] for i in inputs] == [request.metadata["request_id"]] * 2  # both in that request
 
-    async def applied() -> bool:
-        return (await conversation.input_status(posted.id))["status"] == "applied"
+    async def applied() -> bool:  # recorded with the request (before the model is called), then sent
+        status = await conversation.input_status(posted.id)
+        return status["status"] == "applied" and any(
+            r.metadata["request_id"] == status["application"]["request_id"] for r in model.requests
+        )
 
     await eventually(applied, what="the posted input to reach a later turn's request")
     application = (await conversation.input_status(posted.id))["application"]

@@ -14,7 +14,6 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-import aiosqlite
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -1099,29 +1098,70 @@ async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url
 # 13. Trips to SQLite's thread ----------------------------------------------------------------------------------------
 
 
+def _count_trips(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """Record what runs on aiosqlite's thread (trips) and what runs on the event loop's thread (inline), by name."""
+    trips: list[str] = []
+    inline: list[str] = []
+    on_thread = sqlite_trips.OneTripConnection._on_thread  # pyright: ignore[reportPrivateUsage]
+    now = sqlite_trips.OneTripConnection._now  # pyright: ignore[reportPrivateUsage]
+
+    async def counted_trip(self: sqlite_trips.OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return await on_thread(self, fn, *args, **kwargs)
+
+    def counted_inline(self: sqlite_trips.OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        inline.append(getattr(fn, "__name__", repr(fn)))
+        return now(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_trips.OneTripConnection, "_on_thread", counted_trip)
+    monkeypatch.setattr(sqlite_trips.OneTripConnection, "_now", counted_inline)
+    return trips, inline
+
+
 async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With statements on the driver's thread (``sqlite_inline=False``), a transaction of one read is two trips
+    (BEGIN IMMEDIATE with the read, then COMMIT; the pool's rollback of a connection with no transaction open makes
+    none), an empty transaction none, and a rollback after a write still undoes it
+    (``turnkit/store/sqlite_trips.py``)."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip("SQLite's driver thread only")
+    store = await Store.open(database_url, sqlite_inline=False)
+    try:
+        conversation = await _conversation(store)
+        trips, inline = _count_trips(monkeypatch)
+        await store.load_conversation(conversation.id)
+        assert (len(trips), inline) == (2, []), trips
+        trips.clear()
+        async with store.atomic():
+            pass
+        assert trips == []
+        with pytest.raises(_Boom):
+            async with store.atomic() as tx:
+                await tx.append_message(
+                    conversation.id, role="user", kind="text", content=[{"type": "text", "text": "undone"}]
+                )
+                raise _Boom
+        assert await store.list_messages(conversation.id) == []
+        assert (await store.load_conversation(conversation.id)).id == conversation.id
+    finally:
+        await store.close()
+
+
+async def test_a_sqlite_transaction_runs_on_the_event_loop_when_it_need_not_wait(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On SQLite a transaction of one read is two trips to aiosqlite's thread (BEGIN IMMEDIATE with the read, then
-    COMMIT; the pool's rollback of a connection with no transaction open makes none), an empty transaction none, and
-    a rollback after a write still undoes it (``turnkit/store/sqlite_trips.py``)."""
+    """By default (WAL), a transaction that finds the writer lock free makes no trip to the driver's thread: its
+    BEGIN, statements and COMMIT run inline; a rollback after a write still undoes it, and the next transaction on
+    the same pooled connection sees nothing of it (``turnkit/store/sqlite_trips.py``)."""
     if store.dialect != "sqlite":
-        pytest.skip("SQLite's driver thread only")
+        pytest.skip("SQLite's driver only")
     conversation = await _conversation(store)
-    trips: list[str] = []
-    execute = aiosqlite.Connection._execute  # pyright: ignore[reportPrivateUsage]
-
-    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        trips.append(getattr(fn, "__qualname__", repr(fn)))
-        return await execute(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    trips, inline = _count_trips(monkeypatch)
     await store.load_conversation(conversation.id)
-    assert len(trips) == 2, trips
-    trips.clear()
-    async with store.atomic():
-        pass
     assert trips == []
+    assert inline == ["_begin_now", "_run", "commit"], inline
     with pytest.raises(_Boom):
         async with store.atomic() as tx:
             await tx.append_message(
@@ -1129,12 +1169,37 @@ async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
             )
             raise _Boom
     assert await store.list_messages(conversation.id) == []
-    assert (await store.load_conversation(conversation.id)).id == conversation.id
+    message = await store.append_message(conversation.id, role="user", text="kept")
+    assert [m.id for m in await store.list_messages(conversation.id)] == [message.id]
+    assert trips == []
+
+
+async def test_sqlite_checkpoints_run_on_the_drivers_thread(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With statements inline, SQLite's automatic checkpoint (an fsync inside a commit) is off, and every
+    ``CHECKPOINT_EVERY`` commits of the engine one runs on a connection's thread instead: the WAL stays bounded and
+    no fsync blocks the event loop."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip("SQLite's WAL only")
+    monkeypatch.setattr(sqlite_trips, "CHECKPOINT_EVERY", 5)
+    store = await Store.open(database_url)
+    try:
+        conversation = await _conversation(store)
+        async with store.atomic() as tx:
+            [autocheckpoint] = (await tx.session.execute(text("PRAGMA wal_autocheckpoint"))).one()
+        assert autocheckpoint == 0
+        trips, _ = _count_trips(monkeypatch)
+        for n in range(10):  # ten commits in a row: two of them are a fifth commit of the engine
+            await store.append_message(conversation.id, role="user", text=f"m{n}")
+        assert trips == ["_checkpoint"] * 2, trips
+        assert len(await store.list_messages(conversation.id)) == 10
+    finally:
+        await store.close()
 
 
 async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_statement(store: Store) -> None:
     """BEGIN IMMEDIATE still comes first, with the first statement: a second transaction's first statement waits
-    until the first transaction commits (what keeps concurrent appends gap-free), then sees its write."""
+    until the first transaction commits (what keeps concurrent appends gap-free), then sees its write. It waits on
+    the driver's thread, not on the event loop (which must go on for the first one to commit at all)."""
     if store.dialect != "sqlite":
         pytest.skip("SQLite's writer lock only")
     conversation = await _conversation(store)
@@ -1163,13 +1228,21 @@ async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_stateme
 
 
 async def test_a_sqlite_transaction_cancelled_mid_statement_releases_the_writer_lock(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A task cancelled while its transaction's first statement runs on aiosqlite's thread (BEGIN IMMEDIATE went
-    with it) leaves no transaction open on the pooled connection: the next writer gets the lock at once and the
-    cancelled transaction wrote nothing."""
-    if store.dialect != "sqlite":
+    with it; ``sqlite_inline=False``, as for any trip) leaves no transaction open on the pooled connection: the next
+    writer gets the lock at once and the cancelled transaction wrote nothing."""
+    if not database_url.startswith("sqlite"):
         pytest.skip("SQLite's driver thread only")
+    store = await Store.open(database_url, sqlite_inline=False)
+    try:
+        await _cancelled_mid_statement(store, monkeypatch)
+    finally:
+        await store.close()
+
+
+async def _cancelled_mid_statement(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     conversation = await _conversation(store)
     slow = text(
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) SELECT count(*) FROM c"

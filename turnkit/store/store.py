@@ -146,10 +146,16 @@ class Store:
         return self.engine.dialect.name
 
     @classmethod
-    async def open(cls, url: str | None = None, *, migrate: bool = True, echo: bool = False) -> Store:
-        """Connect to ``url`` (default: a SQLite file under ``./.turnkit/``) and bring its schema up to date."""
+    async def open(
+        cls, url: str | None = None, *, migrate: bool = True, echo: bool = False, sqlite_inline: bool = True
+    ) -> Store:
+        """Connect to ``url`` (default: a SQLite file under ``./.turnkit/``) and bring its schema up to date.
+
+        ``sqlite_inline=False`` sends every SQLite statement to the driver's thread instead of running the store's
+        short statements on the event loop's thread (``turnkit/store/sqlite_trips.py``; no effect on PostgreSQL).
+        """
         url = url or DEFAULT_DATABASE_URL
-        engine = _create_engine(url, echo=echo)
+        engine = _create_engine(url, echo=echo, sqlite_inline=sqlite_inline)
         store = cls(engine)
         if migrate:
             await store.migrate()
@@ -1305,13 +1311,13 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
+def _create_engine(url: str, *, echo: bool, sqlite_inline: bool = True) -> AsyncEngine:
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[1] if ":///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
-        use_one_trip_cursors(engine)
+        use_one_trip_cursors(engine, inline=sqlite_inline)
         _configure_sqlite(engine)
         return engine
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
@@ -1334,9 +1340,13 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         dbapi_connection.isolation_level = None  # let the "begin" hook below emit BEGIN itself
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
+        [mode] = cursor.fetchone()  # "memory" for an in-memory database, or what a file system allows
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
+        driver = getattr(dbapi_connection, "_connection", None)  # SQLAlchemy's aiosqlite adapter
+        if isinstance(driver, OneTripConnection):
+            driver.journal_mode_is(str(mode))  # statements run inline in WAL mode only
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
