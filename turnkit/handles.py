@@ -308,11 +308,7 @@ class Conversation:
         tk = self._tk
 
         async def start() -> None:  # started here, or already (an earlier attempt, a lane): either way it runs
-            # Not eager from the application's client: CI saw the demo's worker never finish shutting down after
-            # such starts (tests/test_devserver.py, 2 runs of 2); the lane's activity still starts eagerly.
-            await start_turn_workflow(
-                tk.client, tk.task_queue, turn, search_attributes=settings.search_attributes, eager=False
-            )
+            await start_turn_workflow(tk.client, tk.task_queue, turn, search_attributes=settings.search_attributes)
 
         try:
             await _while_server_away(start, f"starting turn {turn.turn_id} of conversation {self.id}")
