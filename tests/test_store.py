@@ -1118,6 +1118,17 @@ def _count_trips(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]
     return trips, inline
 
 
+async def _write_rolled_back(store: Store, conversation: ConversationRecord) -> None:
+    """A transaction that appends a message and then raises: the append must be undone."""
+    with pytest.raises(_Boom):
+        async with store.atomic() as tx:
+            await tx.append_message(
+                conversation.id, role="user", kind="text", content=[{"type": "text", "text": "undone"}]
+            )
+            raise _Boom
+    assert await store.list_messages(conversation.id) == []
+
+
 async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1137,13 +1148,7 @@ async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
         async with store.atomic():
             pass
         assert trips == []
-        with pytest.raises(_Boom):
-            async with store.atomic() as tx:
-                await tx.append_message(
-                    conversation.id, role="user", kind="text", content=[{"type": "text", "text": "undone"}]
-                )
-                raise _Boom
-        assert await store.list_messages(conversation.id) == []
+        await _write_rolled_back(store, conversation)
         assert (await store.load_conversation(conversation.id)).id == conversation.id
     finally:
         await store.close()
@@ -1162,13 +1167,7 @@ async def test_a_sqlite_transaction_runs_on_the_event_loop_when_it_need_not_wait
     await store.load_conversation(conversation.id)
     assert trips == []
     assert inline == ["_begin_now", "_run", "commit"], inline
-    with pytest.raises(_Boom):
-        async with store.atomic() as tx:
-            await tx.append_message(
-                conversation.id, role="user", kind="text", content=[{"type": "text", "text": "undone"}]
-            )
-            raise _Boom
-    assert await store.list_messages(conversation.id) == []
+    await _write_rolled_back(store, conversation)
     message = await store.append_message(conversation.id, role="user", text="kept")
     assert [m.id for m in await store.list_messages(conversation.id)] == [message.id]
     assert trips == []
