@@ -56,8 +56,8 @@ def _wait_until(check: object, timeout: float, what: str) -> None:
 #: inherits an ignored SIGINT (a shell starts background jobs so, and so did the harness that ran this suite in the
 #: background), and Python then leaves it ignored: the demo would never see the SIGINT that this test sends it.
 _AS_FROM_A_TERMINAL = (
-    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv[0] = 'turnkit.demo'; runpy.run_module('turnkit.demo', run_name='__main__', alter_sys=True)"
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('turnkit.demo', run_name='__main__', alter_sys=True)"
 )
 
 

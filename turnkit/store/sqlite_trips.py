@@ -17,10 +17,10 @@ trip, that no transaction is open (its ``rollback`` would do nothing then). A st
 from four trips (BEGIN, the read, COMMIT, the pool's ROLLBACK) to two.
 
 Most statements make no trip at all: they run **on the event loop's own thread** (``inline``, the default on a WAL
-database). A trip is a queue hand-off to that
-thread and a wake-up of the event loop when it answers; most statements of the store are indexed reads and writes of
-a few rows, which SQLite runs in microseconds, so the hand-off cost more than the work (about half a transaction's
-CPU, issue 9). :class:`OneTripConnection` therefore runs a statement on the calling thread when it cannot wait there:
+database). A trip is a queue hand-off to that thread and a wake-up of the event loop when it answers; most statements
+of the store are indexed reads and writes of a few rows, which SQLite runs in microseconds, so the hand-off cost more
+than the work (about half a transaction's CPU, issue 9). :class:`OneTripConnection` therefore runs a statement on the
+calling thread when it cannot wait there:
 
 - a transaction's ``BEGIN IMMEDIATE`` is tried at once with SQLite's busy timeout at zero. When another connection
   holds the writer lock, the BEGIN and its statement go to the connection's thread instead, which waits for the lock
@@ -40,6 +40,7 @@ PostgreSQL. ``Store.open(url, sqlite_inline=False)`` sends every statement to th
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -51,6 +52,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = ["CHECKPOINT_EVERY", "CheckpointPacer", "OneTripConnection", "OneTripCursor", "use_one_trip_cursors"]
+
+_log = logging.getLogger(__name__)
 
 #: Commits of one engine between two checkpoints run on a connection's thread (when statements run inline). SQLite's
 #: own automatic checkpoint comes every 1,000 WAL pages; a store transaction writes a few pages.
@@ -185,7 +188,12 @@ def _script(connection: sqlite3.Connection, begin: str | None, sql_script: str) 
 
 
 def _checkpoint(connection: sqlite3.Connection) -> None:
-    connection.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+    """On the connection's thread, after a commit: copy what it can of the WAL into the database file. A failure is
+    logged, never raised: the commit before it stands, and the next checkpoint copies what this one did not."""
+    try:
+        connection.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+    except sqlite3.Error as err:
+        _log.warning("SQLite checkpoint failed (the next one retries): %s", err)
 
 
 def _in_transaction(connection: sqlite3.Connection | None) -> bool:
@@ -197,11 +205,11 @@ def _in_transaction(connection: sqlite3.Connection | None) -> bool:
 
 
 class CheckpointPacer:
-    """Counts an engine's commits and says when a checkpoint is due (every ``every`` commits; shared by the engine's
-    connections, whose own automatic checkpoints are off when they run statements inline)."""
+    """Counts an engine's commits and says when a checkpoint is due (every :data:`CHECKPOINT_EVERY` commits; shared by
+    the engine's connections, whose own automatic checkpoints are off when they run statements inline)."""
 
-    def __init__(self, every: int | None = None) -> None:
-        self.every = every or CHECKPOINT_EVERY
+    def __init__(self) -> None:
+        self.every = CHECKPOINT_EVERY
         self._commits = 0
 
     def committed(self) -> bool:
