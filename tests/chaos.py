@@ -352,7 +352,49 @@ async def _hostile(tk: TurnKit, rng: random.Random, outcome: Outcome, conversati
         if answered.status != "completed":
             outcome.problems.append(f"after hostile input the conversation's next turn is {answered.status}")
     except Exception as err:
-        outcome.problems.append(f"after hostile input the conversation is stuck: {type(err).__name__}: {err}")
+        where = await _where_it_waits(tk, conversation.id)
+        outcome.problems.append(
+            f"after hostile input the conversation is stuck: {type(err).__name__}: {err}; {where}; "
+            f"{await _when_it_ends(tk, conversation.id)}"
+        )
+
+
+async def _when_it_ends(tk: TurnKit, conversation_id: str, patience: float = 90.0) -> str:
+    """How much longer a stuck conversation's turns took to end, if they did within ``patience`` s."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while loop.time() - began < patience:
+        with contextlib.suppress(Exception):
+            if all(t.terminal for t in await tk.store.list_turns(conversation_id=conversation_id)):
+                return f"its turns ended {loop.time() - began:.1f} s later"
+        await asyncio.sleep(0.2)
+    return f"its turns were still open {patience:.0f} s later"
+
+
+async def _where_it_waits(tk: TurnKit, conversation_id: str) -> str:
+    """What a conversation's open turns and workflows wait on (for a stuck conversation's report)."""
+    lines: list[str] = []
+    with contextlib.suppress(Exception):
+        turns = await tk.store.list_turns(conversation_id=conversation_id)
+        lines.append("turns: " + ", ".join(f"{t.id} {t.status}" for t in turns))
+        for workflow_id in [conversation_id, *(t.id for t in turns if not t.terminal)]:
+            try:
+                raw = (await tk.client.get_workflow_handle(workflow_id).describe()).raw_description
+            except Exception as err:
+                lines.append(f"{workflow_id}: {type(err).__name__}")
+                continue
+            status = raw.workflow_execution_info.status
+            task = raw.pending_workflow_task
+            pending = [
+                f"{a.activity_type.name} attempt {a.attempt} state {a.state} failure {a.last_failure.message[:120]!r}"
+                for a in raw.pending_activities
+            ]
+            lines.append(
+                f"{workflow_id}: status {status}, workflow task "
+                f"{f'state {task.state} attempt {task.attempt}' if task.scheduled_time.seconds else 'none'}, "
+                f"activities {pending}"
+            )
+    return "; ".join(lines)
 
 
 async def _settle(rig: ChaosRig, since: datetime, outcome: Outcome) -> None:

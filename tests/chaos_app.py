@@ -178,8 +178,16 @@ AGENTS = (lead, scout, clerk, reporter, inbox, plain)
 
 
 def register_all() -> None:
+    """Register the job's agents and its short heartbeats, in every process of the job (the test's and the workers').
+
+    Short heartbeats notice a dead worker fast. They must be set where a turn is submitted, not only in the workers:
+    ``ask`` starts a fresh conversation's first turn itself, with the model-call timeouts of its own process
+    (docs/design.md, "A fresh conversation's first turn"). Set only in the workers, a model call lost with a killed
+    worker or a restarted server waited the default 30 s heartbeat timeout.
+    """
     for agent in AGENTS:
         turnkit.register(agent)
+    turnkit.configure(model_heartbeat_timeout=1.0, tool_heartbeat_timeout=1.0)
 
 
 # Worker-side faults ----------------------------------------------------------------------------------------------
@@ -221,10 +229,10 @@ class ChaosInterceptor(Interceptor):
 
 
 def install_worker_faults() -> None:
-    """In the worker process: short heartbeats (dead workers noticed fast), the hook, the interceptor."""
+    """In the worker process: the hook and the interceptor (the short heartbeats are :func:`register_all`'s)."""
     from turnkit.plugin import TurnKitPlugin
 
-    turnkit.configure(model_heartbeat_timeout=1.0, tool_heartbeat_timeout=1.0, authorize=_hook)
+    turnkit.configure(authorize=_hook)
     original = TurnKitPlugin.__init__
 
     def with_interceptor(self: TurnKitPlugin, store: Any = None, **options: Any) -> None:
