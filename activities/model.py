@@ -36,7 +36,7 @@ from turnkit.config import settings
 from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
-from turnkit.dispatch import call_policy
+from turnkit.dispatch import call_policy, warn_if_model_policy_differs
 from turnkit.errors import (
     BudgetError,
     ConfigError,
@@ -71,6 +71,11 @@ class ModelActivities:
     @activity.defn(name="turnkit.model")
     async def model(self, call: ModelCall) -> ModelStep:
         """Reserve, call and persist one model request of ``call.turn_id`` (see the module docstring)."""
+        info = activity.info()
+        policy = info.retry_policy
+        warn_if_model_policy_differs(
+            info.start_to_close_timeout, info.heartbeat_timeout, policy.maximum_attempts if policy else None
+        )
         # Store phases ride out a database outage inside the attempt: a retry would spend a model attempt (issue 8).
         reserved = await retry_store(lambda: self._reserve(call), what="model reserve")
         if isinstance(reserved, ModelStep):

@@ -9,17 +9,19 @@ started by the lane.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from sqlalchemy import text
 
 import turnkit
 from tests.engine import busy_agent, eventually, lane_exists
+from turnkit import dispatch, turn_build
 from turnkit.config import settings
 from turnkit.errors import RecordNotFound
 from turnkit.first_turn import write_first_turn
 from turnkit.ids import new_id
-from turnkit.payloads import SubmitTurn
+from turnkit.payloads import ModelPolicy, SubmitTurn
 from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient
@@ -177,3 +179,28 @@ async def test_a_direct_turn_whose_workflow_was_terminated_is_failed_by_the_lane
     assert lost.status == "failed" and lost.error == {"class": "TurnKit::Error", "message": "turn workflow terminated"}
     _one_after_the_other(lost, after.record)
     release.set()  # the zombie tool body ends: fenced, it writes nothing
+
+
+async def test_a_first_turn_takes_its_model_call_settings_from_the_process_that_asks(
+    tk: TurnKit, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 9 (found by the chaos suite): ``ask`` resolves a direct turn's model-call policy from its own settings,
+    and a worker whose settings differ says so, once, naming both values; the turn still runs."""
+    asked = ModelPolicy(timeout=settings.model_timeout, heartbeat=7.0, max_attempts=settings.model_max_attempts)
+    monkeypatch.setattr(turn_build, "model_policy", lambda: asked)  # the asking process, configured otherwise
+    monkeypatch.setattr(dispatch, "_reported", set())
+    conversation = await tk.conversation(turnkit.Agent("drift", model="scripted", client=ScriptedClient(["a", "b"])))
+    with caplog.at_level(logging.WARNING, logger="turnkit.dispatch"):
+        first = await conversation.ask("one")
+        second = await conversation.ask("two")  # the same difference: not logged again
+    assert (first.status, second.status) == ("completed", "completed")
+    history = await tk.client.get_workflow_handle(first.id).fetch_history()
+    [scheduled] = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.heartbeat_timeout.ToTimedelta().total_seconds() == 7.0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "turnkit.dispatch"]
+    assert len(warnings) == 1, warnings
+    assert "model_heartbeat_timeout=7" in warnings[0] and "model_heartbeat_timeout=30" in warnings[0]

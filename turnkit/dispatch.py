@@ -9,14 +9,20 @@ a worker that lacks an agent fails one activity clearly instead of failing workf
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from datetime import timedelta
 
 from turnkit.agent import Agent
 from turnkit.builtin_tools import LaunchAgentTool, WaitForTool
 from turnkit.config import settings
 from turnkit.payloads import CallPolicy, ModelPolicy
 
-__all__ = ["call_policy", "model_policy"]
+__all__ = ["call_policy", "model_policy", "warn_if_model_policy_differs"]
+
+logger = logging.getLogger("turnkit.dispatch")
+#: The differences already reported by this process: each is logged once, not per model call.
+_reported: set[tuple[tuple[str, float, float], ...]] = set()
 
 
 def model_policy() -> ModelPolicy:
@@ -25,6 +31,35 @@ def model_policy() -> ModelPolicy:
         timeout=settings.model_timeout,
         heartbeat=settings.model_heartbeat_timeout,
         max_attempts=settings.model_max_attempts,
+    )
+
+
+def warn_if_model_policy_differs(
+    start_to_close: timedelta | None, heartbeat: timedelta | None, max_attempts: int | None
+) -> None:
+    """Log, once per difference, when a ``turnkit.model`` activity was scheduled with other timeouts or attempts than
+    this worker's settings would give it.
+
+    The process that submits a turn resolves its :func:`model_policy`: ``ask`` itself for a fresh conversation's first
+    turn, a worker otherwise. A setting configured in the workers only (a short ``model_heartbeat_timeout``) then
+    does not reach first turns, and a dead worker's model call waits out the other value; this says so where the
+    worker's operator looks. Called by the model activity with what ``activity.info()`` shows.
+    """
+    own = model_policy()
+    scheduled = (
+        ("model_timeout", start_to_close.total_seconds() if start_to_close else None, own.timeout),
+        ("model_heartbeat_timeout", heartbeat.total_seconds() if heartbeat else None, own.heartbeat),
+        ("model_max_attempts", max_attempts or None, own.max_attempts),
+    )
+    differs = tuple((name, float(got), float(mine)) for name, got, mine in scheduled if got is not None and got != mine)
+    if not differs or differs in _reported:
+        return
+    _reported.add(differs)
+    logger.warning(
+        "a model call was scheduled with %s, but this worker's settings say %s: the process that submitted its turn "
+        "(ask, for a conversation's first turn) is configured otherwise; set these in every process",
+        ", ".join(f"{name}={got:g}" for name, got, _ in differs),
+        ", ".join(f"{name}={mine:g}" for name, _, mine in differs),
     )
 
 
