@@ -155,7 +155,7 @@ class ChildActivities:
         if not verdict.allowed and verdict.action != "wait":  # launch_agent or callback: no child (behaviour §7.4)
             await fail_execution(tx, turn, execution, verdict.message, details=verdict.details, append=not defer)
             return plan, None
-        savepoint = await tx.session.begin_nested()
+        savepoint = await tx.connection.begin_nested()
         child = await _create_child(
             tx, turn, execution, sub_agent, task, depth=request.depth + 1, callback=callback, turn_id=asked.child_id
         )

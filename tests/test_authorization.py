@@ -223,8 +223,8 @@ async def _conversations(tk: TurnKit) -> list[turnkit.ConversationRecord]:
     from turnkit.store.schema import ConversationRow
 
     async with tk.store.atomic() as tx:
-        rows = await tx.session.scalars(select(ConversationRow))
-        return [await tx.load_conversation(row.uid) for row in rows]
+        uids = await tx.connection.scalars(select(ConversationRow.uid))
+        return [await tx.load_conversation(uid) for uid in uids]
 
 
 # issue 8 items 2, 9, 10: a raising hook is a denial; sync and async hooks, off the loop, outside transactions;

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, update
 
 import turnkit
 from tests.engine import Engine, Gate, eventually, gated_tool
@@ -230,7 +230,7 @@ async def test_store_corruptions_are_reported(tk: TurnKit) -> None:
             turn_id=finished.id,
         )
         now = utcnow()
-        gap = MessageRow(
+        gap = insert(MessageRow).values(
             uid=f"message_gap_{conversation.id}",
             conversation_uid=conversation.id,
             role="user",
@@ -241,7 +241,7 @@ async def test_store_corruptions_are_reported(tk: TurnKit) -> None:
             created_at=now,
             updated_at=now,
         )
-        tx.session.add(gap)
+        await tx.connection.execute(gap)
     findings = await tk.check(since=since, grace=0)
     kinds = _kinds(findings)
     assert (ACTIVE_TURNS, conversation.id) in kinds
@@ -319,9 +319,12 @@ async def test_repair_drops_staged_inputs_no_submission_consumed(tk: TurnKit) ->
     async with tk.store.atomic() as tx:
         for staged_id in (old, fresh):
             await tx.stage_input(staged_id, conversation_id=conversation.id, content={"text": staged_id})
-        row = await tx.session.scalar(select(StagedInputRow).where(StagedInputRow.uid == old))
-        assert row is not None
-        row.created_at = utcnow() - STALE_STAGED_INPUT - timedelta(minutes=1)
+        aged = await tx.connection.execute(
+            update(StagedInputRow)
+            .where(StagedInputRow.uid == old)
+            .values(created_at=utcnow() - STALE_STAGED_INPUT - timedelta(minutes=1))
+        )
+        assert aged.rowcount == 1
     repaired = await tk.repair(grace=0)
     assert [(r.action, r.ids) for r in repaired if r.action == "dropped"] == [("dropped", (old,))]
     async with tk.store.atomic() as tx:

@@ -31,7 +31,7 @@ from workflows.lane import ConversationWorkflow
 async def _direct(tk: TurnKit, turn_id: str) -> bool:
     """Whether the store marks ``turn_id`` as started without its lane."""
     async with tk.store.atomic() as tx:
-        row = await tx.session.execute(text("SELECT direct FROM turnkit_turns WHERE uid = :uid"), {"uid": turn_id})
+        row = await tx.connection.execute(text("SELECT direct FROM turnkit_turns WHERE uid = :uid"), {"uid": turn_id})
         return bool(row.scalar_one())
 
 

@@ -34,7 +34,7 @@ async def _count(tk: TurnKit, row: Any, **where: Any) -> int:
         query = select(func.count()).select_from(row)
         for column, value in where.items():
             query = query.where(getattr(row, column) == value)
-        return int(await tx.session.scalar(query) or 0)
+        return int(await tx.connection.scalar(query) or 0)
 
 
 async def _assert_untouched(tk: TurnKit, conversation: Conversation) -> None:

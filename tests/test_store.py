@@ -48,7 +48,7 @@ async def _turn(store: Store, conversation_id: str, **attrs: Any) -> TurnRecord:
 
 async def _count(store: Store, column: Any, *where: Any) -> int:
     async with store.atomic() as tx:
-        return int(await tx.session.scalar(select(func.count(column)).where(*where)) or 0)
+        return int(await tx.connection.scalar(select(func.count(column)).where(*where)) or 0)
 
 
 # 1. Ids --------------------------------------------------------------------------------------------------------------
@@ -1184,7 +1184,7 @@ async def test_sqlite_checkpoints_run_on_the_drivers_thread(database_url: str, m
     try:
         conversation = await _conversation(store)
         async with store.atomic() as tx:
-            [autocheckpoint] = (await tx.session.execute(text("PRAGMA wal_autocheckpoint"))).one()
+            [autocheckpoint] = (await tx.connection.execute(text("PRAGMA wal_autocheckpoint"))).one()
         assert autocheckpoint == 0
         trips, _ = _count_trips(monkeypatch)
         for n in range(10):  # ten commits in a row: two of them are a fifth commit of the engine
@@ -1258,7 +1258,7 @@ async def _cancelled_mid_statement(store: Store, monkeypatch: pytest.MonkeyPatch
 
     async def cancelled() -> None:
         async with store.atomic() as tx:
-            await tx.session.execute(slow)
+            await tx.connection.execute(slow)
             await tx.append_message(conversation.id, role="user", kind="text", content=[{"type": "text", "text": "x"}])
 
     task = asyncio.create_task(cancelled())

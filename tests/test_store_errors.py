@@ -168,7 +168,7 @@ def test_unstorable_values() -> None:
 
 async def _backend_pid(store: Store) -> int:
     async with store.atomic() as tx:
-        return int((await tx.session.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+        return int((await tx.connection.execute(text("SELECT pg_backend_pid()"))).scalar_one())
 
 
 @pytest.mark.parametrize("idle", [True, False], ids=["idle", "just-used"])

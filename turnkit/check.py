@@ -29,6 +29,7 @@ from turnkit.budget import counts_against_budget, limits_of
 from turnkit.payloads import LaneStatus
 from turnkit.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES, TurnRecord
 from turnkit.store.schema import DeliveryRow, MessageRow, ToolExecutionRow, TurnRow
+from turnkit.store.statements import whole_rows
 from turnkit.store.store import Store, _tool_execution, _turn, utcnow  # pyright: ignore[reportPrivateUsage]
 
 __all__ = [
@@ -123,7 +124,7 @@ async def _active_turns(ctx: _Context) -> None:
     active = or_(TurnRow.status == "running", submitted_waiting, started_paused)
     query = select(TurnRow.conversation_uid, TurnRow.uid).where(active, _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
-        rows = (await tx.session.execute(query.order_by(TurnRow.created_at, TurnRow.id))).all()
+        rows = (await tx.connection.execute(query.order_by(TurnRow.created_at, TurnRow.id))).all()
     by_conversation: dict[str, list[str]] = defaultdict(list)
     for conversation_id, turn_id in rows:
         by_conversation[conversation_id].append(turn_id)
@@ -145,7 +146,7 @@ async def _sequence_gaps(ctx: _Context) -> None:
         touched = select(MessageRow.conversation_uid).where(MessageRow.created_at >= ctx.since)
         query = query.where(MessageRow.conversation_uid.in_(touched))
     async with ctx.store.atomic() as tx:
-        rows = (await tx.session.execute(query)).all()
+        rows = (await tx.connection.execute(query)).all()
     for conversation_id, count, distinct, low, high in rows:
         if count != distinct or low != 1 or high != count:
             ctx.add(SEQUENCE_GAP, [conversation_id], f"{count} messages with sequences {low}..{high}")
@@ -155,13 +156,13 @@ async def _tool_call_results(ctx: _Context) -> None:
     """Behaviour §5.13.8: every tool call of a finished turn has exactly one result; no call has two, ever."""
     turn_query = select(TurnRow.uid, TurnRow.status).where(_recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
-        statuses = dict((await tx.session.execute(turn_query)).all())
+        statuses = dict((await tx.connection.execute(turn_query)).all())
         message_query = select(MessageRow.turn_uid, MessageRow.role, MessageRow.content).where(
             MessageRow.role.in_(("assistant", "tool")), MessageRow.turn_uid.is_not(None)
         )
         if ctx.since is not None:
             message_query = message_query.where(MessageRow.turn_uid.in_(turn_query.with_only_columns(TurnRow.uid)))
-        messages = (await tx.session.execute(message_query)).all()
+        messages = (await tx.connection.execute(message_query)).all()
     calls: dict[str, list[str]] = defaultdict(list)
     results: dict[str, Counter[str]] = defaultdict(Counter)
     for turn_id, role, content in messages:
@@ -244,16 +245,16 @@ async def _workflows(ctx: _Context) -> None:
     """Unfinished turns need a live workflow (or a place in their lane's queue); open executions a live turn."""
     async with ctx.store.atomic() as tx:
         # Prepared turns (built, not submitted) are not work in flight: nothing is meant to run them yet.
-        unfinished = select(TurnRow).where(
+        unfinished = whole_rows(TurnRow).where(
             TurnRow.status.in_(ACTIVE_TURN_STATUSES),
             or_(TurnRow.submitted_at.is_not(None), TurnRow.status == "running"),
             _recent(TurnRow.updated_at, ctx),
         )
-        turns = [_turn(row) for row in await tx.session.scalars(unfinished)]
-        running = select(ToolExecutionRow).where(
+        turns = [_turn(row) for row in await tx.connection.execute(unfinished)]
+        running = whole_rows(ToolExecutionRow).where(
             ToolExecutionRow.status == "running", _recent(ToolExecutionRow.updated_at, ctx)
         )
-        open_executions = [_tool_execution(row) for row in await tx.session.scalars(running)]
+        open_executions = [_tool_execution(row) for row in await tx.connection.execute(running)]
     states = await workflow_states(ctx.client, [t.id for t in turns] + [e.turn_id for e in open_executions])
     roots = [t for t in turns if t.parent_turn_id is None and states[t.id] != "running"]
     lanes = await lane_statuses(ctx.client, [t.conversation_id for t in roots])
@@ -282,7 +283,7 @@ async def _deliveries(ctx: _Context) -> None:
     """Behaviour §5.13.7: each delivery is appended exactly once; a pending one is held by its lane or on its way."""
     async with ctx.store.atomic() as tx:
         deliveries = (
-            await tx.session.execute(
+            await tx.connection.execute(
                 select(
                     DeliveryRow.uid,
                     DeliveryRow.destination_conversation_uid,
@@ -294,7 +295,7 @@ async def _deliveries(ctx: _Context) -> None:
         ).all()
         # Messages that carry a delivery: user messages appended by the lane (metadata.delivery_id).
         carried = (
-            await tx.session.execute(
+            await tx.connection.execute(
                 select(MessageRow.uid, MessageRow.metadata_).where(
                     MessageRow.role == "user", _recent(MessageRow.created_at, ctx)
                 )
@@ -329,12 +330,12 @@ async def _deliveries(ctx: _Context) -> None:
 async def _waits(ctx: _Context) -> None:
     """A waiting turn whose targets all ended (and long enough ago for its wake-up to land) waits for nothing."""
     async with ctx.store.atomic() as tx:
-        waiting = select(TurnRow).where(TurnRow.status == "waiting", _recent(TurnRow.updated_at, ctx))
-        waiters = [_turn(row) for row in await tx.session.scalars(waiting)]
+        waiting = whole_rows(TurnRow).where(TurnRow.status == "waiting", _recent(TurnRow.updated_at, ctx))
+        waiters = [_turn(row) for row in await tx.connection.execute(waiting)]
         target_ids = {t for w in waiters for t in w.options.state.waiting_on or []}
         targets = {
             row.uid: _turn(row)
-            for row in await tx.session.scalars(select(TurnRow).where(TurnRow.uid.in_(list(target_ids))))
+            for row in await tx.connection.execute(whole_rows(TurnRow).where(TurnRow.uid.in_(list(target_ids))))
         }
     for waiter in waiters:
         waiting_on = list(waiter.options.state.waiting_on or [])
@@ -351,14 +352,16 @@ async def _budgets(ctx: _Context) -> None:
     root_ids = select(TurnRow.uid).where(TurnRow.parent_turn_uid.is_(None), _recent(TurnRow.updated_at, ctx))
     async with ctx.store.atomic() as tx:
         trees: dict[str, list[TurnRecord]] = defaultdict(list)
-        for row in await tx.session.scalars(select(TurnRow).where(TurnRow.root_turn_uid.in_(root_ids))):
+        for row in await tx.connection.execute(whole_rows(TurnRow).where(TurnRow.root_turn_uid.in_(root_ids))):
             trees[row.root_turn_uid].append(_turn(row))
         roots = {root_id: turn for root_id, tree in trees.items() for turn in tree if turn.id == root_id}
         tree_of = {turn.id: root_id for root_id, tree in trees.items() for turn in tree}
         in_trees = select(TurnRow.uid).where(TurnRow.root_turn_uid.in_(root_ids))
         executions = [
             _tool_execution(row)
-            for row in await tx.session.scalars(select(ToolExecutionRow).where(ToolExecutionRow.turn_uid.in_(in_trees)))
+            for row in await tx.connection.execute(
+                whole_rows(ToolExecutionRow).where(ToolExecutionRow.turn_uid.in_(in_trees))
+            )
         ]
     counted: dict[str, list[str]] = defaultdict(list)
     for execution in executions:

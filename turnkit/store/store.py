@@ -38,7 +38,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, CursorResult, Row
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.schema import ColumnDefault
 
 import turnkit.store.statements as sql
@@ -138,7 +138,6 @@ class Store:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
 
     @property
     def dialect(self) -> str:
@@ -192,8 +191,11 @@ class Store:
             await outer.lock(conversation_id=conversation_id, turn_id=turn_id)
             yield outer
             return
-        async with self._sessions() as session, session.begin():
-            tx = StoreTx(self, session)
+        # A Core connection, not an ORM session: the store runs prebuilt Core statements only, and the session's
+        # layer (its own transaction object, bind lookup, execution events) cost ~45 µs of CPU per transaction and
+        # ~8 µs per statement (bench/README.md, "seventh pass").
+        async with self.engine.connect() as connection, connection.begin():
+            tx = StoreTx(self, connection)
             token = _current_tx.set(tx)
             try:
                 if wait_graph:
@@ -267,9 +269,10 @@ class Store:
 class StoreTx:
     """The store's operations inside one open transaction (get one from :meth:`Store.atomic`)."""
 
-    def __init__(self, store: Store, session: AsyncSession) -> None:
+    def __init__(self, store: Store, connection: AsyncConnection) -> None:
         self.store = store
-        self.session = session
+        #: The transaction's connection, for a statement the store has no method for (``turnkit check``'s scans).
+        self.connection = connection
         self._locked: set[tuple[str, str]] = set()
         # A turn's counted values (root, iterations, cost) as this transaction last read or wrote them, while no other
         # writer can change them: a turn write counts its change from here instead of reading the row again.
@@ -295,10 +298,10 @@ class StoreTx:
         if self.store.dialect != "postgresql":
             return  # BEGIN IMMEDIATE already holds SQLite's single writer lock.
         if conversation_id and ("conversation", conversation_id) not in self._locked:
-            await self.session.execute(sql.LOCK_CONVERSATION, {"uid": conversation_id})
+            await self.connection.execute(sql.LOCK_CONVERSATION, {"uid": conversation_id})
             self._locked.add(("conversation", conversation_id))
         if turn_id and ("turn", turn_id) not in self._locked:
-            await self.session.execute(sql.LOCK_TURN, {"uid": turn_id})
+            await self.connection.execute(sql.LOCK_TURN, {"uid": turn_id})
             self._locked.add(("turn", turn_id))
 
     async def _get_or_create(
@@ -331,7 +334,7 @@ class StoreTx:
             # row and this insert, so there is no race to survive, and no savepoint (two statements fewer).
             return await self._insert(row), True
         try:
-            async with self.session.begin_nested():
+            async with self.connection.begin_nested():
                 await self._insert(row)
         except IntegrityError:
             found = await find()  # a concurrent creator won the unique index race: theirs is the row
@@ -346,7 +349,7 @@ class StoreTx:
 
         Not through the ORM's unit of work: a flush (identity map, mapper events, post-fetch) cost about three times
         the CPU of the statement itself, for objects nothing changes afterwards (CPU per turn, issue 9). The object
-        stays outside the session; a later ORM read of the same row in this transaction gets its own object.
+        is a plain carrier of the row's values; no session tracks it.
         """
         statement, columns = _insert_columns(type(row))
         state = row.__dict__
@@ -359,7 +362,7 @@ class StoreTx:
                 value = default(None) if callable(default) else default  # a callable default takes the context
                 setattr(row, key, value)
                 values[column.key] = value
-        result = cast(CursorResult[Any], await self.session.execute(statement, values))
+        result = cast(CursorResult[Any], await self.connection.execute(statement, values))
         primary_key = result.inserted_primary_key
         if primary_key is not None and getattr(row, "id", None) is None:
             row.id = primary_key[0]  # pyright: ignore[reportAttributeAccessIssue]
@@ -408,11 +411,11 @@ class StoreTx:
 
     async def _read_one(self, statement: Select[*tuple[Any, ...]], **params: Any) -> Row[Any] | None:
         """The first row of a prebuilt read (:mod:`turnkit.store.statements`), or None."""
-        return (await self.session.execute(statement, params)).first()
+        return (await self.connection.execute(statement, params)).first()
 
     async def _read_all(self, statement: Select[*tuple[Any, ...]], **params: Any) -> Sequence[Row[Any]]:
         """Every row of a read (prebuilt, or built of :mod:`turnkit.store.statements`' tables)."""
-        return (await self.session.execute(statement, params)).all()
+        return (await self.connection.execute(statement, params)).all()
 
     # Messages ----------------------------------------------------------------------------------------------------
 
@@ -476,7 +479,7 @@ class StoreTx:
 
     async def latest_message_sequence(self, conversation_id: str) -> int:
         """The highest sequence in the conversation, 0 when it has no messages."""
-        value = await self.session.scalar(sql.LATEST_SEQUENCE, {"uid": conversation_id})
+        value = await self.connection.scalar(sql.LATEST_SEQUENCE, {"uid": conversation_id})
         return int(value or 0)
 
     async def load_message(self, message_id: str) -> MessageRecord:
@@ -608,7 +611,7 @@ class StoreTx:
         SQLite the transaction holds the writer lock from its start; on PostgreSQL only a row this transaction has
         locked (read after the lock, or written). Never inside a savepoint, which may roll back what it read."""
         self._roots[row.uid] = row.root_turn_uid
-        if self.session.in_nested_transaction():
+        if self.connection.in_nested_transaction():
             self._turn_counts.pop(row.uid, None)
         elif self._unchanging(row.uid):
             self._turn_counts[row.uid] = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
@@ -628,7 +631,7 @@ class StoreTx:
         PostgreSQL takes a transaction-scoped advisory lock; SQLite's single writer lock already serialises.
         """
         if self.store.dialect == "postgresql":
-            await self.session.execute(text("SELECT pg_advisory_xact_lock(1414876747)"))
+            await self.connection.execute(text("SELECT pg_advisory_xact_lock(1414876747)"))
 
     async def update_turn(self, turn_id: str, **attrs: Any) -> TurnRecord:
         """Update whitelisted fields (behaviour §2.8) and touch ``updated_at``."""
@@ -669,11 +672,11 @@ class StoreTx:
         statement = sql.turn_update(params, cas=expected is not None, returning=returning)
         if not returning:
             self._turn_counts.clear()
-            return True if _rowcount(await self.session.execute(statement, params)) else None
-        row = (await self.session.execute(statement, params)).one_or_none()
+            return True if _rowcount(await self.connection.execute(statement, params)) else None
+        row = (await self.connection.execute(statement, params)).one_or_none()
         if row is None:
             return None
-        if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
+        if self.store.dialect == "postgresql" and not self.connection.in_nested_transaction():
             self._locked.add(("turn", row.uid))  # the UPDATE holds the row's lock until the transaction ends
         self._remember_counts(row)
         return _turn(row)
@@ -704,7 +707,7 @@ class StoreTx:
         values = sql.tree_increments(iterations, cost)
         if root_turn_id is not None and values:
             params = {**values, "b_uid": root_turn_id}
-            await self.session.execute(sql.turn_update(params, cas=False, returning=False), params)
+            await self.connection.execute(sql.turn_update(params, cas=False, returning=False), params)
 
     async def _count_turn_change(self, turn_id: str, values: dict[str, Any]) -> tuple[str | None, int, Decimal]:
         """Before a turn write that may change its iterations or cost: the root-total increments it makes.
@@ -742,24 +745,24 @@ class StoreTx:
         if not delta:
             return
         root = self._roots.get(turn_id)
-        known = None if root is None or self.session.in_nested_transaction() else self._tool_counts.get(root)
+        known = None if root is None or self.connection.in_nested_transaction() else self._tool_counts.get(root)
         if root is None or known is None:
             # Not read under the lock in this transaction: read (and lock) the root's counts.
             postgresql = self.store.dialect == "postgresql"
             row = await self._read_one(sql.ROOT_TOOL_COUNTS_LOCKED if postgresql else sql.ROOT_TOOL_COUNTS, uid=turn_id)
             if row is None:
                 return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
-            if self.store.dialect == "postgresql" and not self.session.in_nested_transaction():
+            if self.store.dialect == "postgresql" and not self.connection.in_nested_transaction():
                 self._locked.add(("turn", row.uid))
             root, known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
         counts = {**known, tool_name: known.get(tool_name, 0) + delta}
-        await self.session.execute(sql.COUNT_TOOL_EXECUTIONS, {"b_uid": root, "add_tools": delta, "by_name": counts})
+        await self.connection.execute(sql.COUNT_TOOL_EXECUTIONS, {"b_uid": root, "add_tools": delta, "by_name": counts})
         self._remember_tool_counts(root, counts)
 
     def _remember_tool_counts(self, root_turn_id: str, by_name: dict[str, Any] | None) -> None:
         """Keep a root's by-name tool counts for :meth:`_count_execution`, under the rule of :meth:`_remember_counts`
         (a savepoint may roll back what it wrote: inside one, forget them instead)."""
-        if self.session.in_nested_transaction():
+        if self.connection.in_nested_transaction():
             self._tool_counts.pop(root_turn_id, None)
         elif self._unchanging(root_turn_id):
             self._tool_counts[root_turn_id] = _tool_counts(by_name)
@@ -800,13 +803,13 @@ class StoreTx:
         ``wake`` (:func:`turnkit.deliveries.wake_lane`), and runs the direct turn before anything of its own
         (docs/design.md), so a conversation has one active turn at a time. One prebuilt statement (every submit asks).
         """
-        rows = (await self.session.execute(sql.TURNS_OUTSIDE_LANE, {"uid": conversation_id})).all()
+        rows = (await self.connection.execute(sql.TURNS_OUTSIDE_LANE, {"uid": conversation_id})).all()
         direct = next((_turn(row) for row in rows if row.direct), None)
         return OutsideLane(sub_agent=any(row.parent_turn_uid is not None for row in rows), direct=direct)
 
     async def has_turns(self, conversation_id: str) -> bool:
         """Whether the conversation has any turn, prepared, queued, running or ended."""
-        return (await self.session.execute(sql.ANY_TURN, {"uid": conversation_id})).first() is not None
+        return (await self.connection.execute(sql.ANY_TURN, {"uid": conversation_id})).first() is not None
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an
@@ -872,7 +875,7 @@ class StoreTx:
         wanted = sorted({str(i) for i in tool_call_ids})
         if not wanted:
             return set()
-        rows = await self.session.scalars(sql.EXISTING_CALL_IDS, {"turn_uid": turn_id, "ids": wanted})
+        rows = await self.connection.scalars(sql.EXISTING_CALL_IDS, {"turn_uid": turn_id, "ids": wanted})
         return set(rows)
 
     async def find_tool_execution(self, turn_id: str, tool_call_id: str) -> ToolExecutionRecord | None:
@@ -909,12 +912,12 @@ class StoreTx:
             counted_before = old is None or counts_against_budget(old.status, old.error)
         params = {**values, "b_uid": execution_id, "b_expected": expected}
         if self.store.engine.dialect.update_returning:  # the row as written: no second SELECT (issue 9)
-            row = (await self.session.execute(sql.CLAIM_EXECUTION_RETURNING, params)).one_or_none()
+            row = (await self.connection.execute(sql.CLAIM_EXECUTION_RETURNING, params)).one_or_none()
             if row is None:
                 return None
             settled = _tool_execution(row)
         else:
-            if _rowcount(await self.session.execute(sql.CLAIM_EXECUTION, params)) == 0:
+            if _rowcount(await self.connection.execute(sql.CLAIM_EXECUTION, params)) == 0:
                 return None
             settled = await self.load_tool_execution(execution_id)
         delta = int(settled.counts_against_budget) - int(counted_before)
@@ -924,7 +927,7 @@ class StoreTx:
     async def lock_tool_execution(self, execution_id: str) -> None:
         """Lock an execution row until the transaction ends (a no-op on SQLite)."""
         if self.store.dialect == "postgresql":
-            await self.session.execute(sql.LOCK_EXECUTION, {"uid": execution_id})
+            await self.connection.execute(sql.LOCK_EXECUTION, {"uid": execution_id})
 
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
@@ -1001,7 +1004,7 @@ class StoreTx:
     async def mark_delivered(self, delivery_id: str, *, message_id: str) -> DeliveryRecord | None:
         """Compare-and-set ``delivered_at`` from NULL. None when it was already delivered."""
         now = utcnow()
-        result = await self.session.execute(
+        result = await self.connection.execute(
             sql.MARK_DELIVERED,
             {"b_uid": delivery_id, "message_uid": message_id, "delivered_at": now, "updated_at": now},
         )
@@ -1050,7 +1053,7 @@ class StoreTx:
         """Wait edges matching the filters, in creation order."""
         if (turn_id is None) != (target_turn_id is None):  # the hot cases: one filter, a prebuilt statement
             query = sql.WAITS_OF_TURN if turn_id is not None else sql.WAITS_ON_TARGET
-            return [_wait(row) for row in await self.session.execute(query, {"uid": turn_id or target_turn_id})]
+            return [_wait(row) for row in await self.connection.execute(query, {"uid": turn_id or target_turn_id})]
         waits = sql.WAITS.c
         query = sql.whole_rows(WaitRow)
         if turn_id is not None:
@@ -1083,13 +1086,13 @@ class StoreTx:
 
     async def delete_staged_input(self, staged_id: str) -> None:
         """Drop a staged input once its message exists (a no-op when it is gone already)."""
-        await self.session.execute(sql.DELETE_STAGED, {"uid": staged_id})
+        await self.connection.execute(sql.DELETE_STAGED, {"uid": staged_id})
 
     async def drop_staged_inputs(self, *, older_than: datetime) -> list[str]:
         """Delete staged inputs written before ``older_than``: orphans of submissions whose update never reached
         their lane (``turnkit repair``). Returns their ids."""
         staged = sql.STAGED_INPUTS
-        rows = await self.session.scalars(
+        rows = await self.connection.scalars(
             delete(staged).where(staged.c.created_at < older_than).returning(staged.c.uid)
         )
         return sorted(rows)
@@ -1132,7 +1135,7 @@ class StoreTx:
 
     async def load_media_data(self, media_id: str) -> bytes:
         """The bytes of a stored media item; raises :class:`RecordNotFound` when absent."""
-        data = await self.session.scalar(sql.MEDIA_DATA, {"uid": media_id})
+        data = await self.connection.scalar(sql.MEDIA_DATA, {"uid": media_id})
         if data is None:
             raise RecordNotFound(f"media not found: {media_id}")
         return bytes(data)
