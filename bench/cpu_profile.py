@@ -132,7 +132,7 @@ def _running_activity() -> str:
 
 async def count_trips(system: System, k: int, turns: int) -> Trips:
     """Transactions and statements of ``turns`` back-to-back turns (listeners removed afterwards)."""
-    engine = system.store.engine.sync_engine
+    engines = system.store.sync_engines
     trips = Trips()
 
     def on_begin(_conn: Any) -> None:
@@ -141,13 +141,15 @@ async def count_trips(system: System, k: int, turns: int) -> Trips:
     def on_statement(*_: Any) -> None:
         trips.statements[_running_activity()] += 1
 
-    event.listen(engine, "begin", on_begin)
-    event.listen(engine, "after_cursor_execute", on_statement)
+    for engine in engines:
+        event.listen(engine, "begin", on_begin)
+        event.listen(engine, "after_cursor_execute", on_statement)
     try:
         await _sequential(system, k, turns)
     finally:
-        event.remove(engine, "begin", on_begin)
-        event.remove(engine, "after_cursor_execute", on_statement)
+        for engine in engines:
+            event.remove(engine, "begin", on_begin)
+            event.remove(engine, "after_cursor_execute", on_statement)
     return trips
 
 

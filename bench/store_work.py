@@ -154,7 +154,9 @@ async def postgres_database(url: str) -> AsyncGenerator[str]:
 
 async def measure(address: str, database_url: str, trace: bool = False) -> dict[int, dict[str, Figures]]:
     """K -> activity type -> figures, one K-iteration turn each (after one warm-up turn)."""
-    store = await Store.open(database_url)
+    # Rows are counted from the driver adapter's buffered cursor (aiosqlite's, asyncpg's): on SQLite, keep the store's
+    # statements on aiosqlite (the statements are the same as on the inline path, turnkit/store/sqlite_inline.py).
+    store = await Store.open(database_url, sqlite_inline=False)
     counter = Counter()
     instrument(store, counter)
     results: dict[int, dict[str, Figures]] = {}

@@ -9,22 +9,25 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import sqlite3
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import StatementError
+from sqlalchemy.exc import OperationalError, StatementError
 
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_claim_token, new_id
 from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
-from turnkit.store import Store, sqlite_trips
+from turnkit.store import Store, sqlite_inline, sqlite_trips
+from turnkit.store.errors import transient_store_error
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 
 ID_RE = r"[0-9a-f]{24}"
@@ -1098,24 +1101,34 @@ async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url
 # 13. Trips to SQLite's thread ----------------------------------------------------------------------------------------
 
 
-def _count_trips(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
-    """Record what runs on aiosqlite's thread (trips) and what runs on the event loop's thread (inline), by name."""
+def _count_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record what runs on aiosqlite's thread (trips), by name."""
     trips: list[str] = []
-    inline: list[str] = []
-    on_thread = sqlite_trips.OneTripConnection._on_thread  # pyright: ignore[reportPrivateUsage]
-    now = sqlite_trips.OneTripConnection._now  # pyright: ignore[reportPrivateUsage]
+    execute = sqlite_trips.OneTripConnection._execute  # pyright: ignore[reportPrivateUsage]
 
     async def counted_trip(self: sqlite_trips.OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
         trips.append(getattr(fn, "__name__", repr(fn)))
-        return await on_thread(self, fn, *args, **kwargs)
+        return await execute(self, fn, *args, **kwargs)
 
-    def counted_inline(self: sqlite_trips.OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        inline.append(getattr(fn, "__name__", repr(fn)))
-        return now(self, fn, *args, **kwargs)
+    monkeypatch.setattr(sqlite_trips.OneTripConnection, "_execute", counted_trip)
+    return trips
 
-    monkeypatch.setattr(sqlite_trips.OneTripConnection, "_on_thread", counted_trip)
-    monkeypatch.setattr(sqlite_trips.OneTripConnection, "_now", counted_inline)
-    return trips, inline
+
+def _statement_threads(store: Store) -> tuple[list[str], Callable[[], None]]:
+    """Record the thread that runs each SQL statement of ``store`` (any of its engines); and how to stop."""
+    threads: list[str] = []
+
+    def before(*_: Any) -> None:
+        threads.append(threading.current_thread().name)
+
+    for engine in store.sync_engines:
+        event.listen(engine, "before_cursor_execute", before)
+
+    def stop() -> None:
+        for engine in store.sync_engines:
+            event.remove(engine, "before_cursor_execute", before)
+
+    return threads, stop
 
 
 async def _write_rolled_back(store: Store, conversation: ConversationRecord) -> None:
@@ -1140,10 +1153,11 @@ async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
         pytest.skip("SQLite's driver thread only")
     store = await Store.open(database_url, sqlite_inline=False)
     try:
+        assert store.inline is None
         conversation = await _conversation(store)
-        trips, inline = _count_trips(monkeypatch)
+        trips = _count_trips(monkeypatch)
         await store.load_conversation(conversation.id)
-        assert (len(trips), inline) == (2, []), trips
+        assert trips == ["_run", "commit"], trips
         trips.clear()
         async with store.atomic():
             pass
@@ -1157,48 +1171,62 @@ async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
 async def test_a_sqlite_transaction_runs_on_the_event_loop_when_it_need_not_wait(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """By default (WAL), a transaction that finds the writer lock free makes no trip to the driver's thread: its
-    BEGIN, statements and COMMIT run inline; a rollback after a write still undoes it, and the next transaction on
-    the same pooled connection sees nothing of it (``turnkit/store/sqlite_trips.py``)."""
+    """By default (a file in WAL mode), a store transaction makes no trip to aiosqlite's thread: its statements run on
+    SQLAlchemy's synchronous engine on the event loop's thread; a rollback after a write still undoes it, and the
+    next transaction on the same connection sees nothing of it (``turnkit/store/sqlite_inline.py``)."""
     if store.dialect != "sqlite":
         pytest.skip("SQLite's driver only")
+    assert store.inline is not None
     conversation = await _conversation(store)
-    trips, inline = _count_trips(monkeypatch)
-    await store.load_conversation(conversation.id)
+    trips = _count_trips(monkeypatch)
+    threads, stop = _statement_threads(store)
+    try:
+        await store.load_conversation(conversation.id)
+        await _write_rolled_back(store, conversation)
+        message = await store.append_message(conversation.id, role="user", text="kept")
+        assert [m.id for m in await store.list_messages(conversation.id)] == [message.id]
+    finally:
+        stop()
     assert trips == []
-    assert inline == ["_begin_now", "_run", "commit"], inline
-    await _write_rolled_back(store, conversation)
-    message = await store.append_message(conversation.id, role="user", text="kept")
-    assert [m.id for m in await store.list_messages(conversation.id)] == [message.id]
-    assert trips == []
+    assert threads and set(threads) == {threading.current_thread().name}, threads
 
 
-async def test_sqlite_checkpoints_run_on_the_drivers_thread(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With statements inline, SQLite's automatic checkpoint (an fsync inside a commit) is off, and every
-    ``CHECKPOINT_EVERY`` commits of the engine one runs on a connection's thread instead: the WAL stays bounded and
-    no fsync blocks the event loop."""
+async def test_sqlite_checkpoints_run_on_a_thread(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With transactions on the event loop's thread, SQLite's automatic checkpoint (an fsync inside a commit) is off,
+    and every ``CHECKPOINT_EVERY`` commits one runs on a thread instead: the WAL stays bounded and no fsync blocks the
+    event loop."""
     if not database_url.startswith("sqlite"):
         pytest.skip("SQLite's WAL only")
-    monkeypatch.setattr(sqlite_trips, "CHECKPOINT_EVERY", 5)
+    monkeypatch.setattr(sqlite_inline, "CHECKPOINT_EVERY", 5)
+    checkpoints: list[str] = []
+    checkpoint = sqlite_inline._checkpoint  # pyright: ignore[reportPrivateUsage]
+
+    def counted(path: str) -> None:
+        checkpoints.append(threading.current_thread().name)
+        checkpoint(path)
+
+    monkeypatch.setattr(sqlite_inline, "_checkpoint", counted)
     store = await Store.open(database_url)
     try:
         conversation = await _conversation(store)
         async with store.atomic() as tx:
             [autocheckpoint] = (await tx.connection.execute(text("PRAGMA wal_autocheckpoint"))).one()
         assert autocheckpoint == 0
-        trips, _ = _count_trips(monkeypatch)
-        for n in range(10):  # ten commits in a row: two of them are a fifth commit of the engine
+        assert store.inline is not None
+        for n in range(10):  # ten commits after the two above: two of the twelve are a fifth commit
             await store.append_message(conversation.id, role="user", text=f"m{n}")
-        assert trips == ["_checkpoint"] * 2, trips
+            await store.inline.checkpointed()
         assert len(await store.list_messages(conversation.id)) == 10
     finally:
         await store.close()
+    assert len(checkpoints) == 2, checkpoints
+    assert threading.current_thread().name not in checkpoints
 
 
 async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_statement(store: Store) -> None:
-    """BEGIN IMMEDIATE still comes first, with the first statement: a second transaction's first statement waits
-    until the first transaction commits (what keeps concurrent appends gap-free), then sees its write. It waits on
-    the driver's thread, not on the event loop (which must go on for the first one to commit at all)."""
+    """BEGIN IMMEDIATE still comes first: a second transaction's first statement waits until the first transaction
+    commits (what keeps concurrent appends gap-free), then sees its write. It waits without blocking the event loop
+    (which must go on for the first one to commit at all)."""
     if store.dialect != "sqlite":
         pytest.skip("SQLite's writer lock only")
     conversation = await _conversation(store)
@@ -1224,6 +1252,82 @@ async def test_a_sqlite_transaction_holds_the_writer_lock_from_its_first_stateme
     release.set()
     await asyncio.wait_for(writer, timeout=10)
     assert await asyncio.wait_for(reader, timeout=10) == 1
+
+
+async def test_a_sqlite_transaction_waits_for_this_processs_writer_as_long_as_the_busy_timeout(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction of the same process holds the store's SQLite connection past the busy timeout: the waiting
+    transaction fails with "database is locked" (transient, as SQLite's own busy timeout answered), never hangs; and
+    another event loop (another thread) that tries a transaction meanwhile is refused, not let onto the connection."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's writer lock only")
+    monkeypatch.setattr(sqlite_inline, "BUSY_TIMEOUT", 0.2)
+    conversation = await _conversation(store)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        async with store.atomic():
+            holding.set()
+            await release.wait()
+
+    held = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(holding.wait(), timeout=10)
+        with pytest.raises(OperationalError) as caught:
+            await store.load_conversation(conversation.id)
+        assert transient_store_error(caught.value) and "database is locked" in str(caught.value)
+
+        def other_loop() -> BaseException | None:
+            try:
+                asyncio.run(store.load_conversation(conversation.id))
+            except BaseException as err:  # returned to the test
+                return err
+            return None
+
+        refused = await asyncio.to_thread(other_loop)
+        assert isinstance(refused, RuntimeError) and "one event loop at a time" in str(refused), refused
+    finally:
+        release.set()
+        await asyncio.wait_for(held, timeout=10)
+    assert (await store.load_conversation(conversation.id)).id == conversation.id
+
+
+async def test_a_sqlite_transaction_waits_for_another_processs_writer_off_the_event_loop(
+    database_url: str, tmp_path: Any
+) -> None:
+    """Another connection to the file (another process's, as a CLI beside a worker) holds the writer lock: a store
+    transaction waits for it without blocking the event loop, then runs; held past the busy timeout, the
+    transaction fails with SQLite's "database is locked", which the store's callers retry."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip("SQLite's writer lock only")
+    path = tmp_path / "shared.db"
+    store = await Store.open(f"sqlite+aiosqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        conversation = await _conversation(store)
+        other.execute("BEGIN IMMEDIATE")
+        waiting = asyncio.create_task(store.append_message(conversation.id, role="user", text="after"))
+        ticks = 0
+        while ticks < 20:  # the event loop goes on while the append waits for the lock
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not waiting.done()
+        other.execute("COMMIT")
+        message = await asyncio.wait_for(waiting, timeout=10)
+        assert [m.id for m in await store.list_messages(conversation.id)] == [message.id]
+
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sqlite_inline, "BUSY_TIMEOUT", 0.2)
+            with pytest.raises(OperationalError) as caught:
+                await store.append_message(conversation.id, role="user", text="never")
+        assert transient_store_error(caught.value)
+        other.execute("ROLLBACK")
+        assert len(await store.list_messages(conversation.id)) == 1
+    finally:
+        other.close()
+        await store.close()
 
 
 async def test_a_sqlite_transaction_cancelled_mid_statement_releases_the_writer_lock(

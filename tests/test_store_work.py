@@ -7,6 +7,7 @@ inherently as long as the conversation and is left out; everything else must cos
 
 from __future__ import annotations
 
+import sqlite3
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +54,21 @@ Work = dict[tuple[str, str], list[int]]  # (activity type, activity id) -> [stat
 def counting(store: Store) -> Iterator[Work]:
     """Statements and rows read per activity execution, the model request's context read excluded."""
     work: Work = defaultdict(lambda: [0, 0])
-    engine = store.engine.sync_engine
+    context_read: dict[int, bool] = {}  # by cursor: whether its last statement read the request's context
+
+    def activity_counts() -> list[int] | None:
+        try:
+            info = activity.info()
+        except RuntimeError:
+            return None
+        return work[(info.activity_type, info.activity_id)]
+
+    def row_read(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        # Inline SQLite: the rows are fetched after the statement's event, one by one through the row factory.
+        counts = activity_counts()
+        if counts is not None and not context_read.get(id(cursor), False):
+            counts[1] += 1
+        return row
 
     def after(_conn: Any, cursor: Any, statement: str, _params: Any, _context: Any, _many: bool) -> None:
         try:
@@ -61,18 +76,28 @@ def counting(store: Store) -> Iterator[Work]:
         except RuntimeError:
             return
         text = " ".join(statement.split()).lower()
-        if text.startswith("select") and "from turnkit_messages" in text and "turnkit_messages.sequence <=" in text:
+        context_read[id(cursor)] = context = (
+            text.startswith("select") and "from turnkit_messages" in text and "turnkit_messages.sequence <=" in text
+        )
+        if context:
             return  # the context of the request: as long as the conversation, by nature
         counts = work[(info.activity_type, info.activity_id)]
         counts[0] += 1
         if text.startswith("select"):
             counts[1] += len(getattr(cursor, "_rows", None) or ())
 
-    event.listen(engine, "after_cursor_execute", after)
+    raw = store.inline.dbapi_connection if store.inline is not None else None
+    if raw is not None:
+        raw.row_factory = row_read
+    for engine in store.sync_engines:
+        event.listen(engine, "after_cursor_execute", after)
     try:
         yield work
     finally:
-        event.remove(engine, "after_cursor_execute", after)
+        for engine in store.sync_engines:
+            event.remove(engine, "after_cursor_execute", after)
+        if raw is not None:
+            raw.row_factory = None
 
 
 async def _turn_work(tk: TurnKit, k: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -115,12 +140,13 @@ async def test_store_transactions_per_model_and_tool_call(tk: TurnKit) -> None:
             return
         transactions[(info.activity_type, info.activity_id)] += 1
 
-    engine = tk.store.engine.sync_engine
-    event.listen(engine, "begin", begin)
+    for engine in tk.store.sync_engines:
+        event.listen(engine, "begin", begin)
     try:
         turn = await (await tk.conversation(agent)).ask("go")
     finally:
-        event.remove(engine, "begin", begin)
+        for engine in tk.store.sync_engines:
+            event.remove(engine, "begin", begin)
     assert turn.status == "completed", turn.error
     by_type: dict[str, list[int]] = defaultdict(list)
     for (kind, _), count in sorted(transactions.items(), key=lambda item: int(item[0][1])):
@@ -157,11 +183,13 @@ async def test_a_tool_call_reads_the_conversation_only_for_a_tool_that_sees_its_
             except RuntimeError:
                 return
 
-        event.listen(tk.store.engine.sync_engine, "after_cursor_execute", after)
+        for engine in tk.store.sync_engines:
+            event.listen(engine, "after_cursor_execute", after)
         try:
             turn = await conversation.ask("go")
         finally:
-            event.remove(tk.store.engine.sync_engine, "after_cursor_execute", after)
+            for engine in tk.store.sync_engines:
+                event.remove(engine, "after_cursor_execute", after)
         assert turn.status == "completed", turn.error
         reads[name] = [s for s in statements if s.startswith("select turnkit_conversations.id as id")]  # the row
     assert reads["plain"] == [] and len(reads["with_context"]) == 1

@@ -16,31 +16,13 @@ sends every connection it takes back, also after a commit, costs no trip when sq
 trip, that no transaction is open (its ``rollback`` would do nothing then). A store transaction of one read went
 from four trips (BEGIN, the read, COMMIT, the pool's ROLLBACK) to two.
 
-Most statements make no trip at all: they run **on the event loop's own thread** (``inline``, the default on a WAL
-database). A trip is a queue hand-off to that thread and a wake-up of the event loop when it answers; most statements
-of the store are indexed reads and writes of a few rows, which SQLite runs in microseconds, so the hand-off cost more
-than the work (about half a transaction's CPU, issue 9). :class:`OneTripConnection` therefore runs a statement on the
-calling thread when it cannot wait there:
-
-- a transaction's ``BEGIN IMMEDIATE`` is tried at once with SQLite's busy timeout at zero. When another connection
-  holds the writer lock, the BEGIN and its statement go to the connection's thread instead, which waits for the lock
-  (the busy timeout) while the event loop goes on. Every other statement runs inside a transaction that holds the
-  writer lock, and in WAL mode neither a read nor a write nor a commit then waits for a lock;
-- nothing runs inline while a trip of the same connection is still on its thread (a cancelled ``await`` leaves its
-  statement running there): sqlite3 objects are used by one thread at a time, in order;
-- the checkpoints that SQLite would run inside a commit (writing the WAL back into the database file, with an fsync)
-  are turned off on these connections and run on the connection's thread after every
-  :data:`CHECKPOINT_EVERY` commits of the engine instead, so that no fsync blocks the event loop;
-- without WAL (a ``:memory:`` database, a file system that refuses it) every statement takes its trip, as before.
-
-A statement still blocks the event loop for as long as SQLite takes to run it: fine for the store's point reads and
-writes, and the reason a long scan (``turnkit check`` on a large store) belongs in a process of its own, or on
-PostgreSQL. ``Store.open(url, sqlite_inline=False)`` sends every statement to the thread.
+A store transaction on a SQLite file in WAL mode makes no trip at all: it runs on SQLAlchemy's synchronous engine on
+the event loop's thread (``turnkit/store/sqlite_inline.py``). This engine serves the rest: the migrations, an
+in-memory database, a file system that refuses WAL, and ``Store.open(url, sqlite_inline=False)``.
 """
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -51,16 +33,7 @@ from aiosqlite import context as aiosqlite_context
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["CHECKPOINT_EVERY", "CheckpointPacer", "OneTripConnection", "OneTripCursor", "use_one_trip_cursors"]
-
-_log = logging.getLogger(__name__)
-
-#: Commits of one engine between two checkpoints run on a connection's thread (when statements run inline). SQLite's
-#: own automatic checkpoint comes every 1,000 WAL pages; a store transaction writes a few pages.
-CHECKPOINT_EVERY = 200
-
-#: What SQLite answers when another connection holds the lock that a statement needs.
-_LOCK_ERRORS = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+__all__ = ["OneTripConnection", "OneTripCursor", "use_one_trip_cursors"]
 
 #: What one trip answers: description, rowcount, lastrowid, rows.
 _Outcome = tuple[Any, int, int | None, list[Any]]
@@ -187,15 +160,6 @@ def _script(connection: sqlite3.Connection, begin: str | None, sql_script: str) 
     connection.executescript(sql_script)
 
 
-def _checkpoint(connection: sqlite3.Connection) -> None:
-    """On the connection's thread, after a commit: copy what it can of the WAL into the database file. A failure is
-    logged, never raised: the commit before it stands, and the next checkpoint copies what this one did not."""
-    try:
-        connection.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
-    except sqlite3.Error as err:
-        _log.warning("SQLite checkpoint failed (the next one retries): %s", err)
-
-
 def _in_transaction(connection: sqlite3.Connection | None) -> bool:
     """On the connection's thread: whether a transaction is open (False once the connection is closed)."""
     try:
@@ -204,40 +168,12 @@ def _in_transaction(connection: sqlite3.Connection | None) -> bool:
         return False
 
 
-class CheckpointPacer:
-    """Counts an engine's commits and says when a checkpoint is due (every :data:`CHECKPOINT_EVERY` commits; shared by
-    the engine's connections, whose own automatic checkpoints are off when they run statements inline)."""
-
-    def __init__(self) -> None:
-        self.every = CHECKPOINT_EVERY
-        self._commits = 0
-
-    def committed(self) -> bool:
-        """Count a commit; True when a checkpoint is due after it."""
-        self._commits += 1
-        return self._commits % self.every == 0
-
-
 class OneTripConnection(aiosqlite.Connection):
     """An aiosqlite connection whose cursors are :class:`OneTripCursor` (made without a trip), whose BEGIN travels
-    with the transaction's first statement, whose rollback outside a transaction makes no trip, and which runs a
-    statement on the calling thread when it cannot wait there (``inline``; see the module docstring)."""
+    with the transaction's first statement, and whose rollback outside a transaction makes no trip."""
 
-    def __init__(
-        self,
-        connector: Callable[[], sqlite3.Connection],
-        iter_chunk_size: int,
-        *,
-        inline: bool = False,
-        pacer: CheckpointPacer | None = None,
-    ) -> None:
+    def __init__(self, connector: Callable[[], sqlite3.Connection], iter_chunk_size: int) -> None:
         super().__init__(connector, iter_chunk_size)
-        #: Whether statements may run inline: asked for, and the database is in WAL mode (:meth:`journal_mode_is`).
-        self._inline_asked = inline
-        self._inline = False
-        self._pacer = pacer or CheckpointPacer()
-        #: The connection's busy timeout (ms), restored after an inline BEGIN tried with none.
-        self._busy_ms: int | None = None
         #: The BEGIN to send before the next statement (set by the engine's begin hook, taken by the next trip).
         self._begin: str | None = None
         #: Whether sqlite3 had a transaction open at the end of the last trip (read on the connection's thread).
@@ -259,65 +195,13 @@ class OneTripConnection(aiosqlite.Connection):
         begin, self._begin = self._begin, None
         return begin
 
-    def journal_mode_is(self, mode: str) -> None:
-        """Told by the engine's connect hook which journal mode SQLite gave this connection: statements run inline
-        only in WAL mode (where a statement inside a transaction holding the writer lock never waits for a lock).
-        Inline, SQLite's automatic checkpoint is turned off here: :meth:`commit` runs one on the thread instead."""
-        self._inline = self._inline_asked and mode.lower() == "wal"
-        if self._inline:
-            self._now(lambda: self._conn.execute("PRAGMA wal_autocheckpoint=0").close())
-
-    def _may_run_inline(self) -> bool:
-        """Inline is on, the connection is open, and no trip of it is still running on its thread."""
-        return self._inline and self._running and self._connection is not None and self._finished == self._queued
-
     async def send(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(sqlite3_connection, begin, *args)``: inline when it may, with the waiting BEGIN (if any) tried at
-        once without waiting; on the connection's thread when the BEGIN finds the writer lock taken (it waits there)
-        or when a trip of this connection is still running."""
-        begin = self.take_begin()
-        if begin is not None and self._may_run_inline():
-            if not self._now(self._begin_now, begin):  # another connection writes: wait for it off the event loop
-                return await self._on_thread(fn, self._conn, begin, *args)
-            begin = None  # begun just now
-        return await self._execute(fn, self._conn, begin, *args)
-
-    def _begin_now(self, begin: str) -> bool:
-        """On the calling thread: ``begin`` with SQLite's busy timeout at zero; False, with nothing begun, when
-        another connection holds the writer lock."""
-        connection = self._conn
-        if self._busy_ms is None:
-            self._busy_ms = int(connection.execute("PRAGMA busy_timeout").fetchone()[0])
-        connection.execute("PRAGMA busy_timeout=0").close()
-        try:
-            connection.execute(begin).close()
-        except sqlite3.OperationalError as err:
-            if getattr(err, "sqlite_errorcode", 0) & 0xFF in _LOCK_ERRORS:  # SQLITE_BUSY and its extended codes
-                return False
-            raise
-        finally:
-            connection.execute(f"PRAGMA busy_timeout={self._busy_ms}").close()
-        return True
+        """Run ``fn(sqlite3_connection, begin, *args)`` in one trip, with the waiting BEGIN (if any)."""
+        return await self._execute(fn, self._conn, self.take_begin(), *args)
 
     async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """aiosqlite's one funnel to the connection: inline when it may (:meth:`_may_run_inline`), else a trip."""
-        if self._may_run_inline():
-            return self._now(fn, *args, **kwargs)
-        return await self._on_thread(fn, *args, **kwargs)
-
-    def _now(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn`` on the calling thread, noting whether a transaction is open after (as a trip does)."""
-        self._queued += 1
-        trip = self._queued
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._open = _in_transaction(self._connection)
-            self._finished = trip
-
-    async def _on_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A trip to the connection's thread, noting there whether a transaction is open after."""
-
+        """aiosqlite's one funnel to the connection: a trip to its thread, noting there whether a transaction is open
+        after."""
         self._queued += 1
         trip = self._queued
 
@@ -339,10 +223,6 @@ class OneTripConnection(aiosqlite.Connection):
         if self.take_begin() is not None and self._surely_idle():
             return
         await super().commit()
-        if self._inline and self._pacer.committed():
-            # The WAL back into the database file, off the event loop (inline, SQLite's own is off). PASSIVE: it
-            # waits for no reader or writer, and copies what it can.
-            await self._on_thread(_checkpoint, self._conn)
 
     async def rollback(self) -> None:
         """Roll back; no trip when no transaction is open (sqlite3's rollback would do nothing). SQLAlchemy's pool
@@ -358,22 +238,18 @@ class OneTripConnection(aiosqlite.Connection):
         return OneTripCursor(self)
 
 
-def _connect(database: str, *, inline: bool, pacer: CheckpointPacer, **kwargs: Any) -> OneTripConnection:
+def _connect(database: str, **kwargs: Any) -> OneTripConnection:
     """What ``aiosqlite.connect`` does, with a :class:`OneTripConnection` (SQLAlchemy awaits it)."""
-    if inline:
-        kwargs["check_same_thread"] = False  # made on the connection's thread, used on the event loop's too (in turn)
-    connection = OneTripConnection(partial(sqlite3.connect, database, **kwargs), 64, inline=inline, pacer=pacer)
+    connection = OneTripConnection(partial(sqlite3.connect, database, **kwargs), 64)
     connection._thread.daemon = True  # pyright: ignore[reportPrivateUsage]  # as SQLAlchemy does for aiosqlite's
     return connection
 
 
-def use_one_trip_cursors(engine: AsyncEngine, *, inline: bool = True) -> None:
+def use_one_trip_cursors(engine: AsyncEngine) -> None:
     """Make ``engine`` (``sqlite+aiosqlite``) open :class:`OneTripConnection`\\ s, with the URL's own connect
-    arguments (the database, ``timeout``, ``uri``...); with ``inline``, statements run on the event loop's thread
-    once the connection is in WAL mode (:meth:`OneTripConnection.journal_mode_is`)."""
-    pacer = CheckpointPacer()
+    arguments (the database, ``timeout``, ``uri``...)."""
 
     @event.listens_for(engine.sync_engine, "do_connect")
     def _one_trip(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
         # The adapter calls it with the connect arguments and awaits it.
-        cparams["async_creator_fn"] = partial(_connect, inline=inline, pacer=pacer)
+        cparams["async_creator_fn"] = _connect

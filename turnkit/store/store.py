@@ -36,7 +36,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import Connection, CursorResult, Row
+from sqlalchemy.engine import Connection, CursorResult, Engine, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.schema import ColumnDefault
@@ -70,6 +70,7 @@ from turnkit.store.schema import (
     TurnRow,
     WaitRow,
 )
+from turnkit.store.sqlite_inline import InlineConnection, InlineSQLite
 from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
@@ -98,6 +99,9 @@ TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "s
 DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
+
+#: A store transaction's connection: inline on a SQLite file, else a Core connection of the async engine.
+StoreConnection = InlineConnection | AsyncConnection
 
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
@@ -136,8 +140,19 @@ def canonical_json(value: Any) -> Any:
 class Store:
     """An async SQL store for TurnKit records. Create with :meth:`open`; close with :meth:`close`."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, inline: InlineSQLite | None = None) -> None:
         self.engine = engine
+        #: On a SQLite file in WAL mode (unless ``sqlite_inline=False``): the store's transactions, run on SQLAlchemy's
+        #: synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``). ``engine`` still serves
+        #: the migrations and direct uses of it.
+        self.inline = inline
+
+    @property
+    def sync_engines(self) -> tuple[Engine, ...]:
+        """The synchronous engines whose events see the store's statements (for counting them): the async engine's,
+        and the inline SQLite engine's when there is one."""
+        engines: tuple[Engine, ...] = (self.engine.sync_engine,)
+        return engines if self.inline is None else (*engines, self.inline.engine)
 
     @property
     def dialect(self) -> str:
@@ -154,14 +169,19 @@ class Store:
         short statements on the event loop's thread (``turnkit/store/sqlite_trips.py``; no effect on PostgreSQL).
         """
         url = url or DEFAULT_DATABASE_URL
-        engine = _create_engine(url, echo=echo, sqlite_inline=sqlite_inline)
+        engine = _create_engine(url, echo=echo)
         store = cls(engine)
         if migrate:
             await store.migrate()
+        path = _sqlite_file(url) if sqlite_inline else None
+        if path is not None:
+            store.inline = InlineSQLite.open(path, echo=echo)
         return store
 
     async def close(self) -> None:
-        """Dispose of the connection pool."""
+        """Dispose of the connection pools."""
+        if self.inline is not None:
+            await self.inline.close()
         await self.engine.dispose()
 
     async def migrate(self) -> None:
@@ -191,10 +211,7 @@ class Store:
             await outer.lock(conversation_id=conversation_id, turn_id=turn_id)
             yield outer
             return
-        # A Core connection, not an ORM session: the store runs prebuilt Core statements only, and the session's
-        # layer (its own transaction object, bind lookup, execution events) cost ~45 µs of CPU per transaction and
-        # ~8 µs per statement (bench/README.md, "seventh pass").
-        async with self.engine.connect() as connection, connection.begin():
+        async with self._transaction() as connection:
             tx = StoreTx(self, connection)
             token = _current_tx.set(tx)
             try:
@@ -208,6 +225,19 @@ class Store:
         # transaction (lifecycle events, docs/design.md "Events: after the commit, once").
         for callback in tx.committed_callbacks:
             await callback()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncGenerator[StoreConnection, None]:
+        """A new transaction's connection: inline on a SQLite file (``turnkit/store/sqlite_inline.py``), else a Core
+        connection of the async engine. Not an ORM session: the store runs prebuilt Core statements only, and the
+        session's layer cost ~45 µs of CPU per transaction and ~8 µs per statement (bench/README.md, "seventh
+        pass")."""
+        if self.inline is not None:
+            async with self.inline.transaction() as inline:
+                yield inline
+            return
+        async with self.engine.connect() as connection, connection.begin():
+            yield connection
 
     # Convenience wrappers: one transaction per call. ------------------------------------------------------------
 
@@ -269,7 +299,7 @@ class Store:
 class StoreTx:
     """The store's operations inside one open transaction (get one from :meth:`Store.atomic`)."""
 
-    def __init__(self, store: Store, connection: AsyncConnection) -> None:
+    def __init__(self, store: Store, connection: StoreConnection) -> None:
         self.store = store
         #: The transaction's connection, for a statement the store has no method for (``turnkit check``'s scans).
         self.connection = connection
@@ -1314,13 +1344,21 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _create_engine(url: str, *, echo: bool, sqlite_inline: bool = True) -> AsyncEngine:
+def _sqlite_file(url: str) -> str | None:
+    """The database file of a plain ``sqlite`` URL (no query, not in memory), else None."""
+    if not url.startswith("sqlite") or ":///" not in url or "?" in url:
+        return None
+    path = url.split(":///", 1)[1]
+    return path if path and path != ":memory:" else None
+
+
+def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[1] if ":///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
-        use_one_trip_cursors(engine, inline=sqlite_inline)
+        use_one_trip_cursors(engine)
         _configure_sqlite(engine)
         return engine
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
@@ -1342,14 +1380,10 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # let the "begin" hook below emit BEGIN itself
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        [mode] = cursor.fetchone()  # "memory" for an in-memory database, or what a file system allows
+        cursor.execute("PRAGMA journal_mode=WAL")  # "memory" for an in-memory database, or what a file system allows
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
-        driver = getattr(dbapi_connection, "_connection", None)  # SQLAlchemy's aiosqlite adapter
-        if isinstance(driver, OneTripConnection):
-            driver.journal_mode_is(str(mode))  # statements run inline in WAL mode only
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
