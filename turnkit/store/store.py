@@ -165,8 +165,9 @@ class Store:
     ) -> Store:
         """Connect to ``url`` (default: a SQLite file under ``./.turnkit/``) and bring its schema up to date.
 
-        ``sqlite_inline=False`` sends every SQLite statement to the driver's thread instead of running the store's
-        short statements on the event loop's thread (``turnkit/store/sqlite_trips.py``; no effect on PostgreSQL).
+        ``sqlite_inline=False`` sends every SQLite statement to aiosqlite's thread instead of running the store's
+        transactions on SQLAlchemy's synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``;
+        no effect on PostgreSQL, an in-memory database or a file system that refuses WAL).
         """
         url = url or DEFAULT_DATABASE_URL
         engine = _create_engine(url, echo=echo)
