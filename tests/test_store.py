@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError, StatementError
 
@@ -1114,21 +1114,14 @@ def _count_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return trips
 
 
-def _statement_threads(store: Store) -> tuple[list[str], Callable[[], None]]:
-    """Record the thread that runs each SQL statement of ``store`` (any of its engines); and how to stop."""
-    threads: list[str] = []
-
-    def before(*_: Any) -> None:
-        threads.append(threading.current_thread().name)
-
-    for engine in store.sync_engines:
-        event.listen(engine, "before_cursor_execute", before)
-
-    def stop() -> None:
-        for engine in store.sync_engines:
-            event.remove(engine, "before_cursor_execute", before)
-
-    return threads, stop
+def _statement_threads(store: Store) -> tuple[list[tuple[str, str]], Callable[[], None]]:
+    """Record each SQL statement that ``sqlite3`` runs on the store's inline connection, with the thread that runs it
+    (SQLite's trace callback fires where the statement runs); and how to stop."""
+    assert store.inline is not None
+    raw = store.inline.dbapi_connection
+    ran: list[tuple[str, str]] = []
+    raw.set_trace_callback(lambda sql: ran.append((threading.current_thread().name, sql.split()[0].upper())))
+    return ran, lambda: raw.set_trace_callback(None)
 
 
 async def _write_rolled_back(store: Store, conversation: ConversationRecord) -> None:
@@ -1188,7 +1181,8 @@ async def test_a_sqlite_transaction_runs_on_the_event_loop_when_it_need_not_wait
     finally:
         stop()
     assert trips == []
-    assert threads and set(threads) == {threading.current_thread().name}, threads
+    assert {thread for thread, _ in threads} == {threading.current_thread().name}, threads
+    assert {"BEGIN", "SELECT", "INSERT", "ROLLBACK", "COMMIT"} <= {verb for _, verb in threads}, threads
 
 
 async def test_sqlite_checkpoints_run_on_a_thread(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
