@@ -71,9 +71,8 @@ def counting(store: Store) -> Iterator[Work]:
         return row
 
     def after(_conn: Any, cursor: Any, statement: str, _params: Any, _context: Any, _many: bool) -> None:
-        try:
-            info = activity.info()
-        except RuntimeError:
+        counts = activity_counts()
+        if counts is None:
             return
         text = " ".join(statement.split()).lower()
         context_read[id(cursor)] = context = (
@@ -81,7 +80,6 @@ def counting(store: Store) -> Iterator[Work]:
         )
         if context:
             return  # the context of the request: as long as the conversation, by nature
-        counts = work[(info.activity_type, info.activity_id)]
         counts[0] += 1
         if text.startswith("select"):
             counts[1] += len(getattr(cursor, "_rows", None) or ())
@@ -111,6 +109,8 @@ async def _turn_work(tk: TurnKit, k: int) -> tuple[list[list[int]], list[list[in
         }
     model, tools = by_type["turnkit.model"], by_type["tool:lookup"]
     assert len(model) == k + 1 and len(tools) == k
+    # Every call reads rows (the turn, its execution...): a count of zero would mean the rows went uncounted.
+    assert all(rows > 0 for _, rows in model + tools), (model, tools)
     return model, tools
 
 

@@ -4,9 +4,10 @@ The store's SQLite statements already ran on the event loop's thread (they are i
 rows, and a hand-off to a driver thread cost more than the work), but through SQLAlchemy's asyncio layer: every
 statement crossed a greenlet twice and went through the aiosqlite adapter, for a call that never waited. Measured on
 one indexed read: 206 µs of CPU through ``AsyncConnection`` against 72 µs through a synchronous ``Connection``; a
-transaction of one read 606 against 253 µs (docs/design.md, "A SQLite transaction is synchronous"). Here a store
-transaction runs on a synchronous ``Connection`` of SQLAlchemy's ``pysqlite`` dialect instead: the same statements,
-the same type processing, the same transactions. Only the plumbing between them and ``sqlite3`` changes.
+transaction of one read 606 against 253 µs (docs/design.md, "On SQLite, a transaction runs synchronously on the
+event loop's thread"). Here a store transaction runs on a synchronous ``Connection`` of SQLAlchemy's ``pysqlite``
+dialect instead: the same statements, the same type processing, the same transactions. Only the plumbing between
+them and ``sqlite3`` changes.
 
 What keeps the event loop from ever blocking on SQLite:
 

@@ -36,7 +36,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import Connection, CursorResult, Engine, Row
+from sqlalchemy.engine import Connection, CursorResult, Engine, Row, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.schema import ColumnDefault
@@ -1345,18 +1345,20 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _sqlite_file(url: str) -> str | None:
-    """The database file of a plain ``sqlite`` URL (no query, not in memory), else None."""
-    if not url.startswith("sqlite") or ":///" not in url or "?" in url:
+def _sqlite_file(url: str, *, plain: bool = True) -> str | None:
+    """The database file of a ``sqlite`` URL, else None (not SQLite, in memory; with ``plain``, a URL with a query
+    string, whose options only aiosqlite's engine takes)."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" or (plain and parsed.query):
         return None
-    path = url.split(":///", 1)[1]
-    return path if path and path != ":memory:" else None
+    return database
 
 
 def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
     if url.startswith("sqlite"):
-        path = url.split(":///", 1)[1] if ":///" in url else ""
-        if path and path != ":memory:":
+        path = _sqlite_file(url, plain=False)
+        if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
         use_one_trip_cursors(engine)
