@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError, StatementError
+from sqlalchemy.exc import IntegrityError, OperationalError, StatementError
 
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_claim_token, new_id
@@ -762,6 +762,157 @@ async def test_a_transaction_reads_its_own_writes(store: Store) -> None:
         await tx.put_media(b"bytes", mime_type="image/png")
         await tx.put_media(b"bytes", mime_type="image/png")
         assert [m.sequence for m in await tx.list_messages(conversation.id, through_sequence=0, turn_id=None)] == []
+
+
+def _statements(store: Store) -> tuple[list[str], Callable[[], None]]:
+    """Record the first word of each SQL statement the store sends (a BEGIN included), and how to stop."""
+    sent: list[str] = []
+
+    def on_statement(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement.split()[0].upper())
+
+    def on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":  # else no BEGIN is sent
+            sent.append("BEGIN")
+
+    engines = store.sync_engines
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", on_statement)
+        event.listen(engine, "begin", on_begin)
+
+    def stop() -> None:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", on_statement)
+            event.remove(engine, "begin", on_begin)
+
+    return sent, stop
+
+
+async def test_a_transaction_reads_a_turn_row_once_until_it_writes_it(store: Store) -> None:
+    """Issue 9 (one round trip per reread fewer): a transaction that holds a turn's row (its lock on PostgreSQL, the
+    writer lock on SQLite) reads it once; the lock itself reads it on PostgreSQL. Every write of the row (its own
+    update, a tool execution or a child's cost counted on it as a root) is seen by the next read."""
+    conversation = await _conversation(store)
+    root = await _turn(store, conversation.id)
+    child = await _turn(store, conversation.id, root_turn_id=root.id)
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic(turn_id=root.id) as tx:
+            loaded = await tx.load_turn(root.id)
+            assert loaded.id == root.id and (await tx.tree_usage(root.id)).tool_executions == 0
+            assert sent == ["BEGIN", "SELECT"]  # one read: the lock's (PostgreSQL) or load_turn's (SQLite)
+            await tx.create_tool_execution(turn_id=root.id, tool_call_id="a", tool_name="echo", status="running")
+            assert (await tx.tree_usage(root.id)).tool_executions == 1  # the count's UPDATE is seen
+            updated = await tx.update_turn(root.id, cost=0.25, options={"state": {"iterations": 3}})
+            before = len(sent)
+            assert await tx.load_turn(root.id) == updated  # the row as the UPDATE returned it
+            assert (await tx.tree_usage(root.id)).cost == 0.25
+            assert len(sent) == before  # no round trip for either
+            await tx.update_turn(child.id, cost=0.5)  # counted on the root's row
+            assert (await tx.tree_usage(root.id)).cost == 0.75
+            assert (await tx.load_turn(child.id)).cost == 0.5
+    finally:
+        stop()
+    async with store.atomic() as tx:
+        assert (await tx.tree_usage(root.id)).cost == 0.75  # what the transaction read is what it committed
+        assert (await tx.load_turn(root.id)).options.stored()["state"]["iterations"] == 3
+
+
+async def test_a_turn_read_in_a_savepoint_is_read_again_after_it(store: Store) -> None:
+    """A savepoint may roll back what it wrote: a turn row read or written inside one is not reused after it."""
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    async with store.atomic(turn_id=turn.id) as tx:
+        await tx.load_turn(turn.id)
+        with pytest.raises(_Boom):
+            async with tx.connection.begin_nested():
+                await tx.update_turn(turn.id, cost=9.0)
+                assert (await tx.load_turn(turn.id)).cost == 9.0
+                raise _Boom
+        assert (await tx.load_turn(turn.id)).cost is None  # as before the savepoint
+
+
+async def test_a_create_race_on_postgresql_costs_one_statement_and_keeps_the_transaction(store: Store) -> None:
+    """Issue 9: on PostgreSQL a get-or-create inserts with ON CONFLICT DO NOTHING (no savepoint: one statement where
+    three were). The loser of a race reads the winner's row and its transaction goes on; a conflict on another unique
+    key than the natural one still raises IntegrityError."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite's BEGIN IMMEDIATE leaves no race to lose: a plain INSERT")
+    conversation = await _conversation(store)
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic() as tx:
+            await tx.create_turn(conversation_id=conversation.id, agent_name="agent", id=new_id("turn"))
+    finally:
+        stop()
+    assert sent == ["BEGIN", "SELECT", "INSERT"]  # the look, then the insert: no SAVEPOINT, no RELEASE
+
+    turn_id = new_id("turn")
+    winner_inserted, loser_may_insert = asyncio.Event(), asyncio.Event()
+
+    async def winner() -> None:
+        async with store.atomic() as tx:
+            await tx.create_turn(conversation_id=conversation.id, agent_name="winner", id=turn_id)
+            winner_inserted.set()
+            await loser_may_insert.wait()  # commit once the loser has looked (its insert may wait on the index)
+
+    async def loser() -> tuple[TurnRecord, str]:
+        await winner_inserted.wait()
+        async with store.atomic() as tx:
+            assert await tx.find_turn(turn_id) is None  # the winner has not committed
+            loser_may_insert.set()
+            turn = await tx.create_turn(
+                conversation_id=conversation.id, agent_name="loser", id=turn_id, found_absent=True
+            )
+            after = await tx.append_message(conversation.id, role="user", text="the transaction goes on")
+            return turn, after.id
+
+    _, (turn, message_id) = await asyncio.gather(
+        asyncio.create_task(winner(), context=contextvars.Context()),
+        asyncio.create_task(loser(), context=contextvars.Context()),
+    )
+    assert turn.agent_name == "winner"
+    assert [m.id for m in await store.list_messages(conversation.id)] == [message_id]
+
+    existing = await _turn(store, conversation.id)
+    with pytest.raises(IntegrityError):
+        async with store.atomic() as tx:
+            # A row whose natural key is new but whose uid exists (a unique key that is not the one looked up).
+            await tx._get_or_create(  # pyright: ignore[reportPrivateUsage]
+                _none, lambda: TurnRow(uid=existing.id, conversation_uid=conversation.id, agent_name="x")
+            )
+
+
+async def _none() -> None:
+    return None
+
+
+async def test_reads_need_no_transaction_on_postgresql(store: Store) -> None:
+    """Issue 9: a read of the store's convenience wrappers, or ``Store.reads()``, sends no BEGIN and no COMMIT on
+    PostgreSQL (autocommit; two round trips fewer); on SQLite it is a transaction. Inside a transaction it joins it
+    and sees its writes."""
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    sent, stop = _statements(store)
+    try:
+        assert (await store.load_turn(turn.id)).id == turn.id
+        with pytest.raises(RecordNotFound):
+            await store.load_turn(new_id("turn"))
+        async with store.reads() as tx:
+            assert (await tx.load_conversation(conversation.id)).id == conversation.id
+            assert await tx.list_waits(target_turn_id=turn.id) == []
+    finally:
+        stop()
+    if store.dialect == "postgresql":
+        assert sent == ["SELECT"] * 4
+    else:
+        assert sent == ["BEGIN", "SELECT"] * 2 + ["BEGIN", "SELECT", "SELECT"]
+    async with store.atomic() as tx:
+        await tx.update_turn(turn.id, cost=1.5)
+        async with store.reads() as joined:
+            assert joined is tx
+        assert (await store.load_turn(turn.id)).cost == 1.5  # the convenience read joins the transaction too
+    assert (await store.load_turn(turn.id)).cost == 1.5
 
 
 async def test_exception_in_nested_block_rolls_back_outer_writes_too(store: Store) -> None:

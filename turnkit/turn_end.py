@@ -65,7 +65,7 @@ async def announce_end(store: Store, client: Client, task_queue: str, turn: Turn
     then the signals go out in that order. ``turn`` as its terminal write left it proves that write committed, so
     the waiters are listed without reading the turn again; any other record has them read as ``waiters_of`` does.
     """
-    async with store.atomic() as tx:
+    async with store.reads() as tx:  # reads only: on PostgreSQL no BEGIN and COMMIT (Store.reads)
         delivery = await pending_completion(tx, turn.id)
         waiters = await (tx.list_waits(target_turn_id=turn.id) if turn.terminal else waiters_of(tx, turn.id))
     if delivery is not None:

@@ -25,12 +25,14 @@ from typing import Any, Final, cast
 from sqlalchemy import (
     ColumnElement,
     Delete,
+    Insert,
     Select,
     Table,
     Update,
     bindparam,
     delete,
     func,
+    insert,
     inspect,
     or_,
     select,
@@ -101,7 +103,10 @@ MEDIA_DATA: Final = select(MEDIA.c.data).where(MEDIA.c.uid == bindparam("uid"))
 # Row locks (PostgreSQL only; SQLite's BEGIN IMMEDIATE holds the single writer lock) ----------------------------------
 
 LOCK_CONVERSATION: Final = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.uid == bindparam("uid")).with_for_update()
-LOCK_TURN: Final = select(TURNS.c.id).where(TURNS.c.uid == bindparam("uid")).with_for_update()
+#: The turn's whole row, locked: the lock and the read that usually follows it, in one round trip. In READ COMMITTED
+#: a locked row is read as its newest version (PostgreSQL re-reads it once the lock is granted), so it may be reused
+#: until the transaction writes it (``StoreTx._turn_rows``).
+LOCK_TURN: Final = TURN_BY_UID.with_for_update(of=TURNS)
 LOCK_EXECUTION: Final = select(TOOL_EXECUTIONS.c.id).where(TOOL_EXECUTIONS.c.uid == bindparam("uid")).with_for_update()
 
 # Messages -----------------------------------------------------------------------------------------------------------
@@ -114,6 +119,25 @@ CONVERSATION_AND_LATEST_SEQUENCE: Final = select(
     .scalar_subquery()
     .label("latest"),
 ).where(CONVERSATIONS.c.uid == bindparam("uid"))
+#: The columns an append binds: every one but the generated ``id`` and the ``sequence`` that APPEND_MESSAGE computes.
+APPENDED_COLUMNS: Final = tuple(column for column in MESSAGES.c if column.key not in ("id", "sequence"))
+#: Append a message with its conversation's next sequence, only when the conversation exists (no row returned
+#: otherwise): the latest sequence's read and the insert in one statement (issue 9). Binds each of APPENDED_COLUMNS by
+#: its key. On PostgreSQL, run it after the conversation's lock: in READ COMMITTED the statement's snapshot, taken
+#: after the lock was granted, then sees every append committed before it.
+APPEND_MESSAGE: Final[Insert] = (
+    insert(MESSAGES)
+    .from_select(
+        [*APPENDED_COLUMNS, MESSAGES.c.sequence],
+        select(
+            *(bindparam(column.key, type_=column.type) for column in APPENDED_COLUMNS),
+            select(func.coalesce(func.max(MESSAGES.c.sequence), 0) + 1)
+            .where(MESSAGES.c.conversation_uid == bindparam("conversation_uid"))
+            .scalar_subquery(),
+        ).where(CONVERSATIONS.c.uid == bindparam("conversation_uid")),
+    )
+    .returning(MESSAGES.c.id, MESSAGES.c.sequence)
+)
 LATEST_SEQUENCE: Final = select(func.max(MESSAGES.c.sequence)).where(MESSAGES.c.conversation_uid == bindparam("uid"))
 TURN_MESSAGES: Final = (
     whole_rows(MessageRow).where(MESSAGES.c.turn_uid == bindparam("uid")).order_by(MESSAGES.c.sequence)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from sqlalchemy import (
     Column,
@@ -36,8 +36,8 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, CursorResult, Engine, Row, make_url
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.schema import ColumnDefault
 
@@ -146,6 +146,9 @@ class Store:
         #: synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``). ``engine`` still serves
         #: the migrations and direct uses of it.
         self.inline = inline
+        # PostgreSQL: the same pool, its connections in autocommit, for reads that need no transaction (Store.reads).
+        postgresql = engine.dialect.name == "postgresql"
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT") if postgresql else None
 
     @property
     def sync_engines(self) -> tuple[Engine, ...]:
@@ -240,23 +243,39 @@ class Store:
         async with self.engine.connect() as connection, connection.begin():
             yield connection
 
-    # Convenience wrappers: one transaction per call. ------------------------------------------------------------
+    @asynccontextmanager
+    async def reads(self) -> AsyncGenerator[StoreTx, None]:
+        """Statements that only read (no lock, no write), which need no transaction of their own.
+
+        Inside a transaction of the task, that transaction. Else on PostgreSQL no transaction at all: each statement
+        alone, in autocommit, without a BEGIN and a COMMIT (two round trips fewer, issue 9). In READ COMMITTED, which
+        the store runs in, a statement reads its own snapshot either way. On SQLite, a transaction (``atomic()``).
+        Never write in it: on PostgreSQL each write would commit by itself.
+        """
+        if self._autocommit is None or _current_tx.get() is not None:
+            async with self.atomic() as tx:
+                yield tx
+            return
+        async with self._autocommit.connect() as connection:
+            yield StoreTx(self, connection)
+
+    # Convenience wrappers: one transaction per call, or none for a read (see reads()). ------------------------------
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
         """The conversation ``conversation_id``; raises :class:`RecordNotFound` when absent."""
-        async with self.atomic() as tx:
+        async with self.reads() as tx:
             return await tx.load_conversation(conversation_id)
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
         """The turn ``turn_id``; raises :class:`RecordNotFound` when absent."""
-        async with self.atomic() as tx:
+        async with self.reads() as tx:
             return await tx.load_turn(turn_id)
 
     async def list_messages(
         self, conversation_id: str, *, through_sequence: int | None = None, turn_id: str | None = None
     ) -> list[MessageRecord]:
         """Messages of a conversation in sequence order (see :meth:`StoreTx.list_messages`)."""
-        async with self.atomic() as tx:
+        async with self.reads() as tx:
             return await tx.list_messages(conversation_id, through_sequence=through_sequence, turn_id=turn_id)
 
     async def list_turns(
@@ -269,7 +288,7 @@ class Store:
         has_parent: bool | None = None,
     ) -> list[TurnRecord]:
         """Turns matching every given filter, ordered by ``created_at, id`` (see :meth:`StoreTx.list_turns`)."""
-        async with self.atomic() as tx:
+        async with self.reads() as tx:
             return await tx.list_turns(
                 root_turn_id=root_turn_id,
                 conversation_id=conversation_id,
@@ -281,14 +300,14 @@ class Store:
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every submitted turn (``submitted_at`` set), ordered by ``created_at, id`` (see
         :meth:`StoreTx.list_submitted_turns`)."""
-        async with self.atomic() as tx:
+        async with self.reads() as tx:
             return await tx.list_submitted_turns(limit=limit)
 
     async def list_tool_executions(
         self, *, turn_id: str | None = None, root_turn_id: str | None = None
     ) -> list[ToolExecutionRecord]:
         """Tool executions of a turn (or of a whole root tree), ordered by ``created_at, id``."""
-        async with self.atomic() as tx:
+        async with self.reads() as tx:
             return await tx.list_tool_executions(turn_id=turn_id, root_turn_id=root_turn_id)
 
     async def append_message(self, conversation_id: str, **attrs: Any) -> MessageRecord:
@@ -312,6 +331,10 @@ class StoreTx:
         # last read or wrote them under the same rule as _turn_counts: a tool call's count skips its read.
         self._roots: dict[str, str] = {}
         self._tool_counts: dict[str, dict[str, int]] = {}
+        # Whole turn rows as this transaction last read them, under the rule of _turn_counts: a read of the same turn
+        # (load_turn, find_turn, tree_usage of a root) takes the row from here instead of a round trip. Every write of
+        # a turn row forgets it (_forget_turn).
+        self._turn_rows: dict[str, Row[Any]] = {}
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     def after_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
@@ -332,8 +355,12 @@ class StoreTx:
             await self.connection.execute(sql.LOCK_CONVERSATION, {"uid": conversation_id})
             self._locked.add(("conversation", conversation_id))
         if turn_id and ("turn", turn_id) not in self._locked:
-            await self.connection.execute(sql.LOCK_TURN, {"uid": turn_id})
+            # The lock reads the whole row, which the transaction's next read of the turn then takes for free (the
+            # lock and the read in one round trip: issue 9).
+            row = (await self.connection.execute(sql.LOCK_TURN, {"uid": turn_id})).first()
             self._locked.add(("turn", turn_id))
+            if row is not None:
+                self._remember_counts(row)
 
     async def _get_or_create(
         self,
@@ -346,14 +373,15 @@ class StoreTx:
         """The row with a natural key, else a new one: ``(row, created)``. Every idempotent create goes through here.
 
         ``find`` reads the row by its natural key (unique in the schema); ``build`` makes the new row. On PostgreSQL
-        the insert runs in a savepoint so that the loser of a concurrent create race gets the winner's row instead of
-        an ``IntegrityError`` and an aborted transaction; on SQLite no race is possible (below). ``look_first=False``
-        skips the first read and the savepoint when the key was just generated (nothing can exist yet).
+        the insert skips a conflict (``ON CONFLICT DO NOTHING``) so that the loser of a concurrent create race gets the
+        winner's row instead of an ``IntegrityError`` and an aborted transaction; on SQLite no race is possible
+        (below). ``look_first=False`` skips the first read and the conflict handling when the key was just generated
+        (nothing can exist yet).
         ``found_absent=True`` skips the first read only: the caller looked for the row in this transaction already.
         """
         if not look_first:
-            # A key just generated cannot exist, so no create race can happen: no savepoint (two statements fewer).
-            # An IntegrityError still raises, as it did after the savepoint (the new key cannot be found).
+            # A key just generated cannot exist, so no create race can happen: a plain insert, whose IntegrityError
+            # (should one happen) raises.
             return await self._insert(build()), True
         if not found_absent:
             existing = await find()
@@ -362,21 +390,28 @@ class StoreTx:
         row = build()
         if self.store.dialect == "sqlite":
             # Every SQLite transaction is BEGIN IMMEDIATE: no other writer can commit between the read that found no
-            # row and this insert, so there is no race to survive, and no savepoint (two statements fewer).
+            # row and this insert, so there is no race to survive.
             return await self._insert(row), True
-        try:
-            async with self.connection.begin_nested():
-                await self._insert(row)
-        except IntegrityError:
-            found = await find()  # a concurrent creator won the unique index race: theirs is the row
-            if found is None:
-                raise
+        # PostgreSQL: INSERT … ON CONFLICT DO NOTHING. The loser of a concurrent create race (its insert waits on the
+        # unique index for the winner's commit) inserts nothing and reads the winner's row, in a transaction that is
+        # not aborted: one statement where a savepoint, the insert and its release made three (issue 9).
+        if await self._insert(row, skip_conflict=True):
+            return row, True
+        found = await find()  # READ COMMITTED: this statement's snapshot sees the winner's commit
+        if found is not None:
             return found, False
-        return row, True
+        # The conflict was on another unique key than the natural one: the plain insert raises its IntegrityError.
+        return await self._insert(row), True
 
-    async def _insert(self, row: _Row) -> _Row:
+    @overload
+    async def _insert(self, row: _Row) -> _Row: ...
+    @overload
+    async def _insert(self, row: object, *, skip_conflict: Literal[True]) -> bool: ...
+    async def _insert(self, row: _Row, *, skip_conflict: bool = False) -> _Row | bool:
         """INSERT a new row built as a mapped object, as one Core statement, and return the object with its columns
         set (defaults and the generated primary key included).
+
+        ``skip_conflict=True`` (PostgreSQL): ``ON CONFLICT DO NOTHING``; returns whether the row was inserted.
 
         Not through the ORM's unit of work: a flush (identity map, mapper events, post-fetch) cost about three times
         the CPU of the statement itself, for objects nothing changes afterwards (CPU per turn, issue 9). The object
@@ -393,6 +428,11 @@ class StoreTx:
                 value = default(None) if callable(default) else default  # a callable default takes the context
                 setattr(row, key, value)
                 values[column.key] = value
+        if skip_conflict:
+            inserted = (await self.connection.execute(_insert_skipping_conflicts(type(row)), values)).first()
+            if inserted is not None and getattr(row, "id", None) is None:
+                row.id = inserted[0]  # pyright: ignore[reportAttributeAccessIssue]
+            return inserted is not None
         result = cast(CursorResult[Any], await self.connection.execute(statement, values))
         primary_key = result.inserted_primary_key
         if primary_key is not None and getattr(row, "id", None) is None:
@@ -481,15 +521,10 @@ class StoreTx:
             existing = await self._read_one(sql.MESSAGE_BY_UID, uid=id)
             if existing is not None:
                 return _message(existing)
-        # The conversation's existence and its latest sequence in one statement (CPU per turn, issue 9).
-        found = await self._read_one(sql.CONVERSATION_AND_LATEST_SEQUENCE, uid=conversation_id)
-        if found is None:
-            raise RecordNotFound(f"conversation not found: {conversation_id}")
         parts = [dict(part) for part in content] if content is not None else []
         if text is not None:
             parts.append({"type": "text", "text": text})
         parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-        sequence = int(found.latest or 0) + 1
         now = utcnow()
         row = MessageRow(
             uid=id or new_id("message"),
@@ -497,14 +532,26 @@ class StoreTx:
             turn_uid=turn_id,
             role=role,
             kind=kind,
-            sequence=sequence,
             content=canonical_json(parts),
             tool_execution_uid=tool_execution_id,
+            provider_message_id=None,
             metadata_=canonical_json(metadata or {}),
             request_uid=request_id,
             created_at=now,
             updated_at=now,
         )
+        if self.store.engine.dialect.insert_returning:
+            # The conversation's latest sequence, its existence and the insert in one statement (issue 9).
+            values = {column.key: getattr(row, key) for key, column in _appended_attributes()}
+            inserted = (await self.connection.execute(sql.APPEND_MESSAGE, values)).first()
+            if inserted is None:
+                raise RecordNotFound(f"conversation not found: {conversation_id}")
+            row.id, row.sequence = inserted
+            return _message(row)
+        found = await self._read_one(sql.CONVERSATION_AND_LATEST_SEQUENCE, uid=conversation_id)
+        if found is None:
+            raise RecordNotFound(f"conversation not found: {conversation_id}")
+        row.sequence = int(found.latest or 0) + 1
         await self._insert(row)
         return _message(row)
 
@@ -623,29 +670,38 @@ class StoreTx:
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
         """The turn; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(sql.TURN_BY_UID, uid=turn_id)
-        if row is None:
+        turn = await self.find_turn(turn_id)
+        if turn is None:
             raise RecordNotFound(f"turn not found: {turn_id}")
-        self._remember_counts(row)
-        return _turn(row)
+        return turn
 
     async def find_turn(self, turn_id: str) -> TurnRecord | None:
         """The turn, or None when absent."""
-        row = await self._read_one(sql.TURN_BY_UID, uid=turn_id)
+        row = self._turn_rows.get(turn_id)
         if row is None:
-            return None
-        self._remember_counts(row)
+            row = await self._read_one(sql.TURN_BY_UID, uid=turn_id)
+            if row is None:
+                return None
+            self._remember_counts(row)
         return _turn(row)
 
     def _remember_counts(self, row: Row[Any]) -> None:
-        """Keep a turn row's counted values for :meth:`_count_turn_change`, when they cannot change under us: on
-        SQLite the transaction holds the writer lock from its start; on PostgreSQL only a row this transaction has
-        locked (read after the lock, or written). Never inside a savepoint, which may roll back what it read."""
+        """Keep a whole turn row (``TURN_BY_UID``, ``LOCK_TURN``, ``TURN_RETURNING``) for the transaction's next reads
+        of it, and its counted values for :meth:`_count_turn_change`, when they cannot change under us: on SQLite the
+        transaction holds the writer lock from its start; on PostgreSQL only a row this transaction has locked (read
+        after the lock, or written). Never inside a savepoint, which may roll back what it read."""
         self._roots[row.uid] = row.root_turn_uid
         if self.connection.in_nested_transaction():
-            self._turn_counts.pop(row.uid, None)
+            self._forget_turn(row.uid)
         elif self._unchanging(row.uid):
             self._turn_counts[row.uid] = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
+            self._turn_rows[row.uid] = row
+
+    def _forget_turn(self, turn_id: str) -> None:
+        """Before a write of the turn's row (or inside a savepoint, which may roll back what it reads): forget what
+        this transaction remembered of it, so that the next read goes to the database."""
+        self._turn_counts.pop(turn_id, None)
+        self._turn_rows.pop(turn_id, None)
 
     def _unchanging(self, turn_id: str) -> bool:
         """Whether no other writer can change the turn row until this transaction ends (see _remember_counts)."""
@@ -701,6 +757,7 @@ class StoreTx:
         if expected is not None:
             params["b_expected"] = expected
         statement = sql.turn_update(params, cas=expected is not None, returning=returning)
+        self._forget_turn(turn_id)
         if not returning:
             self._turn_counts.clear()
             return True if _rowcount(await self.connection.execute(statement, params)) else None
@@ -721,7 +778,9 @@ class StoreTx:
         value (a turn's ``options.state.iterations`` or ``cost``, an execution's creation or status) updates the
         root's totals in its own transaction. Hold the root's lock to check and then reserve.
         """
-        row = await self._read_one(sql.TREE_USAGE, uid=root_turn_id)
+        row = self._turn_rows.get(root_turn_id)  # the root's own turn, read in this transaction: no round trip
+        if row is None:
+            row = await self._read_one(sql.TREE_USAGE, uid=root_turn_id)
         if row is None:
             raise RecordNotFound(f"turn not found: {root_turn_id}")
         by_name = row.tree_tool_executions_by_name
@@ -737,6 +796,7 @@ class StoreTx:
         """Add to the root's running totals of iterations and cost (in SQL; a no-op for zero)."""
         values = sql.tree_increments(iterations, cost)
         if root_turn_id is not None and values:
+            self._turn_rows.pop(root_turn_id, None)  # its tree totals change (its counts in _turn_counts do not)
             params = {**values, "b_uid": root_turn_id}
             await self.connection.execute(sql.turn_update(params, cas=False, returning=False), params)
 
@@ -787,6 +847,7 @@ class StoreTx:
                 self._locked.add(("turn", row.uid))
             root, known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
         counts = {**known, tool_name: known.get(tool_name, 0) + delta}
+        self._turn_rows.pop(root, None)  # its tree totals change
         await self.connection.execute(sql.COUNT_TOOL_EXECUTIONS, {"b_uid": root, "add_tools": delta, "by_name": counts})
         self._remember_tool_counts(root, counts)
 
@@ -1310,6 +1371,21 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
         values[key] = value
     values["updated_at"] = utcnow()
     return values
+
+
+@functools.cache
+def _appended_attributes() -> tuple[tuple[str, Column[Any]], ...]:
+    """``(attribute key, column)`` of MessageRow for each of :data:`statements.APPENDED_COLUMNS`."""
+    by_column = {column.key: key for key, column in _insert_columns(MessageRow)[1]}
+    return tuple((by_column[column.key], column) for column in sql.APPENDED_COLUMNS)
+
+
+@functools.cache
+def _insert_skipping_conflicts(mapped: type[Any]) -> Insert:
+    """A mapped class's ``INSERT … ON CONFLICT DO NOTHING RETURNING <primary key>`` (PostgreSQL), built once."""
+    mapper = inspect(mapped)
+    table: Table = mapper.local_table
+    return postgresql.insert(table).on_conflict_do_nothing().returning(*mapper.primary_key)
 
 
 @functools.cache
