@@ -36,7 +36,8 @@ STORE_ERROR_TYPE: Final = "TurnKit::StoreError"
 STORE_UNAVAILABLE_TYPE: Final = "TurnKit::StoreUnavailable"
 
 #: PostgreSQL SQLSTATE classes that a retry cannot change: data exceptions, integrity violations (races of
-#: idempotent inserts are absorbed by the store's savepoints before they get here), syntax or access rules.
+#: idempotent inserts are absorbed by the store's ``ON CONFLICT DO NOTHING`` before they get here), syntax or access
+#: rules.
 _DETERMINISTIC_CLASSES: Final = ("22", "23", "42")
 
 #: Short descriptions of the SQLSTATEs a value can cause (the driver's own text may quote the value).
