@@ -1,8 +1,8 @@
 """CPU of one turn's store work, without Temporal: ``python -m bench.store_cpu``.
 
 A K-iteration turn with a tool call per iteration (the :mod:`bench.peers` workload) makes the store calls below, in
-the transactions its activities open (``store_trips`` in :mod:`bench.cpu_profile` counts the same 11 transactions
-and 50 statements at K = 1 on SQLite, each transaction's BEGIN, sent with its first statement, not counted). This
+the transactions its activities open (``store_trips`` in :mod:`bench.cpu_profile` counts those of a real turn; each
+transaction's BEGIN, sent on SQLite with its first statement, is not counted as a statement). This
 script makes those calls directly on a :class:`turnkit.store.Store`, turn after turn, and reports the process CPU
 (``time.process_time``) per turn: the median of ``--rounds`` rounds.
 

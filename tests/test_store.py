@@ -195,6 +195,36 @@ async def test_fifty_concurrent_appends_get_sequences_1_to_50(store: Store) -> N
     assert all(by_sequence[m.sequence] == m.id for m in results)
 
 
+@pytest.mark.parametrize("returning", [True, False], ids=["insert-returning", "no-insert-returning"])
+async def test_an_append_reads_the_latest_sequence_in_its_insert(
+    store: Store, returning: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 9: with ``INSERT … RETURNING`` an append is one statement (its sequence computed in the INSERT, after the
+    conversation's lock on PostgreSQL); a SQLite without it reads the latest sequence first. Either way concurrent
+    appends get gap-free sequences and a missing conversation is RecordNotFound with nothing written."""
+    if not returning and store.dialect == "postgresql":
+        pytest.skip("PostgreSQL always has INSERT … RETURNING: the fallback serves a SQLite older than 3.35")
+    monkeypatch.setattr(store.engine.dialect, "insert_returning", returning)
+    conversation = await _conversation(store)
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic(conversation_id=conversation.id) as tx:
+            before = len(sent)
+            await tx.append_message(conversation.id, role="user", text="first")
+            assert sent[before:] == (["INSERT"] if returning else ["SELECT", "INSERT"])
+    finally:
+        stop()
+    appended = await asyncio.gather(
+        *(store.append_message(conversation.id, role="user", text=f"m{i}") for i in range(8))
+    )
+    assert sorted(m.sequence for m in appended) == list(range(2, 10))
+    assert [m.sequence for m in await store.list_messages(conversation.id)] == list(range(1, 10))
+    missing = new_id("conversation")
+    with pytest.raises(RecordNotFound):
+        await store.append_message(missing, role="user", text="lost")
+    assert await _count(store, MessageRow.id, MessageRow.conversation_uid == missing) == 0
+
+
 async def test_concurrent_appends_to_two_conversations_stay_gap_free(store: Store) -> None:
     a = await _conversation(store)
     b = await _conversation(store)

@@ -417,23 +417,13 @@ class StoreTx:
         the CPU of the statement itself, for objects nothing changes afterwards (CPU per turn, issue 9). The object
         is a plain carrier of the row's values; no session tracks it.
         """
-        statement, columns = _insert_columns(type(row))
-        state = row.__dict__
-        values: dict[str, Any] = {}
-        for key, column in columns:
-            if key in state:
-                values[column.key] = state[key]
-            elif isinstance(column.default, ColumnDefault) and not column.primary_key:
-                default: Any = column.default.arg
-                value = default(None) if callable(default) else default  # a callable default takes the context
-                setattr(row, key, value)
-                values[column.key] = value
+        values = _row_values(row)
         if skip_conflict:
             inserted = (await self.connection.execute(_insert_skipping_conflicts(type(row)), values)).first()
             if inserted is not None and getattr(row, "id", None) is None:
                 row.id = inserted[0]  # pyright: ignore[reportAttributeAccessIssue]
             return inserted is not None
-        result = cast(CursorResult[Any], await self.connection.execute(statement, values))
+        result = cast(CursorResult[Any], await self.connection.execute(_insert_columns(type(row))[0], values))
         primary_key = result.inserted_primary_key
         if primary_key is not None and getattr(row, "id", None) is None:
             row.id = primary_key[0]  # pyright: ignore[reportAttributeAccessIssue]
@@ -534,7 +524,7 @@ class StoreTx:
             kind=kind,
             content=canonical_json(parts),
             tool_execution_uid=tool_execution_id,
-            provider_message_id=None,
+            provider_message_id=None,  # APPEND_MESSAGE binds every column but id and sequence
             metadata_=canonical_json(metadata or {}),
             request_uid=request_id,
             created_at=now,
@@ -542,8 +532,7 @@ class StoreTx:
         )
         if self.store.engine.dialect.insert_returning:
             # The conversation's latest sequence, its existence and the insert in one statement (issue 9).
-            values = {column.key: getattr(row, key) for key, column in _appended_attributes()}
-            inserted = (await self.connection.execute(sql.APPEND_MESSAGE, values)).first()
+            inserted = (await self.connection.execute(sql.APPEND_MESSAGE, _row_values(row))).first()
             if inserted is None:
                 raise RecordNotFound(f"conversation not found: {conversation_id}")
             row.id, row.sequence = inserted
@@ -1373,11 +1362,20 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-@functools.cache
-def _appended_attributes() -> tuple[tuple[str, Column[Any]], ...]:
-    """``(attribute key, column)`` of MessageRow for each of :data:`statements.APPENDED_COLUMNS`."""
-    by_column = {column.key: key for key, column in _insert_columns(MessageRow)[1]}
-    return tuple((by_column[column.key], column) for column in sql.APPENDED_COLUMNS)
+def _row_values(row: object) -> dict[str, Any]:
+    """The column values of a new row built as a mapped object, by column key: the attributes it was given, and the
+    column defaults it was not (set on the object too, so that it carries the row as inserted)."""
+    state = row.__dict__
+    values: dict[str, Any] = {}
+    for key, column in _insert_columns(type(row))[1]:
+        if key in state:
+            values[column.key] = state[key]
+        elif isinstance(column.default, ColumnDefault) and not column.primary_key:
+            default: Any = column.default.arg
+            value = default(None) if callable(default) else default  # a callable default takes the context
+            setattr(row, key, value)
+            values[column.key] = value
+    return values
 
 
 @functools.cache
