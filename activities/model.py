@@ -330,7 +330,8 @@ class ModelActivities:
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
         # request id, so a commit whose acknowledgement was lost is found, not written twice).
         step, written = await retry_store(
-            lambda: self._write_response(call, result, cost, verdict, audit, ended), what="model persist"
+            lambda: self._write_response(call, turn.conversation_id, result, cost, verdict, audit, ended),
+            what="model persist",
         )
         if written:
             await emit(
@@ -362,6 +363,7 @@ class ModelActivities:
     async def _write_response(
         self,
         call: ModelCall,
+        conversation_id: str,
         result: Result,
         cost: Cost,
         verdict: Verdict,
@@ -375,7 +377,9 @@ class ModelActivities:
         """
         if ended is not None:
             ended.clear()
-        async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+        # The response's append locks the turn's conversation: take it with the turn's lock, in one round trip
+        # (a turn's conversation never changes).
+        async with self.store.atomic(turn_id=call.root_turn_id, conversation_id=conversation_id) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:

@@ -244,7 +244,8 @@ class ToolActivities:
     async def _commit(
         self, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any], tool: Tool
     ) -> ToolOutcome:
-        async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+        # The result's append locks the conversation: take it with the turn's lock, in one round trip.
+        async with self.store.atomic(turn_id=turn.root_turn_id, conversation_id=turn.conversation_id) as tx:
             settled = await tx.claim_tool_execution(
                 execution.id, from_=OPEN_EXECUTION_STATUSES, to="completed", result=result, completed_at=utcnow()
             )

@@ -21,7 +21,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, OperationalError, StatementError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, StatementError
 
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_claim_token, new_id
@@ -29,6 +29,7 @@ from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.errors import transient_store_error
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
+from turnkit.store.store import CONVERSATIONS_KEPT
 
 ID_RE = r"[0-9a-f]{24}"
 
@@ -223,6 +224,63 @@ async def test_an_append_reads_the_latest_sequence_in_its_insert(
     with pytest.raises(RecordNotFound):
         await store.append_message(missing, role="user", text="lost")
     assert await _count(store, MessageRow.id, MessageRow.conversation_uid == missing) == 0
+
+
+async def test_an_append_with_an_existing_id_or_a_second_tool_result_writes_nothing(store: Store) -> None:
+    """Issue 9: an append with an explicit id, and an execution's tool result, check for the existing message inside
+    their INSERT (one statement after the conversation's lock); only when nothing was inserted does a read tell the
+    existing message (returned, nothing written) from a missing conversation (RecordNotFound)."""
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    message_id = new_id("message")
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic(conversation_id=conversation.id) as tx:
+            before = len(sent)
+            first = await tx.append_message(conversation.id, role="user", text="once", id=message_id)
+            assert sent[before:] == ["INSERT"]
+            again = await tx.append_message(conversation.id, role="user", text="twice", id=message_id)
+            assert sent[before + 1 :] == ["INSERT", "SELECT"]  # nothing inserted: the existing message is read
+            assert again == first
+            result, created = await tx.append_tool_result(
+                conversation.id, turn_id=turn.id, tool_execution_id="ex_1", content=[{"text": "a"}], metadata={}
+            )
+            assert created and result.sequence == 2 and result.kind == "tool_result" and result.role == "tool"
+            repeat, created = await tx.append_tool_result(
+                conversation.id, turn_id=turn.id, tool_execution_id="ex_1", content=[{"text": "b"}], metadata={}
+            )
+            assert not created and repeat == result
+    finally:
+        stop()
+    assert [m.text for m in await store.list_messages(conversation.id)] == ["once", "a"]
+    missing = new_id("conversation")
+    with pytest.raises(RecordNotFound):
+        await store.append_message(missing, role="user", text="lost", id=new_id("message"))
+    with pytest.raises(RecordNotFound):
+        async with store.atomic() as tx:
+            await tx.append_tool_result(missing, turn_id=turn.id, tool_execution_id="ex_2", content=[], metadata={})
+    assert await _count(store, MessageRow.id, MessageRow.conversation_uid == missing) == 0
+
+
+async def test_concurrent_tool_results_of_one_execution_append_one_message(store: Store) -> None:
+    """Every call gets one result: two transactions appending the same execution's result at once (a zombie attempt
+    and its retry) write one message; the second sees the first's, after the conversation's lock."""
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+
+    async def append(text: str) -> tuple[str, bool]:
+        async with store.atomic() as tx:
+            message, created = await tx.append_tool_result(
+                conversation.id, turn_id=turn.id, tool_execution_id="ex_race", content=[{"text": text}], metadata={}
+            )
+            return message.id, created
+
+    results = await asyncio.gather(
+        *(asyncio.create_task(append(f"r{i}"), context=contextvars.Context()) for i in range(6))
+    )
+    assert sum(created for _, created in results) == 1
+    assert len({message_id for message_id, _ in results}) == 1
+    assert len(await store.list_messages(conversation.id)) == 1
 
 
 async def test_concurrent_appends_to_two_conversations_stay_gap_free(store: Store) -> None:
@@ -848,6 +906,63 @@ async def test_a_transaction_reads_a_turn_row_once_until_it_writes_it(store: Sto
         assert (await tx.load_turn(root.id)).options.stored()["state"]["iterations"] == 3
 
 
+async def test_a_conversation_and_a_turn_are_locked_in_one_statement_conversation_first(store: Store) -> None:
+    """Issue 9: on PostgreSQL ``atomic(conversation_id=…, turn_id=…)`` locks both rows in one statement (the turn's
+    row comes back for the transaction's reads), the conversation's first, as the two locks did: a transaction that
+    waits there for the turn already holds its conversation. When either row is missing the two locks run as
+    before, and the missing one raises RecordNotFound where it is read."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite's BEGIN IMMEDIATE holds its one writer lock: no row locks to take")
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn.id) as tx:
+            assert (await tx.load_turn(turn.id)).id == turn.id
+            assert (await tx.load_conversation(conversation.id)).id == conversation.id
+    finally:
+        stop()
+    assert sent == ["BEGIN", "SELECT"]  # the locks, the turn's read; the conversation's row was committed before
+
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_turn() -> None:
+        async with store.atomic(turn_id=turn.id):
+            holding.set()
+            await release.wait()
+
+    async def lock_both() -> str:
+        await holding.wait()
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn.id) as tx:
+            return (await tx.load_turn(turn.id)).id
+
+    holder = asyncio.create_task(hold_the_turn(), context=contextvars.Context())
+    both = asyncio.create_task(lock_both(), context=contextvars.Context())
+    await holding.wait()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    probe = text("SELECT id FROM turnkit_conversations WHERE uid = :uid FOR UPDATE NOWAIT")
+    while True:
+        try:
+            async with store.engine.connect() as connection, connection.begin():
+                await connection.execute(probe, {"uid": conversation.id})
+        except DBAPIError as error:  # lock_not_available: the transaction waiting for the turn holds it
+            assert "lock" in str(error)
+            break
+        assert loop.time() < deadline, "the transaction waiting for the turn does not hold its conversation"
+        await asyncio.sleep(0.02)
+    assert not both.done()
+    release.set()
+    assert await both == turn.id
+    await holder
+
+    missing = new_id("conversation")
+    with pytest.raises(RecordNotFound):
+        async with store.atomic(conversation_id=missing, turn_id=turn.id) as tx:
+            assert (await tx.load_turn(turn.id)).id == turn.id
+            await tx.load_conversation(missing)
+
+
 async def test_a_turn_read_in_a_savepoint_is_read_again_after_it(store: Store) -> None:
     """A savepoint may roll back what it wrote: a turn row read or written inside one is not reused after it."""
     conversation = await _conversation(store)
@@ -860,6 +975,90 @@ async def test_a_turn_read_in_a_savepoint_is_read_again_after_it(store: Store) -
                 assert (await tx.load_turn(turn.id)).cost == 9.0
                 raise _Boom
         assert (await tx.load_turn(turn.id)).cost is None  # as before the savepoint
+
+
+async def test_a_conversation_row_is_read_once_per_store(store: Store) -> None:
+    """Issue 9: a conversation row never changes once committed, so the store reads it once: later transactions
+    (a model call's prompt shows the conversation's subject) take it from memory. A conversation created by a
+    transaction, or inside a savepoint, that rolls back is not kept: reading it again raises RecordNotFound."""
+    conversation = await _conversation(store, subject={"type": "ticket", "id": "T-1"})
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic() as tx:
+            assert (await tx.load_conversation(conversation.id)) == conversation
+        async with store.atomic() as tx:
+            assert (await tx.load_conversation(conversation.id)).subject == {"type": "ticket", "id": "T-1"}
+        assert await store.load_conversation(conversation.id) == conversation
+    finally:
+        stop()
+    assert sent.count("SELECT") == 1
+
+    rolled_back = new_id("conversation")
+    with pytest.raises(_Boom):
+        async with store.atomic() as tx:
+            await tx.create_conversation(agent_name="agent", id=rolled_back)
+            await tx.lock(conversation_id=rolled_back)
+            assert (await tx.load_conversation(rolled_back)).id == rolled_back
+            raise _Boom
+    in_savepoint = new_id("conversation")
+    async with store.atomic() as tx:
+        with pytest.raises(_Boom):
+            async with tx.connection.begin_nested():
+                await tx.create_conversation(agent_name="agent", id=in_savepoint)
+                assert (await tx.load_conversation(in_savepoint)).id == in_savepoint
+                raise _Boom
+        with pytest.raises(RecordNotFound):
+            await tx.load_conversation(in_savepoint)
+    for absent in (rolled_back, in_savepoint):
+        with pytest.raises(RecordNotFound):
+            await store.load_conversation(absent)
+    assert len(store.conversation_rows) <= CONVERSATIONS_KEPT
+
+
+async def test_a_new_conversation_needs_no_transaction_on_postgresql(store: Store) -> None:
+    """Issue 9: ``Store.create_conversation`` is one INSERT, alone in autocommit on PostgreSQL (no BEGIN, no COMMIT);
+    a transaction on SQLite; inside a transaction of the task it joins it (and rolls back with it)."""
+    sent, stop = _statements(store)
+    try:
+        created = await store.create_conversation(agent_name="agent", subject={"type": "ticket", "id": "T-2"})
+    finally:
+        stop()
+    assert sent == (["INSERT"] if store.dialect == "postgresql" else ["BEGIN", "INSERT"])
+    assert (await store.load_conversation(created.id)).subject == {"type": "ticket", "id": "T-2"}
+    with pytest.raises(_Boom):
+        async with store.atomic():
+            joined = await store.create_conversation(agent_name="agent")
+            raise _Boom
+    with pytest.raises(RecordNotFound):
+        await store.load_conversation(joined.id)
+
+
+async def test_a_first_turn_asks_for_its_turn_and_any_other_in_one_read(store: Store) -> None:
+    """Issue 9: ``find_turn_or_any`` answers a fresh conversation's first turn in one statement: the turn if it exists
+    (a repeat after a lost commit reply), else whether the conversation has any other turn (its lane orders this
+    one), else nothing."""
+    conversation = await _conversation(store)
+    other = await _conversation(store)
+    turn_id = new_id("turn")
+    async with store.atomic() as tx:
+        assert await tx.find_turn_or_any(turn_id, conversation.id) == (None, False)
+    await _turn(store, other.id)
+    async with store.atomic() as tx:
+        assert await tx.find_turn_or_any(turn_id, conversation.id) == (None, False)  # another conversation's turn
+    first = await _turn(store, conversation.id)
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic() as tx:
+            assert await tx.find_turn_or_any(turn_id, conversation.id) == (None, True)
+            found, _ = await tx.find_turn_or_any(first.id, conversation.id)
+            assert found is not None and found.id == first.id
+    finally:
+        stop()
+    assert sent == ["BEGIN", "SELECT", "SELECT"]
+    later = await _turn(store, conversation.id, id=turn_id)
+    async with store.atomic() as tx:
+        found, any_turn = await tx.find_turn_or_any(turn_id, conversation.id)
+        assert found is not None and found.id == later.id and any_turn  # the turn itself first, not the older one
 
 
 async def test_a_create_race_on_postgresql_costs_one_statement_and_keeps_the_transaction(store: Store) -> None:
@@ -929,7 +1128,7 @@ async def test_reads_need_no_transaction_on_postgresql(store: Store) -> None:
         with pytest.raises(RecordNotFound):
             await store.load_turn(new_id("turn"))
         async with store.reads() as tx:
-            assert (await tx.load_conversation(conversation.id)).id == conversation.id
+            assert await tx.list_messages(conversation.id) == []
             assert await tx.list_waits(target_turn_id=turn.id) == []
     finally:
         stop()

@@ -45,11 +45,11 @@ async def write_first_turn(store: Store, request: SubmitTurn, agent_name: str) -
     except ConfigError:
         return None
     async with store.atomic(conversation_id=request.conversation_id) as tx:
-        turn = await tx.find_turn(request.turn_id)
+        turn, has_turns = await tx.find_turn_or_any(request.turn_id, request.conversation_id)
         if turn is None:
-            if await tx.has_turns(request.conversation_id):
+            if has_turns:
                 return None
-            conversation = await tx.load_conversation(request.conversation_id)
+            conversation = await tx.load_conversation(request.conversation_id)  # read with its lock on PostgreSQL
             turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True, direct=True)
         queued = await queued_with_root(tx, turn)
     return queued.turn_input(turn.conversation_id)

@@ -107,13 +107,9 @@ class TurnKit:
         to_prompt = getattr(subject, "to_prompt", None)
         if callable(to_prompt):
             meta["turnkit_subject_prompt"] = str(to_prompt())
-        async with self.store.atomic() as tx:
-            record = await tx.create_conversation(
-                agent_name=agent.name,
-                model=model or agent.effective_model,
-                subject=subject_ref,
-                metadata=meta,
-            )
+        record = await self.store.create_conversation(
+            agent_name=agent.name, model=model or agent.effective_model, subject=subject_ref, metadata=meta
+        )
         return Conversation(self, record)
 
     async def run(self, agent: Agent, task: str, *, input: Any = None, wait: bool = True, **options: Any) -> Run:

@@ -39,16 +39,13 @@ async def append_tool_result(
     tx: StoreTx, turn: TurnRecord, execution: ToolExecutionRecord, *, interrupted: bool = False
 ) -> MessageRecord:
     """Append the execution's tool-result message once; returns the existing one if it is already there."""
-    existing = await tx.tool_result_message(execution.id)
-    if existing is not None:
-        return existing
     metadata: dict[str, Any] = {"tool_name": execution.tool_name}
     if interrupted or execution.status == "interrupted":
         metadata["interrupted"] = True
-    message = await tx.append_message(
+    message, created = await tx.append_tool_result(
         turn.conversation_id,
-        role="tool",
-        kind="tool_result",
+        turn_id=turn.id,
+        tool_execution_id=execution.id,
         content=[
             {
                 "type": "tool_result",
@@ -57,11 +54,10 @@ async def append_tool_result(
                 "error": result_payload(execution)[1],
             }
         ],
-        turn_id=turn.id,
-        tool_execution_id=execution.id,
         metadata=metadata,
     )
-    announce_message(tx, message)
+    if created:
+        announce_message(tx, message)
     return message
 
 

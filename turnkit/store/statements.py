@@ -30,12 +30,15 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    case,
     delete,
+    exists,
     func,
     insert,
     inspect,
     or_,
     select,
+    true,
     update,
 )
 
@@ -102,11 +105,22 @@ MEDIA_DATA: Final = select(MEDIA.c.data).where(MEDIA.c.uid == bindparam("uid"))
 
 # Row locks (PostgreSQL only; SQLite's BEGIN IMMEDIATE holds the single writer lock) ----------------------------------
 
-LOCK_CONVERSATION: Final = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.uid == bindparam("uid")).with_for_update()
+#: The conversation's whole row, locked: the lock and the read that often follows it, in one round trip. A
+#: conversation row is never updated, so the transaction may reuse it (``StoreTx._conversation_rows``).
+LOCK_CONVERSATION: Final = CONVERSATION_BY_UID.with_for_update(of=CONVERSATIONS)
 #: The turn's whole row, locked: the lock and the read that usually follows it, in one round trip. In READ COMMITTED
 #: a locked row is read as its newest version (PostgreSQL re-reads it once the lock is granted), so it may be reused
 #: until the transaction writes it (``StoreTx._turn_rows``).
 LOCK_TURN: Final = TURN_BY_UID.with_for_update(of=TURNS)
+#: A conversation's row and a turn's (any turn: a sub-agent's call locks its root), locked in that order, as every
+#: transaction that locks both does (``Store.atomic``), in one round trip; the turn's whole row comes back, and no row
+#: when either is missing. A transaction that appends to a conversation under its turn's lock takes both at its start.
+LOCK_CONVERSATION_AND_TURN: Final = (
+    whole_rows(TurnRow)
+    .select_from(CONVERSATIONS.join(TURNS, true()))
+    .where(CONVERSATIONS.c.uid == bindparam("conversation_uid"), TURNS.c.uid == bindparam("uid"))
+    .with_for_update(of=[CONVERSATIONS, TURNS])
+)
 LOCK_EXECUTION: Final = select(TOOL_EXECUTIONS.c.id).where(TOOL_EXECUTIONS.c.uid == bindparam("uid")).with_for_update()
 
 # Messages -----------------------------------------------------------------------------------------------------------
@@ -121,23 +135,39 @@ CONVERSATION_AND_LATEST_SEQUENCE: Final = select(
 ).where(CONVERSATIONS.c.uid == bindparam("uid"))
 #: The columns an append binds: every one but the generated ``id`` and the ``sequence`` that APPEND_MESSAGE computes.
 APPENDED_COLUMNS: Final = tuple(column for column in MESSAGES.c if column.key not in ("id", "sequence"))
-#: Append a message with its conversation's next sequence, only when the conversation exists (no row returned
-#: otherwise): the latest sequence's read and the insert in one statement (issue 9). Binds each of APPENDED_COLUMNS by
-#: its key. On PostgreSQL, run it after the conversation's lock: in READ COMMITTED the statement's snapshot, taken
-#: after the lock was granted, then sees every append committed before it.
-APPEND_MESSAGE: Final[Insert] = (
-    insert(MESSAGES)
-    .from_select(
-        [*APPENDED_COLUMNS, MESSAGES.c.sequence],
-        select(
-            *(bindparam(column.key, type_=column.type) for column in APPENDED_COLUMNS),
-            select(func.coalesce(func.max(MESSAGES.c.sequence), 0) + 1)
-            .where(MESSAGES.c.conversation_uid == bindparam("conversation_uid"))
-            .scalar_subquery(),
-        ).where(CONVERSATIONS.c.uid == bindparam("conversation_uid")),
+
+
+def _append(*unless: ColumnElement[bool]) -> Insert:
+    """Append a message with its conversation's next sequence, only when the conversation exists and every ``unless``
+    holds (no row returned otherwise): the latest sequence's read, the checks and the insert in one statement (issue
+    9). Binds each of APPENDED_COLUMNS by its key. On PostgreSQL, run it after the conversation's lock: in READ
+    COMMITTED the statement's snapshot, taken after the lock was granted, then sees every append committed before it.
+    """
+    return (
+        insert(MESSAGES)
+        .from_select(
+            [*APPENDED_COLUMNS, MESSAGES.c.sequence],
+            select(
+                *(bindparam(column.key, type_=column.type) for column in APPENDED_COLUMNS),
+                select(func.coalesce(func.max(MESSAGES.c.sequence), 0) + 1)
+                .where(MESSAGES.c.conversation_uid == bindparam("conversation_uid"))
+                .scalar_subquery(),
+            ).where(CONVERSATIONS.c.uid == bindparam("conversation_uid"), *unless),
+        )
+        .returning(MESSAGES.c.id, MESSAGES.c.sequence)
     )
-    .returning(MESSAGES.c.id, MESSAGES.c.sequence)
+
+
+_EARLIER: Final = MESSAGES.alias("earlier")
+#: Append a message (see _append).
+APPEND_MESSAGE: Final[Insert] = _append()
+#: The same, unless a message with the bound ``uid`` exists (an append with an explicit id is idempotent).
+APPEND_NEW_MESSAGE: Final[Insert] = _append(~exists().where(_EARLIER.c.uid == bindparam("uid")))
+#: The same, unless the bound ``tool_execution_uid`` has a message already (an execution's result is appended once).
+APPEND_FIRST_TOOL_RESULT: Final[Insert] = _append(
+    ~exists().where(_EARLIER.c.tool_execution_uid == bindparam("tool_execution_uid"))
 )
+
 LATEST_SEQUENCE: Final = select(func.max(MESSAGES.c.sequence)).where(MESSAGES.c.conversation_uid == bindparam("uid"))
 TURN_MESSAGES: Final = (
     whole_rows(MessageRow).where(MESSAGES.c.turn_uid == bindparam("uid")).order_by(MESSAGES.c.sequence)
@@ -192,8 +222,14 @@ TURNS_OUTSIDE_LANE: Final = (
     )
     .limit(2)
 )
-#: Whether a conversation has any turn (a direct first turn needs none).
-ANY_TURN: Final = select(TURNS.c.id).where(TURNS.c.conversation_uid == bindparam("uid")).limit(1)
+#: The turn ``uid`` if it exists, else any turn of the conversation ``conversation_uid``, else no row: a fresh
+#: conversation's first turn asks both in one statement (``StoreTx.find_turn_or_any``).
+TURN_OR_ANY_OF_CONVERSATION: Final = (
+    whole_rows(TurnRow)
+    .where(or_(TURNS.c.uid == bindparam("uid"), TURNS.c.conversation_uid == bindparam("conversation_uid")))
+    .order_by(case((TURNS.c.uid == bindparam("uid"), 0), else_=1))
+    .limit(1)
+)
 TREE_USAGE: Final = select(
     TURNS.c.tree_iterations, TURNS.c.tree_tool_executions, TURNS.c.tree_tool_executions_by_name, TURNS.c.tree_cost
 ).where(TURNS.c.uid == bindparam("uid"))

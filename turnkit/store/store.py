@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -75,9 +76,20 @@ from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
 
-__all__ = ["DEFAULT_DATABASE_URL", "OutsideLane", "Store", "StoreTx", "in_transaction", "media_id_for", "utcnow"]
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "KeptRows",
+    "OutsideLane",
+    "Store",
+    "StoreTx",
+    "in_transaction",
+    "media_id_for",
+    "utcnow",
+]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
+#: How many conversation rows a store keeps in memory for later reads (Store.conversation_rows): about 1 KB each.
+CONVERSATIONS_KEPT: Final = 10_000
 
 TURN_UPDATE_FIELDS: Final = frozenset(
     {
@@ -137,6 +149,32 @@ def canonical_json(value: Any) -> Any:
     return storable(value)
 
 
+class KeptRows:
+    """Committed rows that never change once written, kept in memory by ``uid`` for later reads; past ``limit`` the
+    least recently used goes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._rows: OrderedDict[str, Row[Any]] = OrderedDict()
+
+    def get(self, uid: str) -> Row[Any] | None:
+        """The kept row of ``uid``, or None."""
+        row = self._rows.get(uid)
+        if row is not None:
+            self._rows.move_to_end(uid)
+        return row
+
+    def keep(self, row: Row[Any]) -> None:
+        """Keep ``row`` (committed, and never to change) under its ``uid``."""
+        self._rows[row.uid] = row
+        self._rows.move_to_end(row.uid)
+        if len(self._rows) > self.limit:
+            self._rows.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
 class Store:
     """An async SQL store for TurnKit records. Create with :meth:`open`; close with :meth:`close`."""
 
@@ -149,6 +187,10 @@ class Store:
         # PostgreSQL: the same pool, its connections in autocommit, for reads that need no transaction (Store.reads).
         postgresql = engine.dialect.name == "postgresql"
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT") if postgresql else None
+        #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
+        #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
+        #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
+        self.conversation_rows = KeptRows(CONVERSATIONS_KEPT)
 
     @property
     def sync_engines(self) -> tuple[Engine, ...]:
@@ -261,6 +303,29 @@ class Store:
 
     # Convenience wrappers: one transaction per call, or none for a read (see reads()). ------------------------------
 
+    async def create_conversation(
+        self,
+        *,
+        agent_name: str,
+        model: str | None = None,
+        subject: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> ConversationRecord:
+        """Create a conversation with a new id (see :meth:`StoreTx.create_conversation`).
+
+        Its one statement, an ``INSERT``, needs no transaction of its own: on PostgreSQL it runs alone in autocommit,
+        without a BEGIN and a COMMIT (two round trips fewer, issue 9); inside a transaction of the task, in it.
+        """
+        if self._autocommit is None or _current_tx.get() is not None:
+            async with self.atomic() as tx:
+                return await tx.create_conversation(
+                    agent_name=agent_name, model=model, subject=subject, metadata=metadata
+                )
+        async with self._autocommit.connect() as connection:
+            return await StoreTx(self, connection).create_conversation(
+                agent_name=agent_name, model=model, subject=subject, metadata=metadata
+            )
+
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
         """The conversation ``conversation_id``; raises :class:`RecordNotFound` when absent."""
         async with self.reads() as tx:
@@ -335,6 +400,11 @@ class StoreTx:
         # (load_turn, find_turn, tree_usage of a root) takes the row from here instead of a round trip. Every write of
         # a turn row forgets it (_forget_turn).
         self._turn_rows: dict[str, Row[Any]] = {}
+        # Conversation rows as read (never inside a savepoint): a conversation row is never updated or deleted, so the
+        # row read with the conversation's lock serves the transaction's later reads of it (load_conversation). The
+        # ones this transaction created are not committed yet: the store does not keep them (Store.conversation_rows).
+        self._conversation_rows: dict[str, Row[Any]] = {}
+        self._created_conversations: set[str] = set()
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     def after_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
@@ -351,9 +421,26 @@ class StoreTx:
         """Lock a conversation row and/or a turn row until the transaction ends (a no-op on SQLite)."""
         if self.store.dialect != "postgresql":
             return  # BEGIN IMMEDIATE already holds SQLite's single writer lock.
+        if (
+            conversation_id
+            and turn_id
+            and ("conversation", conversation_id) not in self._locked
+            and ("turn", turn_id) not in self._locked
+        ):
+            # Both in one round trip, the conversation's first (the order of every lock of both); the turn's row comes
+            # back. No row: one of them is missing, and the locks below tell which, as they always did.
+            params = {"conversation_uid": conversation_id, "uid": turn_id}
+            row = (await self.connection.execute(sql.LOCK_CONVERSATION_AND_TURN, params)).first()
+            if row is not None:
+                self._locked.update({("conversation", conversation_id), ("turn", turn_id)})
+                self._remember_counts(row)
+                return
         if conversation_id and ("conversation", conversation_id) not in self._locked:
-            await self.connection.execute(sql.LOCK_CONVERSATION, {"uid": conversation_id})
+            # The lock reads the whole row, as the turn's does below.
+            row = (await self.connection.execute(sql.LOCK_CONVERSATION, {"uid": conversation_id})).first()
             self._locked.add(("conversation", conversation_id))
+            if row is not None:
+                self._remember_conversation(row)
         if turn_id and ("turn", turn_id) not in self._locked:
             # The lock reads the whole row, which the transaction's next read of the turn then takes for free (the
             # lock and the read in one round trip: issue 9).
@@ -458,17 +545,32 @@ class StoreTx:
                 updated_at=now,
             )
 
-        row, _ = await self._get_or_create(
+        row, created = await self._get_or_create(
             lambda: self._read_one(sql.CONVERSATION_BY_UID, uid=uid), build, look_first=id is not None
         )
+        if created:
+            self._created_conversations.add(uid)  # not committed yet: the store does not keep it (load_conversation)
         return _conversation(row)
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
         """The conversation; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(sql.CONVERSATION_BY_UID, uid=conversation_id)
+        row = self._conversation_rows.get(conversation_id) or self.store.conversation_rows.get(conversation_id)
         if row is None:
-            raise RecordNotFound(f"conversation not found: {conversation_id}")
+            row = await self._read_one(sql.CONVERSATION_BY_UID, uid=conversation_id)
+            if row is None:
+                raise RecordNotFound(f"conversation not found: {conversation_id}")
+            self._remember_conversation(row)
         return _conversation(row)
+
+    def _remember_conversation(self, row: Row[Any]) -> None:
+        """Keep a conversation row for the next reads of it: conversation rows never change once written. The store
+        keeps it for every transaction once it is committed: unless this transaction created it, it was committed
+        before this transaction could read it. This transaction keeps it too, unless it was read inside a savepoint,
+        whose rollback may remove a conversation created inside it."""
+        if row.uid not in self._created_conversations:
+            self.store.conversation_rows.keep(row)
+        if not self.connection.in_nested_transaction():
+            self._conversation_rows[row.uid] = row
 
     async def _read_one(self, statement: Select[*tuple[Any, ...]], **params: Any) -> Row[Any] | None:
         """The first row of a prebuilt read (:mod:`turnkit.store.statements`), or None."""
@@ -504,13 +606,6 @@ class StoreTx:
             raise ValueError(f"unknown message role: {role}")
         if kind not in MESSAGE_KINDS:
             raise ValueError(f"unknown message kind: {kind}")
-        # test_store fix: lock first, then look the id up, so that concurrent appends of one explicit id (in
-        # transactions that did not lock the conversation up front) see each other instead of IntegrityError.
-        await self.lock(conversation_id=conversation_id)
-        if id is not None:
-            existing = await self._read_one(sql.MESSAGE_BY_UID, uid=id)
-            if existing is not None:
-                return _message(existing)
         parts = [dict(part) for part in content] if content is not None else []
         if text is not None:
             parts.append({"type": "text", "text": text})
@@ -524,25 +619,86 @@ class StoreTx:
             kind=kind,
             content=canonical_json(parts),
             tool_execution_uid=tool_execution_id,
-            provider_message_id=None,  # APPEND_MESSAGE binds every column but id and sequence
+            provider_message_id=None,  # the appends bind every column but id and sequence
             metadata_=canonical_json(metadata or {}),
             request_uid=request_id,
             created_at=now,
             updated_at=now,
         )
+        message, _ = await self._append(row, unless=None if id is None else "uid")
+        return message
+
+    async def append_tool_result(
+        self,
+        conversation_id: str,
+        *,
+        turn_id: str,
+        tool_execution_id: str,
+        content: Sequence[dict[str, Any]],
+        metadata: dict[str, Any],
+    ) -> tuple[MessageRecord, bool]:
+        """Append the tool-result message of ``tool_execution_id`` (role ``tool``, kind ``tool_result``) unless the
+        execution has a message already: ``(message, True)``, or ``(that message, False)`` with nothing written."""
+        now = utcnow()
+        row = MessageRow(
+            uid=new_id("message"),
+            conversation_uid=conversation_id,
+            turn_uid=turn_id,
+            role="tool",
+            kind="tool_result",
+            content=canonical_json([dict(part) for part in content]),
+            tool_execution_uid=tool_execution_id,
+            provider_message_id=None,
+            metadata_=canonical_json(metadata),
+            request_uid=None,
+            created_at=now,
+            updated_at=now,
+        )
+        return await self._append(row, unless="tool_execution")
+
+    async def _append(
+        self, row: MessageRow, *, unless: Literal["uid", "tool_execution"] | None
+    ) -> tuple[MessageRecord, bool]:
+        """Insert ``row`` with its conversation's next sequence, unless a message with its ``uid`` (or a message of its
+        tool execution) exists: ``(message, created)``. Raises :class:`RecordNotFound` when the conversation is
+        absent."""
+        conversation_id = row.conversation_uid
+        # test_store fix: lock first, then look for the existing message, so that concurrent appends of one explicit
+        # id (in transactions that did not lock the conversation up front) see each other instead of IntegrityError.
+        await self.lock(conversation_id=conversation_id)
+        existing = {
+            None: None,
+            "uid": (sql.MESSAGE_BY_UID, row.uid),
+            "tool_execution": (sql.TOOL_RESULT_MESSAGE, row.tool_execution_uid),
+        }[unless]
         if self.store.engine.dialect.insert_returning:
-            # The conversation's latest sequence, its existence and the insert in one statement (issue 9).
-            inserted = (await self.connection.execute(sql.APPEND_MESSAGE, _row_values(row))).first()
+            # The conversation's latest sequence, its existence, the existing message's absence and the insert in one
+            # statement (issue 9); only when no row comes back, a read tells an existing message from a missing
+            # conversation.
+            statement = {
+                None: sql.APPEND_MESSAGE,
+                "uid": sql.APPEND_NEW_MESSAGE,
+                "tool_execution": sql.APPEND_FIRST_TOOL_RESULT,
+            }[unless]
+            inserted = (await self.connection.execute(statement, _row_values(row))).first()
             if inserted is None:
-                raise RecordNotFound(f"conversation not found: {conversation_id}")
+                found = None if existing is None else await self._read_one(existing[0], uid=existing[1])
+                if found is None:
+                    raise RecordNotFound(f"conversation not found: {conversation_id}")
+                return _message(found), False
             row.id, row.sequence = inserted
-            return _message(row)
-        found = await self._read_one(sql.CONVERSATION_AND_LATEST_SEQUENCE, uid=conversation_id)
-        if found is None:
+            return _message(row), True
+        # A SQLite without INSERT … RETURNING (before 3.35): the same in two or three statements.
+        if existing is not None:
+            found = await self._read_one(existing[0], uid=existing[1])
+            if found is not None:
+                return _message(found), False
+        latest = await self._read_one(sql.CONVERSATION_AND_LATEST_SEQUENCE, uid=conversation_id)
+        if latest is None:
             raise RecordNotFound(f"conversation not found: {conversation_id}")
-        row.sequence = int(found.latest or 0) + 1
+        row.sequence = int(latest.latest or 0) + 1
         await self._insert(row)
-        return _message(row)
+        return _message(row), True
 
     async def latest_message_sequence(self, conversation_id: str) -> int:
         """The highest sequence in the conversation, 0 when it has no messages."""
@@ -663,6 +819,17 @@ class StoreTx:
         if turn is None:
             raise RecordNotFound(f"turn not found: {turn_id}")
         return turn
+
+    async def find_turn_or_any(self, turn_id: str, conversation_id: str) -> tuple[TurnRecord | None, bool]:
+        """``(the turn, True)`` if it exists; else ``(None, whether the conversation has any turn)``: a fresh
+        conversation's first turn asks both in one statement (:mod:`turnkit.first_turn`)."""
+        row = await self._read_one(sql.TURN_OR_ANY_OF_CONVERSATION, uid=turn_id, conversation_uid=conversation_id)
+        if row is None:
+            return None, False
+        if row.uid != turn_id:
+            return None, True
+        self._remember_counts(row)
+        return _turn(row), True
 
     async def find_turn(self, turn_id: str) -> TurnRecord | None:
         """The turn, or None when absent."""
@@ -887,10 +1054,6 @@ class StoreTx:
         rows = (await self.connection.execute(sql.TURNS_OUTSIDE_LANE, {"uid": conversation_id})).all()
         direct = next((_turn(row) for row in rows if row.direct), None)
         return OutsideLane(sub_agent=any(row.parent_turn_uid is not None for row in rows), direct=direct)
-
-    async def has_turns(self, conversation_id: str) -> bool:
-        """Whether the conversation has any turn, prepared, queued, running or ended."""
-        return (await self.connection.execute(sql.ANY_TURN, {"uid": conversation_id})).first() is not None
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an
