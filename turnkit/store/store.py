@@ -19,7 +19,7 @@ import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -147,6 +147,13 @@ def canonical_json(value: Any) -> Any:
     surrogates U+FFFD (see :func:`turnkit.store.storable.storable`); a circular value raises ``UnstorableValue``.
     """
     return storable(value)
+
+
+@asynccontextmanager
+async def _autocommitted(store: Store, engine: AsyncEngine) -> AsyncGenerator[StoreTx, None]:
+    """A StoreTx whose statements each commit alone (``engine`` in autocommit)."""
+    async with engine.connect() as connection:
+        yield StoreTx(store, connection)
 
 
 class KeptRows:
@@ -294,12 +301,15 @@ class Store:
         the store runs in, a statement reads its own snapshot either way. On SQLite, a transaction (``atomic()``).
         Never write in it: on PostgreSQL each write would commit by itself.
         """
+        async with self._statements_alone() as tx:
+            yield tx
+
+    def _statements_alone(self) -> AbstractAsyncContextManager[StoreTx]:
+        """Each statement alone in autocommit on PostgreSQL (no BEGIN, no COMMIT); inside a transaction of the task,
+        that transaction; on SQLite, a transaction (``atomic()``)."""
         if self._autocommit is None or _current_tx.get() is not None:
-            async with self.atomic() as tx:
-                yield tx
-            return
-        async with self._autocommit.connect() as connection:
-            yield StoreTx(self, connection)
+            return self.atomic()
+        return _autocommitted(self, self._autocommit)
 
     # Convenience wrappers: one transaction per call, or none for a read (see reads()). ------------------------------
 
@@ -316,15 +326,8 @@ class Store:
         Its one statement, an ``INSERT``, needs no transaction of its own: on PostgreSQL it runs alone in autocommit,
         without a BEGIN and a COMMIT (two round trips fewer, issue 9); inside a transaction of the task, in it.
         """
-        if self._autocommit is None or _current_tx.get() is not None:
-            async with self.atomic() as tx:
-                return await tx.create_conversation(
-                    agent_name=agent_name, model=model, subject=subject, metadata=metadata
-                )
-        async with self._autocommit.connect() as connection:
-            return await StoreTx(self, connection).create_conversation(
-                agent_name=agent_name, model=model, subject=subject, metadata=metadata
-            )
+        async with self._statements_alone() as tx:
+            return await tx.create_conversation(agent_name=agent_name, model=model, subject=subject, metadata=metadata)
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
         """The conversation ``conversation_id``; raises :class:`RecordNotFound` when absent."""
