@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.errors import transient_store_error
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
-from turnkit.store.store import CONVERSATIONS_KEPT
+from turnkit.store.store import KeptRows
 
 ID_RE = r"[0-9a-f]{24}"
 
@@ -1012,7 +1013,17 @@ async def test_a_conversation_row_is_read_once_per_store(store: Store) -> None:
     for absent in (rolled_back, in_savepoint):
         with pytest.raises(RecordNotFound):
             await store.load_conversation(absent)
-    assert len(store.conversation_rows) <= CONVERSATIONS_KEPT
+
+
+def test_kept_rows_let_the_least_recently_read_go_past_their_limit() -> None:
+    """``Store.conversation_rows`` is bounded: past its limit the row read least recently goes, a read counts."""
+    kept = KeptRows(2)
+    a, b, c = (SimpleNamespace(uid=uid) for uid in "abc")
+    kept.keep(a)  # pyright: ignore[reportArgumentType]
+    kept.keep(b)  # pyright: ignore[reportArgumentType]
+    assert kept.get("a") is a  # read: b is now the least recently used
+    kept.keep(c)  # pyright: ignore[reportArgumentType]
+    assert (kept.get("a"), kept.get("b"), kept.get("c"), len(kept)) == (a, None, c, 2)
 
 
 async def test_a_new_conversation_needs_no_transaction_on_postgresql(store: Store) -> None:

@@ -613,20 +613,16 @@ class StoreTx:
         if text is not None:
             parts.append({"type": "text", "text": text})
         parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-        now = utcnow()
-        row = MessageRow(
-            uid=id or new_id("message"),
-            conversation_uid=conversation_id,
-            turn_uid=turn_id,
+        row = _message_row(
+            conversation_id,
             role=role,
             kind=kind,
-            content=canonical_json(parts),
-            tool_execution_uid=tool_execution_id,
-            provider_message_id=None,  # the appends bind every column but id and sequence
-            metadata_=canonical_json(metadata or {}),
-            request_uid=request_id,
-            created_at=now,
-            updated_at=now,
+            parts=parts,
+            turn_id=turn_id,
+            tool_execution_id=tool_execution_id,
+            metadata=metadata,
+            id=id,
+            request_id=request_id,
         )
         message, _ = await self._append(row, unless=None if id is None else "uid")
         return message
@@ -642,20 +638,14 @@ class StoreTx:
     ) -> tuple[MessageRecord, bool]:
         """Append the tool-result message of ``tool_execution_id`` (role ``tool``, kind ``tool_result``) unless the
         execution has a message already: ``(message, True)``, or ``(that message, False)`` with nothing written."""
-        now = utcnow()
-        row = MessageRow(
-            uid=new_id("message"),
-            conversation_uid=conversation_id,
-            turn_uid=turn_id,
+        row = _message_row(
+            conversation_id,
             role="tool",
             kind="tool_result",
-            content=canonical_json([dict(part) for part in content]),
-            tool_execution_uid=tool_execution_id,
-            provider_message_id=None,
-            metadata_=canonical_json(metadata),
-            request_uid=None,
-            created_at=now,
-            updated_at=now,
+            parts=[dict(part) for part in content],
+            turn_id=turn_id,
+            tool_execution_id=tool_execution_id,
+            metadata=metadata,
         )
         return await self._append(row, unless="tool_execution")
 
@@ -669,20 +659,17 @@ class StoreTx:
         # test_store fix: lock first, then look for the existing message, so that concurrent appends of one explicit
         # id (in transactions that did not lock the conversation up front) see each other instead of IntegrityError.
         await self.lock(conversation_id=conversation_id)
-        existing = {
-            None: None,
-            "uid": (sql.MESSAGE_BY_UID, row.uid),
-            "tool_execution": (sql.TOOL_RESULT_MESSAGE, row.tool_execution_uid),
-        }[unless]
+        statement, existing = (
+            (sql.APPEND_MESSAGE, None)
+            if unless is None
+            else (sql.APPEND_NEW_MESSAGE, (sql.MESSAGE_BY_UID, row.uid))
+            if unless == "uid"
+            else (sql.APPEND_FIRST_TOOL_RESULT, (sql.TOOL_RESULT_MESSAGE, row.tool_execution_uid))
+        )
         if self.store.engine.dialect.insert_returning:
             # The conversation's latest sequence, its existence, the existing message's absence and the insert in one
             # statement (issue 9); only when no row comes back, a read tells an existing message from a missing
             # conversation.
-            statement = {
-                None: sql.APPEND_MESSAGE,
-                "uid": sql.APPEND_NEW_MESSAGE,
-                "tool_execution": sql.APPEND_FIRST_TOOL_RESULT,
-            }[unless]
             inserted = (await self.connection.execute(statement, _row_values(row))).first()
             if inserted is None:
                 found = None if existing is None else await self._read_one(existing[0], uid=existing[1])
@@ -1526,6 +1513,36 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
         values[key] = value
     values["updated_at"] = utcnow()
     return values
+
+
+def _message_row(
+    conversation_id: str,
+    *,
+    role: str,
+    kind: str,
+    parts: list[dict[str, Any]],
+    turn_id: str | None,
+    tool_execution_id: str | None,
+    metadata: dict[str, Any] | None,
+    id: str | None = None,
+    request_id: str | None = None,
+) -> MessageRow:
+    """A new message's row, its sequence left to the append (which binds every column but ``id`` and ``sequence``)."""
+    now = utcnow()
+    return MessageRow(
+        uid=id or new_id("message"),
+        conversation_uid=conversation_id,
+        turn_uid=turn_id,
+        role=role,
+        kind=kind,
+        content=canonical_json(parts),
+        tool_execution_uid=tool_execution_id,
+        provider_message_id=None,
+        metadata_=canonical_json(metadata or {}),
+        request_uid=request_id,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def _row_values(row: object) -> dict[str, Any]:
