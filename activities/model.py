@@ -73,9 +73,12 @@ class ModelActivities:
         """Reserve, call and persist one model request of ``call.turn_id`` (see the module docstring)."""
         info = activity.info()
         policy = info.retry_policy
-        warn_if_model_policy_differs(
-            info.start_to_close_timeout, info.heartbeat_timeout, policy.maximum_attempts if policy else None
-        )
+        if not info.is_local:  # a local first attempt has one attempt and no heartbeat by design
+            warn_if_model_policy_differs(
+                info.start_to_close_timeout,
+                info.heartbeat_timeout,
+                policy.maximum_attempts + call.attempts_before if policy and policy.maximum_attempts else None,
+            )
         # Store phases ride out a database outage inside the attempt: a retry would spend a model attempt (issue 8).
         reserved = await retry_store(lambda: self._reserve(call), what="model reserve")
         if isinstance(reserved, ModelStep):

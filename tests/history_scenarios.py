@@ -23,6 +23,7 @@ from tests.engine import eventually
 from turnkit.agent import Agent, register
 from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.config import configure
+from turnkit.errors import TransientModelError
 from turnkit.payloads import LaneInput
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
@@ -46,6 +47,7 @@ __all__ = [
     "subagent_fanout",
     "terminal_answer_audit",
     "turn_budget",
+    "turn_local_model",
     "turn_terminal_tool",
     "turn_tool_failures",
     "turn_tools",
@@ -512,6 +514,27 @@ async def turn_local_tools(tk: TurnKit) -> list[Recorded]:
     return [turn.id]
 
 
+async def turn_local_model(tk: TurnKit) -> list[Recorded]:
+    """``model_local_activity``: each model call's first attempt is a local activity. The first proposes a tool call
+    (an activity); the second's local attempt fails as a provider's overload would (after its ``retry-after``) and
+    runs again as a regular ``turnkit.model`` activity, which answers. A fresh conversation's direct first turn."""
+    configure(direct_first_turns=True, model_local_activity=True, model_max_attempts=3)
+
+    def overloaded(request: turnkit.ModelRequest) -> turnkit.Result:
+        raise TransientModelError("APIStatusError: overloaded", retry_after=0.2)
+
+    try:
+        conversation = await _conversation(tk, TOOLS_AGENT, [call_tools(("lookup", {"q": "a"})), overloaded, "found A"])
+        turn = await conversation.ask("look it up")
+    finally:
+        configure(model_local_activity=False, model_max_attempts=5)
+    assert (turn.status, turn.output_text) == ("completed", "found A"), turn.error
+    events = await history_events(tk, turn.id)
+    assert local_activity_types(events).count("turnkit.model") == 2, local_activity_types(events)
+    assert scheduled_activities(events) == ["tool:lookup", "turnkit.model"], scheduled_activities(events)
+    return [turn.id]
+
+
 async def turn_tool_failures(tk: TurnKit) -> list[Recorded]:
     """A ToolError, arguments of the wrong type and an unknown tool, then a final answer."""
     conversation = await _conversation(
@@ -881,6 +904,7 @@ SCENARIOS: dict[str, Scenario] = {
     "direct-first-turn": direct_first_turn,
     "turn-tools": _through_lanes(turn_tools),
     "turn-local-tools": _through_lanes(turn_local_tools),
+    "turn-local-model": turn_local_model,
     "turn-tool-failures": _through_lanes(turn_tool_failures),
     "turn-budget": _through_lanes(turn_budget),
     "lane-two-turns": _through_lanes(lane_two_turns),

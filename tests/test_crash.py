@@ -10,6 +10,7 @@ import pytest
 import turnkit
 from tests import crash_app
 from tests.engine import Engine, eventually
+from tests.history_scenarios import history_events, local_activity_types
 from tests.workers import WorkerProcess
 from turnkit.agent import register
 from turnkit.records import INTERRUPTED_MESSAGE
@@ -111,7 +112,13 @@ async def test_workers_on_asyncios_loop_finish_a_turn_after_a_crash(engine: Engi
     assert execution.status == "completed"
 
 
-async def test_committed_model_response_is_not_requested_again(engine: Engine, crash_dir: Path) -> None:
+@pytest.mark.parametrize("local_model", [False, True], ids=["activity", "local"])
+async def test_committed_model_response_is_not_requested_again(
+    engine: Engine, crash_dir: Path, local_model: bool
+) -> None:
+    """The worker dies after a model call committed its response (a regular activity, or a local one inside the
+    turn's workflow task: the next worker replays that task and runs the call again with the same request id)."""
+    turnkit.configure(model_local_activity=local_model)  # read by ask, which creates the turn
     conversation, done = await crash_and_recover(
         engine, crash_app.model_commit, "go", killed_when=("hung",), TURNKIT_CRASH_AFTER_MODEL_COMMIT="1"
     )
@@ -121,6 +128,8 @@ async def test_committed_model_response_is_not_requested_again(engine: Engine, c
     assert done.record.options.state.iterations == 2
     assistant = [m for m in await conversation.messages() if m.role == "assistant"]
     assert len(assistant) == 2  # no duplicate assistant message from the retried activity
+    events = await history_events(engine.tk, done.id)
+    assert ("turnkit.model" in local_activity_types(events)) == local_model
 
 
 async def test_killing_the_worker_while_children_run(engine: Engine, crash_dir: Path) -> None:

@@ -16,6 +16,7 @@ import turnkit
 from activities.model import ModelActivities
 from tests.engine import HeldModel, start_turn_workflow
 from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
+from turnkit.errors import TransientModelError
 from turnkit.ids import new_id
 from turnkit.model import Result
 from turnkit.payloads import ModelCall, SubmitTurn
@@ -403,6 +404,97 @@ async def test_a_local_at_most_once_tool_that_outlives_its_timeout_is_interrupte
     assert runs == ["run"]
     [result] = [m for m in client.requests[1].messages if m["role"] == "tool"]
     assert "unknown" in result["content"]
+
+
+# -- local model calls (settings.model_local_activity) ----------------------------------------------------------------
+
+
+async def test_a_local_model_call_costs_its_turn_no_workflow_task(tk: TurnKit) -> None:
+    """``model_local_activity``: the same two-call turn with each model call as a local activity: the same transcript,
+    no ``turnkit.model`` activity scheduled, one workflow task fewer per model call; with a local tool too, the whole
+    turn schedules no activity at all."""
+    tasks: dict[str, int] = {}
+    for name, lookup_tool, local_model in (
+        ("activity", lookup, False),
+        ("local model", lookup, True),
+        ("both local", local_lookup, True),
+    ):
+        turnkit.configure(model_local_activity=local_model)
+        client = ScriptedClient([call_tools(("lookup", {"q": "a"})), call_tools(("lookup", {"q": "b"})), "done"])
+        a = turnkit.Agent(f"lookup_{name.replace(' ', '_')}", model="scripted", tools=[lookup_tool], client=client)
+        turn = await (await tk.conversation(a)).ask("look up a, then b")
+        assert (turn.status, turn.output_text) == ("completed", "done"), turn.error
+        assert [(e.status, e.result) for e in await turn.tool_executions()] == [
+            ("completed", {"answer": "A"}),
+            ("completed", {"answer": "B"}),
+        ]
+        events = await history_events(tk, turn.id)
+        tasks[name] = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+        scheduled, local = scheduled_activities(events), local_activity_types(events)
+        if local_model:
+            assert "turnkit.model" not in scheduled and local.count("turnkit.model") == 3, (scheduled, local)
+        else:
+            assert scheduled.count("turnkit.model") == 3 and "turnkit.model" not in local, (scheduled, local)
+    assert tasks["local model"] == tasks["activity"] - 3, tasks
+    assert tasks["both local"] == 1, tasks  # model, tool, model, tool, model and the finish: one task
+
+
+async def test_a_local_model_attempt_that_fails_runs_again_as_an_activity_with_its_request_id(tk: TurnKit) -> None:
+    """A transient failure of the local attempt (a 503): the remaining ``model_max_attempts - 1`` attempts run as a
+    regular ``turnkit.model`` activity, with the same request id, after the provider's ``retry-after``."""
+    turnkit.configure(model_local_activity=True, model_max_attempts=3)
+    asked: list[float] = []
+
+    def overloaded(request: turnkit.ModelRequest) -> Result:
+        asked.append(time.monotonic())
+        raise TransientModelError("APIStatusError: overloaded", retry_after=1.5)
+
+    def answer(request: turnkit.ModelRequest) -> Result:
+        asked.append(time.monotonic())
+        return Result.build(text="back")
+
+    client = ScriptedClient([overloaded, answer])
+    turn = await (await tk.conversation(turnkit.Agent("local_model_retry", model="scripted", client=client))).ask("hi")
+    assert (turn.status, turn.output_text) == ("completed", "back"), turn.error
+    first, second = client.requests
+    assert first.metadata["request_id"] == second.metadata["request_id"]
+    assert asked[1] - asked[0] >= 1.5 - 0.05, asked  # the provider's delay, as the activity's own retry would wait
+    events = await history_events(tk, turn.id)
+    assert local_activity_types(events) == ["turnkit.model"] and scheduled_activities(events) == ["turnkit.model"]
+    [scheduled] = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert scheduled.activity_task_scheduled_event_attributes.retry_policy.maximum_attempts == 2
+
+
+async def test_a_local_model_attempt_that_fails_for_good_fails_the_turn_without_a_retry(tk: TurnKit) -> None:
+    """A ``ModelError`` in the local attempt (a bad request) fails the turn at once, as the activity's retry policy
+    (non-retryable ``ModelError``) would: no regular activity, one call to the provider."""
+    turnkit.configure(model_local_activity=True)
+
+    def bad_request(request: turnkit.ModelRequest) -> Result:
+        raise turnkit.ModelError("BadRequestError: unknown model")
+
+    client = ScriptedClient([bad_request, "never"])
+    turn = await (await tk.conversation(turnkit.Agent("local_model_bad", model="scripted", client=client))).ask("hi")
+    assert turn.status == "failed"
+    assert turn.error is not None and turn.error["class"] == "TurnKit::ModelError", turn.error
+    assert turn.error["message"] == "BadRequestError: unknown model"
+    assert client.calls == 1
+    assert scheduled_activities(await history_events(tk, turn.id)) == []
+
+
+async def test_a_turn_cancelled_during_a_local_model_call_ends_cancelled(tk: TurnKit) -> None:
+    """T-cancel for a local model call: a cancel made while the call runs (it holds the turn's workflow task) ends the
+    turn ``cancelled`` once the call returns, and the answer it brings is not published."""
+    turnkit.configure(model_local_activity=True)
+    model = HeldModel(Result.build(text="too late"))
+    pending = await (await tk.conversation(agent(model))).ask("hi", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+    cancelled = await pending.cancel()
+    assert cancelled.status == "cancelled"
+    model.released.set()
+    turn = await pending.result(timeout=30)
+    assert (turn.status, turn.output_text) == ("cancelled", "")
+    assert len(model.requests) == 1
 
 
 async def test_activities_heartbeat_only_when_a_beat_is_due(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,6 +98,14 @@ class Settings:
     model_max_attempts: int = 5
     """Attempts per model request (transient errors); ``ModelError`` and ``ConfigError`` are never retried."""
 
+    model_local_activity: bool = False
+    """Run each model request's first attempt as a local activity, in the worker that runs its turn (what the OpenAI
+    Agents integration calls ``use_local_activity``): an iteration with a local tool then costs one workflow task, and
+    each model call three history events fewer. The attempt has no heartbeat and holds the turn's workflow task (a
+    cancel or steer reaches the turn when the call returns, or at the SDK's task heartbeat, ~8 s); its retries run as
+    regular ``turnkit.model`` activities. For fast models; read by the process that creates each turn (docs/design.md,
+    "Local model calls")."""
+
     tool_heartbeat_timeout: float = 30.0
     """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
 

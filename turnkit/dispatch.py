@@ -31,6 +31,7 @@ def model_policy() -> ModelPolicy:
         timeout=settings.model_timeout,
         heartbeat=settings.model_heartbeat_timeout,
         max_attempts=settings.model_max_attempts,
+        local=settings.model_local_activity,
     )
 
 

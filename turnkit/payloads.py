@@ -53,6 +53,9 @@ class ModelPolicy(BaseModel):
     timeout: float
     heartbeat: float
     max_attempts: int
+    #: The first attempt as a local activity (``settings.model_local_activity``); older payloads decode as False.
+    #: Left out of the payload when False: a turn's history is what it was before the option.
+    local: bool = Field(default=False, exclude_if=lambda local: not local)
 
 
 class CallPolicy(BaseModel):
@@ -327,6 +330,9 @@ class ModelCall(BaseModel):
     root_turn_id: str
     request_id: str
     iteration: int
+    #: Attempts already made as a local activity (0 or 1): a regular activity's retry policy counts the rest. Left
+    #: out of the payload when 0.
+    attempts_before: int = Field(default=0, exclude_if=lambda attempts: attempts == 0)
 
 
 #: What the turn does after a model step (one tag, handled in one place by the workflow):

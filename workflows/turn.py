@@ -483,6 +483,33 @@ class TurnWorkflow:
             iteration=iteration,
         )
         policy = _model_policy(turn)
+        attempts = policy.max_attempts
+        summary = f"model · {turn.agent_name} · iteration {iteration}"
+        if policy.local:
+            # settings.model_local_activity: the first attempt runs in this worker, inside this workflow task, so the
+            # step it returns needs no workflow task of its own (docs/design.md, "Local model calls").
+            try:
+                return await workflow.execute_local_activity(
+                    "turnkit.model",
+                    call,
+                    result_type=ModelStep,
+                    start_to_close_timeout=timedelta(seconds=policy.timeout),
+                    retry_policy=LOCAL_RETRY,  # one attempt: the SDK's local retries are unreliable (store_calls)
+                    summary=f"{summary} · local",
+                )
+            except Exception as err:
+                failure = local_failure(err)
+                if self._cancelled or isinstance(failure, CancelledError):
+                    raise asyncio.CancelledError() from err
+                if attempts <= 1 or _final_model_failure(failure):
+                    error_class, message = _failure_of(failure, err)
+                    return await self._finish(turn, "failed", error_class, message)
+                if isinstance(failure, ApplicationError) and failure.next_retry_delay:
+                    await workflow.sleep(failure.next_retry_delay)  # the provider's retry-after, as a retry would
+                # The remaining attempts run as a regular activity, with the same request id: a response the local
+                # attempt committed is found, not asked for again.
+                call = call.model_copy(update={"attempts_before": 1})
+                attempts -= 1
         try:
             return await workflow.execute_activity(
                 "turnkit.model",
@@ -493,10 +520,10 @@ class TurnWorkflow:
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30),
-                    maximum_attempts=policy.max_attempts,
-                    non_retryable_error_types=["ModelError", "ConfigError", "ModelAccessError"],
+                    maximum_attempts=attempts,
+                    non_retryable_error_types=list(MODEL_NON_RETRYABLE),
                 ),
-                summary=f"model · {turn.agent_name} · iteration {iteration}",
+                summary=summary,
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
@@ -638,6 +665,15 @@ def _retries(policy: CallPolicy, attempts: int) -> RetryPolicy:
         maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
         maximum_attempts=attempts,
     )
+
+
+#: The model activity's failures that end the turn at once (the rest are retried until the attempts run out).
+MODEL_NON_RETRYABLE = ("ModelError", "ConfigError", "ModelAccessError")
+
+
+def _final_model_failure(failure: BaseException | None) -> bool:
+    """Whether a local model attempt's failure ends the turn, as the regular activity's retry policy would decide."""
+    return isinstance(failure, ApplicationError) and (failure.non_retryable or failure.type in MODEL_NON_RETRYABLE)
 
 
 def _failure(err: ActivityError) -> tuple[str, str]:

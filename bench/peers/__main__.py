@@ -61,11 +61,23 @@ class Spec:
     peer: bool
     database_url: str | None = None
     local_tool: bool = False  # TurnKit: the tool as @tool(local=True)
+    local_model: bool = False  # each model call's first attempt as a local activity (OpenAI's use_local_activity)
 
 
 PEERS = [
     Spec("openai_agents", "openai_agents", "OpenAI Agents + Temporal", peer=True),
     Spec("pydantic_ai", "pydantic_ai", "Pydantic AI + Temporal", peer=True),
+]
+#: With ``--model-kinds`` including ``local``: OpenAI's integration with its model calls as local activities
+#: (``ModelActivityParameters(use_local_activity=True)``). Pydantic AI's Temporal integration has no such option.
+LOCAL_MODEL_PEERS = [
+    Spec(
+        "openai_agents_local_model",
+        "openai_agents",
+        "OpenAI Agents + Temporal (local model)",
+        peer=True,
+        local_model=True,
+    ),
 ]
 
 
@@ -114,6 +126,8 @@ async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
         command += ["--database-url", spec.database_url]
     if spec.local_tool:
         command += ["--local-tool"]
+    if spec.local_model:
+        command += ["--local-model"]
     command += [spec.system, "--", *flags]  # options before the positionals: argparse takes no option after them
     log = logdir / f"{spec.key}.log"
     with log.open("wb") as stderr:
@@ -321,11 +335,14 @@ def report(
     out.append(
         f"Workload: K tool-calling iterations (one replay-safe tool, an activity returning a short string; in the "
         f"'local tool' columns TurnKit's tool is declared `@tool(local=True)`, a local activity) + a final "
-        f"answer, from an offline scripted model that runs as an activity; a fresh workflow (peers) or conversation "
+        f"answer, from an offline scripted model that runs as an activity (in the 'local model' columns its first "
+        f"attempt is a local activity: TurnKit's `model_local_activity`, OpenAI's `use_local_activity`); a fresh "
+        f"workflow (peers) or conversation "
         f"(TurnKit) per turn; each system on its own dev server. Sequential: median of {args.turns} turns back to "
         f"back after {args.warmup} warm-up; throughput: {args.burst} turns started at once. {args.rounds} round(s), "
         f"systems round-robin; with several rounds a cell is the median (min-max) of the rounds' figures. Ratios: "
-        f"TurnKit's median against the faster peer at that K (targets: latency ≤ 0.8x, throughput ≥ 1.5x)."
+        f"TurnKit's median against the fastest peer column at that K, whichever its model kind (targets: latency ≤ "
+        f"0.8x, throughput ≥ 1.5x)."
     )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
@@ -397,6 +414,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="TurnKit's tool as an activity, as @tool(local=True), or both (activity,local)",
     )
     parser.add_argument(
+        "--model-kinds",
+        type=lambda t: [s for s in t.split(",") if s],
+        default=["activity"],
+        help="model calls as activities, as local activities (TurnKit's model_local_activity, OpenAI's "
+        "use_local_activity), or both (activity,local); default activity, the workload of issue 9",
+    )
+    parser.add_argument(
         "--postgres-url",
         default=os.environ.get("TURNKIT_BENCH_POSTGRES_URL"),
         help="also run TurnKit on this PostgreSQL database, which it writes to (default $TURNKIT_BENCH_POSTGRES_URL)",
@@ -408,31 +432,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
         parser.error(f"unknown --settings {unknown}; choose from {list(SETTINGS)}")
-    kinds = [k for k in args.tool_kinds if k not in ("activity", "local")]
-    if kinds:
-        parser.error(f"unknown --tool-kinds {kinds}; choose from activity, local")
+    for option, given in (("--tool-kinds", args.tool_kinds), ("--model-kinds", args.model_kinds)):
+        kinds = [k for k in given if k not in ("activity", "local")]
+        if kinds:
+            parser.error(f"unknown {option} {kinds}; choose from activity, local")
     return args
 
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
     specs = [p for p in PEERS if p.system in args.systems]
+    if "local" in args.model_kinds:
+        specs += [p for p in LOCAL_MODEL_PEERS if p.system in args.systems]
     if "turnkit" in args.systems:
         stores = [("sqlite", "SQLite", None)]
         if args.postgres_url:
             stores.append(("pg", "PostgreSQL", args.postgres_url))
         for key, title, url in stores:
-            for kind in args.tool_kinds:
-                local = kind == "local"
-                specs.append(
-                    Spec(
-                        f"turnkit_{key}{'_local' if local else ''}",
-                        "turnkit",
-                        f"TurnKit ({title}{', local tool' if local else ''})",
-                        peer=False,
-                        database_url=url,
-                        local_tool=local,
+            for model_kind in args.model_kinds:
+                local_model = model_kind == "local"
+                for kind in args.tool_kinds:
+                    local = kind == "local"
+                    variant = f"{', local model' if local_model else ''}{', local tool' if local else ''}"
+                    specs.append(
+                        Spec(
+                            f"turnkit_{key}{'_local_model' if local_model else ''}{'_local' if local else ''}",
+                            "turnkit",
+                            f"TurnKit ({title}{variant})",
+                            peer=False,
+                            database_url=url,
+                            local_tool=local,
+                            local_model=local_model,
+                        )
                     )
-                )
     return specs
 
 

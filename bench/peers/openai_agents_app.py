@@ -78,13 +78,16 @@ class System:
 
     client: Client
 
-    def __init__(self) -> None:
+    def __init__(self, local_model: bool = False) -> None:
         self.task_queue = f"bench-openai-agents-{uuid.uuid4().hex[:8]}"
+        self.local_model = local_model  # each model call as a local activity (the integration's use_local_activity)
         self._worker: Worker | None = None
 
     async def open(self, address: str) -> None:
         plugin = OpenAIAgentsPlugin(
-            model_params=ModelActivityParameters(start_to_close_timeout=ACTIVITY_TIMEOUT),
+            model_params=ModelActivityParameters(
+                start_to_close_timeout=ACTIVITY_TIMEOUT, use_local_activity=self.local_model
+            ),
             model_provider=TestModelProvider(ScriptedModel()),
         )
         self.client = await Client.connect(address, plugins=[plugin])

@@ -211,11 +211,16 @@ def main() -> None:
     parser.add_argument("system", choices=sorted(SYSTEMS))
     parser.add_argument("--database-url", help="TurnKit's store (default: a temporary SQLite file)")
     parser.add_argument("--local-tool", action="store_true", help="TurnKit's tool as @tool(local=True)")
+    parser.add_argument(
+        "--local-model", action="store_true", help="each model call's first attempt as a local activity"
+    )
     parser.add_argument("server_flags", nargs="*", help="extra flags for `temporal server start-dev`, after --")
     args = parser.parse_args()
     options: dict[str, Any] = {"database_url": args.database_url} if args.database_url else {}
     if args.local_tool:
         options["local_tool"] = True
+    if args.local_model:
+        options["local_model"] = True
     # The protocol owns the original stdout; everything else printed in this process goes to stderr.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

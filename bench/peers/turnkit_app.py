@@ -4,7 +4,8 @@ own task queue with an in-process worker. Each turn is ``tk.conversation(agent)`
 fresh conversation, as a peer runs each turn as a fresh workflow. The model is TurnKit's ``ScriptedClient`` (run by
 the ``turnkit.model`` activity) with a function that follows :mod:`bench.peers.workload`; the tool is replay-safe,
 so it runs as an activity, or, with ``local_tool``, declared ``@tool(local=True)``: a local activity inside the
-turn's workflow task (a separate agent, ``bench_peers_local``, so both can be registered in one process).
+turn's workflow task (a separate agent, ``bench_peers_local``, so both can be registered in one process). With
+``local_model`` each model call's first attempt is a local activity too (``settings.model_local_activity``).
 """
 
 from __future__ import annotations
@@ -82,8 +83,12 @@ class System:
 
     client: Client
 
-    def __init__(self, database_url: str | None = None, local_tool: bool = False, sandbox: bool = True) -> None:
+    def __init__(
+        self, database_url: str | None = None, local_tool: bool = False, sandbox: bool = True, local_model: bool = False
+    ) -> None:
         self.sandbox = sandbox
+        if local_model:  # read by ask, which creates each turn (this process's setting)
+            turnkit.configure(model_local_activity=True)
         self.agent = LOCAL_AGENT if local_tool else AGENT
         self._tmp = tempfile.TemporaryDirectory(prefix="turnkit-bench-peers-")
         self.database_url = database_url or f"sqlite+aiosqlite:///{Path(self._tmp.name) / 'store.db'}"
