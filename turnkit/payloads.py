@@ -45,6 +45,21 @@ __all__ = [
 ]
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _is_empty(value: object) -> bool:
+    return not value
+
+
+#: Fields written only when they differ from their default (None, False, 0, []), which is also what a payload without
+#: them decodes to: most calls leave them unset, and each model step and tool call carries them into the history.
+#: Only for defaults that can never change: a recorded payload without the field means the default forever.
+def _omitted_none() -> Any:
+    return Field(default=None, exclude_if=_is_none)
+
+
 class ModelPolicy(BaseModel):
     """How the turn workflow schedules its ``turnkit.model`` activity, resolved from the settings by the activity that
     creates the turn (issue 9: a workflow never reads global settings, so a changed setting cannot break the replay of
@@ -55,7 +70,7 @@ class ModelPolicy(BaseModel):
     max_attempts: int
     #: The first attempt as a local activity (``settings.model_local_activity``); older payloads decode as False.
     #: Left out of the payload when False: a turn's history is what it was before the option.
-    local: bool = Field(default=False, exclude_if=lambda local: not local)
+    local: bool = Field(default=False, exclude_if=_is_empty)
 
 
 class CallPolicy(BaseModel):
@@ -71,11 +86,11 @@ class CallPolicy(BaseModel):
     initial_retry_interval: float = 1.0
     maximum_retry_interval: float = 30.0
     #: The tool's own task queue (``@tool(task_queue=…)``); None: the turn's queue (as in older histories).
-    task_queue: str | None = None
+    task_queue: str | None = _omitted_none()
     #: The loaded skill that owns this tool, when it is a skill's tool: the tool activity finds it there.
-    skill: str | None = None
+    skill: str | None = _omitted_none()
     #: Run the call as a local activity first (``@tool(local=True)``); False in older histories.
-    local: bool = False
+    local: bool = Field(default=False, exclude_if=_is_empty)
 
 
 class QueuedTurn(BaseModel):
@@ -300,8 +315,8 @@ class ToolCallRef(BaseModel):
 
     id: str
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
-    arguments_error: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict[str, Any], exclude_if=_is_empty)
+    arguments_error: str | None = _omitted_none()
     #: The arguments are left out here and loaded from the stored assistant message.
     arguments_stored: bool = False
     #: How to dispatch it (absent in older histories: the workflow then asks the agent registry, as it used to).
@@ -332,7 +347,7 @@ class ModelCall(BaseModel):
     iteration: int
     #: Attempts already made as a local activity (0 or 1): a regular activity's retry policy counts the rest. Left
     #: out of the payload when 0.
-    attempts_before: int = Field(default=0, exclude_if=lambda attempts: attempts == 0)
+    attempts_before: int = Field(default=0, exclude_if=_is_empty)
 
 
 #: What the turn does after a model step (one tag, handled in one place by the workflow):
@@ -350,12 +365,12 @@ class ModelStep(BaseModel):
     message_id: str | None = None
     tool_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
     #: Why a budget limit stopped the turn (``budget_exceeded``; the response, if any, is already persisted).
-    budget_error: str | None = None
+    budget_error: str | None = _omitted_none()
     #: Application-level waits (``ask(wait_for=...)``) not finished yet (``waiting``).
-    waiting_on: list[str] = Field(default_factory=list[str])
+    waiting_on: list[str] = Field(default_factory=list[str], exclude_if=_is_empty)
     #: The turn's recorded error (``failed``).
-    error_class: str | None = None
-    error_message: str | None = None
+    error_class: str | None = _omitted_none()
+    error_message: str | None = _omitted_none()
 
     @model_validator(mode="before")
     @classmethod
@@ -384,7 +399,7 @@ class ToolCallInput(BaseModel):
     call: ToolCallRef
     #: Attempts of this call made before this activity's first (a local first attempt): ``ToolContext.attempt``
     #: counts on from them.
-    attempts_before: int = 0
+    attempts_before: int = Field(default=0, exclude_if=_is_empty)
 
 
 #: What the turn does after one proposed call: ``done`` go on with the next call, ``terminal`` the tool ends the turn,
@@ -399,7 +414,7 @@ class ToolOutcome(BaseModel):
     outcome: ToolNext = "done"
     execution_id: str = ""
     status: ToolExecutionStatus = "pending"
-    budget_error: str | None = None
+    budget_error: str | None = _omitted_none()
 
     @model_validator(mode="before")
     @classmethod
