@@ -439,10 +439,14 @@ async def test_a_local_model_call_costs_its_turn_no_workflow_task(tk: TurnKit) -
     assert tasks["both local"] == 1, tasks  # model, tool, model, tool, model and the finish: one task
 
 
-async def test_a_local_model_attempt_that_fails_runs_again_as_an_activity_with_its_request_id(tk: TurnKit) -> None:
-    """A transient failure of the local attempt (a 503): the remaining ``model_max_attempts - 1`` attempts run as a
-    regular ``turnkit.model`` activity, with the same request id, after the provider's ``retry-after``."""
-    turnkit.configure(model_local_activity=True, model_max_attempts=3)
+@pytest.mark.parametrize(("max_attempts", "left"), [(3, 2), (0, 0)], ids=["three", "unlimited"])
+async def test_a_local_model_attempt_that_fails_runs_again_as_an_activity_with_its_request_id(
+    tk: TurnKit, max_attempts: int, left: int
+) -> None:
+    """A transient failure of the local attempt (a 503): the remaining ``model_max_attempts - 1`` attempts (or, with 0,
+    unlimited ones, as Temporal reads 0) run as a regular ``turnkit.model`` activity, with the same request id, after
+    the provider's ``retry-after``."""
+    turnkit.configure(model_local_activity=True, model_max_attempts=max_attempts)
     asked: list[float] = []
 
     def overloaded(request: turnkit.ModelRequest) -> Result:
@@ -462,7 +466,7 @@ async def test_a_local_model_attempt_that_fails_runs_again_as_an_activity_with_i
     events = await history_events(tk, turn.id)
     assert local_activity_types(events) == ["turnkit.model"] and scheduled_activities(events) == ["turnkit.model"]
     [scheduled] = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
-    assert scheduled.activity_task_scheduled_event_attributes.retry_policy.maximum_attempts == 2
+    assert scheduled.activity_task_scheduled_event_attributes.retry_policy.maximum_attempts == left
 
 
 async def test_a_local_model_attempt_that_fails_for_good_fails_the_turn_without_a_retry(tk: TurnKit) -> None:

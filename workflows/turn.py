@@ -501,7 +501,7 @@ class TurnWorkflow:
                 failure = local_failure(err)
                 if self._cancelled or isinstance(failure, CancelledError):
                     raise asyncio.CancelledError() from err
-                if attempts <= 1 or _final_model_failure(failure):
+                if attempts == 1 or _final_model_failure(failure):  # 0 attempts: unlimited, as Temporal reads it
                     error_class, message = _failure_of(failure, err)
                     return await self._finish(turn, "failed", error_class, message)
                 if isinstance(failure, ApplicationError) and failure.next_retry_delay:
@@ -509,7 +509,7 @@ class TurnWorkflow:
                 # The remaining attempts run as a regular activity, with the same request id: a response the local
                 # attempt committed is found, not asked for again.
                 call = call.model_copy(update={"attempts_before": 1})
-                attempts -= 1
+                attempts = attempts - 1 if attempts > 1 else attempts
         try:
             return await workflow.execute_activity(
                 "turnkit.model",
