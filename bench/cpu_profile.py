@@ -323,7 +323,9 @@ async def main(args: argparse.Namespace) -> None:
     )
     try:
         # The timed rounds first, with no profiler anywhere.
-        system = System(args.database_url, local_tool=args.local_tool, sandbox=args.sandbox)
+        system = System(
+            args.database_url, local_tool=args.local_tool, sandbox=args.sandbox, local_model=args.local_model
+        )
         await system.open(env.client.service_client.config.target_host)
         try:
             await _warm_up(system, args)
@@ -340,7 +342,9 @@ async def main(args: argparse.Namespace) -> None:
             # A second worker, opened after the hook is installed, so that every thread it starts is profiled.
             profiler = AllThreads()
             profiler.install()
-            profiled_system = System(args.database_url, local_tool=args.local_tool, sandbox=args.sandbox)
+            profiled_system = System(
+                args.database_url, local_tool=args.local_tool, sandbox=args.sandbox, local_model=args.local_model
+            )
             await profiled_system.open(env.client.service_client.config.target_host)
             try:
                 await _warm_up(profiled_system, args)
@@ -386,6 +390,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dump", metavar="FILE", help="also write the profile's pstats to FILE")
     parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
     parser.add_argument("--local-tool", action="store_true", help="the tool as @tool(local=True) (a local activity)")
+    parser.add_argument(
+        "--local-model", action="store_true", help="each model call's first attempt as a local activity"
+    )
     parser.add_argument(
         "--no-sandbox", dest="sandbox", action="store_false", help="the worker's workflows unsandboxed (sandbox=False)"
     )

@@ -14,6 +14,9 @@ Per seed, ``random.Random(seed)`` picks which of the enabled fault kinds strike,
 ``raising_hook``    the authorization hook raises for ``launch_agent``, ``callback`` and ``wait``
 ``hostile``         NUL text, huge text, over-long model names and bad delivery keys against a conversation
 
+Besides the faults, half the seeds (drawn the same way) run the lead's first turn with its model calls as local
+activities (``model_local_activity``), so the faults reach that path as well.
+
 After each scenario: every turn the seed created is terminal, :func:`turnkit.check.check` finds nothing, no
 at-most-once effect ran twice, hostile input got a TurnKit error (or worked) and left its conversation working.
 """
@@ -39,6 +42,7 @@ from temporalio.service import RPCError
 import turnkit
 from tests import chaos_app
 from tests.faults import DevServer, PrivateCluster, dev_server, private_cluster
+from tests.history_scenarios import history_events, local_activity_types
 from tests.workers import WorkerProcess
 from turnkit.check import TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, Finding, check
 from turnkit.plugin import TurnKitPlugin
@@ -184,6 +188,8 @@ class Outcome:
 
     seed: int
     faults: list[str]
+    #: Not a fault, a mode: the lead's first turn ran its model calls as local activities (``model_local_activity``).
+    local_model: bool = False
     problems: list[str] = field(default_factory=list[str])
     findings: list[Finding] = field(default_factory=list[Finding])
     #: When check found something: what ``turnkit repair`` did about it, and what check found after that.
@@ -191,7 +197,8 @@ class Outcome:
     after_repair: list[Finding] = field(default_factory=list[Finding])
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed} with faults {self.faults or ['none']}:"]
+        mode = " (local model calls)" if self.local_model else ""
+        lines = [f"seed {self.seed} with faults {self.faults or ['none']}{mode}:"]
         lines += [f"  {p}" for p in self.problems]
         lines += [f"  check: {f}" for f in self.findings]
         lines += [f"  repair: {r}" for r in self.repairs]
@@ -217,7 +224,10 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
     """One seeded scenario: the job, the faults the seed draws from ``enabled``, then every check."""
     rng = random.Random(seed)
     chosen = sorted(kind for kind in enabled if rng.random() < 0.5)
-    outcome = Outcome(seed, chosen)
+    # Half the seeds run the lead's first turn (created here, by ask, which resolves its model policy) with its model
+    # calls as local activities, so the faults reach that path too: a kill loses a local call's workflow task.
+    local_model = rng.random() < 0.5
+    outcome = Outcome(seed, chosen, local_model=local_model)
     since = utcnow()
     for leftover in ("hang", "hung"):
         shutil.rmtree(rig.root / leftover, ignore_errors=True)
@@ -247,7 +257,11 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
         lead = await tk.conversation(chaos_app.lead)
         inbox = await tk.conversation(chaos_app.inbox)
         conversations += [lead.id, inbox.id]
-        await lead.ask(f"process order {order}", wait=False)
+        turnkit.configure(model_local_activity=local_model)
+        try:
+            first = await lead.ask(f"process order {order}", wait=False)
+        finally:
+            turnkit.configure(model_local_activity=False)
         await lead.send_message(inbox, f"status of {order}?", key=f"status:{order}")
         faults: list[Awaitable[None]] = []
         if hang is not None:
@@ -261,6 +275,9 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
         await asyncio.gather(*faults)
         await _settle(rig, since, outcome)
         await _completed(rig, since, [lead.id, inbox.id], outcome)
+        ran_local = "turnkit.model" in local_activity_types(await history_events(tk, first.id))
+        if ran_local != local_model:
+            outcome.problems.append(f"the lead's first turn ran local model calls: {ran_local}, asked: {local_model}")
         outcome.findings = await _patiently(lambda: check(rig.store, rig.client, since=since, grace=0))
         if outcome.findings:
             # Work may be in flight that no open record showed when the job settled (a lane's deferred wake-up

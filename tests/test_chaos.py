@@ -43,8 +43,10 @@ async def rig() -> AsyncIterator[ChaosRig]:
     faults = Counter(kind for outcome in _OUTCOMES for kind in outcome.faults)
     broken = sum(1 for outcome in _OUTCOMES if outcome.problems or outcome.findings)
     drawn = ", ".join(f"{kind} {count}" for kind, count in sorted(faults.items()))
+    local = sum(1 for outcome in _OUTCOMES if outcome.local_model)
     SUMMARY.append(
-        f"chaos: {len(_OUTCOMES)} seeds, {sum(faults.values())} faults drawn ({drawn}), {broken} seeds with violations"
+        f"chaos: {len(_OUTCOMES)} seeds, {sum(faults.values())} faults drawn ({drawn}), {local} seeds with local model "
+        f"calls, {broken} seeds with violations"
     )
 
 
