@@ -329,31 +329,6 @@ def local_lookup(q: str) -> dict[str, Any]:
     return {"answer": q.upper()}
 
 
-async def test_a_local_tool_call_costs_its_turn_no_workflow_task(tk: TurnKit) -> None:
-    """The same two-call turn with ``lookup`` as an activity and as a local one: the same transcript, but each local
-    call is a marker of the workflow task that also schedules the next model call, so the turn runs two workflow
-    tasks fewer and schedules no tool activity."""
-    tasks: dict[str, int] = {}
-    for name, lookup_tool in (("activity", lookup), ("local", local_lookup)):
-        client = ScriptedClient([call_tools(("lookup", {"q": "a"})), call_tools(("lookup", {"q": "b"})), "done"])
-        a = turnkit.Agent(f"lookup_{name}", model="scripted", tools=[lookup_tool], client=client)
-        turn = await (await tk.conversation(a)).ask("look up a, then b")
-        assert (turn.status, turn.output_text) == ("completed", "done"), turn.error
-        assert [(e.status, e.result) for e in await turn.tool_executions()] == [
-            ("completed", {"answer": "A"}),
-            ("completed", {"answer": "B"}),
-        ]
-        events = await history_events(tk, turn.id)
-        tasks[name] = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
-        scheduled = scheduled_activities(events)
-        local = local_activity_types(events)
-        if name == "local":
-            assert scheduled == ["turnkit.model"] * 3 and local.count("tool:lookup") == 2, (scheduled, local)
-        else:
-            assert scheduled.count("tool:lookup") == 2 and "tool:lookup" not in local, (scheduled, local)
-    assert tasks["local"] == tasks["activity"] - 2, tasks
-
-
 async def test_a_local_replay_safe_tool_whose_attempt_fails_runs_again_as_an_activity(tk: TurnKit) -> None:
     """T46 for a local tool: the first attempt (local) raises after its effect; the second runs as a regular activity
     (with the tool's retry policy), with the same execution and idempotency key, and counts as attempt 2."""
@@ -409,19 +384,17 @@ async def test_a_local_at_most_once_tool_that_outlives_its_timeout_is_interrupte
 # -- local model calls (settings.model_local_activity) ----------------------------------------------------------------
 
 
-async def test_a_local_model_call_costs_its_turn_no_workflow_task(tk: TurnKit) -> None:
-    """``model_local_activity``: the same two-call turn with each model call as a local activity: the same transcript,
-    no ``turnkit.model`` activity scheduled, one workflow task fewer per model call; with a local tool too, the whole
-    turn schedules no activity at all."""
-    tasks: dict[str, int] = {}
-    for name, lookup_tool, local_model in (
-        ("activity", lookup, False),
-        ("local model", lookup, True),
-        ("both local", local_lookup, True),
-    ):
+async def test_local_calls_cost_their_turn_no_workflow_task(tk: TurnKit) -> None:
+    """The same two-call turn with ``lookup`` and the model calls as activities or as local ones
+    (``@tool(local=True)``, ``model_local_activity``): the same transcript, but each local call is a marker of the
+    workflow task that runs the next step, so the turn runs one workflow task fewer per local call and schedules no
+    activity for it; with both local, the whole turn is one workflow task."""
+    tasks: dict[tuple[bool, bool], int] = {}
+    for local_tool, local_model in ((False, False), (True, False), (False, True), (True, True)):
         turnkit.configure(model_local_activity=local_model)
         client = ScriptedClient([call_tools(("lookup", {"q": "a"})), call_tools(("lookup", {"q": "b"})), "done"])
-        a = turnkit.Agent(f"lookup_{name.replace(' ', '_')}", model="scripted", tools=[lookup_tool], client=client)
+        name = f"lookup_{'local' if local_tool else 'activity'}_{'local' if local_model else 'activity'}"
+        a = turnkit.Agent(name, model="scripted", tools=[local_lookup if local_tool else lookup], client=client)
         turn = await (await tk.conversation(a)).ask("look up a, then b")
         assert (turn.status, turn.output_text) == ("completed", "done"), turn.error
         assert [(e.status, e.result) for e in await turn.tool_executions()] == [
@@ -429,14 +402,17 @@ async def test_a_local_model_call_costs_its_turn_no_workflow_task(tk: TurnKit) -
             ("completed", {"answer": "B"}),
         ]
         events = await history_events(tk, turn.id)
-        tasks[name] = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+        tasks[local_tool, local_model] = sum(
+            1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        )
         scheduled, local = scheduled_activities(events), local_activity_types(events)
-        if local_model:
-            assert "turnkit.model" not in scheduled and local.count("turnkit.model") == 3, (scheduled, local)
-        else:
-            assert scheduled.count("turnkit.model") == 3 and "turnkit.model" not in local, (scheduled, local)
-    assert tasks["local model"] == tasks["activity"] - 3, tasks
-    assert tasks["both local"] == 1, tasks  # model, tool, model, tool, model and the finish: one task
+        expected = {"tool:lookup": 2, "turnkit.model": 3}
+        for kind, is_local in (("tool:lookup", local_tool), ("turnkit.model", local_model)):
+            where, elsewhere = (local, scheduled) if is_local else (scheduled, local)
+            assert where.count(kind) == expected[kind] and kind not in elsewhere, (kind, scheduled, local)
+    assert tasks[True, False] == tasks[False, False] - 2, tasks  # two tool calls
+    assert tasks[False, True] == tasks[False, False] - 3, tasks  # three model calls
+    assert tasks[True, True] == 1, tasks  # model, tool, model, tool, model and the finish: one task
 
 
 @pytest.mark.parametrize(("max_attempts", "left"), [(3, 2), (0, 0)], ids=["three", "unlimited"])

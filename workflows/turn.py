@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
@@ -104,6 +105,18 @@ PATCH_LEVELS = {
         }
     ),
 }
+
+
+_ResultT = TypeVar("_ResultT")
+
+
+@dataclass(frozen=True)
+class _LocalFailure:
+    """A failed local attempt: what failed it (the SDK raises an attempt's own failure, wrapped only on a timeout) and
+    what the SDK raised."""
+
+    failure: BaseException | None
+    error: Exception
 
 
 @workflow.defn(name="TurnWorkflow")
@@ -488,28 +501,21 @@ class TurnWorkflow:
         if policy.local:
             # settings.model_local_activity: the first attempt runs in this worker, inside this workflow task, so the
             # step it returns needs no workflow task of its own (docs/design.md, "Local model calls").
-            try:
-                return await workflow.execute_local_activity(
-                    "turnkit.model",
-                    call,
-                    result_type=ModelStep,
-                    start_to_close_timeout=timedelta(seconds=policy.timeout),
-                    retry_policy=LOCAL_RETRY,  # one attempt: the SDK's local retries are unreliable (store_calls)
-                    summary=f"{summary} · local",
-                )
-            except Exception as err:
-                failure = local_failure(err)
-                if self._cancelled or isinstance(failure, CancelledError):
-                    raise asyncio.CancelledError() from err
-                if attempts == 1 or _final_model_failure(failure):  # 0 attempts: unlimited, as Temporal reads it
-                    error_class, message = _failure_of(failure, err)
-                    return await self._finish(turn, "failed", error_class, message)
-                if isinstance(failure, ApplicationError) and failure.next_retry_delay:
-                    await workflow.sleep(failure.next_retry_delay)  # the provider's retry-after, as a retry would
-                # The remaining attempts run as a regular activity, with the same request id: a response the local
-                # attempt committed is found, not asked for again.
-                call = call.model_copy(update={"attempts_before": 1})
-                attempts = attempts - 1 if attempts > 1 else attempts
+            step = await self._local_attempt(
+                "turnkit.model", call, ModelStep, timedelta(seconds=policy.timeout), f"{summary} · local"
+            )
+            if not isinstance(step, _LocalFailure):
+                return step
+            failure = step.failure
+            if attempts == 1 or _final_model_failure(failure):  # 0 attempts: unlimited, as Temporal reads it
+                error_class, message = _failure_of(failure, step.error)
+                return await self._finish(turn, "failed", error_class, message)
+            if isinstance(failure, ApplicationError) and failure.next_retry_delay:
+                await workflow.sleep(failure.next_retry_delay)  # the provider's retry-after, as a retry would
+            # The remaining attempts run as a regular activity, with the same request id: a response the local
+            # attempt committed is found, not asked for again.
+            call = call.model_copy(update={"attempts_before": 1})
+            attempts = attempts - 1 if attempts > 1 else attempts
         try:
             return await workflow.execute_activity(
                 "turnkit.model",
@@ -545,24 +551,16 @@ class TurnWorkflow:
         if policy.local:
             # @tool(local=True): the first attempt runs in this worker, inside this workflow task, so its result and
             # the next model call need no workflow task of their own (docs/design.md, "Local tool calls").
-            try:
-                return await workflow.execute_local_activity(
-                    f"tool:{call.name}",
-                    request,
-                    result_type=ToolOutcome,
-                    start_to_close_timeout=timeout,
-                    retry_policy=LOCAL_RETRY,  # one attempt: the SDK's local retries are unreliable (store_calls)
-                    summary=f"tool {call.name} · local",
-                )
-            except Exception as err:
-                failure = local_failure(err)
-                if self._cancelled or isinstance(failure, CancelledError):
-                    raise asyncio.CancelledError() from err
-                if policy.at_most_once or policy.max_attempts <= 1:
-                    return await self._settle_failed(turn, call, policy, failure)
-                # A replay-safe call's remaining attempts run as a regular activity: the same execution and key.
-                request = request.model_copy(update={"attempts_before": 1})
-                retry = _retries(policy, policy.max_attempts - 1)
+            outcome = await self._local_attempt(
+                f"tool:{call.name}", request, ToolOutcome, timeout, f"tool {call.name} · local"
+            )
+            if not isinstance(outcome, _LocalFailure):
+                return outcome
+            if policy.at_most_once or policy.max_attempts <= 1:
+                return await self._settle_failed(turn, call, policy, outcome.failure)
+            # A replay-safe call's remaining attempts run as a regular activity: the same execution and key.
+            request = request.model_copy(update={"attempts_before": 1})
+            retry = _retries(policy, policy.max_attempts - 1)
         try:
             return await workflow.execute_activity(
                 f"tool:{call.name}",
@@ -577,6 +575,26 @@ class TurnWorkflow:
         except ActivityError as err:
             self._raise_if_cancelled(err)
             return await self._settle_failed(turn, call, policy, err.cause)
+
+    async def _local_attempt(
+        self, activity: str, arg: Any, result_type: type[_ResultT], timeout: timedelta, summary: str
+    ) -> _ResultT | _LocalFailure:
+        """One attempt of ``activity`` as a local activity, in this workflow task (``LOCAL_RETRY``: the SDK's local
+        retries are unreliable, see store_calls): its result, or what failed it. A cancelled turn unwinds instead."""
+        try:
+            return await workflow.execute_local_activity(
+                activity,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timeout,
+                retry_policy=LOCAL_RETRY,
+                summary=summary,
+            )
+        except Exception as err:
+            failure = local_failure(err)
+            if self._cancelled or isinstance(failure, CancelledError):
+                raise asyncio.CancelledError() from err
+            return _LocalFailure(failure, err)
 
     async def _settle_failed(
         self, turn: TurnInput, call: ToolCallRef, policy: CallPolicy, failure: BaseException | None

@@ -285,13 +285,18 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
         for s in specs:
             f = per_spec[s.key][k]
             row.append(f"{_range(f.latency, 1000, '{:.0f}')} ms, {_range(f.throughput, 1, '{:.1f}')} turns/s")
-        if peers:
-            fastest = min(statistics.median(per_spec[p.key][k].latency) for p in peers)
-            busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in peers)
-            for s in ours:
+        for s in ours:
+            # Like with like: model calls as activities (issue 9's workload) against the peers' activities; a 'local
+            # model' column against every peer column, OpenAI's local model calls included.
+            rivals = [p for p in peers if s.local_model or not p.local_model]
+            if rivals:
+                fastest = min(statistics.median(per_spec[p.key][k].latency) for p in rivals)
+                busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in rivals)
                 f = per_spec[s.key][k]
                 latency, throughput = statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
                 row.append(f"{latency:.2f}x / {throughput:.2f}x")
+            elif peers:
+                row.append("no peer runs it so")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -341,8 +346,9 @@ def report(
         f"(TurnKit) per turn; each system on its own dev server. Sequential: median of {args.turns} turns back to "
         f"back after {args.warmup} warm-up; throughput: {args.burst} turns started at once. {args.rounds} round(s), "
         f"systems round-robin; with several rounds a cell is the median (min-max) of the rounds' figures. Ratios: "
-        f"TurnKit's median against the fastest peer column at that K, whichever its model kind (targets: latency ≤ "
-        f"0.8x, throughput ≥ 1.5x)."
+        f"TurnKit's median against the faster peer at that K: a column with model activities against the peers' "
+        f"model activities (issue 9's workload), a 'local model' column against every peer column, OpenAI's local "
+        f"model included (targets: latency ≤ 0.8x, throughput ≥ 1.5x)."
     )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
@@ -428,6 +434,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=600, help="seconds one measurement may take (600)")
     parser.add_argument("--json", type=Path, help="also write the raw figures to this file")
     parser.add_argument("--write-readme", action="store_true", help="put the table into bench/README.md")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: report the figures a --json file holds (run with the flags that measured them)",
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
@@ -475,15 +487,29 @@ def main() -> None:
     missing = [p for p in ("temporalio-openai-agents", "pydantic-ai-slim") if _version(p) == "not installed"]
     if any(s.peer for s in specs) and missing:
         raise SystemExit(f"{', '.join(missing)} missing: pip install -e '.[bench]' (the bench extra)")
-    env = environment()
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
-        results, history = asyncio.run(measure(args, specs, Path(tmp)))
-    text = report(args, specs, results, history, env)
-    text += f"Total time {time.perf_counter() - started:.0f} s.\n"
+    command = "python -m bench.peers " + " ".join(sys.argv[1:])
+    if args.report_from:
+        raw = json.loads(args.report_from.read_text())
+        env, history, command = raw["environment"], raw["history"], raw.get("command", command)
+        results: Results = {
+            setting: {key: {int(k): Figures(**f) for k, f in per_k.items()} for key, per_k in per_spec.items()}
+            for setting, per_spec in raw["results"].items()
+        }
+        history = {key: {int(k): v for k, v in sizes.items()} for key, sizes in history.items()}
+        text = report(args, specs, results, history, env)
+        text += f"Total time {raw.get('total_seconds', 0):.0f} s.\n"
+    else:
+        env = environment()
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+            results, history = asyncio.run(measure(args, specs, Path(tmp)))
+        total = time.perf_counter() - started
+        text = report(args, specs, results, history, env) + f"Total time {total:.0f} s.\n"
     print(text)
-    if args.json:
+    if args.json and not args.report_from:
         raw = {
+            "command": command.strip(),
+            "total_seconds": total,
             "environment": env,
             "results": {
                 setting: {key: {k: vars(f) for k, f in per_k.items()} for key, per_k in per_spec.items()}
@@ -493,7 +519,6 @@ def main() -> None:
         }
         args.json.write_text(json.dumps(raw, indent=2))
     if args.write_readme:
-        command = "python -m bench.peers " + " ".join(sys.argv[1:])
         write_readme(text, command.strip())
         print(f"written into {README}", file=sys.stderr)
 
