@@ -22,7 +22,7 @@ import turnkit
 from tests.engine import eventually
 from turnkit.agent import Agent, register
 from turnkit.builtin_tools import launch_agent, wait_for
-from turnkit.config import configure
+from turnkit.config import configure, settings
 from turnkit.errors import TransientModelError
 from turnkit.payloads import LaneInput
 from turnkit.runtime import TurnKit
@@ -518,6 +518,7 @@ async def turn_local_model(tk: TurnKit) -> list[Recorded]:
     """``model_local_activity``: each model call's first attempt is a local activity. The first proposes a tool call
     (an activity); the second's local attempt fails as a provider's overload would (after its ``retry-after``) and
     runs again as a regular ``turnkit.model`` activity, which answers. A fresh conversation's direct first turn."""
+    attempts = settings.model_max_attempts
     configure(direct_first_turns=True, model_local_activity=True, model_max_attempts=3)
 
     def overloaded(request: turnkit.ModelRequest) -> turnkit.Result:
@@ -527,7 +528,7 @@ async def turn_local_model(tk: TurnKit) -> list[Recorded]:
         conversation = await _conversation(tk, TOOLS_AGENT, [call_tools(("lookup", {"q": "a"})), overloaded, "found A"])
         turn = await conversation.ask("look it up")
     finally:
-        configure(model_local_activity=False, model_max_attempts=5)
+        configure(model_local_activity=False, model_max_attempts=attempts)
     assert (turn.status, turn.output_text) == ("completed", "found A"), turn.error
     events = await history_events(tk, turn.id)
     assert local_activity_types(events).count("turnkit.model") == 2, local_activity_types(events)

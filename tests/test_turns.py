@@ -463,8 +463,8 @@ async def test_a_local_model_attempt_that_fails_for_good_fails_the_turn_without_
 
 
 async def test_a_turn_cancelled_during_a_local_model_call_ends_cancelled(tk: TurnKit) -> None:
-    """T-cancel for a local model call: a cancel made while the call runs (it holds the turn's workflow task) ends the
-    turn ``cancelled`` once the call returns, and the answer it brings is not published."""
+    """A cancel made while a local model call runs (it holds the turn's workflow task) ends the turn ``cancelled``
+    once the call returns; the answer it brings is not published, and the call never becomes a regular activity."""
     turnkit.configure(model_local_activity=True)
     model = HeldModel(Result.build(text="too late"))
     pending = await (await tk.conversation(agent(model))).ask("hi", wait=False)
@@ -475,6 +475,7 @@ async def test_a_turn_cancelled_during_a_local_model_call_ends_cancelled(tk: Tur
     turn = await pending.result(timeout=30)
     assert (turn.status, turn.output_text) == ("cancelled", "")
     assert len(model.requests) == 1
+    assert "turnkit.model" not in scheduled_activities(await history_events(tk, turn.id))
 
 
 async def test_activities_heartbeat_only_when_a_beat_is_due(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:

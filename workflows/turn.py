@@ -515,7 +515,7 @@ class TurnWorkflow:
             # The remaining attempts run as a regular activity, with the same request id: a response the local
             # attempt committed is found, not asked for again.
             call = call.model_copy(update={"attempts_before": 1})
-            attempts = attempts - 1 if attempts > 1 else attempts
+            attempts = max(attempts - 1, 0)  # 0 stays 0: unlimited
         try:
             return await workflow.execute_activity(
                 "turnkit.model",

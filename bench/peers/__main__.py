@@ -334,7 +334,12 @@ def history_table(args: argparse.Namespace, specs: list[Spec], history: dict[str
 
 
 def report(
-    args: argparse.Namespace, specs: list[Spec], results: Results, history: dict[str, Any], env: list[str]
+    args: argparse.Namespace,
+    specs: list[Spec],
+    results: Results,
+    history: dict[str, Any],
+    env: list[str],
+    load_at_end: str,
 ) -> str:
     out = [f"Peers benchmark · {env[0]}", "", env[1], ""]
     out.append(
@@ -371,7 +376,7 @@ def report(
             "",
             *history_table(args, specs, history),
         ]
-    out += ["", f"Load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}."]
+    out += ["", f"Load average at the end {load_at_end}."]
     return "\n".join(out) + "\n"
 
 
@@ -490,13 +495,13 @@ def main() -> None:
     command = "python -m bench.peers " + " ".join(sys.argv[1:])
     if args.report_from:
         raw = json.loads(args.report_from.read_text())
-        env, history, command = raw["environment"], raw["history"], raw.get("command", command)
+        env, command = raw["environment"], raw.get("command", command)
         results: Results = {
             setting: {key: {int(k): Figures(**f) for k, f in per_k.items()} for key, per_k in per_spec.items()}
             for setting, per_spec in raw["results"].items()
         }
-        history = {key: {int(k): v for k, v in sizes.items()} for key, sizes in history.items()}
-        text = report(args, specs, results, history, env)
+        history = {key: {int(k): v for k, v in sizes.items()} for key, sizes in raw["history"].items()}
+        text = report(args, specs, results, history, env, raw.get("load_at_end", "not recorded"))
         text += f"Total time {raw.get('total_seconds', 0):.0f} s.\n"
     else:
         env = environment()
@@ -504,12 +509,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
             results, history = asyncio.run(measure(args, specs, Path(tmp)))
         total = time.perf_counter() - started
-        text = report(args, specs, results, history, env) + f"Total time {total:.0f} s.\n"
+        load_at_end = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        text = report(args, specs, results, history, env, load_at_end) + f"Total time {total:.0f} s.\n"
     print(text)
     if args.json and not args.report_from:
         raw = {
             "command": command.strip(),
             "total_seconds": total,
+            "load_at_end": load_at_end,
             "environment": env,
             "results": {
                 setting: {key: {k: vars(f) for k, f in per_k.items()} for key, per_k in per_spec.items()}
