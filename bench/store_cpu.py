@@ -107,7 +107,47 @@ async def turn(store: Store, k: int) -> None:
     await store.load_turn(turn_id)  # the client: the answer
 
 
+async def compare_direct(args: argparse.Namespace) -> None:
+    """Rounds alternated between a store that sends its prebuilt statements straight to asyncpg and one that runs them
+    through SQLAlchemy's asyncio layer (``turnkit/store/postgres_direct.py``), in this one process."""
+    stores = {
+        "SQLAlchemy": await Store.open(args.database_url, postgres_direct=False),
+        "direct": await Store.open(args.database_url, migrate=False),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in stores}
+    wall: dict[str, list[float]] = {name: [] for name in stores}
+    try:
+        for store in stores.values():
+            for _ in range(args.warmup):
+                await turn(store, args.k)
+        for _ in range(args.rounds):
+            for name, store in stores.items():
+                started, started_wall = time.process_time(), time.perf_counter()
+                for _ in range(args.turns):
+                    await turn(store, args.k)
+                cpu[name].append((time.process_time() - started) / args.turns * 1000)
+                wall[name].append((time.perf_counter() - started_wall) / args.turns * 1000)
+    finally:
+        for store in stores.values():
+            await store.close()
+    ratios = [d / s for d, s in zip(cpu["direct"], cpu["SQLAlchemy"], strict=True)]
+    wall_ratios = [d / s for d, s in zip(wall["direct"], wall["SQLAlchemy"], strict=True)]
+    print(f"store work of a K = {args.k} turn (postgresql, {args.rounds} alternated rounds of {args.turns}, medians):")
+    for name in stores:
+        cpu_ms, wall_ms = statistics.median(cpu[name]), statistics.median(wall[name])
+        print(f"  {name:>10}: {cpu_ms:.2f} ms of CPU, {wall_ms:.2f} ms of wall")
+    print(
+        f"  direct / SQLAlchemy: CPU {statistics.median(ratios):.2f}x, wall {statistics.median(wall_ratios):.2f}x "
+        "(median of the rounds' ratios)"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.compare_direct:
+        if not args.database_url or not args.database_url.startswith("postgresql"):
+            raise SystemExit("--compare-direct needs --database-url postgresql+asyncpg://…")
+        await compare_direct(args)
+        return
     with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
         store = await Store.open(url)
@@ -136,4 +176,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=20, help="turns before the rounds (default 20)")
     parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
+    parser.add_argument(
+        "--compare-direct",
+        action="store_true",
+        help="PostgreSQL: alternate rounds with and without the direct asyncpg path (turnkit/store/postgres_direct.py)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,6 +30,7 @@ from turnkit.ids import new_claim_token, new_id
 from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.errors import transient_store_error
+from turnkit.store.postgres_direct import DirectCursor
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.store import KeptRows
 
@@ -1762,3 +1764,107 @@ async def _cancelled_mid_statement(store: Store, monkeypatch: pytest.MonkeyPatch
         )
         assert message.content == [{"type": "text", "text": "y"}]
     assert [m.content for m in await store.list_messages(conversation.id)] == [[{"type": "text", "text": "y"}]] * 3
+
+
+# PostgreSQL: the store's prebuilt statements straight to asyncpg (turnkit/store/postgres_direct.py) -------------------
+
+
+def _direct_statements(store: Store) -> tuple[list[bool], Callable[[], None]]:
+    """Whether each statement the store sends went straight to asyncpg (its cursor is a DirectCursor), and how to
+    stop recording."""
+    direct: list[bool] = []
+
+    def on_statement(_conn: Any, cursor: Any, *_: Any) -> None:
+        direct.append(isinstance(cursor, DirectCursor))
+
+    engine = store.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", on_statement)
+    return direct, lambda: event.remove(engine, "before_cursor_execute", on_statement)
+
+
+async def test_postgresql_statements_go_straight_to_asyncpg_and_read_what_sqlalchemy_reads(store: Store) -> None:
+    """Issue 9: from its second execution on, a prebuilt statement of the store runs on asyncpg directly, and its rows
+    make the same records as SQLAlchemy's path makes of the same rows (JSON, timestamps with their zone, NUMERIC,
+    booleans, nulls), in one transaction committed once."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL's asyncpg path only")
+    url = store.engine.url.render_as_string(hide_password=False)
+    plain = await Store.open(url, migrate=False, postgres_direct=False)
+    try:
+        conversation = await _conversation(store, subject={"type": "user", "id": "u-1"}, metadata={"k": [1, "é"]})
+        turn = await _turn(store, conversation.id, status="running", submitted_at=datetime.now(UTC), direct=True)
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn.id) as tx:
+            await tx.update_turn(turn.id, cost=Decimal("0.123456"), usage={"input_tokens": 7}, error=None)
+            await tx.append_message(conversation.id, role="user", text="hello", turn_id=turn.id, metadata={"m": 1})
+            await tx.create_tool_execution(turn_id=turn.id, tool_call_id="call-1", tool_name="lookup", arguments={})
+
+        async def records(of: Store) -> list[Any]:
+            of.conversation_rows = KeptRows(10)  # read the conversation from the database, not from memory
+            async with of.atomic(conversation_id=conversation.id, turn_id=turn.id) as tx:
+                return [
+                    await tx.load_conversation(conversation.id),
+                    await tx.load_turn(turn.id),
+                    await tx.list_messages(conversation.id, turn_id=turn.id),
+                    await tx.find_tool_execution(turn.id, "call-1"),
+                    await tx.tree_usage(turn.id),
+                ]
+
+        expected = await records(plain)
+        assert plain.direct is None
+        await records(store)  # the first sight of each statement: SQLAlchemy's path
+        sent, stop = _direct_statements(store)
+        try:
+            assert await records(store) == expected
+        finally:
+            stop()
+        assert sent and all(sent), sent  # every statement of the second round went straight to asyncpg
+        assert expected[1].cost == pytest.approx(0.123456) and expected[1].submitted_at.tzinfo is not None
+    finally:
+        await plain.close()
+
+
+async def test_a_postgresql_statement_cancelled_on_asyncpg_drops_its_connection(store: Store) -> None:
+    """A direct statement cancelled while it waits (here on a row lock another transaction holds) leaves nothing
+    behind: its connection is invalidated, as SQLAlchemy's path does (its protocol state is unknown), the holder
+    commits, and the next transactions run on a sound connection."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL's asyncpg path only")
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    for _ in range(2):  # seen twice: the lock goes straight to asyncpg from now on
+        async with store.atomic(turn_id=turn.id):
+            pass
+    invalidated: list[BaseException | None] = []
+    event.listen(store.engine.sync_engine, "invalidate", lambda _c, _r, error: invalidated.append(error))
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        async with store.atomic(turn_id=turn.id) as tx:
+            await tx.update_turn(turn.id, status="running")
+            holding.set()
+            await release.wait()
+
+    async def waiter() -> None:
+        async with store.atomic(turn_id=turn.id):
+            pytest.fail("the lock was taken while another transaction held it")
+
+    held = asyncio.create_task(holder())
+    await asyncio.wait_for(holding.wait(), 10)
+    sent, stop = _direct_statements(store)
+    waiting = asyncio.create_task(waiter())
+    try:
+        async with asyncio.timeout(10):
+            while not sent:  # the waiter's lock is on its way
+                await asyncio.sleep(0.01)
+    finally:
+        stop()
+    assert sent == [True]
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(invalidated) == 1
+    release.set()
+    await asyncio.wait_for(held, 10)
+    for _ in range(3):  # whichever pooled connection the next transactions get
+        async with store.atomic(turn_id=turn.id) as tx:
+            assert (await tx.load_turn(turn.id)).status == "running"

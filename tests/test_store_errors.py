@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.store import Store, idle_ping
@@ -193,6 +194,59 @@ async def test_a_pooled_connection_killed_in_the_pool(
                 await _backend_pid(store)
             assert transient_store_error(failure.value), failure.value
             assert await _backend_pid(store) != killed
+    finally:
+        await admin.dispose()
+        await store.close()
+
+
+async def _direct_store(postgres_url: str) -> tuple[Store, str]:
+    """A store whose turn writes and reads go straight to asyncpg (each seen twice), and a turn of it."""
+    store = await Store.open(postgres_url)
+    async with store.atomic() as tx:
+        conversation = await tx.create_conversation(agent_name="agent")
+        turn = await tx.create_turn(conversation_id=conversation.id, agent_name="agent")
+    for _ in range(2):
+        async with store.atomic(turn_id=turn.id) as tx:
+            await tx.update_turn(turn.id, claim_token=None)
+    return store, turn.id
+
+
+async def test_a_value_postgresql_rejects_on_the_direct_path_is_deterministic_and_unquoted(postgres_url: str) -> None:
+    """Issue 8 item 11 on the asyncpg path (turnkit/store/postgres_direct.py): a string longer than its column fails
+    with SQLAlchemy's error, which TurnKit reads as deterministic and describes without the value; the transaction
+    rolls back and its connection stays in the pool, sound."""
+    store, turn_id = await _direct_store(postgres_url)
+    try:
+        pid = await _backend_pid(store)
+        with pytest.raises(DBAPIError) as failure:
+            async with store.atomic(turn_id=turn_id) as tx:
+                await tx.update_turn(turn_id, claim_token=SECRET * 10)  # 170 characters into a String(64)
+        assert deterministic_store_error(failure.value) and not failure.value.connection_invalidated
+        message = store_failure_message(failure.value)
+        assert "SQLSTATE 22001" in message and SECRET not in message, message
+        assert (await store.load_turn(turn_id)).claim_token is None
+        assert await _backend_pid(store) == pid  # the same pooled connection, reused
+    finally:
+        await store.close()
+
+
+async def test_a_connection_killed_under_a_direct_statement_is_transient_and_replaced(postgres_url: str) -> None:
+    """Issue 8 on the asyncpg path: a backend terminated inside a transaction makes its next direct statement fail
+    with SQLAlchemy's invalidated-connection error, which TurnKit retries as transient; nothing of the transaction is
+    written, and the next transaction runs on a new connection."""
+    store, turn_id = await _direct_store(postgres_url)
+    admin = create_async_engine(postgres_url)
+    try:
+        with pytest.raises(DBAPIError) as failure:
+            async with store.atomic(turn_id=turn_id) as tx:
+                await tx.update_turn(turn_id, claim_token="written-then-lost")
+                killed = int(await tx.connection.scalar(text("SELECT pg_backend_pid()")))
+                async with admin.connect() as conn:
+                    await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed})
+                await tx.update_turn(turn_id, claim_token=None)
+        assert failure.value.connection_invalidated and transient_store_error(failure.value), failure.value
+        assert (await store.load_turn(turn_id)).claim_token is None
+        assert await _backend_pid(store) != killed
     finally:
         await admin.dispose()
         await store.close()

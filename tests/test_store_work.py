@@ -82,7 +82,10 @@ def counting(store: Store) -> Iterator[Work]:
             return  # the context of the request: as long as the conversation, by nature
         counts[0] += 1
         if text.startswith("select"):
-            counts[1] += len(getattr(cursor, "_rows", None) or ())
+            # SQLAlchemy's asyncpg cursor keeps the rows; a direct statement's cursor has their count (PostgreSQL's
+            # "SELECT n"): turnkit/store/postgres_direct.py.
+            rows = getattr(cursor, "_rows", None)
+            counts[1] += len(rows) if rows is not None else max(getattr(cursor, "rowcount", 0), 0)
 
     raw = store.inline.dbapi_connection if store.inline is not None else None
     if raw is not None:

@@ -61,6 +61,7 @@ from turnkit.records import (
     counts_against_budget,
 )
 from turnkit.store.idle_ping import ping_when_idle
+from turnkit.store.postgres_direct import DirectConnection, DirectStatements
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -112,8 +113,9 @@ DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
 
-#: A store transaction's connection: inline on a SQLite file, else a Core connection of the async engine.
-StoreConnection = InlineConnection | AsyncConnection
+#: A store transaction's connection: inline on a SQLite file, direct on PostgreSQL, else a Core connection of the async
+#: engine.
+StoreConnection = InlineConnection | DirectConnection | AsyncConnection
 
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
@@ -153,7 +155,7 @@ def canonical_json(value: Any) -> Any:
 async def _autocommitted(store: Store, engine: AsyncEngine) -> AsyncGenerator[StoreTx, None]:
     """A StoreTx whose statements each commit alone (``engine`` in autocommit)."""
     async with engine.connect() as connection:
-        yield StoreTx(store, connection)
+        yield StoreTx(store, store.direct_connection(connection))
 
 
 class KeptRows:
@@ -185,7 +187,9 @@ class KeptRows:
 class Store:
     """An async SQL store for TurnKit records. Create with :meth:`open`; close with :meth:`close`."""
 
-    def __init__(self, engine: AsyncEngine, inline: InlineSQLite | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, inline: InlineSQLite | None = None, *, postgres_direct: bool = True
+    ) -> None:
         self.engine = engine
         #: On a SQLite file in WAL mode (unless ``sqlite_inline=False``): the store's transactions, run on SQLAlchemy's
         #: synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``). ``engine`` still serves
@@ -194,6 +198,9 @@ class Store:
         # PostgreSQL: the same pool, its connections in autocommit, for reads that need no transaction (Store.reads).
         postgresql = engine.dialect.name == "postgresql"
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT") if postgresql else None
+        #: PostgreSQL (unless ``postgres_direct=False``): the store's prebuilt statements, compiled once and sent
+        #: straight to asyncpg (``turnkit/store/postgres_direct.py``).
+        self.direct = DirectStatements(engine.dialect) if postgresql and postgres_direct else None
         #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
@@ -213,17 +220,25 @@ class Store:
 
     @classmethod
     async def open(
-        cls, url: str | None = None, *, migrate: bool = True, echo: bool = False, sqlite_inline: bool = True
+        cls,
+        url: str | None = None,
+        *,
+        migrate: bool = True,
+        echo: bool = False,
+        sqlite_inline: bool = True,
+        postgres_direct: bool = True,
     ) -> Store:
         """Connect to ``url`` (default: a SQLite file under ``./.turnkit/``) and bring its schema up to date.
 
         ``sqlite_inline=False`` sends every SQLite statement to aiosqlite's thread instead of running the store's
         transactions on SQLAlchemy's synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``;
         no effect on PostgreSQL, an in-memory database or a file system that refuses WAL).
+        ``postgres_direct=False`` runs every PostgreSQL statement through SQLAlchemy's asyncio layer instead of sending
+        the store's prebuilt statements straight to asyncpg (``turnkit/store/postgres_direct.py``).
         """
         url = url or DEFAULT_DATABASE_URL
         engine = _create_engine(url, echo=echo)
-        store = cls(engine)
+        store = cls(engine, postgres_direct=postgres_direct)
         if migrate:
             await store.migrate()
         path = _sqlite_file(url) if sqlite_inline else None
@@ -289,8 +304,24 @@ class Store:
             async with self.inline.transaction() as inline:
                 yield inline
             return
-        async with self.engine.connect() as connection, connection.begin():
-            yield connection
+        if self.direct is None:
+            async with self.engine.connect() as connection, connection.begin():
+                yield connection
+            return
+        async with self.engine.connect() as connection:
+            direct = DirectConnection(connection, self.direct)
+            direct.begin()
+            try:
+                yield direct
+            except BaseException:
+                await direct.rollback()
+                raise
+            await direct.commit()
+
+    def direct_connection(self, connection: AsyncConnection) -> DirectConnection | AsyncConnection:
+        """``connection`` with the store's prebuilt statements sent straight to asyncpg, on PostgreSQL
+        (``turnkit/store/postgres_direct.py``); else ``connection`` itself."""
+        return connection if self.direct is None else DirectConnection(connection, self.direct)
 
     @asynccontextmanager
     async def reads(self) -> AsyncGenerator[StoreTx, None]:
