@@ -108,31 +108,31 @@ async def turn(store: Store, k: int) -> None:
 
 
 async def compare_direct(args: argparse.Namespace) -> None:
-    """Rounds alternated between a store that sends its prebuilt statements straight to asyncpg and one that runs them
-    through SQLAlchemy's asyncio layer (``turnkit/store/postgres_direct.py``), in this one process."""
-    stores = {
-        "SQLAlchemy": await Store.open(args.database_url, postgres_direct=False),
-        "direct": await Store.open(args.database_url, migrate=False),
-    }
-    cpu: dict[str, list[float]] = {name: [] for name in stores}
-    wall: dict[str, list[float]] = {name: [] for name in stores}
-    try:
-        for store in stores.values():
-            for _ in range(args.warmup):
-                await turn(store, args.k)
-        for _ in range(args.rounds):
-            for name, store in stores.items():
-                started, started_wall = time.process_time(), time.perf_counter()
-                for _ in range(args.turns):
+    """Rounds alternated between a store that runs its prebuilt statements on the driver itself and one that runs them
+    through SQLAlchemy's execution path (``turnkit/store/direct.py``), on one database, in this one process."""
+    with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
+        url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
+        stores = {"SQLAlchemy": await Store.open(url, direct=False), "direct": await Store.open(url, migrate=False)}
+        cpu: dict[str, list[float]] = {name: [] for name in stores}
+        wall: dict[str, list[float]] = {name: [] for name in stores}
+        try:
+            for store in stores.values():
+                for _ in range(args.warmup):
                     await turn(store, args.k)
-                cpu[name].append((time.process_time() - started) / args.turns * 1000)
-                wall[name].append((time.perf_counter() - started_wall) / args.turns * 1000)
-    finally:
-        for store in stores.values():
-            await store.close()
+            for _ in range(args.rounds):
+                for name, store in stores.items():
+                    started, started_wall = time.process_time(), time.perf_counter()
+                    for _ in range(args.turns):
+                        await turn(store, args.k)
+                    cpu[name].append((time.process_time() - started) / args.turns * 1000)
+                    wall[name].append((time.perf_counter() - started_wall) / args.turns * 1000)
+        finally:
+            for store in stores.values():
+                await store.close()
     ratios = [d / s for d, s in zip(cpu["direct"], cpu["SQLAlchemy"], strict=True)]
     wall_ratios = [d / s for d, s in zip(wall["direct"], wall["SQLAlchemy"], strict=True)]
-    print(f"store work of a K = {args.k} turn (postgresql, {args.rounds} alternated rounds of {args.turns}, medians):")
+    dialect = stores["direct"].dialect
+    print(f"store work of a K = {args.k} turn ({dialect}, {args.rounds} alternated rounds of {args.turns}, medians):")
     for name in stores:
         cpu_ms, wall_ms = statistics.median(cpu[name]), statistics.median(wall[name])
         print(f"  {name:>10}: {cpu_ms:.2f} ms of CPU, {wall_ms:.2f} ms of wall")
@@ -144,8 +144,6 @@ async def compare_direct(args: argparse.Namespace) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     if args.compare_direct:
-        if not args.database_url or not args.database_url.startswith("postgresql"):
-            raise SystemExit("--compare-direct needs --database-url postgresql+asyncpg://…")
         await compare_direct(args)
         return
     with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
@@ -179,6 +177,6 @@ if __name__ == "__main__":
     parser.add_argument(
         "--compare-direct",
         action="store_true",
-        help="PostgreSQL: alternate rounds with and without the direct asyncpg path (turnkit/store/postgres_direct.py)",
+        help="alternate rounds with and without the store's direct path (turnkit/store/direct.py)",
     )
     asyncio.run(main(parser.parse_args()))

@@ -29,8 +29,8 @@ from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_claim_token, new_id
 from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
+from turnkit.store.direct import DirectCursor
 from turnkit.store.errors import transient_store_error
-from turnkit.store.postgres_direct import DirectCursor
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.store import KeptRows
 
@@ -1766,30 +1766,36 @@ async def _cancelled_mid_statement(store: Store, monkeypatch: pytest.MonkeyPatch
     assert [m.content for m in await store.list_messages(conversation.id)] == [[{"type": "text", "text": "y"}]] * 3
 
 
-# PostgreSQL: the store's prebuilt statements straight to asyncpg (turnkit/store/postgres_direct.py) -------------------
+# The store's prebuilt statements on the driver itself (turnkit/store/direct.py) ---------------------------------------
 
 
 def _direct_statements(store: Store) -> tuple[list[bool], Callable[[], None]]:
-    """Whether each statement the store sends went straight to asyncpg (its cursor is a DirectCursor), and how to
+    """Whether each statement the store sends ran on the driver itself (no SQLAlchemy execution context), and how to
     stop recording."""
     direct: list[bool] = []
 
-    def on_statement(_conn: Any, cursor: Any, *_: Any) -> None:
-        direct.append(isinstance(cursor, DirectCursor))
+    def on_statement(_conn: Any, cursor: Any, _statement: str, _parameters: Any, context: Any, _many: bool) -> None:
+        direct.append(context is None)
+        if store.dialect == "postgresql":
+            assert (context is None) == isinstance(cursor, DirectCursor)
 
-    engine = store.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", on_statement)
-    return direct, lambda: event.remove(engine, "before_cursor_execute", on_statement)
+    engines = store.sync_engines
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", on_statement)
+
+    def stop() -> None:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", on_statement)
+
+    return direct, stop
 
 
-async def test_postgresql_statements_go_straight_to_asyncpg_and_read_what_sqlalchemy_reads(store: Store) -> None:
-    """Issue 9: from its second execution on, a prebuilt statement of the store runs on asyncpg directly, and its rows
-    make the same records as SQLAlchemy's path makes of the same rows (JSON, timestamps with their zone, NUMERIC,
-    booleans, nulls), in one transaction committed once."""
-    if store.dialect != "postgresql":
-        pytest.skip("PostgreSQL's asyncpg path only")
+async def test_prebuilt_statements_run_on_the_driver_and_read_what_sqlalchemy_reads(store: Store) -> None:
+    """Issue 9 (turnkit/store/direct.py): from its second execution on, a prebuilt statement of the store runs on the
+    driver itself (asyncpg, or sqlite3 on the inline path), and its rows make the same records as SQLAlchemy's path
+    makes of the same rows: JSON, timestamps with their zone, NUMERIC, booleans, nulls."""
     url = store.engine.url.render_as_string(hide_password=False)
-    plain = await Store.open(url, migrate=False, postgres_direct=False)
+    plain = await Store.open(url, migrate=False, direct=False)
     try:
         conversation = await _conversation(store, subject={"type": "user", "id": "u-1"}, metadata={"k": [1, "é"]})
         turn = await _turn(store, conversation.id, status="running", submitted_at=datetime.now(UTC), direct=True)
@@ -1809,15 +1815,19 @@ async def test_postgresql_statements_go_straight_to_asyncpg_and_read_what_sqlalc
                     await tx.tree_usage(turn.id),
                 ]
 
-        expected = await records(plain)
-        assert plain.direct is None
+        sent, stop = _direct_statements(plain)
+        try:
+            expected = await records(plain)
+        finally:
+            stop()
+        assert sent and not any(sent), sent
         await records(store)  # the first sight of each statement: SQLAlchemy's path
         sent, stop = _direct_statements(store)
         try:
             assert await records(store) == expected
         finally:
             stop()
-        assert sent and all(sent), sent  # every statement of the second round went straight to asyncpg
+        assert sent and all(sent), sent  # every statement of the second round ran on the driver
         assert expected[1].cost == pytest.approx(0.123456) and expected[1].submitted_at.tzinfo is not None
     finally:
         await plain.close()

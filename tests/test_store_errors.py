@@ -11,13 +11,14 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.store import Store, idle_ping
@@ -27,7 +28,9 @@ from turnkit.store.errors import (
     transient_store_error,
     unavailable_message,
 )
+from turnkit.store.schema import ConversationRow
 from turnkit.store.storable import UnstorableValue, storable
+from turnkit.store.store import _insert_columns, _row_values  # pyright: ignore[reportPrivateUsage]
 
 SECRET = "secret-value-7f3a"
 
@@ -250,3 +253,34 @@ async def test_a_connection_killed_under_a_direct_statement_is_transient_and_rep
     finally:
         await admin.dispose()
         await store.close()
+
+
+async def test_a_constraint_sqlite_enforces_on_the_direct_path_is_deterministic(store: Store) -> None:
+    """Issue 8 item 11 on the inline SQLite path (turnkit/store/direct.py): a prebuilt INSERT that breaks a unique
+    index fails with SQLAlchemy's IntegrityError whether it ran through SQLAlchemy (its first execution) or on sqlite3
+    itself (its second); TurnKit reads both as deterministic, and the store goes on."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's inline path; PostgreSQL: test_a_value_postgresql_rejects_on_the_direct_path_…")
+    conversation = await store.create_conversation(agent_name="agent")
+    now = datetime.now(UTC)
+    duplicate = _row_values(
+        ConversationRow(uid=conversation.id, agent_name="agent", metadata_={}, created_at=now, updated_at=now)
+    )
+    ran_on_sqlite3: list[bool] = []
+    assert store.inline is not None
+
+    def on_statement(_conn: Any, _cursor: Any, _statement: str, _parameters: Any, context: Any, _many: bool) -> None:
+        ran_on_sqlite3.append(context is None)
+
+    event.listen(store.inline.engine, "before_cursor_execute", on_statement)
+    try:
+        for _ in range(2):
+            with pytest.raises(IntegrityError) as failure:
+                async with store.atomic() as tx:
+                    await tx.connection.execute(_insert_columns(ConversationRow)[0], duplicate)
+            assert deterministic_store_error(failure.value), failure.value
+            assert "UNIQUE constraint failed" in store_failure_message(failure.value)
+    finally:
+        event.remove(store.inline.engine, "before_cursor_execute", on_statement)
+    assert ran_on_sqlite3 == [False, True]
+    assert (await store.load_conversation(conversation.id)).id == conversation.id

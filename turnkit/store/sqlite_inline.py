@@ -23,6 +23,10 @@ What keeps the event loop from ever blocking on SQLite:
   (1 ms, doubling up to 25 ms), for up to :data:`BUSY_TIMEOUT` seconds, then raises SQLite's own "database is
   locked", which the store's callers treat as transient.
 
+The store's prebuilt statements, compiled once, run on the ``sqlite3`` connection under SQLAlchemy's
+(``turnkit/store/direct.py``): SQLAlchemy's ``Connection.execute`` cost ~75% of the store's CPU on SQLite, ``sqlite3``
+itself ~7%. Its events and its error handling still see each of them.
+
 What is given up, as before: a long statement blocks the event loop while it runs (``turnkit check`` on a large store
 belongs in a process of its own, or on PostgreSQL), and a transaction with no ``await`` between its statements
 cannot be cancelled half-way. ``Store.open(url, sqlite_inline=False)`` keeps every statement on aiosqlite's thread.
@@ -36,22 +40,21 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVarTuple, cast, overload
+from typing import Any, cast
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import Connection, CursorResult, NestedTransaction, ScalarResult
+from sqlalchemy.engine import Connection, CursorResult, NestedTransaction
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.base import Executable
-from sqlalchemy.sql.selectable import TypedReturnsRows
-from sqlalchemy.util.typing import TupleAny
+
+from turnkit.store.direct import CompiledStatement, DirectResult, DirectStatements
 
 __all__ = ["BUSY_TIMEOUT", "CHECKPOINT_EVERY", "InlineConnection", "InlineSQLite", "InlineSavepoint"]
 
 _log = logging.getLogger(__name__)
-_Ts = TypeVarTuple("_Ts")
 
 #: Commits between two checkpoints run on a thread. SQLite's own automatic checkpoint comes every 1,000 WAL pages; a
 #: store transaction writes a few pages.
@@ -99,29 +102,57 @@ class InlineSavepoint:
 
 class InlineConnection:
     """A store transaction's handle on SQLite: the methods of ``AsyncConnection`` the store uses, run synchronously
-    on a ``Connection`` of SQLAlchemy's synchronous engine (see the module docstring)."""
+    on a ``Connection`` of SQLAlchemy's synchronous engine (see the module docstring); the store's prebuilt
+    statements, compiled once, on the ``sqlite3`` connection under it (``turnkit/store/direct.py``)."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, statements: DirectStatements | None = None) -> None:
         #: The synchronous connection, inside the transaction.
         self.sync_connection = connection
+        self._statements = statements
 
-    @overload
-    async def execute(self, statement: TypedReturnsRows[*_Ts], parameters: Any = None) -> CursorResult[*_Ts]: ...
-
-    @overload
-    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[*TupleAny]: ...
-
-    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[*TupleAny]:
+    async def execute(self, statement: Executable, parameters: Mapping[str, Any] | None = None) -> Any:
         """Execute ``statement`` (its rows are read from the result, as from ``AsyncConnection.execute``)."""
-        return self.sync_connection.execute(statement, parameters)
+        return self._execute(statement, parameters)
 
-    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+    async def scalar(self, statement: Executable, parameters: Mapping[str, Any] | None = None) -> Any:
         """The first column of the first row of ``statement``, or None."""
-        return self.sync_connection.scalar(statement, parameters)
+        return self._execute(statement, parameters).scalar()
 
-    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]:
+    async def scalars(self, statement: Executable, parameters: Mapping[str, Any] | None = None) -> Any:
         """The first column of every row of ``statement``."""
-        return self.sync_connection.scalars(statement, parameters)
+        return self._execute(statement, parameters).scalars()
+
+    def _execute(self, statement: Executable, parameters: Mapping[str, Any] | None) -> Any:
+        params = parameters or {}
+        statements = self._statements
+        compiled = None if statements is None else statements.compiled(statement, params)
+        if compiled is None:
+            return self.sync_connection.execute(statement, parameters)
+        return self._run(compiled, params)
+
+    def _run(self, compiled: CompiledStatement, parameters: Mapping[str, Any]) -> DirectResult:
+        """One prebuilt statement on ``sqlite3`` itself, with SQLAlchemy's events and error handling."""
+        connection = self.sync_connection
+        sql, arguments = compiled.arguments(parameters)
+        raw: Any = connection.connection.dbapi_connection
+        cursor: Any = raw.cursor()
+        try:
+            events = connection.dispatch
+            for listener in events.before_cursor_execute:
+                listener(connection, cursor, sql, arguments, None, False)
+            try:
+                cursor.execute(sql, arguments)
+            except Exception as error:
+                # SQLAlchemy's handling, as on its own path: the same sqlalchemy.exc classes (issue 8's checks).
+                connection._handle_dbapi_exception(error, sql, arguments, cursor, None)  # pyright: ignore[reportPrivateUsage]
+            for listener in events.after_cursor_execute:
+                listener(connection, cursor, sql, arguments, None, False)
+            records = cursor.fetchall() if compiled.result_metadata is not None else []
+            key = (cursor.lastrowid,) if compiled.reads_last_row_id else None
+            rows = compiled.rows(connection.dialect, records, None)
+            return DirectResult(rows, cursor.rowcount, key)
+        finally:
+            cursor.close()
 
     async def exec_driver_sql(self, statement: str, parameters: Any = None) -> CursorResult[Any]:
         """Execute a SQL string as the driver takes it."""
@@ -160,6 +191,9 @@ class InlineSQLite:
         self.path = path
         #: SQLAlchemy's synchronous engine on the file (one connection), for its events (``bench/cpu_profile.py``).
         self.engine = engine
+        #: The store's prebuilt statements compiled for SQLite (``turnkit/store/direct.py``); none while the engine
+        #: echoes its SQL (SQLAlchemy's path logs it).
+        self.statements: DirectStatements | None = None if engine.echo else DirectStatements(engine.dialect)
         self._connection: Connection | None = None
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
         self._commits = 0
@@ -169,9 +203,10 @@ class InlineSQLite:
         self._checkpointer: asyncio.Task[None] | None = None
 
     @classmethod
-    def open(cls, path: str, *, echo: bool = False) -> InlineSQLite | None:
+    def open(cls, path: str, *, echo: bool = False, direct: bool = True) -> InlineSQLite | None:
         """Transactions on the database file ``path``, or None when SQLite cannot put it in WAL mode (then a
-        statement could wait for a lock: the store keeps aiosqlite's thread)."""
+        statement could wait for a lock: the store keeps aiosqlite's thread). ``direct=False``: every statement through
+        SQLAlchemy's ``Connection.execute`` (``turnkit/store/direct.py``)."""
         engine = create_engine(
             f"sqlite:///{path}",
             echo=echo,
@@ -180,6 +215,8 @@ class InlineSQLite:
         )
         event.listen(engine, "connect", _configure)
         inline = cls(path, engine)
+        if not direct:
+            inline.statements = None
         raw: Any = inline._sync().connection.dbapi_connection  # not a statement of SQLAlchemy's: no autobegin
         mode = str(raw.execute("PRAGMA journal_mode").fetchone()[0]).lower()
         if mode != "wal":
@@ -230,7 +267,7 @@ class InlineSQLite:
                 await self._begin_immediate(connection)
                 try:
                     with connection.begin():  # commits at the end of the block; rolls back when it raises
-                        yield InlineConnection(connection)
+                        yield InlineConnection(connection, self.statements)
                 finally:
                     raw: Any = connection.connection.dbapi_connection
                     if raw is not None and raw.in_transaction:  # a failed commit: never leave the lock held

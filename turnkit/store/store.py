@@ -60,8 +60,9 @@ from turnkit.records import (
     WaitRecord,
     counts_against_budget,
 )
+from turnkit.store.direct import DirectStatements
 from turnkit.store.idle_ping import ping_when_idle
-from turnkit.store.postgres_direct import DirectConnection, DirectStatements
+from turnkit.store.postgres_direct import DirectConnection
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -187,9 +188,7 @@ class KeptRows:
 class Store:
     """An async SQL store for TurnKit records. Create with :meth:`open`; close with :meth:`close`."""
 
-    def __init__(
-        self, engine: AsyncEngine, inline: InlineSQLite | None = None, *, postgres_direct: bool = True
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, inline: InlineSQLite | None = None, *, direct: bool = True) -> None:
         self.engine = engine
         #: On a SQLite file in WAL mode (unless ``sqlite_inline=False``): the store's transactions, run on SQLAlchemy's
         #: synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``). ``engine`` still serves
@@ -198,9 +197,9 @@ class Store:
         # PostgreSQL: the same pool, its connections in autocommit, for reads that need no transaction (Store.reads).
         postgresql = engine.dialect.name == "postgresql"
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT") if postgresql else None
-        #: PostgreSQL (unless ``postgres_direct=False``): the store's prebuilt statements, compiled once and sent
-        #: straight to asyncpg (``turnkit/store/postgres_direct.py``).
-        self.direct = DirectStatements(engine.dialect) if postgresql and postgres_direct else None
+        #: PostgreSQL (unless ``direct=False``): the store's prebuilt statements, compiled once and sent straight to
+        #: asyncpg (``turnkit/store/direct.py``, ``postgres_direct.py``). The inline SQLite path has its own.
+        self.direct = DirectStatements(engine.dialect) if postgresql and direct and not engine.echo else None
         #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
@@ -226,24 +225,25 @@ class Store:
         migrate: bool = True,
         echo: bool = False,
         sqlite_inline: bool = True,
-        postgres_direct: bool = True,
+        direct: bool = True,
     ) -> Store:
         """Connect to ``url`` (default: a SQLite file under ``./.turnkit/``) and bring its schema up to date.
 
         ``sqlite_inline=False`` sends every SQLite statement to aiosqlite's thread instead of running the store's
         transactions on SQLAlchemy's synchronous engine on the event loop's thread (``turnkit/store/sqlite_inline.py``;
         no effect on PostgreSQL, an in-memory database or a file system that refuses WAL).
-        ``postgres_direct=False`` runs every PostgreSQL statement through SQLAlchemy's asyncio layer instead of sending
-        the store's prebuilt statements straight to asyncpg (``turnkit/store/postgres_direct.py``).
+        ``direct=False`` runs every statement through SQLAlchemy's execution path instead of running the store's
+        prebuilt statements, compiled once, on the driver itself (``turnkit/store/direct.py``; asyncpg, or ``sqlite3``
+        on the inline path).
         """
         url = url or DEFAULT_DATABASE_URL
         engine = _create_engine(url, echo=echo)
-        store = cls(engine, postgres_direct=postgres_direct)
+        store = cls(engine, direct=direct)
         if migrate:
             await store.migrate()
         path = _sqlite_file(url) if sqlite_inline else None
         if path is not None:
-            store.inline = InlineSQLite.open(path, echo=echo)
+            store.inline = InlineSQLite.open(path, echo=echo, direct=direct)
         return store
 
     async def close(self) -> None:
