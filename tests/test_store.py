@@ -1878,3 +1878,28 @@ async def test_a_postgresql_statement_cancelled_on_asyncpg_drops_its_connection(
     for _ in range(3):  # whichever pooled connection the next transactions get
         async with store.atomic(turn_id=turn.id) as tx:
             assert (await tx.load_turn(turn.id)).status == "running"
+
+
+async def test_the_postgresql_pool_is_sized_for_a_worker_and_set_from_the_environment(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PostgreSQL store keeps 20 connections open and may open 10 more (SQLAlchemy's 5 made a worker's bursts open
+    and close a connection per turn); ``TURNKIT_DB_POOL_SIZE`` and ``TURNKIT_DB_MAX_OVERFLOW`` set them, and a value
+    that is no number of connections is refused by name."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite's store has one connection (the inline path) or aiosqlite's own pool")
+    store = await Store.open(database_url, migrate=False)
+    try:
+        assert (store.engine.pool.size(), store.engine.pool._max_overflow) == (20, 10)  # pyright: ignore
+    finally:
+        await store.close()
+    monkeypatch.setenv("TURNKIT_DB_POOL_SIZE", "3")
+    monkeypatch.setenv("TURNKIT_DB_MAX_OVERFLOW", "0")
+    store = await Store.open(database_url, migrate=False)
+    try:
+        assert (store.engine.pool.size(), store.engine.pool._max_overflow) == (3, 0)  # pyright: ignore
+    finally:
+        await store.close()
+    monkeypatch.setenv("TURNKIT_DB_MAX_OVERFLOW", "many")
+    with pytest.raises(ValueError, match="TURNKIT_DB_MAX_OVERFLOW must be a whole number"):
+        await Store.open(database_url, migrate=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import os
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -90,6 +91,13 @@ __all__ = [
 ]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
+#: PostgreSQL connections a store's pool keeps open (``TURNKIT_DB_POOL_SIZE``), and how many more it may open for a
+#: moment (``TURNKIT_DB_MAX_OVERFLOW``). SQLAlchemy's defaults (5 and 10) fit a web request's handler, not a worker
+#: whose activities run dozens of store transactions at once: a connection beyond the pool's size is closed when it
+#: is returned, so a burst of 40 turns in one process opened and closed 34 connections (10 with these sizes), each
+#: an asyncpg connect of several round trips, its type introspection, and a PostgreSQL backend started and stopped.
+POOL_SIZE: Final = 20
+MAX_OVERFLOW: Final = 10
 #: How many conversation rows a store keeps in memory for later reads (Store.conversation_rows): about 1 KB each.
 CONVERSATIONS_KEPT: Final = 10_000
 
@@ -1655,9 +1663,29 @@ def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
     # inside a store activity's start-to-close timeout (issue 8).
     connect_args = {"timeout": 10} if "+asyncpg" in url else {}
-    engine = create_async_engine(url, echo=echo, connect_args=connect_args)
+    engine = create_async_engine(
+        url,
+        echo=echo,
+        connect_args=connect_args,
+        pool_size=_pool_setting("TURNKIT_DB_POOL_SIZE", POOL_SIZE),
+        max_overflow=_pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
+    )
     ping_when_idle(engine)  # not pool_pre_ping: three round trips on every checkout (turnkit/store/idle_ping.py)
     return engine
+
+
+def _pool_setting(name: str, default: int) -> int:
+    """A PostgreSQL pool setting from the environment variable ``name``, else ``default``."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"{name} must be a whole number of connections, 0 or more (got {value!r})")
+    return number
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
