@@ -107,7 +107,7 @@ class CompiledStatement:
             sql, names = expanded.statement, expanded.positiontup
         else:
             sql, names = self.sql, compiled.positiontup
-        assert names is not None  # asyncpg's dialect is positional ($1, $2, …)
+        assert names is not None  # both dialects are positional: asyncpg's $1, $2, …; sqlite3's ?
         return sql, [processors[name](values[name]) if name in processors else values[name] for name in names]
 
 
@@ -117,7 +117,7 @@ class DirectStatements:
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
         self._compiled: dict[tuple[object, tuple[str, ...]], CompiledStatement | None] = {}
-        self._seen: dict[tuple[object, tuple[str, ...]], int] = {}
+        self._seen: set[tuple[object, tuple[str, ...]]] = set()
 
     def compiled(self, statement: Executable, parameters: Mapping[str, Any]) -> CompiledStatement | None:
         """``statement`` compiled for ``parameters``' keys, or None: SQLAlchemy's own path runs it (a first sight, or
@@ -132,7 +132,7 @@ class DirectStatements:
         if key not in self._seen:  # seen once: it may be ad hoc; compile it when it comes again
             if len(self._seen) >= STATEMENTS_KEPT:
                 self._seen.clear()
-            self._seen[key] = 1
+            self._seen.add(key)
             return None
         if len(self._compiled) >= STATEMENTS_KEPT:
             self._compiled.clear()
