@@ -1833,6 +1833,34 @@ async def test_prebuilt_statements_run_on_the_driver_and_read_what_sqlalchemy_re
         await plain.close()
 
 
+async def test_a_new_conversations_generated_key_comes_back_on_the_driver(store: Store) -> None:
+    """Issue 9: a fresh conversation per turn (the peers' workload) inserts a row whose integer key the database
+    generates. From the second conversation on, that INSERT runs on the driver too (on PostgreSQL with an explicit
+    RETURNING: SQLAlchemy's implicit one needs its execution context), and each conversation's messages go to its own
+    row: a message appended in the creating transaction and one appended later read back under it."""
+
+    async def create(n: int) -> str:
+        async with store.atomic() as tx:
+            conversation = await tx.create_conversation(agent_name=_name(), metadata={"n": n})
+            await tx.append_message(conversation.id, role="user", text=f"first {n}")
+            return conversation.id
+
+    await create(-1)  # the first sight of the INSERT: SQLAlchemy's path
+    sent, stop = _direct_statements(store)
+    try:
+        created = [await create(n) for n in range(3)]
+    finally:
+        stop()
+    assert sent and all(sent), sent
+    store.conversation_rows = KeptRows(10)  # read them back from the database, not from memory
+    for n, conversation_id in enumerate(created):
+        await store.append_message(conversation_id, role="user", text=f"second {n}")
+        found = await store.load_conversation(conversation_id)
+        assert found.metadata == {"n": n}
+        texts = [m.content[0]["text"] for m in await store.list_messages(conversation_id)]
+        assert texts == [f"first {n}", f"second {n}"]
+
+
 async def test_a_postgresql_statement_cancelled_on_asyncpg_drops_its_connection(store: Store) -> None:
     """A direct statement cancelled while it waits (here on a row lock another transaction holds) leaves nothing
     behind: its connection is invalidated, as SQLAlchemy's path does (its protocol state is unknown), the holder

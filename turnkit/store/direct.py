@@ -14,8 +14,9 @@ The backends run it on their own connections: ``turnkit/store/postgres_direct.py
 
 What goes to SQLAlchemy's own path: a statement seen for the first time (ad-hoc queries such as ``turnkit check``'s
 are built anew each time and never compiled here), text SQL, statements whose values SQLAlchemy computes at
-execution (Python-side column defaults), an INSERT whose generated key SQLAlchemy reads back with RETURNING, and
-everything while the engine echoes its SQL.
+execution (Python-side column defaults), an INSERT whose generated key SQLAlchemy reads back by itself (implicit
+RETURNING: the store asks for it explicitly instead, ``StoreTx._insert``), and everything while the engine echoes its
+SQL.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ What stays SQLAlchemy's, so that the store's fault handling (issue 8) sees what 
   (the store's statement counts in tests and benchmarks), with a :class:`~turnkit.store.direct.DirectCursor` that
   carries its row count.
 
-``Store.open(url, postgres_direct=False)`` sends every statement through SQLAlchemy's asyncio layer.
+``Store.open(url, direct=False)`` sends every statement through SQLAlchemy's asyncio layer.
 """
 
 from __future__ import annotations

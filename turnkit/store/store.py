@@ -552,7 +552,13 @@ class StoreTx:
             if inserted is not None and getattr(row, "id", None) is None:
                 row.id = inserted[0]  # pyright: ignore[reportAttributeAccessIssue]
             return inserted is not None
-        result = cast(CursorResult[Any], await self.connection.execute(_insert_columns(type(row))[0], values))
+        insert, _, returning = _insert_columns(type(row))
+        if self.store.dialect == "postgresql" and getattr(row, "id", None) is None:
+            # The generated key with an explicit RETURNING, which the direct path runs; SQLAlchemy's implicit one
+            # (what ``inserted_primary_key`` reads on PostgreSQL) only its own execution context can (direct.py).
+            row.id = (await self.connection.execute(returning, values)).scalar()  # pyright: ignore[reportAttributeAccessIssue]
+            return row
+        result = cast(CursorResult[Any], await self.connection.execute(insert, values))
         primary_key = result.inserted_primary_key
         if primary_key is not None and getattr(row, "id", None) is None:
             row.id = primary_key[0]  # pyright: ignore[reportAttributeAccessIssue]
@@ -1609,12 +1615,13 @@ def _insert_skipping_conflicts(mapped: type[Any]) -> Insert:
 
 
 @functools.cache
-def _insert_columns(mapped: type[Any]) -> tuple[Insert, tuple[tuple[str, Column[Any]], ...]]:
-    """A mapped class's INSERT (built once: its compiled form is cached) and its ``(attribute key, column)`` pairs,
-    for :meth:`StoreTx._insert`."""
+def _insert_columns(mapped: type[Any]) -> tuple[Insert, tuple[tuple[str, Column[Any]], ...], Insert]:
+    """A mapped class's INSERT (built once: its compiled form is cached), its ``(attribute key, column)`` pairs, and
+    the INSERT with ``RETURNING <primary key>``, for :meth:`StoreTx._insert`."""
     mapper = inspect(mapped)
     table: Table = mapper.local_table
-    return table.insert(), tuple((attr.key, attr.columns[0]) for attr in mapper.column_attrs)
+    columns = tuple((attr.key, attr.columns[0]) for attr in mapper.column_attrs)
+    return table.insert(), columns, table.insert().returning(*mapper.primary_key)
 
 
 def _money(value: Any) -> Decimal:
