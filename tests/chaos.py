@@ -36,6 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
@@ -414,6 +415,21 @@ async def _where_it_waits(tk: TurnKit, conversation_id: str) -> str:
     return "; ".join(lines)
 
 
+async def _lanes_of(rig: ChaosRig, turns: list[str]) -> list[str]:
+    """For an orphan report: where the orphans' lanes wait, and the events of each lane's history."""
+    lines: list[str] = []
+    with contextlib.suppress(Exception):
+        records = [await rig.store.load_turn(turn.split()[0]) for turn in turns]
+        for conversation_id in dict.fromkeys(record.conversation_id for record in records):
+            lines.append(f"lane {await _where_it_waits(rig.tk, conversation_id)}")
+            events = [
+                EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
+                async for event in rig.client.get_workflow_handle(conversation_id).fetch_history_events()
+            ]
+            lines.append(f"lane {conversation_id} history: {', '.join(events[-40:])}")
+    return lines
+
+
 async def _settle(rig: ChaosRig, since: datetime, outcome: Outcome) -> None:
     """Wait until every turn the seed created is terminal and no delivery is pending (or give up and say so)."""
     loop = asyncio.get_running_loop()
@@ -438,6 +454,7 @@ async def _settle(rig: ChaosRig, since: datetime, outcome: Outcome) -> None:
                 # activity that committed it and lost its signal to a restarting server is retried only once its
                 # attempt times out (30 s); it counts as lost only if it is still pending at the deadline.
                 outcome.problems.append(f"turns orphaned (no workflow will ever end them): {', '.join(turns)}")
+                outcome.problems += await _lanes_of(rig, turns)
                 return
             if loop.time() > deadline:
                 if turns:

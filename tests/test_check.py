@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import insert, update
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest
 
 import turnkit
 from tests.engine import Engine, Gate, eventually, gated_tool
@@ -35,6 +37,7 @@ from turnkit.check import (
 from turnkit.errors import RecordNotFound
 from turnkit.ids import new_id
 from turnkit.model import ModelRequest, Result
+from turnkit.payloads import PATCH_LEVEL, LaneInput
 from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
 from turnkit.repair import LOST_WORKFLOW, STALE_STAGED_INPUT
 from turnkit.runtime import TurnKit
@@ -43,6 +46,7 @@ from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.turn_options import turn_options
 from turnkit.turn_state import TurnState
+from turnkit.workflow_names import LANE_WORKFLOW
 
 
 def _kinds(findings: list[Finding]) -> set[tuple[str, str]]:
@@ -160,6 +164,60 @@ async def test_orphaned_children_are_started_or_failed(tk: TurnKit) -> None:
     assert failed.status == "failed" and "never started" in str((failed.error or {}).get("message"))
     assert await tk.check(since=since, grace=0) == []
     assert await tk.repair(since=since, grace=0) == []
+
+
+async def _start_task_of_lane(tk: TurnKit, task_queue: str) -> int:
+    """Take the next workflow task of ``task_queue`` as a worker would, and never complete it (a worker that crashed
+    or a server restarted mid-task); returns its attempt."""
+    request = PollWorkflowTaskQueueRequest(
+        namespace=tk.client.namespace, task_queue=TaskQueue(name=task_queue), identity="test: a crashing worker"
+    )
+    while True:
+        task = await tk.client.workflow_service.poll_workflow_task_queue(request)
+        if task.task_token:
+            return task.attempt
+
+
+async def test_a_lane_with_a_workflow_task_in_flight_may_hold_its_turns(tk: TurnKit) -> None:
+    """A pending root turn with no workflow, in a conversation whose lane has a workflow task in flight (started by a
+    worker that never completes it, as with a restarted server), is not an orphan: the task's history may name the
+    turn (a store call's result) and it is tried again. Once the task keeps failing, the turn is reported. (Found by
+    the chaos suite: a restart between a lane's woken-turn commit and its next task looked like an orphan.)"""
+    since = utcnow()
+    agent = turnkit.register(turnkit.Agent("held", model="scripted", client=ScriptedClient(lambda r: "ok")))
+    conversation = await tk.conversation(agent)
+    async with tk.store.atomic(conversation_id=conversation.id) as tx:
+        message = await tx.append_message(conversation.id, role="user", text="hi")
+        turn = await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=agent.name,
+            context_message_sequence=message.sequence,
+            model="scripted",
+            options=turn_options(agent, trigger_message_id=message.id, context={}),
+            submitted_at=utcnow(),
+        )
+    task_queue = f"no-worker-{new_id('turn')}"  # no worker polls it: this test takes the lane's tasks itself
+    lane = await tk.client.start_workflow(
+        LANE_WORKFLOW,
+        LaneInput(conversation_id=conversation.id, patch_level=PATCH_LEVEL),
+        id=conversation.id,
+        task_queue=task_queue,
+        task_timeout=timedelta(seconds=1),
+    )
+    try:
+        for expected in (1, 2, 3):  # each attempt times out after 1 s and is scheduled again
+            assert await _start_task_of_lane(tk, task_queue) == expected
+            findings = await tk.check(since=since, grace=0)
+            assert (TURN_WITHOUT_WORKFLOW, turn.id) not in _kinds(findings), (expected, findings)
+        assert await _start_task_of_lane(tk, task_queue) == 4  # failing now, not in flight: the lane is asked
+
+        findings = await tk.check(since=since, grace=0)
+        [finding] = [f for f in findings if (f.kind, f.ids[0]) == (TURN_WITHOUT_WORKFLOW, turn.id)]
+        assert "does not answer" in finding.message, finding
+    finally:
+        await lane.terminate("test: end")
+        async with tk.store.atomic() as tx:
+            await tx.claim_turn(turn.id, from_=("pending",), to="failed", completed_at=utcnow(), claim_token=None)
 
 
 async def test_lost_delivery_signal_from_the_cli(engine: Engine) -> None:

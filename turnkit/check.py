@@ -18,10 +18,12 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import func, or_, select
+from temporalio.api.enums.v1 import PendingWorkflowTaskState
+from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -38,6 +40,7 @@ __all__ = [
     "DELIVERY_NOT_CONSUMED",
     "DELIVERY_WITHOUT_MESSAGE",
     "EXECUTION_WITHOUT_ATTEMPT",
+    "IN_FLIGHT",
     "OVER_BUDGET",
     "SEQUENCE_GAP",
     "TOOL_CALL_RESULTS",
@@ -215,29 +218,74 @@ async def workflow_states(client: Client, workflow_ids: Iterable[str]) -> dict[s
 
 #: A running lane that does not answer its status query in time (no worker serves its task queue right now).
 UNANSWERED: Final = "unanswered"
+#: A running lane with a workflow task in flight, not yet failing: its history may hold what its status query cannot
+#: show yet (a store call's result that names a turn it is about to run), so it may hold any of its root turns.
+IN_FLIGHT: Final = "in_flight"
+#: A lane whose workflow task has been tried more often than this is failing, not in flight (a server restart or a
+#: killed worker costs one timed-out attempt each).
+_IN_FLIGHT_ATTEMPTS: Final = 3
+#: A workflow task scheduled this long ago and not started has no worker polling for it (a workflow task's timeout).
+_UNPOLLED_AFTER: Final = timedelta(seconds=10)
 
 
 async def lane_statuses(client: Client, conversation_ids: Iterable[str]) -> dict[str, LaneStatus | str | None]:
-    """The ``status`` query of each running lane; None for a lane that is not running, :data:`UNANSWERED` for a
-    running lane that does not answer."""
+    """The ``status`` query of each running lane; None for a lane that is not running, :data:`IN_FLIGHT` for one
+    whose workflow task is in flight, :data:`UNANSWERED` for a running lane that does not answer.
+
+    A status query answers from the lane's last *completed* workflow task. A task in flight (or timed out with a
+    restarted server, to be tried again) may be about to act on what its history already holds: a woken turn that a
+    store call committed and returned, which the lane will queue and start once the task completes
+    (docs/design.md, "Deliveries"). So such a lane is not asked: it may hold any of its turns for now.
+    """
     ids = list(dict.fromkeys(conversation_ids))
-    states = await workflow_states(client, ids)
 
     async def one(conversation_id: str) -> tuple[str, LaneStatus | str | None]:
-        if states[conversation_id] != "running":
+        handle = client.get_workflow_handle(conversation_id)
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return conversation_id, None
+            raise
+        if described.status not in (None, WorkflowExecutionStatus.RUNNING):
             return conversation_id, None
+        if _task_in_flight(described.raw_description):
+            return conversation_id, IN_FLIGHT
         with contextlib.suppress(RPCError, TimeoutError):
-            handle = client.get_workflow_handle(conversation_id)
             async with asyncio.timeout(_QUERY_TIMEOUT):
                 return conversation_id, await handle.query("status", result_type=LaneStatus)
         return conversation_id, UNANSWERED
 
-    return dict(await asyncio.gather(*(one(i) for i in ids)))
+    limit = asyncio.Semaphore(_DESCRIBE_CONCURRENCY)
+
+    async def bounded(conversation_id: str) -> tuple[str, LaneStatus | str | None]:
+        async with limit:
+            return await one(conversation_id)
+
+    return dict(await asyncio.gather(*(bounded(i) for i in ids)))
+
+
+def _task_in_flight(raw: DescribeWorkflowExecutionResponse) -> bool:
+    """Whether the lane's workflow task is in flight: started (by a worker, or before a server restart: it completes
+    or times out and is tried again), or scheduled a moment ago; and not failing. A task scheduled longer ago than a
+    workflow task's timeout has no worker to run it: the lane is asked then (and does not answer)."""
+    if not raw.HasField("pending_workflow_task"):
+        return False
+    task = raw.pending_workflow_task
+    if task.attempt > _IN_FLIGHT_ATTEMPTS:
+        return False
+    if task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED:
+        return True
+    waited = datetime.now(UTC) - task.scheduled_time.ToDatetime(UTC)
+    return waited < _UNPOLLED_AFTER
 
 
 def held_by_lane(turn: TurnRecord, lanes: dict[str, LaneStatus | str | None]) -> bool:
-    """Whether the conversation's running lane has ``turn`` queued or active (a root turn waiting its turn)."""
+    """Whether the conversation's running lane has ``turn`` queued or active (a root turn waiting its turn), or may
+    have it (:data:`IN_FLIGHT`: its workflow task in flight may be about to queue it)."""
     lane = lanes.get(turn.conversation_id)
+    if lane == IN_FLIGHT:
+        return True
     return isinstance(lane, LaneStatus) and (turn.id in lane.queued_turn_ids or turn.id == lane.active_turn_id)
 
 
