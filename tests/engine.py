@@ -16,9 +16,11 @@ from turnkit.model import ModelRequest, Result
 from turnkit.payloads import LaneStatus, TurnInput, TurnOutcome
 from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import Tool, tool
 from turnkit.turn_build import ticket_of
+from turnkit.turn_options import turn_options
 from workflows.turn import TurnWorkflow
 
 
@@ -206,3 +208,18 @@ async def busy_sub_agent(tk: TurnKit) -> BusySubAgent:
     assert record is not None
     conversation = await tk.load_conversation(record.conversation_id)
     return BusySubAgent(turn=turn, child=record, conversation=conversation, client=child_client, release=release)
+
+
+async def stored_pending_turn(tk: TurnKit, conversation_id: str, agent: turnkit.Agent, text: str) -> TurnRecord:
+    """A submitted root turn and its user message, written through the store API with no workflow and no lane (what
+    a woken turn or an ``ask`` leaves when the process that wrote it dies before the turn is queued)."""
+    async with tk.store.atomic(conversation_id=conversation_id) as tx:
+        message = await tx.append_message(conversation_id, role="user", text=text)
+        return await tx.create_turn(
+            conversation_id=conversation_id,
+            agent_name=agent.name,
+            context_message_sequence=message.sequence,
+            model="scripted",
+            options=turn_options(agent, trigger_message_id=message.id, context={}),
+            submitted_at=utcnow(),
+        )

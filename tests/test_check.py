@@ -19,7 +19,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest
 
 import turnkit
-from tests.engine import Engine, Gate, eventually, gated_tool
+from tests.engine import Engine, Gate, eventually, gated_tool, stored_pending_turn
 from tests.workers import ROOT
 from turnkit.check import (
     ACTIVE_TURNS,
@@ -186,16 +186,7 @@ async def test_a_lane_with_a_workflow_task_in_flight_may_hold_its_turns(tk: Turn
     since = utcnow()
     agent = turnkit.register(turnkit.Agent("held", model="scripted", client=ScriptedClient(lambda r: "ok")))
     conversation = await tk.conversation(agent)
-    async with tk.store.atomic(conversation_id=conversation.id) as tx:
-        message = await tx.append_message(conversation.id, role="user", text="hi")
-        turn = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=message.sequence,
-            model="scripted",
-            options=turn_options(agent, trigger_message_id=message.id, context={}),
-            submitted_at=utcnow(),
-        )
+    turn = await stored_pending_turn(tk, conversation.id, agent, "hi")
     task_queue = f"no-worker-{new_id('turn')}"  # no worker polls it: this test takes the lane's tasks itself
     lane = await tk.client.start_workflow(
         LANE_WORKFLOW,
@@ -322,16 +313,7 @@ async def test_reconcile_runs_the_repair_sweep(tk: TurnKit) -> None:
     since = utcnow()
     agent = turnkit.Agent("woken", model="scripted", client=ScriptedClient(lambda r: "woke up"))
     conversation = await tk.conversation(agent)
-    async with tk.store.atomic(conversation_id=conversation.id) as tx:
-        message = await tx.append_message(conversation.id, role="user", text="a delivered message")
-        orphan = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=message.sequence,
-            model="scripted",
-            options=turn_options(agent, trigger_message_id=message.id, context={}),
-            submitted_at=utcnow(),
-        )
+    orphan = await stored_pending_turn(tk, conversation.id, agent, "a delivered message")
     reconciled = await tk.reconcile(grace=0)
     assert [(r.action, r.ids[0]) for r in reconciled.repairs if r.ids[0] == orphan.id] == [("requeued", orphan.id)]
     done = await tk.turn(orphan.id).result(timeout=60)

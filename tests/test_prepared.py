@@ -13,12 +13,10 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
-from tests.engine import held_tool
+from tests.engine import held_tool, stored_pending_turn
 from turnkit.errors import Error, InputError
 from turnkit.runtime import TurnKit
-from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.turn_options import turn_options
 
 
 @turnkit.tool
@@ -152,16 +150,7 @@ async def test_reconcile_runs_lost_submitted_work_and_leaves_previews(tk: TurnKi
     agent = turnkit.Agent("lost", model="scripted", client=client)
     preview_run = await tk.run(agent, "only a preview", prepare=True)
     conversation = await tk.conversation(agent)
-    async with tk.store.atomic(conversation_id=conversation.id) as tx:
-        message = await tx.append_message(conversation.id, role="user", text="submitted, never enqueued")
-        lost = await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=message.sequence,
-            model="scripted",
-            options=turn_options(agent, trigger_message_id=message.id, context={}),
-            submitted_at=utcnow(),
-        )
+    lost = await stored_pending_turn(tk, conversation.id, agent, "submitted, never enqueued")
 
     reconciled = await tk.reconcile(grace=0)
     assert [(r.action, r.ids[0]) for r in reconciled.repairs] == [("requeued", lost.id)]
