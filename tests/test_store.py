@@ -1908,6 +1908,15 @@ async def test_a_postgresql_statement_cancelled_on_asyncpg_drops_its_connection(
             assert (await tx.load_turn(turn.id)).status == "running"
 
 
+async def _pool_of(database_url: str) -> tuple[int, int]:
+    """The pool size and overflow of a store opened on ``database_url``."""
+    store = await Store.open(database_url, migrate=False)
+    try:
+        return store.engine.pool.size(), store.engine.pool._max_overflow  # pyright: ignore
+    finally:
+        await store.close()
+
+
 async def test_the_postgresql_pool_is_sized_for_a_worker_and_set_from_the_environment(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1916,18 +1925,10 @@ async def test_the_postgresql_pool_is_sized_for_a_worker_and_set_from_the_enviro
     that is no number of connections is refused by name."""
     if not database_url.startswith("postgresql"):
         pytest.skip("SQLite's store has one connection (the inline path) or aiosqlite's own pool")
-    store = await Store.open(database_url, migrate=False)
-    try:
-        assert (store.engine.pool.size(), store.engine.pool._max_overflow) == (20, 10)  # pyright: ignore
-    finally:
-        await store.close()
+    assert await _pool_of(database_url) == (20, 10)
     monkeypatch.setenv("TURNKIT_DB_POOL_SIZE", "3")
     monkeypatch.setenv("TURNKIT_DB_MAX_OVERFLOW", "0")
-    store = await Store.open(database_url, migrate=False)
-    try:
-        assert (store.engine.pool.size(), store.engine.pool._max_overflow) == (3, 0)  # pyright: ignore
-    finally:
-        await store.close()
+    assert await _pool_of(database_url) == (3, 0)
     monkeypatch.setenv("TURNKIT_DB_MAX_OVERFLOW", "many")
     with pytest.raises(ValueError, match="TURNKIT_DB_MAX_OVERFLOW must be a whole number"):
         await Store.open(database_url, migrate=False)
