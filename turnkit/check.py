@@ -16,15 +16,15 @@ import asyncio
 import contextlib
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import func, or_, select
 from temporalio.api.enums.v1 import PendingWorkflowTaskState
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit.budget import counts_against_budget, limits_of
@@ -73,6 +73,7 @@ Liveness = str
 _DESCRIBE_CONCURRENCY: Final = 32
 #: A lane that does not answer its status query in time (no worker polls its task queue) holds nothing we know of.
 _QUERY_TIMEOUT: Final = 5.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -198,22 +199,38 @@ def _parts(content: Any) -> list[dict[str, Any]]:
 # Checks against Temporal -------------------------------------------------------------------------------------------
 
 
+async def _for_each(ids: Iterable[str], ask: Callable[[str], Awaitable[T]]) -> dict[str, T]:
+    """``ask`` about each distinct id, at most ``_DESCRIBE_CONCURRENCY`` at a time."""
+    limit = asyncio.Semaphore(_DESCRIBE_CONCURRENCY)
+    distinct = list(dict.fromkeys(ids))
+
+    async def one(key: str) -> T:
+        async with limit:
+            return await ask(key)
+
+    return dict(zip(distinct, await asyncio.gather(*(one(key) for key in distinct)), strict=True))
+
+
+async def _describe(client: Client, workflow_id: str) -> WorkflowExecutionDescription | None:
+    """The workflow's description; None when it does not exist."""
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
 async def workflow_states(client: Client, workflow_ids: Iterable[str]) -> dict[str, Liveness]:
     """Describe each workflow id (bounded concurrency): ``running``, ``missing`` or its closed status."""
-    limit = asyncio.Semaphore(_DESCRIBE_CONCURRENCY)
 
-    async def one(workflow_id: str) -> tuple[str, Liveness]:
-        async with limit:
-            try:
-                described = await client.get_workflow_handle(workflow_id).describe()
-            except RPCError as err:
-                if err.status == RPCStatusCode.NOT_FOUND:
-                    return workflow_id, "missing"
-                raise
-        status = described.status or WorkflowExecutionStatus.RUNNING
-        return workflow_id, status.name.lower()
+    async def one(workflow_id: str) -> Liveness:
+        described = await _describe(client, workflow_id)
+        if described is None:
+            return "missing"
+        return (described.status or WorkflowExecutionStatus.RUNNING).name.lower()
 
-    return dict(await asyncio.gather(*(one(i) for i in dict.fromkeys(workflow_ids))))
+    return await _for_each(workflow_ids, one)
 
 
 #: A running lane that does not answer its status query in time (no worker serves its task queue right now).
@@ -237,32 +254,20 @@ async def lane_statuses(client: Client, conversation_ids: Iterable[str]) -> dict
     store call committed and returned, which the lane will queue and start once the task completes
     (docs/design.md, "Deliveries"). So such a lane is not asked: it may hold any of its turns for now.
     """
-    ids = list(dict.fromkeys(conversation_ids))
 
-    async def one(conversation_id: str) -> tuple[str, LaneStatus | str | None]:
-        handle = client.get_workflow_handle(conversation_id)
-        try:
-            described = await handle.describe()
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return conversation_id, None
-            raise
-        if described.status not in (None, WorkflowExecutionStatus.RUNNING):
-            return conversation_id, None
+    async def one(conversation_id: str) -> LaneStatus | str | None:
+        described = await _describe(client, conversation_id)
+        if described is None or described.status not in (None, WorkflowExecutionStatus.RUNNING):
+            return None
         if _task_in_flight(described.raw_description):
-            return conversation_id, IN_FLIGHT
+            return IN_FLIGHT
         with contextlib.suppress(RPCError, TimeoutError):
             async with asyncio.timeout(_QUERY_TIMEOUT):
-                return conversation_id, await handle.query("status", result_type=LaneStatus)
-        return conversation_id, UNANSWERED
+                handle = client.get_workflow_handle(conversation_id)
+                return await handle.query("status", result_type=LaneStatus)
+        return UNANSWERED
 
-    limit = asyncio.Semaphore(_DESCRIBE_CONCURRENCY)
-
-    async def bounded(conversation_id: str) -> tuple[str, LaneStatus | str | None]:
-        async with limit:
-            return await one(conversation_id)
-
-    return dict(await asyncio.gather(*(bounded(i) for i in ids)))
+    return await _for_each(conversation_ids, one)
 
 
 def _task_in_flight(raw: DescribeWorkflowExecutionResponse) -> bool:
