@@ -62,6 +62,12 @@ class Spec:
     database_url: str | None = None
     local_tool: bool = False  # TurnKit: the tool as @tool(local=True)
     local_model: bool = False  # each model call's first attempt as a local activity (OpenAI's use_local_activity)
+    reference: bool = False  # a floor to read the others against (bare Temporal), in no ratio
+
+
+#: The same activities in a bare Temporal workflow (``bare_app.py``): what the SDK and the dev server cost for the
+#: workload, under every system here; neither a peer nor TurnKit, so in no ratio.
+FLOOR = Spec("bare", "bare", "bare Temporal (floor)", peer=False, reference=True)
 
 
 PEERS = [
@@ -274,7 +280,7 @@ def _range(values: list[float], scale: float, fmt: str) -> str:
 
 
 def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
-    ours = [s for s in specs if not s.peer]
+    ours = [s for s in specs if not s.peer and not s.reference]
     peers = [s for s in specs if s.peer]
     header = ["K", *(s.title for s in specs)]
     if peers:
@@ -355,6 +361,12 @@ def report(
         f"model activities (issue 9's workload), a 'local model' column against every peer column, OpenAI's local "
         f"model included (targets: latency ≤ 0.8x, throughput ≥ 1.5x)."
     )
+    if any(s.reference for s in specs):
+        out[-1] += (
+            " The 'bare Temporal (floor)' column runs the same model and tool activities in a plain workflow with "
+            "nothing around them (`bench/peers/bare_app.py`): what the SDK and the dev server cost for the workload "
+            "under every system; it is in no ratio."
+        )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
         out += [
@@ -415,8 +427,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         type=lambda t: [s for s in t.split(",") if s],
-        default=["openai_agents", "pydantic_ai", "turnkit"],
-        help="systems to run (openai_agents,pydantic_ai,turnkit)",
+        default=["bare", "openai_agents", "pydantic_ai", "turnkit"],
+        help="systems to run (bare,openai_agents,pydantic_ai,turnkit; bare: the floor, bare_app.py)",
     )
     parser.add_argument(
         "--tool-kinds",
@@ -457,7 +469,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
-    specs = [p for p in PEERS if p.system in args.systems]
+    specs = [FLOOR] if FLOOR.system in args.systems else []
+    specs += [p for p in PEERS if p.system in args.systems]
     if "local" in args.model_kinds:
         specs += [p for p in LOCAL_MODEL_PEERS if p.system in args.systems]
     if "turnkit" in args.systems:
@@ -493,6 +506,7 @@ def main() -> None:
     if any(s.peer for s in specs) and missing:
         raise SystemExit(f"{', '.join(missing)} missing: pip install -e '.[bench]' (the bench extra)")
     command = "python -m bench.peers " + " ".join(sys.argv[1:])
+    total, load_at_end = 0.0, "not recorded"
     if args.report_from:
         raw = json.loads(args.report_from.read_text())
         env, command = raw["environment"], raw.get("command", command)
@@ -501,7 +515,8 @@ def main() -> None:
             for setting, per_spec in raw["results"].items()
         }
         history = {key: {int(k): v for k, v in sizes.items()} for key, sizes in raw["history"].items()}
-        text = report(args, specs, results, history, env, raw.get("load_at_end", "not recorded"))
+        load_at_end = raw.get("load_at_end", load_at_end)
+        text = report(args, specs, results, history, env, load_at_end)
         text += f"Total time {raw.get('total_seconds', 0):.0f} s.\n"
     else:
         env = environment()

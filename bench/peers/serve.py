@@ -38,6 +38,7 @@ from temporalio.testing import WorkflowEnvironment
 
 #: ``serve`` name -> module holding its ``System``.
 SYSTEMS = {
+    "bare": "bench.peers.bare_app",
     "openai_agents": "bench.peers.openai_agents_app",
     "pydantic_ai": "bench.peers.pydantic_ai_app",
     "turnkit": "bench.peers.turnkit_app",

@@ -1,0 +1,104 @@
+"""The workload on bare Temporal: the floor under every agent runtime, not a peer.
+
+A workflow per turn runs the same activities as the agent runtimes do, one after another, with nothing around
+them: K + 1 ``model`` activities (the scripted model of :mod:`bench.peers.workload`, which takes the prompt and the
+tool results so far and answers a tool call or the final answer) and K ``lookup`` activities, on the SDK's default
+data converter, in the default sandbox, started and awaited by ``execute_workflow``. No framework, no store, no
+record of the conversation.
+
+What it costs per turn is what the Temporal SDK and the dev server cost for this workload's activities and workflow
+tasks, which every system here pays as well. Its dev server's CPU per turn is the least any of them can cost their
+server for the workload; a system's throughput ratio against a peer is bounded by the peer's total CPU per turn
+divided by that (see bench/README.md, "The floor").
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from bench.peers import workload
+
+ACTIVITY_TIMEOUT = timedelta(seconds=60)
+
+
+@dataclass
+class ModelCall:
+    """What the scripted model sees: the prompt and the tool results of this turn so far."""
+
+    prompt: str
+    results: list[str]
+
+
+@dataclass
+class ModelAnswer:
+    """A tool call (its query) or the final answer."""
+
+    query: str | None = None
+    text: str | None = None
+
+
+@activity.defn(name="model")
+async def model(call: ModelCall) -> ModelAnswer:
+    """The scripted model: another lookup until K results, then the answer."""
+    k = workload.parse_k(call.prompt)
+    done = len(call.results)
+    if done < k:
+        return ModelAnswer(query=workload.tool_query(done))
+    return ModelAnswer(text=workload.final_answer(k))
+
+
+@activity.defn(name=workload.TOOL_NAME)
+async def lookup(q: str) -> str:
+    """Look something up."""
+    return workload.lookup_result(q)
+
+
+@workflow.defn
+class BareTurn:
+    """One turn: model, tool, model... until the model answers."""
+
+    @workflow.run
+    async def run(self, prompt: str) -> str:
+        results: list[str] = []
+        while True:
+            answer = await workflow.execute_activity(
+                model, ModelCall(prompt, results), start_to_close_timeout=ACTIVITY_TIMEOUT
+            )
+            if answer.query is None:
+                return answer.text or ""
+            results.append(
+                await workflow.execute_activity(lookup, answer.query, start_to_close_timeout=ACTIVITY_TIMEOUT)
+            )
+
+
+class System:
+    """Bare Temporal, for :mod:`bench.peers.serve`."""
+
+    client: Client
+
+    def __init__(self) -> None:
+        self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
+        self._worker: Worker | None = None
+
+    async def open(self, address: str) -> None:
+        self.client = await Client.connect(address)
+        self._worker = Worker(self.client, task_queue=self.task_queue, workflows=[BareTurn], activities=[model, lookup])
+        await self._worker.__aenter__()
+
+    async def turn(self, k: int) -> list[str]:
+        workflow_id = f"bare-{uuid.uuid4().hex}"
+        output = await self.client.execute_workflow(
+            BareTurn.run, workload.prompt(k), id=workflow_id, task_queue=self.task_queue
+        )
+        workload.check(k, output)
+        return [workflow_id]
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            await self._worker.__aexit__(None, None, None)
