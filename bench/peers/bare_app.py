@@ -7,9 +7,9 @@ data converter, in the default sandbox, started and awaited by ``execute_workflo
 record of the conversation.
 
 What it costs per turn is what the Temporal SDK and the dev server cost for this workload's activities and workflow
-tasks, which every system here pays as well. Its dev server's CPU per turn is the least any of them can cost their
-server for the workload; a system's throughput ratio against a peer is bounded by the peer's total CPU per turn
-divided by that (see bench/README.md, "The floor").
+tasks, which every system here pays as well: about the least CPU per turn any of them can spend on the workload, and
+so about the most throughput any of them can reach (see bench/README.md, "The floor"). It bounds throughput, not
+latency: a system may still start its turns faster than ``execute_workflow`` does (TurnKit's eager start).
 """
 
 from __future__ import annotations
