@@ -38,7 +38,7 @@ from turnkit.payloads import (
     WaitPlan,
     WaitRequest,
 )
-from turnkit.records import ToolExecutionRecord, TurnRecord
+from turnkit.records import OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import announce_settled, append_tool_result, fail_execution
 from turnkit.turn_options import turn_options
@@ -195,13 +195,13 @@ class ChildActivities:
             turn = await leave_waiting(tx, request.turn_id)
             for execution_id in request.execution_ids:
                 execution = await tx.load_tool_execution(execution_id)
-                if execution.status in ("pending", "running"):
+                if execution.status in OPEN_EXECUTION_STATUSES:
                     child = await tx.find_child_turn(execution.id)
                     if child is not None and child.terminal:
                         # A failed or cancelled child is a structured result; it never fails the parent.
                         settled = await tx.claim_tool_execution(
                             execution.id,
-                            from_=("pending", "running"),
+                            from_=OPEN_EXECUTION_STATUSES,
                             to="completed",
                             result=turn_result(child),
                             completed_at=utcnow(),
@@ -224,7 +224,7 @@ class ChildActivities:
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await tx.load_turn(request.turn_id)
             execution = await tx.find_tool_execution(turn.id, call.id)
-            if execution is not None and execution.status not in ("pending", "running"):
+            if execution is not None and execution.status not in OPEN_EXECUTION_STATUSES:
                 await append_tool_result(tx, turn, execution)
                 return WaitPlan(execution_id=execution.id, settled=True)
             if execution is None:
@@ -264,7 +264,7 @@ class ChildActivities:
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
             turn = await leave_waiting(tx, request.turn_id)
             execution = await tx.load_tool_execution(request.execution_id)
-            if execution.status in ("pending", "running"):
+            if execution.status in OPEN_EXECUTION_STATUSES:
                 edges = await tx.list_waits(turn_id=turn.id)
                 wanted = [str(t) for t in execution.arguments.get("turn_ids", [])]
                 targets = {edge.target_turn_id for edge in edges}
@@ -274,7 +274,7 @@ class ChildActivities:
                         results.append(turn_result(await tx.load_turn(target_id)))
                 settled = await tx.claim_tool_execution(
                     execution.id,
-                    from_=("pending", "running"),
+                    from_=OPEN_EXECUTION_STATUSES,
                     to="completed",
                     result={"results": results},
                     completed_at=utcnow(),

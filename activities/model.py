@@ -51,7 +51,14 @@ from turnkit.heartbeats import heartbeating
 from turnkit.media import with_media_data
 from turnkit.model import ModelRequest, Result
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.records import ConversationRecord, MessageRecord, TurnRecord
+from turnkit.records import (
+    ACTIVE_TURN_STATUSES,
+    UNPAUSED_TURN_STATUSES,
+    WORKING_TURN_STATUSES,
+    ConversationRecord,
+    MessageRecord,
+    TurnRecord,
+)
 from turnkit.request import build_model_request, needs_conversation
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.tracing import record_model_call
@@ -245,7 +252,7 @@ class ModelActivities:
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:
                 return committed
-            if turn.status not in ("pending", "waiting", "running", "paused"):
+            if turn.status not in ACTIVE_TURN_STATUSES:
                 return ModelStep(outcome="stopped")
             before = turn.options.state
             if before.request_id != call.request_id and before.phase is None and not before.wait_input:
@@ -292,7 +299,7 @@ class ModelActivities:
             now = utcnow()
             claimed = await tx.claim_turn(
                 turn.id,
-                from_=("pending", "waiting", "running"),
+                from_=UNPAUSED_TURN_STATUSES,
                 to="running",
                 options=turn.options.with_state(state),
                 started_at=turn.started_at or now,
@@ -528,7 +535,7 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
     status, error = publication(resolve_agent(turn.agent_name), turn)  # the held answer's audit decides (§3.9)
     completed = await tx.claim_turn(
         turn.id,
-        from_=("pending", "running"),
+        from_=WORKING_TURN_STATUSES,
         to=status,
         **({"error": error} if error else {}),
         output_text=state.candidate or "",

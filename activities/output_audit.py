@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from turnkit.agent import Agent
 from turnkit.charges import charge_turn
@@ -192,7 +192,7 @@ async def record_audit(
     return await tx.update_turn(turn.id, options=turn.options.with_state(state))
 
 
-def publication(agent: Agent, turn: TurnRecord) -> tuple[str, dict[str, Any] | None]:
+def publication(agent: Agent, turn: TurnRecord) -> tuple[Literal["completed", "failed"], dict[str, Any] | None]:
     """How the turn's answer ends it: ``("completed", None)``, or ``("failed", error)`` when its audit is dirty and
     the agent's mode is ``fail`` (the error record ``{class: "TurnKit::OutputAudit", message, policy_audit}``)."""
     audit = turn.state.policy_audit

@@ -32,6 +32,7 @@ from turnkit.executions import open_tool_execution, read_arguments, with_argumen
 from turnkit.heartbeats import heartbeating
 from turnkit.payloads import CallPolicy, ToolCallInput, ToolCallRef, ToolOutcome
 from turnkit.records import (
+    ACTIVE_TURN_STATUSES,
     INTERRUPTED_MESSAGE,
     OPEN_EXECUTION_STATUSES,
     ConversationRecord,
@@ -192,7 +193,7 @@ class ToolActivities:
             if execution is not None and execution.status not in OPEN_EXECUTION_STATUSES:
                 await append_tool_result(tx, turn, execution)  # recovery: make sure its result is in the transcript
                 return outcome_of(execution, tool)
-            if turn.status not in ("pending", "running", "paused"):
+            if turn.status == "waiting" or turn.status not in ACTIVE_TURN_STATUSES:
                 return ToolOutcome(outcome="stopped")  # cancelled: nothing more runs
             [call] = await read_arguments(tx, turn.id, [call])  # large arguments come from the store
             if execution is None:

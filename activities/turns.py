@@ -39,7 +39,14 @@ from turnkit.events import announce, announce_message
 from turnkit.executions import with_arguments
 from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
 from turnkit.prepared import submit_prepared
-from turnkit.records import TERMINAL_TURN_STATUSES, ToolExecutionRecord, TurnRecord
+from turnkit.records import (
+    ACTIVE_TURN_STATUSES,
+    OPEN_EXECUTION_STATUSES,
+    TERMINAL_TURN_STATUSES,
+    WORKING_TURN_STATUSES,
+    ToolExecutionRecord,
+    TurnRecord,
+)
 from turnkit.store.store import Store, StoreTx, utcnow
 from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
 from turnkit.turn_build import create_turn, queued_with_root, root_of, ticket_of
@@ -123,7 +130,7 @@ class TurnActivities:
                     turn.id,
                     # A waiting turn fails too: its deadline counts the time spent waiting (a paused one only
                     # for a workflow recorded before the patch pause-outlasts-deadline, which sends unless_paused).
-                    from_=("pending", "waiting", "paused", "running"),
+                    from_=ACTIVE_TURN_STATUSES,
                     to=finish.status,
                     error={"class": finish.error_class or "TurnKit::Error", "message": finish.error_message or ""},
                     completed_at=utcnow(),
@@ -213,7 +220,7 @@ class TurnActivities:
                 # fails with the budget error; the completion message stays in the transcript, nothing is published.
                 return await tx.claim_turn(
                     turn.id,
-                    from_=("pending", "running"),
+                    from_=WORKING_TURN_STATUSES,
                     to="failed",
                     error={"class": BudgetError.qualified_name, "message": denial},
                     options=turn.options.with_state(state),
@@ -238,7 +245,7 @@ class TurnActivities:
                 return TurnOutcome(turn_id=turn.id, status="completed", boundary=boundary)
         return await tx.claim_turn(
             turn.id,
-            from_=("pending", "running"),
+            from_=WORKING_TURN_STATUSES,
             to=status,
             output_text=text,
             options=turn.options.with_state(state),
@@ -264,7 +271,7 @@ class TurnActivities:
                     status="running",
                     started_at=utcnow(),
                 )
-            if execution.status in ("pending", "running"):  # under the root lock: this CAS wins
+            if execution.status in OPEN_EXECUTION_STATUSES:  # under the root lock: this CAS wins
                 execution = await fail_execution(tx, turn, execution, settle.message, status=settle.outcome)
                 if execution.status == "interrupted":  # a failed one announced tool_call.failed
                     announce(

@@ -13,7 +13,14 @@ from typing import Any, Final, Literal
 
 from turnkit.errors import Error, ToolError
 from turnkit.events import announce_message
-from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.records import (
+    CANCELLABLE_TURN_STATUSES,
+    CANCELLED_CLASS,
+    CANCELLED_MESSAGE,
+    TERMINAL_TURN_STATUSES,
+    UNPAUSED_TURN_STATUSES,
+    TurnRecord,
+)
 from turnkit.store.store import StoreTx, canonical_json, utcnow
 from turnkit.transcript import repair_transcript
 from turnkit.turn_state import SteeringInput, TurnControls
@@ -129,7 +136,7 @@ async def apply_cancel(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
     await repair_transcript(tx, turn)
     cancelled = await tx.claim_turn(
         turn.id,
-        from_=[s for s in ("pending", "waiting", "paused", "running", "stale")],
+        from_=CANCELLABLE_TURN_STATUSES,
         to="cancelled",
         error=CANCELLED_ERROR,
         completed_at=utcnow(),
@@ -151,7 +158,7 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
     """
     controls = controls_of(turn)
     if controls.pause_requested:
-        paused = await tx.claim_turn(turn.id, from_=("pending", "waiting", "running"), to="paused")
+        paused = await tx.claim_turn(turn.id, from_=UNPAUSED_TURN_STATUSES, to="paused")
         return "paused", paused or turn
     queued = [steering for steering in controls.inputs if steering.message_id is None]
     if not queued:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from activities.output_audit import AnswerAudit, announce_audit_in, audit_answer, publication
 from turnkit.agent import Agent, resolve_agent
@@ -225,7 +225,9 @@ def _completion(
     revision, so ``revise`` ends like ``report`` (as it does once its revisions are used)."""
 
     async def finish(tx: StoreTx, message: MessageRecord) -> None:
-        status, error, updates = "completed", None, {}
+        status: Literal["completed", "failed"] = "completed"
+        error: dict[str, Any] | None = None
+        updates: dict[str, Any] = {}
         if audit is not None and agent is not None:
             current = await tx.load_turn(turn.id)
             state = current.state.model_copy(update={"policy_audit": audit.result.to_dict()})

@@ -32,7 +32,7 @@ from turnkit.events import announce_message, emit
 from turnkit.media import MediaInput, media_part
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
 from turnkit.model import Client, Result, Usage
-from turnkit.records import MessageRecord, TurnRecord
+from turnkit.records import OPEN_EXECUTION_STATUSES, MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx
 from turnkit.tools import Tool, ToolContext
 
@@ -372,7 +372,7 @@ Fence = Callable[[StoreTx], Awaitable[None]]
 def _execution_fence(context: ToolContext) -> Fence:
     async def fence(tx: StoreTx) -> None:
         execution = await tx.load_tool_execution(context.execution_id)
-        if execution.status not in ("pending", "running"):
+        if execution.status not in OPEN_EXECUTION_STATUSES:
             raise LostClaim(f"tool execution {context.execution_id} is {execution.status}: its writes are fenced")
 
     return fence

@@ -17,6 +17,7 @@ from turnkit.turn_state import TurnOptions, TurnState
 
 __all__ = [
     "ACTIVE_TURN_STATUSES",
+    "CANCELLABLE_TURN_STATUSES",
     "CANCELLED_CLASS",
     "CANCELLED_MESSAGE",
     "INTERRUPTED_MESSAGE",
@@ -27,6 +28,8 @@ __all__ = [
     "TERMINAL_TURN_STATUSES",
     "TOOL_EXECUTION_STATUSES",
     "TURN_STATUSES",
+    "UNPAUSED_TURN_STATUSES",
+    "WORKING_TURN_STATUSES",
     "ActiveTurnStatus",
     "ConversationRecord",
     "DeliveryRecord",
@@ -41,12 +44,15 @@ __all__ = [
     "TurnRecord",
     "TurnStatus",
     "WaitRecord",
+    "WorkingTurnStatus",
     "counts_against_budget",
     "message_text",
 ]
 
 #: A turn that has not finished: queued or running, waiting on other turns, or paused by a human.
 ActiveTurnStatus = Literal["pending", "waiting", "paused", "running"]
+#: An active turn at work: queued for its next step or running one (neither waiting on other turns nor paused).
+WorkingTurnStatus = Literal["pending", "running"]
 #: The terminal set used for waits, callbacks and cancellation (behaviour §1.6). ``stale`` is not in it.
 TerminalTurnStatus = Literal["completed", "failed", "cancelled"]
 TurnStatus = Literal[ActiveTurnStatus, TerminalTurnStatus, "stale"]
@@ -58,7 +64,14 @@ ToolExecutionStatus = Literal[OpenExecutionStatus, TerminalExecutionStatus]
 # Every status set is derived from the Literals above (issue 9: one place to change a status).
 TURN_STATUSES: Final[tuple[TurnStatus, ...]] = get_args(TurnStatus)
 ACTIVE_TURN_STATUSES: Final[tuple[ActiveTurnStatus, ...]] = get_args(ActiveTurnStatus)
+WORKING_TURN_STATUSES: Final[tuple[WorkingTurnStatus, ...]] = get_args(WorkingTurnStatus)
+#: Active and not paused: what a pause, or a model call's claim, moves a turn from.
+UNPAUSED_TURN_STATUSES: Final[tuple[ActiveTurnStatus, ...]] = tuple(s for s in ACTIVE_TURN_STATUSES if s != "paused")
 TERMINAL_TURN_STATUSES: Final[tuple[TerminalTurnStatus, ...]] = get_args(TerminalTurnStatus)
+#: Every status but the terminal ones (``stale`` included): what a cancellation moves a turn from.
+CANCELLABLE_TURN_STATUSES: Final[tuple[TurnStatus, ...]] = tuple(
+    s for s in TURN_STATUSES if s not in TERMINAL_TURN_STATUSES
+)
 TOOL_EXECUTION_STATUSES: Final[tuple[ToolExecutionStatus, ...]] = get_args(ToolExecutionStatus)
 OPEN_EXECUTION_STATUSES: Final[tuple[OpenExecutionStatus, ...]] = get_args(OpenExecutionStatus)
 TERMINAL_TOOL_EXECUTION_STATUSES: Final[tuple[TerminalExecutionStatus, ...]] = get_args(TerminalExecutionStatus)

@@ -51,6 +51,7 @@ from pydantic.fields import FieldInfo
 
 from turnkit.errors import Error, LostClaim, ToolValidationError
 from turnkit.model import ToolSpec
+from turnkit.records import OPEN_EXECUTION_STATUSES
 from turnkit.store.storable import UnstorableValue, storable
 
 if typing.TYPE_CHECKING:
@@ -159,7 +160,7 @@ class ToolContext:
             raise Error("ToolContext.say needs the worker's store (this context was built outside a worker)")
         async with self.store.atomic(turn_id=self.root_turn_id) as tx:
             execution = await tx.load_tool_execution(self.execution_id)
-            if execution.status not in ("pending", "running"):
+            if execution.status not in OPEN_EXECUTION_STATUSES:
                 raise LostClaim(f"tool execution {self.execution_id} is {execution.status}: its writes are fenced")
             return await tx.append_message(
                 self.conversation_id,

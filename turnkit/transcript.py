@@ -10,7 +10,14 @@ import json
 from typing import Any, Final
 
 from turnkit.events import announce, announce_message
-from turnkit.records import INTERRUPTED_MESSAGE, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.records import (
+    INTERRUPTED_MESSAGE,
+    OPEN_EXECUTION_STATUSES,
+    MessageRecord,
+    ToolExecutionRecord,
+    ToolExecutionStatus,
+    TurnRecord,
+)
 from turnkit.store.store import StoreTx, utcnow
 
 __all__ = [
@@ -88,8 +95,8 @@ async def fail_execution(
     message: str,
     *,
     details: dict[str, Any] | None = None,
-    status: str = "failed",
-    from_: tuple[str, ...] = ("pending", "running"),
+    status: ToolExecutionStatus = "failed",
+    from_: tuple[ToolExecutionStatus, ...] = OPEN_EXECUTION_STATUSES,
     append: bool = True,
 ) -> ToolExecutionRecord:
     """CAS an open execution to ``failed`` (or ``interrupted``) and append its error result if the CAS won.
@@ -150,7 +157,7 @@ async def repair_transcript(tx: StoreTx, turn: TurnRecord, *, skip_message: str 
                 result={"skipped": True, "message": skip_message},
                 completed_at=utcnow(),
             )
-        if execution.status in ("pending", "running"):
+        if execution.status in OPEN_EXECUTION_STATUSES:
             await fail_execution(tx, turn, execution, INTERRUPTED_MESSAGE, status="interrupted")
         else:
             await append_tool_result(tx, turn, execution)

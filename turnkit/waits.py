@@ -16,7 +16,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from turnkit.errors import ToolError
-from turnkit.records import TurnRecord, WaitRecord
+from turnkit.records import WORKING_TURN_STATUSES, TurnRecord, WaitRecord
 from turnkit.server_away import while_server_away
 from turnkit.store.store import Store, StoreTx
 
@@ -100,7 +100,7 @@ async def enter_waiting(tx: StoreTx, turn_id: str, target_ids: Sequence[str]) ->
     if turn.terminal or not target_ids:
         return turn
     options = turn.options.with_state(turn.state.model_copy(update={"waiting_on": list(target_ids)}))
-    moved = await tx.claim_turn(turn.id, from_=("pending", "running"), to="waiting", options=options)
+    moved = await tx.claim_turn(turn.id, from_=WORKING_TURN_STATUSES, to="waiting", options=options)
     return moved or await tx.update_turn(turn.id, options=options)
 
 

@@ -56,8 +56,10 @@ from turnkit.records import (
     MediaRecord,
     MessageRecord,
     ToolExecutionRecord,
+    ToolExecutionStatus,
     TreeUsage,
     TurnRecord,
+    TurnStatus,
     WaitRecord,
     counts_against_budget,
 )
@@ -922,7 +924,12 @@ class StoreTx:
         return updated if isinstance(updated, TurnRecord) else await self.load_turn(turn_id)
 
     async def claim_turn(
-        self, turn_id: str, *, from_: str | Iterable[str] = "pending", to: str = "running", **attrs: Any
+        self,
+        turn_id: str,
+        *,
+        from_: TurnStatus | Iterable[TurnStatus] = "pending",
+        to: TurnStatus = "running",
+        **attrs: Any,
     ) -> TurnRecord | None:
         """Compare-and-set the status: ``from_`` (one status or several) → ``to``. None when the CAS lost."""
         expected = [from_] if isinstance(from_, str) else list(from_)
@@ -937,7 +944,7 @@ class StoreTx:
         return updated if isinstance(updated, TurnRecord) else await self.load_turn(turn_id)
 
     async def _update_turn_row(
-        self, turn_id: str, values: dict[str, Any], *, expected: list[str] | None = None
+        self, turn_id: str, values: dict[str, Any], *, expected: Sequence[str] | None = None
     ) -> TurnRecord | bool | None:
         """UPDATE the turn's row with ``values`` (columns, and :func:`statements.tree_increments`), only
         while its status is one of ``expected`` when given. Returns the row as written (``RETURNING``, one statement
@@ -1170,7 +1177,12 @@ class StoreTx:
         return _tool_execution(row)
 
     async def claim_tool_execution(
-        self, execution_id: str, *, from_: str | Iterable[str] = "running", to: str = "completed", **attrs: Any
+        self,
+        execution_id: str,
+        *,
+        from_: ToolExecutionStatus | Iterable[ToolExecutionStatus] = "running",
+        to: ToolExecutionStatus = "completed",
+        **attrs: Any,
     ) -> ToolExecutionRecord | None:
         """Compare-and-set an execution's status (first commit wins). None when the CAS lost."""
         expected = [from_] if isinstance(from_, str) else list(from_)
