@@ -42,6 +42,7 @@ from turnkit.turn_state import TurnState
 __all__ = [
     "AnswerAudit",
     "JudgeCharge",
+    "PublishedStatus",
     "announce_audit",
     "announce_audit_in",
     "audit_answer",
@@ -192,7 +193,11 @@ async def record_audit(
     return await tx.update_turn(turn.id, options=turn.options.with_state(state))
 
 
-def publication(agent: Agent, turn: TurnRecord) -> tuple[Literal["completed", "failed"], dict[str, Any] | None]:
+#: How an answer ends its turn once published: completed, or failed by a dirty audit in ``fail`` mode.
+PublishedStatus = Literal["completed", "failed"]
+
+
+def publication(agent: Agent, turn: TurnRecord) -> tuple[PublishedStatus, dict[str, Any] | None]:
     """How the turn's answer ends it: ``("completed", None)``, or ``("failed", error)`` when its audit is dirty and
     the agent's mode is ``fail`` (the error record ``{class: "TurnKit::OutputAudit", message, policy_audit}``)."""
     audit = turn.state.policy_audit

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from activities.output_audit import AnswerAudit, announce_audit_in, audit_answer, publication
+from activities.output_audit import AnswerAudit, PublishedStatus, announce_audit_in, audit_answer, publication
 from turnkit.agent import Agent, resolve_agent
 from turnkit.errors import ConfigError, Error, LostClaim, OutputAudit
 from turnkit.events import announce, emit
@@ -225,7 +225,7 @@ def _completion(
     revision, so ``revise`` ends like ``report`` (as it does once its revisions are used)."""
 
     async def finish(tx: StoreTx, message: MessageRecord) -> None:
-        status: Literal["completed", "failed"] = "completed"
+        status: PublishedStatus = "completed"
         error: dict[str, Any] | None = None
         updates: dict[str, Any] = {}
         if audit is not None and agent is not None:
