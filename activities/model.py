@@ -60,7 +60,7 @@ from turnkit.records import (
     TurnRecord,
 )
 from turnkit.request import build_model_request, needs_conversation
-from turnkit.store.store import Store, StoreTx, utcnow
+from turnkit.store.store import Look, Store, StoreTx, utcnow
 from turnkit.tracing import record_model_call
 from turnkit.turn_state import TurnState
 from turnkit.validation import storable_result
@@ -247,7 +247,9 @@ class ModelActivities:
         """Reserve the request (see the module docstring); with what its prompt is built from, read in the same
         transaction: the turn's messages and, when the prompt shows it, the conversation (one store trip, issue 9)."""
         publish = await self._publish_verdict(call)
-        async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+        # The response to this request is looked for with the turn's lock, in one statement (Look).
+        look = Look.response(call.turn_id, call.request_id)
+        async with self.store.atomic(turn_id=call.root_turn_id, look=look) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:
@@ -387,9 +389,10 @@ class ModelActivities:
         """
         if ended is not None:
             ended.clear()
-        # The response's append locks the turn's conversation: take it with the turn's lock, in one round trip
-        # (a turn's conversation never changes).
-        async with self.store.atomic(turn_id=call.root_turn_id, conversation_id=conversation_id) as tx:
+        # The response's append locks the turn's conversation: take it with the turn's lock, and look for a response
+        # already committed to this request, in one round trip (a turn's conversation never changes).
+        look = Look.response(call.turn_id, call.request_id)
+        async with self.store.atomic(turn_id=call.root_turn_id, conversation_id=conversation_id, look=look) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
             if committed is not None:

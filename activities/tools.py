@@ -42,7 +42,7 @@ from turnkit.records import (
 from turnkit.request import subject_prompt_of
 from turnkit.skills import LoadSkillTool, record_loaded_skill
 from turnkit.store.storable import UnstorableValue
-from turnkit.store.store import Store, utcnow
+from turnkit.store.store import Look, Store, utcnow
 from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.tracing import record_tool_call
@@ -187,7 +187,10 @@ class ToolActivities:
         """Open (or resume) the call's execution; with the conversation the tool's context shows and the call with
         its arguments (read here unless the authorization hook needed them first), in the same transaction."""
         call = request.call
-        async with self.store.atomic(turn_id=request.root_turn_id) as tx:
+        # The call's execution and the turn's latest response (its stored arguments) are read with the turn's lock,
+        # in one statement (Look).
+        look = Look.execution(request.turn_id, call.id)
+        async with self.store.atomic(turn_id=request.root_turn_id, look=look) as tx:
             turn = await tx.load_turn(request.turn_id)
             execution = await tx.find_tool_execution(turn.id, call.id)
             if execution is not None and execution.status not in OPEN_EXECUTION_STATUSES:

@@ -32,7 +32,7 @@ from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.direct import DirectCursor
 from turnkit.store.errors import transient_store_error
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
-from turnkit.store.store import KeptRows
+from turnkit.store.store import KeptRows, Look
 
 ID_RE = r"[0-9a-f]{24}"
 
@@ -964,6 +964,104 @@ async def test_a_conversation_and_a_turn_are_locked_in_one_statement_conversatio
         async with store.atomic(conversation_id=missing, turn_id=turn.id) as tx:
             assert (await tx.load_turn(turn.id)).id == turn.id
             await tx.load_conversation(missing)
+
+
+async def test_a_look_reads_the_response_or_the_execution_with_the_turn_lock_in_one_statement(store: Store) -> None:
+    """Issue 9 (round trips per iteration): ``atomic(turn_id=…, look=Look.response(…))`` reads the turn's row (locked
+    on PostgreSQL) and its response to a request in one statement, and ``Look.execution`` the call's execution and
+    the turn's latest response; the reads they answer send nothing, once. A write of a message or an execution in the
+    transaction drops what the look read, and the next read goes to the database."""
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    request = str(uuid.uuid4())
+    sent, stop = _statements(store)
+    try:
+        async with store.atomic(turn_id=turn.id, look=Look.response(turn.id, request)) as tx:
+            assert (await tx.load_turn(turn.id)).id == turn.id
+            assert await tx.find_response(turn.id, request) is None
+            assert sent == ["BEGIN", "SELECT"]  # the lock (PostgreSQL), the turn's row and the response: one statement
+            response = await tx.append_message(
+                conversation.id, role="assistant", text="hi", turn_id=turn.id, request_id=request
+            )
+            del sent[:]
+            assert await tx.find_response(turn.id, request) == response  # the append dropped the look's "none"
+            assert sent == ["SELECT"]
+        del sent[:]
+        async with store.atomic(turn_id=turn.id, look=Look.response(turn.id, request)) as tx:
+            assert await tx.find_response(turn.id, request) == response
+            assert sent == ["BEGIN", "SELECT"]
+            assert await tx.find_response(turn.id, request) == response  # once: the second read is the database's
+            assert sent == ["BEGIN", "SELECT", "SELECT"]
+        del sent[:]
+        async with store.atomic(turn_id=turn.id, look=Look.execution(turn.id, "call_1")) as tx:
+            assert await tx.find_tool_execution(turn.id, "call_1") is None
+            assert await tx.latest_response(turn.id) == response
+            assert sent == ["BEGIN", "SELECT"]
+            created, _ = await tx.create_tool_execution(
+                turn_id=turn.id, tool_call_id="call_1", tool_name="echo", status="running", found_absent=True
+            )
+        del sent[:]
+        async with store.atomic(turn_id=turn.id, look=Look.execution(turn.id, "call_1")) as tx:
+            found = await tx.find_tool_execution(turn.id, "call_1")
+            assert found is not None and found.id == created.id
+            # PostgreSQL reads a found execution again (its status may have changed while the lock was awaited).
+            assert sent == ["BEGIN", "SELECT", "SELECT"] if store.dialect == "postgresql" else ["BEGIN", "SELECT"]
+    finally:
+        stop()
+    missing = new_id("turn")
+    async with store.atomic(turn_id=missing, look=Look.response(missing, request)) as tx:
+        assert await tx.find_turn(missing) is None  # a missing turn: nothing locked, nothing answered
+        assert await tx.find_response(missing, request) is None
+
+
+async def test_a_look_sees_what_a_writer_committed_while_it_waited_for_the_lock(store: Store) -> None:
+    """Issue 9 (Look, PostgreSQL): a look's statement that waits for the turn's lock reads its parts from the snapshot
+    it took before waiting. A response and an execution committed meanwhile, by the holder of the lock, are still
+    found: the turn's row changed under the lock, so the look's "none" is not believed and the reads go to the
+    database (a retried model call must find the response its lost attempt committed, never ask the model again)."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite's BEGIN IMMEDIATE takes the writer lock before any read: no snapshot is older than it")
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id, status="running")
+    request = str(uuid.uuid4())
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def writer() -> None:  # a model call's persist and a tool call's reserve, as one holder of the lock
+        async with store.atomic(turn_id=turn.id, conversation_id=conversation.id) as tx:
+            await tx.append_message(conversation.id, role="assistant", text="hi", turn_id=turn.id, request_id=request)
+            await tx.update_turn(turn.id, heartbeat_at=datetime.now(UTC))  # the response's charge
+            await tx.create_tool_execution(turn_id=turn.id, tool_call_id="call_1", tool_name="echo", status="running")
+            holding.set()
+            await release.wait()
+
+    async def look_response() -> Any:
+        async with store.atomic(turn_id=turn.id, look=Look.response(turn.id, request)) as tx:
+            return await tx.find_response(turn.id, request)
+
+    async def look_execution() -> Any:
+        async with store.atomic(turn_id=turn.id, look=Look.execution(turn.id, "call_1")) as tx:
+            return await tx.find_tool_execution(turn.id, "call_1")
+
+    holder = asyncio.create_task(writer(), context=contextvars.Context())
+    await holding.wait()
+    lookers = [asyncio.create_task(look(), context=contextvars.Context()) for look in (look_response, look_execution)]
+    waiting = text(  # the statement's text is cut at 1 KB there: the turn's columns come first
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        " AND query LIKE 'SELECT turnkit_turns.id AS id, %'"
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        async with store.engine.connect() as connection:  # a new transaction: pg_stat_activity is read once in each
+            if await connection.scalar(waiting) == 2:
+                break
+        assert loop.time() < deadline, "the looks' statements never waited for the turn's lock"
+        await asyncio.sleep(0.02)
+    release.set()
+    await holder
+    response, execution = await asyncio.gather(*lookers)
+    assert response is not None and response.turn_id == turn.id
+    assert execution is not None and execution.tool_call_id == "call_1"
 
 
 async def test_a_turn_read_in_a_savepoint_is_read_again_after_it(store: Store) -> None:

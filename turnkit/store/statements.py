@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -36,6 +37,7 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
+    literal_column,
     or_,
     select,
     true,
@@ -207,6 +209,71 @@ def _newest_response(*, summary: bool, request: bool) -> Select[*tuple[Any, ...]
 RESPONSE_TO: Final = _newest_response(summary=False, request=True)
 SUMMARY_FOR: Final = _newest_response(summary=True, request=True)
 LATEST_RESPONSE: Final = _newest_response(summary=False, request=False)
+
+
+# A turn's row with what a transaction reads next, in one statement ------------------------------------------------
+
+#: What a look reads beside the turn's row, by the name its columns are prefixed with: the response to one request
+#: (bound ``turn_uid``, ``request_uid``), the execution of one call (bound ``turn_uid``, ``tool_call_id``) and the
+#: turn's latest response (bound ``turn_uid``, where a tool call's stored arguments are).
+LookPart = Literal["response", "execution", "latest"]
+_LOOK_READS: Final[dict[str, Select[*tuple[Any, ...]]]] = {
+    "response": RESPONSE_TO,
+    "execution": EXECUTION_BY_CALL.limit(1),
+    "latest": LATEST_RESPONSE,
+}
+_SEEN_TURN: Final = TURNS.alias("seen_turn")
+
+
+@dataclass(frozen=True)
+class TurnLook:
+    """A statement that reads a turn's whole row (bound ``uid``) and, beside it, each of ``parts`` (no row when the
+    turn is missing; a part's columns are NULL when it has none), built by :func:`turn_look`.
+
+    ``columns[part]`` is the slice of the row that holds the part's columns, ``keys[part]`` their names (the mapped
+    attributes', as :func:`whole_rows` labels them); the turn's columns come first, under their own names.
+    """
+
+    statement: Select[*tuple[Any, ...]]
+    columns: Mapping[str, slice]
+    keys: Mapping[str, tuple[str, ...]]
+
+
+@functools.cache
+def turn_look(parts: tuple[LookPart, ...], *, lock: bool, conversation: bool) -> TurnLook:
+    """:class:`TurnLook` of ``parts``. With ``lock`` (PostgreSQL) the turn's row is locked, as ``LOCK_TURN`` locks it
+    (with ``conversation``, the conversation's row first, as ``LOCK_CONVERSATION_AND_TURN``), and the row ends with a
+    column ``fresh``: whether the turn's row as locked is the version the statement's snapshot saw.
+
+    Why ``fresh``: in READ COMMITTED a statement that waits for a row lock returns the locked row's newest version,
+    but reads every other row (the parts) from the snapshot it took before it waited. A writer that committed
+    meanwhile is invisible to the parts: the part that says "none" may be stale. When the writer changed the locked
+    row, ``fresh`` is false and the caller reads the part again; a writer that changes nothing of the locked row
+    changes none of what it guards (see ``StoreTx.lock``).
+    """
+    turn_columns = columns(TurnRow)
+    selected: list[ColumnElement[Any]] = list(turn_columns)
+    spans: dict[str, slice] = {}
+    keys: dict[str, tuple[str, ...]] = {}
+    joined: Any = CONVERSATIONS.join(TURNS, true()) if conversation else TURNS
+    for part in parts:
+        subquery = _LOOK_READS[part].subquery(f"look_{part}")
+        spans[part] = slice(len(selected), len(selected) + len(subquery.c))
+        keys[part] = tuple(column.key for column in subquery.c)
+        selected.extend(column.label(f"{part}__{column.key}") for column in subquery.c)
+        joined = joined.outerjoin(subquery, true())
+    where = [TURNS.c.uid == bindparam("uid")]
+    if conversation:
+        where.append(CONVERSATIONS.c.uid == bindparam("conversation_uid"))
+    if lock:
+        seen = select(literal_column("seen_turn.xmin")).select_from(_SEEN_TURN)
+        seen = seen.where(_SEEN_TURN.c.uid == bindparam("uid"))
+        selected.append((literal_column(f"{TURNS.name}.xmin") == seen.scalar_subquery()).label("fresh"))
+    statement = select(*selected).select_from(joined).where(*where)
+    if lock:
+        statement = statement.with_for_update(of=[CONVERSATIONS, TURNS] if conversation else TURNS)
+    return TurnLook(statement, spans, keys)
+
 
 # Turns --------------------------------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from sqlalchemy import (
@@ -169,6 +170,50 @@ async def _autocommitted(store: Store, engine: AsyncEngine) -> AsyncGenerator[St
         yield StoreTx(store, store.direct_connection(connection))
 
 
+@dataclass(frozen=True)
+class Look:
+    """What a transaction reads next of one turn (``turn_id``), read with its turn lock in the same statement
+    (``Store.atomic(look=…)``): one round trip per transaction fewer on PostgreSQL, one statement fewer on SQLite.
+
+    Build it with :meth:`response` (a model call's reserve and persist) or :meth:`execution` (a tool call's
+    reserve). The transaction's next :meth:`StoreTx.find_response`, :meth:`StoreTx.find_tool_execution` or
+    :meth:`StoreTx.latest_response` of the same keys takes the answer instead of a statement, once; an answer the
+    lock cannot vouch for is not kept, and that read goes to the database as before (``StoreTx.lock``).
+    """
+
+    turn_id: str
+    request_id: str | None = None
+    tool_call_id: str | None = None
+
+    @classmethod
+    def response(cls, turn_id: str, request_id: str) -> Look:
+        """The turn's response to model request ``request_id`` (``find_response``)."""
+        return cls(turn_id, request_id=request_id)
+
+    @classmethod
+    def execution(cls, turn_id: str, tool_call_id: str) -> Look:
+        """The execution of the turn's call ``tool_call_id`` (``find_tool_execution``) and the turn's latest
+        response (``latest_response``: where the call's stored arguments are)."""
+        return cls(turn_id, tool_call_id=tool_call_id)
+
+    @property
+    def parts(self) -> tuple[sql.LookPart, ...]:
+        """The statement's parts (:func:`turnkit.store.statements.turn_look`)."""
+        return ("execution", "latest") if self.tool_call_id is not None else ("response",)
+
+    def params(self) -> dict[str, str]:
+        """The parts' bound parameters."""
+        params = {"turn_uid": self.turn_id}
+        if self.request_id is not None:
+            params["request_uid"] = self.request_id
+        if self.tool_call_id is not None:
+            params["tool_call_id"] = self.tool_call_id
+        return params
+
+
+_ABSENT: Final = object()
+
+
 class KeptRows:
     """Committed rows that never change once written, kept in memory by ``uid`` for later reads; past ``limit`` the
     least recently used goes."""
@@ -274,19 +319,26 @@ class Store:
 
     @asynccontextmanager
     async def atomic(
-        self, *, conversation_id: str | None = None, turn_id: str | None = None, wait_graph: bool = False
+        self,
+        *,
+        conversation_id: str | None = None,
+        turn_id: str | None = None,
+        wait_graph: bool = False,
+        look: Look | None = None,
     ) -> AsyncGenerator[StoreTx, None]:
         """One transaction, optionally locking a conversation row and/or a turn row.
 
         ``wait_graph=True`` first takes the store-wide wait-graph lock (behaviour §2.9 ``atomic_graph``): a transaction
         that may add wait edges must take it before any row lock, so that lock order is the same everywhere.
 
+        ``look`` (with ``turn_id``): what the transaction reads next, read with the turn's lock (:class:`Look`).
+
         Re-entrant: inside another ``atomic()`` of the same task, the outer transaction is joined (and the extra
         locks are taken in it). An exception rolls back every write made inside the outermost block.
         """
         outer = _current_tx.get()
         if outer is not None:
-            await outer.lock(conversation_id=conversation_id, turn_id=turn_id)
+            await outer.lock(conversation_id=conversation_id, turn_id=turn_id)  # its reads answer as they come
             yield outer
             return
         async with self._transaction() as connection:
@@ -295,7 +347,7 @@ class Store:
             try:
                 if wait_graph:
                     await tx.lock_wait_graph()
-                await tx.lock(conversation_id=conversation_id, turn_id=turn_id)
+                await tx.lock(conversation_id=conversation_id, turn_id=turn_id, look=look)
                 yield tx
             finally:
                 _current_tx.reset(token)
@@ -449,6 +501,8 @@ class StoreTx:
         # ones this transaction created are not committed yet: the store does not keep them (Store.conversation_rows).
         self._conversation_rows: dict[str, Row[Any]] = {}
         self._created_conversations: set[str] = set()
+        # What the turn lock's Look read, by the keys of the read it answers (once): a row, or _ABSENT for "none".
+        self._looked: dict[tuple[str, ...], Any] = {}
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     def after_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
@@ -461,8 +515,14 @@ class StoreTx:
 
     # Locks -------------------------------------------------------------------------------------------------------
 
-    async def lock(self, *, conversation_id: str | None = None, turn_id: str | None = None) -> None:
-        """Lock a conversation row and/or a turn row until the transaction ends (a no-op on SQLite)."""
+    async def lock(
+        self, *, conversation_id: str | None = None, turn_id: str | None = None, look: Look | None = None
+    ) -> None:
+        """Lock a conversation row and/or a turn row until the transaction ends (a no-op on SQLite); with ``look``
+        (and ``turn_id``), read what it names in the same statement (see :class:`Look`)."""
+        looked = look is not None and turn_id is not None and ("turn", turn_id) not in self._locked
+        if looked and await self._lock_and_look(conversation_id, cast(str, turn_id), cast(Look, look)):
+            return
         if self.store.dialect != "postgresql":
             return  # BEGIN IMMEDIATE already holds SQLite's single writer lock.
         if (
@@ -492,6 +552,67 @@ class StoreTx:
             self._locked.add(("turn", turn_id))
             if row is not None:
                 self._remember_counts(row)
+
+    async def _lock_and_look(self, conversation_id: str | None, turn_id: str, look: Look) -> bool:
+        """The lock of :meth:`lock` with ``look``'s reads in the same statement; False when nothing was locked (a row
+        is missing: :meth:`lock` then takes its locks one by one, which tell which)."""
+        postgresql = self.store.dialect == "postgresql"
+        conversation = (
+            postgresql and conversation_id is not None and ("conversation", conversation_id) not in self._locked
+        )
+        statement = sql.turn_look(look.parts, lock=postgresql, conversation=conversation)
+        params = {"uid": turn_id, **look.params()}
+        if conversation:
+            params["conversation_uid"] = cast(str, conversation_id)
+        row = (await self.connection.execute(statement.statement, params)).first()
+        if row is None:
+            return not postgresql  # SQLite locks nothing: a missing turn is for the reads to find
+        if postgresql:
+            self._locked.add(("turn", turn_id))
+            if conversation:
+                self._locked.add(("conversation", cast(str, conversation_id)))
+        self._remember_counts(row)
+        # Which of the parts' answers may be kept. On SQLite all: BEGIN IMMEDIATE took the single writer lock before
+        # the statement read anything. On PostgreSQL the parts come from the snapshot the statement took before it
+        # waited for the lock (turn_look), so:
+        # - a response found stands (messages are never updated or deleted);
+        # - "no response" and "no execution" stand only when the lock is on the looked turn itself and its row is the
+        #   version the snapshot saw (``fresh``): a transaction that writes a turn's response also writes that turn's
+        #   row (the response's charge), and one that creates a counted execution writes its root's (the tool
+        #   counts), so one that committed while the statement waited leaves ``fresh`` false. An execution created
+        #   uncounted (cancelled, denied by a budget) changes no turn row: the insert's conflict on its unique
+        #   (turn, call) still finds it (_get_or_create);
+        # - an execution found is read again: its status may have changed while the statement waited.
+        vouched = not postgresql or (bool(row.fresh) and look.turn_id == turn_id)
+        for part in look.parts:
+            span = statement.columns[part]
+            values = row[span]
+            found = values[statement.keys[part].index("uid")] is not None
+            if part == "execution":
+                key: tuple[str, ...] = ("execution", look.turn_id, cast(str, look.tool_call_id))
+                if not found and vouched:
+                    self._looked[key] = _ABSENT
+                elif found and not postgresql:
+                    self._looked[key] = SimpleNamespace(**dict(zip(statement.keys[part], values, strict=True)))
+            elif part == "latest":
+                # The response that proposed a running call committed before the call was scheduled: any snapshot
+                # taken since sees it, and a newer response only replaces it as the latest (read_arguments then
+                # lists the turn's messages, as it always did).
+                if found:
+                    message = SimpleNamespace(**dict(zip(statement.keys[part], values, strict=True)))
+                    self._looked[("latest", look.turn_id)] = message
+            else:
+                key = ("response", look.turn_id, cast(str, look.request_id))
+                if found:
+                    self._looked[key] = SimpleNamespace(**dict(zip(statement.keys[part], values, strict=True)))
+                elif vouched:
+                    self._looked[key] = _ABSENT
+        return True
+
+    def _take_look(self, *key: str) -> Any:
+        """What the lock's :class:`Look` read for ``key`` (a row, or ``_ABSENT``), once; None when it read nothing
+        that can answer."""
+        return self._looked.pop(key, None) if self._looked else None
 
     async def _get_or_create(
         self,
@@ -703,6 +824,7 @@ class StoreTx:
         tool execution) exists: ``(message, created)``. Raises :class:`RecordNotFound` when the conversation is
         absent."""
         conversation_id = row.conversation_uid
+        self._looked.clear()  # a look answers reads of what was there before this transaction wrote
         # test_store fix: lock first, then look for the existing message, so that concurrent appends of one explicit
         # id (in transactions that did not lock the conversation up front) see each other instead of IntegrityError.
         await self.lock(conversation_id=conversation_id)
@@ -779,13 +901,17 @@ class StoreTx:
         A request may have two messages: the automatic compaction summary made before it (``kind=
         "context_summary"``) and the response itself (any other kind, the default).
         """
+        if kind != "context_summary":
+            looked = self._take_look("response", turn_id, request_id)
+            if looked is not None:
+                return None if looked is _ABSENT else _message(looked)
         query = sql.SUMMARY_FOR if kind == "context_summary" else sql.RESPONSE_TO
         row = await self._read_one(query, turn_uid=turn_id, request_uid=request_id)
         return None if row is None else _message(row)
 
     async def latest_response(self, turn_id: str) -> MessageRecord | None:
         """The turn's latest assistant response to a model request (an indexed lookup), or None."""
-        row = await self._read_one(sql.LATEST_RESPONSE, turn_uid=turn_id)
+        row = self._take_look("latest", turn_id) or await self._read_one(sql.LATEST_RESPONSE, turn_uid=turn_id)
         return None if row is None else _message(row)
 
     async def tool_result_message(self, tool_execution_id: str) -> MessageRecord | None:
@@ -1128,6 +1254,7 @@ class StoreTx:
         lock), so it is not looked for again (a concurrent creator is still handled, see ``_get_or_create``).
         """
         _check_tool_status(status)
+        self._looked.clear()  # a look answers reads of what was there before this transaction wrote
 
         def build() -> ToolExecutionRow:
             now = utcnow()
@@ -1166,7 +1293,10 @@ class StoreTx:
 
     async def find_tool_execution(self, turn_id: str, tool_call_id: str) -> ToolExecutionRecord | None:
         """The execution of ``(turn_id, tool_call_id)``, or None."""
-        row = await self._read_one(sql.EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id)
+        looked = self._take_look("execution", turn_id, tool_call_id)
+        if looked is _ABSENT:
+            return None
+        row = looked or await self._read_one(sql.EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id)
         return None if row is None else _tool_execution(row)
 
     async def load_tool_execution(self, execution_id: str) -> ToolExecutionRecord:
@@ -1188,6 +1318,7 @@ class StoreTx:
         expected = [from_] if isinstance(from_, str) else list(from_)
         for status in [*expected, to]:
             _check_tool_status(status)
+        self._looked.clear()  # a look answers reads of what was there before this transaction wrote
         unknown = set(attrs) - TOOL_EXECUTION_UPDATE_FIELDS
         if unknown:
             raise ValueError(f"unknown tool execution update attributes: {', '.join(sorted(unknown))}")
