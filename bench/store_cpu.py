@@ -25,13 +25,15 @@ from pathlib import Path
 
 from turnkit.ids import new_id
 from turnkit.store import Store
+from turnkit.store.store import Look
 
 TOOL_RESULT = {"content": [{"type": "text", "text": "result " * 20}]}
 
 
-async def turn(store: Store, k: int) -> None:
+async def turn(store: Store, k: int, looks: bool = True) -> None:
     """The store calls of one K-iteration turn in a fresh conversation, transaction by transaction (as a real turn
-    makes them: ``bench.cpu_profile`` counts those)."""
+    makes them: ``bench.cpu_profile`` counts those). ``looks=False``: the model and tool calls' first reads apart from
+    the turn lock, as before ``Look`` (for ``--compare-looks``)."""
     conversation = await store.create_conversation(agent_name="bench")  # the client: the conversation
     message_id, turn_id = new_id("message"), new_id("turn")
     async with store.atomic(conversation_id=conversation.id) as tx:  # the client: a fresh conversation's first turn
@@ -50,7 +52,8 @@ async def turn(store: Store, k: int) -> None:
         )
     for iteration in range(k + 1):
         request_id = new_id("message")
-        async with store.atomic(turn_id=turn_id) as tx:  # turnkit.model: reserve
+        look = Look.response(turn_id, request_id) if looks else None
+        async with store.atomic(turn_id=turn_id, look=look) as tx:  # turnkit.model: reserve
             current = await tx.load_turn(turn_id)
             assert await tx.find_response(turn_id, request_id) is None
             if iteration == 0:
@@ -69,7 +72,7 @@ async def turn(store: Store, k: int) -> None:
             )
             await tx.load_conversation(conversation.id)
         final = iteration == k
-        async with store.atomic(turn_id=turn_id) as tx:  # turnkit.model: persist
+        async with store.atomic(turn_id=turn_id, conversation_id=conversation.id, look=look) as tx:  # model: persist
             current = await tx.load_turn(turn_id)
             assert await tx.find_response(turn_id, request_id) is None
             call_id = f"call_{iteration}"
@@ -87,7 +90,8 @@ async def turn(store: Store, k: int) -> None:
             if final:
                 await tx.claim_turn(turn_id, from_="running", to="completed", output_text="answer")
                 break
-        async with store.atomic(turn_id=turn_id) as tx:  # the tool: reserve
+        look = Look.execution(turn_id, call_id) if looks else None
+        async with store.atomic(turn_id=turn_id, look=look) as tx:  # the tool: reserve
             await tx.load_turn(turn_id)
             assert await tx.find_tool_execution(turn_id, call_id) is None
             await tx.latest_response(turn_id)
@@ -95,7 +99,7 @@ async def turn(store: Store, k: int) -> None:
             execution, _ = await tx.create_tool_execution(
                 turn_id=turn_id, tool_call_id=call_id, tool_name="lookup", status="running", found_absent=True
             )
-        async with store.atomic(turn_id=turn_id) as tx:  # the tool: complete
+        async with store.atomic(turn_id=turn_id, conversation_id=conversation.id) as tx:  # the tool: complete
             await tx.load_turn(turn_id)
             await tx.claim_tool_execution(execution.id, result=TOOL_RESULT, completed_at=datetime.now(UTC))
             await tx.append_tool_result(
@@ -142,9 +146,47 @@ async def compare_direct(args: argparse.Namespace) -> None:
     )
 
 
+async def compare_looks(args: argparse.Namespace) -> None:
+    """Rounds alternated between turns whose model and tool calls read what they look for with the turn's lock
+    (``Look``) and turns that read it apart, as before, on one store in this one process."""
+    with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
+        url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
+        store = await Store.open(url)
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        wall: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            for looks in (False, True):
+                for _ in range(args.warmup):
+                    await turn(store, args.k, looks)
+            for _ in range(args.rounds):
+                for looks in (False, True):
+                    started, started_wall = time.process_time(), time.perf_counter()
+                    for _ in range(args.turns):
+                        await turn(store, args.k, looks)
+                    cpu[looks].append((time.process_time() - started) / args.turns * 1000)
+                    wall[looks].append((time.perf_counter() - started_wall) / args.turns * 1000)
+        finally:
+            await store.close()
+    print(
+        f"store work of a K = {args.k} turn ({store.dialect}, {args.rounds} alternated rounds of {args.turns},"
+        " medians):"
+    )
+    for looks, name in ((False, "reads apart"), (True, "with the lock")):
+        print(
+            f"  {name:>13}: {statistics.median(cpu[looks]):.2f} ms of CPU,"
+            f" {statistics.median(wall[looks]):.2f} ms of wall"
+        )
+    cpu_ratio = statistics.median(n / o for n, o in zip(cpu[True], cpu[False], strict=True))
+    wall_ratio = statistics.median(n / o for n, o in zip(wall[True], wall[False], strict=True))
+    print(f"  with the lock / apart: CPU {cpu_ratio:.2f}x, wall {wall_ratio:.2f}x (median of the rounds' ratios)")
+
+
 async def main(args: argparse.Namespace) -> None:
     if args.compare_direct:
         await compare_direct(args)
+        return
+    if args.compare_looks:
+        await compare_looks(args)
         return
     with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
@@ -178,5 +220,10 @@ if __name__ == "__main__":
         "--compare-direct",
         action="store_true",
         help="alternate rounds with and without the store's direct path (turnkit/store/direct.py)",
+    )
+    parser.add_argument(
+        "--compare-looks",
+        action="store_true",
+        help="alternate rounds whose first reads come with the turn lock (Look) and rounds that read them apart",
     )
     asyncio.run(main(parser.parse_args()))

@@ -240,19 +240,18 @@ class TurnLook:
 
 
 @functools.cache
-def turn_look(parts: tuple[LookPart, ...], *, lock: bool, conversation: bool) -> TurnLook:
-    """:class:`TurnLook` of ``parts``. With ``lock`` (PostgreSQL) the turn's row is locked, as ``LOCK_TURN`` locks it
-    (with ``conversation``, the conversation's row first, as ``LOCK_CONVERSATION_AND_TURN``), and the row ends with a
-    column ``fresh``: whether the turn's row as locked is the version the statement's snapshot saw.
+def turn_look(parts: tuple[LookPart, ...], *, conversation: bool) -> TurnLook:
+    """:class:`TurnLook` of ``parts`` (PostgreSQL): the turn's row locked, as ``LOCK_TURN`` locks it (with
+    ``conversation``, the conversation's row first, as ``LOCK_CONVERSATION_AND_TURN``), and a last column ``fresh``:
+    whether the turn's row as locked is the version the statement's snapshot saw.
 
     Why ``fresh``: in READ COMMITTED a statement that waits for a row lock returns the locked row's newest version,
     but reads every other row (the parts) from the snapshot it took before it waited. A writer that committed
     meanwhile is invisible to the parts: the part that says "none" may be stale. When the writer changed the locked
-    row, ``fresh`` is false and the caller reads the part again; a writer that changes nothing of the locked row
-    changes none of what it guards (see ``StoreTx.lock``).
+    row, ``fresh`` is false and the caller reads the part again (``StoreTx._lock_and_look`` says which writers change
+    it).
     """
-    turn_columns = columns(TurnRow)
-    selected: list[ColumnElement[Any]] = list(turn_columns)
+    selected: list[ColumnElement[Any]] = list(columns(TurnRow))
     spans: dict[str, slice] = {}
     keys: dict[str, tuple[str, ...]] = {}
     joined: Any = CONVERSATIONS.join(TURNS, true()) if conversation else TURNS
@@ -262,16 +261,18 @@ def turn_look(parts: tuple[LookPart, ...], *, lock: bool, conversation: bool) ->
         keys[part] = tuple(column.key for column in subquery.c)
         selected.extend(column.label(f"{part}__{column.key}") for column in subquery.c)
         joined = joined.outerjoin(subquery, true())
+    seen = select(literal_column("seen_turn.xmin")).select_from(_SEEN_TURN)
+    seen = seen.where(_SEEN_TURN.c.uid == bindparam("uid"))
+    selected.append((literal_column(f"{TURNS.name}.xmin") == seen.scalar_subquery()).label("fresh"))
     where = [TURNS.c.uid == bindparam("uid")]
     if conversation:
         where.append(CONVERSATIONS.c.uid == bindparam("conversation_uid"))
-    if lock:
-        seen = select(literal_column("seen_turn.xmin")).select_from(_SEEN_TURN)
-        seen = seen.where(_SEEN_TURN.c.uid == bindparam("uid"))
-        selected.append((literal_column(f"{TURNS.name}.xmin") == seen.scalar_subquery()).label("fresh"))
-    statement = select(*selected).select_from(joined).where(*where)
-    if lock:
-        statement = statement.with_for_update(of=[CONVERSATIONS, TURNS] if conversation else TURNS)
+    statement = (
+        select(*selected)
+        .select_from(joined)
+        .where(*where)
+        .with_for_update(of=[CONVERSATIONS, TURNS] if conversation else TURNS)
+    )
     return TurnLook(statement, spans, keys)
 
 

@@ -173,7 +173,8 @@ async def _autocommitted(store: Store, engine: AsyncEngine) -> AsyncGenerator[St
 @dataclass(frozen=True)
 class Look:
     """What a transaction reads next of one turn (``turn_id``), read with its turn lock in the same statement
-    (``Store.atomic(look=…)``): one round trip per transaction fewer on PostgreSQL, one statement fewer on SQLite.
+    (``Store.atomic(look=…)``): one round trip per transaction fewer on PostgreSQL. SQLite, which locks no rows and
+    has no round trips, reads it apart as before.
 
     Build it with :meth:`response` (a model call's reserve and persist) or :meth:`execution` (a tool call's
     reserve). The transaction's next :meth:`StoreTx.find_response`, :meth:`StoreTx.find_tool_execution` or
@@ -520,11 +521,13 @@ class StoreTx:
     ) -> None:
         """Lock a conversation row and/or a turn row until the transaction ends (a no-op on SQLite); with ``look``
         (and ``turn_id``), read what it names in the same statement (see :class:`Look`)."""
+        if self.store.dialect != "postgresql":
+            # BEGIN IMMEDIATE already holds SQLite's single writer lock. A look is not read with it: a SQLite statement
+            # is no round trip, and one joined statement cost as much CPU as the two reads (bench/README.md, Look).
+            return
         looked = look is not None and turn_id is not None and ("turn", turn_id) not in self._locked
         if looked and await self._lock_and_look(conversation_id, cast(str, turn_id), cast(Look, look)):
             return
-        if self.store.dialect != "postgresql":
-            return  # BEGIN IMMEDIATE already holds SQLite's single writer lock.
         if (
             conversation_id
             and turn_id
@@ -554,26 +557,21 @@ class StoreTx:
                 self._remember_counts(row)
 
     async def _lock_and_look(self, conversation_id: str | None, turn_id: str, look: Look) -> bool:
-        """The lock of :meth:`lock` with ``look``'s reads in the same statement; False when nothing was locked (a row
-        is missing: :meth:`lock` then takes its locks one by one, which tell which)."""
-        postgresql = self.store.dialect == "postgresql"
-        conversation = (
-            postgresql and conversation_id is not None and ("conversation", conversation_id) not in self._locked
-        )
-        statement = sql.turn_look(look.parts, lock=postgresql, conversation=conversation)
+        """The locks of :meth:`lock` (PostgreSQL) with ``look``'s reads in the same statement; False when nothing was
+        locked (a row is missing: :meth:`lock` then takes its locks one by one, which tell which)."""
+        conversation = conversation_id is not None and ("conversation", conversation_id) not in self._locked
+        statement = sql.turn_look(look.parts, conversation=conversation)
         params = {"uid": turn_id, **look.params()}
-        if conversation:
-            params["conversation_uid"] = cast(str, conversation_id)
+        if conversation_id is not None and conversation:
+            params["conversation_uid"] = conversation_id
         row = (await self.connection.execute(statement.statement, params)).first()
         if row is None:
-            return not postgresql  # SQLite locks nothing: a missing turn is for the reads to find
-        if postgresql:
-            self._locked.add(("turn", turn_id))
-            if conversation:
-                self._locked.add(("conversation", cast(str, conversation_id)))
+            return False
+        self._locked.add(("turn", turn_id))
+        if conversation_id is not None and conversation:
+            self._locked.add(("conversation", conversation_id))
         self._remember_counts(row)
-        # Which of the parts' answers may be kept. On SQLite all: BEGIN IMMEDIATE took the single writer lock before
-        # the statement read anything. On PostgreSQL the parts come from the snapshot the statement took before it
+        # Which of the parts' answers may be kept. The parts come from the snapshot the statement took before it
         # waited for the lock (turn_look), so:
         # - a response found stands (messages are never updated or deleted);
         # - "no response" and "no execution" stand only when the lock is on the looked turn itself and its row is the
@@ -582,31 +580,24 @@ class StoreTx:
         #   counts), so one that committed while the statement waited leaves ``fresh`` false. An execution created
         #   uncounted (cancelled, denied by a budget) changes no turn row: the insert's conflict on its unique
         #   (turn, call) still finds it (_get_or_create);
-        # - an execution found is read again: its status may have changed while the statement waited.
-        vouched = not postgresql or (bool(row.fresh) and look.turn_id == turn_id)
+        # - an execution found is read again: its status may have changed while the statement waited;
+        # - the latest response found stands: the one that proposed a running call committed before the call was
+        #   scheduled, so any snapshot taken since sees it, and a newer one only replaces it as the latest
+        #   (read_arguments then lists the turn's messages, as it always did).
+        vouched = bool(row.fresh) and look.turn_id == turn_id
         for part in look.parts:
-            span = statement.columns[part]
-            values = row[span]
-            found = values[statement.keys[part].index("uid")] is not None
+            keys = statement.keys[part]
+            values = row[statement.columns[part]]
+            found = values[keys.index("uid")] is not None
             if part == "execution":
-                key: tuple[str, ...] = ("execution", look.turn_id, cast(str, look.tool_call_id))
                 if not found and vouched:
-                    self._looked[key] = _ABSENT
-                elif found and not postgresql:
-                    self._looked[key] = SimpleNamespace(**dict(zip(statement.keys[part], values, strict=True)))
+                    self._looked[("execution", look.turn_id, cast(str, look.tool_call_id))] = _ABSENT
             elif part == "latest":
-                # The response that proposed a running call committed before the call was scheduled: any snapshot
-                # taken since sees it, and a newer response only replaces it as the latest (read_arguments then
-                # lists the turn's messages, as it always did).
                 if found:
-                    message = SimpleNamespace(**dict(zip(statement.keys[part], values, strict=True)))
-                    self._looked[("latest", look.turn_id)] = message
-            else:
-                key = ("response", look.turn_id, cast(str, look.request_id))
-                if found:
-                    self._looked[key] = SimpleNamespace(**dict(zip(statement.keys[part], values, strict=True)))
-                elif vouched:
-                    self._looked[key] = _ABSENT
+                    self._looked[("latest", look.turn_id)] = SimpleNamespace(**dict(zip(keys, values, strict=True)))
+            elif found or vouched:
+                answer = SimpleNamespace(**dict(zip(keys, values, strict=True))) if found else _ABSENT
+                self._looked[("response", look.turn_id, cast(str, look.request_id))] = answer
         return True
 
     def _take_look(self, *key: str) -> Any:
