@@ -224,6 +224,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--compare-looks",
         action="store_true",
-        help="alternate rounds whose first reads come with the turn lock (Look) and rounds that read them apart",
+        help="alternate rounds whose first reads come with the turn lock (Look) and rounds that read them apart"
+        " (PostgreSQL only: SQLite reads apart in both)",
     )
     asyncio.run(main(parser.parse_args()))

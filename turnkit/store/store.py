@@ -202,6 +202,12 @@ class Look:
         """The statement's parts (:func:`turnkit.store.statements.turn_look`)."""
         return ("execution", "latest") if self.tool_call_id is not None else ("response",)
 
+    def key(self, part: sql.LookPart) -> tuple[str, ...]:
+        """Where the transaction keeps what ``part`` read: the key of the read it answers (``StoreTx._take_look``)."""
+        if part == "latest":
+            return ("latest", self.turn_id)
+        return (part, self.turn_id, str(self.request_id if part == "response" else self.tool_call_id))
+
     def params(self) -> dict[str, str]:
         """The parts' bound parameters."""
         params = {"turn_uid": self.turn_id}
@@ -213,6 +219,16 @@ class Look:
 
 
 _ABSENT: Final = object()
+#: Per part of a look: whether a row found is kept, and whether "none" is (when the lock vouches for it). A response
+#: found stands (messages are never updated or deleted); an execution found is read again (its status may have
+#: changed while the statement waited); the latest response found stands (the one that proposed a running call
+#: committed before the call was scheduled, so every snapshot since sees it; a newer one only replaces it as the
+#: latest, and read_arguments then lists the turn's messages), and its "none" is not kept (that path reads them too).
+_LOOK_KEEPS: Final[dict[str, tuple[bool, bool]]] = {
+    "response": (True, True),
+    "execution": (False, True),
+    "latest": (True, False),
+}
 
 
 class KeptRows:
@@ -525,8 +541,12 @@ class StoreTx:
             # BEGIN IMMEDIATE already holds SQLite's single writer lock. A look is not read with it: a SQLite statement
             # is no round trip, and one joined statement cost as much CPU as the two reads (bench/README.md, Look).
             return
-        looked = look is not None and turn_id is not None and ("turn", turn_id) not in self._locked
-        if looked and await self._lock_and_look(conversation_id, cast(str, turn_id), cast(Look, look)):
+        if (
+            look is not None
+            and turn_id is not None
+            and ("turn", turn_id) not in self._locked
+            and await self._lock_and_look(conversation_id, turn_id, look)
+        ):
             return
         if (
             conversation_id
@@ -559,45 +579,35 @@ class StoreTx:
     async def _lock_and_look(self, conversation_id: str | None, turn_id: str, look: Look) -> bool:
         """The locks of :meth:`lock` (PostgreSQL) with ``look``'s reads in the same statement; False when nothing was
         locked (a row is missing: :meth:`lock` then takes its locks one by one, which tell which)."""
-        conversation = conversation_id is not None and ("conversation", conversation_id) not in self._locked
-        statement = sql.turn_look(look.parts, conversation=conversation)
+        if conversation_id is not None and ("conversation", conversation_id) in self._locked:
+            conversation_id = None  # held already: only the turn's lock is taken
+        statement = sql.turn_look(look.parts, conversation=conversation_id is not None)
         params = {"uid": turn_id, **look.params()}
-        if conversation_id is not None and conversation:
+        if conversation_id is not None:
             params["conversation_uid"] = conversation_id
         row = (await self.connection.execute(statement.statement, params)).first()
         if row is None:
             return False
         self._locked.add(("turn", turn_id))
-        if conversation_id is not None and conversation:
+        if conversation_id is not None:
             self._locked.add(("conversation", conversation_id))
         self._remember_counts(row)
-        # Which of the parts' answers may be kept. The parts come from the snapshot the statement took before it
-        # waited for the lock (turn_look), so:
-        # - a response found stands (messages are never updated or deleted);
-        # - "no response" and "no execution" stand only when the lock is on the looked turn itself and its row is the
-        #   version the snapshot saw (``fresh``): a transaction that writes a turn's response also writes that turn's
-        #   row (the response's charge), and one that creates a counted execution writes its root's (the tool
-        #   counts), so one that committed while the statement waited leaves ``fresh`` false. An execution created
-        #   uncounted (cancelled, denied by a budget) changes no turn row: the insert's conflict on its unique
-        #   (turn, call) still finds it (_get_or_create);
-        # - an execution found is read again: its status may have changed while the statement waited;
-        # - the latest response found stands: the one that proposed a running call committed before the call was
-        #   scheduled, so any snapshot taken since sees it, and a newer one only replaces it as the latest
-        #   (read_arguments then lists the turn's messages, as it always did).
+        # Which of the parts' answers may be kept (_LOOK_KEEPS). The parts come from the snapshot the statement took
+        # before it waited for the lock (turn_look), so "none" stands only when the lock is on the looked turn itself
+        # and its row is the version the snapshot saw (``fresh``). Every transaction that could have added what a
+        # part looks for writes that turn's row: a response's comes with its charge, a counted execution's with the
+        # root's tool counts, an uncounted (cancelled) one with the turn's status or state (a cancel, a steering, the
+        # turn's end, the calls skipped after a terminal tool). One that committed while the statement waited thus
+        # leaves ``fresh`` false, and the part is read again.
         vouched = bool(row.fresh) and look.turn_id == turn_id
         for part in look.parts:
-            keys = statement.keys[part]
-            values = row[statement.columns[part]]
-            found = values[keys.index("uid")] is not None
-            if part == "execution":
-                if not found and vouched:
-                    self._looked[("execution", look.turn_id, cast(str, look.tool_call_id))] = _ABSENT
-            elif part == "latest":
-                if found:
-                    self._looked[("latest", look.turn_id)] = SimpleNamespace(**dict(zip(keys, values, strict=True)))
-            elif found or vouched:
-                answer = SimpleNamespace(**dict(zip(keys, values, strict=True))) if found else _ABSENT
-                self._looked[("response", look.turn_id, cast(str, look.request_id))] = answer
+            keep_found, keep_none = _LOOK_KEEPS[part]
+            keys, values = statement.keys[part], row[statement.columns[part]]
+            if values[keys.index("uid")] is not None:
+                if keep_found:
+                    self._looked[look.key(part)] = SimpleNamespace(**dict(zip(keys, values, strict=True)))
+            elif keep_none and vouched:
+                self._looked[look.key(part)] = _ABSENT
         return True
 
     def _take_look(self, *key: str) -> Any:
