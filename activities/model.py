@@ -29,7 +29,7 @@ from turnkit.agent import Agent, resolve_agent
 from turnkit.authorization import Verdict
 from turnkit.budget import depth_denial, iteration_denial, spend_denial
 from turnkit.call_ids import unique_call_ids
-from turnkit.charges import charge_turn, tree_spend_denial
+from turnkit.charges import append_charged, charge_turn, tree_spend_denial
 from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
 from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
@@ -48,6 +48,7 @@ from turnkit.errors import (
 )
 from turnkit.events import announce, announce_message, emit
 from turnkit.heartbeats import heartbeating
+from turnkit.ids import new_id
 from turnkit.media import with_media_data
 from turnkit.model import ModelRequest, Result
 from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
@@ -415,22 +416,29 @@ class ModelActivities:
             metadata: dict[str, Any] = {"request_id": call.request_id}
             if result.output_data is not None and not tool_calls:
                 metadata["output_data"] = result.output_data
-            message = await tx.append_message(
-                turn.conversation_id,
-                role="assistant",
-                kind="tool_call" if tool_calls else "text",
-                content=result.parts,
-                turn_id=turn.id,
-                metadata=metadata,
-                request_id=call.request_id,  # indexed: a retry finds this response without listing the turn's
+            state.phase = "tools" if tool_calls else "output"
+            state.message_id = new_id("message")  # the response's id, in the turn's state written with it
+            # The response and the call's charge: one statement on PostgreSQL.
+            message, turn = await append_charged(
+                tx,
+                turn,
+                result.usage,
+                cost,
+                message={
+                    "id": state.message_id,
+                    "role": "assistant",
+                    "kind": "tool_call" if tool_calls else "text",
+                    "content": result.parts,
+                    "turn_id": turn.id,
+                    "metadata": metadata,
+                    "request_id": call.request_id,  # indexed: a retry finds this response without listing the turn's
+                },
+                options=turn.options.with_state(state),
             )
             # Behaviour §3.7: message.created, then tool_call.created per proposed call, once this response committed.
             announce_message(tx, message)
             for ref in tool_calls:
                 announce(tx, "tool_call.created", turn.id, turn.conversation_id, id=ref.id, name=ref.name)
-            state.phase = "tools" if tool_calls else "output"
-            state.message_id = message.id
-            turn = await charge_turn(tx, turn, result.usage, cost, options=turn.options.with_state(state))
             for judge in audit.charges if audit is not None else ():  # the audit's model calls are the turn's too
                 turn = await charge_turn(tx, turn, judge.usage, judge.cost)
             denial = await tree_spend_denial(tx, turn)

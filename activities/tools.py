@@ -46,7 +46,7 @@ from turnkit.store.store import Look, Store, utcnow
 from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
 from turnkit.tracing import record_tool_call
-from turnkit.transcript import announce_settled, append_tool_result, fail_execution
+from turnkit.transcript import announce_settled, append_tool_result, complete_with_result, fail_execution
 
 __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outcome_of"]
 
@@ -250,15 +250,13 @@ class ToolActivities:
     ) -> ToolOutcome:
         # The result's append locks the conversation: take it with the turn's lock, in one round trip.
         async with self.store.atomic(turn_id=turn.root_turn_id, conversation_id=turn.conversation_id) as tx:
-            settled = await tx.claim_tool_execution(
-                execution.id, from_=OPEN_EXECUTION_STATUSES, to="completed", result=result, completed_at=utcnow()
-            )
+            # The compare-and-set and the result's message, in one statement on PostgreSQL.
+            settled = await complete_with_result(tx, turn, execution, result)
             if settled is None:  # interrupted or cancelled first: the late result is dropped
                 # Its result message (e.g. "outcome unknown") is written if missing: every call gets one result.
                 current = await tx.load_tool_execution(execution.id)
                 await append_tool_result(tx, turn, current)
                 return outcome_of(current, tool)
-            await append_tool_result(tx, turn, settled)
             if isinstance(tool, LoadSkillTool):  # the skill's tools join the turn's tool set with this result
                 await record_loaded_skill(tx, turn.id, str(result["key"]))
             announce_settled(tx, turn, settled)  # sent once this transaction committed

@@ -78,15 +78,21 @@ async def turn(store: Store, k: int, looks: bool = True) -> None:
             call_id = f"call_{iteration}"
             if not final:
                 await tx.existing_call_ids(turn_id, [call_id])
-            await tx.append_message(
+            await tx.append_message_and_update_turn(  # the response and its charge (one statement on PostgreSQL)
                 conversation.id,
-                role="assistant",
-                text="answer" if final else None,
-                content=None if final else [{"type": "tool_call", "id": call_id, "name": "lookup", "arguments": {}}],
+                message={
+                    "id": new_id("message"),
+                    "role": "assistant",
+                    "text": "answer" if final else None,
+                    "content": None
+                    if final
+                    else [{"type": "tool_call", "id": call_id, "name": "lookup", "arguments": {}}],
+                    "turn_id": turn_id,
+                    "request_id": request_id,
+                },
                 turn_id=turn_id,
-                request_id=request_id,
+                turn_updates={"options": current.options, "usage": {"input_tokens": 10}, "cost": 0.001},
             )
-            await tx.update_turn(turn_id, options=current.options, usage={"input_tokens": 10}, cost=0.001)
             if final:
                 await tx.claim_turn(turn_id, from_="running", to="completed", output_text="answer")
                 break
@@ -101,9 +107,12 @@ async def turn(store: Store, k: int, looks: bool = True) -> None:
             )
         async with store.atomic(turn_id=turn_id, conversation_id=conversation.id) as tx:  # the tool: complete
             await tx.load_turn(turn_id)
-            await tx.claim_tool_execution(execution.id, result=TOOL_RESULT, completed_at=datetime.now(UTC))
-            await tx.append_tool_result(
-                conversation.id, turn_id=turn_id, tool_execution_id=execution.id, content=[TOOL_RESULT], metadata={}
+            await tx.complete_tool_execution(  # the result and its message (one statement on PostgreSQL)
+                execution,
+                conversation_id=conversation.id,
+                result=TOOL_RESULT,
+                completed_at=datetime.now(UTC),
+                result_message=lambda _: ([TOOL_RESULT], {}),
             )
     async with store.reads() as tx:  # the turn's end: its completion callback and its waiters
         await tx.find_delivery(f"completion:{turn_id}")

@@ -1017,6 +1017,129 @@ async def test_a_look_reads_the_response_or_the_execution_with_the_turn_lock_in_
         assert await tx.find_response(missing, request) is None
 
 
+async def test_a_tool_calls_paired_writes_are_one_statement_each_on_postgresql(store: Store) -> None:
+    """Issue 9 (round trips per iteration): on PostgreSQL a new execution and its root's tool counts go in one
+    statement (a tool call's reserve), and an open execution's completion and its tool-result message in another (its
+    commit); SQLite writes them apart. The records are the same either way: an execution counted once; completed once,
+    with one message, as ``result_message`` builds it for the execution as written; a create that finds the call's
+    execution there counts nothing; a completion that lost its compare-and-set writes nothing; one whose execution
+    has its message already returns that message."""
+    postgresql = store.dialect == "postgresql"
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id, status="running")
+
+    def result_message(execution: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return [{"type": "tool_result", "text": repr(execution.result), "status": execution.status}], {"n": 1}
+
+    async def create(call_id: str) -> tuple[Any, bool]:
+        async with store.atomic(turn_id=turn.id, look=Look.execution(turn.id, call_id)) as tx:
+            absent = await tx.find_tool_execution(turn.id, call_id) is None
+            del sent[:]
+            return await tx.create_tool_execution(
+                turn_id=turn.id, tool_call_id=call_id, tool_name="echo", status="running", found_absent=absent
+            )
+
+    async def complete(execution: Any, result: dict[str, Any]) -> Any:
+        async with store.atomic(turn_id=turn.id, conversation_id=conversation.id) as tx:
+            del sent[:]
+            return await tx.complete_tool_execution(
+                execution,
+                conversation_id=conversation.id,
+                result=result,
+                completed_at=datetime.now(UTC),
+                result_message=result_message,
+            )
+
+    async def tree_usage() -> tuple[int, dict[str, int]]:
+        async with store.reads() as tx:
+            usage = await tx.tree_usage(turn.id)
+        return usage.tool_executions, usage.tool_executions_by_name
+
+    sent, stop = _statements(store)
+    try:
+        execution, created = await create("call_1")
+        assert created and execution.status == "running"
+        assert sent == ["WITH"] if postgresql else "WITH" not in sent
+        assert (await create("call_1")) == (execution, False)  # found: nothing written, nothing counted
+        if postgresql:  # a creator that did not see it (it committed meanwhile): the conflict skips it, uncounted
+            async with store.atomic(turn_id=turn.id) as tx:
+                assert await tx.create_tool_execution(
+                    turn_id=turn.id, tool_call_id="call_1", tool_name="echo", status="running", found_absent=True
+                ) == (execution, False)
+        assert await tree_usage() == (1, {"echo": 1})
+
+        done = await complete(execution, {"answer": 42, "b": [1.5, None]})
+        assert sent == ["WITH"] if postgresql else "WITH" not in sent
+        assert done is not None
+        settled, message, created = done
+        assert (settled.status, settled.result, created) == ("completed", {"answer": 42, "b": [1.5, None]}, True)
+        assert (message.content, message.metadata) == result_message(settled)
+        assert message.sequence == 1 and message.tool_execution_id == execution.id and message.role == "tool"
+        assert await store.list_messages(conversation.id) == [message]  # as stored
+        async with store.reads() as tx:
+            assert await tx.load_tool_execution(execution.id) == settled
+        assert await complete(execution, {"answer": 43}) is None  # the compare-and-set lost: nothing written
+        assert await store.list_messages(conversation.id) == [message]
+
+        second, _ = await create("call_2")
+        async with store.atomic(conversation_id=conversation.id) as tx:  # its message first (a repair's)
+            first, _ = await tx.append_tool_result(
+                conversation.id, turn_id=turn.id, tool_execution_id=second.id, content=[{"type": "x"}], metadata={}
+            )
+        done = await complete(second, {"answer": 1})
+        assert done is not None and done[0].status == "completed" and done[1:] == (first, False)
+        assert await store.list_messages(conversation.id) == [message, first]
+    finally:
+        stop()
+    assert await tree_usage() == (2, {"echo": 2})
+
+
+async def test_a_response_and_its_charge_are_one_statement_on_postgresql(store: Store) -> None:
+    """Issue 9 (round trips per iteration): on PostgreSQL ``append_message_and_update_turn`` appends a model call's
+    response and writes its turn's charge in one statement, with the conversation's lock and the turn's held (a model
+    call's persist); SQLite writes them apart. The records are the same: the message with the next sequence, found
+    as the request's response; the turn as written, its root's totals counted once; a message id that exists returns
+    that message (the turn still written); a missing conversation raises RecordNotFound and nothing is written."""
+    postgresql = store.dialect == "postgresql"
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id, status="running")
+    message_id = new_id("message")
+
+    async def respond(conversation_id: str, cost: float) -> tuple[Any, TurnRecord]:
+        async with store.atomic(turn_id=turn.id, conversation_id=conversation_id) as tx:
+            await tx.load_turn(turn.id)
+            del sent[:]
+            return await tx.append_message_and_update_turn(
+                conversation_id,
+                message={"id": message_id, "role": "assistant", "text": "hi", "turn_id": turn.id, "request_id": "r1"},
+                turn_id=turn.id,
+                turn_updates={"cost": cost, "usage": {"input_tokens": 3}},
+            )
+
+    async def recorded() -> tuple[list[Any], Any, TurnRecord, float]:
+        async with store.reads() as tx:
+            messages = await tx.list_messages(conversation.id)
+            response = await tx.find_response(turn.id, "r1")
+            return messages, response, await tx.load_turn(turn.id), (await tx.tree_usage(turn.id)).cost
+
+    sent, stop = _statements(store)
+    try:
+        message, written = await respond(conversation.id, 0.5)
+        assert sent == ["WITH"] if postgresql else "WITH" not in sent
+        assert (message.id, message.sequence, message.role, message.turn_id) == (message_id, 1, "assistant", turn.id)
+        assert (written.cost, written.usage) == (0.5, {"input_tokens": 3})
+        assert await recorded() == ([message], message, written, 0.5)
+        again, rewritten = await respond(conversation.id, 0.75)  # the id exists: that message, the turn written
+        assert again == message and rewritten.cost == 0.75
+        assert await recorded() == ([message], message, rewritten, 0.75)
+    finally:
+        stop()
+    message_id = new_id("message")
+    with pytest.raises(RecordNotFound, match="conversation not found"):
+        await respond(new_id("conversation"), 2.0)
+    assert await recorded() == ([message], message, rewritten, 0.75)
+
+
 async def test_a_look_sees_what_a_writer_committed_while_it_waited_for_the_lock(store: Store) -> None:
     """Issue 9 (Look, PostgreSQL): a look's statement that waits for the turn's lock reads its parts from the snapshot
     it took before waiting. A response and an execution committed meanwhile, by the holder of the lock, are still

@@ -13,14 +13,30 @@ from typing import Any
 from turnkit.budget import limits_of, spend_denial
 from turnkit.cost import Cost
 from turnkit.model import Usage
-from turnkit.records import TurnRecord
+from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import StoreTx, utcnow
 
-__all__ = ["charge_turn", "tree_spend_denial"]
+__all__ = ["append_charged", "charge_turn", "tree_spend_denial"]
 
 
 async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:
     """Add one model call's usage and cost to ``turn`` (with ``updates`` in the same write); refreshes the heartbeat."""
+    return await tx.update_turn(turn.id, **_charged(turn, usage, cost), **updates)
+
+
+async def append_charged(
+    tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, *, message: dict[str, Any], **updates: Any
+) -> tuple[MessageRecord, TurnRecord]:
+    """Append the message a model call answered with (``message``: :meth:`StoreTx.append_message`'s arguments) and
+    charge the call to ``turn`` as :func:`charge_turn` does: the message and the turn as written (one statement on
+    PostgreSQL, ``StoreTx.append_message_and_update_turn``)."""
+    return await tx.append_message_and_update_turn(
+        turn.conversation_id, message=message, turn_id=turn.id, turn_updates={**_charged(turn, usage, cost), **updates}
+    )
+
+
+def _charged(turn: TurnRecord, usage: Usage, cost: Cost) -> dict[str, Any]:
+    """The turn's usage, cost and heartbeat after one more model call's ``usage`` and ``cost``."""
     usage_record = (Usage.from_dict(turn.usage) + usage).to_record()
     details = _add_cost_details(turn.usage.get("cost_details"), cost.to_dict())
     if details:
@@ -28,7 +44,7 @@ async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, *
     total_cost = turn.cost
     if cost.total is not None:
         total_cost = (total_cost or 0.0) + cost.total
-    return await tx.update_turn(turn.id, usage=usage_record, cost=total_cost, heartbeat_at=utcnow(), **updates)
+    return {"usage": usage_record, "cost": total_cost, "heartbeat_at": utcnow()}
 
 
 async def tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:

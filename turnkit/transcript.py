@@ -24,10 +24,12 @@ __all__ = [
     "TERMINAL_SKIP",
     "announce_settled",
     "append_tool_result",
+    "complete_with_result",
     "fail_execution",
     "repair_transcript",
     "result_payload",
     "tool_calls_of",
+    "tool_result_message",
 ]
 
 TERMINAL_SKIP: Final = "not executed: turn ended by {name}"
@@ -42,30 +44,56 @@ def result_payload(execution: ToolExecutionRecord) -> tuple[dict[str, Any], bool
     return {"error": True, "message": message}, True
 
 
+def tool_result_message(
+    execution: ToolExecutionRecord, *, interrupted: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The content and metadata of the execution's tool-result message."""
+    metadata: dict[str, Any] = {"tool_name": execution.tool_name}
+    if interrupted or execution.status == "interrupted":
+        metadata["interrupted"] = True
+    content = [
+        {
+            "type": "tool_result",
+            "tool_call_id": execution.tool_call_id,
+            "text": result_text(execution),
+            "error": result_payload(execution)[1],
+        }
+    ]
+    return content, metadata
+
+
 async def append_tool_result(
     tx: StoreTx, turn: TurnRecord, execution: ToolExecutionRecord, *, interrupted: bool = False
 ) -> MessageRecord:
     """Append the execution's tool-result message once; returns the existing one if it is already there."""
-    metadata: dict[str, Any] = {"tool_name": execution.tool_name}
-    if interrupted or execution.status == "interrupted":
-        metadata["interrupted"] = True
+    content, metadata = tool_result_message(execution, interrupted=interrupted)
     message, created = await tx.append_tool_result(
-        turn.conversation_id,
-        turn_id=turn.id,
-        tool_execution_id=execution.id,
-        content=[
-            {
-                "type": "tool_result",
-                "tool_call_id": execution.tool_call_id,
-                "text": result_text(execution),
-                "error": result_payload(execution)[1],
-            }
-        ],
-        metadata=metadata,
+        turn.conversation_id, turn_id=turn.id, tool_execution_id=execution.id, content=content, metadata=metadata
     )
     if created:
         announce_message(tx, message)
     return message
+
+
+async def complete_with_result(
+    tx: StoreTx, turn: TurnRecord, execution: ToolExecutionRecord, result: dict[str, Any]
+) -> ToolExecutionRecord | None:
+    """Settle an open execution as completed with ``result`` and append its tool-result message (once), in one step
+    (``StoreTx.complete_tool_execution``): the execution as written, or None when it was settled otherwise first
+    (interrupted, cancelled), with nothing written. The caller holds the root turn's and the conversation's locks."""
+    done = await tx.complete_tool_execution(
+        execution,
+        conversation_id=turn.conversation_id,
+        result=result,
+        completed_at=utcnow(),
+        result_message=tool_result_message,
+    )
+    if done is None:
+        return None
+    settled, message, created = done
+    if created:
+        announce_message(tx, message)
+    return settled
 
 
 def result_text(execution: ToolExecutionRecord) -> str:

@@ -43,6 +43,7 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.dialects import postgresql
 
 from turnkit.records import ACTIVE_TURN_STATUSES
 from turnkit.store.schema import (
@@ -139,22 +140,23 @@ CONVERSATION_AND_LATEST_SEQUENCE: Final = select(
 APPENDED_COLUMNS: Final = tuple(column for column in MESSAGES.c if column.key not in ("id", "sequence"))
 
 
-def _append(*unless: ColumnElement[bool]) -> Insert:
+def _append(*unless: ColumnElement[bool], prefix: str = "") -> Insert:
     """Append a message with its conversation's next sequence, only when the conversation exists and every ``unless``
     holds (no row returned otherwise): the latest sequence's read, the checks and the insert in one statement (issue
-    9). Binds each of APPENDED_COLUMNS by its key. On PostgreSQL, run it after the conversation's lock: in READ
-    COMMITTED the statement's snapshot, taken after the lock was granted, then sees every append committed before it.
+    9). Binds each of APPENDED_COLUMNS by ``prefix`` + its key. On PostgreSQL, run it after the conversation's lock:
+    in READ COMMITTED the statement's snapshot, taken after the lock was granted, then sees every append committed
+    before it.
     """
     return (
         insert(MESSAGES)
         .from_select(
             [*APPENDED_COLUMNS, MESSAGES.c.sequence],
             select(
-                *(bindparam(column.key, type_=column.type) for column in APPENDED_COLUMNS),
+                *(bindparam(prefix + column.key, type_=column.type) for column in APPENDED_COLUMNS),
                 select(func.coalesce(func.max(MESSAGES.c.sequence), 0) + 1)
-                .where(MESSAGES.c.conversation_uid == bindparam("conversation_uid"))
+                .where(MESSAGES.c.conversation_uid == bindparam(prefix + "conversation_uid"))
                 .scalar_subquery(),
-            ).where(CONVERSATIONS.c.uid == bindparam("conversation_uid"), *unless),
+            ).where(CONVERSATIONS.c.uid == bindparam(prefix + "conversation_uid"), *unless),
         )
         .returning(MESSAGES.c.id, MESSAGES.c.sequence)
     )
@@ -350,6 +352,29 @@ def _turn_update(cas: bool, iterations: bool, cost: bool, returning: bool) -> Up
     return statement.returning(*TURN_RETURNING) if returning else statement
 
 
+def turn_update_appending(params: Mapping[str, Any], *, new: bool) -> Update:
+    """:func:`turn_update` (``returning``, no compare-and-set) with an append in the same statement (PostgreSQL; see
+    "Writes fused into one statement" below): APPEND_MESSAGE, or with ``new=False`` APPEND_NEW_MESSAGE, its values
+    bound as ``m_`` + each key. RETURNING adds the message's ``message_id`` and ``message_sequence`` (None when nothing
+    was appended)."""
+    return _turn_update_appending("add_iterations" in params, "add_cost" in params, new)
+
+
+@functools.cache
+def _turn_update_appending(iterations: bool, cost: bool, new: bool) -> Update:
+    unless = () if new else (~exists().where(_EARLIER.c.uid == bindparam("m_uid")),)
+    appended = _append(*unless, prefix="m_").cte("appended")
+    return (
+        _turn_update(False, iterations, cost, False)
+        .add_cte(appended)
+        .returning(
+            *TURN_RETURNING,
+            select(appended.c.id).scalar_subquery().label("message_id"),
+            select(appended.c.sequence).scalar_subquery().label("message_sequence"),
+        )
+    )
+
+
 #: Count ``add_tools`` executions more on the root bound ``b_uid``, with its by-name counts as bound ``by_name``.
 COUNT_TOOL_EXECUTIONS: Final = (
     update(TURNS)
@@ -375,6 +400,73 @@ CLAIM_EXECUTION: Final = update(TOOL_EXECUTIONS).where(
     TOOL_EXECUTIONS.c.uid == bindparam("b_uid"), TOOL_EXECUTIONS.c.status.in_(bindparam("b_expected", expanding=True))
 )
 CLAIM_EXECUTION_RETURNING: Final = CLAIM_EXECUTION.returning(*columns(ToolExecutionRow))
+
+# Writes fused into one statement (PostgreSQL: one round trip where there were two) ----------------------------------
+#
+# Each is a data-modifying CTE whose second write runs only when the first wrote a row. All of a statement's parts
+# read one snapshot, taken when it starts, and none sees what another part writes; so each is run only after the
+# transaction holds the locks its parts depend on (the root turn's, and for an append the conversation's), as the two
+# statements it replaces were: the snapshot then already holds every commit those locks wait for.
+#
+# Their values are bound with a prefix (``e_``, ``m_``, ``s_``): a parameter named as a column would also be compiled
+# into an UPDATE's SET clause.
+
+
+def _bound(table: Table, prefix: str) -> dict[str, Any]:
+    """A bind parameter per column of ``table`` but its generated ``id``, named ``prefix`` + the column's key."""
+    return {column.key: bindparam(prefix + column.key, type_=column.type) for column in table.c if column.key != "id"}
+
+
+def _create_counted_execution() -> Select[int]:
+    inserted = (
+        postgresql.insert(TOOL_EXECUTIONS)
+        .values(_bound(TOOL_EXECUTIONS, "e_"))
+        .on_conflict_do_nothing()
+        .returning(TOOL_EXECUTIONS.c.id)
+        .cte("inserted")
+    )
+    counted = COUNT_TOOL_EXECUTIONS.where(exists(select(inserted.c.id))).returning(TURNS.c.id).cte("counted")
+    return select(inserted.c.id).add_cte(counted)
+
+
+#: A new execution (each column bound as ``e_`` + its key; a conflict on its natural key skips it) and, only when it
+#: went in, its root's tool counts (bound as COUNT_TOOL_EXECUTIONS binds them): the new row's ``id``, or no row
+#: (``StoreTx.create_tool_execution``).
+CREATE_COUNTED_EXECUTION: Final = _create_counted_execution()
+
+
+def _complete_execution_with_result() -> Select[*tuple[Any, ...]]:
+    settled = (
+        update(TOOL_EXECUTIONS)
+        .where(
+            TOOL_EXECUTIONS.c.uid == bindparam("b_uid"),
+            TOOL_EXECUTIONS.c.status.in_(bindparam("b_expected", expanding=True)),
+        )
+        .values(
+            {
+                key: bindparam(f"s_{key}", type_=TOOL_EXECUTIONS.c[key].type)
+                for key in ("status", "result", "completed_at", "updated_at")
+            }
+        )
+        .returning(*columns(ToolExecutionRow))
+        .cte("settled")
+    )
+    appended = _append(
+        ~exists().where(_EARLIER.c.tool_execution_uid == bindparam("m_tool_execution_uid")),
+        exists(select(settled.c.id)),
+        prefix="m_",
+    ).cte("appended")
+    return select(
+        *settled.c, appended.c.id.label("message_id"), appended.c.sequence.label("message_sequence")
+    ).select_from(settled.outerjoin(appended, true()))
+
+
+#: The compare-and-set of an execution to its result (bound ``b_uid``, ``b_expected``, and ``s_status``,
+#: ``s_result``, ``s_completed_at``, ``s_updated_at``) and, only when it won, the append of its tool-result message
+#: (bound as APPEND_FIRST_TOOL_RESULT binds it, each name prefixed ``m_``): the execution as written, with the
+#: message's ``message_id`` and ``message_sequence`` (None when nothing was appended), or no row when the
+#: compare-and-set lost (``StoreTx.complete_tool_execution``).
+COMPLETE_EXECUTION_WITH_RESULT: Final = _complete_execution_with_result()
 
 # Deliveries and staged inputs ---------------------------------------------------------------------------------------
 

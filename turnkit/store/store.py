@@ -50,6 +50,7 @@ from turnkit.ids import new_id
 from turnkit.records import (
     MESSAGE_KINDS,
     MESSAGE_ROLES,
+    OPEN_EXECUTION_STATUSES,
     TOOL_EXECUTION_STATUSES,
     TURN_STATUSES,
     ConversationRecord,
@@ -774,19 +775,12 @@ class StoreTx:
         stored message is returned and nothing is written. ``request_id`` marks an assistant response as the answer
         to that model request (found again with :meth:`find_response`).
         """
-        if role not in MESSAGE_ROLES:
-            raise ValueError(f"unknown message role: {role}")
-        if kind not in MESSAGE_KINDS:
-            raise ValueError(f"unknown message kind: {kind}")
-        parts = [dict(part) for part in content] if content is not None else []
-        if text is not None:
-            parts.append({"type": "text", "text": text})
-        parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-        row = _message_row(
+        row = _new_message_row(
             conversation_id,
             role=role,
             kind=kind,
-            parts=parts,
+            content=content,
+            text=text,
             turn_id=turn_id,
             tool_execution_id=tool_execution_id,
             metadata=metadata,
@@ -795,6 +789,46 @@ class StoreTx:
         )
         message, _ = await self._append(row, unless=None if id is None else "uid")
         return message
+
+    async def append_message_and_update_turn(
+        self, conversation_id: str, *, message: dict[str, Any], turn_id: str, turn_updates: dict[str, Any]
+    ) -> tuple[MessageRecord, TurnRecord]:
+        """:meth:`append_message` (``message``: its keyword arguments) then :meth:`update_turn` of ``turn_id``
+        (``turn_updates``): the message and the turn as written.
+
+        On PostgreSQL, with the conversation's lock held and the turn's counted values known (its row read with its
+        lock), both writes are one statement (``statements.turn_update_appending``): a model call's response and its
+        charge, one round trip fewer. Elsewhere, two.
+        """
+        row = _new_message_row(conversation_id, **message)
+        unless: Literal["uid"] | None = None if message.get("id") is None else "uid"
+        if (
+            self.store.dialect != "postgresql"
+            or ("conversation", conversation_id) not in self._locked
+            or turn_id not in self._turn_counts
+            or self.connection.in_nested_transaction()
+        ):
+            appended, _ = await self._append(row, unless=unless)
+            return appended, await self.update_turn(turn_id, **turn_updates)
+        self._looked.clear()  # a look answers reads of what was there before this transaction wrote
+        values = _turn_values(turn_updates)
+        other_root = await self._count_turn_change(turn_id, values)  # known: no statement
+        params = {**values, "b_uid": turn_id, **_prefixed("m_", _row_values(row))}
+        statement = sql.turn_update_appending(params, new=unless is None)
+        self._forget_turn(turn_id)
+        found = (await self.connection.execute(statement, params)).one_or_none()
+        if found is None:
+            raise RecordNotFound(f"turn not found: {turn_id}")
+        self._remember_counts(found)  # the UPDATE holds the row's lock until the transaction ends
+        if found.message_id is None:
+            # Nothing appended: a message with the given id exists (it is returned), or the conversation is gone
+            # (RecordNotFound, and the transaction's writes roll back).
+            appended, _ = await self._append(row, unless=unless)
+        else:
+            row.id, row.sequence = found.message_id, found.message_sequence
+            appended = _message(row)
+        await self._add_to_tree(*other_root)
+        return appended, _turn(found)
 
     async def append_tool_result(
         self,
@@ -1274,6 +1308,10 @@ class StoreTx:
                 updated_at=now,
             )
 
+        if found_absent and counts_against_budget(status, error):
+            counted = await self._create_counted_execution(build(), turn_id, tool_name)
+            if counted is not None:
+                return counted, True
         # Natural key: the unique (turn_uid, tool_call_id).
         row, created = await self._get_or_create(
             lambda: self._read_one(sql.EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id),
@@ -1283,6 +1321,33 @@ class StoreTx:
         if created and counts_against_budget(row.status, row.error):
             await self._count_execution(turn_id, tool_name, 1)
         return _tool_execution(row), created
+
+    async def _create_counted_execution(
+        self, row: ToolExecutionRow, turn_id: str, tool_name: str
+    ) -> ToolExecutionRecord | None:
+        """PostgreSQL, with the root's tool counts read under its lock in this transaction: insert ``row`` and count it
+        in one statement (``CREATE_COUNTED_EXECUTION``), one round trip per tool call fewer. None when that does not
+        apply, or when a concurrent creator's row was there (nothing written or counted): the caller then takes the
+        general path, which finds that row."""
+        if self.store.dialect != "postgresql" or self.connection.in_nested_transaction():
+            return None
+        root = self._roots.get(turn_id)
+        if root is None:
+            return None
+        known = self._tool_counts.get(root)
+        if known is None and (locked := self._turn_rows.get(root)) is not None:  # the root's row, read with its lock
+            known = _tool_counts(locked.tree_tool_executions_by_name)
+        if known is None:
+            return None
+        counts = {**known, tool_name: known.get(tool_name, 0) + 1}
+        params = {**_prefixed("e_", _row_values(row)), "b_uid": root, "add_tools": 1, "by_name": counts}
+        self._turn_rows.pop(root, None)  # its tree totals change
+        inserted = (await self.connection.execute(sql.CREATE_COUNTED_EXECUTION, params)).scalar()
+        if inserted is None:
+            return None
+        row.id = inserted
+        self._remember_tool_counts(root, counts)
+        return _tool_execution(row)
 
     async def existing_call_ids(self, turn_id: str, tool_call_ids: Iterable[str]) -> set[str]:
         """Which of ``tool_call_ids`` already have an execution in the turn (an indexed lookup of those ids only)."""
@@ -1346,6 +1411,79 @@ class StoreTx:
         delta = int(settled.counts_against_budget) - int(counted_before)
         await self._count_execution(settled.turn_id, settled.tool_name, delta)
         return settled
+
+    async def complete_tool_execution(
+        self,
+        execution: ToolExecutionRecord,
+        *,
+        conversation_id: str,
+        result: dict[str, Any],
+        completed_at: datetime,
+        result_message: Callable[[ToolExecutionRecord], tuple[list[dict[str, Any]], dict[str, Any]]],
+    ) -> tuple[ToolExecutionRecord, MessageRecord, bool] | None:
+        """Compare-and-set an open (pending or running) execution to ``completed`` with ``result`` and, when that won,
+        append its tool-result message to ``conversation_id`` (as :meth:`append_tool_result`): ``(the execution as
+        written, the message, created)``, or None when the compare-and-set lost (nothing written). ``result_message``
+        gives the message's content and metadata for the execution as written; ``created`` is False when the
+        execution had its message already (that one is returned).
+
+        The caller holds the root turn's lock and the conversation's (an append's lock). On PostgreSQL both writes
+        are one statement (``COMPLETE_EXECUTION_WITH_RESULT``): one round trip per tool call fewer.
+        """
+        if self.store.dialect != "postgresql" or ("conversation", conversation_id) not in self._locked:
+            settled = await self.claim_tool_execution(
+                execution.id, from_=OPEN_EXECUTION_STATUSES, to="completed", result=result, completed_at=completed_at
+            )
+            if settled is None:
+                return None
+            content, metadata = result_message(settled)
+            message, created = await self.append_tool_result(
+                conversation_id,
+                turn_id=execution.turn_id,
+                tool_execution_id=execution.id,
+                content=content,
+                metadata=metadata,
+            )
+            return settled, message, created
+        self._looked.clear()  # a look answers reads of what was there before this transaction wrote
+        stored, now = canonical_json(result), utcnow()
+        # The execution as the compare-and-set writes it (the JSON as stored): its message is built before the
+        # statement that writes both, and is the one the execution as read back would give.
+        written = execution.model_copy(
+            update={"status": "completed", "result": stored, "completed_at": completed_at, "updated_at": now}
+        )
+        content, metadata = result_message(written)
+        row = _message_row(
+            conversation_id,
+            role="tool",
+            kind="tool_result",
+            parts=[dict(part) for part in content],
+            turn_id=execution.turn_id,
+            tool_execution_id=execution.id,
+            metadata=metadata,
+        )
+        params = {
+            **_prefixed("m_", _row_values(row)),
+            "b_uid": execution.id,
+            "b_expected": list(OPEN_EXECUTION_STATUSES),
+            "s_status": "completed",
+            "s_result": stored,
+            "s_completed_at": completed_at,
+            "s_updated_at": now,
+        }
+        found = (await self.connection.execute(sql.COMPLETE_EXECUTION_WITH_RESULT, params)).first()
+        if found is None:
+            return None
+        settled = _tool_execution(found)
+        # Open executions count against the budget; a completed one without an error still does (no change).
+        await self._count_execution(settled.turn_id, settled.tool_name, int(settled.counts_against_budget) - 1)
+        if found.message_id is None:
+            # Nothing appended: the execution had its message already, or the conversation is gone; the append
+            # returns the first, raises RecordNotFound for the second.
+            message, created = await self._append(row, unless="tool_execution")
+            return settled, message, created
+        row.id, row.sequence = found.message_id, found.message_sequence
+        return settled, _message(row), True
 
     async def lock_tool_execution(self, execution_id: str) -> None:
         """Lock an execution row until the transaction ends (a no-op on SQLite)."""
@@ -1704,6 +1842,41 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _new_message_row(
+    conversation_id: str,
+    *,
+    role: str,
+    kind: str = "text",
+    content: Sequence[dict[str, Any]] | None = None,
+    text: str | None = None,
+    turn_id: str | None = None,
+    tool_execution_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    id: str | None = None,
+    request_id: str | None = None,
+) -> MessageRow:
+    """The row of a message :meth:`StoreTx.append_message` appends (its arguments checked)."""
+    if role not in MESSAGE_ROLES:
+        raise ValueError(f"unknown message role: {role}")
+    if kind not in MESSAGE_KINDS:
+        raise ValueError(f"unknown message kind: {kind}")
+    parts = [dict(part) for part in content] if content is not None else []
+    if text is not None:
+        parts.append({"type": "text", "text": text})
+    parts = [part if "type" in part else {"type": "text", **part} for part in parts]
+    return _message_row(
+        conversation_id,
+        role=role,
+        kind=kind,
+        parts=parts,
+        turn_id=turn_id,
+        tool_execution_id=tool_execution_id,
+        metadata=metadata,
+        id=id,
+        request_id=request_id,
+    )
+
+
 def _message_row(
     conversation_id: str,
     *,
@@ -1732,6 +1905,11 @@ def _message_row(
         created_at=now,
         updated_at=now,
     )
+
+
+def _prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each key prefixed (the binds of a fused statement, ``turnkit/store/statements.py``)."""
+    return {prefix + key: value for key, value in values.items()}
 
 
 def _row_values(row: object) -> dict[str, Any]:
