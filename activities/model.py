@@ -391,8 +391,9 @@ class ModelActivities:
         if ended is not None:
             ended.clear()
         # The response's append locks the turn's conversation: take it with the turn's lock, and look for a response
-        # already committed to this request, in one round trip (a turn's conversation never changes).
-        look = Look.response(call.turn_id, call.request_id)
+        # already committed to this request and for executions of the calls it proposes, in one round trip (a turn's
+        # conversation never changes).
+        look = Look.response(call.turn_id, call.request_id, call_ids=_proposed_call_ids(result.parts))
         async with self.store.atomic(turn_id=call.root_turn_id, conversation_id=conversation_id, look=look) as tx:
             turn = await tx.load_turn(call.turn_id)
             committed = await _committed_step(tx, turn, call.request_id)
@@ -517,6 +518,11 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
     return ModelStep(outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial)
 
 
+def _proposed_call_ids(parts: list[dict[str, Any]]) -> list[str]:
+    """The ids of the tool calls among a response's ``parts``, as the model gave them (an empty one as ``""``)."""
+    return [str(part.get("id") or "") for part in parts if part.get("type") == "tool_call"]
+
+
 async def _unique_call_ids(
     tx: StoreTx, turn_id: str, parts: list[dict[str, Any]], state: TurnState
 ) -> list[dict[str, Any]]:
@@ -528,8 +534,7 @@ async def _unique_call_ids(
     costs one lookup per response, not one per earlier rename; a suffix that meets a provider's own id is skipped.
     """
     start = state.call_id_suffix
-    proposed = [str(part.get("id") or "") for part in parts if part.get("type") == "tool_call"]
-    taken = await tx.existing_call_ids(turn_id, proposed)
+    taken = await tx.existing_call_ids(turn_id, _proposed_call_ids(parts))
     while True:
         renamed = unique_call_ids(parts, taken, start=start)
         new_ids = {str(new["id"]) for new, old in zip(renamed, parts, strict=True) if new.get("id") != old.get("id")}

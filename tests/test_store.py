@@ -968,8 +968,9 @@ async def test_a_conversation_and_a_turn_are_locked_in_one_statement_conversatio
 
 async def test_a_look_reads_the_response_or_the_execution_with_the_turn_lock_in_one_statement(store: Store) -> None:
     """Issue 9 (round trips per iteration): on PostgreSQL ``atomic(turn_id=…, look=Look.response(…))`` locks the
-    turn's row and reads it with its response to a request in one statement, and ``Look.execution`` the call's
-    execution and the turn's latest response; the reads they answer send nothing, once. A write of a message or an
+    turn's row and reads it with its response to a request in one statement (and which of a response's proposed call
+    ids have an execution), and ``Look.execution`` the call's execution and the turn's latest response; the reads
+    they answer send nothing, once. A write of a message or an
     execution in the transaction drops what the look read, and the next read goes to the database. SQLite reads them
     apart (no round trips to save): the answers are the same."""
     postgresql = store.dialect == "postgresql"
@@ -1009,6 +1010,13 @@ async def test_a_look_reads_the_response_or_the_execution_with_the_turn_lock_in_
             assert found is not None and found.id == created.id
             # Read again on PostgreSQL: its status may have changed while the lock was awaited.
             assert sent == (["BEGIN", "SELECT", "SELECT"] if postgresql else ["BEGIN", "SELECT"])
+        del sent[:]
+        calls = Look.response(turn.id, str(uuid.uuid4()), ["call_2", "call_1", "call_1"])  # a response's proposed calls
+        async with store.atomic(turn_id=turn.id, look=calls) as tx:
+            assert await tx.existing_call_ids(turn.id, ["call_1", "call_2"]) == {"call_1"}
+            assert sent == ["BEGIN", "SELECT"]  # PostgreSQL: the look's; SQLite (no lock): the read's
+            assert await tx.existing_call_ids(turn.id, ["call_2"]) == set()  # other ids: the database's answer
+            assert sent == ["BEGIN", "SELECT", "SELECT"]
     finally:
         stop()
     missing = new_id("turn")
@@ -1160,9 +1168,9 @@ async def test_a_look_sees_what_a_writer_committed_while_it_waited_for_the_lock(
             holding.set()
             await release.wait()
 
-    async def look_response() -> Any:
-        async with store.atomic(turn_id=turn.id, look=Look.response(turn.id, request)) as tx:
-            return await tx.find_response(turn.id, request)
+    async def look_response() -> Any:  # with the calls the response would propose (a model call's persist)
+        async with store.atomic(turn_id=turn.id, look=Look.response(turn.id, request, ["call_1", "call_2"])) as tx:
+            return await tx.find_response(turn.id, request), await tx.existing_call_ids(turn.id, ["call_2", "call_1"])
 
     async def look_execution() -> Any:
         async with store.atomic(turn_id=turn.id, look=Look.execution(turn.id, "call_1")) as tx:
@@ -1185,9 +1193,10 @@ async def test_a_look_sees_what_a_writer_committed_while_it_waited_for_the_lock(
         await asyncio.sleep(0.02)
     release.set()
     await holder
-    response, execution = await asyncio.gather(*lookers)
+    (response, call_ids), execution = await asyncio.gather(*lookers)
     assert response is not None and response.turn_id == turn.id
     assert execution is not None and execution.tool_call_id == "call_1"
+    assert call_ids == {"call_1"}  # a proposed call whose id has an execution is renamed, never given that one
 
 
 async def test_a_turn_read_in_a_savepoint_is_read_again_after_it(store: Store) -> None:

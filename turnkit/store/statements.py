@@ -28,8 +28,10 @@ from sqlalchemy import (
     Delete,
     Insert,
     Select,
+    String,
     Table,
     Update,
+    any_,
     bindparam,
     case,
     delete,
@@ -216,13 +218,19 @@ LATEST_RESPONSE: Final = _newest_response(summary=False, request=False)
 # A turn's row with what a transaction reads next, in one statement ------------------------------------------------
 
 #: What a look reads beside the turn's row, by the name its columns are prefixed with: the response to one request
-#: (bound ``turn_uid``, ``request_uid``), the execution of one call (bound ``turn_uid``, ``tool_call_id``) and the
-#: turn's latest response (bound ``turn_uid``, where a tool call's stored arguments are).
-LookPart = Literal["response", "execution", "latest"]
+#: (bound ``turn_uid``, ``request_uid``), the execution of one call (bound ``turn_uid``, ``tool_call_id``), the
+#: turn's latest response (bound ``turn_uid``, where a tool call's stored arguments are), and which of some call ids
+#: have an execution in the turn (bound ``turn_uid``, ``call_ids``: an array of them, or NULL for none). A part's
+#: first column is NULL exactly when it found nothing.
+LookPart = Literal["response", "execution", "latest", "calls"]
 _LOOK_READS: Final[dict[str, Select[*tuple[Any, ...]]]] = {
     "response": RESPONSE_TO,
     "execution": EXECUTION_BY_CALL.limit(1),
     "latest": LATEST_RESPONSE,
+    "calls": select(func.array_agg(TOOL_EXECUTIONS.c.tool_call_id).label("ids")).where(
+        TOOL_EXECUTIONS.c.turn_uid == bindparam("turn_uid"),
+        TOOL_EXECUTIONS.c.tool_call_id == any_(bindparam("call_ids", type_=postgresql.ARRAY(String))),
+    ),
 }
 _SEEN_TURN: Final = TURNS.alias("seen_turn")
 

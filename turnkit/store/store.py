@@ -186,11 +186,13 @@ class Look:
     turn_id: str
     request_id: str | None = None
     tool_call_id: str | None = None
+    call_ids: tuple[str, ...] = ()
 
     @classmethod
-    def response(cls, turn_id: str, request_id: str) -> Look:
-        """The turn's response to model request ``request_id`` (``find_response``)."""
-        return cls(turn_id, request_id=request_id)
+    def response(cls, turn_id: str, request_id: str, call_ids: Iterable[str] = ()) -> Look:
+        """The turn's response to model request ``request_id`` (``find_response``); with ``call_ids``, also which of
+        them have an execution in the turn (``existing_call_ids``: a response's proposed calls)."""
+        return cls(turn_id, request_id=request_id, call_ids=tuple(sorted({str(i) for i in call_ids})))
 
     @classmethod
     def execution(cls, turn_id: str, tool_call_id: str) -> Look:
@@ -201,34 +203,44 @@ class Look:
     @property
     def parts(self) -> tuple[sql.LookPart, ...]:
         """The statement's parts (:func:`turnkit.store.statements.turn_look`)."""
-        return ("execution", "latest") if self.tool_call_id is not None else ("response",)
+        if self.tool_call_id is not None:
+            return ("execution", "latest")
+        return ("response", "calls") if self.call_ids else ("response",)
 
     def key(self, part: sql.LookPart) -> tuple[str, ...]:
         """Where the transaction keeps what ``part`` read: the key of the read it answers (``StoreTx._take_look``)."""
         if part == "latest":
             return ("latest", self.turn_id)
+        if part == "calls":
+            return ("calls", self.turn_id, *self.call_ids)
         return (part, self.turn_id, str(self.request_id if part == "response" else self.tool_call_id))
 
-    def params(self) -> dict[str, str]:
+    def params(self) -> dict[str, Any]:
         """The parts' bound parameters."""
-        params = {"turn_uid": self.turn_id}
+        params: dict[str, Any] = {"turn_uid": self.turn_id}
         if self.request_id is not None:
             params["request_uid"] = self.request_id
         if self.tool_call_id is not None:
             params["tool_call_id"] = self.tool_call_id
+        if self.call_ids:
+            params["call_ids"] = list(self.call_ids)
         return params
 
 
 _ABSENT: Final = object()
-#: Per part of a look: whether a row found is kept, and whether "none" is (when the lock vouches for it). A response
-#: found stands (messages are never updated or deleted); an execution found is read again (its status may have
-#: changed while the statement waited); the latest response found stands (the one that proposed a running call
-#: committed before the call was scheduled, so every snapshot since sees it; a newer one only replaces it as the
-#: latest, and read_arguments then lists the turn's messages), and its "none" is not kept (that path reads them too).
-_LOOK_KEEPS: Final[dict[str, tuple[bool, bool]]] = {
-    "response": (True, True),
-    "execution": (False, True),
-    "latest": (True, False),
+#: Whether a look's answer is kept: always, only when the lock vouches for it (``StoreTx._lock_and_look``), or never.
+_Keep = Literal["always", "vouched", "never"]
+#: Per part of a look: whether what it found is kept, and whether its "none" is. A response found stands (messages are
+#: never updated or deleted); an execution found is read again (its status may have changed while the statement
+#: waited); the latest response found stands (the one that proposed a running call committed before the call was
+#: scheduled, so every snapshot since sees it; a newer one only replaces it as the latest, and read_arguments then
+#: lists the turn's messages), and its "none" is not kept (that path reads them too); the call ids found may miss one
+#: whose execution was committed while the statement waited, so they are kept as "none" is.
+_LOOK_KEEPS: Final[dict[str, tuple[_Keep, _Keep]]] = {
+    "response": ("always", "vouched"),
+    "execution": ("never", "vouched"),
+    "latest": ("always", "never"),
+    "calls": ("vouched", "vouched"),
 }
 
 
@@ -602,13 +614,13 @@ class StoreTx:
         # leaves ``fresh`` false, and the part is read again.
         vouched = bool(row.fresh) and look.turn_id == turn_id
         for part in look.parts:
-            keep_found, keep_none = _LOOK_KEEPS[part]
             keys, values = statement.keys[part], row[statement.columns[part]]
-            if values[keys.index("uid")] is not None:
-                if keep_found:
-                    self._looked[look.key(part)] = SimpleNamespace(**dict(zip(keys, values, strict=True)))
-            elif keep_none and vouched:
-                self._looked[look.key(part)] = _ABSENT
+            found = values[0] is not None  # a part's first column is NULL exactly when it found nothing
+            keep = _LOOK_KEEPS[part][0 if found else 1]
+            if keep == "always" or (keep == "vouched" and vouched):
+                self._looked[look.key(part)] = (
+                    SimpleNamespace(**dict(zip(keys, values, strict=True))) if found else _ABSENT
+                )
         return True
 
     def _take_look(self, *key: str) -> Any:
@@ -1354,6 +1366,9 @@ class StoreTx:
         wanted = sorted({str(i) for i in tool_call_ids})
         if not wanted:
             return set()
+        looked = self._take_look("calls", turn_id, *wanted)
+        if looked is not None:
+            return set() if looked is _ABSENT else {str(i) for i in looked.ids}
         rows = await self.connection.scalars(sql.EXISTING_CALL_IDS, {"turn_uid": turn_id, "ids": wanted})
         return set(rows)
 
