@@ -72,10 +72,12 @@ async def turn(store: Store, k: int, looks: bool = True) -> None:
             )
             await tx.load_conversation(conversation.id)
         final = iteration == k
+        call_id = f"call_{iteration}"
+        if looks:  # the persist also looks for executions of the calls its response proposes
+            look = Look.response(turn_id, request_id, () if final else [call_id])
         async with store.atomic(turn_id=turn_id, conversation_id=conversation.id, look=look) as tx:  # model: persist
             current = await tx.load_turn(turn_id)
             assert await tx.find_response(turn_id, request_id) is None
-            call_id = f"call_{iteration}"
             if not final:
                 await tx.existing_call_ids(turn_id, [call_id])
             await tx.append_message_and_update_turn(  # the response and its charge (one statement on PostgreSQL)
