@@ -14,7 +14,7 @@ from turnkit.budget import limits_of, spend_denial
 from turnkit.cost import Cost
 from turnkit.model import Usage
 from turnkit.records import MessageRecord, TurnRecord
-from turnkit.store.store import StoreTx, utcnow
+from turnkit.store.store import NewMessage, StoreTx, utcnow
 
 __all__ = ["append_charged", "charge_turn", "tree_spend_denial"]
 
@@ -25,7 +25,7 @@ async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, *
 
 
 async def append_charged(
-    tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, *, message: dict[str, Any], **updates: Any
+    tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, *, message: NewMessage, **updates: Any
 ) -> tuple[MessageRecord, TurnRecord]:
     """Append the message a model call answered with (``message``: :meth:`StoreTx.append_message`'s arguments) and
     charge the call to ``turn`` as :func:`charge_turn` does: the message and the turn as written (one statement on

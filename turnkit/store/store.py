@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Final, Literal, TypeVar, cast, overload
+from typing import Any, Final, Literal, Required, TypedDict, TypeVar, Unpack, cast, overload
 
 from sqlalchemy import (
     Column,
@@ -86,6 +86,7 @@ from turnkit.turn_state import TurnOptions
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "KeptRows",
+    "NewMessage",
     "OutsideLane",
     "Store",
     "StoreTx",
@@ -169,6 +170,20 @@ async def _autocommitted(store: Store, engine: AsyncEngine) -> AsyncGenerator[St
     """A StoreTx whose statements each commit alone (``engine`` in autocommit)."""
     async with engine.connect() as connection:
         yield StoreTx(store, store.direct_connection(connection))
+
+
+class NewMessage(TypedDict, total=False):
+    """A message to append (:meth:`StoreTx.append_message`'s arguments after the conversation's id)."""
+
+    role: Required[str]
+    kind: str  # "text" when not given
+    content: Sequence[dict[str, Any]] | None
+    text: str | None
+    turn_id: str | None
+    tool_execution_id: str | None
+    metadata: dict[str, Any] | None
+    id: str | None
+    request_id: str | None
 
 
 @dataclass(frozen=True)
@@ -767,43 +782,19 @@ class StoreTx:
 
     # Messages ----------------------------------------------------------------------------------------------------
 
-    async def append_message(
-        self,
-        conversation_id: str,
-        *,
-        role: str,
-        kind: str = "text",
-        content: Sequence[dict[str, Any]] | None = None,
-        text: str | None = None,
-        turn_id: str | None = None,
-        tool_execution_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        id: str | None = None,
-        request_id: str | None = None,
-    ) -> MessageRecord:
+    async def append_message(self, conversation_id: str, **message: Unpack[NewMessage]) -> MessageRecord:
         """Append a message with sequence ``max + 1``, atomically with the insert (gap-free under concurrency).
 
         ``text`` is shorthand for ``[{"type": "text", "text": text}]``. With an ``id`` that already exists the
         stored message is returned and nothing is written. ``request_id`` marks an assistant response as the answer
         to that model request (found again with :meth:`find_response`).
         """
-        row = _new_message_row(
-            conversation_id,
-            role=role,
-            kind=kind,
-            content=content,
-            text=text,
-            turn_id=turn_id,
-            tool_execution_id=tool_execution_id,
-            metadata=metadata,
-            id=id,
-            request_id=request_id,
-        )
-        message, _ = await self._append(row, unless=None if id is None else "uid")
-        return message
+        row = _new_message_row(conversation_id, message)
+        appended, _ = await self._append(row, unless=None if message.get("id") is None else "uid")
+        return appended
 
     async def append_message_and_update_turn(
-        self, conversation_id: str, *, message: dict[str, Any], turn_id: str, turn_updates: dict[str, Any]
+        self, conversation_id: str, *, message: NewMessage, turn_id: str, turn_updates: dict[str, Any]
     ) -> tuple[MessageRecord, TurnRecord]:
         """:meth:`append_message` (``message``: its keyword arguments) then :meth:`update_turn` of ``turn_id``
         (``turn_updates``): the message and the turn as written.
@@ -812,7 +803,7 @@ class StoreTx:
         lock), both writes are one statement (``statements.turn_update_appending``): a model call's response and its
         charge, one round trip fewer. Elsewhere, two.
         """
-        row = _new_message_row(conversation_id, **message)
+        row = _new_message_row(conversation_id, message)
         unless: Literal["uid"] | None = None if message.get("id") is None else "uid"
         if (
             self.store.dialect != "postgresql"
@@ -1857,24 +1848,14 @@ def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _new_message_row(
-    conversation_id: str,
-    *,
-    role: str,
-    kind: str = "text",
-    content: Sequence[dict[str, Any]] | None = None,
-    text: str | None = None,
-    turn_id: str | None = None,
-    tool_execution_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    id: str | None = None,
-    request_id: str | None = None,
-) -> MessageRow:
+def _new_message_row(conversation_id: str, message: NewMessage) -> MessageRow:
     """The row of a message :meth:`StoreTx.append_message` appends (its arguments checked)."""
+    role, kind = message["role"], message.get("kind", "text")
     if role not in MESSAGE_ROLES:
         raise ValueError(f"unknown message role: {role}")
     if kind not in MESSAGE_KINDS:
         raise ValueError(f"unknown message kind: {kind}")
+    content, text = message.get("content"), message.get("text")
     parts = [dict(part) for part in content] if content is not None else []
     if text is not None:
         parts.append({"type": "text", "text": text})
@@ -1884,11 +1865,11 @@ def _new_message_row(
         role=role,
         kind=kind,
         parts=parts,
-        turn_id=turn_id,
-        tool_execution_id=tool_execution_id,
-        metadata=metadata,
-        id=id,
-        request_id=request_id,
+        turn_id=message.get("turn_id"),
+        tool_execution_id=message.get("tool_execution_id"),
+        metadata=message.get("metadata"),
+        id=message.get("id"),
+        request_id=message.get("request_id"),
     )
 
 
