@@ -23,7 +23,7 @@ import contextlib
 import functools
 import statistics
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -39,7 +39,7 @@ from turnkit.process import exit_process
 from turnkit.store.store import Store
 
 #: What the worker measured during the current turn (TurnKit only), in seconds (and a count of transactions).
-_measured: Counter[str] = Counter()
+_measured: defaultdict[str, float] = defaultdict(float)
 
 
 def _timed_activity(cls: type[Any], name: str, label: str) -> None:
@@ -73,9 +73,9 @@ def _timed_transactions() -> None:
     Store._transaction = timed  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
 
 
-def _history_sums(events: Any) -> Counter[str]:
+def _history_sums(events: Any) -> dict[str, float]:
     """Seconds per kind of step in one turn workflow's history (see the module docstring)."""
-    sums: Counter[str] = Counter()
+    sums: defaultdict[str, float] = defaultdict(float)
     scheduled: dict[int, str] = {}
     started: dict[int, float] = {}
     task_scheduled = task_started = 0.0
@@ -119,10 +119,10 @@ async def _breakdown(name: str, system: Any, flags: list[str], k: int, turns: in
                 _measured.clear()
                 started = time.perf_counter()
                 workflow_ids = await system.turn(k)
-                sums = Counter({"turn, wall": time.perf_counter() - started})
+                sums = {"turn, wall": time.perf_counter() - started}
                 history = await client.get_workflow_handle(workflow_ids[-1]).fetch_history()
-                sums.update(_history_sums(history.events))
-                sums.update(_measured)
+                sums |= _history_sums(history.events)
+                sums |= _measured
                 for row, seconds in sums.items():
                     rows.setdefault(row, []).append(seconds)
         finally:
@@ -174,7 +174,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--k", type=int, default=3, help="tool-calling iterations per turn (default 3)")
     parser.add_argument("--turns", type=int, default=12, help="measured turns per system (default 12)")
     parser.add_argument("--warmup", type=int, default=5, help="turns before the measured ones (default 5)")
