@@ -844,15 +844,7 @@ class StoreTx:
     ) -> tuple[MessageRecord, bool]:
         """Append the tool-result message of ``tool_execution_id`` (role ``tool``, kind ``tool_result``) unless the
         execution has a message already: ``(message, True)``, or ``(that message, False)`` with nothing written."""
-        row = _message_row(
-            conversation_id,
-            role="tool",
-            kind="tool_result",
-            parts=[dict(part) for part in content],
-            turn_id=turn_id,
-            tool_execution_id=tool_execution_id,
-            metadata=metadata,
-        )
+        row = _tool_result_row(conversation_id, turn_id, tool_execution_id, content, metadata)
         return await self._append(row, unless="tool_execution")
 
     async def _append(
@@ -1197,9 +1189,8 @@ class StoreTx:
         """
         if not delta:
             return
-        root = self._roots.get(turn_id)
-        known = None if root is None or self.connection.in_nested_transaction() else self._tool_counts.get(root)
-        if root is None or known is None:
+        known = self._known_tool_counts(turn_id)
+        if known is None:
             # Not read under the lock in this transaction: read (and lock) the root's counts.
             postgresql = self.store.dialect == "postgresql"
             row = await self._read_one(sql.ROOT_TOOL_COUNTS_LOCKED if postgresql else sql.ROOT_TOOL_COUNTS, uid=turn_id)
@@ -1207,11 +1198,24 @@ class StoreTx:
                 return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
             if self.store.dialect == "postgresql" and not self.connection.in_nested_transaction():
                 self._locked.add(("turn", row.uid))
-            root, known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
-        counts = {**known, tool_name: known.get(tool_name, 0) + delta}
+            known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
+        root, by_name = known
+        counts = {**by_name, tool_name: by_name.get(tool_name, 0) + delta}
         self._turn_rows.pop(root, None)  # its tree totals change
         await self.connection.execute(sql.COUNT_TOOL_EXECUTIONS, {"b_uid": root, "add_tools": delta, "by_name": counts})
         self._remember_tool_counts(root, counts)
+
+    def _known_tool_counts(self, turn_id: str) -> tuple[str, dict[str, int]] | None:
+        """``turn_id``'s root and the root's by-name tool counts as this transaction knows them while no other writer
+        can change them (:meth:`_remember_tool_counts`, or the root's whole row kept by :meth:`_remember_counts`), or
+        None: not known (or inside a savepoint), to be read."""
+        root = self._roots.get(turn_id)
+        if root is None or self.connection.in_nested_transaction():
+            return None
+        known = self._tool_counts.get(root)
+        if known is None and (row := self._turn_rows.get(root)) is not None:
+            known = _tool_counts(row.tree_tool_executions_by_name)
+        return None if known is None else (root, known)
 
     def _remember_tool_counts(self, root_turn_id: str, by_name: dict[str, Any] | None) -> None:
         """Keep a root's by-name tool counts for :meth:`_count_execution`, under the rule of :meth:`_remember_counts`
@@ -1332,17 +1336,13 @@ class StoreTx:
         in one statement (``CREATE_COUNTED_EXECUTION``), one round trip per tool call fewer. None when that does not
         apply, or when a concurrent creator's row was there (nothing written or counted): the caller then takes the
         general path, which finds that row."""
-        if self.store.dialect != "postgresql" or self.connection.in_nested_transaction():
+        if self.store.dialect != "postgresql":
             return None
-        root = self._roots.get(turn_id)
-        if root is None:
-            return None
-        known = self._tool_counts.get(root)
-        if known is None and (locked := self._turn_rows.get(root)) is not None:  # the root's row, read with its lock
-            known = _tool_counts(locked.tree_tool_executions_by_name)
+        known = self._known_tool_counts(turn_id)
         if known is None:
             return None
-        counts = {**known, tool_name: known.get(tool_name, 0) + 1}
+        root, by_name = known
+        counts = {**by_name, tool_name: by_name.get(tool_name, 0) + 1}
         params = {**_prefixed("e_", _row_values(row)), "b_uid": root, "add_tools": 1, "by_name": counts}
         self._turn_rows.pop(root, None)  # its tree totals change
         inserted = (await self.connection.execute(sql.CREATE_COUNTED_EXECUTION, params)).scalar()
@@ -1458,16 +1458,7 @@ class StoreTx:
         written = execution.model_copy(
             update={"status": "completed", "result": stored, "completed_at": completed_at, "updated_at": now}
         )
-        content, metadata = result_message(written)
-        row = _message_row(
-            conversation_id,
-            role="tool",
-            kind="tool_result",
-            parts=[dict(part) for part in content],
-            turn_id=execution.turn_id,
-            tool_execution_id=execution.id,
-            metadata=metadata,
-        )
+        row = _tool_result_row(conversation_id, execution.turn_id, execution.id, *result_message(written))
         params = {
             **_prefixed("m_", _row_values(row)),
             "b_uid": execution.id,
@@ -1900,6 +1891,26 @@ def _message_row(
         request_uid=request_id,
         created_at=now,
         updated_at=now,
+    )
+
+
+def _tool_result_row(
+    conversation_id: str,
+    turn_id: str,
+    tool_execution_id: str,
+    content: Sequence[dict[str, Any]],
+    metadata: dict[str, Any],
+) -> MessageRow:
+    """The row of an execution's tool-result message (role ``tool``, kind ``tool_result``)."""
+    parts = [dict(part) for part in content]
+    return _message_row(
+        conversation_id,
+        role="tool",
+        kind="tool_result",
+        parts=parts,
+        turn_id=turn_id,
+        tool_execution_id=tool_execution_id,
+        metadata=metadata,
     )
 
 
