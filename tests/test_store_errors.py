@@ -28,9 +28,9 @@ from turnkit.store.errors import (
     transient_store_error,
     unavailable_message,
 )
+from turnkit.store.rows import insert_columns, row_values
 from turnkit.store.schema import ConversationRow
 from turnkit.store.storable import UnstorableValue, storable
-from turnkit.store.store import _insert_columns, _row_values  # pyright: ignore[reportPrivateUsage]
 
 SECRET = "secret-value-7f3a"
 
@@ -263,7 +263,7 @@ async def test_a_constraint_sqlite_enforces_on_the_direct_path_is_deterministic(
         pytest.skip("SQLite's inline path; PostgreSQL: test_a_value_postgresql_rejects_on_the_direct_path_…")
     conversation = await store.create_conversation(agent_name="agent")
     now = datetime.now(UTC)
-    duplicate = _row_values(
+    duplicate = row_values(
         ConversationRow(uid=conversation.id, agent_name="agent", metadata_={}, created_at=now, updated_at=now)
     )
     ran_on_sqlite3: list[bool] = []
@@ -277,7 +277,7 @@ async def test_a_constraint_sqlite_enforces_on_the_direct_path_is_deterministic(
         for _ in range(2):
             with pytest.raises(IntegrityError) as failure:
                 async with store.atomic() as tx:
-                    await tx.connection.execute(_insert_columns(ConversationRow)[0], duplicate)
+                    await tx.connection.execute(insert_columns(ConversationRow)[0], duplicate)
             assert deterministic_store_error(failure.value), failure.value
             assert "UNIQUE constraint failed" in store_failure_message(failure.value)
     finally:

@@ -30,9 +30,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit.budget import counts_against_budget, limits_of
 from turnkit.payloads import LaneStatus
 from turnkit.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.store.rows import tool_execution_record, turn_record
 from turnkit.store.schema import DeliveryRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.statements import whole_rows
-from turnkit.store.store import Store, _tool_execution, _turn, utcnow  # pyright: ignore[reportPrivateUsage]
+from turnkit.store.store import Store, utcnow
 
 __all__ = [
     "ACTIVE_TURNS",
@@ -303,11 +304,11 @@ async def _workflows(ctx: _Context) -> None:
             or_(TurnRow.submitted_at.is_not(None), TurnRow.status == "running"),
             _recent(TurnRow.updated_at, ctx),
         )
-        turns = [_turn(row) for row in await tx.connection.execute(unfinished)]
+        turns = [turn_record(row) for row in await tx.connection.execute(unfinished)]
         running = whole_rows(ToolExecutionRow).where(
             ToolExecutionRow.status == "running", _recent(ToolExecutionRow.updated_at, ctx)
         )
-        open_executions = [_tool_execution(row) for row in await tx.connection.execute(running)]
+        open_executions = [tool_execution_record(row) for row in await tx.connection.execute(running)]
     states = await workflow_states(ctx.client, [t.id for t in turns] + [e.turn_id for e in open_executions])
     roots = [t for t in turns if t.parent_turn_id is None and states[t.id] != "running"]
     lanes = await lane_statuses(ctx.client, [t.conversation_id for t in roots])
@@ -384,10 +385,10 @@ async def _waits(ctx: _Context) -> None:
     """A waiting turn whose targets all ended (and long enough ago for its wake-up to land) waits for nothing."""
     async with ctx.store.atomic() as tx:
         waiting = whole_rows(TurnRow).where(TurnRow.status == "waiting", _recent(TurnRow.updated_at, ctx))
-        waiters = [_turn(row) for row in await tx.connection.execute(waiting)]
+        waiters = [turn_record(row) for row in await tx.connection.execute(waiting)]
         target_ids = {t for w in waiters for t in w.options.state.waiting_on or []}
         targets = {
-            row.uid: _turn(row)
+            row.uid: turn_record(row)
             for row in await tx.connection.execute(whole_rows(TurnRow).where(TurnRow.uid.in_(list(target_ids))))
         }
     for waiter in waiters:
@@ -406,12 +407,12 @@ async def _budgets(ctx: _Context) -> None:
     async with ctx.store.atomic() as tx:
         trees: dict[str, list[TurnRecord]] = defaultdict(list)
         for row in await tx.connection.execute(whole_rows(TurnRow).where(TurnRow.root_turn_uid.in_(root_ids))):
-            trees[row.root_turn_uid].append(_turn(row))
+            trees[row.root_turn_uid].append(turn_record(row))
         roots = {root_id: turn for root_id, tree in trees.items() for turn in tree if turn.id == root_id}
         tree_of = {turn.id: root_id for root_id, tree in trees.items() for turn in tree}
         in_trees = select(TurnRow.uid).where(TurnRow.root_turn_uid.in_(root_ids))
         executions = [
-            _tool_execution(row)
+            tool_execution_record(row)
             for row in await tx.connection.execute(
                 whole_rows(ToolExecutionRow).where(ToolExecutionRow.turn_uid.in_(in_trees))
             )

@@ -10,49 +10,38 @@ Two rules hold for every write here:
 ``Store.atomic()`` opens one transaction (a :class:`StoreTx`) and can take row locks: the conversation row
 (message sequences, the lane) and the root turn row (root-tree budgets). On PostgreSQL those are ``SELECT … FOR
 UPDATE``; on SQLite every write transaction is ``BEGIN IMMEDIATE``, which serialises writers database-wide.
+
+The statements are in ``turnkit/store/statements.py``, a row's values in and out (records of rows, new rows, their
+checks) in ``turnkit/store/rows.py``, and the engine a store opens in ``turnkit/store/engine.py``.
 """
 
 from __future__ import annotations
 
 import contextvars
-import functools
 import hashlib
-import os
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Final, Literal, Required, TypedDict, TypeVar, Unpack, cast, overload
+from typing import Any, Final, Literal, TypeVar, Unpack, cast, overload
 
 from sqlalchemy import (
-    Column,
-    Insert,
     Select,
-    Table,
     delete,
-    event,
-    inspect,
     select,
     text,
 )
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, CursorResult, Engine, Row, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.sql.schema import ColumnDefault
+from sqlalchemy.engine import CursorResult, Engine, Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import turnkit.store.statements as sql
 from turnkit.errors import RecordNotFound, ToolError
 from turnkit.ids import new_id
 from turnkit.records import (
-    MESSAGE_KINDS,
-    MESSAGE_ROLES,
     OPEN_EXECUTION_STATUSES,
-    TOOL_EXECUTION_STATUSES,
-    TURN_STATUSES,
     ConversationRecord,
     DeliveryRecord,
     MediaRecord,
@@ -66,8 +55,36 @@ from turnkit.records import (
     counts_against_budget,
 )
 from turnkit.store.direct import DirectStatements
-from turnkit.store.idle_ping import ping_when_idle
+from turnkit.store.engine import sqlite_file, store_engine
 from turnkit.store.postgres_direct import DirectConnection
+from turnkit.store.rows import (
+    TOOL_EXECUTION_UPDATE_FIELDS,
+    NewMessage,
+    canonical_json,
+    check_tool_status,
+    check_turn_status,
+    conversation_record,
+    delivery_record,
+    insert_columns,
+    insert_skipping_conflicts,
+    iterations_of,
+    media_id_for,
+    media_record,
+    message_record,
+    money,
+    new_message_row,
+    prefixed,
+    row_values,
+    rowcount,
+    str_or_none,
+    tool_counts_of,
+    tool_execution_record,
+    tool_result_row,
+    turn_record,
+    turn_values,
+    utcnow,
+    wait_record,
+)
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -79,8 +96,6 @@ from turnkit.store.schema import (
     WaitRow,
 )
 from turnkit.store.sqlite_inline import InlineConnection, InlineSQLite
-from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
-from turnkit.store.storable import storable, storable_text
 from turnkit.turn_state import TurnOptions
 
 __all__ = [
@@ -96,34 +111,9 @@ __all__ = [
 ]
 
 DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
-#: PostgreSQL connections a store's pool keeps open (``TURNKIT_DB_POOL_SIZE``), and how many more it may open for a
-#: moment (``TURNKIT_DB_MAX_OVERFLOW``). SQLAlchemy's defaults (5 and 10) fit a web request's handler, not a worker
-#: whose activities run dozens of store transactions at once: a connection beyond the pool's size is closed when it
-#: is returned, so a burst of 40 turns in one process opened and closed 34 connections (10 with these sizes), each
-#: an asyncpg connect of several round trips, its type introspection, and a PostgreSQL backend started and stopped.
-POOL_SIZE: Final = 20
-MAX_OVERFLOW: Final = 10
 #: How many conversation rows a store keeps in memory for later reads (Store.conversation_rows): about 1 KB each.
 CONVERSATIONS_KEPT: Final = 10_000
 
-TURN_UPDATE_FIELDS: Final = frozenset(
-    {
-        "status",
-        "options",
-        "usage",
-        "cost",
-        "error",
-        "output_text",
-        "output_data",
-        "submitted_at",
-        "claim_token",
-        "started_at",
-        "heartbeat_at",
-        "completed_at",
-    }
-)
-TOOL_EXECUTION_UPDATE_FIELDS: Final = frozenset({"status", "result", "error", "started_at", "completed_at"})
-DELIVERY_UPDATE_FIELDS: Final = frozenset({"message_id", "delivered_at"})
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
 
@@ -151,39 +141,11 @@ def in_transaction() -> bool:
     return _current_tx.get() is not None
 
 
-def utcnow() -> datetime:
-    """The current time in UTC (store timestamps are always aware UTC)."""
-    return datetime.now(UTC)
-
-
-def canonical_json(value: Any) -> Any:
-    """A JSON deep copy with string keys, so that equal payloads compare equal (spec T76).
-
-    It is also storable on every backend alike (issue 8 items 1, 11): NaN and infinities become null, NUL and lone
-    surrogates U+FFFD (see :func:`turnkit.store.storable.storable`); a circular value raises ``UnstorableValue``.
-    """
-    return storable(value)
-
-
 @asynccontextmanager
 async def _autocommitted(store: Store, engine: AsyncEngine) -> AsyncGenerator[StoreTx, None]:
     """A StoreTx whose statements each commit alone (``engine`` in autocommit)."""
     async with engine.connect() as connection:
         yield StoreTx(store, store.direct_connection(connection))
-
-
-class NewMessage(TypedDict, total=False):
-    """A message to append (:meth:`StoreTx.append_message`'s arguments after the conversation's id)."""
-
-    role: Required[str]
-    kind: str  # "text" when not given
-    content: Sequence[dict[str, Any]] | None
-    text: str | None
-    turn_id: str | None
-    tool_execution_id: str | None
-    metadata: dict[str, Any] | None
-    id: str | None
-    request_id: str | None
 
 
 @dataclass(frozen=True)
@@ -337,11 +299,11 @@ class Store:
         on the inline path).
         """
         url = url or DEFAULT_DATABASE_URL
-        engine = _create_engine(url, echo=echo)
+        engine = store_engine(url, echo=echo)
         store = cls(engine, direct=direct)
         if migrate:
             await store.migrate()
-        path = _sqlite_file(url) if sqlite_inline else None
+        path = sqlite_file(url) if sqlite_inline else None
         if path is not None:
             store.inline = InlineSQLite.open(path, echo=echo, direct=direct)
         return store
@@ -698,13 +660,13 @@ class StoreTx:
         the CPU of the statement itself, for objects nothing changes afterwards (CPU per turn, issue 9). The object
         is a plain carrier of the row's values; no session tracks it.
         """
-        values = _row_values(row)
+        values = row_values(row)
         if skip_conflict:
-            inserted = (await self.connection.execute(_insert_skipping_conflicts(type(row)), values)).first()
+            inserted = (await self.connection.execute(insert_skipping_conflicts(type(row)), values)).first()
             if inserted is not None and getattr(row, "id", None) is None:
                 row.id = inserted[0]  # pyright: ignore[reportAttributeAccessIssue]
             return inserted is not None
-        insert, _, returning = _insert_columns(type(row))
+        insert, _, returning = insert_columns(type(row))
         if self.store.dialect == "postgresql" and getattr(row, "id", None) is None:
             # The generated key with an explicit RETURNING, which the direct path runs; SQLAlchemy's implicit one
             # (what ``inserted_primary_key`` reads on PostgreSQL) only its own execution context can (direct.py).
@@ -738,8 +700,8 @@ class StoreTx:
                 uid=uid,
                 agent_name=agent_name,
                 model=model,
-                subject_type=None if subject is None else _str_or_none(subject.get("type")),
-                subject_id=None if subject is None else _str_or_none(subject.get("id")),
+                subject_type=None if subject is None else str_or_none(subject.get("type")),
+                subject_id=None if subject is None else str_or_none(subject.get("id")),
                 metadata_=canonical_json(metadata or {}),
                 created_at=now,
                 updated_at=now,
@@ -750,7 +712,7 @@ class StoreTx:
         )
         if created:
             self._created_conversations.add(uid)  # not committed yet: the store does not keep it (load_conversation)
-        return _conversation(row)
+        return conversation_record(row)
 
     async def load_conversation(self, conversation_id: str) -> ConversationRecord:
         """The conversation; raises :class:`RecordNotFound` when absent."""
@@ -760,7 +722,7 @@ class StoreTx:
             if row is None:
                 raise RecordNotFound(f"conversation not found: {conversation_id}")
             self._remember_conversation(row)
-        return _conversation(row)
+        return conversation_record(row)
 
     def _remember_conversation(self, row: Row[Any]) -> None:
         """Keep a conversation row for the next reads of it: conversation rows never change once written. The store
@@ -789,7 +751,7 @@ class StoreTx:
         stored message is returned and nothing is written. ``request_id`` marks an assistant response as the answer
         to that model request (found again with :meth:`find_response`).
         """
-        row = _new_message_row(conversation_id, message)
+        row = new_message_row(conversation_id, message)
         appended, _ = await self._append(row, unless=None if message.get("id") is None else "uid")
         return appended
 
@@ -803,7 +765,7 @@ class StoreTx:
         lock), both writes are one statement (``statements.turn_update_appending``): a model call's response and its
         charge, one round trip fewer. Elsewhere, two.
         """
-        row = _new_message_row(conversation_id, message)
+        row = new_message_row(conversation_id, message)
         unless: Literal["uid"] | None = None if message.get("id") is None else "uid"
         if (
             self.store.dialect != "postgresql"
@@ -814,9 +776,9 @@ class StoreTx:
             appended, _ = await self._append(row, unless=unless)
             return appended, await self.update_turn(turn_id, **turn_updates)
         self._looked.clear()  # a look answers reads of what was there before this transaction wrote
-        values = _turn_values(turn_updates)
+        values = turn_values(turn_updates)
         other_root = await self._count_turn_change(turn_id, values)  # known: no statement
-        params = {**values, "b_uid": turn_id, **_prefixed("m_", _row_values(row))}
+        params = {**values, "b_uid": turn_id, **prefixed("m_", row_values(row))}
         statement = sql.turn_update_appending(params, new=unless is None)
         self._forget_turn(turn_id)
         found = (await self.connection.execute(statement, params)).one_or_none()
@@ -829,9 +791,9 @@ class StoreTx:
             appended, _ = await self._append(row, unless=unless)
         else:
             row.id, row.sequence = found.message_id, found.message_sequence
-            appended = _message(row)
+            appended = message_record(row)
         await self._add_to_tree(*other_root)
-        return appended, _turn(found)
+        return appended, turn_record(found)
 
     async def append_tool_result(
         self,
@@ -844,7 +806,7 @@ class StoreTx:
     ) -> tuple[MessageRecord, bool]:
         """Append the tool-result message of ``tool_execution_id`` (role ``tool``, kind ``tool_result``) unless the
         execution has a message already: ``(message, True)``, or ``(that message, False)`` with nothing written."""
-        row = _tool_result_row(conversation_id, turn_id, tool_execution_id, content, metadata)
+        row = tool_result_row(conversation_id, turn_id, tool_execution_id, content, metadata)
         return await self._append(row, unless="tool_execution")
 
     async def _append(
@@ -869,25 +831,25 @@ class StoreTx:
             # The conversation's latest sequence, its existence, the existing message's absence and the insert in one
             # statement (issue 9); only when no row comes back, a read tells an existing message from a missing
             # conversation.
-            inserted = (await self.connection.execute(statement, _row_values(row))).first()
+            inserted = (await self.connection.execute(statement, row_values(row))).first()
             if inserted is None:
                 found = None if existing is None else await self._read_one(existing[0], uid=existing[1])
                 if found is None:
                     raise RecordNotFound(f"conversation not found: {conversation_id}")
-                return _message(found), False
+                return message_record(found), False
             row.id, row.sequence = inserted
-            return _message(row), True
+            return message_record(row), True
         # A SQLite without INSERT … RETURNING (before 3.35): the same in two or three statements.
         if existing is not None:
             found = await self._read_one(existing[0], uid=existing[1])
             if found is not None:
-                return _message(found), False
+                return message_record(found), False
         latest = await self._read_one(sql.CONVERSATION_AND_LATEST_SEQUENCE, uid=conversation_id)
         if latest is None:
             raise RecordNotFound(f"conversation not found: {conversation_id}")
         row.sequence = int(latest.latest or 0) + 1
         await self._insert(row)
-        return _message(row), True
+        return message_record(row), True
 
     async def latest_message_sequence(self, conversation_id: str) -> int:
         """The highest sequence in the conversation, 0 when it has no messages."""
@@ -899,7 +861,7 @@ class StoreTx:
         row = await self._read_one(sql.MESSAGE_BY_UID, uid=message_id)
         if row is None:
             raise RecordNotFound(f"message not found: {message_id}")
-        return _message(row)
+        return message_record(row)
 
     async def list_messages(
         self,
@@ -919,11 +881,11 @@ class StoreTx:
         )
         params = {"uid": conversation_id, "through": through_sequence, "turn_uid": turn_id, "after": after_sequence}
         rows = await self._read_all(query, **{key: value for key, value in params.items() if value is not None})
-        return [_message(row) for row in rows]
+        return [message_record(row) for row in rows]
 
     async def list_turn_messages(self, turn_id: str) -> list[MessageRecord]:
         """The messages a turn wrote (its ``turn_id``), in sequence order."""
-        return [_message(row) for row in await self._read_all(sql.TURN_MESSAGES, uid=turn_id)]
+        return [message_record(row) for row in await self._read_all(sql.TURN_MESSAGES, uid=turn_id)]
 
     async def find_response(self, turn_id: str, request_id: str, *, kind: str | None = None) -> MessageRecord | None:
         """The assistant response a turn persisted for model request ``request_id`` (an indexed lookup), or None.
@@ -934,20 +896,20 @@ class StoreTx:
         if kind != "context_summary":
             looked = self._take_look("response", turn_id, request_id)
             if looked is not None:
-                return None if looked is _ABSENT else _message(looked)
+                return None if looked is _ABSENT else message_record(looked)
         query = sql.SUMMARY_FOR if kind == "context_summary" else sql.RESPONSE_TO
         row = await self._read_one(query, turn_uid=turn_id, request_uid=request_id)
-        return None if row is None else _message(row)
+        return None if row is None else message_record(row)
 
     async def latest_response(self, turn_id: str) -> MessageRecord | None:
         """The turn's latest assistant response to a model request (an indexed lookup), or None."""
         row = self._take_look("latest", turn_id) or await self._read_one(sql.LATEST_RESPONSE, turn_uid=turn_id)
-        return None if row is None else _message(row)
+        return None if row is None else message_record(row)
 
     async def tool_result_message(self, tool_execution_id: str) -> MessageRecord | None:
         """The tool-result message of an execution, if one was appended."""
         row = await self._read_one(sql.TOOL_RESULT_MESSAGE, uid=tool_execution_id)
-        return None if row is None else _message(row)
+        return None if row is None else message_record(row)
 
     # Turns -------------------------------------------------------------------------------------------------------
 
@@ -973,7 +935,7 @@ class StoreTx:
         ``found_absent=True``: the caller found no turn ``id`` in this transaction, so it is not looked for again.
         ``direct=True``: ``ask`` starts it without the conversation's lane (:meth:`turns_outside_lane`).
         """
-        _check_turn_status(status)
+        check_turn_status(status)
         turn_id = id or new_id("turn")
 
         def build() -> TurnRow:
@@ -1003,8 +965,8 @@ class StoreTx:
             found_absent=found_absent,
         )
         if created:
-            await self._add_to_tree(row.root_turn_uid, _iterations(row.options))
-        return _turn(row)
+            await self._add_to_tree(row.root_turn_uid, iterations_of(row.options))
+        return turn_record(row)
 
     async def load_turn(self, turn_id: str) -> TurnRecord:
         """The turn; raises :class:`RecordNotFound` when absent."""
@@ -1022,7 +984,7 @@ class StoreTx:
         if row.uid != turn_id:
             return None, True
         self._remember_counts(row)
-        return _turn(row), True
+        return turn_record(row), True
 
     async def find_turn(self, turn_id: str) -> TurnRecord | None:
         """The turn, or None when absent."""
@@ -1032,7 +994,7 @@ class StoreTx:
             if row is None:
                 return None
             self._remember_counts(row)
-        return _turn(row)
+        return turn_record(row)
 
     def _remember_counts(self, row: Row[Any]) -> None:
         """Keep a whole turn row (``TURN_BY_UID``, ``LOCK_TURN``, ``TURN_RETURNING``) for the transaction's next reads
@@ -1043,7 +1005,7 @@ class StoreTx:
         if self.connection.in_nested_transaction():
             self._forget_turn(row.uid)
         elif self._unchanging(row.uid):
-            self._turn_counts[row.uid] = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
+            self._turn_counts[row.uid] = (row.root_turn_uid, iterations_of(row.options), money(row.cost))
             self._turn_rows[row.uid] = row
 
     def _forget_turn(self, turn_id: str) -> None:
@@ -1059,7 +1021,7 @@ class StoreTx:
     async def find_child_turn(self, parent_tool_execution_id: str) -> TurnRecord | None:
         """The child turn a tool execution created (sub-agent delegation or launch), or None."""
         row = await self._read_one(sql.CHILD_TURN, uid=parent_tool_execution_id)
-        return None if row is None else _turn(row)
+        return None if row is None else turn_record(row)
 
     async def lock_wait_graph(self) -> None:
         """Serialise wait-graph changes store-wide (behaviour §2.9 ``atomic_graph``) until the transaction ends.
@@ -1071,7 +1033,7 @@ class StoreTx:
 
     async def update_turn(self, turn_id: str, **attrs: Any) -> TurnRecord:
         """Update whitelisted fields (behaviour §2.8) and touch ``updated_at``."""
-        values = _turn_values(attrs)
+        values = turn_values(attrs)
         other_root = await self._count_turn_change(turn_id, values)
         updated = await self._update_turn_row(turn_id, values)
         if updated is None:
@@ -1090,8 +1052,8 @@ class StoreTx:
         """Compare-and-set the status: ``from_`` (one status or several) → ``to``. None when the CAS lost."""
         expected = [from_] if isinstance(from_, str) else list(from_)
         for status in [*expected, to]:
-            _check_turn_status(status)
-        values = _turn_values({**attrs, "status": to})
+            check_turn_status(status)
+        values = turn_values({**attrs, "status": to})
         other_root = await self._count_turn_change(turn_id, values)
         updated = await self._update_turn_row(turn_id, values, expected=expected)
         if updated is None:
@@ -1114,14 +1076,14 @@ class StoreTx:
         self._forget_turn(turn_id)
         if not returning:
             self._turn_counts.clear()
-            return True if _rowcount(await self.connection.execute(statement, params)) else None
+            return True if rowcount(await self.connection.execute(statement, params)) else None
         row = (await self.connection.execute(statement, params)).one_or_none()
         if row is None:
             return None
         if self.store.dialect == "postgresql" and not self.connection.in_nested_transaction():
             self._locked.add(("turn", row.uid))  # the UPDATE holds the row's lock until the transaction ends
         self._remember_counts(row)
-        return _turn(row)
+        return turn_record(row)
 
     # Root-tree counters (behaviour §6.3): the sums over a tree's records, kept on its root row ----------------------
 
@@ -1172,10 +1134,10 @@ class StoreTx:
             row = await self._read_one(query, uid=turn_id)
             if row is None:
                 return None, 0, _ZERO
-            known = (row.root_turn_uid, _iterations(row.options), _money(row.cost))
+            known = (row.root_turn_uid, iterations_of(row.options), money(row.cost))
         root, old_iterations, old_cost = known
-        iterations = _iterations(values["options"]) - old_iterations if "options" in values else 0
-        cost = _money(values["cost"]) - old_cost if "cost" in values else _ZERO
+        iterations = iterations_of(values["options"]) - old_iterations if "options" in values else 0
+        cost = money(values["cost"]) - old_cost if "cost" in values else _ZERO
         if root == turn_id:
             values.update(sql.tree_increments(iterations, cost))
             return None, 0, _ZERO
@@ -1198,7 +1160,7 @@ class StoreTx:
                 return  # a turn whose root row is gone counts nowhere (as in the sums over the records)
             if self.store.dialect == "postgresql" and not self.connection.in_nested_transaction():
                 self._locked.add(("turn", row.uid))
-            known = row.uid, _tool_counts(row.tree_tool_executions_by_name)
+            known = row.uid, tool_counts_of(row.tree_tool_executions_by_name)
         root, by_name = known
         counts = {**by_name, tool_name: by_name.get(tool_name, 0) + delta}
         self._turn_rows.pop(root, None)  # its tree totals change
@@ -1214,7 +1176,7 @@ class StoreTx:
             return None
         known = self._tool_counts.get(root)
         if known is None and (row := self._turn_rows.get(root)) is not None:
-            known = _tool_counts(row.tree_tool_executions_by_name)
+            known = tool_counts_of(row.tree_tool_executions_by_name)
         return None if known is None else (root, known)
 
     def _remember_tool_counts(self, root_turn_id: str, by_name: dict[str, Any] | None) -> None:
@@ -1223,7 +1185,7 @@ class StoreTx:
         if self.connection.in_nested_transaction():
             self._tool_counts.pop(root_turn_id, None)
         elif self._unchanging(root_turn_id):
-            self._tool_counts[root_turn_id] = _tool_counts(by_name)
+            self._tool_counts[root_turn_id] = tool_counts_of(by_name)
 
     async def list_turns(
         self,
@@ -1251,7 +1213,7 @@ class StoreTx:
             query = query.where(turns.conversation_uid == conversation_id)
         if agent_name is not None:
             query = query.where(turns.agent_name == agent_name)
-        return [_turn(row) for row in await self._read_all(query.order_by(turns.created_at, turns.id))]
+        return [turn_record(row) for row in await self._read_all(query.order_by(turns.created_at, turns.id))]
 
     async def turns_outside_lane(self, conversation_id: str) -> OutsideLane:
         """The active turns of the conversation that its lane does not run: whether a sub-agent's is (started by its
@@ -1262,7 +1224,7 @@ class StoreTx:
         (docs/design.md), so a conversation has one active turn at a time. One prebuilt statement (every submit asks).
         """
         rows = (await self.connection.execute(sql.TURNS_OUTSIDE_LANE, {"uid": conversation_id})).all()
-        direct = next((_turn(row) for row in rows if row.direct), None)
+        direct = next((turn_record(row) for row in rows if row.direct), None)
         return OutsideLane(sub_agent=any(row.parent_turn_uid is not None for row in rows), direct=direct)
 
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
@@ -1272,7 +1234,7 @@ class StoreTx:
         query = sql.whole_rows(TurnRow).where(turns.submitted_at.is_not(None)).order_by(turns.created_at, turns.id)
         if limit is not None:
             query = query.limit(limit)
-        return [_turn(row) for row in await self._read_all(query)]
+        return [turn_record(row) for row in await self._read_all(query)]
 
     # Tool executions ---------------------------------------------------------------------------------------------
 
@@ -1295,7 +1257,7 @@ class StoreTx:
         ``found_absent=True``: the caller found no execution for the call in this transaction (under the root turn's
         lock), so it is not looked for again (a concurrent creator is still handled, see ``_get_or_create``).
         """
-        _check_tool_status(status)
+        check_tool_status(status)
         self._looked.clear()  # a look answers reads of what was there before this transaction wrote
 
         def build() -> ToolExecutionRow:
@@ -1327,7 +1289,7 @@ class StoreTx:
         )
         if created and counts_against_budget(row.status, row.error):
             await self._count_execution(turn_id, tool_name, 1)
-        return _tool_execution(row), created
+        return tool_execution_record(row), created
 
     async def _create_counted_execution(
         self, row: ToolExecutionRow, turn_id: str, tool_name: str
@@ -1343,14 +1305,14 @@ class StoreTx:
             return None
         root, by_name = known
         counts = {**by_name, tool_name: by_name.get(tool_name, 0) + 1}
-        params = {**_prefixed("e_", _row_values(row)), "b_uid": root, "add_tools": 1, "by_name": counts}
+        params = {**prefixed("e_", row_values(row)), "b_uid": root, "add_tools": 1, "by_name": counts}
         self._turn_rows.pop(root, None)  # its tree totals change
         inserted = (await self.connection.execute(sql.CREATE_COUNTED_EXECUTION, params)).scalar()
         if inserted is None:
             return None
         row.id = inserted
         self._remember_tool_counts(root, counts)
-        return _tool_execution(row)
+        return tool_execution_record(row)
 
     async def existing_call_ids(self, turn_id: str, tool_call_ids: Iterable[str]) -> set[str]:
         """Which of ``tool_call_ids`` already have an execution in the turn (an indexed lookup of those ids only)."""
@@ -1369,14 +1331,14 @@ class StoreTx:
         if looked is _ABSENT:
             return None
         row = looked or await self._read_one(sql.EXECUTION_BY_CALL, turn_uid=turn_id, tool_call_id=tool_call_id)
-        return None if row is None else _tool_execution(row)
+        return None if row is None else tool_execution_record(row)
 
     async def load_tool_execution(self, execution_id: str) -> ToolExecutionRecord:
         """The execution; raises :class:`RecordNotFound` when absent."""
         row = await self._read_one(sql.EXECUTION_BY_UID, uid=execution_id)
         if row is None:
             raise RecordNotFound(f"tool execution not found: {execution_id}")
-        return _tool_execution(row)
+        return tool_execution_record(row)
 
     async def claim_tool_execution(
         self,
@@ -1389,7 +1351,7 @@ class StoreTx:
         """Compare-and-set an execution's status (first commit wins). None when the CAS lost."""
         expected = [from_] if isinstance(from_, str) else list(from_)
         for status in [*expected, to]:
-            _check_tool_status(status)
+            check_tool_status(status)
         self._looked.clear()  # a look answers reads of what was there before this transaction wrote
         unknown = set(attrs) - TOOL_EXECUTION_UPDATE_FIELDS
         if unknown:
@@ -1409,9 +1371,9 @@ class StoreTx:
             row = (await self.connection.execute(sql.CLAIM_EXECUTION_RETURNING, params)).one_or_none()
             if row is None:
                 return None
-            settled = _tool_execution(row)
+            settled = tool_execution_record(row)
         else:
-            if _rowcount(await self.connection.execute(sql.CLAIM_EXECUTION, params)) == 0:
+            if rowcount(await self.connection.execute(sql.CLAIM_EXECUTION, params)) == 0:
                 return None
             settled = await self.load_tool_execution(execution_id)
         delta = int(settled.counts_against_budget) - int(counted_before)
@@ -1458,9 +1420,9 @@ class StoreTx:
         written = execution.model_copy(
             update={"status": "completed", "result": stored, "completed_at": completed_at, "updated_at": now}
         )
-        row = _tool_result_row(conversation_id, execution.turn_id, execution.id, *result_message(written))
+        row = tool_result_row(conversation_id, execution.turn_id, execution.id, *result_message(written))
         params = {
-            **_prefixed("m_", _row_values(row)),
+            **prefixed("m_", row_values(row)),
             "b_uid": execution.id,
             "b_expected": list(OPEN_EXECUTION_STATUSES),
             "s_status": "completed",
@@ -1471,7 +1433,7 @@ class StoreTx:
         found = (await self.connection.execute(sql.COMPLETE_EXECUTION_WITH_RESULT, params)).first()
         if found is None:
             return None
-        settled = _tool_execution(found)
+        settled = tool_execution_record(found)
         # Open executions count against the budget; a completed one without an error still does (no change).
         await self._count_execution(settled.turn_id, settled.tool_name, int(settled.counts_against_budget) - 1)
         if found.message_id is None:
@@ -1480,7 +1442,7 @@ class StoreTx:
             message, created = await self._append(row, unless="tool_execution")
             return settled, message, created
         row.id, row.sequence = found.message_id, found.message_sequence
-        return settled, _message(row), True
+        return settled, message_record(row), True
 
     async def lock_tool_execution(self, execution_id: str) -> None:
         """Lock an execution row until the transaction ends (a no-op on SQLite)."""
@@ -1499,7 +1461,7 @@ class StoreTx:
             tree = select(sql.TURNS.c.uid).where(sql.TURNS.c.root_turn_uid == root_turn_id)
             query = query.where(executions.turn_uid.in_(tree))
         rows = await self._read_all(query.order_by(executions.created_at, executions.id))
-        return [_tool_execution(row) for row in rows]
+        return [tool_execution_record(row) for row in rows]
 
     # Deliveries --------------------------------------------------------------------------------------------------
 
@@ -1536,7 +1498,7 @@ class StoreTx:
 
         existing, created = await self._get_or_create(lambda: self._read_one(sql.DELIVERY_BY_KEY, key=key), build)
         if created:
-            return _delivery(existing), True
+            return delivery_record(existing), True
         same = (
             existing.source_conversation_uid == source_conversation_id
             and existing.destination_conversation_uid == destination_conversation_id
@@ -1545,19 +1507,19 @@ class StoreTx:
         )
         if not same:
             raise ToolError("delivery key is already used for a different message")
-        return _delivery(existing), False
+        return delivery_record(existing), False
 
     async def find_delivery(self, key: str) -> DeliveryRecord | None:
         """The delivery with this idempotency key, or None."""
         row = await self._read_one(sql.DELIVERY_BY_KEY, key=key)
-        return None if row is None else _delivery(row)
+        return None if row is None else delivery_record(row)
 
     async def load_delivery(self, delivery_id: str) -> DeliveryRecord:
         """The delivery; raises :class:`RecordNotFound` when absent."""
         row = await self._read_one(sql.DELIVERY_BY_UID, uid=delivery_id)
         if row is None:
             raise RecordNotFound(f"delivery not found: {delivery_id}")
-        return _delivery(row)
+        return delivery_record(row)
 
     async def mark_delivered(self, delivery_id: str, *, message_id: str) -> DeliveryRecord | None:
         """Compare-and-set ``delivered_at`` from NULL. None when it was already delivered."""
@@ -1566,7 +1528,7 @@ class StoreTx:
             sql.MARK_DELIVERED,
             {"b_uid": delivery_id, "message_uid": message_id, "delivered_at": now, "updated_at": now},
         )
-        if _rowcount(result) == 0:
+        if rowcount(result) == 0:
             return None
         return await self.load_delivery(delivery_id)
 
@@ -1590,7 +1552,7 @@ class StoreTx:
         query = query.order_by(deliveries.created_at, deliveries.id)
         if limit is not None:
             query = query.limit(limit)
-        return [_delivery(row) for row in await self._read_all(query)]
+        return [delivery_record(row) for row in await self._read_all(query)]
 
     # Waits -------------------------------------------------------------------------------------------------------
 
@@ -1605,20 +1567,22 @@ class StoreTx:
             return WaitRow(turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
 
         row, created = await self._get_or_create(find, build)
-        return _wait(row), created
+        return wait_record(row), created
 
     async def list_waits(self, *, turn_id: str | None = None, target_turn_id: str | None = None) -> list[WaitRecord]:
         """Wait edges matching the filters, in creation order."""
         if (turn_id is None) != (target_turn_id is None):  # the hot cases: one filter, a prebuilt statement
             query = sql.WAITS_OF_TURN if turn_id is not None else sql.WAITS_ON_TARGET
-            return [_wait(row) for row in await self.connection.execute(query, {"uid": turn_id or target_turn_id})]
+            return [
+                wait_record(row) for row in await self.connection.execute(query, {"uid": turn_id or target_turn_id})
+            ]
         waits = sql.WAITS.c
         query = sql.whole_rows(WaitRow)
         if turn_id is not None:
             query = query.where(waits.turn_uid == turn_id)
         if target_turn_id is not None:
             query = query.where(waits.target_turn_uid == target_turn_id)
-        return [_wait(row) for row in await self._read_all(query.order_by(waits.id))]
+        return [wait_record(row) for row in await self._read_all(query.order_by(waits.id))]
 
     # Staged inputs -----------------------------------------------------------------------------------------------
 
@@ -1675,7 +1639,7 @@ class StoreTx:
             )
 
         row, _ = await self._get_or_create(lambda: self._read_one(sql.MEDIA_BY_UID, uid=media_id), build)
-        return _media(row)
+        return media_record(row)
 
     async def load_media(self, media_id: str) -> MediaRecord:
         """The reference of a stored media item; raises :class:`RecordNotFound` when absent."""
@@ -1697,353 +1661,3 @@ class StoreTx:
         if data is None:
             raise RecordNotFound(f"media not found: {media_id}")
         return bytes(data)
-
-
-def media_id_for(sha256: str) -> str:
-    """The id of the media item whose bytes have this SHA-256 hex digest."""
-    return f"media_{sha256[:24]}"
-
-
-def _media(row: MediaRow | Row[Any]) -> MediaRecord:
-    return MediaRecord(
-        id=row.uid, mime_type=row.mime_type, byte_size=row.byte_size, sha256=row.sha256, filename=row.filename
-    )
-
-
-# Row → record conversion -----------------------------------------------------------------------------------------
-
-
-def _conversation(row: ConversationRow | Row[Any]) -> ConversationRecord:
-    subject = None if row.subject_type is None else {"type": row.subject_type, "id": row.subject_id}
-    return ConversationRecord(
-        id=row.uid,
-        agent_name=row.agent_name,
-        model=row.model,
-        subject=subject,
-        metadata=canonical_json(row.metadata_),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _message(row: MessageRow | Row[Any]) -> MessageRecord:
-    return MessageRecord(
-        id=row.uid,
-        conversation_id=row.conversation_uid,
-        turn_id=row.turn_uid,
-        role=row.role,  # type: ignore[arg-type]
-        kind=row.kind,  # type: ignore[arg-type]
-        sequence=row.sequence,
-        content=canonical_json(row.content),
-        tool_execution_id=row.tool_execution_uid,
-        provider_message_id=row.provider_message_id,
-        metadata=canonical_json(row.metadata_),
-        created_at=row.created_at,
-    )
-
-
-def _turn(row: TurnRow | Row[Any]) -> TurnRecord:
-    return TurnRecord(
-        id=row.uid,
-        conversation_id=row.conversation_uid,
-        agent_name=row.agent_name,
-        parent_turn_id=row.parent_turn_uid,
-        parent_tool_execution_id=row.parent_tool_execution_uid,
-        root_turn_id=row.root_turn_uid,
-        context_message_sequence=row.context_message_sequence,
-        status=row.status,  # type: ignore[arg-type]
-        model=row.model,
-        options=canonical_json(row.options),
-        usage=canonical_json(row.usage),
-        cost=None if row.cost is None else float(row.cost),
-        error=None if row.error is None else canonical_json(row.error),
-        output_text=row.output_text,
-        output_data=None if row.output_data is None else canonical_json(row.output_data),
-        submitted_at=row.submitted_at,
-        claim_token=row.claim_token,
-        started_at=row.started_at,
-        heartbeat_at=row.heartbeat_at,
-        completed_at=row.completed_at,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _tool_execution(row: ToolExecutionRow | Row[Any]) -> ToolExecutionRecord:
-    return ToolExecutionRecord(
-        id=row.uid,
-        turn_id=row.turn_uid,
-        tool_call_id=row.tool_call_id,
-        tool_name=row.tool_name,
-        status=row.status,  # type: ignore[arg-type]
-        arguments=canonical_json(row.arguments),
-        result=None if row.result is None else canonical_json(row.result),
-        error=None if row.error is None else canonical_json(row.error),
-        started_at=row.started_at,
-        completed_at=row.completed_at,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _delivery(row: DeliveryRow | Row[Any]) -> DeliveryRecord:
-    return DeliveryRecord(
-        id=row.uid,
-        source_conversation_id=row.source_conversation_uid,
-        destination_conversation_id=row.destination_conversation_uid,
-        source_turn_id=row.source_turn_uid,
-        key=row.key,
-        payload=canonical_json(row.payload),
-        message_id=row.message_uid,
-        delivered_at=row.delivered_at,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def _wait(row: WaitRow | Row[Any]) -> WaitRecord:
-    return WaitRecord(turn_id=row.turn_uid, target_turn_id=row.target_turn_uid, created_at=row.created_at)
-
-
-# Helpers ---------------------------------------------------------------------------------------------------------
-
-
-def _check_turn_status(status: str) -> None:
-    if status not in TURN_STATUSES:
-        raise ValueError(f"unknown turn status: {status}")
-
-
-def _check_tool_status(status: str) -> None:
-    if status not in TOOL_EXECUTION_STATUSES:
-        raise ValueError(f"unknown tool execution status: {status}")
-
-
-def _turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(attrs) - TURN_UPDATE_FIELDS
-    if unknown:
-        raise ValueError(f"unknown turn update attributes: {', '.join(sorted(unknown))}")
-    if "status" in attrs:
-        _check_turn_status(attrs["status"])
-    values: dict[str, Any] = {}
-    for key, value in attrs.items():
-        if key == "options" and isinstance(value, TurnOptions):
-            value = canonical_json(value.stored())
-        elif key in ("options", "usage", "error", "output_data") and value is not None:
-            value = canonical_json(value)
-        elif key == "output_text" and isinstance(value, str):
-            value = storable_text(value)  # a text column: NUL would fail on PostgreSQL (issue 8 item 1)
-        elif key == "cost" and value is not None:
-            value = Decimal(str(round(float(value), 6)))
-        values[key] = value
-    values["updated_at"] = utcnow()
-    return values
-
-
-def _new_message_row(conversation_id: str, message: NewMessage) -> MessageRow:
-    """The row of a message :meth:`StoreTx.append_message` appends (its arguments checked)."""
-    role, kind = message["role"], message.get("kind", "text")
-    if role not in MESSAGE_ROLES:
-        raise ValueError(f"unknown message role: {role}")
-    if kind not in MESSAGE_KINDS:
-        raise ValueError(f"unknown message kind: {kind}")
-    content, text = message.get("content"), message.get("text")
-    parts = [dict(part) for part in content] if content is not None else []
-    if text is not None:
-        parts.append({"type": "text", "text": text})
-    parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-    return _message_row(
-        conversation_id,
-        role=role,
-        kind=kind,
-        parts=parts,
-        turn_id=message.get("turn_id"),
-        tool_execution_id=message.get("tool_execution_id"),
-        metadata=message.get("metadata"),
-        id=message.get("id"),
-        request_id=message.get("request_id"),
-    )
-
-
-def _message_row(
-    conversation_id: str,
-    *,
-    role: str,
-    kind: str,
-    parts: list[dict[str, Any]],
-    turn_id: str | None,
-    tool_execution_id: str | None,
-    metadata: dict[str, Any] | None,
-    id: str | None = None,
-    request_id: str | None = None,
-) -> MessageRow:
-    """A new message's row, its sequence left to the append (which binds every column but ``id`` and ``sequence``)."""
-    now = utcnow()
-    return MessageRow(
-        uid=id or new_id("message"),
-        conversation_uid=conversation_id,
-        turn_uid=turn_id,
-        role=role,
-        kind=kind,
-        content=canonical_json(parts),
-        tool_execution_uid=tool_execution_id,
-        provider_message_id=None,
-        metadata_=canonical_json(metadata or {}),
-        request_uid=request_id,
-        created_at=now,
-        updated_at=now,
-    )
-
-
-def _tool_result_row(
-    conversation_id: str,
-    turn_id: str,
-    tool_execution_id: str,
-    content: Sequence[dict[str, Any]],
-    metadata: dict[str, Any],
-) -> MessageRow:
-    """The row of an execution's tool-result message (role ``tool``, kind ``tool_result``)."""
-    parts = [dict(part) for part in content]
-    return _message_row(
-        conversation_id,
-        role="tool",
-        kind="tool_result",
-        parts=parts,
-        turn_id=turn_id,
-        tool_execution_id=tool_execution_id,
-        metadata=metadata,
-    )
-
-
-def _prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with each key prefixed (the binds of a fused statement, ``turnkit/store/statements.py``)."""
-    return {prefix + key: value for key, value in values.items()}
-
-
-def _row_values(row: object) -> dict[str, Any]:
-    """The column values of a new row built as a mapped object, by column key: the attributes it was given, and the
-    column defaults it was not (set on the object too, so that it carries the row as inserted)."""
-    state = row.__dict__
-    values: dict[str, Any] = {}
-    for key, column in _insert_columns(type(row))[1]:
-        if key in state:
-            values[column.key] = state[key]
-        elif isinstance(column.default, ColumnDefault) and not column.primary_key:
-            default: Any = column.default.arg
-            value = default(None) if callable(default) else default  # a callable default takes the context
-            setattr(row, key, value)
-            values[column.key] = value
-    return values
-
-
-@functools.cache
-def _insert_skipping_conflicts(mapped: type[Any]) -> Insert:
-    """A mapped class's ``INSERT … ON CONFLICT DO NOTHING RETURNING <primary key>`` (PostgreSQL), built once."""
-    mapper = inspect(mapped)
-    table: Table = mapper.local_table
-    return postgresql.insert(table).on_conflict_do_nothing().returning(*mapper.primary_key)
-
-
-@functools.cache
-def _insert_columns(mapped: type[Any]) -> tuple[Insert, tuple[tuple[str, Column[Any]], ...], Insert]:
-    """A mapped class's INSERT (built once: its compiled form is cached), its ``(attribute key, column)`` pairs, and
-    the INSERT with ``RETURNING <primary key>``, for :meth:`StoreTx._insert`."""
-    mapper = inspect(mapped)
-    table: Table = mapper.local_table
-    columns = tuple((attr.key, attr.columns[0]) for attr in mapper.column_attrs)
-    return table.insert(), columns, table.insert().returning(*mapper.primary_key)
-
-
-def _money(value: Any) -> Decimal:
-    """A cost as the store keeps it: a Decimal with 6 places (0 for None)."""
-    return Decimal(0) if value is None else Decimal(str(round(float(value), 6)))
-
-
-def _tool_counts(by_name: dict[str, Any] | None) -> dict[str, int]:
-    """A root's by-name tool execution counts as stored (a JSON map)."""
-    return {str(k): int(v) for k, v in (by_name or {}).items()}
-
-
-def _iterations(options: Any) -> int:
-    """A turn's model iterations from its ``options`` (``options.state.iterations``, behaviour §6.3)."""
-    state = (options or {}).get("state") if isinstance(options, dict) else None
-    return int((state or {}).get("iterations", 0) or 0) if isinstance(state, dict) else 0  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
-
-
-def _rowcount(result: Any) -> int:
-    return int(getattr(result, "rowcount", 0) or 0)
-
-
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _sqlite_file(url: str, *, plain: bool = True) -> str | None:
-    """The database file of a ``sqlite`` URL, else None (not SQLite, in memory; with ``plain``, a URL with a query
-    string, whose options only aiosqlite's engine takes)."""
-    parsed = make_url(url)
-    database = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" or (plain and parsed.query):
-        return None
-    return database
-
-
-def _create_engine(url: str, *, echo: bool) -> AsyncEngine:
-    if url.startswith("sqlite"):
-        path = _sqlite_file(url, plain=False)
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
-        use_one_trip_cursors(engine)
-        _configure_sqlite(engine)
-        return engine
-    # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
-    # inside a store activity's start-to-close timeout (issue 8).
-    connect_args = {"timeout": 10} if "+asyncpg" in url else {}
-    engine = create_async_engine(
-        url,
-        echo=echo,
-        connect_args=connect_args,
-        pool_size=_pool_setting("TURNKIT_DB_POOL_SIZE", POOL_SIZE),
-        max_overflow=_pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
-    )
-    ping_when_idle(engine)  # not pool_pre_ping: three round trips on every checkout (turnkit/store/idle_ping.py)
-    return engine
-
-
-def _pool_setting(name: str, default: int) -> int:
-    """A PostgreSQL pool setting from the environment variable ``name``, else ``default``."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise ValueError(f"{name} must be a whole number of connections, 0 or more (got {value!r})")
-    return number
-
-
-def _configure_sqlite(engine: AsyncEngine) -> None:
-    """WAL, a generous busy timeout, and BEGIN IMMEDIATE so that a transaction takes the write lock up front.
-
-    With the default deferred BEGIN, two transactions that read then write deadlock-upgrade (SQLITE_BUSY); taking
-    the lock first makes concurrent appends queue up instead, which is what gives gap-free sequences.
-    """
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # let the "begin" hook below emit BEGIN itself
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")  # "memory" for an in-memory database, or what a file system allows
-        cursor.execute("PRAGMA busy_timeout=60000")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        driver = getattr(conn.connection.dbapi_connection, "_connection", None)  # SQLAlchemy's aiosqlite adapter
-        if isinstance(driver, OneTripConnection):
-            driver.begin_with_next_statement("BEGIN IMMEDIATE")  # one trip with the first statement
-        else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,104 @@
+"""The SQLAlchemy engine a store runs on: its URL's backend, its pool, and SQLite's connection settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from turnkit.store.idle_ping import ping_when_idle
+from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
+
+__all__ = [
+    "MAX_OVERFLOW",
+    "POOL_SIZE",
+    "configure_sqlite",
+    "pool_setting",
+    "sqlite_file",
+    "store_engine",
+]
+
+#: PostgreSQL connections a store's pool keeps open (``TURNKIT_DB_POOL_SIZE``), and how many more it may open for a
+#: moment (``TURNKIT_DB_MAX_OVERFLOW``). SQLAlchemy's defaults (5 and 10) fit a web request's handler, not a worker
+#: whose activities run dozens of store transactions at once: a connection beyond the pool's size is closed when it
+#: is returned, so a burst of 40 turns in one process opened and closed 34 connections (10 with these sizes), each
+#: an asyncpg connect of several round trips, its type introspection, and a PostgreSQL backend started and stopped.
+POOL_SIZE: Final = 20
+MAX_OVERFLOW: Final = 10
+
+
+def sqlite_file(url: str, *, plain: bool = True) -> str | None:
+    """The database file of a ``sqlite`` URL, else None (not SQLite, in memory; with ``plain``, a URL with a query
+    string, whose options only aiosqlite's engine takes)."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" or (plain and parsed.query):
+        return None
+    return database
+
+
+def store_engine(url: str, *, echo: bool) -> AsyncEngine:
+    """The engine of a store at ``url``: SQLite with WAL and BEGIN IMMEDIATE, else a bounded pool kept alive."""
+    if url.startswith("sqlite"):
+        path = sqlite_file(url, plain=False)
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
+        use_one_trip_cursors(engine)
+        configure_sqlite(engine)
+        return engine
+    # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
+    # inside a store activity's start-to-close timeout (issue 8).
+    connect_args = {"timeout": 10} if "+asyncpg" in url else {}
+    engine = create_async_engine(
+        url,
+        echo=echo,
+        connect_args=connect_args,
+        pool_size=pool_setting("TURNKIT_DB_POOL_SIZE", POOL_SIZE),
+        max_overflow=pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
+    )
+    ping_when_idle(engine)  # not pool_pre_ping: three round trips on every checkout (turnkit/store/idle_ping.py)
+    return engine
+
+
+def pool_setting(name: str, default: int) -> int:
+    """A PostgreSQL pool setting from the environment variable ``name``, else ``default``."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"{name} must be a whole number of connections, 0 or more (got {value!r})")
+    return number
+
+
+def configure_sqlite(engine: AsyncEngine) -> None:
+    """WAL, a generous busy timeout, and BEGIN IMMEDIATE so that a transaction takes the write lock up front.
+
+    With the default deferred BEGIN, two transactions that read then write deadlock-upgrade (SQLITE_BUSY); taking
+    the lock first makes concurrent appends queue up instead, which is what gives gap-free sequences.
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # let the "begin" hook below emit BEGIN itself
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")  # "memory" for an in-memory database, or what a file system allows
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        driver = getattr(conn.connection.dbapi_connection, "_connection", None)  # SQLAlchemy's aiosqlite adapter
+        if isinstance(driver, OneTripConnection):
+            driver.begin_with_next_statement("BEGIN IMMEDIATE")  # one trip with the first statement
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
