@@ -16,8 +16,6 @@ from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 __all__ = [
     "MAX_OVERFLOW",
     "POOL_SIZE",
-    "configure_sqlite",
-    "pool_setting",
     "sqlite_file",
     "store_engine",
 ]
@@ -49,7 +47,7 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
         use_one_trip_cursors(engine)
-        configure_sqlite(engine)
+        _configure_sqlite(engine)
         return engine
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
     # inside a store activity's start-to-close timeout (issue 8).
@@ -58,14 +56,14 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         url,
         echo=echo,
         connect_args=connect_args,
-        pool_size=pool_setting("TURNKIT_DB_POOL_SIZE", POOL_SIZE),
-        max_overflow=pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
+        pool_size=_pool_setting("TURNKIT_DB_POOL_SIZE", POOL_SIZE),
+        max_overflow=_pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
     )
     ping_when_idle(engine)  # not pool_pre_ping: three round trips on every checkout (turnkit/store/idle_ping.py)
     return engine
 
 
-def pool_setting(name: str, default: int) -> int:
+def _pool_setting(name: str, default: int) -> int:
     """A PostgreSQL pool setting from the environment variable ``name``, else ``default``."""
     value = os.environ.get(name, "").strip()
     if not value:
@@ -79,7 +77,7 @@ def pool_setting(name: str, default: int) -> int:
     return number
 
 
-def configure_sqlite(engine: AsyncEngine) -> None:
+def _configure_sqlite(engine: AsyncEngine) -> None:
     """WAL, a generous busy timeout, and BEGIN IMMEDIATE so that a transaction takes the write lock up front.
 
     With the default deferred BEGIN, two transactions that read then write deadlock-upgrade (SQLITE_BUSY); taking

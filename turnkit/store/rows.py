@@ -57,7 +57,6 @@ __all__ = [
     "media_id_for",
     "media_record",
     "message_record",
-    "message_row",
     "money",
     "new_message_row",
     "prefixed",
@@ -283,7 +282,7 @@ def new_message_row(conversation_id: str, message: NewMessage) -> MessageRow:
     if text is not None:
         parts.append({"type": "text", "text": text})
     parts = [part if "type" in part else {"type": "text", **part} for part in parts]
-    return message_row(
+    return _message_row(
         conversation_id,
         role=role,
         kind=kind,
@@ -296,7 +295,7 @@ def new_message_row(conversation_id: str, message: NewMessage) -> MessageRow:
     )
 
 
-def message_row(
+def _message_row(
     conversation_id: str,
     *,
     role: str,
@@ -335,7 +334,7 @@ def tool_result_row(
 ) -> MessageRow:
     """The row of an execution's tool-result message (role ``tool``, kind ``tool_result``)."""
     parts = [dict(part) for part in content]
-    return message_row(
+    return _message_row(
         conversation_id,
         role="tool",
         kind="tool_result",
