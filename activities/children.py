@@ -4,7 +4,7 @@
   task message and the child turn), idempotently by the call, and tells the workflow which child workflows to run.
   A denied budget, a denied ``launch_agent``, an unknown sub-agent or invalid arguments settle the call ``failed``.
 * ``turnkit.join`` settles delegated executions from their finished children, appending results in call order.
-* ``turnkit.wait`` / ``turnkit.finish_wait`` implement the ``wait_for`` tool on wait rows (see :mod:`turnkit.waits`).
+* ``turnkit.wait`` / ``turnkit.finish_wait`` implement the ``wait_for`` tool on wait rows (see :mod:`turnkit._engine.waits`).
 """
 
 from __future__ import annotations
@@ -12,21 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from temporalio import activity
-
-from activities.tools import budget_denial, outcome_of
+from turnkit._activities.tools import budget_denial, outcome_of
+from turnkit._engine.authorization import Verdict, check
+from turnkit._engine.builtin_tools import LaunchAgentTool, WaitForTool, sub_agent_tool
+from turnkit._engine.controls import control_boundary
+from turnkit._engine.deliveries import turn_result
+from turnkit._engine.dispatch import model_policy
+from turnkit._engine.executions import open_tool_execution, with_arguments
+from turnkit._engine.ids import new_id
+from turnkit._engine.transcript import announce_settled, append_tool_result, fail_execution
+from turnkit._engine.turn_options import turn_options
+from turnkit._engine.waits import add_waits, enter_waiting, leave_waiting, unfinished_targets
 from turnkit.agent import Agent, resolve_agent
-from turnkit.authorization import Verdict, check
-from turnkit.builtin_tools import LaunchAgentTool, WaitForTool, sub_agent_tool
 from turnkit.config import settings
-from turnkit.controls import control_boundary
-from turnkit.deliveries import turn_result
-from turnkit.dispatch import model_policy
-from turnkit.errors import ConfigError, ToolError, ToolValidationError, error_class_name
-from turnkit.executions import open_tool_execution, with_arguments
-from turnkit.ids import new_id
-from turnkit.payloads import (
-    PATCH_LEVEL,
+from turnkit.kernel.activities import ChildCalls, implements
+from turnkit.kernel.errors import ConfigError, ToolError, ToolValidationError, error_class_name
+from turnkit.kernel.payloads import (
     ChildPlan,
     DelegateCalls,
     DelegateResult,
@@ -38,22 +39,19 @@ from turnkit.payloads import (
     WaitPlan,
     WaitRequest,
 )
-from turnkit.records import OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
+from turnkit.kernel.records import OPEN_EXECUTION_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.transcript import announce_settled, append_tool_result, fail_execution
-from turnkit.turn_options import turn_options
-from turnkit.waits import add_waits, enter_waiting, leave_waiting, unfinished_targets
 
 __all__ = ["ChildActivities"]
 
 
-class ChildActivities:
+class ChildActivities(ChildCalls):
     """Delegation, join and wait activities bound to a store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @activity.defn(name="turnkit.delegate")
+    @implements(ChildCalls.delegate)
     async def delegate(self, request: DelegateCalls) -> DelegateResult:
         """Record the delegated calls and their child turns (idempotent); see the module docstring."""
         request = request.model_copy(update={"calls": await with_arguments(self.store, request.turn_id, request.calls)})
@@ -187,7 +185,7 @@ class ChildActivities:
         plan.child = _child_input(child, request)
         return plan, None
 
-    @activity.defn(name="turnkit.join")
+    @implements(ChildCalls.join)
     async def join(self, request: JoinChildren) -> list[ToolOutcome]:
         """Settle delegated executions from their children and append every result, in call order."""
         outcomes: list[ToolOutcome] = []
@@ -217,7 +215,7 @@ class ChildActivities:
                 outcomes.append(outcome_of(execution, None))
         return outcomes
 
-    @activity.defn(name="turnkit.wait")
+    @implements(ChildCalls.wait)
     async def wait(self, request: WaitRequest) -> WaitPlan:
         """The ``wait_for`` tool: validate and record the wait edges (all or none), report unfinished targets."""
         [call] = await with_arguments(self.store, request.turn_id, [request.call])
@@ -258,7 +256,7 @@ class ChildActivities:
             unfinished_ids=await unfinished_targets(self.store, [t.id for t in records if not t.terminal]),
         )
 
-    @activity.defn(name="turnkit.finish_wait")
+    @implements(ChildCalls.finish_wait)
     async def finish_wait(self, request: FinishWait) -> ToolOutcome:
         """Complete a ``wait_for`` call with ``{"results": [...]}`` of its targets, in the order asked."""
         async with self.store.atomic(turn_id=request.root_turn_id) as tx:
@@ -368,5 +366,4 @@ def _child_input(child: TurnRecord | None, request: DelegateCalls) -> TurnInput 
         deadline=request.deadline,
         depth=request.depth + 1 if child.options.depth is None else child.options.depth,
         model_policy=model_policy(),
-        patch_level=PATCH_LEVEL,
     )

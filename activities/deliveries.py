@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from temporalio import activity
 
+from turnkit._engine.turn_build import queued_with_root, ticket_of
+from turnkit._engine.turn_options import turn_options
 from turnkit.agent import resolve_agent
-from turnkit.errors import ConfigError, RecordNotFound
-from turnkit.payloads import DeliverBatch, DeliverResult, QueuedTurn
-from turnkit.records import MessageRecord, TurnRecord
+from turnkit.kernel.activities import DeliveryCalls, implements
+from turnkit.kernel.errors import ConfigError, RecordNotFound
+from turnkit.kernel.payloads import DeliverBatch, DeliverResult, QueuedTurn
+from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.turn_build import queued_with_root, ticket_of
-from turnkit.turn_options import turn_options
 
 __all__ = ["DeliveryActivities"]
 
 
-class DeliveryActivities:
+class DeliveryActivities(DeliveryCalls):
     """Delivery activities bound to a store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @activity.defn(name="turnkit.deliver")
+    @implements(DeliveryCalls.deliver)
     async def deliver(self, batch: DeliverBatch) -> DeliverResult:
         """Append each pending delivery exactly once (message + ``delivered_at`` in one transaction), then wake.
 
@@ -72,12 +71,11 @@ class DeliveryActivities:
     async def _wake(self, tx: StoreTx, batch: DeliverBatch) -> QueuedTurn | None:
         """Start a turn for delivered input no turn has consumed yet; None when there is none (behaviour §5.11).
 
-        The woken turn's id is the lane's choice (or, from older lanes, derived from this activity's identity), so a
-        retry whose first attempt committed the turn but lost its completion finds that turn and returns it (issue 8):
-        the lane runs it, none is orphaned.
+        The woken turn's id is the lane's choice, so a retry whose first attempt committed the turn but lost its
+        completion finds that turn and returns it: the lane runs it, none is orphaned.
         """
         conversation_id = batch.conversation_id
-        woken_id = batch.woken_turn_id or _woken_turn_id()
+        woken_id = batch.woken_turn_id
         if woken_id is not None:
             existing = await tx.find_turn(woken_id)
             if existing is not None:
@@ -115,15 +113,6 @@ class DeliveryActivities:
 def _queued(turn: TurnRecord) -> QueuedTurn:
     return ticket_of(turn).queued()
 
-
-def _woken_turn_id() -> str | None:
-    """A turn id stable across the retries of this activity (same workflow run, same activity id), so a retry finds
-    the turn its first attempt created; None outside an activity (a direct call in a test gets a fresh id)."""
-    if not activity.in_activity():
-        return None
-    info = activity.info()
-    key = f"wake/{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
-    return f"turn_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 
 async def _unconsumed(tx: StoreTx, conversation_id: str, message_id: str | None) -> bool:

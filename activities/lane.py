@@ -19,22 +19,23 @@ from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkit.payloads import EndTurn, StartTurn, TurnOutcome
-from turnkit.records import TERMINAL_TURN_STATUSES
+from turnkit._engine.turn_end import fail_unfinished_turn
+from turnkit._engine.turn_start import start_turn_workflow
+from turnkit.kernel.activities import LaneCalls, implements
+from turnkit.kernel.payloads import EndTurn, StartTurn, TurnOutcome
+from turnkit.kernel.records import TERMINAL_TURN_STATUSES
 from turnkit.store.store import Store
-from turnkit.turn_end import fail_unfinished_turn
-from turnkit.turn_start import start_turn_workflow
 
 __all__ = ["LaneActivities"]
 
 
-class LaneActivities:
+class LaneActivities(LaneCalls):
     """Lane activities bound to a store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @activity.defn(name="turnkit.lane_held")
+    @implements(LaneCalls.lane_held)
     async def lane_held(self, conversation_id: str) -> bool:
         """Whether a turn the lane does not run is still active in the conversation (the lane keeps holding its
         queue): a sub-agent's, or the direct turn that an older lane run holds for instead of following it."""
@@ -42,7 +43,7 @@ class LaneActivities:
             outside = await tx.turns_outside_lane(conversation_id)
         return outside.sub_agent or outside.direct is not None
 
-    @activity.defn(name="turnkit.start_turn")
+    @implements(LaneCalls.start_turn)
     async def start_turn(self, start: StartTurn) -> bool:
         """Start the turn's workflow (workflow id = turn id) on the lane's task queue; True if this call started it.
 
@@ -53,7 +54,7 @@ class LaneActivities:
         client, task_queue = activity.client(), activity.info().task_queue
         return await start_turn_workflow(client, task_queue, start.turn, search_attributes=start.search_attributes)
 
-    @activity.defn(name="turnkit.end_turn")
+    @implements(LaneCalls.end_turn)
     async def end_turn(self, end: EndTurn) -> TurnOutcome:
         """Record a turn whose workflow ended abnormally ``failed`` (a no-op on a terminal record)."""
         turn, _ = await fail_unfinished_turn(
@@ -61,7 +62,7 @@ class LaneActivities:
         )
         return _outcome(turn.id, turn.status, turn.error)
 
-    @activity.defn(name="turnkit.follow_turn")
+    @implements(LaneCalls.follow_turn)
     async def follow_turn(self, end: EndTurn) -> bool:
         """Whether the lane's turn has ended; if not, the lane waits for its end signal from now on.
 
@@ -69,7 +70,7 @@ class LaneActivities:
         after the previous one ended). Otherwise the lane registers as a waiter of the turn: a wait row whose waiter
         is the conversation id (the lane's workflow id), so the turn's end signals the lane (``target_finished``)
         as it signals waiting turns. The record is read again after the row committed, so no end is missed (see
-        :mod:`turnkit.waits`). A turn workflow that closed without a terminal record is recorded ``failed`` here
+        :mod:`turnkit._engine.waits`). A turn workflow that closed without a terminal record is recorded ``failed`` here
         (nothing else would signal that).
         """
         turn = await self.store.load_turn(end.turn_id)

@@ -22,22 +22,30 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.notify import announce_terminal
-from activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, record_audit
-from activities.store_retry import retry_store
+from turnkit._activities.notify import announce_terminal
+from turnkit._activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, record_audit
+from turnkit._activities.store_retry import retry_store
+from turnkit._engine.authorization import Verdict
+from turnkit._engine.budget import depth_denial, iteration_denial, spend_denial
+from turnkit._engine.call_ids import unique_call_ids
+from turnkit._engine.charges import append_charged, charge_turn, tree_spend_denial
+from turnkit._engine.compaction import active_messages, compaction_policy, should_compact, summarise
+from turnkit._engine.compaction import logger as compaction_logger
+from turnkit._engine.controls import control_boundary, has_pending_controls, stamp_request
+from turnkit._engine.deliveries import callback_verdict, completion_delivery, turn_result
+from turnkit._engine.dispatch import call_policy, warn_if_model_policy_differs
+from turnkit._engine.ids import new_id
+from turnkit._engine.request import build_model_request, needs_conversation
+from turnkit._engine.validation import storable_result
+from turnkit._engine.waits import enter_waiting
+from turnkit._temporal.heartbeats import heartbeating
+from turnkit._temporal.tracing import record_model_call
 from turnkit.agent import Agent, resolve_agent
-from turnkit.authorization import Verdict
-from turnkit.budget import depth_denial, iteration_denial, spend_denial
-from turnkit.call_ids import unique_call_ids
-from turnkit.charges import append_charged, charge_turn, tree_spend_denial
-from turnkit.compaction import active_messages, compaction_policy, should_compact, summarise
-from turnkit.compaction import logger as compaction_logger
 from turnkit.config import settings
-from turnkit.controls import control_boundary, has_pending_controls, stamp_request
 from turnkit.cost import Cost, cost_from_usage
-from turnkit.deliveries import callback_verdict, completion_delivery, turn_result
-from turnkit.dispatch import call_policy, warn_if_model_policy_differs
-from turnkit.errors import (
+from turnkit.events import announce, announce_message, emit
+from turnkit.kernel.activities import ModelCalls, implements
+from turnkit.kernel.errors import (
     BudgetError,
     ConfigError,
     Error,
@@ -46,13 +54,8 @@ from turnkit.errors import (
     TransientModelError,
     error_class_name,
 )
-from turnkit.events import announce, announce_message, emit
-from turnkit.heartbeats import heartbeating
-from turnkit.ids import new_id
-from turnkit.media import with_media_data
-from turnkit.model import ModelRequest, Result
-from turnkit.payloads import ModelCall, ModelStep, ToolCallRef
-from turnkit.records import (
+from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef
+from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
     UNPAUSED_TURN_STATUSES,
     WORKING_TURN_STATUSES,
@@ -60,23 +63,21 @@ from turnkit.records import (
     MessageRecord,
     TurnRecord,
 )
-from turnkit.request import build_model_request, needs_conversation
+from turnkit.kernel.turn_state import TurnState
+from turnkit.media import with_media_data
+from turnkit.model import ModelRequest, Result
 from turnkit.store.store import Look, Store, StoreTx, utcnow
-from turnkit.tracing import record_model_call
-from turnkit.turn_state import TurnState
-from turnkit.validation import storable_result
-from turnkit.waits import enter_waiting
 
 __all__ = ["ModelActivities"]
 
 
-class ModelActivities:
+class ModelActivities(ModelCalls):
     """Model activities bound to a store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @activity.defn(name="turnkit.model")
+    @implements(ModelCalls.model)
     async def model(self, call: ModelCall) -> ModelStep:
         """Reserve, call and persist one model request of ``call.turn_id`` (see the module docstring)."""
         info = activity.info()
@@ -109,7 +110,7 @@ class ModelActivities:
         messages, denial = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
-        # The same builder as Turn.preview (turnkit.request): a preview cannot drift from what is sent.
+        # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
         request = await retry_store(
             lambda: build_model_request(
                 self.store, turn, agent, messages, request_id=call.request_id, conversation=conversation
@@ -593,7 +594,7 @@ async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[s
 
 
 def _prompt_reads(turn: TurnRecord) -> bool:
-    """Whether the request of ``turn`` shows its conversation (see :func:`turnkit.request.needs_conversation`).
+    """Whether the request of ``turn`` shows its conversation (see :func:`turnkit._engine.request.needs_conversation`).
 
     An unknown agent or prompt mode says no: the activity fails on it right after the reserve, as it always did.
     """

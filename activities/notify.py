@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from turnkit.records import TurnRecord
+from turnkit._engine.turn_end import announce_end
+from turnkit.kernel.records import TurnRecord
 from turnkit.store.store import Store
-from turnkit.turn_end import announce_end
 
 __all__ = ["announce_terminal"]
 

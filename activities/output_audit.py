@@ -26,18 +26,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from turnkit._engine.charges import charge_turn
+from turnkit._temporal.heartbeats import heartbeating
 from turnkit.agent import Agent
-from turnkit.charges import charge_turn
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
-from turnkit.errors import OutputAudit
 from turnkit.events import announce, announce_message, emit
-from turnkit.heartbeats import heartbeating
+from turnkit.kernel.errors import OutputAudit
+from turnkit.kernel.records import MessageRecord, TurnRecord
+from turnkit.kernel.turn_state import TurnState
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
-from turnkit.records import MessageRecord, TurnRecord
 from turnkit.store.store import Store, StoreTx
-from turnkit.turn_state import TurnState
 
 __all__ = [
     "AnswerAudit",

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from turnkit.heartbeats import heartbeating
+from turnkit._temporal.heartbeats import heartbeating
 from turnkit.store.errors import transient_store_error
 
 __all__ = ["retry_store"]

@@ -20,18 +20,22 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from activities.store_retry import retry_store
+from turnkit._activities.store_retry import retry_store
+from turnkit._engine.authorization import Verdict, check
+from turnkit._engine.builtin_tools import SendMessageTool
+from turnkit._engine.controls import control_boundary
+from turnkit._engine.deliveries import create_delivery, signal_delivery
+from turnkit._engine.executions import open_tool_execution, read_arguments, with_arguments
+from turnkit._engine.request import subject_prompt_of
+from turnkit._engine.tool_queues import misrouted
+from turnkit._engine.transcript import announce_settled, append_tool_result, complete_with_result, fail_execution
+from turnkit._temporal.heartbeats import heartbeating
+from turnkit._temporal.tracing import record_tool_call
 from turnkit.agent import resolve_agent
-from turnkit.authorization import Verdict, check
-from turnkit.builtin_tools import SendMessageTool
 from turnkit.config import settings
-from turnkit.controls import control_boundary
-from turnkit.deliveries import create_delivery, signal_delivery
-from turnkit.errors import BudgetError, ConfigError, RecordNotFound, ToolError, error_class_name
-from turnkit.executions import open_tool_execution, read_arguments, with_arguments
-from turnkit.heartbeats import heartbeating
-from turnkit.payloads import CallPolicy, ToolCallInput, ToolCallRef, ToolOutcome
-from turnkit.records import (
+from turnkit.kernel.errors import BudgetError, ConfigError, RecordNotFound, ToolError, error_class_name
+from turnkit.kernel.payloads import CallPolicy, ToolCallInput, ToolCallRef, ToolOutcome
+from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
     INTERRUPTED_MESSAGE,
     OPEN_EXECUTION_STATUSES,
@@ -39,14 +43,10 @@ from turnkit.records import (
     ToolExecutionRecord,
     TurnRecord,
 )
-from turnkit.request import subject_prompt_of
 from turnkit.skills import LoadSkillTool, record_loaded_skill
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Look, Store, utcnow
-from turnkit.tool_queues import misrouted
 from turnkit.tools import Tool, ToolContext, normalize_result
-from turnkit.tracing import record_tool_call
-from turnkit.transcript import announce_settled, append_tool_result, complete_with_result, fail_execution
 
 __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outcome_of"]
 

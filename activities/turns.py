@@ -10,8 +10,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.notify import announce_terminal
-from activities.output_audit import (
+from turnkit._activities.notify import announce_terminal
+from turnkit._activities.output_audit import (
     AnswerAudit,
     announce_audit_in,
     audit_terminal_answer,
@@ -19,14 +19,20 @@ from activities.output_audit import (
     publication,
     record_audit,
 )
-from activities.tools import find_tool
-from activities.tools import outcome_of as outcome_of_execution
+from turnkit._activities.tools import find_tool
+from turnkit._activities.tools import outcome_of as outcome_of_execution
+from turnkit._engine.charges import tree_spend_denial
+from turnkit._engine.controls import control_boundary, has_pending_controls
+from turnkit._engine.deliveries import callback_verdict, completion_delivery
+from turnkit._engine.dispatch import model_policy
+from turnkit._engine.executions import with_arguments
+from turnkit._engine.prepared import submit_prepared
+from turnkit._engine.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
+from turnkit._engine.turn_build import create_turn, queued_with_root, root_of, ticket_of
 from turnkit.agent import resolve_agent
-from turnkit.charges import tree_spend_denial
-from turnkit.controls import control_boundary, has_pending_controls
-from turnkit.deliveries import callback_verdict, completion_delivery
-from turnkit.dispatch import model_policy
-from turnkit.errors import (
+from turnkit.events import announce, announce_message
+from turnkit.kernel.activities import TurnCalls, implements
+from turnkit.kernel.errors import (
     BudgetError,
     ConfigError,
     ModelError,
@@ -35,11 +41,8 @@ from turnkit.errors import (
     TransientModelError,
     error_class_name,
 )
-from turnkit.events import announce, announce_message
-from turnkit.executions import with_arguments
-from turnkit.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
-from turnkit.prepared import submit_prepared
-from turnkit.records import (
+from turnkit.kernel.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
+from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
     OPEN_EXECUTION_STATUSES,
     TERMINAL_TURN_STATUSES,
@@ -48,19 +51,17 @@ from turnkit.records import (
     TurnRecord,
 )
 from turnkit.store.store import Store, StoreTx, utcnow
-from turnkit.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
-from turnkit.turn_build import create_turn, queued_with_root, root_of, ticket_of
 
 __all__ = ["TurnActivities", "unstaged"]
 
 
-class TurnActivities:
+class TurnActivities(TurnCalls):
     """Activities that write turn records, bound to a store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @activity.defn(name="turnkit.submit_turn")
+    @implements(TurnCalls.submit_turn)
     async def submit_turn(self, request: SubmitTurn) -> TurnTicket:
         """Append the trigger message and create the submitted, pending turn (behaviour §1.4); idempotent by turn id."""
         graph = bool(request.wait_for)  # the wait-graph lock comes before any row lock
@@ -94,7 +95,7 @@ class TurnActivities:
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
             return await _ticket(tx, turn)
 
-    @activity.defn(name="turnkit.finish_turn")
+    @implements(TurnCalls.finish_turn)
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
         """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn, and on
         a paused one with ``unless_paused`` (the root deadline does not end a paused turn, behaviour §5.13.11)."""
@@ -254,7 +255,7 @@ class TurnActivities:
             **({"error": error} if error else {}),
         )
 
-    @activity.defn(name="turnkit.settle_tool")
+    @implements(TurnCalls.settle_tool)
     async def settle_tool(self, settle: SettleToolCall) -> ToolOutcome:
         """Record a tool call whose activity was lost (``interrupted``) or finally failed; first writer wins."""
         [call] = await with_arguments(self.store, settle.turn_id, [settle.call])

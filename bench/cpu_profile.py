@@ -43,8 +43,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench.peers.serve import server_cpu, temporal_cli
 from bench.peers.turnkit_app import SERVER_FLAGS, System
-from turnkit.devserver import fast_task_loading_args
-from turnkit.process import exit_process
+from turnkit._temporal.devserver import fast_task_loading_args
+from turnkit._temporal.process import exit_process
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -409,4 +409,4 @@ if __name__ == "__main__":
         uvloop.run(main(arguments))
     else:
         asyncio.run(main(arguments))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)

@@ -27,8 +27,8 @@ from temporalio.worker import WorkflowInstanceDetails
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 from temporalio.worker.workflow_sandbox._runner import _fake_info  # pyright: ignore[reportPrivateUsage]
 
+from turnkit._workflows.registry import ALL_WORKFLOWS
 from turnkit.plugin import PASSTHROUGH_MODULES, WORKFLOW_MODULES
-from workflows import ALL_WORKFLOWS
 
 
 def _details(cls: type) -> WorkflowInstanceDetails:

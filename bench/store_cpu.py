@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from turnkit.ids import new_id
+from turnkit._engine.ids import new_id
 from turnkit.store import Store
 from turnkit.store.store import Look
 

@@ -41,10 +41,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench.peers import workload
 from bench.peers.turnkit_app import AGENT
+from turnkit._temporal.process import exit_process
+from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.plugin import TurnKitPlugin
-from turnkit.process import exit_process
 from turnkit.runtime import TurnKit, temporal_binary
-from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 
 ITERATIONS = (2, 10, 20)
@@ -237,4 +237,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help="print the statements of the last calls of K=2")
     asyncio.run(main(parser.parse_args()))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)

@@ -3,7 +3,7 @@
 Runs the :mod:`bench.peers` workload (K tool-calling iterations, then an answer) back to back on bare Temporal (the
 floor, :mod:`bench.peers.bare_app`) and on TurnKit (:mod:`bench.peers.turnkit_app`) on SQLite and, with
 ``--database-url``, on PostgreSQL; each system on its own dev server with the server's task loading tuned
-(``turnkit.devserver.fast_task_loading_args``), so that the engines' own costs show. After each turn it reads the
+(``turnkit._temporal.devserver.fast_task_loading_args``), so that the engines' own costs show. After each turn it reads the
 turn workflow's history and sums, per turn:
 
 - the activities' run (``ActivityTaskStarted`` → ``ActivityTaskCompleted``), model calls and tool calls apart;
@@ -30,12 +30,12 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.model import ModelActivities
-from activities.tools import ToolActivities
 from bench.peers import bare_app, turnkit_app
 from bench.peers.serve import temporal_cli
-from turnkit.devserver import fast_task_loading_args
-from turnkit.process import exit_process
+from turnkit._activities.model import ModelActivities
+from turnkit._activities.tools import ToolActivities
+from turnkit._temporal.devserver import fast_task_loading_args
+from turnkit._temporal.process import exit_process
 from turnkit.store.store import Store
 
 #: What the worker measured during the current turn (TurnKit only), in seconds (and a count of transactions).
@@ -180,4 +180,4 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=5, help="turns before the measured ones (default 5)")
     parser.add_argument("--database-url", help="also TurnKit on this PostgreSQL store (postgresql+asyncpg://…)")
     asyncio.run(main(parser.parse_args()))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)

@@ -44,10 +44,10 @@ from temporalio.worker import Worker
 
 import turnkit
 from bench.baseline import BaselineWorkflow, noop
+from turnkit._temporal.process import exit_process
+from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.plugin import TurnKitPlugin
-from turnkit.process import exit_process
 from turnkit.runtime import TurnKit, temporal_binary
-from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -418,4 +418,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     asyncio.run(main(parse_args()))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)

@@ -17,7 +17,7 @@ Per seed, ``random.Random(seed)`` picks which of the enabled fault kinds strike,
 Besides the faults, half the seeds (drawn the same way) run the lead's first turn with its model calls as local
 activities (``model_local_activity``), so the faults reach that path as well.
 
-After each scenario: every turn the seed created is terminal, :func:`turnkit.check.check` finds nothing, no
+After each scenario: every turn the seed created is terminal, :func:`turnkit._ops.check.check` finds nothing, no
 at-most-once effect ran twice, hostile input got a TurnKit error (or worked) and left its conversation working.
 """
 
@@ -45,9 +45,9 @@ from tests import chaos_app
 from tests.faults import DevServer, PrivateCluster, dev_server, private_cluster
 from tests.history_scenarios import history_events, local_activity_types
 from tests.workers import WorkerProcess
-from turnkit.check import TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, Finding, check
+from turnkit._ops.check import TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, Finding, check
+from turnkit._ops.repair import Repair, repair
 from turnkit.plugin import TurnKitPlugin
-from turnkit.repair import Repair, repair
 from turnkit.runtime import TurnKit
 from turnkit.store.store import Store, utcnow
 

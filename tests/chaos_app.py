@@ -34,7 +34,7 @@ from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 import turnkit
-from turnkit.builtin_tools import launch_agent
+from turnkit._engine.builtin_tools import launch_agent
 from turnkit.model import ModelRequest, Result
 from turnkit.testing import ScriptedClient, call_tools
 

@@ -16,13 +16,13 @@ from temporalio.testing import WorkflowEnvironment
 from tests.chaos import SUMMARY
 from tests.engine import Engine
 from tests.workers import crash_dir  # noqa: F401  (a shared fixture: importing it here makes it visible to every test)
+from turnkit._temporal.devserver import fast_task_loading_args
+from turnkit._temporal.process import exit_process
 from turnkit.agent import unregister_all
 from turnkit.config import configure, reset_settings
-from turnkit.devserver import fast_task_loading_args
+from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.plugin import TurnKitPlugin
-from turnkit.process import exit_process
 from turnkit.runtime import TurnKit, temporal_binary
-from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 
 pytest_plugins = ["tests.dbfixtures"]

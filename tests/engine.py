@@ -11,17 +11,17 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
+from turnkit._engine.turn_build import ticket_of
+from turnkit._engine.turn_options import turn_options
+from turnkit._workflows.turn import TurnWorkflow
 from turnkit.handles import Conversation, Turn
+from turnkit.kernel.payloads import LaneStatus, TurnInput, TurnOutcome
+from turnkit.kernel.records import TurnRecord
 from turnkit.model import ModelRequest, Result
-from turnkit.payloads import LaneStatus, TurnInput, TurnOutcome
-from turnkit.records import TurnRecord
 from turnkit.runtime import TurnKit
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 from turnkit.tools import Tool, tool
-from turnkit.turn_build import ticket_of
-from turnkit.turn_options import turn_options
-from workflows.turn import TurnWorkflow
 
 
 @dataclass

@@ -25,10 +25,10 @@ from pathlib import Path
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from turnkit.devserver import die_with_parent, fast_task_loading_args
+from turnkit._temporal.devserver import die_with_parent, fast_task_loading_args
+from turnkit._temporal.search_attributes import dev_server_flags
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import temporal_binary
-from turnkit.search_attributes import dev_server_flags
 
 __all__ = [
     "DevServer",

@@ -20,15 +20,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
 from tests.engine import eventually
+from turnkit._engine.builtin_tools import launch_agent, wait_for
+from turnkit._workflows.lane import ConversationWorkflow
 from turnkit.agent import Agent, register
-from turnkit.builtin_tools import launch_agent, wait_for
 from turnkit.config import configure, settings
-from turnkit.errors import TransientModelError
-from turnkit.payloads import LaneInput
+from turnkit.kernel.errors import TransientModelError
+from turnkit.kernel.payloads import LaneInput
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, ScriptItem, call_tools
 from turnkit.tools import Tool, ToolContext
-from workflows.lane import ConversationWorkflow
 
 __all__ = [
     "SCENARIOS",
@@ -361,11 +361,6 @@ def run_input(events: Sequence[HistoryEvent]) -> dict[str, Any]:
     """A run's input (a lane's ``LaneInput``, a turn's ``TurnInput``) as JSON, from its first event."""
     started = events[0].workflow_execution_started_event_attributes
     return json.loads(started.input.payloads[0].data)
-
-
-def patch_level(events: Sequence[HistoryEvent]) -> int:
-    """The ``patch_level`` of a run's input (0 when the input has none, as an older release's)."""
-    return int(run_input(events).get("patch_level", 0))
 
 
 async def history_events(tk: TurnKit, workflow_id: str) -> list[HistoryEvent]:

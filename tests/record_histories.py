@@ -20,9 +20,9 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from tests.history_scenarios import SCENARIOS, history_prefix, register_scenario_agents, workflow_id
+from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit, temporal_binary
-from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.store import Store
 
 HISTORIES_DIR = Path(__file__).parent / "histories"

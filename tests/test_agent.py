@@ -18,7 +18,7 @@ from turnkit.agent import (
     unregister_all,
 )
 from turnkit.config import configure, reset_settings
-from turnkit.errors import ConfigError
+from turnkit.kernel.errors import ConfigError
 from turnkit.prompt import NONE_MODE_PROMPT, build_instructions, xml_escape
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools

@@ -11,7 +11,7 @@ import pytest
 
 import turnkit
 from tests.engine import eventually, held_tool
-from turnkit.builtin_tools import launch_agent, send_message, wait_for
+from turnkit._engine.builtin_tools import launch_agent, send_message, wait_for
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -289,7 +289,7 @@ async def test_a_raising_hook_denies_the_call_and_the_turn_goes_on(
     client = ScriptedClient([call_tools(calls[site]), "went on"])
     tools = [secret, send_message, launch_agent, wait_for]
     worker = turnkit.Agent("worker", model="scripted", client=client, tools=tools, sub_agents=[child])
-    with caplog.at_level("WARNING", logger="turnkit.authorization"):
+    with caplog.at_level("WARNING", logger="turnkit._engine.authorization"):
         turn = await (await (await tk.conversation(worker)).ask("x", wait=False)).result(timeout=60)
     assert turn.status == "completed" and turn.output_text == "went on"
     assert client.calls == 2 and hook.raised == 1  # asked once: no activity retried because of the hook
@@ -299,7 +299,7 @@ async def test_a_raising_hook_denies_the_call_and_the_turn_goes_on(
     assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1  # no child (the join's rolled back too)
     async with tk.store.atomic() as tx:
         assert await tx.list_waits(turn_id=turn.id) == []
-    [logged] = [r for r in caplog.records if r.name == "turnkit.authorization"]
+    [logged] = [r for r in caplog.records if r.name == "turnkit._engine.authorization"]
     assert logged.exc_info is not None and isinstance(logged.exc_info[1], ApprovalServiceDown)
 
 
@@ -311,7 +311,7 @@ async def test_a_raising_callback_hook_keeps_the_final_answer(tk: TurnKit, caplo
     job = await tk.conversation(turnkit.Agent("job", model="scripted", client=client))
     hook = Raising("callback")
     turnkit.configure(authorize=hook)
-    with caplog.at_level("WARNING", logger="turnkit.authorization"):
+    with caplog.at_level("WARNING", logger="turnkit._engine.authorization"):
         turn = await (await job.ask("x", callback=boss, wait=False)).result(timeout=60)
     assert turn.status == "completed" and turn.output_text == "final answer"
     assert client.calls == 1 and hook.raised == 1
@@ -319,7 +319,7 @@ async def test_a_raising_callback_hook_keeps_the_final_answer(tk: TurnKit, caplo
     assert denied["class"] == "TurnKit::AuthorizationError" and denied["message"] == "not authorized to callback"
     assert denied["hook_error"] == "ApprovalServiceDown"
     assert await boss.inbox() == [] and await job.outbox() == []
-    assert any(r.name == "turnkit.authorization" and r.exc_info for r in caplog.records)
+    assert any(r.name == "turnkit._engine.authorization" and r.exc_info for r in caplog.records)
 
 
 async def test_a_raising_hook_on_a_client_call_raises_authorization_error(tk: TurnKit) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.budget import (
+from turnkit._engine.budget import (
     COST_LIMIT,
     MAX_ITERATIONS,
     MAX_TOOL_EXECUTIONS,
@@ -22,15 +22,15 @@ from turnkit.budget import (
     spend_denial,
     tool_execution_denial,
 )
+from turnkit._engine.current import current_connection
+from turnkit._engine.executions import open_tool_execution
 from turnkit.config import configure
-from turnkit.current import current_connection
-from turnkit.executions import open_tool_execution
+from turnkit.kernel.records import TreeUsage
+from turnkit.kernel.turn_state import TurnState
 from turnkit.model import Usage
-from turnkit.records import TreeUsage
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools, say
-from turnkit.turn_state import TurnState
 
 BUDGET_ERROR = "TurnKit::BudgetError"
 

@@ -21,7 +21,9 @@ from temporalio.api.workflowservice.v1 import PollWorkflowTaskQueueRequest
 import turnkit
 from tests.engine import Engine, Gate, eventually, gated_tool, stored_pending_turn
 from tests.workers import ROOT
-from turnkit.check import (
+from turnkit._engine.ids import new_id
+from turnkit._engine.turn_options import turn_options
+from turnkit._ops.check import (
     ACTIVE_TURNS,
     DELIVERY_NOT_CONSUMED,
     EXECUTION_WITHOUT_ATTEMPT,
@@ -34,19 +36,17 @@ from turnkit.check import (
     Finding,
     workflow_states,
 )
-from turnkit.errors import RecordNotFound
-from turnkit.ids import new_id
+from turnkit._ops.repair import LOST_WORKFLOW, STALE_STAGED_INPUT
+from turnkit.kernel.errors import RecordNotFound
+from turnkit.kernel.names import LANE_WORKFLOW
+from turnkit.kernel.payloads import LaneInput
+from turnkit.kernel.records import INTERRUPTED_MESSAGE, TurnRecord
+from turnkit.kernel.turn_state import TurnState
 from turnkit.model import ModelRequest, Result
-from turnkit.payloads import PATCH_LEVEL, LaneInput
-from turnkit.records import INTERRUPTED_MESSAGE, TurnRecord
-from turnkit.repair import LOST_WORKFLOW, STALE_STAGED_INPUT
 from turnkit.runtime import TurnKit
 from turnkit.store.schema import MessageRow, StagedInputRow
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.turn_options import turn_options
-from turnkit.turn_state import TurnState
-from turnkit.workflow_names import LANE_WORKFLOW
 
 
 def _kinds(findings: list[Finding]) -> set[tuple[str, str]]:
@@ -190,7 +190,7 @@ async def test_a_lane_with_a_workflow_task_in_flight_may_hold_its_turns(tk: Turn
     task_queue = f"no-worker-{new_id('turn')}"  # no worker polls it: this test takes the lane's tasks itself
     lane = await tk.client.start_workflow(
         LANE_WORKFLOW,
-        LaneInput(conversation_id=conversation.id, patch_level=PATCH_LEVEL),
+        LaneInput(conversation_id=conversation.id),
         id=conversation.id,
         task_queue=task_queue,
         task_timeout=timedelta(seconds=1),

@@ -17,7 +17,7 @@ import pytest
 
 from tests.engine import Engine, eventually
 from tests.workers import WorkerProcess
-from turnkit.ask import live_pollers
+from turnkit._ops.ask import live_pollers
 from turnkit.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,16 +30,16 @@ from tests.history_scenarios import ends_at_completed_task, register_scenario_ag
 from tests.test_history_limits import limits, step, stepper, turnkit_on
 from tests.test_replay import AlteredTurnWorkflow
 from turnkit import cli
-from turnkit.dbadmin import head_revision
-from turnkit.histories import Run
+from turnkit._ops.dbadmin import head_revision
+from turnkit._ops.timeline import render_html
+from turnkit._ops.tree import TurnNode
+from turnkit._temporal.histories import Run
+from turnkit._temporal.replay import replay_runs, report
+from turnkit._workflows.lane import ConversationWorkflow
+from turnkit.kernel.records import ToolExecutionRecord, TurnRecord
 from turnkit.plugin import PASSTHROUGH_MODULES
-from turnkit.records import ToolExecutionRecord, TurnRecord
-from turnkit.replay import replay_runs, report
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.timeline import render_html
-from turnkit.tree import TurnNode
-from workflows import ConversationWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 TURN_TOOLS_HISTORY = sorted((ROOT / "tests" / "histories").glob("turn-tools-TurnWorkflow-v*.json"))[-1]

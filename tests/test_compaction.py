@@ -10,9 +10,9 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from activities.model import ModelActivities
 from tests.engine import Engine, turn_for_activities
-from turnkit.compaction import (
+from turnkit._activities.model import ModelActivities
+from turnkit._engine.compaction import (
     DEFAULTS,
     SUMMARY_SECTIONS,
     active_messages,
@@ -25,12 +25,12 @@ from turnkit.compaction import (
     summary_target_tokens,
 )
 from turnkit.config import configure, settings
-from turnkit.errors import CompactionError, ConfigError
 from turnkit.events import Event
+from turnkit.kernel.errors import CompactionError, ConfigError
+from turnkit.kernel.payloads import ModelCall
+from turnkit.kernel.records import MessageRecord
 from turnkit.model import ModelRequest, Result
-from turnkit.payloads import ModelCall
 from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION
-from turnkit.records import MessageRecord
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 

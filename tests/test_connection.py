@@ -22,8 +22,8 @@ import pytest
 from temporalio.service import TLSConfig
 
 import turnkit
-from turnkit.connection import client_options
-from turnkit.errors import ConfigError
+from turnkit._temporal.connection import client_options
+from turnkit.kernel.errors import ConfigError
 from turnkit.testing import ScriptedClient
 
 ROOT = Path(__file__).resolve().parent.parent

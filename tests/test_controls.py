@@ -11,9 +11,9 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from activities.turns import TurnActivities
 from tests.engine import Engine, Gate, HeldModel, eventually, gated_tool, lane_buffers, turn_for_activities
-from turnkit.payloads import FinishTurn
+from turnkit._activities.turns import TurnActivities
+from turnkit.kernel.payloads import FinishTurn
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 

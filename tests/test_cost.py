@@ -13,7 +13,7 @@ import pytest
 
 from turnkit.config import TASK_QUEUE, configure, reset_settings, settings
 from turnkit.cost import Cost, cost_from_usage, known_price
-from turnkit.errors import (
+from turnkit.kernel.errors import (
     BudgetError,
     ConfigError,
     Error,

@@ -13,7 +13,7 @@ from tests.engine import Engine, eventually
 from tests.history_scenarios import history_events, local_activity_types
 from tests.workers import WorkerProcess
 from turnkit.agent import register
-from turnkit.records import INTERRUPTED_MESSAGE
+from turnkit.kernel.records import INTERRUPTED_MESSAGE
 
 pytestmark = pytest.mark.crash
 

@@ -23,19 +23,19 @@ from temporalio.worker import Worker
 
 import turnkit
 from tests.engine import eventually, start_turn_workflow
+from turnkit._engine.builtin_tools import wait_for
+from turnkit._engine.controls import apply_cancel, apply_pause, apply_resume
+from turnkit._engine.turn_build import ticket_of
+from turnkit._engine.turn_options import turn_options
+from turnkit._workflows.lane import FOLLOW_POLL, ConversationWorkflow
+from turnkit._workflows.turn import TurnWorkflow
 from turnkit.agent import resolve_agent
-from turnkit.builtin_tools import wait_for
-from turnkit.controls import apply_cancel, apply_pause, apply_resume
-from turnkit.payloads import LaneInput, QueuedTurn, TurnOutcome
+from turnkit.kernel.payloads import LaneInput, QueuedTurn, TurnOutcome
+from turnkit.kernel.records import TurnRecord
 from turnkit.plugin import TurnKitPlugin
-from turnkit.records import TurnRecord
 from turnkit.store import Store
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.turn_build import ticket_of
-from turnkit.turn_options import turn_options
-from workflows.lane import FOLLOW_POLL, ConversationWorkflow
-from workflows.turn import TurnWorkflow
 
 
 def _test_server() -> str:

@@ -12,8 +12,8 @@ import pytest
 import turnkit
 from tests.engine import busy_sub_agent, eventually, held_tool, lane_buffers
 from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
-from turnkit.builtin_tools import send_message
-from turnkit.payloads import LaneStatus
+from turnkit._engine.builtin_tools import send_message
+from turnkit.kernel.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 

@@ -9,7 +9,7 @@ import pytest
 
 import turnkit
 from tests.engine import eventually, held_tool
-from turnkit.payloads import LaneStatus
+from turnkit.kernel.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 

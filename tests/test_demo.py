@@ -22,9 +22,9 @@ from tests.engine import Engine
 from tests.test_cli_debug import bars
 from tests.workers import ROOT, WorkerProcess
 from turnkit import demo
-from turnkit.records import TreeUsage
+from turnkit._ops.tree import TurnNode, load_trees
+from turnkit.kernel.records import TreeUsage
 from turnkit.store import Store
-from turnkit.tree import TurnNode, load_trees
 
 SUB_AGENTS = ["archivist", "fact_checker", "researcher", "surveyor"]
 

@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-import worker
-from turnkit.connection import client_options
-from turnkit.errors import ConfigError
-from turnkit.search_attributes import ALL_SEARCH_ATTRIBUTES
-from turnkit.worker_arguments import on_uvloop, run_on_loop
+from turnkit._temporal import worker
+from turnkit._temporal.connection import client_options
+from turnkit._temporal.worker_arguments import on_uvloop, run_on_loop
+from turnkit.kernel.errors import ConfigError
+from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {"postgresql", "temporal", "temporal-setup", "temporal-ui", "worker"}

@@ -1,4 +1,4 @@
-"""A fresh conversation's first turn runs without the conversation's lane (issue 9, :mod:`turnkit.first_turn`).
+"""A fresh conversation's first turn runs without the conversation's lane (issue 9, :mod:`turnkit._engine.first_turn`).
 
 What must hold: ``ask`` starts the first turn itself (no lane workflow, no staged input); any later turn, a delivery
 or a concurrent first ``ask`` goes through the lane, which runs the direct turn first and follows it to its end, so
@@ -16,16 +16,16 @@ from sqlalchemy import text
 
 import turnkit
 from tests.engine import busy_agent, eventually, lane_exists
-from turnkit import dispatch, turn_build
+from turnkit._engine import dispatch, turn_build
+from turnkit._engine.first_turn import write_first_turn
+from turnkit._engine.ids import new_id
+from turnkit._workflows.lane import ConversationWorkflow
 from turnkit.config import settings
-from turnkit.errors import RecordNotFound
-from turnkit.first_turn import write_first_turn
-from turnkit.ids import new_id
-from turnkit.payloads import ModelPolicy, SubmitTurn
-from turnkit.records import TurnRecord
+from turnkit.kernel.errors import RecordNotFound
+from turnkit.kernel.payloads import ModelPolicy, SubmitTurn
+from turnkit.kernel.records import TurnRecord
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient
-from workflows.lane import ConversationWorkflow
 
 
 async def _direct(tk: TurnKit, turn_id: str) -> bool:
@@ -190,7 +190,7 @@ async def test_a_first_turn_takes_its_model_call_settings_from_the_process_that_
     monkeypatch.setattr(turn_build, "model_policy", lambda: asked)  # the asking process, configured otherwise
     monkeypatch.setattr(dispatch, "_reported", set())
     conversation = await tk.conversation(turnkit.Agent("drift", model="scripted", client=ScriptedClient(["a", "b"])))
-    with caplog.at_level(logging.WARNING, logger="turnkit.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="turnkit._engine.dispatch"):
         first = await conversation.ask("one")
         second = await conversation.ask("two")  # the same difference: not logged again
     assert (first.status, second.status) == ("completed", "completed")
@@ -201,6 +201,6 @@ async def test_a_first_turn_takes_its_model_call_settings_from_the_process_that_
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
     assert scheduled.heartbeat_timeout.ToTimedelta().total_seconds() == 7.0
-    warnings = [r.getMessage() for r in caplog.records if r.name == "turnkit.dispatch"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "turnkit._engine.dispatch"]
     assert len(warnings) == 1, warnings
     assert "model_heartbeat_timeout=7" in warnings[0] and "model_heartbeat_timeout=30" in warnings[0]

@@ -21,9 +21,8 @@ from temporalio.worker import Replayer
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
 from tests.faults import DevServer, dev_server
-from tests.history_scenarios import carried_turn, patch_level, patch_markers
-from turnkit.builtin_tools import launch_agent, wait_for
-from turnkit.payloads import PATCH_LEVEL
+from tests.history_scenarios import carried_turn, patch_markers
+from turnkit._engine.builtin_tools import launch_agent, wait_for
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
@@ -130,8 +129,8 @@ async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in
             history = await tk.client.get_workflow_handle(conversation.id, run_id=execution.run_id).fetch_history()
             events = list(history.events)
             busy_rollovers += carried_turn(events) is not None
-            # Each run (the first, and every one its predecessor started) is of this release's patch level.
-            assert patch_level(events) == PATCH_LEVEL and patch_markers(events) == [], execution.run_id
+            # No run records a patch marker (the first, and every one its predecessor started).
+            assert patch_markers(events) == [], execution.run_id
         assert busy_rollovers >= 1
         assert await replay_closed_runs(tk.client, conversation.id) == len(runs) - 1  # the rollover paths replay
 
@@ -155,7 +154,7 @@ async def test_a_long_turn_continues_as_new_and_completes(database_url: str) -> 
         assert await replay_closed_runs(tk.client, turn.id) == len(runs)
         async for execution in tk.client.list_workflows(f"WorkflowId = '{turn.id}'"):
             events = (await tk.client.get_workflow_handle(turn.id, run_id=execution.run_id).fetch_history()).events
-            assert patch_level(events) == PATCH_LEVEL and patch_markers(events) == [], execution.run_id
+            assert patch_markers(events) == [], execution.run_id
 
 
 async def test_a_terminated_turn_is_recorded_failed_and_the_lane_runs_the_next(tk: TurnKit) -> None:

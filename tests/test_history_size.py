@@ -9,7 +9,7 @@ import pytest
 
 import turnkit
 from tests.engine import eventually
-from turnkit.builtin_tools import send_message
+from turnkit._engine.builtin_tools import send_message
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 

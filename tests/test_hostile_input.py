@@ -19,16 +19,16 @@ import turnkit
 from tests.engine import eventually, held_tool
 from tests.faults import private_cluster
 from turnkit import handles
+from turnkit._engine.ids import new_id
+from turnkit._workflows.lane import SUBMIT_TIMEOUT
 from turnkit.config import configure
-from turnkit.errors import InputError, RecordNotFound, StoreError
-from turnkit.ids import new_id
+from turnkit.kernel.errors import InputError, RecordNotFound, StoreError
+from turnkit.kernel.payloads import SubmitTurn
 from turnkit.model import Result, ToolCall
-from turnkit.payloads import SubmitTurn
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
-from workflows.lane import SUBMIT_TIMEOUT
 
 RUNS: dict[str, int] = {}
 LOOP: dict[str, Any] = {}

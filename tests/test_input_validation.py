@@ -15,14 +15,14 @@ from sqlalchemy import func, select
 
 import turnkit
 from tests.engine import Engine, lane_exists
+from turnkit._engine.validation import MAX_KEY_CHARS, MAX_NAME_CHARS, check_json
 from turnkit.config import configure, settings
-from turnkit.errors import ConfigError, InputError
 from turnkit.handles import Conversation
+from turnkit.kernel.errors import ConfigError, InputError
 from turnkit.runtime import TurnKit
 from turnkit.store.schema import ConversationRow, DeliveryRow
 from turnkit.store.store import canonical_json
 from turnkit.testing import ScriptedClient
-from turnkit.validation import MAX_KEY_CHARS, MAX_NAME_CHARS, check_json
 
 
 def _agent(name: str | None = None, **options: Any) -> turnkit.Agent:

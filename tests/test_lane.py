@@ -15,9 +15,9 @@ import turnkit
 from tests.engine import Engine, busy_agent, eventually, held_tool
 from tests.history_scenarios import activity_types, ends_at_completed_task, history_events, local_activities
 from tests.test_lost_completions import LocalAttemptFault
+from turnkit._workflows.lane import ConversationWorkflow
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
-from workflows.lane import ConversationWorkflow
 
 #: The lane itself: every turn goes through it, a fresh conversation's first too (tests/test_first_turn.py has that).
 pytestmark = pytest.mark.usefixtures("through_lanes")

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 import turnkit
-from activities.tools import ToolActivities
-from activities.turns import TurnActivities
 from tests.engine import Gate, HeldModel, eventually, gated_tool, lane_buffers
-from turnkit.payloads import SettleToolCall, ToolCallRef, ToolOutcome
+from turnkit._activities.tools import ToolActivities
+from turnkit._activities.turns import TurnActivities
+from turnkit.kernel.payloads import SettleToolCall, ToolCallRef, ToolOutcome
 from turnkit.runtime import TurnKit
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools, say

@@ -17,7 +17,7 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 import turnkit
 from tests.engine import Engine, eventually
-from turnkit.builtin_tools import launch_agent, wait_for
+from turnkit._engine.builtin_tools import launch_agent, wait_for
 from turnkit.testing import ScriptedClient, call_tools
 
 

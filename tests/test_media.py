@@ -27,7 +27,7 @@ from tests.provider_server import (
     openai_response,
     openai_text,
 )
-from turnkit.errors import InputError
+from turnkit.kernel.errors import InputError
 from turnkit.media import MediaInput
 from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS
 from turnkit.media_tools import ImageTool, ViewMediaTool, paint_in_turn, view_media_in_turn
@@ -138,7 +138,7 @@ async def check_media_round_trip(store: Store) -> None:
     }
     assert stored == data
     async with store.atomic() as tx:
-        with pytest.raises(turnkit.errors.RecordNotFound, match="media not found: media_missing"):
+        with pytest.raises(turnkit.kernel.errors.RecordNotFound, match="media not found: media_missing"):
             await tx.load_media("media_missing")
 
 

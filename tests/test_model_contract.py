@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from turnkit.errors import ModelError
+from turnkit.kernel.errors import ModelError
+from turnkit.kernel.records import MessageRecord
 from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.prompt import drop_unanswered_calls, project_messages
-from turnkit.records import MessageRecord
 from turnkit.testing import DEFAULT_USAGE, ScriptedClient, call_tools, say
 
 

@@ -11,13 +11,13 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from activities.model import ModelActivities
-from activities.turns import TurnActivities
 from tests.engine import Engine, HeldModel, eventually, turn_for_activities
+from turnkit._activities.model import ModelActivities
+from turnkit._activities.turns import TurnActivities
 from turnkit.events import Event
+from turnkit.kernel.payloads import FinishTurn, ModelCall, TurnOutcome
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
-from turnkit.payloads import FinishTurn, ModelCall, TurnOutcome
 from turnkit.runtime import TurnKit
 from turnkit.skills import Skill
 from turnkit.testing import ScriptedClient, call_tools, say

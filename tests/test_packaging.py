@@ -155,7 +155,7 @@ import asyncio
 
 import turnkit
 import worker
-from turnkit.process import exit_process
+from turnkit._temporal.process import exit_process
 
 import packaged_app
 

@@ -1,5 +1,5 @@
 """``TurnKitPlugin`` on a real worker: the application's payload codec is kept, and the sandbox's per-payload context
-answers (``turnkit.sandbox_runner``) are the SDK's own, given without re-entering the sandbox."""
+answers (``turnkit._temporal.sandbox_runner``) are the SDK's own, given without re-entering the sandbox."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import turnkit
-import turnkit.sandbox_runner
+import turnkit._temporal.sandbox_runner
+from turnkit._temporal.sandbox_runner import DIRECT_CONTEXTS, TurnKitSandboxRunner
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
-from turnkit.sandbox_runner import DIRECT_CONTEXTS, TurnKitSandboxRunner
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -62,7 +62,7 @@ async def _one_turn(temporal: WorkflowEnvironment, database_url: str) -> tuple[l
     """One turn with a tool call through a client whose codec records contexts: the contexts seen (by role), and how
     many times the converter's questions entered the sandbox."""
     entries = 0
-    instance_class = turnkit.sandbox_runner._SandboxInstance  # pyright: ignore[reportPrivateUsage]
+    instance_class = turnkit._temporal.sandbox_runner._SandboxInstance  # pyright: ignore[reportPrivateUsage]
     assert instance_class is not None
     run_code = instance_class._run_code  # pyright: ignore[reportPrivateUsage]
 
@@ -114,12 +114,12 @@ async def test_the_codec_sees_the_sdks_contexts_without_the_sandbox_being_reente
     """A codec that depends on the serialization context (per-workflow keys, say) gets exactly what Temporal's own
     sandbox runner gives it, for every payload of a turn with a tool call; the converter's questions no longer enter
     the sandbox (they did, ~60 times per such turn, with the SDK's runner)."""
-    assert DIRECT_CONTEXTS, "this temporalio release lacks what turnkit.sandbox_runner relies on: the sandbox is slower"
+    assert DIRECT_CONTEXTS, "this temporalio release lacks what turnkit._temporal.sandbox_runner relies on: the sandbox is slower"
     plugin_runner = TurnKitPlugin().configure_worker({"workflow_runner": SandboxedWorkflowRunner()})["workflow_runner"]  # type: ignore[typeddict-item]
     assert type(plugin_runner) is TurnKitSandboxRunner
 
     direct, direct_entries = await _one_turn(temporal, database_url)
-    monkeypatch.setattr(turnkit.sandbox_runner, "_Answering", None)  # the SDK's own path, for comparison
+    monkeypatch.setattr(turnkit._temporal.sandbox_runner, "_Answering", None)  # the SDK's own path, for comparison
     sdk, sdk_entries = await _one_turn(temporal, database_url)
 
     assert direct_entries == 0

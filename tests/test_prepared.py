@@ -14,7 +14,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
 from tests.engine import held_tool, stored_pending_turn
-from turnkit.errors import Error, InputError
+from turnkit.kernel.errors import Error, InputError
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.config import configure, reset_settings
+from turnkit.config import configure, reset_settings, settings
 from turnkit.live_context import TRUNCATED, LiveContextContribution, PromptBuildContext, data_block
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -212,5 +212,5 @@ def test_prompt_settings_are_checked_before_any_change() -> None:
         configure(prompt_data_max_chars=-1)
     with pytest.raises(turnkit.ConfigError, match="context_contributors must be a list of callables"):
         configure(context_contributors=["not callable"])
-    assert (turnkit.settings.prompt_sections, turnkit.settings.prompt_behavior) == (None, None)
+    assert (settings.prompt_sections, settings.prompt_behavior) == (None, None)
     assert configure(prompt_sections=["tools"]).prompt_sections == ("tools",)

@@ -30,7 +30,7 @@ from tests.provider_server import (
     openai_response,
     openai_text,
 )
-from turnkit.errors import ModelAccessError, ModelError
+from turnkit.kernel.errors import ModelAccessError, ModelError
 from turnkit.model import ModelRequest, ToolSpec
 from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.providers._common import fully_required, strict_schema

@@ -23,12 +23,13 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import turnkit
-from tests.history_scenarios import SCENARIOS, patch_level, patch_markers, register_scenario_agents, workflow_id
-from turnkit.payloads import PATCH_LEVEL, FinishTurn, LaneInput, TurnInput, TurnOutcome
+from tests.history_scenarios import SCENARIOS, patch_markers, register_scenario_agents, workflow_id
+from turnkit._workflows.lane import ConversationWorkflow
+from turnkit._workflows.registry import ALL_WORKFLOWS
+from turnkit.kernel.payloads import FinishTurn, TurnInput, TurnOutcome
 from turnkit.plugin import PASSTHROUGH_MODULES, TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
-from workflows import ALL_WORKFLOWS, ConversationWorkflow
 
 HISTORIES = sorted(Path(__file__).parent.glob("histories/*.json"))
 
@@ -101,10 +102,10 @@ def _lookup() -> str:
 
 
 @pytest.mark.usefixtures("through_lanes")
-async def test_runs_started_by_this_release_record_nopatch_markers(tk: TurnKit) -> None:
-    """Issue 9: a new conversation's lane and its turn carry this release's patch level and take its patches unasked,
-    so neither records a patch marker or a ``TemporalChangeVersion`` upsert (the lane recorded six of each); both
-    histories replay, under the strict sandbox."""
+async def test_runs_of_the_baseline_record_no_patch_markers(tk: TurnKit) -> None:
+    """Release 0.2.0 is the baseline of the workflow code: a new conversation's lane and its turn record no patch
+    marker and no ``TemporalChangeVersion`` upsert, and both histories replay under the strict sandbox. (A later
+    change to workflow code goes through ``workflow.patched``, and its marker appears here.)"""
     register_scenario_agents()
     lookup = turnkit.tool(recovery="replay_safe")(_lookup)
     agent = turnkit.Agent(
@@ -115,29 +116,8 @@ async def test_runs_started_by_this_release_record_nopatch_markers(tk: TurnKit) 
     assert turn.status == "completed"
     for workflow_id_ in (conversation.id, turn.id):
         history = await tk.client.get_workflow_handle(workflow_id_).fetch_history()
-        assert patch_level(history.events) == PATCH_LEVEL, workflow_id_
         assert patch_markers(history.events) == [], workflow_id_
         await turnkit_replayer().replay_workflow(history)
-
-
-@pytest.mark.usefixtures("through_lanes")
-async def test_a_lane_started_by_an_older_release_still_asks_for_its_patches(tk: TurnKit) -> None:
-    """Issue 9, upgrades: a lane whose input has no patch level (started by an older client, or continued by an older
-    worker) records its patch markers as before and replays; the turn it starts now is of this release's level."""
-    register_scenario_agents()
-    agent = turnkit.Agent("older-lane", model="scripted", client=ScriptedClient(["hello"]))
-    conversation = await tk.conversation(agent)
-    older_input = LaneInput(conversation_id=conversation.id).model_dump(exclude={"patch_level"})
-    await tk.client.start_workflow("ConversationWorkflow", older_input, id=conversation.id, task_queue=tk.task_queue)
-    turn = await conversation.ask("hi")  # update-with-start reaches the running lane
-    assert turn.status == "completed" and turn.output_text == "hello"
-    lane = await tk.client.get_workflow_handle(conversation.id).fetch_history()
-    assert patch_level(lane.events) == 0
-    markers = patch_markers(lane.events)
-    assert {"lane-starts-turns", "local-store-calls", "TemporalChangeVersion"} <= set(markers), markers
-    await turnkit_replayer().replay_workflow(lane)
-    started = await tk.client.get_workflow_handle(turn.id).fetch_history()
-    assert patch_level(started.events) == PATCH_LEVEL and patch_markers(started.events) == []
 
 
 # -- negative control -------------------------------------------------------------------------------------------------
@@ -149,7 +129,6 @@ class AlteredTurnWorkflow:
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
-        workflow.patched("search-attributes")  # the edit kept the patches: only the first activity changed
         finish = asyncio.create_task(
             workflow.execute_activity(
                 "turnkit.finish_turn",
@@ -187,10 +166,10 @@ async def test_changed_workflow_fails_replay() -> None:
 async def test_strict_sandbox_runs_workflow_code_from_source(monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
     """The replayers' strict sandbox re-imports ``workflows/`` for every run, so the sandbox's checks apply to it; a
     worker's plugin shares the host's import (cheaper), so a change to the host module reaches its runs."""
-    import workflows.store_calls
+    import turnkit._workflows.turn
 
-    path = next(p for p in HISTORIES if p.name == "lane-two-turns-ConversationWorkflow-v5.json")
-    monkeypatch.setattr(workflows.store_calls, "LOCAL_STORE_CALLS", "a-patch-never-recorded")
+    path = next(p for p in HISTORIES if p.name.startswith("turn-tools-TurnWorkflow-"))
+    monkeypatch.setattr(turnkit._workflows.turn, "TOOL_ACTIVITY_PREFIX", "renamed:")
     register_scenario_agents()
     replayer = Replayer(workflows=[], plugins=[TurnKitPlugin(strict_sandbox=strict)])
     if strict:

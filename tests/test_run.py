@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 import turnkit
-from turnkit.budget import MAX_ITERATIONS
-from turnkit.current import current_connection
+from turnkit._engine.budget import MAX_ITERATIONS
+from turnkit._engine.current import current_connection
 from turnkit.model import Usage
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools, say

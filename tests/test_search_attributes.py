@@ -1,7 +1,7 @@
 """Issue 11, "Seeing a run": search attributes on every lane and turn, current details, and the worker's start-up
 check, against the real dev server (the session's, which registers the attributes, and a private one without them).
 
-The attributes are Keyword search attributes (:mod:`turnkit.search_attributes`); visibility is eventually
+The attributes are Keyword search attributes (:mod:`turnkit._temporal.search_attributes`); visibility is eventually
 consistent, so every search is polled until it answers.
 """
 
@@ -22,19 +22,19 @@ from temporalio.client import Client
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
 from tests.faults import DevServer, dev_server
+from turnkit._temporal.search_attributes import create_commands
 from turnkit.config import configure, reset_settings
-from turnkit.errors import ConfigError
-from turnkit.plugin import TurnKitPlugin
-from turnkit.runtime import TurnKit
-from turnkit.search_attributes import (
+from turnkit.kernel.errors import ConfigError
+from turnkit.kernel.search_attributes import (
     AGENT,
     ALL_SEARCH_ATTRIBUTES,
     CONVERSATION_ID,
     PARENT_TURN_ID,
     ROOT_TURN_ID,
     TURN_STATUS,
-    create_commands,
 )
+from turnkit.plugin import TurnKitPlugin
+from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
 

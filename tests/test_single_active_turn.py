@@ -9,7 +9,7 @@ from temporalio.api.enums.v1 import EventType
 
 from tests.engine import busy_sub_agent, eventually, lane_buffers
 from tests.history_scenarios import ends_at_completed_task
-from turnkit.payloads import LaneStatus
+from turnkit.kernel.payloads import LaneStatus
 from turnkit.runtime import TurnKit
 
 _SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED

@@ -16,7 +16,7 @@ from tests.history_scenarios import history_events, local_activity_types, schedu
 from tests.workers import WorkerProcess
 from turnkit.agent import Agent, register
 from turnkit.config import configure
-from turnkit.errors import ConfigError
+from turnkit.kernel.errors import ConfigError
 from turnkit.model import ModelRequest
 from turnkit.runtime import TurnKit
 from turnkit.skills import LoadSkillTool, Skill

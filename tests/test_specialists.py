@@ -15,7 +15,7 @@ from tests.test_tools import make_context
 from turnkit import specialists
 from turnkit.agent import Agent
 from turnkit.config import configure
-from turnkit.errors import ToolError, ToolValidationError
+from turnkit.kernel.errors import ToolError, ToolValidationError
 from turnkit.runtime import TurnKit
 from turnkit.skills import Skill
 from turnkit.specialists import (

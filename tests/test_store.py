@@ -25,9 +25,9 @@ from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, StatementError
 
-from turnkit.errors import RecordNotFound, ToolError
-from turnkit.ids import new_claim_token, new_id
-from turnkit.records import ConversationRecord, TreeUsage, TurnRecord
+from turnkit._engine.ids import new_claim_token, new_id
+from turnkit.kernel.errors import RecordNotFound, ToolError
+from turnkit.kernel.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.direct import DirectCursor
 from turnkit.store.errors import transient_store_error
@@ -1626,7 +1626,7 @@ async def test_upgrade_backfills_tree_counters_and_response_request_ids(empty_da
     """issue 9: an existing database upgraded to the counters checks budgets as the sums over its records did."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from turnkit.records import TreeUsage
+    from turnkit.kernel.records import TreeUsage
 
     engine = create_async_engine(empty_database_url)
     try:

@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from activities import store_retry
-from activities.store_retry import retry_store
+from turnkit._activities import store_retry
+from turnkit._activities.store_retry import retry_store
 from turnkit.store.errors import transient_store_error
 
 

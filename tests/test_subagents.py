@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 import turnkit
-from activities.children import ChildActivities
 from tests.engine import eventually, held_tool
-from turnkit.builtin_tools import launch_agent, wait_for
+from turnkit._activities.children import ChildActivities
+from turnkit._engine.builtin_tools import launch_agent, wait_for
+from turnkit._engine.waits import add_waits
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.waits import add_waits
 
 
 @turnkit.tool(recovery="replay_safe")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import turnkit
-from turnkit.call_ids import provider_call_ids, unique_call_ids
+from turnkit._engine.call_ids import provider_call_ids, unique_call_ids
 from turnkit.model import ModelRequest, Result
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient

@@ -23,12 +23,12 @@ import turnkit
 from tests import tool_queue_app
 from tests.engine import Engine, eventually
 from tests.workers import WorkerProcess
+from turnkit._engine.dispatch import call_policy
+from turnkit._engine.tool_queues import misrouted
 from turnkit.agent import register
-from turnkit.dispatch import call_policy
-from turnkit.payloads import CallPolicy
-from turnkit.records import INTERRUPTED_MESSAGE
+from turnkit.kernel.payloads import CallPolicy
+from turnkit.kernel.records import INTERRUPTED_MESSAGE
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.tool_queues import misrouted
 
 pytestmark = pytest.mark.crash
 

@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from turnkit._engine.dispatch import call_policy
 from turnkit.agent import Agent
-from turnkit.dispatch import call_policy
-from turnkit.errors import ToolError, ToolValidationError
+from turnkit.kernel.errors import ToolError, ToolValidationError
 from turnkit.model import ToolSpec
 from turnkit.tools import FunctionTool, Tool, ToolContext, as_tool, normalize_result, tool
 

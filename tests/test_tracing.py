@@ -24,11 +24,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 import turnkit
-import worker as worker_main
 from tests.engine import eventually
+from turnkit._temporal import worker as worker_main
 from turnkit.cli import build_parser
 from turnkit.cost import cost_from_usage
-from turnkit.errors import InputError
+from turnkit.kernel.errors import InputError
 from turnkit.model import Usage
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit

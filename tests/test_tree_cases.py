@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 import turnkit
-from activities.deliveries import DeliveryActivities
 from tests.engine import eventually
-from turnkit.deliveries import create_delivery, signal_delivery
-from turnkit.deliveries import reconcile as reconcile_deliveries
-from turnkit.payloads import DeliverBatch
+from turnkit._activities.deliveries import DeliveryActivities
+from turnkit._engine.deliveries import create_delivery, signal_delivery
+from turnkit._engine.deliveries import reconcile as reconcile_deliveries
+from turnkit.kernel.payloads import DeliverBatch
 from turnkit.runtime import TurnKit
 from turnkit.store.store import StoreTx
 from turnkit.testing import ScriptedClient, call_tools

@@ -13,14 +13,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from activities.model import ModelActivities
 from tests.engine import HeldModel, start_turn_workflow
 from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
-from turnkit.errors import TransientModelError
-from turnkit.ids import new_id
+from turnkit._activities.model import ModelActivities
+from turnkit._engine.ids import new_id
+from turnkit.kernel.errors import TransientModelError
+from turnkit.kernel.payloads import ModelCall, SubmitTurn
+from turnkit.kernel.records import INTERRUPTED_MESSAGE
 from turnkit.model import Result
-from turnkit.payloads import ModelCall, SubmitTurn
-from turnkit.records import INTERRUPTED_MESSAGE
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -481,7 +481,7 @@ async def test_a_turn_cancelled_during_a_local_model_call_ends_cancelled(tk: Tur
 async def test_activities_heartbeat_only_when_a_beat_is_due(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:
     """A turn's activities heartbeat only when a beat is due (each is a write to the workflow's state on the
     server): never sooner than half the heartbeat timeout after the attempt's start or the last beat. A tool that
-    runs past its 1 s heartbeat timeout beats every half timeout and completes (``turnkit/heartbeats.py``)."""
+    runs past its 1 s heartbeat timeout beats every half timeout and completes (``turnkit/_temporal/heartbeats.py``)."""
     turnkit.configure(tool_heartbeat_timeout=1.0)
     beats: list[str] = []
     early: list[tuple[str, float]] = []

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from turnkit.errors import ToolError
-from turnkit.records import TurnRecord
+from turnkit._engine.waits import add_waits
+from turnkit.kernel.errors import ToolError
+from turnkit.kernel.records import TurnRecord
 from turnkit.store import Store
 from turnkit.store.store import utcnow
-from turnkit.waits import add_waits
 
 
 async def submitted_turn(store: Store, conversation_id: str | None = None) -> TurnRecord:

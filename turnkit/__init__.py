@@ -6,56 +6,131 @@ Turns loop model → tools → model as Temporal workflows; a SQL store keeps th
         async with tk.worker():
             conv = await tk.conversation(agent)
             turn = await conv.ask("Hello")
+
+From a team's own workflow, :mod:`turnkit.workflow` asks an agent as one of its steps.
+
+The names below are loaded when first used: ``import turnkit`` (which every ``turnkit.*`` import runs first, the
+workflow sandbox's included) loads no engine, store, driver or provider SDK, so workflow code that imports
+:mod:`turnkit.workflow` or :mod:`turnkit.kernel` pulls in only those.
 """
 
 from __future__ import annotations
 
-from turnkit import providers, specialists
-from turnkit.agent import Agent, register, registered_agents, resolve_agent
-from turnkit.config import Settings, configure, settings
-from turnkit.cost import Cost
-from turnkit.errors import (
-    AuthorizationError,
-    BudgetError,
-    CompactionError,
-    ConfigError,
-    Error,
-    InputError,
-    LostClaim,
-    ModelAccessError,
-    ModelError,
-    OutputAudit,
-    RecordNotFound,
-    StoreError,
-    ToolError,
-    ToolValidationError,
-    TransientModelError,
-)
-from turnkit.events import Event
-from turnkit.handles import Conversation, Turn
-from turnkit.live_context import LiveContextContribution, PromptBuildContext
-from turnkit.media import MediaInput
-from turnkit.media_calls import paint, view_media
-from turnkit.media_requests import PaintRequest, ViewMediaRequest
-from turnkit.media_tools import ImageTool, ViewMediaTool
-from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
-from turnkit.output_policy import AuditResult, OutputPolicy, Violation, check_output_policy
-from turnkit.plugin import TurnKitPlugin
-from turnkit.prompt import SystemPrompt
-from turnkit.records import (
-    ConversationRecord,
-    DeliveryRecord,
-    MediaRecord,
-    MessageRecord,
-    ToolExecutionRecord,
-    TurnRecord,
-    WaitRecord,
-)
-from turnkit.run import Run
-from turnkit.runtime import TurnKit, connect
-from turnkit.skills import Skill
-from turnkit.store import Store
-from turnkit.tools import Tool, ToolContext, tool
+from typing import TYPE_CHECKING
+
+from turnkit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from turnkit import providers, specialists
+    from turnkit.agent import Agent, register
+    from turnkit.config import configure
+    from turnkit.cost import Cost
+    from turnkit.events import Event
+    from turnkit.handles import Conversation, Turn
+    from turnkit.kernel.errors import (
+        AuthorizationError,
+        BudgetError,
+        CompactionError,
+        ConfigError,
+        Error,
+        InputError,
+        LostClaim,
+        ModelAccessError,
+        ModelError,
+        OutputAudit,
+        RecordNotFound,
+        StoreError,
+        ToolError,
+        ToolValidationError,
+        TransientModelError,
+    )
+    from turnkit.kernel.records import (
+        ConversationRecord,
+        DeliveryRecord,
+        MediaRecord,
+        MessageRecord,
+        ToolExecutionRecord,
+        TurnRecord,
+        WaitRecord,
+    )
+    from turnkit.live_context import LiveContextContribution, PromptBuildContext
+    from turnkit.media import MediaInput
+    from turnkit.media_calls import paint, view_media
+    from turnkit.media_requests import PaintRequest, ViewMediaRequest
+    from turnkit.media_tools import ImageTool, ViewMediaTool
+    from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
+    from turnkit.output_policy import AuditResult, OutputPolicy, Violation, check_output_policy
+    from turnkit.plugin import TurnKitPlugin
+    from turnkit.prompt import SystemPrompt
+    from turnkit.run import Run
+    from turnkit.runtime import TurnKit, connect
+    from turnkit.skills import Skill
+    from turnkit.tools import Tool, ToolContext, tool
+
+#: Where each name of the application API is defined (``None``: the name is a submodule).
+_EXPORTS: dict[str, str | None] = {
+    "Agent": "turnkit.agent",
+    "register": "turnkit.agent",
+    "configure": "turnkit.config",
+    "Cost": "turnkit.cost",
+    "Event": "turnkit.events",
+    "Conversation": "turnkit.handles",
+    "Turn": "turnkit.handles",
+    **dict.fromkeys(
+        (
+            "AuthorizationError",
+            "BudgetError",
+            "CompactionError",
+            "ConfigError",
+            "Error",
+            "InputError",
+            "LostClaim",
+            "ModelAccessError",
+            "ModelError",
+            "OutputAudit",
+            "RecordNotFound",
+            "StoreError",
+            "ToolError",
+            "ToolValidationError",
+            "TransientModelError",
+        ),
+        "turnkit.kernel.errors",
+    ),
+    **dict.fromkeys(
+        (
+            "ConversationRecord",
+            "DeliveryRecord",
+            "MediaRecord",
+            "MessageRecord",
+            "ToolExecutionRecord",
+            "TurnRecord",
+            "WaitRecord",
+        ),
+        "turnkit.kernel.records",
+    ),
+    "LiveContextContribution": "turnkit.live_context",
+    "PromptBuildContext": "turnkit.live_context",
+    "MediaInput": "turnkit.media",
+    "paint": "turnkit.media_calls",
+    "view_media": "turnkit.media_calls",
+    "PaintRequest": "turnkit.media_requests",
+    "ViewMediaRequest": "turnkit.media_requests",
+    "ImageTool": "turnkit.media_tools",
+    "ViewMediaTool": "turnkit.media_tools",
+    **dict.fromkeys(("Client", "ModelRequest", "Result", "ToolCall", "ToolSpec", "Usage"), "turnkit.model"),
+    **dict.fromkeys(("AuditResult", "OutputPolicy", "Violation", "check_output_policy"), "turnkit.output_policy"),
+    "TurnKitPlugin": "turnkit.plugin",
+    "SystemPrompt": "turnkit.prompt",
+    "Run": "turnkit.run",
+    "TurnKit": "turnkit.runtime",
+    "connect": "turnkit.runtime",
+    "Skill": "turnkit.skills",
+    "Tool": "turnkit.tools",
+    "ToolContext": "turnkit.tools",
+    "tool": "turnkit.tools",
+    "providers": None,
+    "specialists": None,
+}
 
 __all__ = [
     "Agent",
@@ -88,9 +163,7 @@ __all__ = [
     "RecordNotFound",
     "Result",
     "Run",
-    "Settings",
     "Skill",
-    "Store",
     "StoreError",
     "SystemPrompt",
     "Tool",
@@ -116,10 +189,10 @@ __all__ = [
     "paint",
     "providers",
     "register",
-    "registered_agents",
-    "resolve_agent",
-    "settings",
     "specialists",
     "tool",
     "view_media",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -12,16 +12,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from turnkit.builtin_tools import sub_agent_tool
-from turnkit.compaction_options import normalize_compaction
+from turnkit._engine.builtin_tools import sub_agent_tool
+from turnkit._engine.compaction_options import normalize_compaction
+from turnkit._engine.current import current
+from turnkit._engine.limits import check_limits
+from turnkit._engine.prompt_sections import check_prompt_sections
 from turnkit.config import EventCallback, settings
 from turnkit.cost import total_cost, total_usage
-from turnkit.current import current
-from turnkit.errors import ConfigError
-from turnkit.limits import check_limits
+from turnkit.kernel.errors import ConfigError
 from turnkit.model import Client, ToolSpec, Usage
 from turnkit.output_policy import OUTPUT_POLICY_MODES, Constraint, OutputPolicyMode, normalize_output_policy
-from turnkit.prompt_sections import check_prompt_sections
 from turnkit.skills import LoadSkillTool, Skill, check_skills, dedupe_skills
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
@@ -207,7 +207,7 @@ class Agent:
             system_prompt: None (the generated prompt), a string that replaces it, or a callable that receives the
                 built :class:`~turnkit.prompt.SystemPrompt` and returns the final text.
             prompt_sections: Overrides the prompt's section list (names from
-                :data:`turnkit.prompt_sections.PROMPT_SECTIONS`).
+                :data:`turnkit._engine.prompt_sections.PROMPT_SECTIONS`).
             context_contributors: Callables adding live context to the prompt, each called with a
                 :class:`~turnkit.live_context.PromptBuildContext` (sync or ``async def``).
             inherit_globals: Copy ``settings.context_contributors`` and ``settings.available_skills`` in front of the

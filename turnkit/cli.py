@@ -9,20 +9,20 @@ Operator verbs:
 * ``turnkit reconcile`` runs the repair sweep, then re-signals every delivery still pending in the store, so a
   signal lost between a delivery's commit and its wake-up is repaired. Schedule it (cron, a Temporal schedule)
   against a real cluster: ``TEMPORAL_ADDRESS=… TURNKIT_DATABASE_URL=… turnkit reconcile``.
-* ``turnkit db upgrade | current``: the store's migrations (:mod:`turnkit.dbadmin`).
+* ``turnkit db upgrade | current``: the store's migrations (:mod:`turnkit._ops.dbadmin`).
 * ``turnkit worker``, ``turnkit demo``.
-* ``turnkit ask --app MODULE AGENT TEXT`` (:mod:`turnkit.ask`): run one turn, print its progress and the answer.
+* ``turnkit ask --app MODULE AGENT TEXT`` (:mod:`turnkit._ops.ask`): run one turn, print its progress and the answer.
 
 Debugger verbs (each in its own module; this one only parses arguments and connects):
 
-* ``turnkit show ID`` (:mod:`turnkit.show`, :mod:`turnkit.timeline`): the tree of a turn or conversation.
-* ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit.replay`): replay histories on today's code.
-* ``turnkit history TURN_ID`` (:mod:`turnkit.histories`): a history as JSON.
-* ``turnkit events TURN_ID [--follow]`` (:mod:`turnkit.event_stream`): a turn's events as they are recorded.
+* ``turnkit show ID`` (:mod:`turnkit._ops.show`, :mod:`turnkit._ops.timeline`): the tree of a turn or conversation.
+* ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit._temporal.replay`): replay histories on today's code.
+* ``turnkit history TURN_ID`` (:mod:`turnkit._temporal.histories`): a history as JSON.
+* ``turnkit events TURN_ID [--follow]`` (:mod:`turnkit._ops.event_stream`): a turn's events as they are recorded.
 
 Every verb takes the same connection options (:func:`connection_options`, :func:`temporal_client`,
 :func:`open_store`): the one place that turns options and environment into connections. The Temporal connection
-comes from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's profile; see :mod:`turnkit.connection`);
+comes from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's profile; see :mod:`turnkit._temporal.connection`);
 ``--address``, ``--namespace``, ``--profile`` and ``--config-file`` win.
 """
 
@@ -41,11 +41,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from turnkit.connection import add_connection_arguments, client_options_from_arguments
-from turnkit.errors import ConfigError
-from turnkit.process import exit_process
-from turnkit.tracing import add_tracing_argument
-from turnkit.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
+from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
+from turnkit._temporal.process import exit_process
+from turnkit._temporal.tracing import add_tracing_argument
+from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
+from turnkit.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -141,7 +141,7 @@ async def _reconcile(args: argparse.Namespace) -> int:
 
 
 async def _check(args: argparse.Namespace) -> int:
-    from turnkit.check import summary
+    from turnkit._ops.check import summary
 
     async with _connect(args) as tk:
         findings = await tk.check(since=args.since, grace=args.grace)
@@ -150,7 +150,7 @@ async def _check(args: argparse.Namespace) -> int:
 
 
 async def _repair(args: argparse.Namespace) -> int:
-    from turnkit.check import summary
+    from turnkit._ops.check import summary
 
     async with _connect(args) as tk:
         done = await tk.repair(since=args.since, grace=args.grace)
@@ -163,7 +163,7 @@ async def _repair(args: argparse.Namespace) -> int:
 
 
 async def _db(args: argparse.Namespace) -> int:
-    from turnkit import dbadmin
+    from turnkit._ops import dbadmin
 
     if args.action == "upgrade":
         done = await dbadmin.upgrade(args.database_url)
@@ -183,10 +183,10 @@ async def _db(args: argparse.Namespace) -> int:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    from turnkit.errors import RecordNotFound
-    from turnkit.show import render_json, render_text, ui_links
-    from turnkit.timeline import render_html
-    from turnkit.tree import load_trees
+    from turnkit._ops.show import render_json, render_text, ui_links
+    from turnkit._ops.timeline import render_html
+    from turnkit._ops.tree import load_trees
+    from turnkit.kernel.errors import RecordNotFound
 
     async with open_store(args) as store:
         try:
@@ -219,8 +219,8 @@ async def _replay(args: argparse.Namespace) -> int:
 async def _replay_runs(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowHistory
 
-    from turnkit.histories import Run, matching_runs, runs_of, tree_workflow_ids
-    from turnkit.replay import replay_runs, report, turnkit_replayer
+    from turnkit._temporal.histories import Run, matching_runs, runs_of, tree_workflow_ids
+    from turnkit._temporal.replay import replay_runs, report, turnkit_replayer
 
     runs: list[Run] = []
     client = None
@@ -251,7 +251,7 @@ async def _replay_runs(args: argparse.Namespace) -> int:
 
 
 async def _history(args: argparse.Namespace) -> int:
-    from turnkit.histories import run_history
+    from turnkit._temporal.histories import run_history
 
     client = await temporal_client(args)
     run = await run_history(client, args.id, args.run_id)
@@ -268,8 +268,8 @@ async def _history(args: argparse.Namespace) -> int:
 
 
 async def _events(args: argparse.Namespace) -> int:
-    from turnkit.errors import RecordNotFound
-    from turnkit.event_stream import follow, turn_events
+    from turnkit._ops.event_stream import follow, turn_events
+    from turnkit.kernel.errors import RecordNotFound
 
     async with open_store(args) as store:
         try:
@@ -287,8 +287,8 @@ async def _events(args: argparse.Namespace) -> int:
 
 
 async def _ask(args: argparse.Namespace) -> int:
+    from turnkit._ops.ask import ask_turn
     from turnkit.agent import registered_agents, resolve_agent
-    from turnkit.ask import ask_turn
     from turnkit.runtime import connect
 
     try:
@@ -342,7 +342,7 @@ async def _ask(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    import worker
+    from turnkit._temporal import worker
     from turnkit.config import TASK_QUEUE
 
     logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
@@ -573,7 +573,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = ["turnkit demo", *(["--hold"] if args.hold else [])]  # the demo parses its own arguments
         demo()  # exits the process itself
     try:
-        # A worker may run on uvloop (turnkit.worker_arguments); the other commands on asyncio's loop.
+        # A worker may run on uvloop (turnkit._temporal.worker_arguments); the other commands on asyncio's loop.
         code = run_on_loop(_COMMANDS[args.command](args), args.loop if args.command == "worker" else "asyncio")
     except ConfigError as error:  # --loop uvloop without uvloop installed
         print(f"turnkit {args.command}: {error}", file=sys.stderr)

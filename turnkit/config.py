@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from turnkit.compaction_options import normalize_compaction
-from turnkit.errors import ConfigError
-from turnkit.limits import check_limits
-from turnkit.prompt_sections import check_prompt_sections
+from turnkit._engine.compaction_options import normalize_compaction
+from turnkit._engine.limits import check_limits
+from turnkit._engine.prompt_sections import check_prompt_sections
+from turnkit.kernel.errors import ConfigError
 from turnkit.skills import check_skills
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class Settings:
     authorize: Callable[..., Any] | None = None
     """Authorization hook ``authorize(action, principal=..., **resources)`` (sync or ``async def``, or an object with
     such an ``.authorize``); must return literally ``True``, anything else (an exception included) denies. None allows
-    everything (behaviour §7; see :mod:`turnkit.authorization`)."""
+    everything (behaviour §7; see :mod:`turnkit._engine.authorization`)."""
 
     maintenance_batch_size: int = 100
     """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
@@ -114,18 +114,18 @@ class Settings:
     before anything is sent, well below Temporal's 2 MB payload limit. None disables the check (issue 8 item 12)."""
 
     search_attributes: bool = True
-    """Start lanes and turns with TurnKit's search attributes (:mod:`turnkit.search_attributes`) and have workers
+    """Start lanes and turns with TurnKit's search attributes (:mod:`turnkit._temporal.search_attributes`) and have workers
     check at start-up that the namespace has them. False: no attributes (for a namespace where they cannot be
     registered); workflows started without them never set any."""
 
     direct_first_turns: bool = True
     """``ask`` starts a fresh conversation's first turn itself, without the conversation's lane (one workflow start
-    instead of the lane's start, update and workflow task; :mod:`turnkit.first_turn`). False: every turn goes through
+    instead of the lane's start, update and workflow task; :mod:`turnkit._engine.first_turn`). False: every turn goes through
     the lane, as before (upgrade: turn it on once every worker runs this release, which understands direct turns)."""
 
     compaction: bool | dict[str, Any] = True
     """Context compaction (behaviour §3.10): True (the defaults), False (disabled) or a mapping of options from
-    :data:`turnkit.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
+    :data:`turnkit._engine.compaction.DEFAULTS`; an agent's ``compaction`` is merged over it."""
 
     prompt_sections: tuple[str, ...] | list[str] | None = None
     """The system prompt's section list in ``full`` mode when the agent sets none; None means

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from turnkit.config import settings
-from turnkit.errors import ConfigError
+from turnkit.kernel.errors import ConfigError
+from turnkit.kernel.records import TurnRecord
 from turnkit.model import Usage
-from turnkit.records import TurnRecord
 
 __all__ = ["COMPONENTS", "Cost", "cost_from_usage", "known_price", "total_cost", "total_usage"]
 

@@ -34,19 +34,19 @@ from pathlib import Path
 from typing import Any, Final
 
 import turnkit
-from turnkit.budget import limits_of
-from turnkit.builtin_tools import launch_agent
+from turnkit._engine.budget import limits_of
+from turnkit._engine.builtin_tools import launch_agent
+from turnkit._ops.show import render_text, ui_links, workflow_url
+from turnkit._ops.timeline import render_html
+from turnkit._ops.tree import TurnNode, load_trees
+from turnkit._temporal.process import exit_process
 from turnkit.handles import Conversation, Turn
+from turnkit.kernel.records import TreeUsage
+from turnkit.kernel.turn_state import BudgetLimits
 from turnkit.model import ModelRequest, Result, Usage
-from turnkit.process import exit_process
-from turnkit.records import TreeUsage
 from turnkit.runtime import STATE_DIR, TurnKit
-from turnkit.show import render_text, ui_links, workflow_url
 from turnkit.testing import ScriptedClient, call_tools
-from turnkit.timeline import render_html
 from turnkit.tools import ToolContext
-from turnkit.tree import TurnNode, load_trees
-from turnkit.turn_state import BudgetLimits
 
 __all__ = ["QUESTION", "DemoRun", "lead_agent", "main", "run_demo", "run_job"]
 

@@ -17,7 +17,7 @@ callbacks registered there (agent-level or global). See docs/design.md "Events".
 
 Events are observations, not durable records: a worker that dies between a commit and its callbacks loses those
 events, and the retried attempt does not repeat them. Each callback (sync, or ``async def``) is awaited in turn, so one
-emitter's events arrive in order; a sync callback runs in a thread (:mod:`turnkit.callbacks`), never on the
+emitter's events arrive in order; a sync callback runs in a thread (:mod:`turnkit._engine.callbacks`), never on the
 worker's event loop. A callback that raises is logged and ignored: the write it reports has committed, so failing
 (and retrying) the activity would only repeat work (this differs from the gem, where the exception propagates).
 """
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from turnkit._engine.callbacks import call_application, require_no_transaction
 from turnkit.agent import Agent, registered_agents
-from turnkit.callbacks import call_application, require_no_transaction
 from turnkit.config import EventCallback, settings
-from turnkit.errors import InputError, RecordNotFound
-from turnkit.records import MessageRecord
+from turnkit.kernel.errors import InputError, RecordNotFound
+from turnkit.kernel.records import MessageRecord
 from turnkit.store.store import Store, StoreTx, utcnow
 
 __all__ = [

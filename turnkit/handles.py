@@ -22,34 +22,42 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-import turnkit.errors as errors
+import turnkit.kernel.errors as errors
+from turnkit._engine.authorization import Action, Verdict, authorize
+from turnkit._engine.compaction import compaction_policy, summarise
+from turnkit._engine.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
+from turnkit._engine.deliveries import (
+    callback_verdict,
+    completion_delivery,
+    create_delivery,
+    signal_delivery,
+    wake_lane,
+)
+from turnkit._engine.first_turn import can_start_directly, write_first_turn
+from turnkit._engine.ids import new_id
+from turnkit._engine.media_standalone import paint_turn, view_media_turn
+from turnkit._engine.prepared import SUBMITTABLE, preview_request
+from turnkit._engine.server_away import SERVER_AWAY, while_server_away
+from turnkit._engine.turn_build import create_turn
+from turnkit._engine.turn_end import fail_unfinished_turn
+from turnkit._engine.turn_options import check_budget
+from turnkit._engine.turn_start import start_turn_workflow
+from turnkit._engine.validation import check_id, check_json, check_key, check_name, check_size, check_text
+from turnkit._engine.waits import add_waits, enter_waiting, notify_waiters
+from turnkit._temporal.search_attributes import registration_hint
 from turnkit.agent import resolve_agent
-from turnkit.authorization import Action, Verdict, authorize
-from turnkit.compaction import compaction_policy, summarise
 from turnkit.config import settings
-from turnkit.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
 from turnkit.cost import total_cost, total_usage
-from turnkit.deliveries import callback_verdict, completion_delivery, create_delivery, signal_delivery, wake_lane
 from turnkit.events import check_on_event, register_turn_callback, unregister_turn_callback
-from turnkit.first_turn import can_start_directly, write_first_turn
-from turnkit.ids import new_id
+from turnkit.kernel.failures import ended_reason
+from turnkit.kernel.names import LANE_WORKFLOW, SUBMIT_UPDATE
+from turnkit.kernel.payloads import LaneInput, SubmitTurn, TurnInput, TurnTicket
+from turnkit.kernel.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
+from turnkit.kernel.search_attributes import lane_search_attributes
 from turnkit.media import MediaInput, check_media, stored_media
-from turnkit.media_standalone import paint_turn, view_media_turn
 from turnkit.model import ModelRequest, Usage
-from turnkit.payloads import PATCH_LEVEL, LaneInput, SubmitTurn, TurnInput, TurnTicket
-from turnkit.prepared import SUBMITTABLE, preview_request
-from turnkit.records import ConversationRecord, DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.search_attributes import lane_search_attributes, registration_hint
-from turnkit.server_away import SERVER_AWAY, while_server_away
 from turnkit.store.patience import patiently
 from turnkit.store.store import Store, StoreTx
-from turnkit.turn_build import create_turn
-from turnkit.turn_end import ended_reason, fail_unfinished_turn
-from turnkit.turn_options import check_budget
-from turnkit.turn_start import start_turn_workflow
-from turnkit.validation import check_id, check_json, check_key, check_name, check_size, check_text
-from turnkit.waits import add_waits, enter_waiting, notify_waiters
-from turnkit.workflow_names import LANE_WORKFLOW, SUBMIT_UPDATE
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -293,7 +301,7 @@ class Conversation:
             raise errors.InputError(f"compact must be True, False or None, not {compact!r}")
 
     async def _start_first_turn(self, request: SubmitTurn) -> bool:
-        """Run ``request`` as the conversation's first turn without its lane (:mod:`turnkit.first_turn`); False, with
+        """Run ``request`` as the conversation's first turn without its lane (:mod:`turnkit._engine.first_turn`); False, with
         nothing written, when it is not the first (or may not skip the lane): then the lane queues it."""
         if not can_start_directly(request):
             return False
@@ -351,7 +359,7 @@ class Conversation:
         # Update-with-start: the lane is started if it is not running; the update returns once the turn exists.
         start = WithStartWorkflowOperation(
             LANE_WORKFLOW,
-            LaneInput(conversation_id=self.id, patch_level=PATCH_LEVEL),
+            LaneInput(conversation_id=self.id),
             id=self.id,
             task_queue=self._tk.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -675,13 +683,13 @@ class Turn:
 
     async def paint(self, prompt: str, *, model: str, **options: Any) -> Turn:
         """Generate an image as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
-        :func:`turnkit.media_standalone.paint_turn` for ``options`` and errors. Returns the finished turn."""
+        :func:`turnkit._engine.media_standalone.paint_turn` for ``options`` and errors. Returns the finished turn."""
         await paint_turn(self._tk, self.id, prompt, model=model, **options)
         return await self.refresh()
 
     async def view_media(self, media: MediaInput | str, *, objective: str, **options: Any) -> Turn:
         """Analyse media as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
-        :func:`turnkit.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished turn."""
+        :func:`turnkit._engine.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished turn."""
         await view_media_turn(self._tk, self.id, media, objective=objective, **options)
         return await self.refresh()
 

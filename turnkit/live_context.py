@@ -25,7 +25,7 @@ from turnkit.config import settings
 
 if TYPE_CHECKING:
     from turnkit.agent import Agent
-    from turnkit.records import ConversationRecord, TurnRecord
+    from turnkit.kernel.records import ConversationRecord, TurnRecord
 
 __all__ = [
     "LIVE_CONTEXT_PREAMBLE",

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from turnkit.errors import InputError
+from turnkit.kernel.errors import InputError
+from turnkit.kernel.records import MediaRecord
 from turnkit.model import ModelRequest
-from turnkit.records import MediaRecord
 from turnkit.store.store import Store, StoreTx
 
 __all__ = [

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from turnkit.config import settings
-from turnkit.errors import ConfigError
+from turnkit.kernel.errors import ConfigError
 from turnkit.media import MediaInput, media_kind
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
 from turnkit.model import Client, Result

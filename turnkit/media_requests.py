@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, Field
 
-from turnkit.errors import ConfigError, Error
+from turnkit.kernel.errors import ConfigError, Error
 from turnkit.model import Client, ModelRequest, Result
 
 __all__ = [

@@ -290,7 +290,7 @@ class Client(Protocol):
 
     Implementations translate a :class:`ModelRequest` into a provider call and the provider's answer into a
     :class:`Result`. They must never execute tools. Provider failures should be raised as
-    :class:`turnkit.errors.ModelError` so they fail the turn instead of crashing the worker.
+    :class:`turnkit.kernel.errors.ModelError` so they fail the turn instead of crashing the worker.
     """
 
     async def chat(self, request: ModelRequest) -> Result:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from turnkit.callbacks import call_application
+from turnkit._engine.callbacks import call_application
 from turnkit.config import settings
-from turnkit.errors import ConfigError
+from turnkit.kernel.errors import ConfigError
 from turnkit.model import Client, ModelRequest, Result
 from turnkit.skills import Skill
 

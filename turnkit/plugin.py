@@ -13,41 +13,51 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from turnkit.errors import ConfigError
-from turnkit.heartbeats import HeartbeatClock
-from turnkit.sandbox_runner import TurnKitSandboxRunner
+from turnkit._activities.registry import build_activities, build_tool_activities
+from turnkit._activities.store_failures import StoreFailureInterceptor
+from turnkit._temporal.heartbeats import HeartbeatClock
+from turnkit._temporal.sandbox_runner import TurnKitSandboxRunner
+from turnkit._temporal.tracing import tracing_interceptors
+from turnkit._workflows.registry import ALL_WORKFLOWS
+from turnkit.kernel.errors import ConfigError, Error
 from turnkit.store.store import Store
-from turnkit.tracing import tracing_interceptors
 
 if TYPE_CHECKING:
-    from turnkit.tracing import Tracing
+    from turnkit._temporal.tracing import Tracing
 
 __all__ = ["PASSTHROUGH_MODULES", "WORKFLOW_MODULES", "TurnKitPlugin"]
 
-#: Modules the workflow sandbox imports once, from the host: pure models and definitions (no re-import per run).
-PASSTHROUGH_MODULES = ("turnkit", "pydantic", "pydantic_core", "annotated_types", "sqlalchemy", "activities")
+#: Modules the workflow sandbox imports once, from the host, instead of again for every workflow run.
+PASSTHROUGH_MODULES = (
+    "turnkit.kernel",  # everything TurnKit's workflows import of TurnKit: pure payloads, records, names, declarations
+    "turnkit.workflow",  # the API a team's workflows call (it imports only the kernel)
+    "pydantic",  # the payloads' models: expensive to import, and one class per model keeps the converter's cache
+    "pydantic_core",
+    "annotated_types",
+)
 
 #: TurnKit's workflow code. A worker imports it once, from the host, like the modules above (``strict_sandbox=False``);
 #: the strict sandbox re-imports it for every workflow run instead (docs/design.md, "Why each piece is where it is").
-WORKFLOW_MODULES = ("workflows",)
+WORKFLOW_MODULES = ("turnkit._workflows",)
 
 
 def _sandbox(*extra: str) -> Callable[[WorkflowRunner | None], WorkflowRunner]:
+    """Extend the worker's runner: its sandbox restrictions gain TurnKit's pass-through modules; anything else it was
+    given (restrictions, runner class, an unsandboxed runner) is kept."""
+
     def runner_for(runner: WorkflowRunner | None) -> WorkflowRunner:
-        restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES, *extra)
-        if isinstance(runner, SandboxedWorkflowRunner) and type(runner) not in (
-            SandboxedWorkflowRunner,
-            TurnKitSandboxRunner,
-        ):
-            return replace(runner, restrictions=restrictions)  # the application's own sandbox class, kept
-        # The SDK's sandbox, answering the converter's context questions without re-entering it per payload
-        # (turnkit.sandbox_runner); an application's runner_class is kept.
-        runner_class = runner.runner_class if isinstance(runner, SandboxedWorkflowRunner) else None
-        if runner_class is None:
-            return TurnKitSandboxRunner(restrictions=restrictions)
-        return TurnKitSandboxRunner(restrictions=restrictions, runner_class=runner_class)
+        if runner is not None and not isinstance(runner, SandboxedWorkflowRunner):
+            return runner  # the application chose an unsandboxed runner (or its own): nothing to pass through
+        if runner is None:
+            runner = SandboxedWorkflowRunner()
+        restrictions = runner.restrictions.with_passthrough_modules(*PASSTHROUGH_MODULES, *extra)
+        if type(runner) is SandboxedWorkflowRunner:
+            # The SDK's own runner becomes the one that answers the converter's context questions without re-entering
+            # the sandbox per payload (turnkit._temporal.sandbox_runner), with the same restrictions and runner class.
+            return TurnKitSandboxRunner(restrictions=restrictions, runner_class=runner.runner_class)
+        return replace(runner, restrictions=restrictions)  # the application's own sandbox class, kept
 
     return runner_for
 
@@ -69,12 +79,12 @@ class TurnKitPlugin(SimplePlugin):
 
     The client's data converter gets pydantic's payload converter and keeps its payload codec, failure converter and
     external storage; the worker's workflows run in Temporal's sandbox through
-    :class:`~turnkit.sandbox_runner.TurnKitSandboxRunner`.
+    :class:`~turnkit._temporal.sandbox_runner.TurnKitSandboxRunner`.
 
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
             no activities are registered.
-        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit.tracing`): False (the
+        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit._temporal.tracing`): False (the
             default) is off and imports nothing; True uses the global tracer provider; a ``TracerProvider`` or a
             ``Tracer`` is used as given. Give it to the client's plugin: the worker built on that client and the
             calls it makes (``ask``) are then traced alike.
@@ -109,12 +119,6 @@ class TurnKitPlugin(SimplePlugin):
         strict_sandbox: bool = False,
         sandbox: bool = True,
     ) -> None:
-        # Imported when a plugin is built, not with this module: `turnkit/__init__` exports the plugin, and the
-        # workflow and activity modules import turnkit's own modules, which runs `turnkit/__init__` first.
-        from activities import build_activities, build_tool_activities
-        from activities.store_failures import StoreFailureInterceptor
-        from workflows import ALL_WORKFLOWS
-
         if strict_sandbox and not sandbox:
             raise ConfigError("strict_sandbox=True needs sandbox=True: the strict sandbox is a sandbox")
         if tools_only and store is None:
@@ -126,9 +130,9 @@ class TurnKitPlugin(SimplePlugin):
         traced = tracing_interceptors(tracing)
         interceptors: list[Any] = list(traced)
         if store is not None:
-            # Deterministic store failures are not retried, in every activity (issue 8 item 1).
+            # Deterministic store failures are not retried, in every activity.
             interceptors.append(StoreFailureInterceptor())
-            # Heartbeats paced from each attempt's start, not sent at every store phase (turnkit/heartbeats.py).
+            # Heartbeats paced from each attempt's start, not sent at every store phase (_temporal/heartbeats.py).
             interceptors.append(HeartbeatClock())
         shared = [*(() if strict_sandbox else WORKFLOW_MODULES), *(("opentelemetry",) if traced else ())]
         super().__init__(
@@ -138,4 +142,7 @@ class TurnKitPlugin(SimplePlugin):
             activities=activities,
             interceptors=interceptors or None,
             workflow_runner=_sandbox(*shared) if sandbox else _unsandboxed,
+            # A TurnKit error raised by workflow code (bad input to turnkit.workflow, a failed turn it was asked to
+            # raise for) fails that workflow; any other exception fails the workflow task, which is retried.
+            workflow_failure_exception_types=[Error],
         )

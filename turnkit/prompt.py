@@ -2,7 +2,7 @@
 
 Both are pure functions of their inputs: the caller passes the clock (``now``), the records and the live-context
 contributions already collected, so the same inputs always give the same prompt. That keeps prompt caching
-effective and lets :func:`turnkit.request.build_model_request` build the same request for a model call and for a
+effective and lets :func:`turnkit._engine.request.build_model_request` build the same request for a model call and for a
 preview (docs/design.md, "The system prompt").
 """
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from turnkit._engine.prompt_sections import check_prompt_sections
 from turnkit.agent import PROMPT_MODES, Agent
 from turnkit.config import settings
+from turnkit.kernel.records import MessageRecord
 from turnkit.live_context import LIVE_CONTEXT_PREAMBLE, LiveContextContribution, data_block, xml_escape
 from turnkit.model import ToolSpec
-from turnkit.prompt_sections import check_prompt_sections
-from turnkit.records import MessageRecord
 from turnkit.skills import Skill
 
 __all__ = [
@@ -420,7 +420,7 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
         texts += [str(p.get("text") or "") for p in _parts(message, "text")]
         calls = [
             {"id": p.get("id"), "name": p.get("name"), "arguments": p.get("arguments") or {}}
-            # The provider's own id when TurnKit renamed a repeated one (see turnkit.call_ids).
+            # The provider's own id when TurnKit renamed a repeated one (see turnkit._engine.call_ids).
             | ({"provider_id": p["provider_id"]} if "provider_id" in p else {})
             for p in _parts(message, "tool_call")
         ]

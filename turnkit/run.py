@@ -6,15 +6,15 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from turnkit._engine.jsonschema import schema_errors
+from turnkit._engine.validation import check_text
 from turnkit.cost import total_cost, total_usage
-from turnkit.errors import InputError
 from turnkit.events import check_on_event
 from turnkit.handles import Turn, joined_root
-from turnkit.jsonschema import schema_errors
+from turnkit.kernel.errors import InputError
+from turnkit.kernel.records import MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.media import MediaInput, check_media
 from turnkit.model import Usage
-from turnkit.records import MessageRecord, ToolExecutionRecord, TurnRecord
-from turnkit.validation import check_text
 
 if TYPE_CHECKING:
     from turnkit.agent import Agent

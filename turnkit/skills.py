@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from turnkit.errors import ToolError
+from turnkit.kernel.errors import ToolError
 from turnkit.tools import Recovery, Tool, ToolContext, as_tool
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
-from turnkit.errors import ModelError
+from turnkit.kernel.errors import ModelError
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, ToolCall, Usage
 
@@ -108,7 +108,7 @@ class ScriptedClient:
     model gets the request's model.
 
     Calls are thread-safe. When the script is exhausted, a call raises
-    :class:`~turnkit.errors.ModelError` ``"scripted client has no more results"``.
+    :class:`~turnkit.kernel.errors.ModelError` ``"scripted client has no more results"``.
     """
 
     def __init__(

@@ -26,7 +26,7 @@ Two ways to define one:
               limit: Maximum number of hits.
           '''
 
-A tool body that raises :class:`turnkit.errors.ToolError` fails its execution on purpose: the model sees the
+A tool body that raises :class:`turnkit.kernel.errors.ToolError` fails its execution on purpose: the model sees the
 message and the turn continues. A returned mapping that contains ``"error"`` is still a *successful* result. Other
 exceptions are crashes in background turns (behaviour §3.8 step 12).
 """
@@ -49,13 +49,13 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from turnkit.errors import Error, LostClaim, ToolValidationError
+from turnkit.kernel.errors import Error, LostClaim, ToolValidationError
+from turnkit.kernel.records import OPEN_EXECUTION_STATUSES
 from turnkit.model import ToolSpec
-from turnkit.records import OPEN_EXECUTION_STATUSES
 from turnkit.store.storable import UnstorableValue, storable
 
 if typing.TYPE_CHECKING:
-    from turnkit.records import MessageRecord
+    from turnkit.kernel.records import MessageRecord
     from turnkit.store.store import Store
 
 __all__ = [

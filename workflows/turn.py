@@ -5,21 +5,25 @@ Temporal owns where the turn is; the store owns what it said. Each iteration is 
 ``tool:<name>``, with the retry policy of the tool's recovery mode; a tool declared ``local=True`` runs as a local
 activity inside the workflow task (docs/design.md, "Local tool calls"). Payloads carry ids, never the transcript.
 
-A long turn continues as new at the top of an iteration when Temporal suggests it (patch ``turn-continues-as-new``),
-carrying what the workflow keeps in memory in its ``TurnInput``; everything else is in the store.
+A long turn continues as new at the top of an iteration when Temporal suggests it, carrying what the workflow keeps
+in memory in its ``TurnInput``; everything else is in the store.
 
-Seeing it run (issue 11): the current details say where the turn is (iteration, model, tool, waiting on whom); a
-turn started with TurnKit's search attributes keeps ``TurnKitTurnStatus`` current and starts its sub-agents with
-theirs (patch ``search-attributes``, see :mod:`turnkit.search_attributes`).
+Seeing it run: the current details say where the turn is (iteration, model, tool, waiting on whom); a turn started
+with TurnKit's search attributes keeps ``TurnKitTurnStatus`` current and starts its sub-agents with theirs (see
+:mod:`turnkit.kernel.search_attributes`).
+
+Workflow code imports :mod:`turnkit.kernel` and nothing else of TurnKit: it decides from its input and the activities'
+results, never from the agent registry or the settings, so a turn in flight replays as it ran after either changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
@@ -27,87 +31,39 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
 
-with workflow.unsafe.imports_passed_through():
-    from turnkit.agent import resolve_agent
-    from turnkit.budget import TIMED_OUT
-    from turnkit.dispatch import call_policy, model_policy
-    from turnkit.payloads import (
-        PATCH_LEVEL,
-        CallPolicy,
-        DelegateCalls,
-        DelegateResult,
-        EndTurn,
-        FinishTurn,
-        FinishWait,
-        JoinChildren,
-        ModelCall,
-        ModelPolicy,
-        ModelStep,
-        SettleToolCall,
-        ToolCallInput,
-        ToolCallRef,
-        ToolOutcome,
-        TurnInput,
-        TurnOutcome,
-        WaitPlan,
-        WaitRequest,
-    )
-    from turnkit.records import CANCELLED_CLASS, CANCELLED_MESSAGE, INTERRUPTED_MESSAGE
-    from turnkit.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
-    from turnkit.turn_end import ended_reason
-    from turnkit.waits import TARGET_FINISHED_SIGNAL
-
-from workflows.patches import Patches
-from workflows.store_calls import (
-    LOCAL_RETRY,
-    LOCAL_STORE_CALLS,
-    STORE_RETRY,
-    STORE_TIMEOUT,
-    local_failure,
-    store_call,
+from turnkit._workflows.store_calls import LOCAL_RETRY, STORE_RETRY, STORE_TIMEOUT, local_failure, store_call
+from turnkit.kernel.activities import ChildCalls, LaneCalls, ModelCalls, TurnCalls
+from turnkit.kernel.failures import (
+    MODEL_NON_RETRYABLE,
+    TIMED_OUT,
+    TOOL_RAISED,
+    ended_reason,
+    failure_of,
+    final_model_failure,
 )
+from turnkit.kernel.names import RESUME_SIGNAL, TARGET_FINISHED_SIGNAL, TOOL_ACTIVITY_PREFIX, TURN_WORKFLOW
+from turnkit.kernel.payloads import (
+    CallPolicy,
+    DelegateCalls,
+    DelegateResult,
+    EndTurn,
+    FinishTurn,
+    FinishWait,
+    JoinChildren,
+    ModelCall,
+    ModelStep,
+    SettleToolCall,
+    ToolCallInput,
+    ToolCallRef,
+    ToolOutcome,
+    TurnInput,
+    TurnOutcome,
+    WaitRequest,
+)
+from turnkit.kernel.records import CANCELLED_CLASS, CANCELLED_MESSAGE, INTERRUPTED_MESSAGE
+from turnkit.kernel.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
 
 __all__ = ["TurnWorkflow"]
-
-#: Failure type of an at-most-once tool attempt whose body raised (activities.tools.TOOL_RAISED).
-TOOL_RAISED = "TurnKit::ToolRaised"
-#: Patch: an at-most-once attempt that failed for any reason but the tool raising is settled "interrupted".
-INTERRUPTED_UNLESS_RAISED = "at-most-once-interrupted-unless-raised"
-#: Patch (issue 8 item 5): a long turn continues as new instead of reaching the history limit.
-TURN_CONTINUES_AS_NEW = "turn-continues-as-new"
-#: Patch (issue 8 item 5): a sub-agent's turn workflow that ended abnormally (terminated, timed out) gets a terminal
-#: record from its parent before the join, so its result is structured and its record never stays `running`.
-TURN_ENDS_LOST_CHILDREN = "turn-ends-lost-children"
-#: Patch (issue 11): the turn keeps its ``TurnKitTurnStatus`` search attribute current and starts its sub-agents with
-#: TurnKit's search attributes; only when it was started with them itself (see :mod:`turnkit.search_attributes`).
-SEARCH_ATTRIBUTES = "search-attributes"
-#: Patch (issue 10): a turn paused when its root deadline passes stays paused until it is resumed or cancelled (only
-#: those take a turn out of ``paused``, docs/behaviour.md §5.13 invariant 11); resumed, it fails "turn timed out" at
-#: once, since time spent paused counts (§5.10). Before it, the deadline failed the paused turn where it stood.
-#: The store decides (a turn paused while it waits on sub-agents is paused there, not in this workflow).
-PAUSE_OUTLASTS_DEADLINE = "pause-outlasts-deadline"
-#: Patch (issue 10): ``turnkit.finish_turn`` audits a terminal tool's answer (behaviour §3.9) and may ask the model for
-#: a revision instead of ending the turn; the turn then goes back to the model. Its timeout covers judge calls. It
-#: passes the control boundary before publishing (§5.10): paused, the workflow waits for a resume; steered, it goes
-#: back to the model.
-TERMINAL_ANSWER_AUDIT = "terminal-answer-audit"
-#: The patches each patch level added (workflows/patches.py): a run of level 1 takes all of the above unasked.
-PATCH_LEVELS = {
-    1: frozenset(
-        {
-            INTERRUPTED_UNLESS_RAISED,
-            TURN_CONTINUES_AS_NEW,
-            TURN_ENDS_LOST_CHILDREN,
-            SEARCH_ATTRIBUTES,
-            PAUSE_OUTLASTS_DEADLINE,
-            TERMINAL_ANSWER_AUDIT,
-            LOCAL_STORE_CALLS,
-        }
-    ),
-}
-
-
-_ResultT = TypeVar("_ResultT")
 
 
 @dataclass(frozen=True)
@@ -119,7 +75,7 @@ class _LocalFailure:
     error: Exception
 
 
-@workflow.defn(name="TurnWorkflow")
+@workflow.defn(name=TURN_WORKFLOW)
 class TurnWorkflow:
     """Runs one turn to a terminal status and returns a small :class:`TurnOutcome`."""
 
@@ -133,11 +89,9 @@ class TurnWorkflow:
         self._search = False  # keep the search attributes current (set when run() starts)
         self._status = "running"  # the TurnKitTurnStatus value last set
         self._iteration = 0  # for the current details
-        self._patched = Patches(PATCH_LEVELS, 0)  # set from the input when run() starts (no handler asks before)
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
-        self._patched = Patches(PATCH_LEVELS, turn.patch_level)
         # What an earlier run of this turn carried over (all empty for a new turn); signals may have landed already.
         self._resumes += turn.resumes
         self._resume_mark = turn.resumes
@@ -146,7 +100,7 @@ class TurnWorkflow:
         self._iteration = turn.iteration
         attributes = workflow.info().typed_search_attributes
         # Upserts only when the start carried TurnKit's attributes: then the namespace has them (never a wedge).
-        self._search = has_turnkit_attributes(attributes) and self._patched(SEARCH_ATTRIBUTES)
+        self._search = has_turnkit_attributes(attributes)
         self._status = attributes.get(TURN_STATUS) or "running"
         self._details("starting")
         ended = await self._run(turn)
@@ -159,7 +113,7 @@ class TurnWorkflow:
         return ended
 
     def _set_status(self, status: str) -> None:
-        """Keep ``TurnKitTurnStatus`` current (one upsert per change, patched and only with proof of registration)."""
+        """Keep ``TurnKitTurnStatus`` current (one upsert per change, only with proof of registration)."""
         if status == self._status:
             return
         self._status = status
@@ -184,9 +138,7 @@ class TurnWorkflow:
                 try:
                     return await loop
                 except asyncio.CancelledError:
-                    if self._patched(PAUSE_OUTLASTS_DEADLINE):
-                        return await self._time_out(turn)
-                    return await self._finish(turn, "failed", "TurnKit::BudgetError", TIMED_OUT)
+                    return await self._time_out(turn)
             return loop.result()
         except asyncio.CancelledError:
             # Cancelled by the application (turn.cancel): the record already says so; write nothing more.
@@ -204,7 +156,8 @@ class TurnWorkflow:
     async def _time_out(self, turn: TurnInput) -> TurnOutcome:
         """The root deadline passed (the loop is cancelled): fail the turn "turn timed out", unless the store says it
         is paused (at a boundary, or paused while it waited): then wait for a resume and fail it then, since only a
-        resume or a cancellation takes a turn out of ``paused`` (patch ``pause-outlasts-deadline``)."""
+        resume or a cancellation takes a turn out of ``paused`` (behaviour §5.13 invariant 11). The store decides: a
+        turn paused while it waits on sub-agents is paused there, not in this workflow."""
         while True:
             mark = self._resumes  # a resume landing while the store is read counts
             finish = FinishTurn(
@@ -224,7 +177,7 @@ class TurnWorkflow:
     async def _loop(self, turn: TurnInput) -> TurnOutcome | TurnInput:
         iteration = turn.iteration
         while True:
-            if workflow.info().is_continue_as_new_suggested() and self._patched(TURN_CONTINUES_AS_NEW):
+            if workflow.info().is_continue_as_new_suggested():
                 # Between iterations nothing is in flight: let signal handlers land, then carry the memory over.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._carry(turn, iteration)
@@ -270,13 +223,12 @@ class TurnWorkflow:
                 "resumes": self._resumes,
                 "finished_turn_ids": list(self._finished),
                 "launched_turn_ids": [*self._launched, *self._children],
-                "patch_level": PATCH_LEVEL,  # the next run starts on this code
             }
         )
 
     async def _dispatch(self, turn: TurnInput, calls: list[ToolCallRef]) -> TurnOutcome | None:
         """Run the calls in proposal order; consecutive sub-agent calls fan out in parallel (behaviour §3.8)."""
-        kinds = [_policy_of(turn, call).kind for call in calls]
+        kinds = [_policy_of(call).kind for call in calls]
         index = 0
         while index < len(calls):
             call = calls[index]
@@ -317,10 +269,9 @@ class TurnWorkflow:
                         terminal_execution_id=outcome.execution_id,
                         skipped_calls=calls[index + 1 :],
                     )
-                    if not self._patched(TERMINAL_ANSWER_AUDIT):
-                        return await self._finish_with(finish)
-                    # The finish may call output-policy judges: as long as a model call may take, at least.
-                    timeout = max(STORE_TIMEOUT, timedelta(seconds=_model_policy(turn).timeout))
+                    # The finish audits the terminal answer (behaviour §3.9) and may call output-policy
+                    # judges: it may take as long as a model call, at least.
+                    timeout = max(STORE_TIMEOUT, timedelta(seconds=turn.model_policy.timeout))
                     self._resume_mark = self._resumes  # the finish passes a control boundary
                     ended = await self._finish_with(finish, timeout=timeout)
                     if ended.boundary == "paused":
@@ -337,11 +288,9 @@ class TurnWorkflow:
         """Run a group of sub-agent calls as parallel child turns; their results are appended in call order."""
         self._resume_mark = self._resumes
         plan = await store_call(
-            "turnkit.delegate",
+            ChildCalls.delegate,
             _delegation(turn, group, launch=False),
-            DelegateResult,
             summary=f"delegate · {', '.join(c.name for c in group)}",
-            patched=self._patched,
         )
         if plan.boundary is not None:
             return plan
@@ -369,38 +318,29 @@ class TurnWorkflow:
         self._set_status("running")
         self._details("sub-agents done")
         lost = [(c.id, e) for c, e in zip(children, ends, strict=True) if isinstance(e, ChildWorkflowError)]
-        if lost and self._patched(TURN_ENDS_LOST_CHILDREN):
-            for child_id, err in lost:
-                await store_call(
-                    "turnkit.end_turn",
-                    EndTurn(turn_id=child_id, reason=ended_reason(err.cause)),
-                    TurnOutcome,
-                    summary="record abnormal end",
-                    patched=self._patched,
-                )
+        # A child whose workflow ended abnormally (terminated, timed out) gets a terminal record before the join, so
+        # its result is structured and its record never stays `running`.
+        for child_id, err in lost:
+            await store_call(
+                LaneCalls.end_turn,
+                EndTurn(turn_id=child_id, reason=ended_reason(err.cause)),
+                summary="record abnormal end",
+            )
         await store_call(
-            "turnkit.join",
+            ChildCalls.join,
             JoinChildren(
                 turn_id=turn.turn_id,
                 root_turn_id=turn.root_turn_id,
                 execution_ids=[p.execution_id for p in plan.plans],
             ),
-            list[ToolOutcome],
             summary="join sub-agents",
-            patched=self._patched,
         )
         return plan
 
     async def _launch(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``launch_agent``: record the child and start it abandoned (it outlives this turn); return at once."""
         self._resume_mark = self._resumes
-        plan = await store_call(
-            "turnkit.delegate",
-            _delegation(turn, [call], launch=True),
-            DelegateResult,
-            summary="launch_agent",
-            patched=self._patched,
-        )
+        plan = await store_call(ChildCalls.delegate, _delegation(turn, [call], launch=True), summary="launch_agent")
         if plan.boundary is not None:
             return ToolOutcome(outcome=plan.boundary)
         [launched] = plan.plans
@@ -424,25 +364,21 @@ class TurnWorkflow:
     async def _wait_tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         """``wait_for``: wait rows in the store, woken by the targets' signals (or awaits on our own children)."""
         plan = await store_call(
-            "turnkit.wait",
+            ChildCalls.wait,
             WaitRequest(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, call=call),
-            WaitPlan,
             summary="wait_for",
-            patched=self._patched,
         )
         if plan.settled:
             return ToolOutcome(outcome="done", execution_id=plan.execution_id, status="failed")
         await self._wait_for_targets(plan.unfinished_ids)
         return await store_call(
-            "turnkit.finish_wait",
+            ChildCalls.finish_wait,
             FinishWait(turn_id=turn.turn_id, root_turn_id=turn.root_turn_id, execution_id=plan.execution_id),
-            ToolOutcome,
             summary="wait_for · done",
-            patched=self._patched,
         )
 
     def _child_attributes(self, turn: TurnInput, child: TurnInput) -> TypedSearchAttributes | None:
-        """A sub-agent's search attributes (None unless this turn keeps its own: patched, and proven registered)."""
+        """A sub-agent's search attributes (None unless this turn keeps its own: proven registered)."""
         if not self._search:
             return None
         return turn_search_attributes(
@@ -463,7 +399,7 @@ class TurnWorkflow:
         await workflow.wait_condition(lambda: all(t in self._finished for t in others))
         self._set_status("running")
 
-    @workflow.signal(name="resume")
+    @workflow.signal(name=RESUME_SIGNAL)
     def resume(self) -> None:
         """The application resumed this turn (the store says so already): re-check at the boundary."""
         self._resumes += 1
@@ -495,20 +431,20 @@ class TurnWorkflow:
             request_id=str(workflow.uuid4()),
             iteration=iteration,
         )
-        policy = _model_policy(turn)
+        policy = turn.model_policy
         attempts = policy.max_attempts
         summary = f"model · {turn.agent_name} · iteration {iteration}"
         if policy.local:
             # settings.model_local_activity: the first attempt runs in this worker, inside this workflow task, so the
             # step it returns needs no workflow task of its own (docs/design.md, "Local model calls").
             step = await self._local_attempt(
-                "turnkit.model", call, ModelStep, timedelta(seconds=policy.timeout), f"{summary} · local"
+                ModelCalls.model, call, timedelta(seconds=policy.timeout), f"{summary} · local"
             )
             if not isinstance(step, _LocalFailure):
                 return step
             failure = step.failure
-            if attempts == 1 or _final_model_failure(failure):  # 0 attempts: unlimited, as Temporal reads it
-                error_class, message = _failure_of(failure, step.error)
+            if attempts == 1 or final_model_failure(failure):  # 0 attempts: unlimited, as Temporal reads it
+                error_class, message = failure_of(failure, step.error)
                 return await self._finish(turn, "failed", error_class, message)
             if isinstance(failure, ApplicationError) and failure.next_retry_delay:
                 await workflow.sleep(failure.next_retry_delay)  # the provider's retry-after, as a retry would
@@ -517,10 +453,9 @@ class TurnWorkflow:
             call = call.model_copy(update={"attempts_before": 1})
             attempts = max(attempts - 1, 0)  # 0 stays 0: unlimited
         try:
-            return await workflow.execute_activity(
-                "turnkit.model",
+            return await workflow.execute_activity_method(
+                ModelCalls.model,
                 call,
-                result_type=ModelStep,
                 start_to_close_timeout=timedelta(seconds=policy.timeout),
                 heartbeat_timeout=timedelta(seconds=policy.heartbeat),
                 retry_policy=RetryPolicy(
@@ -533,13 +468,13 @@ class TurnWorkflow:
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
-            error_class, message = _failure(err)
+            error_class, message = failure_of(err.cause, err)
             return await self._finish(turn, "failed", error_class, message)
 
     async def _tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         self._resume_mark = self._resumes
         self._details(f"tool {call.name}")
-        policy = _policy_of(turn, call)
+        policy = _policy_of(call)
         timeout, heartbeat, retry = _tool_policy(policy)
         request = ToolCallInput(
             turn_id=turn.turn_id,
@@ -551,9 +486,7 @@ class TurnWorkflow:
         if policy.local:
             # @tool(local=True): the first attempt runs in this worker, inside this workflow task, so its result and
             # the next model call need no workflow task of their own (docs/design.md, "Local tool calls").
-            outcome = await self._local_attempt(
-                f"tool:{call.name}", request, ToolOutcome, timeout, f"tool {call.name} · local"
-            )
+            outcome = await self._local_tool_attempt(request, timeout)
             if not isinstance(outcome, _LocalFailure):
                 return outcome
             if policy.at_most_once or policy.max_attempts <= 1:
@@ -563,7 +496,7 @@ class TurnWorkflow:
             retry = _retries(policy, policy.max_attempts - 1)
         try:
             return await workflow.execute_activity(
-                f"tool:{call.name}",
+                f"{TOOL_ACTIVITY_PREFIX}{call.name}",
                 request,
                 result_type=ToolOutcome,
                 start_to_close_timeout=timeout,
@@ -577,24 +510,40 @@ class TurnWorkflow:
             return await self._settle_failed(turn, call, policy, err.cause)
 
     async def _local_attempt(
-        self, activity: str, arg: Any, result_type: type[_ResultT], timeout: timedelta, summary: str
-    ) -> _ResultT | _LocalFailure:
-        """One attempt of ``activity`` as a local activity, in this workflow task (``LOCAL_RETRY``: the SDK's local
-        retries are unreliable, see store_calls): its result, or what failed it. A cancelled turn unwinds instead."""
+        self,
+        declared: Callable[[Any, ModelCall], Awaitable[ModelStep]],
+        call: ModelCall,
+        timeout: timedelta,
+        summary: str,
+    ) -> ModelStep | _LocalFailure:
+        """One attempt of the model call as a local activity, in this workflow task (``LOCAL_RETRY``: the SDK's local
+        retries are unreliable, see store_calls): its step, or what failed it. A cancelled turn unwinds instead."""
         try:
-            return await workflow.execute_local_activity(
-                activity,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=timeout,
-                retry_policy=LOCAL_RETRY,
-                summary=summary,
+            return await workflow.execute_local_activity_method(
+                declared, call, start_to_close_timeout=timeout, retry_policy=LOCAL_RETRY, summary=summary
             )
         except Exception as err:
-            failure = local_failure(err)
-            if self._cancelled or isinstance(failure, CancelledError):
-                raise asyncio.CancelledError() from err
-            return _LocalFailure(failure, err)
+            return self._local_failure(err)
+
+    async def _local_tool_attempt(self, request: ToolCallInput, timeout: timedelta) -> ToolOutcome | _LocalFailure:
+        """One attempt of a tool call as a local activity, in this workflow task: its outcome, or what failed it."""
+        try:
+            return await workflow.execute_local_activity(
+                f"{TOOL_ACTIVITY_PREFIX}{request.call.name}",
+                request,
+                result_type=ToolOutcome,
+                start_to_close_timeout=timeout,
+                retry_policy=LOCAL_RETRY,
+                summary=f"tool {request.call.name} · local",
+            )
+        except Exception as err:
+            return self._local_failure(err)
+
+    def _local_failure(self, err: Exception) -> _LocalFailure:
+        failure = local_failure(err)
+        if self._cancelled or isinstance(failure, CancelledError):
+            raise asyncio.CancelledError() from err
+        return _LocalFailure(failure, err)
 
     async def _settle_failed(
         self, turn: TurnInput, call: ToolCallRef, policy: CallPolicy, failure: BaseException | None
@@ -602,20 +551,18 @@ class TurnWorkflow:
         """Record a call whose last attempt failed or was lost (worker died, timed out); never re-run an at-most-once
         tool. A lost attempt's outcome is unknown; the model is told so (behaviour §5.8)."""
         lost = isinstance(failure, ActivityTimeoutError)
-        if not lost and policy.at_most_once and self._patched(INTERRUPTED_UNLESS_RAISED):
-            # Issue 8: only the tool raising is a known outcome; any other failure of the attempt (the store,
-            # the worker) may have come after the body ran, so it is "interrupted", never "failed".
+        if not lost and policy.at_most_once:
+            # Only the tool raising is a known outcome; any other failure of the attempt (the store, the worker) may
+            # have come after the body ran, so it is "interrupted", never "failed".
             lost = not (isinstance(failure, ApplicationError) and failure.type == TOOL_RAISED)
         settle = SettleToolCall(
             turn_id=turn.turn_id,
             conversation_id=turn.conversation_id,
             call=call,
             outcome="interrupted" if lost else "failed",
-            message=INTERRUPTED_MESSAGE if lost else _failure_of(failure)[1],
+            message=INTERRUPTED_MESSAGE if lost else failure_of(failure)[1],
         )
-        return await store_call(
-            "turnkit.settle_tool", settle, ToolOutcome, summary=f"settle {call.name}", patched=self._patched
-        )
+        return await store_call(TurnCalls.settle_tool, settle, summary=f"settle {call.name}")
 
     async def _finish(self, turn: TurnInput, status: str, error_class: str, message: str) -> TurnOutcome:
         finish = FinishTurn(turn_id=turn.turn_id, status=status, error_class=error_class, error_message=message)  # type: ignore[arg-type]
@@ -624,13 +571,12 @@ class TurnWorkflow:
     async def _finish_with(self, finish: FinishTurn, *, timeout: timedelta | None = None) -> TurnOutcome:
         summary = f"finish · {finish.status}"
         if timeout is None:
-            return await store_call("turnkit.finish_turn", finish, TurnOutcome, summary=summary, patched=self._patched)
+            return await store_call(TurnCalls.finish_turn, finish, summary=summary)
         # A terminal answer's finish may call output-policy judges (model calls): a regular activity, as long as a
         # model call may take, never the local fast path.
-        return await workflow.execute_activity(
-            "turnkit.finish_turn",
+        return await workflow.execute_activity_method(
+            TurnCalls.finish_turn,
             finish,
-            result_type=TurnOutcome,
             start_to_close_timeout=timeout,
             retry_policy=STORE_RETRY,
             summary=summary,
@@ -653,16 +599,10 @@ def _delegation(turn: TurnInput, calls: list[ToolCallRef], *, launch: bool) -> D
     )
 
 
-def _model_policy(turn: TurnInput) -> ModelPolicy:
-    """The model activity's timeouts, as the turn was created with them; from the settings for a turn whose input
-    predates ``model_policy`` (older histories replay as they ran)."""
-    return turn.model_policy or model_policy()
-
-
-def _policy_of(turn: TurnInput, call: ToolCallRef) -> CallPolicy:
-    """How to dispatch ``call``, as the model activity resolved it; from the agent registry for a call whose step
-    predates ``policy`` (older histories replay as they ran; the registry is code, so replay-stable for them)."""
-    return call.policy or call_policy(resolve_agent(turn.agent_name), call.name)
+def _policy_of(call: ToolCallRef) -> CallPolicy:
+    """How to dispatch ``call``, as the model activity resolved it (travelling in the step, so a replay decides as the
+    run did); a ref without one is an unknown tool's."""
+    return call.policy or CallPolicy(kind="unknown")
 
 
 def _tool_policy(policy: CallPolicy) -> tuple[timedelta, timedelta, RetryPolicy]:
@@ -683,33 +623,3 @@ def _retries(policy: CallPolicy, attempts: int) -> RetryPolicy:
         maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
         maximum_attempts=attempts,
     )
-
-
-#: The model activity's failures that end the turn at once (the rest are retried until the attempts run out).
-MODEL_NON_RETRYABLE = ("ModelError", "ConfigError", "ModelAccessError")
-
-
-def _final_model_failure(failure: BaseException | None) -> bool:
-    """Whether a local model attempt's failure ends the turn, as the regular activity's retry policy would decide."""
-    return isinstance(failure, ApplicationError) and (failure.non_retryable or failure.type in MODEL_NON_RETRYABLE)
-
-
-def _failure(err: ActivityError) -> tuple[str, str]:
-    """The TurnKit error class and message behind a failed activity."""
-    return _failure_of(err.cause, err)
-
-
-def _failure_of(cause: BaseException | None, err: BaseException | None = None) -> tuple[str, str]:
-    """The TurnKit error class and message of a failed attempt's ``cause`` (``err``: what wrapped it, if anything)."""
-    if isinstance(cause, ApplicationError):
-        name = cause.type or "Error"
-        if name == "TransientModelError":  # retried until the attempts ran out: the provider failed the turn
-            return "TurnKit::ModelError", cause.message
-        return (name if name.startswith("TurnKit::") else f"TurnKit::{name}" if _turnkit(name) else name), cause.message
-    if isinstance(cause, ActivityTimeoutError):
-        return "TurnKit::ModelError", f"activity timed out ({cause.type.name if cause.type else 'unknown'})"
-    return type(cause).__name__ if cause else "Error", str(cause or err or "")
-
-
-def _turnkit(name: str) -> bool:
-    return name in {"ModelError", "ConfigError", "ModelAccessError", "BudgetError", "ToolError", "Error", "InputError"}

@@ -18,10 +18,10 @@ from temporalio.client import Client
 
 import turnkit
 from bench.peers import workload
+from turnkit._temporal.search_attributes import dev_server_flags
 from turnkit.config import settings
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
-from turnkit.search_attributes import dev_server_flags
 from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
 

@@ -14,25 +14,22 @@ Each client is imported on first use, so only the SDK of the provider in use has
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from turnkit.errors import TransientModelError
+from turnkit._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from turnkit.kernel.errors import TransientModelError
     from turnkit.providers.anthropic import AnthropicClient
     from turnkit.providers.openai import OpenAIClient
 
 __all__ = ["AnthropicClient", "OpenAIClient", "TransientModelError"]
 
-
-def __getattr__(name: str) -> Any:
-    """Import a client's module (and with it its SDK) only when the client is first asked for."""
-    if name == "OpenAIClient":
-        from turnkit.providers.openai import OpenAIClient
-
-        return OpenAIClient
-    if name == "AnthropicClient":
-        from turnkit.providers.anthropic import AnthropicClient
-
-        return AnthropicClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AnthropicClient": "turnkit.providers.anthropic",
+        "OpenAIClient": "turnkit.providers.openai",
+        "TransientModelError": "turnkit.kernel.errors",
+    },
+)

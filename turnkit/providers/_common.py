@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from turnkit.errors import ConfigError, ModelAccessError, ModelError, TransientModelError
+from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError, TransientModelError
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, Usage
 
@@ -255,7 +255,7 @@ def sdk_error(err: Exception, *, retryable: bool, retry_after: float | None = No
         retry_after: Seconds the provider asked to wait before the next attempt (retryable errors only).
 
     Returns:
-        A :class:`TransientModelError` when ``retryable``, else a :class:`~turnkit.errors.ModelError`; both with
+        A :class:`TransientModelError` when ``retryable``, else a :class:`~turnkit.kernel.errors.ModelError`; both with
         the message ``"<SDK class>: <message>"``.
     """
     message = f"{type(err).__name__}: {err}"

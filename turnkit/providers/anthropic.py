@@ -13,7 +13,7 @@ from typing import Any, Final
 import anthropic
 from anthropic.types import Message
 
-from turnkit.errors import ModelAccessError
+from turnkit.kernel.errors import ModelAccessError
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
     ProviderClient,
@@ -53,9 +53,9 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
 
         agent = turnkit.Agent("helper", model="claude-sonnet-4-5", client=AnthropicClient())
 
-    Provider failures raise :class:`~turnkit.errors.ModelError` (the turn fails), or
-    :class:`~turnkit.errors.TransientModelError` for rate limits, overload, 5xx answers and connection problems
-    (the model activity retries them). A missing API key or model raises :class:`~turnkit.errors.ModelAccessError`.
+    Provider failures raise :class:`~turnkit.kernel.errors.ModelError` (the turn fails), or
+    :class:`~turnkit.kernel.errors.TransientModelError` for rate limits, overload, 5xx answers and connection problems
+    (the model activity retries them). A missing API key or model raises :class:`~turnkit.kernel.errors.ModelAccessError`.
     ``chat`` makes one Messages API call and returns text, thinking and tool-call parts, plus the raw content blocks
     as a provider part.
     """

@@ -14,7 +14,7 @@ from typing import Any, Final
 import openai
 from openai.types.responses import Response
 
-from turnkit.errors import ConfigError, ModelAccessError, ModelError
+from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError
 from turnkit.media_requests import PaintRequest
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
@@ -53,9 +53,9 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
 
         agent = turnkit.Agent("helper", model="gpt-5-mini", client=OpenAIClient())
 
-    Provider failures raise :class:`~turnkit.errors.ModelError` (the turn fails), or
-    :class:`~turnkit.errors.TransientModelError` for rate limits, 5xx answers and connection problems (the model
-    activity retries them). A missing API key or model raises :class:`~turnkit.errors.ModelAccessError`.
+    Provider failures raise :class:`~turnkit.kernel.errors.ModelError` (the turn fails), or
+    :class:`~turnkit.kernel.errors.TransientModelError` for rate limits, 5xx answers and connection problems (the model
+    activity retries them). A missing API key or model raises :class:`~turnkit.kernel.errors.ModelAccessError`.
     ``chat`` makes one Responses API call and returns text, thinking and tool-call parts, plus the raw output items
     as a provider part; a response that did not complete raises ``ModelError``.
     """

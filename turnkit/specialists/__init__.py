@@ -10,11 +10,16 @@ sub-agent: ``Agent("boss", sub_agents=[turnkit.specialists.oracle(model="...", r
 
 from __future__ import annotations
 
-from turnkit.specialists.agents import librarian, oracle, painter
-from turnkit.specialists.github import GitHubRepositoryReadTool, HttpxGitHubClient
-from turnkit.specialists.paint import NOT_AUTHORIZED, PaintImageTool
-from turnkit.specialists.read_file import ReadFileTool
-from turnkit.specialists.read_only import ReadOnlyTool
+from typing import TYPE_CHECKING
+
+from turnkit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from turnkit.specialists.agents import librarian, oracle, painter
+    from turnkit.specialists.github import GitHubRepositoryReadTool, HttpxGitHubClient
+    from turnkit.specialists.paint import NOT_AUTHORIZED, PaintImageTool
+    from turnkit.specialists.read_file import ReadFileTool
+    from turnkit.specialists.read_only import ReadOnlyTool
 
 __all__ = [
     "NOT_AUTHORIZED",
@@ -27,3 +32,14 @@ __all__ = [
     "oracle",
     "painter",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(("librarian", "oracle", "painter"), "turnkit.specialists.agents"),
+        **dict.fromkeys(("GitHubRepositoryReadTool", "HttpxGitHubClient"), "turnkit.specialists.github"),
+        **dict.fromkeys(("NOT_AUTHORIZED", "PaintImageTool"), "turnkit.specialists.paint"),
+        "ReadFileTool": "turnkit.specialists.read_file",
+        "ReadOnlyTool": "turnkit.specialists.read_only",
+    },
+)

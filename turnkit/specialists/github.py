@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from pydantic import BaseModel, Field
 
-from turnkit.errors import ToolError, ToolValidationError
+from turnkit.kernel.errors import ToolError, ToolValidationError
 from turnkit.specialists.read_only import ReadOnlyTool
 from turnkit.tools import ToolContext
 

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, Field
 
-from turnkit.errors import ToolError, ToolValidationError
+from turnkit.kernel.errors import ToolError, ToolValidationError
 from turnkit.media_tools import paint_in_turn
 from turnkit.specialists.read_only import ReadOnlyTool
 from turnkit.tools import ToolContext

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from turnkit.errors import ToolError
+from turnkit.kernel.errors import ToolError
 from turnkit.specialists.read_only import ReadOnlyTool
 from turnkit.tools import ToolContext
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import turnkit.errors as errors
+import turnkit.kernel.errors as errors
 from turnkit.store.errors import (
     deterministic_store_error,
     store_failure_message,

@@ -15,8 +15,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Row
 from sqlalchemy.sql.schema import ColumnDefault
 
-from turnkit.ids import new_id
-from turnkit.records import (
+from turnkit._engine.ids import new_id
+from turnkit.kernel.records import (
     MESSAGE_KINDS,
     MESSAGE_ROLES,
     TOOL_EXECUTION_STATUSES,
@@ -29,6 +29,7 @@ from turnkit.records import (
     TurnRecord,
     WaitRecord,
 )
+from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -39,7 +40,6 @@ from turnkit.store.schema import (
     WaitRow,
 )
 from turnkit.store.storable import storable, storable_text
-from turnkit.turn_state import TurnOptions
 
 __all__ = [
     "DELIVERY_UPDATE_FIELDS",

@@ -47,7 +47,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from turnkit.records import ACTIVE_TURN_STATUSES
+from turnkit.kernel.records import ACTIVE_TURN_STATUSES
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Final
 
-from turnkit.errors import StoreError
+from turnkit.kernel.errors import StoreError
 
 __all__ = ["REPLACEMENT", "UNSTORABLE_CHARS", "UnstorableValue", "storable", "storable_text"]
 

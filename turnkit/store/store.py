@@ -38,9 +38,9 @@ from sqlalchemy.engine import CursorResult, Engine, Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import turnkit.store.statements as sql
-from turnkit.errors import RecordNotFound, ToolError
-from turnkit.ids import new_id
-from turnkit.records import (
+from turnkit._engine.ids import new_id
+from turnkit.kernel.errors import RecordNotFound, ToolError
+from turnkit.kernel.records import (
     OPEN_EXECUTION_STATUSES,
     ConversationRecord,
     DeliveryRecord,
@@ -54,6 +54,7 @@ from turnkit.records import (
     WaitRecord,
     counts_against_budget,
 )
+from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.direct import DirectStatements
 from turnkit.store.engine import sqlite_file, store_engine
 from turnkit.store.postgres_direct import DirectConnection
@@ -96,7 +97,6 @@ from turnkit.store.schema import (
     WaitRow,
 )
 from turnkit.store.sqlite_inline import InlineConnection, InlineSQLite
-from turnkit.turn_state import TurnOptions
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -977,7 +977,7 @@ class StoreTx:
 
     async def find_turn_or_any(self, turn_id: str, conversation_id: str) -> tuple[TurnRecord | None, bool]:
         """``(the turn, True)`` if it exists; else ``(None, whether the conversation has any turn)``: a fresh
-        conversation's first turn asks both in one statement (:mod:`turnkit.first_turn`)."""
+        conversation's first turn asks both in one statement (:mod:`turnkit._engine.first_turn`)."""
         row = await self._read_one(sql.TURN_OR_ANY_OF_CONVERSATION, uid=turn_id, conversation_uid=conversation_id)
         if row is None:
             return None, False
@@ -1220,7 +1220,7 @@ class StoreTx:
         parent), and the turn ``ask`` started directly, if it is still active (a fresh conversation's first turn).
 
         The lane holds new input and new turns while a sub-agent's turn is active, until that turn's end sends it
-        ``wake`` (:func:`turnkit.deliveries.wake_lane`), and runs the direct turn before anything of its own
+        ``wake`` (:func:`turnkit._engine.deliveries.wake_lane`), and runs the direct turn before anything of its own
         (docs/design.md), so a conversation has one active turn at a time. One prebuilt statement (every submit asks).
         """
         rows = (await self.connection.execute(sql.TURNS_OUTSIDE_LANE, {"uid": conversation_id})).all()

@@ -54,7 +54,7 @@ def _backfill() -> None:
     """The counters of every root from its tree's records, and ``request_uid`` of every assistant response (and
     automatic compaction summary).
 
-    The rules are those of ``turnkit.budget`` at this revision, written out here so that the migration does not
+    The rules are those of ``turnkit._engine.budget`` at this revision, written out here so that the migration does not
     change when that module does.
     """
     bind = op.get_bind()

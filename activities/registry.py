@@ -1,0 +1,44 @@
+"""The activities a TurnKit worker registers, bound to its store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from turnkit._activities.children import ChildActivities
+from turnkit._activities.deliveries import DeliveryActivities
+from turnkit._activities.lane import LaneActivities
+from turnkit._activities.model import ModelActivities
+from turnkit._activities.tools import ToolActivities
+from turnkit._activities.turns import TurnActivities
+from turnkit.store.store import Store
+
+__all__ = ["build_activities", "build_tool_activities"]
+
+
+def build_activities(store: Store) -> list[Callable[..., Any]]:
+    """Every TurnKit activity, bound to ``store`` (register them all on a worker)."""
+    turns = TurnActivities(store)
+    children = ChildActivities(store)
+    lane = LaneActivities(store)
+    return [
+        ModelActivities(store).model,
+        ToolActivities(store).run_tool,
+        turns.submit_turn,
+        turns.finish_turn,
+        turns.settle_tool,
+        DeliveryActivities(store).deliver,
+        children.delegate,
+        children.join,
+        children.wait,
+        children.finish_wait,
+        lane.lane_held,
+        lane.start_turn,
+        lane.end_turn,
+        lane.follow_turn,
+    ]
+
+
+def build_tool_activities(store: Store) -> list[Callable[..., Any]]:
+    """Only the tool activity, bound to ``store``: for a worker on a tool's own task queue (``--only tools``)."""
+    return [ToolActivities(store).run_tool]

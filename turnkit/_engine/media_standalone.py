@@ -1,0 +1,271 @@
+"""``Turn.paint`` / ``Turn.view_media`` in standalone mode (behaviour §3.12): a prepared turn whose whole work is one
+image generation or media analysis.
+
+The turn must be ``pending`` and not submitted (a prepared turn, ``build_turn``): a submitted one belongs to its
+conversation's lane, which would run it. The call claims it (compare-and-set ``pending`` → ``running`` with a claim
+token; a lost claim raises ``"turn is already running"``), emits ``turn.started``, calls the client, audits a
+painted image with the agent's output policy (judges before the transaction), then in one transaction fenced on the
+claim token writes the message, charges the turn (the call and the judges) and completes it (or, in ``fail`` mode
+with a dirty audit, fails it with ``TurnKit::OutputAudit``). On error the turn
+fails and the error is re-raised. No workflow is involved: this runs in the caller's process, like ``build_turn``.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from turnkit._activities.output_audit import AnswerAudit, PublishedStatus, announce_audit_in, audit_answer, publication
+from turnkit._engine.ids import new_claim_token
+from turnkit._engine.turn_end import fail_unfinished_turn
+from turnkit._engine.waits import notify_waiters
+from turnkit.agent import Agent, resolve_agent
+from turnkit.events import announce, emit
+from turnkit.kernel.errors import ConfigError, Error, LostClaim, OutputAudit
+from turnkit.kernel.records import MessageRecord, TurnRecord
+from turnkit.media import MediaInput
+from turnkit.media_requests import PaintRequest, ViewMediaRequest
+from turnkit.media_tools import (
+    Fence,
+    analyses_of,
+    ask_view_media,
+    charged_if_unusable,
+    described,
+    emit_image_completed,
+    emit_media_completed,
+    generate,
+    media_with_data,
+    persist_media_message,
+    stored_images,
+)
+from turnkit.model import Client, Result
+from turnkit.store.store import Store, StoreTx, utcnow
+
+if TYPE_CHECKING:
+    from turnkit.runtime import TurnKit
+
+__all__ = ["paint_turn", "view_media_turn"]
+
+
+async def paint_turn(
+    tk: TurnKit,
+    turn_id: str,
+    prompt: str,
+    *,
+    model: str,
+    provider: str | None = None,
+    size: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    client: Client | None = None,
+) -> TurnRecord:
+    """Paint as the whole of a prepared turn; it completes with ``output_data = {type: "image", images: [...]}``
+    (references, no bytes) and ``output_text`` = the image's URL, else its media id.
+
+    The answer is audited with the agent's output policy (behaviour §3.12 step 6): ``policy_audit`` is recorded;
+    in ``fail`` mode a dirty audit fails the turn (its output recorded) and raises; ``report`` and ``revise``
+    complete it (no model to revise with).
+
+    Raises:
+        OutputAudit: The audit found violations and the agent's mode is ``fail``.
+        Error: ``"cannot paint for <status> turn"``, ``"turn is already running"``, or the call's error (the turn
+            is then failed).
+    """
+    store = tk.store
+    turn, token = await _claim(store, turn_id, "paint")
+    request = PaintRequest(
+        prompt=prompt,
+        model=model,
+        provider=provider,
+        size=size,
+        params=dict(params or {}),
+        metadata=dict(metadata or {}),
+    )
+    try:
+        image_client = _chosen(client, turn, "paint")
+        fence = _claim_fence(turn.id, token)
+        result = await generate(turn, image_client, request)
+        parts = await charged_if_unusable(
+            store, fence, turn, result, None, lambda: stored_images(store, result, request)
+        )
+        images = [dict(part) for part in parts]
+        first_image = images[0]
+        text = str(first_image.get("url") or first_image.get("media_id") or "")
+        output_data = {"type": "image", "images": images}
+        agent = resolve_agent(turn.agent_name)
+        # The output policy judges the answer as it would a model's (behaviour §3.12 step 6, §3.9).
+        audit = await audit_answer(
+            turn, agent, Result.build(text=text, output_data=output_data), f"paint:{turn.id}", store=store
+        )
+        message = await persist_media_message(
+            store,
+            fence,
+            turn,
+            result,
+            None,
+            kind="image",
+            parts=parts,
+            metadata={},
+            output_data=None,
+            extra_charges=[(judge.usage, judge.cost) for judge in audit.charges] if audit else (),
+            finish=_completion(turn, text, output_data, agent=agent, audit=audit),
+        )
+    except Exception as err:
+        await _fail(tk, turn, err)
+        raise
+    await emit_image_completed(turn, described(message), request.metadata)
+    finished = await _finished(tk, turn)
+    if finished.status == "failed" and finished.error is not None:
+        # Fail mode and a dirty audit: the turn failed with it (its output recorded), and the error is raised.
+        raise OutputAudit(str(finished.error.get("message") or ""), finished.error.get("policy_audit"))
+    return finished
+
+
+async def view_media_turn(
+    tk: TurnKit,
+    turn_id: str,
+    media: MediaInput | str,
+    *,
+    objective: str,
+    model: str | None = None,
+    provider: str | None = None,
+    output_schema: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    client: Client | None = None,
+) -> TurnRecord:
+    """Analyse media as the whole of a prepared turn; it completes with ``output_text`` = the analysis and
+    ``output_data = {type: "media_analysis", media_analyses: [...]}``.
+
+    Raises:
+        Error: ``"cannot view media for <status> turn"``, ``"turn is already running"``, or the call's error (the
+            turn is then failed and ``media.failed`` emitted).
+    """
+    store = tk.store
+    turn, token = await _claim(store, turn_id, "view media")
+    chosen_metadata = dict(metadata or {})
+    try:
+        ref, data = await media_with_data(store, media)
+        request = ViewMediaRequest(
+            media={**ref, "data": base64.b64encode(data).decode("ascii")},
+            objective=objective,
+            model=model or turn.model or resolve_agent(turn.agent_name).effective_model,
+            provider=provider,
+            output_schema=output_schema,
+            params=dict(params or {}),
+            metadata=chosen_metadata,
+        )
+        fence = _claim_fence(turn.id, token)
+        result = await ask_view_media(turn, _chosen(client, turn, "view_media"), request, ref)
+        analyses = await charged_if_unusable(
+            store, fence, turn, result, None, lambda: analyses_of(result, request, ref)
+        )
+        found = [dict(part) for part in analyses]
+        message = await persist_media_message(
+            store,
+            fence,
+            turn,
+            result,
+            None,
+            kind="media_analysis",
+            parts=analyses,
+            metadata={},
+            output_data=result.output_data,
+            finish=_completion(
+                turn, str(found[0].get("text") or ""), {"type": "media_analysis", "media_analyses": found}
+            ),
+        )
+    except Exception as err:
+        await emit("media.failed", turn.id, turn.conversation_id, error=str(err), metadata=chosen_metadata)
+        await _fail(tk, turn, err)
+        raise
+    await emit_media_completed(turn, described(message), ref, chosen_metadata)
+    return await _finished(tk, turn)
+
+
+async def _claim(store: Store, turn_id: str, verb: str) -> tuple[TurnRecord, str]:
+    turn = await store.load_turn(turn_id)
+    if turn.status != "pending":
+        raise Error(f"cannot {verb} for {turn.status} turn")
+    if turn.submitted_at is not None:
+        raise Error(f"cannot {verb} for a submitted turn: its conversation runs it (use a prepared turn)")
+    token = new_claim_token()
+    now = utcnow()
+    async with store.atomic(turn_id=turn.root_turn_id) as tx:
+        claimed = await tx.claim_turn(
+            turn.id, from_="pending", to="running", claim_token=token, started_at=now, heartbeat_at=now
+        )
+    if claimed is None:
+        raise Error("turn is already running")
+    await emit("turn.started", claimed.id, claimed.conversation_id, status=claimed.status, model=claimed.model)
+    return claimed, token
+
+
+def _claim_fence(turn_id: str, token: str) -> Fence:
+    async def fence(tx: StoreTx) -> None:
+        current = await tx.load_turn(turn_id)
+        if current.status != "running" or current.claim_token != token:
+            raise LostClaim(f"turn {turn_id} is {current.status}: this call no longer holds its claim")
+
+    return fence
+
+
+def _completion(
+    turn: TurnRecord,
+    output_text: str,
+    output_data: dict[str, Any],
+    *,
+    agent: Agent | None = None,
+    audit: AnswerAudit | None = None,
+) -> Callable[[StoreTx, MessageRecord], Awaitable[None]]:
+    """The terminal write. With an ``audit``: ``state.policy_audit`` is recorded and the agent's mode decides, as
+    ``complete_with_output`` does (behaviour §3.2 phase output): ``fail`` with a dirty audit fails the turn with
+    ``TurnKit::OutputAudit`` (the output still recorded); otherwise it completes. There is no model to ask for a
+    revision, so ``revise`` ends like ``report`` (as it does once its revisions are used)."""
+
+    async def finish(tx: StoreTx, message: MessageRecord) -> None:
+        status: PublishedStatus = "completed"
+        error: dict[str, Any] | None = None
+        updates: dict[str, Any] = {}
+        if audit is not None and agent is not None:
+            current = await tx.load_turn(turn.id)
+            state = current.state.model_copy(update={"policy_audit": audit.result.to_dict()})
+            current = await tx.update_turn(turn.id, options=current.options.with_state(state))
+            status, error = publication(agent, current)
+            updates = {"error": error} if error is not None else {}
+        ended = await tx.claim_turn(
+            turn.id,
+            from_="running",
+            to=status,
+            output_text=output_text,
+            output_data=output_data,
+            completed_at=utcnow(),
+            claim_token=None,
+            **updates,
+        )
+        if audit is not None:
+            announce_audit_in(tx, turn, audit, published=True)  # before the turn's own event
+        if status == "completed":
+            announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=output_text)
+        else:
+            announce(tx, "turn.failed", turn.id, turn.conversation_id, error=(ended.error if ended else error))
+
+    return finish
+
+
+def _chosen(client: Client | None, turn: TurnRecord, method: str) -> Client:
+    chosen = client if client is not None else resolve_agent(turn.agent_name).effective_client
+    if not callable(getattr(chosen, method, None)):
+        raise ConfigError(f"{type(chosen).__name__} has no {method}: use a client that supports it")
+    return chosen
+
+
+async def _fail(tk: TurnKit, turn: TurnRecord, err: BaseException) -> None:
+    error_class = getattr(type(err), "qualified_name", None) or f"{type(err).__name__}"
+    await fail_unfinished_turn(tk.store, tk.client, tk.task_queue, turn.id, str(err), error_class=error_class)
+
+
+async def _finished(tk: TurnKit, turn: TurnRecord) -> TurnRecord:
+    await notify_waiters(tk.store, tk.client, turn.id)  # turns that wait for this one go on
+    return await tk.store.load_turn(turn.id)

@@ -1,0 +1,138 @@
+"""Run a TurnKit worker: ``turnkit worker --app myapp.agents`` (in a source checkout, ``python worker.py``).
+
+The application module registers its agents and tools at import time (``turnkit.register``); every worker and
+every process that submits turns must import the same definitions. The worker connects to the Temporal cluster of
+Temporal's envconfig (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS_*``, the
+profile in the config file; ``--address`` and ``--namespace`` win; ``127.0.0.1:7233`` when nothing is configured) and
+the store at ``$TURNKIT_DATABASE_URL``, and shuts down gracefully on SIGTERM or SIGINT: it stops polling, lets running
+activities finish (up to ``--grace`` seconds) and exits. Installed from the wheel, it is also ``turnkit worker``.
+
+A tool with a task queue of its own (``@tool(task_queue="gpu")``) runs on a worker for that queue, on the box that can
+run it: ``python worker.py --app myapp.agents --queue gpu --only tools`` registers only the tool activity (no
+workflows, no model or store activities) and serves the tools whose ``task_queue`` is ``gpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from turnkit._engine.tool_queues import tools_on_queue
+from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
+from turnkit._temporal.process import exit_process
+from turnkit._temporal.search_attributes import require_search_attributes
+from turnkit._temporal.tracing import add_tracing_argument
+from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, on_uvloop, run_on_loop
+from turnkit.config import TASK_QUEUE, settings
+from turnkit.kernel.errors import ConfigError
+from turnkit.plugin import TurnKitPlugin
+from turnkit.store import Store
+
+log = logging.getLogger("turnkit.worker")
+
+#: Where the worker looks for Temporal when nothing is configured (the ``temporal`` CLI's default too).
+DEFAULT_ADDRESS = "127.0.0.1:7233"
+
+
+def add_queue_arguments(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """``--task-queue`` (alias ``--queue``) and ``--only tools``: which queue the worker polls, and what it runs."""
+    parser.add_argument(
+        "--task-queue",
+        "--queue",
+        dest="task_queue",
+        default=default,
+        metavar="NAME",
+        help="task queue to poll (default $TURNKIT_TASK_QUEUE or 'turnkit'); a tool's own queue with --only tools",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["tools"],
+        default=None,
+        help="tools: register only the tool activity (no workflows, no model or store activities), for the tools "
+        "whose task_queue is this queue (every tool without one on the turns' queue)",
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (environment variables give the defaults)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
+    parser.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
+    add_connection_arguments(parser)
+    add_queue_arguments(parser, default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
+    parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    add_tracing_argument(parser)
+    add_sandbox_argument(parser)
+    add_loop_argument(parser)
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
+    """Import the apps, connect, and run the worker until SIGTERM/SIGINT."""
+    for module in args.app:
+        importlib.import_module(module)
+    options = client_options_from_arguments(args)
+    address = options.pop("target_host", DEFAULT_ADDRESS)
+    tools_only = getattr(args, "only", None) == "tools"
+    served = _served_tools(args.task_queue) if tools_only else ""
+    store = await Store.open(args.database_url)
+    try:
+        sandbox = getattr(args, "sandbox", True)
+        plugin = TurnKitPlugin(store, tracing=args.tracing, tools_only=tools_only, sandbox=sandbox)
+        client = await Client.connect(address, **options, plugins=[plugin])
+        if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
+            await require_search_attributes(client)
+        worker = Worker(
+            client,
+            task_queue=args.task_queue,
+            graceful_shutdown_timeout=timedelta(seconds=args.grace),
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with worker:
+            log.info("turnkit worker polling %s on %s (%s)", args.task_queue, address, options["namespace"])
+            unsandboxed = "" if sandbox or tools_only else " (workflows unsandboxed)"
+            on_loop = " (uvloop)" if on_uvloop() else ""
+            print(f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}", flush=True)
+            await stop.wait()
+            log.info("shutting down")
+    finally:
+        await store.close()
+
+
+def _served_tools(task_queue: str) -> str:
+    """What a tools-only worker on ``task_queue`` serves, for its ready line; a queue no tool runs on is an error."""
+    turn_queue = os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE)
+    tools = tools_on_queue(task_queue, turn_queue=turn_queue)
+    if not tools:
+        raise ConfigError(
+            f"no registered tool runs on task queue {task_queue!r}: give a tool @tool(task_queue={task_queue!r}), "
+            "or check --app (the modules that register the agents)"
+        )
+    return f" (tools only: {', '.join(sorted({t.name for t in tools}))})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
+    sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
+    args = parse_args(argv)
+    try:
+        client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
+        run_on_loop(run(args), args.loop)
+    except ConfigError as error:  # also missing search attributes: say what to do, without a traceback
+        print(f"turnkit worker: {error}", file=sys.stderr, flush=True)
+        exit_process(2)
+    exit_process(0)
+

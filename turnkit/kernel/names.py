@@ -1,0 +1,42 @@
+"""The names under which TurnKit's workflows, updates, signals and queries are registered: what clients and other
+workflows use to start and message them, so that client code (``ask``, deliveries, repair) never imports the workflow
+modules. The activities' names are on their declarations (:mod:`turnkit.kernel.activities`).
+
+The workflow definitions in ``workflows/`` register under these same names; a test checks that they agree.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "DELIVER_SIGNAL",
+    "LANE_STATUS_QUERY",
+    "LANE_WORKFLOW",
+    "RESUME_SIGNAL",
+    "SUBMIT_UPDATE",
+    "TARGET_FINISHED_SIGNAL",
+    "TOOL_ACTIVITY_PREFIX",
+    "TURN_WORKFLOW",
+    "WAKE_SIGNAL",
+]
+
+#: The conversation's lane (workflow id = conversation id).
+LANE_WORKFLOW: Final = "ConversationWorkflow"
+#: One turn (workflow id = turn id).
+TURN_WORKFLOW: Final = "TurnWorkflow"
+#: The lane's update that appends a trigger message and queues a turn; returns a ``TurnTicket``.
+SUBMIT_UPDATE: Final = "submit"
+#: The lane's signal that a delivery row exists for it.
+DELIVER_SIGNAL: Final = "deliver"
+#: The lane's signal that a sub-agent's turn in its conversation ended.
+WAKE_SIGNAL: Final = "wake"
+#: The lane's query: what runs and what waits (a ``LaneStatus``).
+LANE_STATUS_QUERY: Final = "status"
+#: A turn's signal that the application resumed it (the store says so already).
+RESUME_SIGNAL: Final = "resume"
+#: The signal a turn's end sends to each workflow that waits for it (a turn's ``wait_for``, a lane following its turn,
+#: a team's workflow that asked an agent through :mod:`turnkit.workflow`), with the ended turn's id.
+TARGET_FINISHED_SIGNAL: Final = "target_finished"
+#: A tool call's activity type is this prefix and the tool's name (one dynamic activity runs them all).
+TOOL_ACTIVITY_PREFIX: Final = "tool:"
