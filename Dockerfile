@@ -4,8 +4,9 @@
 #
 # Build stage: the wheel, built from the same files a `pip install .` uses. Runtime stage: that wheel installed
 # (not editable) with the `postgres` and `providers` extras, run as an unprivileged user. The entry point is
-# `turnkit worker`, the console script that runs worker.py's main() from the installed wheel; the arguments
-# (CMD, or compose's `command`) are worker.py's: --app MODULE (repeatable), --grace, --address/--profile, …
+# `turnkit worker`, the console script that runs the worker from the installed wheel; the arguments (CMD, or
+# compose's `command`) are those of `turnkit worker` (and of a checkout's worker.py): --app MODULE (repeatable),
+# --grace, --address/--profile, --deployment/--build-id, …
 # Temporal's connection comes from its envconfig (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY,
 # TEMPORAL_TLS_*, TEMPORAL_PROFILE + TEMPORAL_CONFIG_FILE); the store and queue from TURNKIT_DATABASE_URL and
 # TURNKIT_TASK_QUEUE. Your application modules go in /app (COPY them in an image built FROM this one, or mount
@@ -13,7 +14,8 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml worker.py ./
+COPY pyproject.toml ./
+# turnkit/_workflows and turnkit/_activities are links to these two: the wheel carries them under turnkit/.
 COPY turnkit ./turnkit
 COPY workflows ./workflows
 COPY activities ./activities

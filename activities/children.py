@@ -4,7 +4,8 @@
   task message and the child turn), idempotently by the call, and tells the workflow which child workflows to run.
   A denied budget, a denied ``launch_agent``, an unknown sub-agent or invalid arguments settle the call ``failed``.
 * ``turnkit.join`` settles delegated executions from their finished children, appending results in call order.
-* ``turnkit.wait`` / ``turnkit.finish_wait`` implement the ``wait_for`` tool on wait rows (see :mod:`turnkit._engine.waits`).
+* ``turnkit.wait`` / ``turnkit.finish_wait`` implement the ``wait_for`` tool on wait rows (see
+  :mod:`turnkit._engine.waits`).
 """
 
 from __future__ import annotations

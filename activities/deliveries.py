@@ -114,7 +114,6 @@ def _queued(turn: TurnRecord) -> QueuedTurn:
     return ticket_of(turn).queued()
 
 
-
 async def _unconsumed(tx: StoreTx, conversation_id: str, message_id: str | None) -> bool:
     """Whether the delivered message ``message_id`` is beyond every submitted turn's snapshot (no turn has it)."""
     if message_id is None:

@@ -35,6 +35,7 @@ from turnkit._engine.controls import control_boundary, has_pending_controls, sta
 from turnkit._engine.deliveries import callback_verdict, completion_delivery, turn_result
 from turnkit._engine.dispatch import call_policy, warn_if_model_policy_differs
 from turnkit._engine.ids import new_id
+from turnkit._engine.mcp_tools import record_mcp_tools
 from turnkit._engine.request import build_model_request, needs_conversation
 from turnkit._engine.validation import storable_result
 from turnkit._engine.waits import enter_waiting
@@ -107,6 +108,9 @@ class ModelActivities(ModelCalls):
             client = agent.effective_client
         except ConfigError as err:
             raise _non_retryable(err) from err
+        if agent.mcp_servers:  # the tools of its MCP servers, listed once per turn and recorded (turnkit.mcp)
+            async with heartbeating():  # a server started per listing may take longer than a heartbeat
+                turn = await record_mcp_tools(self.store, turn, agent)
         messages, denial = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
@@ -411,7 +415,10 @@ class ModelActivities(ModelCalls):
             agent = resolve_agent(turn.agent_name)
             tool_calls = [
                 ToolCallRef.carried(
-                    tc.id, tc.name, tc.arguments_error, call_policy(agent, tc.name, state.loaded_skills)
+                    tc.id,
+                    tc.name,
+                    tc.arguments_error,
+                    call_policy(agent, tc.name, state.loaded_skills, state.mcp_tools),
                 )
                 for tc in result.tool_calls
             ]
@@ -502,7 +509,7 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
             str(part["id"]),
             str(part["name"]),
             part.get("arguments_error"),
-            call_policy(agent, str(part["name"]), turn.state.loaded_skills),
+            call_policy(agent, str(part["name"]), turn.state.loaded_skills, turn.state.mcp_tools),
         )
         for part in message.content
         if part.get("type") == "tool_call"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from turnkit._activities.activity_tools import ActivityToolActivities
+from turnkit._activities.asks import AskActivities
 from turnkit._activities.children import ChildActivities
 from turnkit._activities.deliveries import DeliveryActivities
 from turnkit._activities.lane import LaneActivities
@@ -21,9 +23,13 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
     turns = TurnActivities(store)
     children = ChildActivities(store)
     lane = LaneActivities(store)
+    activity_tools = ActivityToolActivities(store)
+    asks = AskActivities(store)
     return [
         ModelActivities(store).model,
         ToolActivities(store).run_tool,
+        activity_tools.open_tool,
+        activity_tools.commit_tool,
         turns.submit_turn,
         turns.finish_turn,
         turns.settle_tool,
@@ -36,6 +42,9 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         lane.start_turn,
         lane.end_turn,
         lane.follow_turn,
+        asks.ask,
+        asks.follow,
+        asks.control,
     ]
 
 

@@ -409,4 +409,4 @@ if __name__ == "__main__":
         uvloop.run(main(arguments))
     else:
         asyncio.run(main(arguments))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)

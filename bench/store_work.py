@@ -237,4 +237,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help="print the statements of the last calls of K=2")
     asyncio.run(main(parser.parse_args()))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)

@@ -3,8 +3,8 @@
 Runs the :mod:`bench.peers` workload (K tool-calling iterations, then an answer) back to back on bare Temporal (the
 floor, :mod:`bench.peers.bare_app`) and on TurnKit (:mod:`bench.peers.turnkit_app`) on SQLite and, with
 ``--database-url``, on PostgreSQL; each system on its own dev server with the server's task loading tuned
-(``turnkit._temporal.devserver.fast_task_loading_args``), so that the engines' own costs show. After each turn it reads the
-turn workflow's history and sums, per turn:
+(``turnkit._temporal.devserver.fast_task_loading_args``), so that the engines' own costs show. After each turn it reads
+the turn workflow's history and sums, per turn:
 
 - the activities' run (``ActivityTaskStarted`` → ``ActivityTaskCompleted``), model calls and tool calls apart;
 - the workflow tasks' run (``WorkflowTaskStarted`` → ``WorkflowTaskCompleted``) and their wait to start;
@@ -180,4 +180,4 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=5, help="turns before the measured ones (default 5)")
     parser.add_argument("--database-url", help="also TurnKit on this PostgreSQL store (postgresql+asyncpg://…)")
     asyncio.run(main(parser.parse_args()))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)

@@ -418,4 +418,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     asyncio.run(main(parse_args()))
-    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (turnkit/_temporal/process.py)
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,9 +18,11 @@ from pydantic import BaseModel
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
 
 import turnkit
 from tests.engine import eventually
+from tests.team_app import ApprovalWorkflow
 from turnkit._engine.builtin_tools import launch_agent, wait_for
 from turnkit._workflows.lane import ConversationWorkflow
 from turnkit.agent import Agent, register
@@ -32,6 +35,7 @@ from turnkit.tools import Tool, ToolContext
 
 __all__ = [
     "SCENARIOS",
+    "TEAM_WORKFLOWS",
     "Recorded",
     "delivery_wake",
     "direct_first_turn",
@@ -45,6 +49,7 @@ __all__ = [
     "scenario_agent",
     "steer",
     "subagent_fanout",
+    "team_approval",
     "terminal_answer_audit",
     "turn_budget",
     "turn_local_model",
@@ -226,6 +231,8 @@ HELPER_AGENT = "history_helper"
 AUDITED_AGENT = "history_audited"
 LOCAL_TOOLS_AGENT = "history_local_tools"
 DIRECT_AGENT = "history_direct"
+#: The agents the team's ``ApprovalWorkflow`` asks by name (tests/team_app.py).
+TEAM_AGENTS = ("drafter", "legal", "finance")
 
 #: Agent name -> (tools, limits). The definitions must not change once histories are recorded with them.
 _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
@@ -248,6 +255,7 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     AUDITED_AGENT: ((file_memo,), {"output_policy": needs_recommendation, "output_retries": 1}),
     LOCAL_TOOLS_AGENT: ((lookup_local, notify_local, flaky_local), {}),
     DIRECT_AGENT: ((hold,), {}),
+    **dict.fromkeys(TEAM_AGENTS, ((), {})),
 }
 
 #: Agent name -> its sub-agents (themselves in ``_AGENTS``), exposed as delegation tools named after them.
@@ -826,6 +834,43 @@ async def direct_first_turn(tk: TurnKit) -> list[Recorded]:
     return [first.id, conversation.id]
 
 
+#: A team's own workflows that a scenario runs (the replayer registers them beside TurnKit's).
+TEAM_WORKFLOWS: list[type] = [ApprovalWorkflow]
+
+
+def _drafts(request: turnkit.ModelRequest) -> str:
+    asked = str(request.messages[-1]["content"])
+    return "APPROVED: " + " | ".join(asked.splitlines()[1:]) if asked.startswith("Combine") else "DRAFT"
+
+
+async def team_approval(tk: TurnKit) -> list[Recorded]:
+    """A team's own workflow asks agents as its steps (``turnkit.workflow``, tests/team_app.py): a draft in a new
+    conversation (its direct first turn), a human's decision (a signal), two reviews in parallel (``run``), a summary
+    in the draft's conversation (through its lane). It runs on a task queue of its own, whose worker serves it and
+    TurnKit alike, as a team's worker does. Keeps the team workflow's history."""
+    configure(direct_first_turns=True)
+    clients = {"drafter": ScriptedClient(_drafts), "legal": ScriptedClient(["no risk"])}
+    clients["finance"] = ScriptedClient(["cheap"])
+    for name, client in clients.items():
+        register(scenario_agent(name, client))
+    queue = f"{tk.task_queue}-team"
+    async with Worker(tk.client, task_queue=queue, workflows=TEAM_WORKFLOWS):
+        handle = await tk.client.start_workflow(
+            ApprovalWorkflow.run, "a laptop for Sam", id=f"approval-{uuid.uuid4().hex[:12]}", task_queue=queue
+        )
+
+        async def drafted() -> bool:
+            async with tk.store.reads() as tx:
+                waits = await tx.list_waits(turn_id=handle.id)
+                return bool(waits) and all([(await tx.load_turn(w.target_turn_id)).terminal for w in waits])
+
+        await eventually(drafted, what="the draft")
+        await handle.signal(ApprovalWorkflow.decide, True)
+        answer = await asyncio.wait_for(handle.result(), 60)
+    assert answer == "APPROVED: Legal: no risk | Finance: cheap", answer
+    return [handle.id]
+
+
 #: The rollover scenario's lane continues as new past this many events: after a finished turn, a running one and a
 #: queued one (not before the last was submitted), and not again in the run that follows the running turn.
 ROLLOVER_EVENTS = 48
@@ -914,4 +959,5 @@ SCENARIOS: dict[str, Scenario] = {
     "steer": _through_lanes(steer),
     "launch-callback": _through_lanes(launch_callback),
     "lane-busy-rollover": _through_lanes(lane_busy_rollover),
+    "team-approval": team_approval,
 }

@@ -12,6 +12,8 @@ from pydantic import BaseModel
 from turnkit.agent import (
     ORCHESTRATOR_PREAMBLE,
     Agent,
+    AgentDefinition,
+    AgentOptions,
     register,
     registered_agents,
     resolve_agent,
@@ -326,3 +328,12 @@ def test_naive_now_is_utc_and_prompt_is_deterministic() -> None:
 
 def test_xml_escape() -> None:
     assert xml_escape("a<b>&c\x00\x07d\ne") == "a&lt;b&gt;&amp;cd\ne"
+
+
+def test_an_agents_options_are_one_typed_model() -> None:
+    """``Agent(name, **options)`` takes :class:`AgentOptions` (the type checker follows them through code that passes
+    them on); each option is stored under its own name, and an unknown one is refused at run time as well."""
+    stored = {field.name for field in dataclasses.fields(AgentDefinition)}
+    assert stored == {*AgentOptions.__optional_keys__, "name", "load_skill_tool"}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'modle'"):
+        Agent("typo", modle="scripted")  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]

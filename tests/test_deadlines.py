@@ -255,10 +255,7 @@ async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_t
             options=turn_options(resolve_agent(waiter.agent_name), trigger_message_id=message.id, context={}),
             submitted_at=utcnow(),
         )
-    queue = [
-        QueuedTurn(turn_id=t.id, agent_name=t.agent_name, root_turn_id=t.root_turn_id, deadline=ticket_of(t).deadline)
-        for t in (waiter, second)
-    ]
+    queue: list[QueuedTurn] = [ticket_of(t).queued() for t in (waiter, second)]
     async with turn_worker(env, store) as task_queue:
         lane = await env.client.start_workflow(
             ConversationWorkflow.run,

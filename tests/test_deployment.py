@@ -101,7 +101,7 @@ def test_the_worker_is_built_from_the_dockerfile_and_wired_to_the_stack(
     temporal = {k: v for k, v in environment.items() if k.startswith("TEMPORAL_")}
     assert client_options(environ=temporal) == {"target_host": "temporal:7233", "namespace": "default"}
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_TASK_QUEUE"):
-        assert f'"{name}"' in (ROOT / "worker.py").read_text(), f"worker.py does not read {name}"
+        assert f'"{name}"' in (ROOT / "turnkit/_temporal/worker.py").read_text(), f"the worker does not read {name}"
     database = urlsplit(environment["TURNKIT_DATABASE_URL"])
     postgres = compose["postgresql"]["environment"]
     assert database.scheme == "postgresql+asyncpg" and database.hostname == "postgresql" and database.port == 5432
@@ -144,7 +144,7 @@ def test_the_dockerfile_installs_the_wheel_as_a_non_root_user() -> None:
     assert len(stages) == 2 and steps[stages[0]][1].endswith(" AS build")
     build, runtime = steps[stages[0] : stages[1]], steps[stages[1] :]
     copied = " ".join(arguments for keyword, arguments in build if keyword == "COPY")
-    for source in ("pyproject.toml", "worker.py", "turnkit", "workflows", "activities"):
+    for source in ("pyproject.toml", "turnkit", "workflows", "activities"):
         assert source in copied, f"the build stage does not copy {source}"
     assert any(k == "RUN" and "pip wheel" in a and "--no-deps" in a for k, a in build)
     assert any(k == "COPY" and a.startswith("--from=build ") for k, a in runtime)
@@ -162,7 +162,7 @@ def test_the_dockerfile_installs_the_wheel_as_a_non_root_user() -> None:
     # .dockerignore must not hide what the build stage copies.
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    for source in ("turnkit/agent.py", "workflows/turn.py", "activities/model.py", "worker.py", "pyproject.toml"):
+    for source in ("turnkit/agent.py", "workflows/turn.py", "activities/model.py", "pyproject.toml"):
         assert not [p for p in patterns if fnmatch(source, p) or fnmatch(source, f"{p}/*")], f"{source} is ignored"
 
 

@@ -20,7 +20,7 @@ from turnkit._engine import dispatch, turn_build
 from turnkit._engine.first_turn import write_first_turn
 from turnkit._engine.ids import new_id
 from turnkit._workflows.lane import ConversationWorkflow
-from turnkit.config import settings
+from turnkit.config import configure, settings
 from turnkit.kernel.errors import RecordNotFound
 from turnkit.kernel.payloads import ModelPolicy, SubmitTurn
 from turnkit.kernel.records import TurnRecord
@@ -150,7 +150,7 @@ async def test_turns_that_need_the_lane_go_through_it_even_when_first(
     store's wait-graph lock in the lane's submit) and any with ``direct_first_turns=False`` go through the lane."""
     agent = turnkit.Agent(f"lane-{how}", model="scripted", client=ScriptedClient(["done", "done"]))
     if how == "setting":
-        monkeypatch.setattr(settings, "direct_first_turns", False)
+        configure(direct_first_turns=False)
     other = await tk.conversation(agent)
     target = await other.ask("target") if how == "wait_for" else None
     conversation = await tk.conversation(agent)

@@ -1,10 +1,12 @@
-"""Issue 11, packaging and deployment: ``pip install`` of the wheel (not editable) works, and a turn runs from it.
+"""Packaging: ``pip install`` of the wheel (not editable) puts ``turnkit`` alone on the import path, and works.
 
 The wheel is built from a copy of the source tree (so nothing is written into the checkout), installed with its
 dependencies and the ``postgres`` and ``providers`` extras into a fresh virtualenv (no system site-packages) once per
-test run, and used from there: every module imports (no circular import), ``turnkit worker`` (the console script the
-Dockerfile runs) serves a turn that a script run with the new venv's Python submits, both importing TurnKit from the
-venv and opening a fresh SQLite store (so the Alembic migrations come from the wheel).
+test run, and used from there: its only top-level name is ``turnkit`` (the source tree's ``workflows/`` and
+``activities/`` are ``turnkit._workflows`` and ``turnkit._activities``), every module imports (no circular import),
+``turnkit worker`` (the console script the Dockerfile runs) serves a turn that a script run with the new venv's Python
+submits, and a team's project with its own ``workflows.py``, ``activities/`` and ``worker.py`` runs one worker that
+serves its workflow and TurnKit's. Each opens a fresh SQLite store, so the Alembic migrations come from the wheel.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "worker.py", "turnkit", "workflows", "activities")
+SOURCES = ("pyproject.toml", "turnkit", "workflows", "activities")
 EXTRAS = "postgres,providers"
 
 pytestmark = pytest.mark.slow
@@ -82,51 +84,59 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     return Installed(wheel=wheel, venv=venv)
 
 
+#: Where each source directory is installed: the design card's top-level directories are TurnKit's private packages.
+INSTALLED_AS = {"turnkit": "turnkit", "workflows": "turnkit/_workflows", "activities": "turnkit/_activities"}
+
+
 def _source_files() -> set[str]:
-    """Every file the wheel must carry: the listed packages' modules and the migrations' template."""
-    names = {"worker.py"}
-    for package in ("turnkit", "workflows", "activities"):
-        for path in (ROOT / package).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".mako", ".ini"):
-                names.add(path.relative_to(ROOT).as_posix())
+    """Every file the wheel must carry, by its installed path: the packages' modules and the migrations' template."""
+    names: set[str] = set()
+    for source, installed_as in INSTALLED_AS.items():
+        for directory, _, files in os.walk(ROOT / source):  # the links in turnkit/ are the other two entries
+            for file in files:
+                path = Path(directory) / file
+                if "__pycache__" not in path.parts and path.suffix in (".py", ".mako", ".ini"):
+                    names.add(f"{installed_as}/{path.relative_to(ROOT / source).as_posix()}")
     return names
 
 
-def test_the_wheel_carries_every_package_and_the_migrations(installed: Installed) -> None:
-    """Every module of ``turnkit`` (with ``providers``, ``store``, the migrations and their template), ``workflows``
-    and ``activities`` is in the wheel, every package directory is in pyproject's package list, and the ``turnkit``
-    console script is declared."""
+def test_the_wheel_holds_turnkit_alone_with_every_package_and_the_migrations(installed: Installed) -> None:
+    """The wheel's only top-level name is ``turnkit``; every module (with ``providers``, ``store``, the migrations and
+    their template, the workflows and the activities) is in it, every package directory is in pyproject's package
+    list, and the ``turnkit`` console script is declared."""
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = set(wheel.namelist())
         entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
+        top_level = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/top_level.txt"))
+    assert top_level.split() == ["turnkit"]
+    assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"turnkit"}
     missing = _source_files() - names
     assert not missing, f"not in the wheel: {sorted(missing)}"
     assert any(n.startswith("turnkit/store/migrations/versions/0001_") for n in names)
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     packages = {
-        init.parent.relative_to(ROOT).as_posix().replace("/", ".")
-        for package in ("turnkit", "workflows", "activities")
-        for init in (ROOT / package).rglob("__init__.py")
+        f"{installed_as}/{init.parent.relative_to(ROOT / source).as_posix()}".rstrip("/.").replace("/", ".")
+        for source, installed_as in INSTALLED_AS.items()
+        for init in (ROOT / source).rglob("__init__.py")
     }
     assert packages <= listed, f"packages missing from pyproject's list: {sorted(packages - listed)}"
     assert "turnkit = turnkit.cli:main" in entry_points
 
 
 IMPORT_EVERYTHING = """
-import importlib, pkgutil, sys
-import turnkit, workflows, activities
-names = ["worker"]
-for package in (turnkit, workflows, activities):
-    names += [package.__name__] + [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+import importlib, importlib.util, pkgutil, sys
+import turnkit
+names = ["turnkit"] + [m.name for m in pkgutil.walk_packages(turnkit.__path__, "turnkit.")]
 for name in names:
     if name == "turnkit.store.migrations.env":
         continue  # Alembic's env script: runs only inside an Alembic command
-    # Each entry point is imported first, in a fresh set of our modules: a circular import fails whichever comes
-    # first. turnkit's submodules need no fresh start: importing one runs turnkit/__init__ (which imports them) first.
-    if not name.startswith("turnkit."):
-        for loaded in [m for m in sys.modules if m.split(".")[0] in ("turnkit", "workflows", "activities", "worker")]:
-            del sys.modules[loaded]
+    # Each module is imported first, in a fresh set of TurnKit's modules: a circular import fails whichever comes
+    # first (turnkit/__init__ imports nothing, so each import starts from that module).
+    for loaded in [m for m in sys.modules if m.split(".")[0] == "turnkit"]:
+        del sys.modules[loaded]
     importlib.import_module(name)
+for name in ("workflows", "activities", "worker"):
+    assert importlib.util.find_spec(name) is None, f"the wheel installed a top-level {name!r}"
 print(len(names), "modules;", turnkit.__file__)
 """
 
@@ -154,7 +164,6 @@ RUN_TURN = """
 import asyncio
 
 import turnkit
-import worker
 from turnkit._temporal.process import exit_process
 
 import packaged_app
@@ -165,7 +174,6 @@ async def main() -> None:
     async with turnkit.connect(ui=False) as tk:
         run = await tk.run(packaged_app.agent, "hello")
     print("turnkit", turnkit.__file__)
-    print("worker", worker.__file__)
     print("answer", run.status, run.output_text)
 
 
@@ -221,6 +229,139 @@ async def test_a_turn_runs_from_the_installed_wheel(
     lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
     site_packages = installed.venv / "lib"
     assert lines["turnkit"].startswith(str(site_packages)), lines
-    assert lines["worker"].startswith(str(site_packages)), lines
     assert lines["answer"] == "completed answered from the wheel"
     assert worker.returncode == 0
+
+
+#: A team's own project, in the layout of every Temporal sample: its own ``workflows.py``, ``activities/`` package and
+#: ``worker.py``, which would have been shadowed by TurnKit's top-level packages of the same names.
+TEAM_PROJECT = {
+    "workflows.py": """
+        from datetime import timedelta
+
+        from temporalio import workflow
+
+        with workflow.unsafe.imports_passed_through():
+            from activities import check_stock
+
+
+        @workflow.defn
+        class OrderWorkflow:
+            @workflow.run
+            async def run(self, item: str) -> str:
+                stock = await workflow.execute_activity(check_stock, item, start_to_close_timeout=timedelta(seconds=10))
+                return f"{item}: {stock} in stock"
+        """,
+    "activities/__init__.py": """
+        from temporalio import activity
+
+
+        @activity.defn
+        async def check_stock(item: str) -> int:
+            return len(item)
+        """,
+    "agents.py": """
+        import turnkit
+        from turnkit.testing import ScriptedClient
+
+        clerk = turnkit.register(
+            turnkit.Agent("clerk", model="scripted", client=ScriptedClient(lambda request: "the clerk answered"))
+        )
+        """,
+    "worker.py": """
+        import asyncio
+        import os
+
+        from temporalio.client import Client
+        from temporalio.worker import Worker
+
+        import agents  # registers the team's agents
+        import turnkit
+        from activities import check_stock
+        from turnkit.store import Store
+        from workflows import OrderWorkflow
+
+
+        async def main() -> None:
+            store = await Store.open(os.environ["TURNKIT_DATABASE_URL"])
+            plugin = turnkit.TurnKitPlugin(store)  # TurnKit's workflows and activities join the team's
+            client = await Client.connect(os.environ["TEMPORAL_ADDRESS"], plugins=[plugin])
+            worker = Worker(
+                client,
+                task_queue=os.environ["TURNKIT_TASK_QUEUE"],
+                workflows=[OrderWorkflow],
+                activities=[check_stock],
+            )
+            async with worker:
+                print("worker ready", flush=True)
+                await asyncio.Event().wait()
+
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """,
+    "start.py": """
+        import asyncio
+        import os
+
+        import agents
+        import turnkit
+        from turnkit._temporal.process import exit_process
+        from workflows import OrderWorkflow
+
+
+        async def main() -> None:
+            async with turnkit.connect(ui=False) as tk:
+                order = await tk.client.execute_workflow(
+                    OrderWorkflow.run, "widget", id=f"order-{os.getpid()}", task_queue=tk.task_queue
+                )
+                run = await tk.run(agents.clerk, "hello")
+            print("order", order)
+            print("answer", run.status, run.output_text)
+
+
+        asyncio.run(main())
+        exit_process(0)
+        """,
+}
+
+
+async def test_a_teams_project_runs_its_workflows_and_turnkits_on_one_worker(
+    installed: Installed, tmp_path: Path, temporal_address: str
+) -> None:
+    """From the wheel, in a project with its own ``workflows.py``, ``activities/`` and ``worker.py``: the team's
+    worker, built with ``TurnKitPlugin``, serves the team's workflow and TurnKit's on one task queue; the team's
+    workflow completes and so does a turn."""
+    for name, source in TEAM_PROJECT.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(source))
+    env = installed.env(
+        TEMPORAL_ADDRESS=temporal_address,
+        TURNKIT_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'store.db'}",
+        TURNKIT_TASK_QUEUE=f"team-{uuid.uuid4().hex[:8]}",
+    )
+    worker = await asyncio.create_subprocess_exec(
+        str(installed.python), "worker.py", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert worker.stdout is not None
+        async with asyncio.timeout(60):
+            ready = await worker.stdout.readline()
+        assert ready.startswith(b"worker ready"), ready
+        start = await asyncio.create_subprocess_exec(
+            str(installed.python),
+            "start.py",
+            cwd=tmp_path,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(120):
+            out, err = await start.communicate()
+        assert start.returncode == 0, out.decode() + err.decode()
+    finally:
+        worker.kill()
+        await worker.wait()
+    lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
+    assert lines["order"] == "widget: 6 in stock"
+    assert lines["answer"] == "completed the clerk answered"

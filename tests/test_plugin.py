@@ -114,8 +114,13 @@ async def test_the_codec_sees_the_sdks_contexts_without_the_sandbox_being_reente
     """A codec that depends on the serialization context (per-workflow keys, say) gets exactly what Temporal's own
     sandbox runner gives it, for every payload of a turn with a tool call; the converter's questions no longer enter
     the sandbox (they did, ~60 times per such turn, with the SDK's runner)."""
-    assert DIRECT_CONTEXTS, "this temporalio release lacks what turnkit._temporal.sandbox_runner relies on: the sandbox is slower"
-    plugin_runner = TurnKitPlugin().configure_worker({"workflow_runner": SandboxedWorkflowRunner()})["workflow_runner"]  # type: ignore[typeddict-item]
+    assert DIRECT_CONTEXTS, (
+        "this temporalio release lacks what _temporal.sandbox_runner relies on: the sandbox is slower"
+    )
+    configured = TurnKitPlugin().configure_worker(
+        {"client": temporal.client, "workflow_runner": SandboxedWorkflowRunner()}  # type: ignore[typeddict-item]
+    )
+    plugin_runner = configured["workflow_runner"]
     assert type(plugin_runner) is TurnKitSandboxRunner
 
     direct, direct_entries = await _one_turn(temporal, database_url)

@@ -23,7 +23,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import turnkit
-from tests.history_scenarios import SCENARIOS, patch_markers, register_scenario_agents, workflow_id
+from tests.history_scenarios import SCENARIOS, TEAM_WORKFLOWS, patch_markers, register_scenario_agents, workflow_id
 from turnkit._workflows.lane import ConversationWorkflow
 from turnkit._workflows.registry import ALL_WORKFLOWS
 from turnkit.kernel.payloads import FinishTurn, TurnInput, TurnOutcome
@@ -35,13 +35,14 @@ HISTORIES = sorted(Path(__file__).parent.glob("histories/*.json"))
 
 
 def turnkit_replayer() -> Replayer:
-    """A replayer configured exactly like a TurnKit worker.
+    """A replayer configured exactly like a TurnKit worker, which also runs a team's own workflows (the scenarios').
 
     ``TurnKitPlugin`` itself registers ``ALL_WORKFLOWS``; passing them again would register every workflow twice
-    (``ValueError: More than one workflow named ...``), so the replayer gets them from the plugin only.
+    (``ValueError: More than one workflow named ...``), so the replayer gets them from the plugin only, after the
+    team's, as a team's worker does.
     """
-    replayer = Replayer(workflows=[], plugins=[TurnKitPlugin(strict_sandbox=True)])
-    assert list(replayer.config(active_config=True).get("workflows", [])) == ALL_WORKFLOWS
+    replayer = Replayer(workflows=TEAM_WORKFLOWS, plugins=[TurnKitPlugin(strict_sandbox=True)])
+    assert list(replayer.config(active_config=True).get("workflows", [])) == [*TEAM_WORKFLOWS, *ALL_WORKFLOWS]
     return replayer
 
 
@@ -185,7 +186,7 @@ async def test_an_unsandboxed_worker_replays_every_recorded_history() -> None:
     makes a worker replay), and the strict sandbox cannot be asked for without the sandbox."""
     register_scenario_agents()
     plugin = TurnKitPlugin(sandbox=False)
-    replayer = Replayer(workflows=[], plugins=[plugin])
+    replayer = Replayer(workflows=TEAM_WORKFLOWS, plugins=[plugin])
     assert isinstance(replayer.config(active_config=True).get("workflow_runner"), UnsandboxedWorkflowRunner)
     failures: dict[str, str] = {}
     for path in HISTORIES:

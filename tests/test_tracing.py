@@ -262,7 +262,7 @@ def test_tracing_is_off_by_default_and_imports_nothing() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[] []"
+    assert done.stdout.strip() == "[] ['CancelAskedTurns']"  # turnkit.workflow's, no tracing interceptor
 
 
 def test_tracing_rejects_what_it_cannot_use() -> None:
@@ -270,4 +270,4 @@ def test_tracing_rejects_what_it_cannot_use() -> None:
     with pytest.raises(InputError, match=r"^tracing must be True, False, a TracerProvider or a Tracer, not str$"):
         TurnKitPlugin(tracing="yes")  # type: ignore[arg-type]
     names = [type(i).__name__ for i in TurnKitPlugin(tracing=TracerProvider()).interceptors or []]
-    assert names == ["TracingInterceptor", "TurnTraceInterceptor"]
+    assert names == ["TracingInterceptor", "TurnTraceInterceptor", "CancelAskedTurns"]

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from turnkit._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from turnkit import providers, specialists
+    from turnkit import providers, specialists, workflow
+    from turnkit.activity_tools import ActivityTool, activity_tool
     from turnkit.agent import Agent, register
     from turnkit.config import configure
     from turnkit.cost import Cost
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
         WaitRecord,
     )
     from turnkit.live_context import LiveContextContribution, PromptBuildContext
+    from turnkit.mcp import MCPServer
     from turnkit.media import MediaInput
     from turnkit.media_calls import paint, view_media
     from turnkit.media_requests import PaintRequest, ViewMediaRequest
@@ -69,6 +71,8 @@ if TYPE_CHECKING:
 
 #: Where each name of the application API is defined (``None``: the name is a submodule).
 _EXPORTS: dict[str, str | None] = {
+    "ActivityTool": "turnkit.activity_tools",
+    "activity_tool": "turnkit.activity_tools",
     "Agent": "turnkit.agent",
     "register": "turnkit.agent",
     "configure": "turnkit.config",
@@ -115,6 +119,7 @@ _EXPORTS: dict[str, str | None] = {
     "view_media": "turnkit.media_calls",
     "PaintRequest": "turnkit.media_requests",
     "ViewMediaRequest": "turnkit.media_requests",
+    "MCPServer": "turnkit.mcp",
     "ImageTool": "turnkit.media_tools",
     "ViewMediaTool": "turnkit.media_tools",
     **dict.fromkeys(("Client", "ModelRequest", "Result", "ToolCall", "ToolSpec", "Usage"), "turnkit.model"),
@@ -130,9 +135,11 @@ _EXPORTS: dict[str, str | None] = {
     "tool": "turnkit.tools",
     "providers": None,
     "specialists": None,
+    "workflow": None,
 }
 
 __all__ = [
+    "ActivityTool",
     "Agent",
     "AuditResult",
     "AuthorizationError",
@@ -150,6 +157,7 @@ __all__ = [
     "InputError",
     "LiveContextContribution",
     "LostClaim",
+    "MCPServer",
     "MediaInput",
     "MediaRecord",
     "MessageRecord",
@@ -183,6 +191,7 @@ __all__ = [
     "ViewMediaTool",
     "Violation",
     "WaitRecord",
+    "activity_tool",
     "check_output_policy",
     "configure",
     "connect",
@@ -192,6 +201,7 @@ __all__ = [
     "specialists",
     "tool",
     "view_media",
+    "workflow",
 ]
 
 

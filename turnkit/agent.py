@@ -10,7 +10,7 @@ import copy
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypedDict, Unpack
 
 from turnkit._engine.builtin_tools import sub_agent_tool
 from turnkit._engine.compaction_options import normalize_compaction
@@ -20,6 +20,7 @@ from turnkit._engine.prompt_sections import check_prompt_sections
 from turnkit.config import EventCallback, settings
 from turnkit.cost import total_cost, total_usage
 from turnkit.kernel.errors import ConfigError
+from turnkit.mcp import MCPServer
 from turnkit.model import Client, ToolSpec, Usage
 from turnkit.output_policy import OUTPUT_POLICY_MODES, Constraint, OutputPolicyMode, normalize_output_policy
 from turnkit.skills import LoadSkillTool, Skill, check_skills, dedupe_skills
@@ -32,6 +33,9 @@ __all__ = [
     "ORCHESTRATOR_PREAMBLE",
     "PROMPT_MODES",
     "Agent",
+    "AgentDefinition",
+    "AgentOptions",
+    "SpecialistOptions",
     "normalize_thinking",
     "register",
     "registered_agents",
@@ -82,13 +86,57 @@ def normalize_thinking(thinking: Mapping[str, Any] | None) -> dict[str, Any] | N
     return normalized
 
 
-@dataclass(frozen=True, init=False, eq=False, repr=False)
-class Agent:
-    """An immutable agent definition.
+class SpecialistOptions(TypedDict, total=False):
+    """The :class:`AgentOptions` a specialist (:mod:`turnkit.specialists`) takes besides its own model, client,
+    instructions and tools."""
 
-    Mapping options (thinking, schemas, per-tool limits) are deep-copied at construction; treat the attributes as
-    read-only. Agents compare by identity.
-    """
+    description: str
+    skills: Iterable[Skill]
+    available_skills: Iterable[Skill]
+    sub_agents: Iterable[Agent]
+    mcp_servers: Iterable[MCPServer]
+    max_iterations: int | None
+    max_tool_executions: int | None
+    max_tool_executions_by_name: Mapping[str, int | None] | None
+    timeout: float | None
+    max_depth: int | None
+    max_spend: float | None
+    thinking: Mapping[str, Any] | None
+    output_schema: Mapping[str, Any] | None
+    input_schema: Mapping[str, Any] | None
+    orchestrator: bool
+    prompt_mode: str | None
+    compaction: Mapping[str, Any] | bool | None
+    system_prompt: str | Callable[[Any], Any] | None
+    prompt_sections: Iterable[str] | None
+    context_contributors: Iterable[Callable[..., Any]]
+    inherit_globals: bool
+    output_policy: Any
+    output_policy_mode: str
+    output_policy_model: str | None
+    output_policy_thinking: Mapping[str, Any] | None
+    output_retries: int | None
+    on_event: EventCallback | Iterable[EventCallback] | None
+
+
+class AgentOptions(SpecialistOptions, total=False):
+    """The options ``Agent(name, **options)`` takes, as a typed model: the type checker follows each one through
+    code that passes them on (``**options: Unpack[AgentOptions]``). What each means, and its default, is on
+    :class:`Agent`."""
+
+    instructions: str
+    model: str | None
+    tools: Iterable[Tool | type[Tool]]
+    client: Client | None
+
+
+_OPTION_NAMES: Final = frozenset(AgentOptions.__optional_keys__)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class AgentDefinition:
+    """What an :class:`Agent` holds once its options are checked and normalised: every field typed, written once by
+    the dataclass's own ``__init__`` (so the type checker checks each value against its field)."""
 
     name: str
     description: str
@@ -104,6 +152,8 @@ class Agent:
     load_skill_tool: LoadSkillTool | None
     """The ``load_skill`` tool over :attr:`available_skills`; None when there are none."""
     sub_agents: tuple[Agent, ...]
+    mcp_servers: tuple[MCPServer, ...]
+    """MCP servers whose tools the agent offers (each turn records the list it saw: :mod:`turnkit.mcp`)."""
     client: Client | None
     max_iterations: int | None
     max_tool_executions: int | None
@@ -143,41 +193,15 @@ class Agent:
     on_event: EventCallback | tuple[EventCallback, ...] | None
     """The agent's event callback(s) (behaviour §3.11); None falls back to ``settings.on_event``."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        description: str = "",
-        instructions: str = "",
-        model: str | None = None,
-        tools: Iterable[Tool | type[Tool]] = (),
-        skills: Iterable[Skill] = (),
-        available_skills: Iterable[Skill] = (),
-        sub_agents: Iterable[Agent] = (),
-        client: Client | None = None,
-        max_iterations: int | None = None,
-        max_tool_executions: int | None = None,
-        max_tool_executions_by_name: Mapping[str, int | None] | None = None,
-        timeout: float | None = None,
-        max_depth: int | None = None,
-        max_spend: float | None = None,
-        thinking: Mapping[str, Any] | None = None,
-        output_schema: Mapping[str, Any] | None = None,
-        input_schema: Mapping[str, Any] | None = None,
-        orchestrator: bool = False,
-        prompt_mode: str | None = None,
-        compaction: Mapping[str, Any] | bool | None = None,
-        system_prompt: str | Callable[[Any], Any] | None = None,
-        prompt_sections: Iterable[str] | None = None,
-        context_contributors: Iterable[Callable[..., Any]] = (),
-        inherit_globals: bool = True,
-        output_policy: Any = None,
-        output_policy_mode: str = "fail",
-        output_policy_model: str | None = None,
-        output_policy_thinking: Mapping[str, Any] | None = None,
-        output_retries: int | None = None,
-        on_event: EventCallback | Iterable[EventCallback] | None = None,
-    ) -> None:
+
+class Agent(AgentDefinition):
+    """An immutable agent definition.
+
+    Mapping options (thinking, schemas, per-tool limits) are deep-copied at construction; treat the attributes as
+    read-only. Agents compare by identity.
+    """
+
+    def __init__(self, name: str, /, **options: Unpack[AgentOptions]) -> None:
         """Define an agent.
 
         Args:
@@ -190,6 +214,8 @@ class Agent:
             available_skills: Skills listed in the prompt and loaded by the model with ``load_skill``; their tools
                 join the turn's tool set once loaded.
             sub_agents: Agents exposed as delegation tools named after them.
+            mcp_servers: :class:`~turnkit.mcp.MCPServer` s whose tools the model may call, each with the recovery
+                it declares; a turn lists them at its first model call and keeps that list.
             client: Model client; falls back to ``settings.client``.
             max_iterations: Budget limit (behaviour §6); None falls back to the setting of the same name.
             max_tool_executions: Budget limit; None falls back to the setting.
@@ -226,13 +252,48 @@ class Agent:
                 Called in the worker that runs the turn, so every worker must define the agent with it.
 
         Raises:
-            ValueError: ``"name is required"``, ``"duplicate tool name: X"``, a thinking or tool definition error,
-                an unknown prompt mode or an unknown prompt section.
+            ValueError: ``"name is required"``, ``"duplicate tool name: X"``, ``"duplicate MCP server name: X"``, a
+                thinking or tool definition error, an unknown prompt mode or an unknown prompt section.
             ConfigError: ``compaction`` has the wrong type or an unknown option.
-            TypeError: A tools entry is not a TurnKit tool, a skill is not a Skill, a sub-agent is not an Agent,
-                ``system_prompt`` is neither a string nor a callable, a context contributor is not callable, or
-                ``prompt_sections`` is a string.
+            TypeError: A tools entry is not a TurnKit tool, a skill is not a Skill, a sub-agent is not an Agent, an
+                MCP server is not an MCPServer, ``system_prompt`` is neither a string nor a callable, a context
+                contributor is not callable, or ``prompt_sections`` is a string.
         """
+        unknown = sorted(set(options) - _OPTION_NAMES)
+        if unknown:  # what the type checker sees statically, said at run time too
+            raise TypeError(f"Agent() got an unexpected keyword argument {unknown[0]!r}")
+        o = options
+        description = o.get("description", "")
+        instructions = o.get("instructions", "")
+        model = o.get("model", None)
+        tools = o.get("tools", ())
+        skills = o.get("skills", ())
+        available_skills = o.get("available_skills", ())
+        sub_agents = o.get("sub_agents", ())
+        mcp_servers = o.get("mcp_servers", ())
+        client = o.get("client", None)
+        max_iterations = o.get("max_iterations", None)
+        max_tool_executions = o.get("max_tool_executions", None)
+        max_tool_executions_by_name = o.get("max_tool_executions_by_name", None)
+        timeout = o.get("timeout", None)
+        max_depth = o.get("max_depth", None)
+        max_spend = o.get("max_spend", None)
+        thinking = o.get("thinking", None)
+        output_schema = o.get("output_schema", None)
+        input_schema = o.get("input_schema", None)
+        orchestrator = o.get("orchestrator", False)
+        prompt_mode = o.get("prompt_mode", None)
+        compaction = o.get("compaction", None)
+        system_prompt = o.get("system_prompt", None)
+        prompt_sections = o.get("prompt_sections", None)
+        context_contributors = o.get("context_contributors", ())
+        inherit_globals = o.get("inherit_globals", True)
+        output_policy = o.get("output_policy", None)
+        output_policy_mode = o.get("output_policy_mode", "fail")
+        output_policy_model = o.get("output_policy_model", None)
+        output_policy_thinking = o.get("output_policy_thinking", None)
+        output_retries = o.get("output_retries", None)
+        on_event = o.get("on_event", None)
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
         if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
@@ -258,9 +319,10 @@ class Agent:
             # Copied now (behaviour §1.2): a later change of the setting does not reach agents already defined.
             contributors = tuple(settings.context_contributors) + contributors
         constraints = normalize_output_policy(output_policy)
-        retries = _check_output_options(output_policy_mode, output_retries)
+        policy_mode, retries = _check_output_options(output_policy_mode, output_retries)
         resolved_tools = _resolve_tools(tools)
         resolved_sub_agents = _resolve_sub_agents(sub_agents)
+        servers = _resolve_mcp_servers(mcp_servers)
         preloaded = check_skills(skills, "skills")
         loadable = check_skills(available_skills, "available_skills")
         if inherit_globals:
@@ -285,43 +347,41 @@ class Agent:
         if max_tool_executions_by_name is not None:
             by_name = {str(key): limit for key, limit in max_tool_executions_by_name.items()}
 
-        values: dict[str, Any] = {
-            "name": name,
-            "description": description or "",
-            "instructions": text,
-            "model": model or None,
-            "tools": resolved_tools,
-            "skills": preloaded,
-            "available_skills": loadable,
-            "load_skill_tool": load_skill,
-            "sub_agents": resolved_sub_agents,
-            "client": client,
-            "max_iterations": max_iterations,
-            "max_tool_executions": max_tool_executions,
-            "max_tool_executions_by_name": by_name,
-            "timeout": timeout,
-            "max_depth": max_depth,
-            "max_spend": max_spend,
-            "thinking": normalize_thinking(thinking),
-            "output_schema": None if output_schema is None else copy.deepcopy(dict(output_schema)),
-            "input_schema": None if input_schema is None else copy.deepcopy(dict(input_schema)),
-            "orchestrator": bool(orchestrator),
-            "prompt_mode": prompt_mode or ("task" if orchestrator else None),
-            "compaction": compaction_options,
-            "system_prompt": system_prompt,
-            "prompt_sections": sections,
-            "context_contributors": contributors,
-            "inherit_globals": bool(inherit_globals),
-            "output_policy": constraints,
-            "output_policy_mode": output_policy_mode,
-            "output_policy_model": output_policy_model or None,
-            "output_policy_thinking": normalize_thinking(output_policy_thinking),
-            "output_retries": retries,
-            "on_event": _check_on_event(on_event),
-        }
-        for key, value in values.items():
-            # The dataclass is frozen; this is the one place its fields are written.
-            object.__setattr__(self, key, value)
+        super().__init__(
+            name=name,
+            description=description or "",
+            instructions=text,
+            model=model or None,
+            tools=resolved_tools,
+            skills=preloaded,
+            available_skills=loadable,
+            load_skill_tool=load_skill,
+            sub_agents=resolved_sub_agents,
+            mcp_servers=servers,
+            client=client,
+            max_iterations=max_iterations,
+            max_tool_executions=max_tool_executions,
+            max_tool_executions_by_name=by_name,
+            timeout=timeout,
+            max_depth=max_depth,
+            max_spend=max_spend,
+            thinking=normalize_thinking(thinking),
+            output_schema=None if output_schema is None else copy.deepcopy(dict(output_schema)),
+            input_schema=None if input_schema is None else copy.deepcopy(dict(input_schema)),
+            orchestrator=bool(orchestrator),
+            prompt_mode=prompt_mode or ("task" if orchestrator else None),
+            compaction=compaction_options,
+            system_prompt=system_prompt,
+            prompt_sections=sections,
+            context_contributors=contributors,
+            inherit_globals=bool(inherit_globals),
+            output_policy=constraints,
+            output_policy_mode=policy_mode,
+            output_policy_model=output_policy_model or None,
+            output_policy_thinking=normalize_thinking(output_policy_thinking),
+            output_retries=retries,
+            on_event=_check_on_event(on_event),
+        )
 
     @property
     def effective_on_event(self) -> EventCallback | tuple[EventCallback, ...] | list[EventCallback] | None:
@@ -352,6 +412,10 @@ class Agent:
     def sub_agent(self, name: str) -> Agent | None:
         """The sub-agent with this name, or None."""
         return next((each for each in self.sub_agents if each.name == name), None)
+
+    def mcp_server(self, name: str) -> MCPServer | None:
+        """The MCP server with this name, or None."""
+        return next((each for each in self.mcp_servers if each.name == name), None)
 
     def tool_specs(self, loaded_skills: Iterable[str] = ()) -> list[ToolSpec]:
         """The specs of every tool the model may call in a turn that loaded ``loaded_skills``, in the order of
@@ -424,17 +488,17 @@ class Agent:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={names!r})"
 
 
-def _check_output_options(mode: str, retries: int | None) -> int:
-    """The agent's ``output_retries`` after checking the output-policy options (behaviour §1.2)."""
+def _check_output_options(mode: str, retries: int | None) -> tuple[OutputPolicyMode, int]:
+    """The agent's ``output_policy_mode`` and ``output_retries``, checked (behaviour §1.2)."""
     if mode not in OUTPUT_POLICY_MODES:
         raise ValueError(f"output_policy_mode must be one of {', '.join(OUTPUT_POLICY_MODES)}, not {mode!r}")
     if retries is None:
-        return 1 if mode == "revise" else 0
+        return mode, 1 if mode == "revise" else 0
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f"output_retries must be an integer >= 0, not {retries!r}")
     if mode == "revise" and retries == 0:
         raise ValueError('output_policy_mode "revise" needs output_retries >= 1')
-    return retries
+    return mode, retries
 
 
 def _resolve_tools(tools: Iterable[Any]) -> tuple[Tool, ...]:
@@ -451,6 +515,17 @@ def _resolve_sub_agents(sub_agents: Iterable[Any]) -> tuple[Agent, ...]:
         if not is_valid_tool_name(each.name):
             # A sub-agent is offered to the model as a tool named after it.
             raise ValueError(f"invalid sub-agent name: {each.name!r} (must match [a-zA-Z_][a-zA-Z0-9_]*)")
+        resolved.append(each)
+    return tuple(resolved)
+
+
+def _resolve_mcp_servers(servers: Iterable[Any]) -> tuple[MCPServer, ...]:
+    resolved: list[MCPServer] = []
+    for each in servers:
+        if not isinstance(each, MCPServer):
+            raise TypeError("mcp_servers must be MCPServer instances")
+        if any(other.name == each.name for other in resolved):
+            raise ValueError(f"duplicate MCP server name: {each.name}")
         resolved.append(each)
     return tuple(resolved)
 

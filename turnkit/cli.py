@@ -16,14 +16,15 @@ Operator verbs:
 Debugger verbs (each in its own module; this one only parses arguments and connects):
 
 * ``turnkit show ID`` (:mod:`turnkit._ops.show`, :mod:`turnkit._ops.timeline`): the tree of a turn or conversation.
-* ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit._temporal.replay`): replay histories on today's code.
+* ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit._temporal.replay`): replay histories on today's
+  code.
 * ``turnkit history TURN_ID`` (:mod:`turnkit._temporal.histories`): a history as JSON.
 * ``turnkit events TURN_ID [--follow]`` (:mod:`turnkit._ops.event_stream`): a turn's events as they are recorded.
 
 Every verb takes the same connection options (:func:`connection_options`, :func:`temporal_client`,
 :func:`open_store`): the one place that turns options and environment into connections. The Temporal connection
-comes from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's profile; see :mod:`turnkit._temporal.connection`);
-``--address``, ``--namespace``, ``--profile`` and ``--config-file`` win.
+comes from Temporal's envconfig (``TEMPORAL_*`` variables, the config file's profile; see
+:mod:`turnkit._temporal.connection`); ``--address``, ``--namespace``, ``--profile`` and ``--config-file`` win.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.tracing import add_tracing_argument
+from turnkit._temporal.worker import add_deployment_arguments
 from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
 from turnkit.kernel.errors import ConfigError
 
@@ -509,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    add_deployment_arguments(worker)
     add_tracing_argument(worker)
     add_sandbox_argument(worker)
     add_loop_argument(worker)

@@ -1,16 +1,24 @@
-"""Process-wide TurnKit settings (behaviour §9).
+"""TurnKit settings (behaviour §9): the process's defaults, and the overrides a connection or a worker carries.
 
-``settings`` is one mutable object for the whole process; :func:`configure` changes it and :func:`reset_settings`
-puts the defaults back (for tests). Code should read ``settings.<knob>`` at the moment it needs a value, never copy
-it at import time, so that ``configure`` calls made after import still apply.
+:func:`configure` changes the process's defaults and :func:`reset_settings` puts them back (for tests). A connection
+(``turnkit.connect(settings={...})``) and a worker's plugin (``TurnKitPlugin(store, settings={...})``) carry settings
+of their own, layered over those defaults: inside the connection's ``async with`` block, and in every activity the
+plugin's worker runs, ``settings.<knob>`` reads the override where one is set and the process default otherwise. So
+two workers in one process (two applications, two tenants) can run under different models, budgets or hooks.
+
+Code reads ``settings.<knob>`` at the moment it needs a value, never copies it at import time, so that ``configure``
+calls made after import, and the overrides in scope, still apply.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from turnkit._engine.compaction_options import normalize_compaction
 from turnkit._engine.limits import check_limits
@@ -31,6 +39,8 @@ __all__ = [
     "configure",
     "reset_settings",
     "settings",
+    "settings_overrides",
+    "using_settings",
 ]
 
 #: The Temporal task queue TurnKit workflows and activities run on.
@@ -114,14 +124,14 @@ class Settings:
     before anything is sent, well below Temporal's 2 MB payload limit. None disables the check (issue 8 item 12)."""
 
     search_attributes: bool = True
-    """Start lanes and turns with TurnKit's search attributes (:mod:`turnkit._temporal.search_attributes`) and have workers
-    check at start-up that the namespace has them. False: no attributes (for a namespace where they cannot be
+    """Start lanes and turns with TurnKit's search attributes (:mod:`turnkit.kernel.search_attributes`) and have
+    workers check at start-up that the namespace has them. False: no attributes (for a namespace where they cannot be
     registered); workflows started without them never set any."""
 
     direct_first_turns: bool = True
     """``ask`` starts a fresh conversation's first turn itself, without the conversation's lane (one workflow start
-    instead of the lane's start, update and workflow task; :mod:`turnkit._engine.first_turn`). False: every turn goes through
-    the lane, as before (upgrade: turn it on once every worker runs this release, which understands direct turns)."""
+    instead of the lane's start, update and workflow task; :mod:`turnkit._engine.first_turn`). False: every turn goes
+    through the lane."""
 
     compaction: bool | dict[str, Any] = True
     """Context compaction (behaviour §3.10): True (the defaults), False (disabled) or a mapping of options from
@@ -152,10 +162,35 @@ class Settings:
     """Default thinking of output-policy judge calls."""
 
 
-#: The process-wide settings object. Mutate it through :func:`configure`.
-settings: Final = Settings()
+#: The process's defaults. Mutated through :func:`configure` only.
+_defaults: Final = Settings()
 
 _FIELD_NAMES: Final = frozenset(f.name for f in dataclasses.fields(Settings))
+
+#: The overrides in scope: a connection's inside its ``async with`` block, a worker plugin's in its activities.
+_overrides: ContextVar[Mapping[str, Any]] = ContextVar("turnkit_settings", default=MappingProxyType({}))
+
+
+class _Effective:
+    """The settings as code in scope sees them: an override where one is set, the process default otherwise."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        overrides = _overrides.get()
+        if name in overrides:
+            return overrides[name]
+        return getattr(_defaults, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"settings are read-only: use turnkit.configure({name}=...) or a connection's settings")
+
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{n}={getattr(self, n)!r}' for n in sorted(_FIELD_NAMES))})"
+
+
+#: The settings in effect: read ``settings.<knob>`` where a value is needed.
+settings: Final = cast(Settings, _Effective())
 
 
 def configure(**kwargs: Any) -> Settings:
@@ -168,28 +203,51 @@ def configure(**kwargs: Any) -> Settings:
         **kwargs: Setting names and their new values.
 
     Returns:
-        The process-wide :data:`settings` object.
+        The settings in effect (:data:`settings`).
 
     Raises:
         ConfigError: A name is not a known setting (``"unknown setting: x"``), ``compaction`` is invalid, or a budget
             limit is one a turn cannot run under (negative; zero ``max_iterations`` or ``timeout``).
             Nothing is changed in that case.
     """
-    # Check every name before assigning any, so a typo never leaves the settings half-applied.
+    for key, value in settings_overrides(kwargs).items():
+        setattr(_defaults, key, value)
+    return settings
+
+
+def settings_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` checked and normalised as :func:`configure` checks them, changing nothing: what a connection or a
+    plugin carries. Raises :class:`~turnkit.kernel.errors.ConfigError` as ``configure`` does."""
+    # Check every name before using any, so a typo never leaves the settings half-applied.
+    kwargs = dict(values)
     for key in kwargs:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
-    check_limits(kwargs)  # zero or negative budgets are refused before any setting changes (issue 8 item 13)
+    check_limits(kwargs)  # zero or negative budgets are refused before any setting changes
     _check_prompt_settings(kwargs)
     if "compaction" in kwargs:
         normalized = normalize_compaction(kwargs["compaction"])
         kwargs["compaction"] = True if normalized is None else normalized
-    for key, value in kwargs.items():
-        if key == "max_tool_executions_by_name" and isinstance(value, Mapping):
-            # The spec stringifies these keys; tool names are strings everywhere else.
-            value = {str(name): limit for name, limit in value.items()}  # pyright: ignore[reportUnknownVariableType]
-        setattr(settings, key, value)
-    return settings
+    value = kwargs.get("max_tool_executions_by_name")
+    if isinstance(value, Mapping):
+        # The spec stringifies these keys; tool names are strings everywhere else.
+        by_name = {str(name): limit for name, limit in value.items()}  # pyright: ignore[reportUnknownVariableType]
+        kwargs["max_tool_executions_by_name"] = by_name
+    return kwargs
+
+
+@contextmanager
+def using_settings(overrides: Mapping[str, Any]) -> Generator[None]:
+    """Read ``overrides`` (checked by :func:`settings_overrides`) over the settings in effect, in this context:
+    the code run inside, and the tasks it starts. Nested scopes layer, the innermost winning."""
+    if not overrides:
+        yield
+        return
+    token = _overrides.set({**_overrides.get(), **overrides})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
 
 
 def _check_prompt_settings(kwargs: dict[str, Any]) -> None:
@@ -221,14 +279,14 @@ def _check_prompt_settings(kwargs: dict[str, Any]) -> None:
 
 
 def reset_settings() -> Settings:
-    """Restore every setting to its default (for tests).
+    """Restore every process default (for tests).
 
     The same :data:`settings` object is kept, so modules that imported it see the reset.
 
     Returns:
-        The process-wide :data:`settings` object.
+        The settings in effect (:data:`settings`).
     """
     defaults = Settings()
     for name in _FIELD_NAMES:
-        setattr(settings, name, getattr(defaults, name))
+        setattr(_defaults, name, getattr(defaults, name))
     return settings

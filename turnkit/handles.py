@@ -145,6 +145,8 @@ class Conversation:
         root_turn_id: str | None = None,
         on_event: Any = None,
         media: Sequence[MediaInput] | None = None,
+        turn_id: str | None = None,
+        message_id: str | None = None,
     ) -> Turn:
         """Append ``text`` as a user message and submit a turn it triggers; FIFO behind this conversation's turns.
 
@@ -160,10 +162,14 @@ class Conversation:
         the global callback (behaviour §3.11), when a worker in this process runs the turn: callbacks cannot cross
         to a remote worker (register them there, on the agent or globally). Its sub-agents inherit the agent's.
         ``media`` (:class:`~turnkit.media.MediaInput` items) go with the message as image or document input: their
-        bytes are stored first, the message holds references.
+        bytes are stored first, the message holds references. ``turn_id`` and ``message_id`` name the new turn and its
+        message (default: new ids); a caller that must find its turn again after a lost reply chooses them
+        (:mod:`turnkit.workflow` does, in workflow code), and looks for the turn before it asks again.
         """
         # Every input is checked before anything is sent or written (issue 8 item 1): InputError names the field.
         self._check_turn_input(text, agent, model, thinking, output_schema, context, principal, metadata, compact)
+        turn_id = new_id("turn") if turn_id is None else check_id("turn_id", turn_id, "turn")
+        message_id = new_id("message") if message_id is None else check_id("message_id", message_id, "msg")
         check_media(media)
         check_budget(budget)
         callbacks = check_on_event(on_event)
@@ -181,8 +187,8 @@ class Conversation:
             await self._tk.store.load_conversation(callback_id)  # must exist: fail before anything is written
         request = SubmitTurn(
             conversation_id=self.id,
-            turn_id=new_id("turn"),
-            message_id=new_id("message"),
+            turn_id=turn_id,
+            message_id=message_id,
             text=text,
             agent_name=agent,
             model=model,
@@ -301,8 +307,8 @@ class Conversation:
             raise errors.InputError(f"compact must be True, False or None, not {compact!r}")
 
     async def _start_first_turn(self, request: SubmitTurn) -> bool:
-        """Run ``request`` as the conversation's first turn without its lane (:mod:`turnkit._engine.first_turn`); False, with
-        nothing written, when it is not the first (or may not skip the lane): then the lane queues it."""
+        """Run ``request`` as the conversation's first turn without its lane (:mod:`turnkit._engine.first_turn`); False,
+        with nothing written, when it is not the first (or may not skip the lane): then the lane queues it."""
         if not can_start_directly(request):
             return False
 
@@ -689,7 +695,8 @@ class Turn:
 
     async def view_media(self, media: MediaInput | str, *, objective: str, **options: Any) -> Turn:
         """Analyse media as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
-        :func:`turnkit._engine.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished turn."""
+        :func:`turnkit._engine.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished
+        turn."""
         await view_media_turn(self._tk, self.id, media, objective=objective, **options)
         return await self.refresh()
 

@@ -4,8 +4,8 @@ Both run inside a tool's activity (the turn is ``running``; no claim is taken). 
 the client call (an answer with no usable image or analysis is charged, then its error raised:
 :func:`charged_if_unusable`), then one transaction that checks the tool execution is still open (fenced like
 :meth:`ToolContext.say`), appends an assistant ``image`` / ``media_analysis`` message and charges the call's usage
-and cost to the turn (:func:`turnkit._engine.charges.charge_turn`); then ``message.created`` and ``*.completed``. A charge
-that takes the tree over ``max_spend`` raises ``BudgetError "cost limit reached"`` once committed (§3.12 step 3):
+and cost to the turn (:func:`turnkit._engine.charges.charge_turn`); then ``message.created`` and ``*.completed``. A
+charge that takes the tree over ``max_spend`` raises ``BudgetError "cost limit reached"`` once committed (§3.12 step 3):
 the tool call fails with it and so does the turn; the paid result stays recorded, as a model response does.
 Generated image bytes go to the store's media table; the message, the tool result and the events hold only the
 reference (docs/design.md "Images and media").
@@ -166,7 +166,7 @@ async def paint_in_turn(
     return first
 
 
-# -- the call and its events (shared with the standalone mode, turnkit._engine.media_standalone) ---------------------------
+# -- the call and its events (shared with the standalone mode, turnkit._engine.media_standalone) ---------------------
 
 
 async def ask_view_media(turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]) -> Result:

@@ -5,24 +5,27 @@ The worker, the tests and the replayer all use it, so replay is configured exact
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, WorkerConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from turnkit._activities.registry import build_activities, build_tool_activities
 from turnkit._activities.store_failures import StoreFailureInterceptor
 from turnkit._temporal.heartbeats import HeartbeatClock
 from turnkit._temporal.sandbox_runner import TurnKitSandboxRunner
+from turnkit._temporal.settings_scope import SettingsScope
 from turnkit._temporal.tracing import tracing_interceptors
-from turnkit._workflows.registry import ALL_WORKFLOWS
+from turnkit._workflows.registry import ALL_WORKFLOWS, VERSIONED_WORKFLOWS
+from turnkit.config import settings_overrides
 from turnkit.kernel.errors import ConfigError, Error
 from turnkit.store.store import Store
+from turnkit.workflow import CancelAskedTurns
 
 if TYPE_CHECKING:
     from turnkit._temporal.tracing import Tracing
@@ -84,10 +87,10 @@ class TurnKitPlugin(SimplePlugin):
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
             no activities are registered.
-        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit._temporal.tracing`): False (the
-            default) is off and imports nothing; True uses the global tracer provider; a ``TracerProvider`` or a
-            ``Tracer`` is used as given. Give it to the client's plugin: the worker built on that client and the
-            calls it makes (``ask``) are then traced alike.
+        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit._temporal.tracing`):
+            False (the default) is off and imports nothing; True uses the global tracer provider; a
+            ``TracerProvider`` or a ``Tracer`` is used as given. Give it to the client's plugin: the worker built on
+            that client and the calls it makes (``ask``) are then traced alike.
         tools_only: Register only the tool activity (no workflows, no model or store activities): a worker on a
             tool's own task queue (``@tool(task_queue="gpu")``, ``worker.py --queue gpu --only tools``). It runs
             whatever tool calls are scheduled on its queue: the tools whose ``task_queue`` is that queue, and on a
@@ -103,11 +106,14 @@ class TurnKitPlugin(SimplePlugin):
             --no-sandbox``), because the sandbox's per-activation work goes. The workflows run only TurnKit's own code
             (agents, tools and hooks run in activities), and CI replays every checked-in history under the strict
             sandbox; what is given up is a run-time check of that code, not of yours. ``worker.py --no-sandbox``.
+        settings: Settings this worker's activities read over the process's defaults (``turnkit.configure``), by
+            name: ``{"client": MyClient(), "max_spend": 2.0}`` (see :mod:`turnkit.config`).
 
     Raises:
         InputError: ``tracing`` is not one of these.
         ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store;
-            ``strict_sandbox`` without ``sandbox``.
+            ``strict_sandbox`` without ``sandbox``; ``settings`` names an unknown setting or a value ``configure``
+            refuses.
     """
 
     def __init__(
@@ -118,11 +124,13 @@ class TurnKitPlugin(SimplePlugin):
         tools_only: bool = False,
         strict_sandbox: bool = False,
         sandbox: bool = True,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         if strict_sandbox and not sandbox:
             raise ConfigError("strict_sandbox=True needs sandbox=True: the strict sandbox is a sandbox")
         if tools_only and store is None:
             raise ConfigError("a tools-only TurnKitPlugin needs the store: tool calls write their records")
+        overrides = settings_overrides(settings or {})
         activities = None
         if store is not None:
             activities = build_tool_activities(store) if tools_only else build_activities(store)
@@ -134,6 +142,11 @@ class TurnKitPlugin(SimplePlugin):
             interceptors.append(StoreFailureInterceptor())
             # Heartbeats paced from each attempt's start, not sent at every store phase (_temporal/heartbeats.py).
             interceptors.append(HeartbeatClock())
+            if overrides:
+                interceptors.append(SettingsScope(overrides))
+        if not tools_only:
+            # A team's workflow cancelled while turns it asked run (turnkit.workflow) cancels them too.
+            interceptors.append(CancelAskedTurns())
         shared = [*(() if strict_sandbox else WORKFLOW_MODULES), *(("opentelemetry",) if traced else ())]
         super().__init__(
             "turnkit.TurnKitPlugin",
@@ -146,3 +159,12 @@ class TurnKitPlugin(SimplePlugin):
             # raise for) fails that workflow; any other exception fails the workflow task, which is retried.
             workflow_failure_exception_types=[Error],
         )
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        """As :class:`SimplePlugin` does; on a worker with Worker Versioning, TurnKit's workflows are registered with
+        their versioning behaviour (turns pinned, lanes upgrading: see :mod:`turnkit._workflows.registry`)."""
+        config = super().configure_worker(config)
+        deployment = config.get("deployment_config")
+        if deployment is not None and deployment.use_worker_versioning:
+            config["workflows"] = [VERSIONED_WORKFLOWS.get(w, w) for w in config.get("workflows") or ()]
+        return config

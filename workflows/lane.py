@@ -246,7 +246,8 @@ class ConversationWorkflow:
             )
 
     async def _apply_deliveries(self) -> None:
-        """Append the signalled deliveries (exactly once) and start a turn for the delivered input (the lane is idle)."""
+        """Append the signalled deliveries (exactly once) and start a turn for the delivered input (the lane is
+        idle)."""
         state = self._state
         batch = list(state.pending_delivery_ids)
         # The woken turn's id, chosen here so that every run of the call (a local attempt, its fallback activity, a

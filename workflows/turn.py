@@ -32,7 +32,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
 
 from turnkit._workflows.store_calls import LOCAL_RETRY, STORE_RETRY, STORE_TIMEOUT, local_failure, store_call
-from turnkit.kernel.activities import ChildCalls, LaneCalls, ModelCalls, TurnCalls
+from turnkit.kernel.activities import ChildCalls, LaneCalls, ModelCalls, ToolCalls, TurnCalls
 from turnkit.kernel.failures import (
     MODEL_NON_RETRYABLE,
     TIMED_OUT,
@@ -43,6 +43,7 @@ from turnkit.kernel.failures import (
 )
 from turnkit.kernel.names import RESUME_SIGNAL, TARGET_FINISHED_SIGNAL, TOOL_ACTIVITY_PREFIX, TURN_WORKFLOW
 from turnkit.kernel.payloads import (
+    ActivityTarget,
     CallPolicy,
     DelegateCalls,
     DelegateResult,
@@ -55,6 +56,7 @@ from turnkit.kernel.payloads import (
     SettleToolCall,
     ToolCallInput,
     ToolCallRef,
+    ToolCallResult,
     ToolOutcome,
     TurnInput,
     TurnOutcome,
@@ -250,6 +252,8 @@ class TurnWorkflow:
                 outcome = await self._launch(turn, call)
             elif kinds[index] == "wait_for":
                 outcome = await self._wait_tool(turn, call)
+            elif kinds[index] == "activity":
+                outcome = await self._activity_tool(turn, call)
             else:
                 outcome = await self._tool(turn, call)
             match outcome.outcome:
@@ -509,6 +513,42 @@ class TurnWorkflow:
             self._raise_if_cancelled(err)
             return await self._settle_failed(turn, call, policy, err.cause)
 
+    async def _activity_tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
+        """A call that runs as the application's own activity (``turnkit.activity_tool``): the store opens its
+        execution and gives its arguments, the activity runs on its own queue with its own timeouts and retries, and
+        the store records what it returned. Its arguments and result are in this history (docs/design.md)."""
+        self._resume_mark = self._resumes  # the open passes a control boundary
+        self._details(f"tool {call.name}")
+        policy = _policy_of(call)
+        target = policy.activity
+        assert target is not None  # kind "activity" always names its activity
+        request = ToolCallInput(
+            turn_id=turn.turn_id,
+            conversation_id=turn.conversation_id,
+            root_turn_id=turn.root_turn_id,
+            agent_name=turn.agent_name,
+            call=call,
+        )
+        opened = await store_call(ToolCalls.open_tool, request, summary=f"open {call.name}")
+        if opened.ended is not None:
+            return opened.ended
+        try:
+            result = await workflow.execute_activity(
+                target.activity_type,
+                args=opened.args,
+                task_queue=policy.task_queue,  # the team's queue; None: this turn's
+                start_to_close_timeout=timedelta(seconds=policy.timeout),
+                schedule_to_close_timeout=_seconds(target.schedule_to_close),
+                heartbeat_timeout=_seconds(target.heartbeat),
+                retry_policy=_activity_retries(policy, target),
+                summary=f"tool {call.name}",
+            )
+        except ActivityError as err:
+            self._raise_if_cancelled(err)
+            return await self._settle_failed(turn, call, policy, err.cause)
+        done = ToolCallResult(request=request, execution_id=opened.execution_id, result=result)
+        return await store_call(ToolCalls.commit_tool, done, summary=f"record {call.name}")
+
     async def _local_attempt(
         self,
         declared: Callable[[Any, ModelCall], Awaitable[ModelStep]],
@@ -553,8 +593,12 @@ class TurnWorkflow:
         lost = isinstance(failure, ActivityTimeoutError)
         if not lost and policy.at_most_once:
             # Only the tool raising is a known outcome; any other failure of the attempt (the store, the worker) may
-            # have come after the body ran, so it is "interrupted", never "failed".
-            lost = not (isinstance(failure, ApplicationError) and failure.type == TOOL_RAISED)
+            # have come after the body ran, so it is "interrupted", never "failed". The application's own activity
+            # raised when its failure is an application error (it records nothing of TurnKit's after its body).
+            raised = isinstance(failure, ApplicationError) and (
+                policy.kind == "activity" or failure.type == TOOL_RAISED
+            )
+            lost = not raised
         settle = SettleToolCall(
             turn_id=turn.turn_id,
             conversation_id=turn.conversation_id,
@@ -614,6 +658,24 @@ def _tool_policy(policy: CallPolicy) -> tuple[timedelta, timedelta, RetryPolicy]
     # At most once: one attempt; a lost one is "interrupted", never re-run.
     retry = RetryPolicy(maximum_attempts=1) if policy.at_most_once else _retries(policy, policy.max_attempts)
     return timeout, heartbeat, retry
+
+
+def _seconds(seconds: float | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=seconds)
+
+
+def _activity_retries(policy: CallPolicy, target: ActivityTarget) -> RetryPolicy:
+    """The retry policy of an application's activity run as a tool: one attempt at most once (a lost one is
+    "interrupted", never re-run), else the activity tool's own."""
+    if policy.at_most_once:
+        return RetryPolicy(maximum_attempts=1)
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=policy.initial_retry_interval),
+        backoff_coefficient=target.backoff_coefficient,
+        maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
+        maximum_attempts=policy.max_attempts,
+        non_retryable_error_types=target.non_retryable_error_types or None,
+    )
 
 
 def _retries(policy: CallPolicy, attempts: int) -> RetryPolicy:

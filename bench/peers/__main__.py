@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -63,6 +64,7 @@ class Spec:
     local_tool: bool = False  # TurnKit: the tool as @tool(local=True)
     local_model: bool = False  # each model call's first attempt as a local activity (OpenAI's use_local_activity)
     reference: bool = False  # a floor to read the others against (bare Temporal), in no ratio
+    source: str | None = None  # TurnKit: another source tree to serve it from (``--baseline-tree``), in no peer ratio
 
 
 #: The same activities in a bare Temporal workflow (``bare_app.py``): what the SDK and the dev server cost for the
@@ -137,8 +139,9 @@ async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
     command += [spec.system, "--", *flags]  # options before the positionals: argparse takes no option after them
     log = logdir / f"{spec.key}.log"
     with log.open("wb") as stderr:
+        # From another tree, `python -m` puts that tree first on the path: its turnkit and its bench code are served.
         process = await asyncio.create_subprocess_exec(
-            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=spec.source
         )
     child = Child(spec, process, log)
     assert process.stdout is not None
@@ -227,10 +230,15 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def _git_commit() -> str:
+def _git_commit(tree: Path | None = None) -> str:
+    """The short commit of ``tree`` (default: this checkout)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=README.parent
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tree or README.parent,
         )
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -307,6 +315,28 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
     return lines
 
 
+def baseline_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
+    """Each TurnKit column against the same column served from ``--baseline-tree``: latency, throughput and CPU per
+    turn (process + server) of this tree ÷ the baseline's, medians of the rounds (below 1.0 for latency and CPU, above
+    1.0 for throughput: this tree is better)."""
+    pairs = [
+        (s, b) for s in specs if s.system == "turnkit" and not s.source for b in specs if b.key == f"{s.key}_before"
+    ]
+    header = ["K", *(f"{s.title}: latency / throughput / CPU ÷ before" for s, _ in pairs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for k in args.k:
+        row = [str(k)]
+        for s, b in pairs:
+            now, before = per_spec[s.key][k], per_spec[b.key][k]
+            latency = statistics.median(now.latency) / statistics.median(before.latency)
+            throughput = statistics.median(now.throughput) / statistics.median(before.throughput)
+            cpu_now = statistics.median(now.cpu) + statistics.median(now.server_cpu)
+            cpu_before = statistics.median(before.cpu) + statistics.median(before.server_cpu)
+            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu_now / cpu_before:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def cpu_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     """CPU per turn during the bursts: the system's process (client and worker) + its dev server = total."""
     lines = ["| K | " + " | ".join(s.title for s in specs) + " |", "|" + "---|" * (len(specs) + 1)]
@@ -377,6 +407,14 @@ def report(
             "",
             *cpu_table(args, specs, results[setting]),
         ]
+        if any(s.source for s in specs):
+            out += [
+                "",
+                f"TurnKit against its baseline tree (`--baseline-tree`, git {args.baseline_commit}), "
+                f"{SETTING_TITLES[setting].lower()}: this tree ÷ the baseline, medians of the rounds.",
+                "",
+                *baseline_table(args, specs, results[setting]),
+            ]
     if history:
         out += [
             "",
@@ -452,6 +490,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the raw figures to this file")
     parser.add_argument("--write-readme", action="store_true", help="put the table into bench/README.md")
     parser.add_argument(
+        "--baseline-tree",
+        metavar="DIR",
+        help="also serve each TurnKit column from this source tree (a checkout of an earlier commit, e.g. `git "
+        "worktree add /tmp/before <commit>`), in the same run and on the same server settings, and report this "
+        "tree ÷ that one",
+    )
+    parser.add_argument(
         "--report-from",
         type=Path,
         metavar="JSON",
@@ -465,7 +510,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         kinds = [k for k in given if k not in ("activity", "local")]
         if kinds:
             parser.error(f"unknown {option} {kinds}; choose from activity, local")
+    args.baseline_commit = None
+    if args.baseline_tree:
+        args.baseline_tree = str(Path(args.baseline_tree).resolve())
+        args.baseline_commit = _git_commit(Path(args.baseline_tree))
     return args
+
+
+def _with_baseline(specs: list[Spec], tree: str | None) -> list[Spec]:
+    """With ``--baseline-tree``: each TurnKit column twice, the second served from that tree, in no peer ratio."""
+    if tree is None:
+        return specs
+    twins = [
+        dataclasses.replace(s, key=f"{s.key}_before", title=f"{s.title} before", reference=True, source=tree)
+        for s in specs
+        if s.system == "turnkit"
+    ]
+    return specs + twins
 
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
@@ -494,7 +555,7 @@ def specs_for(args: argparse.Namespace) -> list[Spec]:
                             local_model=local_model,
                         )
                     )
-    return specs
+    return _with_baseline(specs, args.baseline_tree)
 
 
 def main() -> None:

@@ -227,8 +227,8 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     asyncio.run(serve(args.system, args.server_flags, options, out))
     # Out without the interpreter's teardown, which the Temporal client's native threads can abort (SIGABRT,
-    # temporalio/sdk-python#300; turnkit/_temporal/process.py does the same for TurnKit's commands, not imported here so that
-    # a peer's process holds only the peer's modules).
+    # temporalio/sdk-python#300; turnkit/_temporal/process.py does the same for TurnKit's commands, not imported here so
+    # that a peer's process holds only the peer's modules).
     out.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -84,7 +84,8 @@ async def check(action: Action, principal: Any, **resources: Any) -> Verdict:
     try:
         answer = await call_application(ask, action, principal=principal, **resources)
     except Exception as err:  # behaviour §7.1: anything but a literal True denies, an exception included
-        # A hook still thinking when the activity attempt's time is nearly up raised TimeoutError (turnkit._engine.callbacks).
+        # A hook still thinking when the activity attempt's time is nearly up raised TimeoutError
+        # (turnkit._engine.callbacks).
         logger.warning("the authorization hook raised on %r; the action is denied", action, exc_info=err)
         return Verdict(action, False, hook_error=error_class_name(err), cause=err)
     return Verdict(action, answer is True)

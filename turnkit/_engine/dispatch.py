@@ -10,10 +10,13 @@ a worker that lacks an agent fails one activity clearly instead of failing workf
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from typing import Any
 
 from turnkit._engine.builtin_tools import LaunchAgentTool, WaitForTool
+from turnkit._engine.mcp_tools import mcp_call_policy
+from turnkit.activity_tools import ActivityTool
 from turnkit.agent import Agent
 from turnkit.config import settings
 from turnkit.kernel.payloads import CallPolicy, ModelPolicy
@@ -64,18 +67,26 @@ def warn_if_model_policy_differs(
     )
 
 
-def call_policy(agent: Agent, name: str, loaded_skills: Iterable[str] = ()) -> CallPolicy:
+def call_policy(
+    agent: Agent,
+    name: str,
+    loaded_skills: Iterable[str] = (),
+    mcp_tools: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> CallPolicy:
     """How the workflow dispatches a call to ``name`` proposed by ``agent``'s model in a turn that loaded
-    ``loaded_skills`` (its stored ``TurnState.loaded_skills``): delegation to a sub-agent, a coordination tool, or a
-    tool activity with the timeouts and retries of its recovery mode, on its task queue; ``unknown`` when the name is
-    not in the turn's tool set, e.g. a skill's tool before ``load_skill`` (the tool activity then records the failure
-    at once)."""
+    ``loaded_skills`` (its stored ``TurnState.loaded_skills``) and recorded ``mcp_tools`` (``TurnState.mcp_tools``):
+    delegation to a sub-agent, a coordination tool, the application's own activity (``turnkit.activity_tool``), or a
+    tool activity with the timeouts and retries of its recovery mode, on its task queue (an MCP server's tool too);
+    ``unknown`` when the name is not in the turn's tool set, e.g. a skill's tool before ``load_skill`` (the tool
+    activity then records the failure at once)."""
     if agent.sub_agent(name) is not None:
         return CallPolicy(kind="sub_agent")
     loaded = tuple(loaded_skills)
     tool = agent.tool(name, loaded)
     if tool is None:
-        return CallPolicy(kind="unknown", at_most_once=False)
+        return mcp_call_policy(agent, name, mcp_tools or {}) or CallPolicy(kind="unknown", at_most_once=False)
+    if isinstance(tool, ActivityTool):
+        return tool.call_policy()
     owner = None if agent.tool(name) is not None else agent.skill_owning(name)
     if isinstance(tool, LaunchAgentTool):
         return CallPolicy(kind="launch_agent")

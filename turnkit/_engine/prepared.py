@@ -3,9 +3,9 @@
 ``Conversation.build_turn`` writes the trigger message and a ``pending`` turn whose ``submitted_at`` is None: its
 frozen context is fixed, but no lane has it and nothing runs it (``turnkit check`` does not count it as lost work).
 ``Turn.preview`` builds the request its next model call would send, with the model activity's own builder
-(:func:`turnkit._engine.request.build_model_request`). ``Turn.perform_later`` (or ``Turn.run``, which also waits) submits it:
-the lane's ``submit`` update with the turn's own id, whose activity finds the record, stamps ``submitted_at``
-(:func:`submit_prepared`) and queues it, exactly as a repair re-queues a stored turn. The root deadline
+(:func:`turnkit._engine.request.build_model_request`). ``Turn.perform_later`` (or ``Turn.run``, which also waits)
+submits it: the lane's ``submit`` update with the turn's own id, whose activity finds the record, stamps
+``submitted_at`` (:func:`submit_prepared`) and queues it, exactly as a repair re-queues a stored turn. The root deadline
 (``timeout``) counts from that submission.
 """
 

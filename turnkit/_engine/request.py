@@ -13,6 +13,7 @@ from datetime import datetime
 
 from turnkit._engine.call_ids import provider_call_ids
 from turnkit._engine.compaction import active_messages
+from turnkit._engine.mcp_tools import mcp_tool_specs
 from turnkit.agent import Agent
 from turnkit.kernel.records import ConversationRecord, MessageRecord, TurnRecord
 from turnkit.live_context import LiveContextContribution, PromptBuildContext, collect_contributions
@@ -82,7 +83,9 @@ async def build_model_request(
         TypeError: A context contributor returned something unusable.
     """
     model = turn.model or agent.effective_model
-    specs = agent.tool_specs(turn.options.state.loaded_skills)  # loaded skills add their tools (behaviour §4.2)
+    state = turn.options.state
+    # Loaded skills add their tools (behaviour §4.2); the agent's MCP servers the tools this turn recorded.
+    specs = [*agent.tool_specs(state.loaded_skills), *mcp_tool_specs(agent, state)]
     depth = turn_depth(turn)
     mode, sections = _sections(turn, agent)
     subject = ""

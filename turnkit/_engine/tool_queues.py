@@ -3,8 +3,8 @@ on the wrong one.
 
 A tool with a ``task_queue`` of its own runs on that queue, served by a worker on the box that can run it
 (``worker.py --queue gpu --only tools``); a tool without one runs on its turn's queue. The queue travels in the
-call's :class:`~turnkit.kernel.payloads.CallPolicy`, resolved by the model activity, so the workflow never reads the agent
-registry (docs/design.md, "Layers" and "One turn").
+call's :class:`~turnkit.kernel.payloads.CallPolicy`, resolved by the model activity, so the workflow never reads the
+agent registry (docs/design.md, "Layers" and "One turn").
 """
 
 from __future__ import annotations

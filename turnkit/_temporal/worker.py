@@ -24,7 +24,8 @@ import sys
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.common import WorkerDeploymentVersion
+from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from turnkit._engine.tool_queues import tools_on_queue
 from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
@@ -62,14 +63,43 @@ def add_queue_arguments(parser: argparse.ArgumentParser, *, default: str | None)
     )
 
 
+def add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--deployment`` and ``--build-id``: run as one version of a Worker Deployment (Worker Versioning)."""
+    parser.add_argument(
+        "--deployment",
+        default=os.environ.get("TURNKIT_DEPLOYMENT_NAME"),
+        metavar="NAME",
+        help="Worker Deployment this worker belongs to (default $TURNKIT_DEPLOYMENT_NAME); with --build-id, the "
+        "worker uses Worker Versioning: turns stay on the build that started them, lanes move to the current build",
+    )
+    parser.add_argument(
+        "--build-id",
+        default=os.environ.get("TURNKIT_BUILD_ID"),
+        metavar="ID",
+        help="this worker's build id within --deployment (default $TURNKIT_BUILD_ID)",
+    )
+
+
+def deployment_config(args: argparse.Namespace) -> WorkerDeploymentConfig | None:
+    """The worker's Worker Versioning options, from ``--deployment`` and ``--build-id`` (both, or neither)."""
+    name, build_id = getattr(args, "deployment", None), getattr(args, "build_id", None)
+    if not name and not build_id:
+        return None
+    if not (name and build_id):
+        raise ConfigError("--deployment and --build-id go together: a worker version is a deployment and a build id")
+    version = WorkerDeploymentVersion(deployment_name=name, build_id=build_id)
+    return WorkerDeploymentConfig(version=version, use_worker_versioning=True)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (environment variables give the defaults)."""
-    parser = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     add_connection_arguments(parser)
     add_queue_arguments(parser, default=os.environ.get("TURNKIT_TASK_QUEUE", TASK_QUEUE))
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
+    add_deployment_arguments(parser)
     add_tracing_argument(parser)
     add_sandbox_argument(parser)
     add_loop_argument(parser)
@@ -84,6 +114,7 @@ async def run(args: argparse.Namespace) -> None:
     address = options.pop("target_host", DEFAULT_ADDRESS)
     tools_only = getattr(args, "only", None) == "tools"
     served = _served_tools(args.task_queue) if tools_only else ""
+    deployment = deployment_config(args)
     store = await Store.open(args.database_url)
     try:
         sandbox = getattr(args, "sandbox", True)
@@ -95,6 +126,7 @@ async def run(args: argparse.Namespace) -> None:
             client,
             task_queue=args.task_queue,
             graceful_shutdown_timeout=timedelta(seconds=args.grace),
+            deployment_config=deployment,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -104,7 +136,12 @@ async def run(args: argparse.Namespace) -> None:
             log.info("turnkit worker polling %s on %s (%s)", args.task_queue, address, options["namespace"])
             unsandboxed = "" if sandbox or tools_only else " (workflows unsandboxed)"
             on_loop = " (uvloop)" if on_uvloop() else ""
-            print(f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}", flush=True)
+            version = deployment.version if deployment else None
+            build = f" (build {version.deployment_name}/{version.build_id})" if version else ""
+            print(
+                f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}{build}",
+                flush=True,
+            )
             await stop.wait()
             log.info("shutting down")
     finally:
@@ -135,4 +172,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"turnkit worker: {error}", file=sys.stderr, flush=True)
         exit_process(2)
     exit_process(0)
-

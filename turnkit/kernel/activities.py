@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
+from turnkit.kernel.asks import AskReceipt, AskTurn, ControlReceipt, ControlTurn, FollowAsk, TurnResult
 from turnkit.kernel.payloads import (
     DelegateCalls,
     DelegateResult,
@@ -29,9 +30,12 @@ from turnkit.kernel.payloads import (
     JoinChildren,
     ModelCall,
     ModelStep,
+    OpenedToolCall,
     SettleToolCall,
     StartTurn,
     SubmitTurn,
+    ToolCallInput,
+    ToolCallResult,
     ToolOutcome,
     TurnOutcome,
     TurnTicket,
@@ -40,10 +44,12 @@ from turnkit.kernel.payloads import (
 )
 
 __all__ = [
+    "AskCalls",
     "ChildCalls",
     "DeliveryCalls",
     "LaneCalls",
     "ModelCalls",
+    "ToolCalls",
     "TurnCalls",
     "activity_name",
     "declared_activities",
@@ -111,6 +117,21 @@ class ModelCalls:
         raise NotImplementedError
 
 
+class ToolCalls:
+    """A tool call that runs as the application's own activity (``turnkit.activity_tool``): the store's side of it,
+    before and after the workflow runs that activity."""
+
+    @_declare("turnkit.open_tool")
+    async def open_tool(self, request: ToolCallInput) -> OpenedToolCall:
+        """Open the call's execution (budget, authorization, CAS to running) and return the activity's arguments."""
+        raise NotImplementedError
+
+    @_declare("turnkit.commit_tool")
+    async def commit_tool(self, result: ToolCallResult) -> ToolOutcome:
+        """Record what the call's activity returned as its result, with its tool-result message (once)."""
+        raise NotImplementedError
+
+
 class ChildCalls:
     """Sub-agents, ``launch_agent`` and ``wait_for``."""
 
@@ -168,10 +189,29 @@ class LaneCalls:
         raise NotImplementedError
 
 
+class AskCalls:
+    """A team's workflow asking an agent (:mod:`turnkit.workflow`): submit, follow, control its turn."""
+
+    @_declare("turnkit.ask_from_workflow")
+    async def ask(self, request: AskTurn) -> AskReceipt:
+        """Submit the turn as ``Conversation.ask`` does (idempotent by its ids) and make the workflow its waiter."""
+        raise NotImplementedError
+
+    @_declare("turnkit.follow_asked_turn")
+    async def follow(self, follow: FollowAsk) -> TurnResult | None:
+        """The turn's result once it has ended; None while it runs (its end signals the waiter)."""
+        raise NotImplementedError
+
+    @_declare("turnkit.control_asked_turn")
+    async def control(self, control: ControlTurn) -> ControlReceipt:
+        """Pause, resume, steer or cancel the turn, as ``Turn.pause`` … ``Turn.cancel`` do."""
+        raise NotImplementedError
+
+
 def declared_activities() -> dict[str, Callable[..., Any]]:
     """Every declared activity by name (a worker registers an implementation of each)."""
     declared: dict[str, Callable[..., Any]] = {}
-    for calls in (TurnCalls, ModelCalls, ChildCalls, DeliveryCalls, LaneCalls):
+    for calls in (TurnCalls, ModelCalls, ToolCalls, ChildCalls, DeliveryCalls, LaneCalls, AskCalls):
         for member in vars(calls).values():
             name = getattr(member, _NAME, None)
             if name is not None:

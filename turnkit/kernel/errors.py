@@ -26,6 +26,7 @@ __all__ = [
     "RecordNotFound",
     "StoreError",
     "ToolError",
+    "ToolOutcomeUnknown",
     "ToolValidationError",
     "TransientModelError",
     "error_class_name",
@@ -165,6 +166,15 @@ class ToolValidationError(ToolError):
     """The model's arguments for a tool are invalid (behaviour §4.1 ``validate_arguments``)."""
 
     qualified_name: ClassVar[str] = "TurnKit::ToolValidationError"
+
+
+class ToolOutcomeUnknown(Exception):
+    """A tool body lost its call midway (the connection to the system that runs it dropped after the request went
+    out): whether it had its effect is unknown.
+
+    Never recorded as the tool failing: a replay-safe tool is retried (same idempotency key), and an at-most-once
+    call is settled ``interrupted``, as when its worker dies.
+    """
 
 
 def error_class_name(exc: BaseException) -> str:

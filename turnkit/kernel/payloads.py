@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from turnkit.kernel.records import TerminalTurnStatus, ToolExecutionStatus
 
 __all__ = [
+    "ActivityTarget",
     "CallPolicy",
     "DeliverBatch",
     "DeliverResult",
@@ -22,16 +23,19 @@ __all__ = [
     "FinishTurn",
     "LaneInput",
     "LaneStatus",
+    "MCPTarget",
     "ModelCall",
     "ModelOutcome",
     "ModelPolicy",
     "ModelStep",
+    "OpenedToolCall",
     "QueuedTurn",
     "SettleToolCall",
     "StartTurn",
     "SubmitTurn",
     "ToolCallInput",
     "ToolCallRef",
+    "ToolCallResult",
     "ToolNext",
     "ToolOutcome",
     "TurnInput",
@@ -46,6 +50,10 @@ def _is_none(value: object) -> bool:
 
 def _is_empty(value: object) -> bool:
     return not value
+
+
+def _is_default_backoff(value: object) -> bool:
+    return value == 2.0
 
 
 #: Fields written only when they differ from their default (None, False, 0, []), which is also what a payload without
@@ -66,12 +74,36 @@ class ModelPolicy(BaseModel):
     local: bool = Field(default=False, exclude_if=_is_empty)
 
 
+class ActivityTarget(BaseModel):
+    """The application's own activity a tool call runs as (``turnkit.activity_tool``): its registered name and what of
+    its schedule :class:`CallPolicy` does not say already (start-to-close is ``CallPolicy.timeout``, the queue
+    ``CallPolicy.task_queue``, the attempts and intervals the policy's retry fields)."""
+
+    activity_type: str
+    schedule_to_close: float | None = _omitted_none()
+    #: None: the activity does not heartbeat, so no heartbeat timeout is set.
+    heartbeat: float | None = _omitted_none()
+    backoff_coefficient: float = Field(default=2.0, exclude_if=_is_default_backoff)
+    non_retryable_error_types: list[str] = Field(default_factory=list[str], exclude_if=_is_empty)
+
+
+class MCPTarget(BaseModel):
+    """The MCP server tool a call runs (``Agent(mcp_servers=…)``): the server's name in the agent and the tool's name
+    on that server (the model may see it renamed: a prefix, characters a provider refuses)."""
+
+    server: str
+    tool: str
+
+
 class CallPolicy(BaseModel):
     """How the turn workflow dispatches one proposed call, resolved from the agent's definition by the model activity
     (the workflow never reads the live agent registry). ``kind`` picks the path; the rest is the tool
-    activity's timeouts and retry policy (from its recovery mode) and the task queue it is scheduled on."""
+    activity's timeouts and retry policy (from its recovery mode) and the task queue it is scheduled on.
 
-    kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown"]
+    ``activity``: the call runs as the application's own activity (``turnkit.activity_tool``), opened and committed by
+    store calls around it (docs/design.md, "Your activities as tools")."""
+
+    kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown", "activity"]
     at_most_once: bool = True
     timeout: float = 30.0
     heartbeat: float = 30.0
@@ -84,6 +116,10 @@ class CallPolicy(BaseModel):
     skill: str | None = _omitted_none()
     #: Run the call as a local activity first (``@tool(local=True)``).
     local: bool = Field(default=False, exclude_if=_is_empty)
+    #: Kind ``activity``: the activity the call runs as.
+    activity: ActivityTarget | None = _omitted_none()
+    #: A tool of one of the agent's MCP servers, run by the tool activity like any tool.
+    mcp: MCPTarget | None = _omitted_none()
 
 
 class QueuedTurn(BaseModel):
@@ -385,6 +421,27 @@ class ToolOutcome(BaseModel):
     budget_error: str | None = _omitted_none()
 
 
+class OpenedToolCall(BaseModel):
+    """Result of ``turnkit.open_tool``: the call's execution is running and its activity may run with ``args``; or the
+    call ended before it (``ended``: settled already, denied, over budget, paused, steered, stopped).
+
+    ``args`` are the activity's arguments, so they are in the turn's history: keep an activity tool's arguments small.
+    """
+
+    execution_id: str = ""
+    args: list[Any] = Field(default_factory=list[Any])
+    ended: ToolOutcome | None = None
+
+
+class ToolCallResult(BaseModel):
+    """Input of ``turnkit.commit_tool``: what the activity of a call opened by ``turnkit.open_tool`` returned, to
+    record as the execution's result (with its tool-result message)."""
+
+    request: ToolCallInput
+    execution_id: str
+    result: Any = None
+
+
 class SettleToolCall(BaseModel):
     """Input of ``turnkit.settle_tool``: record a tool call whose activity failed or was lost."""
 
@@ -470,4 +527,3 @@ class FinishWait(BaseModel):
     turn_id: str
     root_turn_id: str
     execution_id: str
-

@@ -120,6 +120,10 @@ class TurnState(BaseModel):
     #: step 4): the call's message id → its error. A retried attempt that finds its id here raises that error again
     #: instead of calling the client and charging a second time.
     unusable_media_calls: dict[str, str] = Field(default_factory=dict[str, str])
+    #: The tools of the agent's MCP servers as this turn's first model call listed them, by server name: each
+    #: ``{name, tool, description, parameters}`` (the name the model sees, the server's own). Every later model call
+    #: and retry of the turn offers exactly these (``turnkit._engine.mcp_tools``).
+    mcp_tools: dict[str, list[dict[str, Any]]] = Field(default_factory=dict[str, "list[dict[str, Any]]"])
 
     @property
     def holds_answer(self) -> bool:

@@ -55,9 +55,9 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
 
     Provider failures raise :class:`~turnkit.kernel.errors.ModelError` (the turn fails), or
     :class:`~turnkit.kernel.errors.TransientModelError` for rate limits, overload, 5xx answers and connection problems
-    (the model activity retries them). A missing API key or model raises :class:`~turnkit.kernel.errors.ModelAccessError`.
-    ``chat`` makes one Messages API call and returns text, thinking and tool-call parts, plus the raw content blocks
-    as a provider part.
+    (the model activity retries them). A missing API key or model raises
+    :class:`~turnkit.kernel.errors.ModelAccessError`. ``chat`` makes one Messages API call and returns text, thinking
+    and tool-call parts, plus the raw content blocks as a provider part.
     """
 
     errors = SdkErrors(

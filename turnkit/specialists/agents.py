@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
-from turnkit.agent import Agent
+from turnkit.agent import Agent, AgentOptions, SpecialistOptions
 from turnkit.model import Client
 from turnkit.skills import check_skills
 from turnkit.specialists.github import GitHubClient, GitHubRepositoryReadTool
@@ -46,7 +46,7 @@ def oracle(
     client: Client | None = None,
     instructions: str | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    **agent_options: Any,
+    **agent_options: Unpack[SpecialistOptions],
 ) -> Agent:
     """The ``oracle``: read-only expert advice; by default it reads files under ``root`` (the working directory).
 
@@ -75,7 +75,7 @@ def librarian(
     tools: Iterable[Tool | type[Tool]] = (),
     client: Client | None = None,
     instructions: str | None = None,
-    **agent_options: Any,
+    **agent_options: Unpack[SpecialistOptions],
 ) -> Agent:
     """The ``librarian``: answers from one GitHub repository (``owner/name``) through ``github_repository_read``.
 
@@ -109,7 +109,8 @@ def painter(
     max_reference_images: int = 4,
     client: Client | None = None,
     instructions: str | None = None,
-    **agent_options: Any,
+    tools: Iterable[Tool | type[Tool]] = (),
+    **agent_options: Unpack[SpecialistOptions],
 ) -> Agent:
     """The ``painter``: one terminal ``paint_image`` tool behind an ``authorization`` gate.
 
@@ -128,6 +129,7 @@ def painter(
         max_reference_images: The most reference images one call may pass.
         client: Model client; falls back to ``settings.client``.
         instructions: Replaces :data:`PAINTER_INSTRUCTIONS`.
+        tools: More tools, after ``paint_image``.
         **agent_options: Other :class:`~turnkit.agent.Agent` options.
 
     Raises:
@@ -143,17 +145,16 @@ def painter(
     )
     if not model:
         raise ValueError("painter requires a model")
-    extra = list(agent_options.pop("tools", ()))
     agent_options.pop("inherit_globals", None)  # always False, as for every specialist
-    return Agent(
-        "painter",
-        model=model,
-        tools=[tool, *extra],
-        client=client,
-        instructions=instructions or PAINTER_INSTRUCTIONS,
-        inherit_globals=False,
+    options: AgentOptions = {
         **agent_options,
-    )
+        "model": model,
+        "tools": [tool, *tools],
+        "client": client,
+        "instructions": instructions or PAINTER_INSTRUCTIONS,
+        "inherit_globals": False,
+    }
+    return Agent("painter", **options)
 
 
 def _specialist(
@@ -162,7 +163,7 @@ def _specialist(
     tools: Iterable[Tool | type[Tool]],
     client: Client | None,
     instructions: str,
-    options: dict[str, Any],
+    options: SpecialistOptions,
 ) -> Agent:
     """A read-only specialist: no sub-agents, only read-only tools, no inherited globals."""
     if not model:
@@ -175,14 +176,14 @@ def _specialist(
     loadable = check_skills(options.pop("available_skills", ()), "available_skills")
     check_read_only(name, tools, (*preloaded, *loadable))
     options.pop("inherit_globals", None)  # always False: a specialist is configured only by its factory's arguments
-    return Agent(
-        name,
-        model=model,
-        tools=tools,
-        client=client,
-        instructions=instructions,
-        skills=preloaded,
-        available_skills=loadable,
-        inherit_globals=False,
+    chosen: AgentOptions = {
         **options,
-    )
+        "model": model,
+        "tools": tools,
+        "client": client,
+        "instructions": instructions,
+        "skills": preloaded,
+        "available_skills": loadable,
+        "inherit_globals": False,
+    }
+    return Agent(name, **chosen)
