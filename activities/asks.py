@@ -8,7 +8,8 @@
   ``target_finished``; the record is read again after the row committed, so an end in between is not missed.
 * ``turnkit.follow_asked_turn`` returns the result of an ended turn, or keeps the workflow its waiter; a turn whose
   workflow closed without a terminal record (terminated, timed out) is recorded ``failed``, as ``Turn.result()`` does.
-* ``turnkit.control_asked_turn`` runs ``Turn.pause`` … ``Turn.cancel``.
+* ``turnkit.control_asked_turn`` runs ``Turn.pause`` … ``Turn.steer``, and a cancel's two steps (the cancel workflow's
+  activities, :mod:`turnkit._engine.control_writes`) itself.
 
 A TurnKit error that no retry can mend (bad input, a denial, an unknown agent or conversation) is raised as a
 non-retryable failure whose type is the error's class name, and the workflow raises it as that error again.
@@ -25,6 +26,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkit._engine.control_writes import announce_cancel, cancel_turns
 from turnkit._engine.jsonschema import schema_errors
 from turnkit._engine.turn_end import fail_unfinished_turn
 from turnkit._engine.validation import check_json
@@ -90,7 +92,7 @@ class AskActivities(AskCalls):
                 if turn is None:
                     await self._submit(request)
                 elif _maybe_unknown_to_lane(turn):
-                    await Turn(self._tk(request.task_queue), turn.id).perform_later()  # the lane dedupes by id
+                    await self._submit_again(request.task_queue, turn.id)
             except _FINAL as err:
                 raise _final(err) from err
             follow = FollowAsk(
@@ -101,6 +103,18 @@ class AskActivities(AskCalls):
             )
             result = await self._wait_row_then_read(follow)
         return AskReceipt(turn_id=request.turn_id, conversation_id=request.conversation_id, result=result)
+
+    async def _submit_again(self, task_queue: str, turn_id: str) -> None:
+        """Submit a turn an earlier attempt wrote to its lane again (the lane dedupes by id). The lane may start it
+        between the read and the submit: a turn that has left ``pending`` meanwhile needs nothing more."""
+        try:
+            await Turn(self._tk(task_queue), turn_id).perform_later()
+        except errors.Error as err:
+            if type(err) is not errors.Error:
+                raise
+            current = await self.store.load_turn(turn_id)
+            if _maybe_unknown_to_lane(current):
+                raise
 
     @implements(AskCalls.follow)
     async def follow(self, follow: FollowAsk) -> TurnResult | None:
@@ -135,7 +149,10 @@ class AskActivities(AskCalls):
             elif control.action == "resume":
                 await turn.resume(descendants=control.descendants, principal=control.principal)
             elif control.action == "cancel":
-                await turn.cancel(descendants=control.descendants, principal=control.principal)
+                # This activity is the durable request already (retried until done): the cancel's two steps run here.
+                cancelled = await cancel_turns(self.store, control.turn_id, control.descendants, control.principal)
+                client, task_queue = activity.client(), control.task_queue
+                await announce_cancel(self.store, client, task_queue, [each.id for each in cancelled])
             else:
                 receipts = await turn.steer(
                     control.text, key=control.key, principal=control.principal, descendants=control.descendants

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from turnkit._engine.lane_order import earlier_turns
 from turnkit._engine.turn_build import queued_with_root, ticket_of
 from turnkit._engine.turn_options import turn_options
 from turnkit.agent import resolve_agent
@@ -65,10 +66,14 @@ class DeliveryActivities(DeliveryCalls):
                 if await tx.mark_delivered(delivery.id, message_id=message.id) is None:
                     raise RuntimeError(f"delivery {delivery.id} was applied concurrently")  # rolls back the append
                 delivered.append(delivery.id)
-            turn = await self._wake(tx, batch) if batch.wake else None
-        return DeliverResult(delivered_ids=delivered, turn=turn)
+            if not batch.wake:
+                return DeliverResult(delivered_ids=delivered)
+            woken = await self._wake(tx, batch)
+            # Submissions the lane lost run before the woken turn (turnkit._engine.lane_order).
+            earlier = await earlier_turns(tx, batch.conversation_id, batch.known_turn_id, before=woken)
+        return DeliverResult(delivered_ids=delivered, turn=_queued(woken) if woken else None, earlier=earlier)
 
-    async def _wake(self, tx: StoreTx, batch: DeliverBatch) -> QueuedTurn | None:
+    async def _wake(self, tx: StoreTx, batch: DeliverBatch) -> TurnRecord | None:
         """Start a turn for delivered input no turn has consumed yet; None when there is none (behaviour §5.11).
 
         The woken turn's id is the lane's choice, so a retry whose first attempt committed the turn but lost its
@@ -79,7 +84,7 @@ class DeliveryActivities(DeliveryCalls):
         if woken_id is not None:
             existing = await tx.find_turn(woken_id)
             if existing is not None:
-                return _queued(existing)
+                return existing
         trigger = await _next_delivery_trigger(tx, conversation_id)
         if trigger is None:
             return None
@@ -97,6 +102,7 @@ class DeliveryActivities(DeliveryCalls):
             trigger_message_id=trigger.id,
             context=conversation.metadata.get("turnkit_context", {}),
             principal=conversation.metadata.get("principal"),
+            task_queue=activity.info().task_queue if activity.in_activity() else None,  # where the lane's worker runs
         )
         turn = await tx.create_turn(
             id=woken_id,
@@ -107,7 +113,7 @@ class DeliveryActivities(DeliveryCalls):
             options=options,
             submitted_at=utcnow(),
         )
-        return _queued(turn)
+        return turn
 
 
 def _queued(turn: TurnRecord) -> QueuedTurn:

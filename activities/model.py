@@ -16,22 +16,29 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from turnkit._activities.failures import non_retryable as _non_retryable
+from turnkit._activities.failures import provider_failure as _provider_failure
 from turnkit._activities.notify import announce_terminal
-from turnkit._activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, record_audit
+from turnkit._activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, publish_answer
 from turnkit._activities.store_retry import retry_store
 from turnkit._engine.authorization import Verdict
 from turnkit._engine.budget import depth_denial, iteration_denial, spend_denial
+from turnkit._engine.call_boundary import boundary_before_call
 from turnkit._engine.call_ids import unique_call_ids
-from turnkit._engine.charges import append_charged, charge_turn, tree_spend_denial
-from turnkit._engine.compaction import active_messages, compaction_policy, should_compact, summarise
+from turnkit._engine.charges import append_charged, charge_turn, spend_before_call, tree_spend_denial
+from turnkit._engine.compaction import (
+    EmptySummary,
+    active_messages,
+    compaction_policy,
+    should_compact,
+    summarise,
+)
 from turnkit._engine.compaction import logger as compaction_logger
-from turnkit._engine.controls import control_boundary, has_pending_controls, stamp_request
+from turnkit._engine.controls import control_boundary, stamp_request
 from turnkit._engine.deliveries import callback_verdict, completion_delivery, turn_result
 from turnkit._engine.dispatch import call_policy, warn_if_model_policy_differs
 from turnkit._engine.ids import new_id
@@ -44,16 +51,14 @@ from turnkit._temporal.tracing import record_model_call
 from turnkit.agent import Agent, resolve_agent
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
-from turnkit.events import announce, announce_message, emit
+from turnkit.events import announce, announce_message, emit, listening
 from turnkit.kernel.activities import ModelCalls, implements
 from turnkit.kernel.errors import (
     BudgetError,
     ConfigError,
-    Error,
     ModelError,
     OutputAudit,
     TransientModelError,
-    error_class_name,
 )
 from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef
 from turnkit.kernel.records import (
@@ -111,7 +116,7 @@ class ModelActivities(ModelCalls):
         if agent.mcp_servers:  # the tools of its MCP servers, listed once per turn and recorded (turnkit.mcp)
             async with heartbeating():  # a server started per listing may take longer than a heartbeat
                 turn = await record_mcp_tools(self.store, turn, agent)
-        messages, denial = await self._auto_compact(call, turn, agent, messages)
+        messages, denial, summarised = await self._auto_compact(call, turn, agent, messages)
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
         # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
@@ -133,6 +138,18 @@ class ModelActivities(ModelCalls):
         )
         # Media bytes are read here, for the provider call only: they never enter a payload (turnkit.media).
         sent = await retry_store(lambda: with_media_data(self.store, request), what="model media")
+        # A pause, steering or cancel that landed while the request was built (the history compacted, MCP tools
+        # listed, media read, application callbacks run) stops it here, before the model is paid (behaviour §5.10).
+        # Without any of those, the reservation's own boundary ran a moment ago and one more read would find the
+        # same: a turn's common call skips it.
+        slow = summarised or bool(agent.mcp_servers) or sent is not request or listening(turn.id)
+        late = None
+        if slow:
+            late = await retry_store(
+                lambda: boundary_before_call(self.store, call.turn_id, call.root_turn_id), what="model boundary"
+            )
+        if late is not None:
+            return ModelStep(outcome=late)
         try:
             async with heartbeating():
                 result = await client.chat(sent)
@@ -140,7 +157,9 @@ class ModelActivities(ModelCalls):
             raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         audit = None
-        if not result.tool_calls:  # a final answer: audited before it is published (behaviour §3.9)
+        if not result.tool_calls and not call.audit_apart:
+            # A final answer of an older workflow, audited here before it is published (behaviour §3.9); a workflow
+            # that audits apart gets the answer committed first, then its audit (turnkit.audit).
             try:
                 audit = await audit_answer(turn, agent, result, call.request_id, messages, store=self.store)
             except (ModelError, ConfigError, TransientModelError) as err:
@@ -157,8 +176,9 @@ class ModelActivities(ModelCalls):
 
     async def _auto_compact(
         self, call: ModelCall, turn: TurnRecord, agent: Agent, messages: list[MessageRecord]
-    ) -> tuple[list[MessageRecord], str | None]:
-        """Automatic compaction as a model phase starts (behaviour §3.10); returns the messages and a budget denial.
+    ) -> tuple[list[MessageRecord], str | None, bool]:
+        """Automatic compaction as a model phase starts (behaviour §3.10); returns the messages, a budget denial
+        and whether the summariser was asked (that call takes time: the control boundary runs again after it).
 
         At most one summary per ``request_id``: a retried attempt finds the summary it already wrote among the
         turn's messages and does not call the compaction model again; an attempt that read the history before a
@@ -168,9 +188,15 @@ class ModelActivities(ModelCalls):
         force = turn.options.compact
         policy = compaction_policy(settings.compaction, agent.compaction)
         if policy is None or force is False or _summary_for(messages, call.request_id) is not None:
-            return messages, None
+            return messages, None, False
+        if call.request_id in turn.state.empty_summaries:
+            return messages, None, False  # asked once for this request, answered empty and charged: not asked again
         if not force and not should_compact(policy, active_messages(messages)):
-            return messages, None
+            return messages, None, False
+        # The summary is a paid call: asked only while the tree is within max_spend (behaviour §6.2).
+        denial = await retry_store(lambda: spend_before_call(self.store, turn), what="compaction budget")
+        if denial is not None:
+            return messages, denial, False
 
         async def requested(request: ModelRequest) -> None:
             await emit(
@@ -203,11 +229,14 @@ class ModelActivities(ModelCalls):
                 )
         except BudgetError:
             raise
+        except EmptySummary as err:  # answered, so paid: charged once, and the turn goes on uncompacted
+            compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
+            return messages, await self._charge_empty_summary(call, turn, err.result), True
         except Exception as err:  # behaviour §3.10: automatic compaction never fails the turn
             compaction_logger.warning("automatic compaction failed for turn %s: %s", turn.id, err)
-            return messages, None
+            return messages, None, True
         if made is None:
-            return messages, None
+            return messages, None, True
         cost = cost_from_usage(made.result.usage, made.model)
 
         async def write() -> tuple[MessageRecord | None, bool, str | None]:
@@ -233,7 +262,7 @@ class ModelActivities(ModelCalls):
 
         summary, written, denial = await retry_store(write, what="compaction persist")
         if summary is None:
-            return messages, None
+            return messages, None, True
         if written:
             await emit(
                 "compaction.model.completed",
@@ -245,7 +274,23 @@ class ModelActivities(ModelCalls):
                 usage=made.result.usage.to_record(),
                 cost=cost.total,
             )
-        return [*messages, summary], denial
+        return [*messages, summary], denial, True
+
+    async def _charge_empty_summary(self, call: ModelCall, turn: TurnRecord, result: Result) -> str | None:
+        """Charge a compaction call answered with no summary (keyed by the request id, so once); the tree's spend
+        verdict after it."""
+        cost = cost_from_usage(result.usage, result.model)
+
+        async def write() -> str | None:
+            async with self.store.atomic(turn_id=call.root_turn_id) as tx:
+                current = await tx.load_turn(turn.id)
+                if current.status != "running" or call.request_id in current.state.empty_summaries:
+                    return None
+                empty = [*current.state.empty_summaries, call.request_id]
+                options = current.options.with_state(current.state.model_copy(update={"empty_summaries": empty}))
+                return await tree_spend_denial(tx, await charge_turn(tx, current, result.usage, cost, options=options))
+
+        return await retry_store(write, what="compaction charge")
 
     async def _reserve(
         self, call: ModelCall
@@ -427,6 +472,11 @@ class ModelActivities(ModelCalls):
                 metadata["output_data"] = result.output_data
             state.phase = "tools" if tool_calls else "output"
             state.message_id = new_id("message")  # the response's id, in the turn's state written with it
+            audited_apart = call.audit_apart and not tool_calls and bool(agent.output_policy)
+            if audited_apart:
+                # Committed and charged before any check, judge or failure can come: the audit reads it from here.
+                state.candidate, state.output_data = result.text, result.output_data
+                state.awaiting_audit, state.audit_key, state.judge_answers = True, call.request_id, []
             # The response and the call's charge: one statement on PostgreSQL.
             message, turn = await append_charged(
                 tx,
@@ -456,43 +506,22 @@ class ModelActivities(ModelCalls):
                     outcome="budget_exceeded", message_id=message.id, tool_calls=tool_calls, budget_error=denial
                 )
                 return over, True
-            if audit is not None and not tool_calls:
-                turn = await record_audit(tx, turn, agent, audit)
-                if audit.attempt is not None:  # a revision request: no calls, so the workflow asks the model again
-                    return ModelStep(outcome="tools", message_id=message.id), True
-                state = turn.state
-            if not tool_calls and has_pending_controls(turn):
-                # Controls arrived while the model answered: they apply before publication (behaviour §5.10).
-                state = state.model_copy(
-                    update={"phase": "output", "candidate": result.text, "output_data": result.output_data}
-                )
-                turn = await tx.update_turn(turn.id, options=turn.options.with_state(state))
-                boundary, _ = await control_boundary(tx, turn)
-                step = ModelStep(outcome=boundary or "tools", message_id=message.id)
-                return step, True
-            error = None
+            if audited_apart:
+                return ModelStep(outcome="audit", message_id=message.id), True
             if not tool_calls:
-                status, error = publication(agent, turn)  # failed: a dirty audit in fail mode (the answer is kept)
-                completed = await tx.claim_turn(
-                    turn.id,
-                    from_="running",
-                    to=status,
-                    output_text=result.text,
+                step = await publish_answer(
+                    tx,
+                    turn,
+                    agent,
+                    text=result.text,
                     output_data=result.output_data,
-                    completed_at=utcnow(),
-                    claim_token=None,
-                    **({"error": error} if error else {}),
+                    message_id=message.id,
+                    verdict=verdict,
+                    audit=audit,
+                    ended=ended if ended is not None else [],
                 )
-                if completed is not None:
-                    await completion_delivery(tx, completed, verdict)  # with the terminal write (behaviour §5.7)
-                    if ended is not None:
-                        ended.append(completed)
-        if error is not None:
-            return ModelStep(
-                outcome="failed", message_id=message.id, error_class=error["class"], error_message=error["message"]
-            ), True
-        outcome = "tools" if tool_calls else "completed"
-        return ModelStep(outcome=outcome, message_id=message.id, tool_calls=tool_calls), True
+                return step, True
+        return ModelStep(outcome="tools", message_id=message.id, tool_calls=tool_calls), True
 
 
 async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> ModelStep | None:
@@ -515,7 +544,10 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
         if part.get("type") == "tool_call"
     ]
     # A retry returns what the first attempt did, a spend denial included (it is monotonic).
-    denial = await tree_spend_denial(tx, turn) if calls and turn.status == "running" else None
+    awaiting = turn.status == "running" and turn.state.awaiting_audit and turn.state.audit_key == request_id
+    denial = await tree_spend_denial(tx, turn) if (calls or awaiting) and turn.status == "running" else None
+    if awaiting and denial is None:
+        return ModelStep(outcome="audit", message_id=message.id)
     completed = not calls and turn.status == "completed"
     error = turn.error or {}
     if not calls and turn.status == "failed" and error.get("class") == OutputAudit.qualified_name:
@@ -618,26 +650,6 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
         if isinstance(meta, dict) and meta.get("request_id") == request_id:  # pyright: ignore[reportUnknownMemberType]
             return message
     return None
-
-
-def _non_retryable(err: Error) -> ApplicationError:
-    """A TurnKit error as a failure Temporal must not retry: the turn fails with it instead."""
-    name = error_class_name(err).removeprefix("TurnKit::")
-    return ApplicationError(str(err), type=name, non_retryable=True)
-
-
-def _provider_failure(err: ModelError | ConfigError | TransientModelError) -> ApplicationError:
-    """A model call's failure as Temporal sees it: the one place that maps provider errors (issue 11).
-
-    A :class:`TransientModelError` is retried under the model activity's retry policy (the SDKs do not retry on
-    their own); when the provider said how long to wait (``retry-after``), that is the next attempt's delay instead
-    of the policy's backoff. Its type stays ``TransientModelError``: a turn whose attempts run out fails with a
-    ``ModelError`` of the same message. Any other error fails the turn without a retry.
-    """
-    if isinstance(err, TransientModelError):
-        delay = None if err.retry_after is None else timedelta(seconds=err.retry_after)
-        return ApplicationError(str(err), type="TransientModelError", next_retry_delay=delay)
-    return _non_retryable(err)
 
 
 def _prompt_report(request: ModelRequest) -> dict[str, Any]:

@@ -26,18 +26,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from turnkit._engine.authorization import Verdict
 from turnkit._engine.charges import charge_turn
+from turnkit._engine.controls import control_boundary, has_pending_controls
+from turnkit._engine.deliveries import completion_delivery
 from turnkit._temporal.heartbeats import heartbeating
 from turnkit.agent import Agent
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.events import announce, announce_message, emit
 from turnkit.kernel.errors import OutputAudit
+from turnkit.kernel.payloads import ModelStep
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.kernel.turn_state import TurnState
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import AuditResult, OutputPolicy, audit_output, revision_request
-from turnkit.store.store import Store, StoreTx
+from turnkit.store.store import Store, StoreTx, utcnow
 
 __all__ = [
     "AnswerAudit",
@@ -49,7 +53,10 @@ __all__ = [
     "audit_events",
     "audit_terminal_answer",
     "charge_judges",
+    "judge_model",
+    "judge_thinking",
     "publication",
+    "publish_answer",
     "record_audit",
 ]
 
@@ -113,12 +120,6 @@ async def audit_answer(
         charges.append(JudgeCharge(model, answer.usage, cost_from_usage(answer.usage, model)))
         return answer
 
-    def judge_thinking(policy: OutputPolicy) -> dict[str, Any] | None:
-        for each in (policy.thinking, agent.output_policy_thinking):
-            if each is not None:
-                return each
-        return settings.output_policy_thinking
-
     audit = await audit_output(
         agent.output_policy,
         output_text=result.text,
@@ -126,12 +127,29 @@ async def audit_answer(
         turn=turn,
         messages=[m for m in messages if m.turn_id == turn.id],
         ask=ask,
-        judge_model=lambda p: (
-            p.model or agent.output_policy_model or settings.output_policy_model or turn.model or settings.default_model
-        ),
-        judge_thinking=judge_thinking,
+        judge_model=lambda p: judge_model(turn, agent, p),
+        judge_thinking=lambda p: judge_thinking(agent, p),
     )
     return AnswerAudit(audit, charges)
+
+
+def judge_model(turn: TurnRecord, agent: Agent, policy: OutputPolicy) -> str:
+    """A judge's model: its own, else the agent's ``output_policy_model``, the setting, the turn's model."""
+    return (
+        policy.model
+        or agent.output_policy_model
+        or settings.output_policy_model
+        or turn.model
+        or settings.default_model
+    )
+
+
+def judge_thinking(agent: Agent, policy: OutputPolicy) -> dict[str, Any] | None:
+    """A judge's thinking: its own, else the agent's ``output_policy_thinking``, else the setting."""
+    for each in (policy.thinking, agent.output_policy_thinking):
+        if each is not None:
+            return each
+    return settings.output_policy_thinking
 
 
 async def audit_terminal_answer(
@@ -205,6 +223,53 @@ def publication(agent: Agent, turn: TurnRecord) -> tuple[PublishedStatus, dict[s
         return "completed", None
     message = "; ".join(AuditResult.from_dict(audit).messages)
     return "failed", {"class": OutputAudit.qualified_name, "message": message, "policy_audit": audit}
+
+
+async def publish_answer(
+    tx: StoreTx,
+    turn: TurnRecord,
+    agent: Agent,
+    *,
+    text: str,
+    output_data: Any,
+    message_id: str | None,
+    verdict: Verdict,
+    audit: AnswerAudit | None,
+    ended: list[TurnRecord],
+) -> ModelStep:
+    """Publish a final answer, under the root's lock (behaviour §3.2 phase ``output``): record its ``audit`` (a dirty
+    one with a revision left asks for the revision instead: step ``tools``), pass the control boundary (a pending
+    control holds the answer as the candidate: ``paused``, or ``steered``), then end the turn ``completed``, or
+    ``failed`` with ``TurnKit::OutputAudit``, with its completion delivery; the terminal record is put in ``ended``."""
+    if audit is not None:
+        turn = await record_audit(tx, turn, agent, audit)
+        if audit.attempt is not None:  # a revision request: no calls, so the workflow asks the model again
+            return ModelStep(outcome="tools", message_id=message_id)
+    if has_pending_controls(turn):
+        # Controls arrived while the model answered: they apply before publication (behaviour §5.10).
+        state = turn.state.model_copy(update={"phase": "output", "candidate": text, "output_data": output_data})
+        turn = await tx.update_turn(turn.id, options=turn.options.with_state(state))
+        boundary, _ = await control_boundary(tx, turn)
+        return ModelStep(outcome=boundary or "tools", message_id=message_id)
+    status, error = publication(agent, turn)  # failed: a dirty audit in fail mode (the answer is kept)
+    completed = await tx.claim_turn(
+        turn.id,
+        from_="running",
+        to=status,
+        output_text=text,
+        output_data=output_data,
+        completed_at=utcnow(),
+        claim_token=None,
+        **({"error": error} if error else {}),
+    )
+    if completed is not None:
+        await completion_delivery(tx, completed, verdict)  # with the terminal write (behaviour §5.7)
+        ended.append(completed)
+    if error is not None:
+        return ModelStep(
+            outcome="failed", message_id=message_id, error_class=error["class"], error_message=error["message"]
+        )
+    return ModelStep(outcome="completed", message_id=message_id)
 
 
 def audit_events(audit: AnswerAudit, *, published: bool) -> list[tuple[str, dict[str, Any]]]:

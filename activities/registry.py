@@ -7,10 +7,12 @@ from typing import Any
 
 from turnkit._activities.activity_tools import ActivityToolActivities
 from turnkit._activities.asks import AskActivities
+from turnkit._activities.audit import AuditActivities
 from turnkit._activities.children import ChildActivities
 from turnkit._activities.deliveries import DeliveryActivities
 from turnkit._activities.lane import LaneActivities
 from turnkit._activities.model import ModelActivities
+from turnkit._activities.requests import RequestActivities
 from turnkit._activities.tools import ToolActivities
 from turnkit._activities.turns import TurnActivities
 from turnkit.store.store import Store
@@ -25,8 +27,10 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
     lane = LaneActivities(store)
     activity_tools = ActivityToolActivities(store)
     asks = AskActivities(store)
+    requests = RequestActivities(store)
     return [
         ModelActivities(store).model,
+        AuditActivities(store).audit,
         ToolActivities(store).run_tool,
         activity_tools.open_tool,
         activity_tools.commit_tool,
@@ -45,6 +49,11 @@ def build_activities(store: Store) -> list[Callable[..., Any]]:
         asks.ask,
         asks.follow,
         asks.control,
+        requests.cancel_turns,
+        requests.announce_cancel,
+        requests.compact,
+        requests.standalone_media,
+        requests.end_standalone,
     ]
 
 

@@ -13,9 +13,11 @@ shared with the application's own activities as tools):
 
 from __future__ import annotations
 
+import asyncio
 import copy
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import suppress
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.common import RawValue
@@ -35,16 +37,26 @@ from turnkit._activities.tool_phases import (
 )
 from turnkit._engine.authorization import Verdict, check
 from turnkit._engine.builtin_tools import SendMessageTool
+from turnkit._engine.callbacks import callbacks_within
 from turnkit._engine.deliveries import create_delivery, signal_delivery
 from turnkit._engine.executions import with_arguments
 from turnkit._engine.request import subject_prompt_of
 from turnkit._engine.tool_queues import misrouted
+from turnkit._engine.tool_store import ToolStore, fence_execution
 from turnkit._temporal.heartbeats import heartbeating
 from turnkit._temporal.tracing import record_tool_call
 from turnkit.config import settings
-from turnkit.kernel.errors import BudgetError, RecordNotFound, ToolError, ToolOutcomeUnknown, error_class_name
+from turnkit.kernel.errors import (
+    AuthorizationError,
+    BudgetError,
+    LostClaim,
+    RecordNotFound,
+    ToolError,
+    ToolOutcomeUnknown,
+    error_class_name,
+)
 from turnkit.kernel.payloads import ToolCallInput, ToolOutcome
-from turnkit.kernel.records import ToolExecutionRecord, TurnRecord
+from turnkit.kernel.records import DeliveryRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.storable import UnstorableValue
 from turnkit.store.store import Store
 from turnkit.tools import Tool, ToolContext, normalize_result
@@ -54,6 +66,7 @@ __all__ = ["TOOL_RAISED", "ToolActivities", "budget_denial", "find_tool", "outco
 #: The failure type of an at-most-once tool attempt whose body raised (its outcome is known: it failed). Any other
 #: failure of such an attempt leaves the outcome unknown, and the workflow records the call "interrupted".
 TOOL_RAISED = "TurnKit::ToolRaised"
+T = TypeVar("T")
 
 
 class ToolActivities:
@@ -67,6 +80,12 @@ class ToolActivities:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
         record_tool_call(request)
+        # The hook's questions (before the body, and the body's own) answer within the tool's timeout, as the body
+        # must; the rest of the attempt's time is the store phases'.
+        with callbacks_within(request.call.policy.body_timeout if request.call.policy is not None else None):
+            return await self._run_tool(request)
+
+    async def _run_tool(self, request: ToolCallInput) -> ToolOutcome:
         # Store phases ride out a database outage inside the attempt (issue 8): an at-most-once attempt is never
         # retried, so a failure here would otherwise record the call as failed.
         if settings.authorize is not None:
@@ -94,7 +113,16 @@ class ToolActivities:
             principal=turn.options.principal,
             agent_name=turn.agent_name,
             attempt=activity.info().attempt + request.attempts_before,
-            store=self.store,
+            # Never the worker's store: a view whose every write is fenced by this execution (behaviour §5.4).
+            store=ToolStore(
+                self.store,
+                turn_id=turn.id,
+                conversation_id=turn.conversation_id,
+                root_turn_id=turn.root_turn_id,
+                execution_id=execution.id,
+                principal=turn.options.principal,
+                signal=_signaller(),
+            ),
             context=copy.deepcopy(turn.options.context),
             subject=None if conversation is None else conversation.subject,
             subject_prompt="" if conversation is None else subject_prompt_of(conversation),
@@ -104,9 +132,16 @@ class ToolActivities:
                 result = await self._send_message(turn, execution, tool, request.call.arguments)
             else:
                 async with heartbeating():
-                    result = await tool.invoke(request.call.arguments, context)
+                    result = await _within(tool.invoke(request.call.arguments, context), request)
         except _Denied as err:
             return await self._fail(turn, execution, err.verdict.message, err.verdict.details)
+        except AuthorizationError as err:
+            # A denied action inside the body (its context's deliver): a denied call, as a denied tool is.
+            return await self._fail(turn, execution, str(err), Verdict("tool", False).details)
+        except LostClaim as err:
+            # The call was revoked (cancelled, interrupted) while the body ran: whoever revoked it settled it, so the
+            # CAS below loses and the settled state is what the workflow gets; never a retry of a revoked call.
+            return await self._fail(turn, execution, str(err), {"class": error_class_name(err)})
         except UnstorableValue as err:
             # The body ran and its effect happened; only its result cannot be stored (normalize_result: circular).
             # Never report it as not run, never run it again (a replay-safe retry would build the same result): it
@@ -148,7 +183,8 @@ class ToolActivities:
         if not verdict.allowed:
             raise _Denied(verdict)
         try:
-            async with self.store.atomic() as tx:
+            async with self.store.atomic(turn_id=turn.root_turn_id) as tx:
+                await fence_execution(tx, execution.id)  # a tool's every write is fenced by its call
                 delivery = await create_delivery(
                     tx,
                     source_conversation_id=turn.conversation_id,
@@ -179,6 +215,46 @@ class ToolActivities:
         self, turn: TurnRecord, execution: ToolExecutionRecord, message: str, details: dict[str, Any]
     ) -> ToolOutcome:
         return await retry_store(lambda: fail_call(self.store, turn, execution, message, details), what="tool failure")
+
+
+async def _within(body: Coroutine[Any, Any, T], request: ToolCallInput) -> T:
+    """The tool body, bounded by the tool's own timeout (its policy's ``body_timeout``): the activity's start-to-close
+    timeout also covers the store phases around it, so a commit that waits for the database does not spend the tool's
+    time. A body that runs out of it ended with an unknown outcome, as one whose attempt timed out: an at-most-once
+    call is settled ``interrupted``, a replay-safe one retried. The body is not waited for then (one that ignores its
+    cancellation goes on, as it would past a timed-out attempt: its later writes meet the execution's fence)."""
+    limit = request.call.policy.body_timeout if request.call.policy is not None else None
+    if limit is None:  # a policy of an older release: the activity's own timeout bounds the body
+        return await body
+    running = asyncio.ensure_future(body)
+    try:
+        await asyncio.wait({running}, timeout=limit)
+    except asyncio.CancelledError:
+        running.cancel()  # the attempt was cancelled (the turn was): the body unwinds before the attempt ends
+        with suppress(BaseException):
+            await running
+        raise
+    if running.done():
+        return running.result()  # what the body returned, or raised (its own TimeoutError included)
+    running.cancel()
+    running.add_done_callback(_retrieved)
+    raise ToolOutcomeUnknown(f"tool {request.call.name} did not finish within {limit:g} s")
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Retrieve the end of a body that ran past its time (nobody awaits it any more)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _signaller() -> Callable[[DeliveryRecord], Awaitable[None]]:
+    """Wakes a delivery's destination lane from this activity (a tool's ``context.store.deliver``)."""
+    client, task_queue = activity.client(), activity.info().task_queue
+
+    async def signal(delivery: DeliveryRecord) -> None:
+        await signal_delivery(client, task_queue, delivery)
+
+    return signal
 
 
 class _Denied(Exception):

@@ -10,6 +10,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from turnkit._activities.judges import answered_audit, judge_next
 from turnkit._activities.notify import announce_terminal
 from turnkit._activities.output_audit import (
     AnswerAudit,
@@ -26,6 +27,7 @@ from turnkit._engine.controls import control_boundary, has_pending_controls
 from turnkit._engine.deliveries import callback_verdict, completion_delivery
 from turnkit._engine.dispatch import model_policy
 from turnkit._engine.executions import with_arguments
+from turnkit._engine.lane_order import earlier_turns
 from turnkit._engine.prepared import submit_prepared
 from turnkit._engine.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
 from turnkit._engine.turn_build import create_turn, queued_with_root, root_of, ticket_of
@@ -50,6 +52,7 @@ from turnkit.kernel.records import (
     ToolExecutionRecord,
     TurnRecord,
 )
+from turnkit.model import Result
 from turnkit.store.store import Store, StoreTx, utcnow
 
 __all__ = ["TurnActivities", "unstaged"]
@@ -63,14 +66,19 @@ class TurnActivities(TurnCalls):
 
     @implements(TurnCalls.submit_turn)
     async def submit_turn(self, request: SubmitTurn) -> TurnTicket:
-        """Append the trigger message and create the submitted, pending turn (behaviour §1.4); idempotent by turn id."""
+        """Append the trigger message and create the submitted, pending turn (behaviour §1.4); idempotent by turn id.
+
+        The ticket names the submitted turns this lane may not have queued (``earlier``: lost submissions, see
+        :mod:`turnkit._engine.lane_order`), so they run first.
+        """
         graph = bool(request.wait_for)  # the wait-graph lock comes before any row lock
+        task_queue = activity.info().task_queue if activity.in_activity() else None  # the lane's, when a lane calls
         async with self.store.atomic(conversation_id=request.conversation_id, wait_graph=graph) as tx:
             existing = await tx.find_turn(request.turn_id)
             if existing is not None:
                 if existing.submitted_at is None and existing.parent_turn_id is None:
                     existing = await submit_prepared(tx, existing)  # a prepared turn's submission (build_turn)
-                return await _ticket(tx, existing)
+                return await _ticket(tx, existing, request.known_turn_id)
             try:
                 conversation = await tx.load_conversation(request.conversation_id)
                 agent = resolve_agent(request.agent_name or conversation.agent_name)
@@ -90,10 +98,12 @@ class TurnActivities(TurnCalls):
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
             try:
                 # found_absent: the find_turn above, in this transaction, found no turn with this id.
-                turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True)
+                turn = await create_turn(
+                    tx, conversation, agent, request, submitted=True, found_absent=True, task_queue=task_queue
+                )
             except ToolError as err:  # a refused wait: rolls back the turn and its trigger message too
                 raise ApplicationError(str(err), type="ToolError", non_retryable=True) from err
-            return await _ticket(tx, turn)
+            return await _ticket(tx, turn, request.known_turn_id)
 
     @implements(TurnCalls.finish_turn)
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
@@ -107,7 +117,12 @@ class TurnActivities(TurnCalls):
         audit: AnswerAudit | None = None
         if finish.terminal_execution_id is not None and _unaudited(turn, finish.terminal_execution_id):
             # The terminal tool's answer is audited like any final answer (behaviour §3.2 phase output, §3.9).
-            audit, failed = await self._audit_terminal(turn, finish.terminal_execution_id)
+            if finish.judge_apart:
+                audit, failed, more = await self._judge_terminal(turn, finish.terminal_execution_id)
+                if more:
+                    return TurnOutcome(turn_id=turn.id, status="completed", judged=True)
+            else:
+                audit, failed = await self._audit_terminal(turn, finish.terminal_execution_id)
             if failed is not None:
                 finish = failed
         verdict = await callback_verdict(turn)  # asked before the terminal write's transaction (behaviour §7.4)
@@ -179,6 +194,39 @@ class TurnActivities(TurnCalls):
             error_class, message = error_class_name(err), str(err)
         failed = FinishTurn(turn_id=turn.id, status="failed", error_class=error_class, error_message=message)
         return None, failed
+
+    async def _judge_terminal(
+        self, turn: TurnRecord, execution_id: str
+    ) -> tuple[AnswerAudit | None, FinishTurn | None, bool]:
+        """A terminal tool's answer judged one call per attempt (``FinishTurn.judge_apart``): the next judge's call,
+        committed with its charge (True: more remain, the workflow calls again); once all have answered, the audit
+        read from their committed answers. Or the failed finish to write instead: a judge that failed, as
+        :meth:`_audit_terminal` maps it, or the tree over ``max_spend`` before or after a judge's call."""
+        agent = resolve_agent(turn.agent_name)
+        if not agent.output_policy:
+            return None, None, False  # nothing to audit
+        key = f"terminal:{execution_id}"
+        async with self.store.atomic() as tx:
+            execution = await tx.load_tool_execution(execution_id)
+        answer = Result.build(text=_completion_text(turn, execution), output_data=turn.state.output_data)
+        try:
+            judged = await judge_next(self.store, turn, agent, key, answer)
+            if judged.stopped:
+                return None, None, False  # ended meanwhile: the finish's transaction sees it
+            if judged.denial is not None:
+                return None, _failed(turn, BudgetError.qualified_name, judged.denial), False
+            if judged.remaining:
+                return None, None, True
+            current = await self.store.load_turn(turn.id)
+            messages = await self.store.list_messages(turn.conversation_id, turn_id=turn.id)
+            return await answered_audit(current, agent, answer, key, messages), None, False
+        except TransientModelError as err:
+            if activity.info().attempt < model_policy().max_attempts:
+                raise ApplicationError(str(err), type="TransientModelError") from err
+            error_class, message = "TurnKit::ModelError", str(err)
+        except (ModelError, ConfigError) as err:
+            error_class, message = error_class_name(err), str(err)
+        return None, _failed(turn, error_class, message), False
 
     async def _complete_by_terminal_tool(
         self, tx: StoreTx, turn: TurnRecord, finish: FinishTurn, audit: AnswerAudit | None
@@ -291,6 +339,11 @@ class TurnActivities(TurnCalls):
         return outcome_of_execution(execution, find_tool(turn.agent_name, settle.call.name, settle.call.policy))
 
 
+def _failed(turn: TurnRecord, error_class: str, message: str) -> FinishTurn:
+    """The finish that fails ``turn`` with an error instead of publishing its answer."""
+    return FinishTurn(turn_id=turn.id, status="failed", error_class=error_class, error_message=message)
+
+
 def _unpublished(turn: TurnRecord) -> TurnOutcome:
     """What an earlier attempt that held a terminal answer back reported: paused, or back to the model."""
     if turn.status == "paused":
@@ -309,17 +362,20 @@ def _completion_text(turn: TurnRecord, execution: ToolExecutionRecord) -> str:
     return tool.completion_message(execution.result or {}) if tool else f"Completed via {execution.tool_name}."
 
 
-async def _ticket(tx: StoreTx, turn: TurnRecord) -> TurnTicket:
+async def _ticket(tx: StoreTx, turn: TurnRecord, known_turn_id: str | None) -> TurnTicket:
     """The submitted ``turn``'s ticket, with what its lane must know of the turns it does not run (``busy``, ``ahead``:
-    docs/design.md, "A fresh conversation's first turn")."""
+    docs/design.md, "A fresh conversation's first turn") and of the submitted turns it may have lost (``earlier``)."""
     outside = await tx.turns_outside_lane(turn.conversation_id)
     ahead = outside.direct if outside.direct is not None and outside.direct.id != turn.id else None
-    return ticket_of(
+    ticket = ticket_of(
         turn,
         busy=outside.sub_agent,
         root=await root_of(tx, turn),
         ahead=None if ahead is None else await queued_with_root(tx, ahead),
     )
+    if turn.parent_turn_id is None:
+        ticket.earlier = await earlier_turns(tx, turn.conversation_id, known_turn_id, before=turn)
+    return ticket
 
 
 def _still_paused(turn: TurnRecord) -> TurnOutcome:

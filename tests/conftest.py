@@ -37,6 +37,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in SUMMARY:  # the chaos suite's figures: seeds, faults drawn, violations
         terminalreporter.write_line(line)
+    terminalreporter.write_line(_test_order(terminalreporter.config))
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str:
+    """The order the tests run in, before the first one (``-q`` hides pytest-randomly's own header line)."""
+    return _test_order(config)
+
+
+def _test_order(config: pytest.Config) -> str:
+    """How this run orders the tests: pytest-randomly's seed, so a failure that depends on the order can be replayed
+    with ``--randomly-seed=N`` (tests must pass in any order and in any subset)."""
+    seed = config.getoption("randomly_seed", default=None) if config.pluginmanager.has_plugin("randomly") else None
+    if seed is None or not config.getoption("randomly_reorganize", default=True):
+        return "test order: as written (pytest-randomly is not active)"
+    return f"test order: random, seed {seed} (repeat it with --randomly-seed={seed})"
 
 
 @pytest.hookimpl(trylast=True)

@@ -7,14 +7,20 @@ ran where, and block forever at the moment the test wants the worker killed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import turnkit
 from turnkit.events import Event
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_result
+from turnkit.media_tools import ImageTool, ViewMediaTool
+from turnkit.model import ToolCall
+from turnkit.specialists.agents import painter
+from turnkit.testing import ScriptedClient, call_tools, image
+from turnkit.tools import Recovery
 
 # Crash tests want dead workers noticed quickly.
 turnkit.configure(model_heartbeat_timeout=2.0, tool_heartbeat_timeout=2.0)
@@ -189,4 +195,96 @@ def _orchestrate(request: turnkit.ModelRequest) -> turnkit.Result:
 
 orchestrator = turnkit.register(
     turnkit.Agent("orchestrator", model="scripted", sub_agents=[charger, syncer], client=ScriptedClient(_orchestrate))
+)
+
+
+# -- paid calls: the worker killed during each kind of paid call -------------------------------------------------------
+
+#: What one call of each kind costs: distinct magnitudes, so a tree's cost says how many calls of each kind it paid.
+PAID_COSTS = {"main": 0.00001, "summary": 0.0001, "judge": 0.001, "paint": 0.01, "view_media": 0.1}
+#: An image the viewing agent's turn is asked about (its id is derived from its bytes).
+CRASH_PNG = b"\x89PNG\r\n\x1a\n" + b"IHDR crash test image" + bytes(range(64))
+CRASH_MEDIA_ID = "media_" + hashlib.sha256(CRASH_PNG).hexdigest()[:24]
+
+
+async def _paid(kind: str, answer: turnkit.Result) -> turnkit.Result:
+    """A provider's side of one paid call: traced in ``asked``; the first call of the kind named by
+    ``TURNKIT_CRASH_HANG`` hangs until the worker is killed (traced in ``paid_hung``); an answered call is traced in
+    ``answered``, the provider's own count of the calls it is paid for."""
+    record("asked", kind)
+    if os.environ.get("TURNKIT_CRASH_HANG") == kind and not lines("paid_hung"):
+        record("paid_hung", kind)
+        await asyncio.sleep(3600)
+    record("answered", kind)
+    return answer.model_copy(update={"usage": turnkit.Usage(input_tokens=1, cost=PAID_COSTS[kind])})
+
+
+class PaidProvider:
+    """Every kind of paid call: the turn's own (``main``: ``proposal`` first, then "done" once a tool answered), the
+    compaction summary, an output-policy judge (approving), ``paint`` and ``view_media``."""
+
+    def __init__(self, proposal: tuple[str, dict[str, Any]] | None = None) -> None:
+        self.proposal = proposal
+
+    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+        if request.metadata.get("compaction"):
+            return await _paid("summary", turnkit.Result.build(text="## Active Task\nThe notes."))
+        if request.metadata.get("purpose") == "output_policy":
+            return await _paid("judge", turnkit.Result.build(text='{"approved": true, "violations": []}'))
+        if self.proposal is None or any(m["role"] == "tool" for m in request.messages):
+            return await _paid("main", turnkit.Result.build(text="done"))
+        name, arguments = self.proposal
+        return await _paid("main", call_tools(ToolCall.parse("call_paid", name, dict(arguments))))
+
+    async def paint(self, request: PaintRequest) -> turnkit.Result:
+        return await _paid("paint", image(CRASH_PNG))
+
+    async def view_media(self, request: ViewMediaRequest) -> turnkit.Result:
+        answer = analysis_result(turnkit.Result.build(text="a test image"), request, provider="paid")
+        return await _paid("view_media", answer)
+
+
+class RetriedViewMedia(ViewMediaTool):
+    """``view_media`` declared safe to run again: a lost attempt is retried (the analysis is asked again)."""
+
+    name = "view_media"
+    recovery: ClassVar[Recovery] = "replay_safe"
+
+
+def _allow(request: Any, context: Any = None) -> bool:
+    return True
+
+
+paid_main = turnkit.register(turnkit.Agent("paid_main", model="scripted", client=PaidProvider()))
+paid_judged = turnkit.register(
+    turnkit.Agent(
+        "paid_judged", model="scripted", client=PaidProvider(), output_policy=turnkit.OutputPolicy("Be brief.")
+    )
+)
+paid_compacted = turnkit.register(
+    turnkit.Agent("paid_compacted", model="scripted", client=PaidProvider(), compaction={"tail_messages": 1})
+)
+paid_painted = turnkit.register(
+    turnkit.Agent(
+        "paid_painted",
+        model="scripted",
+        client=PaidProvider(("paint", {"prompt": "a cat"})),
+        tools=[ImageTool(model="paid-image")],
+    )
+)
+paid_viewed = turnkit.register(
+    turnkit.Agent(
+        "paid_viewed",
+        model="scripted",
+        client=PaidProvider(("view_media", {"media_id": CRASH_MEDIA_ID, "objective": "what is it"})),
+        tools=[RetriedViewMedia()],
+    )
+)
+paid_specialist = turnkit.register(
+    painter(
+        model="scripted",
+        authorization=_allow,
+        image_model="paid-image",
+        client=PaidProvider(("paint_image", {"prompt": "a cat"})),
+    )
 )

@@ -21,22 +21,25 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import eventually, stored_pending_turn
 from tests.team_app import ApprovalWorkflow
 from turnkit._engine.builtin_tools import launch_agent, wait_for
+from turnkit._engine.client_requests import cancel_workflow_id
 from turnkit._workflows.lane import ConversationWorkflow
-from turnkit.agent import Agent, register
+from turnkit.agent import Agent, register, resolve_agent
 from turnkit.config import configure, settings
 from turnkit.kernel.errors import TransientModelError
 from turnkit.kernel.payloads import LaneInput
 from turnkit.runtime import TurnKit
-from turnkit.testing import ScriptedClient, ScriptItem, call_tools
+from turnkit.testing import ScriptedClient, ScriptItem, call_tools, image
 from turnkit.tools import Tool, ToolContext
 
 __all__ = [
     "SCENARIOS",
     "TEAM_WORKFLOWS",
     "Recorded",
+    "answer_audit",
+    "client_requests",
     "delivery_wake",
     "direct_first_turn",
     "history_prefix",
@@ -210,6 +213,20 @@ def needs_recommendation(output: str) -> dict[str, Any] | None:
     return {"rule": "needs_recommendation", "message": "output has no Recommendation"}
 
 
+#: The judged agent's two output-policy judges (LLM judges: each of their calls is a paid call of the turn).
+_JUDGES = (
+    turnkit.OutputPolicy("Memos end with a Recommendation.", name="recommendation"),
+    turnkit.OutputPolicy("Memos are brief.", name="brevity"),
+)
+
+
+def judge_memos(request: turnkit.ModelRequest) -> str:
+    """The scripted judges' verdict: a memo is approved when it gives a Recommendation."""
+    approved = "Recommendation" in str(request.messages[0]["content"])
+    violations = [] if approved else [{"rule": "recommendation", "message": "no Recommendation"}]
+    return json.dumps({"approved": approved, "violations": violations})
+
+
 # -- agents -----------------------------------------------------------------------------------------------------------
 
 TOOLS_AGENT = "history_tools"
@@ -229,6 +246,7 @@ STEER_AGENT = "history_steerable"
 LAUNCHER_AGENT = "history_launcher"
 HELPER_AGENT = "history_helper"
 AUDITED_AGENT = "history_audited"
+JUDGED_AGENT = "history_judged"
 LOCAL_TOOLS_AGENT = "history_local_tools"
 DIRECT_AGENT = "history_direct"
 #: The agents the team's ``ApprovalWorkflow`` asks by name (tests/team_app.py).
@@ -253,6 +271,7 @@ _AGENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     LAUNCHER_AGENT: ((launch_agent,), {}),
     HELPER_AGENT: ((hold,), {}),
     AUDITED_AGENT: ((file_memo,), {"output_policy": needs_recommendation, "output_retries": 1}),
+    JUDGED_AGENT: ((file_memo,), {"output_policy": list(_JUDGES), "output_retries": 1}),
     LOCAL_TOOLS_AGENT: ((lookup_local, notify_local, flaky_local), {}),
     DIRECT_AGENT: ((hold,), {}),
     **dict.fromkeys(TEAM_AGENTS, ((), {})),
@@ -628,6 +647,36 @@ async def terminal_answer_audit(tk: TurnKit) -> list[Recorded]:
     return [turn.id]
 
 
+async def answer_audit(tk: TurnKit) -> list[Recorded]:
+    """Answers committed before their audit, one paid judge call per activity: a final answer is committed by
+    ``turnkit.model``, then judged by one ``turnkit.audit`` per judge (the last one publishes it); the first answer
+    fails and is sent back for a revision, the revision passes. Then a terminal tool's answer is judged one
+    ``turnkit.finish_turn`` per judge call (``FinishTurn.judge_apart``)."""
+    answers = iter(
+        [
+            "Draft only",
+            "Recommendation: ship it",
+            call_tools(("file_memo", {"memo": "Recommendation: file it"})),
+        ]
+    )
+
+    def respond(request: turnkit.ModelRequest) -> turnkit.Result | str:
+        return judge_memos(request) if request.metadata.get("purpose") == "output_policy" else next(answers)
+
+    client = ScriptedClient(respond)
+    conversation = await _conversation(tk, JUDGED_AGENT, client)
+    answered = await conversation.ask("write the memo")
+    assert (answered.status, answered.output_text) == ("completed", "Recommendation: ship it"), answered.error
+    assert answered.record.options.state.revisions_used == 1 and answered.policy_clean is True
+    filed = await conversation.ask("file it")
+    assert (filed.status, filed.output_text) == ("completed", "Recommendation: file it"), filed.error
+    assert client.calls == 3 + 3 * len(_JUDGES)  # three answers, each judged by both judges once
+    assert activity_types(await history_events(tk, answered.id)).count("turnkit.audit") == 2 * len(_JUDGES)
+    assert activity_types(await history_events(tk, filed.id)).count("turnkit.finish_turn") == len(_JUDGES)
+    await _lane_settled(tk, conversation.id, 2)
+    return [answered.id, ("terminal", filed.id)]
+
+
 async def subagent_fanout(tk: TurnKit) -> list[Recorded]:
     """Two sub-agent calls in one response run as parallel child turns, each calling one tool; joined in call order.
 
@@ -834,6 +883,48 @@ async def direct_first_turn(tk: TurnKit) -> list[Recorded]:
     return [first.id, conversation.id]
 
 
+async def client_requests(tk: TurnKit) -> list[Recorded]:
+    """The client's requests that run as workflows of their own: a manual compaction, a standalone paint, a
+    standalone paint whose provider stays away (its attempts run out, then the turn is recorded failed) and a cancel
+    (its writes, then its announcements)."""
+
+    def answer(request: turnkit.ModelRequest) -> str:
+        if request.metadata.get("compaction"):
+            return "## Active Task\nRecorded."
+        raise TransientModelError("overloaded")
+
+    client = ScriptedClient(answer, images=[image(b"\x89PNG\r\n\x1a\nIHDR" + bytes(range(64)))])
+    agent = Agent("requester", model="scripted", client=client, compaction={"tail_messages": 2})
+    conversation = await tk.conversation(agent)
+    for i in range(6):
+        await conversation.say(f"note {i}: " + "x" * 200)
+    summary = await conversation.compact(key="recorded")
+    painted = await (await conversation.build_turn("paint")).paint("a cat", model="scripted-image")
+    assert painted.status == "completed", painted.error
+    failing = await conversation.build_turn("look")
+    assert painted.record.output_data is not None
+    media_id = painted.record.output_data["images"][0]["media_id"]
+    attempts = settings.model_max_attempts
+    configure(model_max_attempts=1)  # the provider stays away for its only attempt
+    try:
+        await failing.view_media(media_id, objective="what?")
+    except turnkit.ModelError as err:
+        assert str(err) == "overloaded"
+    else:
+        raise AssertionError("the analysis did not fail")
+    finally:
+        configure(model_max_attempts=attempts)  # the scenarios recorded after this one keep the default
+    assert (await failing.refresh()).status == "failed"
+    prepared = await conversation.build_turn("never runs")
+    assert (await prepared.cancel()).status == "cancelled"
+    return [
+        f"compact-{summary.id}",
+        ("paint", painted.id),
+        ("gave-up", failing.id),
+        ("cancel", cancel_workflow_id(prepared.id, "retain", None)),
+    ]
+
+
 #: A team's own workflows that a scenario runs (the replayer registers them beside TurnKit's).
 TEAM_WORKFLOWS: list[type] = [ApprovalWorkflow]
 
@@ -929,6 +1020,40 @@ async def lane_busy_rollover(tk: TurnKit) -> list[Recorded]:
     return [conversation.id]
 
 
+async def lane_lost_submission(tk: TurnKit) -> list[Recorded]:
+    """Issue 36 items 5 and 7: while a turn runs, a turn whose submission the lane lost (written to the store only)
+    waits unknown to the lane; the next submission's ticket names it (``earlier``) and the lane queues it first. A
+    ``Turn.result()`` of the last turn waits on the lane's ``turn_started`` update, answered when the lane starts it.
+    Keeps the lane's history."""
+    gate = _gate("lost")
+    conversation = await _conversation(
+        tk, DELIVERY_AGENT, [call_tools(("hold", {"gate": "lost"})), "busy done", "lost done", "after done"]
+    )
+    busy = await conversation.ask("busy", wait=False)
+    await gate.wait_entered()
+    await _lane_started(tk, conversation.id, 1, what="the busy turn running")
+    lost = await stored_pending_turn(tk, conversation.id, resolve_agent(DELIVERY_AGENT), "lost")
+    after = await conversation.ask("after", wait=False)
+    waiting = asyncio.create_task(after.result(timeout=60))
+
+    async def asked() -> bool:
+        events = await history_events(tk, conversation.id)
+        return ends_at_completed_task(events) and any(
+            e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == "turn_started"
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        )
+
+    await eventually(asked, what="result() to wait on the lane")
+    gate.opened.set()
+    done = await waiting
+    assert (done.status, done.output_text) == ("completed", "after done"), done.error
+    assert (await busy.result(timeout=60)).output_text == "busy done"
+    assert (await tk.turn(lost.id).result(timeout=60)).output_text == "lost done"
+    await _lane_settled(tk, conversation.id, 3)
+    return [conversation.id]
+
+
 #: Scenario name (the prefix of its history files) -> scenario.
 def _through_lanes(scenario: Scenario) -> Scenario:
     """``scenario`` with every turn through its conversation's lane, the first too: the lane's code is what these
@@ -951,6 +1076,7 @@ SCENARIOS: dict[str, Scenario] = {
     "lane-two-turns": _through_lanes(lane_two_turns),
     "turn-terminal-tool": _through_lanes(turn_terminal_tool),
     "terminal-answer-audit": _through_lanes(terminal_answer_audit),
+    "answer-audit": _through_lanes(answer_audit),
     "subagent-fanout": _through_lanes(subagent_fanout),
     "delivery-wake": _through_lanes(delivery_wake),
     "wait-for": _through_lanes(wait_for_turn),
@@ -959,5 +1085,7 @@ SCENARIOS: dict[str, Scenario] = {
     "steer": _through_lanes(steer),
     "launch-callback": _through_lanes(launch_callback),
     "lane-busy-rollover": _through_lanes(lane_busy_rollover),
+    "lane-lost-submission": _through_lanes(lane_lost_submission),
     "team-approval": team_approval,
+    "client-requests": client_requests,
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -471,7 +472,8 @@ async def test_a_principal_that_may_use_no_tool_cannot_message_delegate_launch_o
     assert sorted(e.tool_name for e in executions) == ["child", "launch_agent", "secret", "send_message", "wait_for"]
     for execution in executions:
         assert denial(execution) and (execution.error or {}).get("message") == "not authorized to tool", execution
-    assert set(policy.asked) == {"tool"}, policy.asked  # denied first: the specific actions are never asked
+    # Denied first: the specific actions are never asked (this test's own reads ask read_messages).
+    assert set(policy.asked) - {"read_messages"} == {"tool"}, policy.asked
     assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1 and child_client.calls == 0
     assert await destination.inbox() == [] and invoked == []
     async with tk.store.atomic() as tx:
@@ -503,3 +505,119 @@ async def test_a_hook_that_never_answers_is_a_denial_within_the_calls_time(tk: T
     assert turn.status == "completed" and client.calls == 2 and asked == ["tool"]
     [execution] = await turn.tool_executions()
     assert denial(execution) and (execution.error or {})["details"]["hook_error"] == "TimeoutError", execution.error
+
+
+class Recorder:
+    """Allows everything but ``denied`` actions, which only ``owner`` may take; records each question's resources."""
+
+    def __init__(self, *denied: str, owner: Any = "owner") -> None:
+        self.denied = set(denied)
+        self.owner = owner
+        self.asked: list[tuple[str, Any, dict[str, Any]]] = []
+
+    def __call__(self, action: str, *, principal: Any, **resources: Any) -> bool:
+        self.asked.append((action, principal, resources))
+        return action not in self.denied or principal == self.owner
+
+
+async def test_standalone_paint_and_view_media_ask_the_hook_for_the_turns_principal(tk: TurnKit) -> None:
+    """§7.3 ``paint`` / ``view_media``: a prepared turn's standalone call asks the hook for the turn's stored
+    principal (with the turn and the call's inputs) before anything is claimed or paid. Denied: it raises
+    ``AuthorizationError`` and no provider is called; the owner's call goes through."""
+    from turnkit.media import MediaInput
+    from turnkit.testing import image
+
+    png = b"\x89PNG\r\n\x1a\nIHDR" + uuid.uuid4().bytes
+    hook = Recorder("paint", "view_media")
+    turnkit.configure(authorize=hook)
+    for who in ("mallory", "owner"):
+        client = ScriptedClient(["a cat"], images=[image(png)])
+        studio = turnkit.Agent(f"studio_{who}", model="scripted", client=client)
+        conversation = await tk.conversation(studio, principal=who)
+        painting, viewing = await conversation.build_turn("paint"), await conversation.build_turn("look")
+        if who == "mallory":
+            with pytest.raises(turnkit.AuthorizationError, match=r"^not authorized to paint$"):
+                await painting.paint("a cat", model="scripted-image")
+            with pytest.raises(turnkit.AuthorizationError, match=r"^not authorized to view_media$"):
+                await viewing.view_media(MediaInput.bytes(png), objective="what?")
+            assert client.paint_requests == [] and client.calls == 0, "a denied call must pay nobody"
+            assert [m.kind for m in await conversation.messages()] == ["text", "text"]  # the two prompts only
+        else:
+            assert (await painting.paint("a cat", model="scripted-image")).status == "completed"
+            assert (await viewing.view_media(MediaInput.bytes(png), objective="what?")).output_text == "a cat"
+        asked = [(action, principal, resources) for action, principal, resources in hook.asked if action in hook.denied]
+        (paint, paint_by, paint_resources), (view, view_by, view_resources) = asked[-2:]
+        assert (paint, paint_by, view, view_by) == ("paint", who, "view_media", who)
+        assert paint_resources["turn"].id == painting.id and paint_resources["prompt"] == "a cat"
+        assert paint_resources["model"] == "scripted-image"
+        assert view_resources["turn"].id == viewing.id and view_resources["objective"] == "what?"
+
+
+async def test_every_read_api_asks_read_messages(tk: TurnKit) -> None:
+    """§7.3 ``read_messages``: every read of a conversation's content (``messages``, ``messages_after``, ``inbox``,
+    ``outbox``, ``Turn.messages``, ``Turn.tool_executions``, ``Turn.preview``, a run's ``messages`` and
+    ``tool_executions``) asks what ``messages_after`` asks, for
+    the caller's principal, naming the conversation (and the turn for a turn's reads); a denial raises."""
+    conversation = await tk.conversation(
+        agent("reader", tools=[secret], script=[call_tools(("secret", {})), "done"]), principal="owner"
+    )
+    turn = await conversation.ask("go")
+    prepared = await conversation.build_turn("next")
+    run = await tk.run(agent("runner"), "go")
+    hook = Recorder("read_messages")
+    turnkit.configure(authorize=hook)
+    reads: dict[str, Any] = {
+        "messages": lambda who: conversation.messages(principal=who),
+        "messages_after": lambda who: conversation.messages_after(0, principal=who),
+        "inbox": lambda who: conversation.inbox(principal=who),
+        "outbox": lambda who: conversation.outbox(principal=who),
+        "Turn.messages": lambda who: turn.messages(principal=who),
+        "Turn.tool_executions": lambda who: turn.tool_executions(principal=who),
+        "Turn.preview": lambda who: prepared.preview(principal=who),
+        "Run.messages": lambda who: run.messages(principal=who),
+        "Run.tool_executions": lambda who: run.tool_executions(principal=who),
+    }
+    for name, read in reads.items():
+        with pytest.raises(turnkit.AuthorizationError, match=r"^not authorized to read_messages$"):
+            await read("other")
+        await read("owner")
+        action, principal, resources = hook.asked[-1]
+        assert (action, principal) == ("read_messages", "owner"), name
+        mine = run.record.conversation_id if name.startswith("Run.") else conversation.id
+        assert resources["destination_conversation"] == mine, name
+        if name.startswith("Turn."):
+            assert resources["turn"].id == (prepared.id if name == "Turn.preview" else turn.id), name
+    assert len(await turn.tool_executions(principal="owner")) == 1
+
+
+async def test_a_tools_deliver_asks_send_message_for_the_turns_principal(tk: TurnKit) -> None:
+    """§7.3 ``send_message`` from a tool's context (``context.store.deliver``): asked for the turn's principal; denied,
+    the call fails as a denied one (``authorization_denied``), no delivery exists, and the turn goes on."""
+    destination = await tk.conversation(agent("delivery_target"))
+
+    @turnkit.tool
+    async def notify(context: turnkit.ToolContext) -> dict[str, Any]:
+        """Tell the other conversation."""
+        assert context.store is not None
+        delivery = await context.store.deliver(destination.id, "news", key="news")
+        return {"delivery": delivery.id}
+
+    hook = Recorder("send_message")
+    turnkit.configure(authorize=hook)
+    for who in ("intern", "owner"):
+        client = ScriptedClient([call_tools(("notify", {})), "told"])
+        notifier = turnkit.Agent(f"notifier_{who}", model="scripted", client=client, tools=[notify])
+        turn = await (await tk.conversation(notifier, principal=who)).ask("x")
+        assert turn.status == "completed" and client.calls == 2
+        [execution] = await turn.tool_executions()
+        asked = [(principal, resources) for action, principal, resources in hook.asked if action == "send_message"]
+        assert asked[-1] == (
+            who,
+            {"source_conversation": turn.record.conversation_id, "destination_conversation": destination.id},
+        )
+        if who == "intern":
+            assert denial(execution) and (execution.error or {})["message"] == "not authorized to send_message"
+            assert await destination.inbox() == []
+        else:
+            [delivery] = await destination.inbox()
+            assert execution.status == "completed" and execution.result == {"delivery": delivery.id}

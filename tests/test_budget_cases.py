@@ -6,13 +6,18 @@ on store records alone, through a store reopened on the same database (a restart
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import uuid
 from typing import Any
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
 import turnkit
+from tests.engine import Engine, eventually, turn_for_activities
+from turnkit._activities.model import ModelActivities
 from turnkit._engine.budget import (
     COST_LIMIT,
     MAX_ITERATIONS,
@@ -22,15 +27,20 @@ from turnkit._engine.budget import (
     spend_denial,
     tool_execution_denial,
 )
+from turnkit._engine.charges import charge_turn
 from turnkit._engine.current import current_connection
 from turnkit._engine.executions import open_tool_execution
 from turnkit.config import configure
+from turnkit.cost import cost_from_usage
+from turnkit.kernel.payloads import ModelCall
 from turnkit.kernel.records import TreeUsage
-from turnkit.kernel.turn_state import TurnState
+from turnkit.kernel.turn_state import BudgetLimits, TurnState
+from turnkit.media_requests import PaintRequest
+from turnkit.media_tools import ImageTool, paint_in_turn, view_media_in_turn
 from turnkit.model import Usage
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
-from turnkit.testing import ScriptedClient, call_tools, say
+from turnkit.testing import ScriptedClient, call_tools, image, say
 
 BUDGET_ERROR = "TurnKit::BudgetError"
 
@@ -344,3 +354,122 @@ async def test_a_child_that_overspent_stops_its_parent_before_another_model_call
     assert parent_client.calls == 1, "the parent asked its model again after the tree overspent"
     assert child_client.calls == 1
     assert await run.tree_cost() == pytest.approx(0.02)
+
+
+# -- a budget check before every paid call ----------------------------------------------------------------------------
+
+
+class GatedImages:
+    """An image client whose ``paint`` waits for ``gate`` before answering ``answer``; counts its calls."""
+
+    def __init__(self, answer: turnkit.Result, gate: asyncio.Event) -> None:
+        self.answer, self.gate = answer, gate
+        self.calls = 0
+
+    async def paint(self, request: PaintRequest) -> turnkit.Result:
+        self.calls += 1
+        await self.gate.wait()
+        return self.answer
+
+
+@pytest.mark.parametrize("second_call", ["paint", "view_media"])
+async def test_parallel_media_calls_never_pay_past_the_limit(tk: TurnKit, second_call: str) -> None:
+    """Behaviour §6.2, the budget is checked before every paid call, paint and view_media included (so the painter
+    specialist's too): two sub-agents work in parallel under the root's max_spend of 0.04. The second one's tool
+    starts first and waits; the first one's image (0.05) takes the tree over the limit; then the second asks to
+    paint (or to view that image) and is refused before its call. The providers answered exactly the one call the
+    store charged, and the spend passed the limit by that one call only."""
+    store = tk.store
+    entered = asyncio.Event()
+    png = b"\x89PNG\r\n\x1a\n" + uuid.uuid4().bytes
+    media_id = "media_" + hashlib.sha256(png).hexdigest()[:24]
+    first_images = GatedImages(image(png, usage=Usage(output_tokens=5, cost=0.05)), entered)
+    second_client = ScriptedClient(["a cat"], images=[image(png, usage=Usage(output_tokens=5, cost=0.05))])
+
+    @turnkit.tool(name="late_media")
+    async def late_media(prompt: str, context: turnkit.ToolContext) -> dict[str, Any]:
+        """Paint, or look at the first painter's image, once the first painter has been charged.
+
+        Args:
+            prompt: What to paint or look for.
+        """
+        entered.set()
+
+        async def spent() -> bool:
+            async with store.reads() as tx:
+                return (await tx.tree_usage(context.root_turn_id)).cost > 0.04
+
+        await eventually(spent, what="the first painter's charge")
+        if second_call == "paint":
+            return await paint_in_turn(context, prompt, model="scripted-image", client=second_client)
+        return await view_media_in_turn(context, media_id, objective=prompt, client=second_client)
+
+    first = turnkit.Agent(
+        "first_painter",
+        description="Paints a cat.",
+        model="scripted",
+        tools=[ImageTool(model="scripted-image", client=first_images)],  # type: ignore[arg-type]
+        client=ScriptedClient([call_tools(("paint", {"prompt": "a cat"})), "never"]),
+    )
+    second = turnkit.Agent(
+        "second_worker",
+        description="Paints or looks.",
+        model="scripted",
+        tools=[late_media],
+        client=ScriptedClient([call_tools(("late_media", {"prompt": "a dog"})), "never"]),
+    )
+    lead = turnkit.Agent(
+        "media_lead",
+        model="scripted",
+        sub_agents=[first, second],
+        client=ScriptedClient([call_tools(("first_painter", {"task": "cat"}), ("second_worker", {"task": "dog"}))]),
+        max_spend=0.04,
+    )
+    run = await tk.run(lead, "paint both")
+
+    assert run.status == "failed" and run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
+    assert first_images.calls == 1  # the call in flight when the limit was passed
+    assert second_client.paint_requests == [] and second_client.calls == 0  # the refused call was never made
+    assert await run.tree_cost() == pytest.approx(0.05)  # and nothing after it
+    executions = {e.tool_name: e for e in await store.list_tool_executions(root_turn_id=run.id)}
+    refused = executions["late_media"]
+    assert refused.status == "failed" and (refused.error or {}).get("message") == COST_LIMIT
+
+
+async def test_a_retried_model_call_asks_no_summary_over_the_limit(engine: Engine) -> None:
+    """Behaviour §6.2 before the compaction summary's call: a model activity's first attempt reserved its request and
+    died (its summariser and model calls failed); meanwhile another call of the tree took it over max_spend. The
+    retry of the same request (whose reservation is not checked again) refuses the summary before asking for it,
+    and the step says "cost limit reached": no model is asked a second time."""
+    tk = engine.tk
+    calls: list[str] = []
+
+    def answer(request: turnkit.ModelRequest) -> turnkit.Result:
+        calls.append("summary" if request.metadata.get("compaction") else "main")
+        raise RuntimeError("worker lost")  # not a ModelError: Temporal would retry the activity
+
+    agent = turnkit.Agent(
+        "summary_over_budget", model="scripted", client=ScriptedClient(answer), compaction={"tail_messages": 1}
+    )
+    turnkit.register(agent)
+    conversation = await tk.conversation(agent)
+    for i in range(3):
+        await conversation.say(f"note {i}")
+    record = await turn_for_activities(tk, conversation, "go")
+    # As ask(compact=True) builds it: compaction forced before the first request, the agent's limits snapshotted.
+    options = record.options.model_copy(update={"compact": True, "budget_limits": BudgetLimits(max_spend=0.01)})
+    async with tk.store.atomic() as tx:
+        await tx.update_turn(record.id, options=options)
+    call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1, audit_apart=True)
+    env = ActivityEnvironment()
+    with pytest.raises(RuntimeError, match="worker lost"):
+        await env.run(ModelActivities(tk.store).model, call)
+    assert calls == ["summary", "main"]
+    async with tk.store.atomic(turn_id=record.id) as tx:  # another call of the tree, charged meanwhile
+        turn = await tx.load_turn(record.id)
+        await charge_turn(tx, turn, Usage(input_tokens=1, cost=0.02), cost_from_usage(Usage(cost=0.02), "scripted"))
+
+    step = await env.run(ModelActivities(tk.store).model, call)
+
+    assert step.outcome == "budget_exceeded" and step.budget_error == COST_LIMIT
+    assert calls == ["summary", "main"]  # nothing asked again

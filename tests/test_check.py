@@ -23,6 +23,7 @@ from tests.engine import Engine, Gate, eventually, gated_tool, stored_pending_tu
 from tests.workers import ROOT
 from turnkit._engine.ids import new_id
 from turnkit._engine.turn_options import turn_options
+from turnkit._ops import check as check_module
 from turnkit._ops.check import (
     ACTIVE_TURNS,
     DELIVERY_NOT_CONSUMED,
@@ -31,12 +32,14 @@ from turnkit._ops.check import (
     SEQUENCE_GAP,
     TOOL_CALL_RESULTS,
     TURN_WITHOUT_WORKFLOW,
+    TURNS_OUT_OF_ORDER,
     WAIT_WITHOUT_END,
     WORKFLOW_CLOSED,
+    WRITE_AFTER_REVOCATION,
     Finding,
     workflow_states,
 )
-from turnkit._ops.repair import LOST_WORKFLOW, STALE_STAGED_INPUT
+from turnkit._ops.repair import LOST_WORKFLOW, STALE_STAGED_INPUT, repair
 from turnkit.kernel.errors import RecordNotFound
 from turnkit.kernel.names import LANE_WORKFLOW
 from turnkit.kernel.payloads import LaneInput
@@ -75,6 +78,7 @@ async def test_lost_lane_orphans_are_reported_and_repaired(tk: TurnKit) -> None:
     waits in the lane: the running turn's execution has no attempt left, the queued turn has no workflow; repair
     fails the first (its call becomes ``interrupted``), re-queues the second (which then completes), and a second
     repair does nothing. (A lane's turns are abandoned children: terminating the lane alone leaves its turn running.)"""
+    turnkit.configure(lost_submit_grace=None)  # what repair does: the workers' own search would queue the second
     since = utcnow()
     gate = Gate()
     agent = turnkit.Agent("busy", model="scripted", tools=[gated_tool(gate)], client=_once_then("slow", {}))
@@ -314,12 +318,12 @@ async def test_reconcile_runs_the_repair_sweep(tk: TurnKit) -> None:
     agent = turnkit.Agent("woken", model="scripted", client=ScriptedClient(lambda r: "woke up"))
     conversation = await tk.conversation(agent)
     orphan = await stored_pending_turn(tk, conversation.id, agent, "a delivered message")
-    reconciled = await tk.reconcile(grace=0)
+    reconciled = await tk.reconcile(since=since, grace=0)
     assert [(r.action, r.ids[0]) for r in reconciled.repairs if r.ids[0] == orphan.id] == [("requeued", orphan.id)]
     done = await tk.turn(orphan.id).result(timeout=60)
     assert done.status == "completed" and done.output_text == "woke up"
     assert [m.role for m in await conversation.messages()] == ["user", "assistant"]  # nothing written twice
-    assert not [r for r in (await tk.reconcile(grace=0)).repairs if r.ids[0] == orphan.id]
+    assert not [r for r in (await tk.reconcile(since=since, grace=0)).repairs if r.ids[0] == orphan.id]
     assert await tk.check(since=since, grace=0) == []
 
 
@@ -354,6 +358,7 @@ async def test_a_lost_target_signal_is_reported_and_sent_again(tk: TurnKit) -> N
 async def test_repair_drops_staged_inputs_no_submission_consumed(tk: TurnKit) -> None:
     """issue 8 item 12: an ``ask`` whose update never reached its lane leaves a staged input; ``repair`` drops it
     once it is older than ``STALE_STAGED_INPUT`` (a fresh one may still be in flight, and is kept)."""
+    since = utcnow()
     conversation = await tk.conversation(turnkit.Agent("stager", model="scripted", client=ScriptedClient(["ok"])))
     old, fresh = new_id("message"), new_id("message")
     async with tk.store.atomic() as tx:
@@ -365,10 +370,102 @@ async def test_repair_drops_staged_inputs_no_submission_consumed(tk: TurnKit) ->
             .values(created_at=utcnow() - STALE_STAGED_INPUT - timedelta(minutes=1))
         )
         assert aged.rowcount == 1
-    repaired = await tk.repair(grace=0)
+    repaired = await tk.repair(since=since, grace=0)
     assert [(r.action, r.ids) for r in repaired if r.action == "dropped"] == [("dropped", (old,))]
     async with tk.store.atomic() as tx:
         assert await tx.load_staged_input(fresh) == {"text": fresh}
         with pytest.raises(RecordNotFound):
             await tx.load_staged_input(old)
-    assert not [r for r in await tk.repair(grace=0) if r.action == "dropped"]  # a second run finds nothing
+    assert not [r for r in await tk.repair(since=since, grace=0) if r.action == "dropped"]  # a second run finds nothing
+
+
+async def test_a_turn_that_ends_while_check_asks_temporal_is_not_an_orphan(
+    tk: TurnKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36 item 5 (chaos seed 25, found by describing every open turn while the seed ran): check reads the
+    records, then asks Temporal about their workflows. A turn that ends in between (its terminal write, then its
+    workflow's close) looked like a running turn whose workflow had closed: orphaned, then completed a moment later,
+    and repair acted on it. Read again after Temporal answered, it is not reported, and repair leaves it alone."""
+    since = utcnow()
+    gate = Gate()
+    agent = turnkit.Agent("ends-now", model="scripted", tools=[gated_tool(gate)], client=_once_then("slow", {}))
+    turn = await (await tk.conversation(agent)).ask("go", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    asked = check_module.workflow_states
+
+    async def ends_first(client: Any, workflow_ids: Any) -> dict[str, str]:
+        ids = list(workflow_ids)
+        if turn.id in ids and not gate.opened.is_set():  # the turn ends between the store's answer and Temporal's
+            gate.opened.set()
+            await turn.result(timeout=30)
+        return await asked(client, ids)
+
+    monkeypatch.setattr(check_module, "workflow_states", ends_first)
+    assert await tk.check(since=since, grace=0) == []
+    gate.opened.clear()
+    stale = [Finding(WORKFLOW_CLOSED, (turn.id,), "turn is running but its workflow is completed")]
+    assert await tk.repair(since=since, grace=0) == []
+    assert await repair(tk.store, tk.client, tk.task_queue, findings=stale) == []
+    assert (await turn.refresh()).status == "completed"
+
+
+async def test_turns_run_out_of_submission_order_are_reported(tk: TurnKit) -> None:
+    """Issue 36 item 5: ``turnkit check`` verifies the order in which a conversation's submitted turns ran (the model
+    messages' sequences, not clocks): a turn that answered before one submitted earlier did, and a turn that ran
+    while one submitted earlier had not started (a lost submission overtaken), are ``turns_out_of_order``."""
+    since = utcnow()
+    agent = turnkit.Agent("ordered-check", model="scripted", client=ScriptedClient([]))
+    conversation = await tk.conversation(agent)
+    second = await stored_pending_turn(tk, conversation.id, agent, "second")
+    third = await stored_pending_turn(tk, conversation.id, agent, "third")
+    fourth = await stored_pending_turn(tk, conversation.id, agent, "fourth")
+    for answered in (third, second):  # the later one answered first, as the issue saw it
+        await _answer(tk, answered)
+    findings = [f for f in await tk.check(since=since, grace=0) if f.kind == TURNS_OUT_OF_ORDER]
+    assert [f.ids for f in findings] == [(conversation.id, second.id, third.id)], findings  # earlier, then later
+    fifth = await stored_pending_turn(tk, conversation.id, agent, "fifth")
+    await _answer(tk, fifth)  # while "fourth", submitted before it, never ran
+    findings = [f for f in await tk.check(since=since, grace=0) if f.kind == TURNS_OUT_OF_ORDER]
+    assert (conversation.id, fourth.id, fifth.id) in [f.ids for f in findings], findings
+
+
+async def _answer(tk: TurnKit, turn: TurnRecord) -> None:
+    """A model answer of ``turn``, written to the store."""
+    async with tk.store.atomic(conversation_id=turn.conversation_id) as tx:
+        await tx.append_message(turn.conversation_id, role="assistant", text=f"answer {turn.id}", turn_id=turn.id)
+
+
+async def test_a_tool_write_after_its_revocation_is_reported(tk: TurnKit) -> None:
+    """Issue 36 item 8, T49: ``turnkit check`` finds a tool's write that came after its execution's result, or after
+    its turn ended (a later turn answered before it), as ``write_after_revocation``; a write made while the call
+    ran is clean."""
+    since = utcnow()
+    agent = turnkit.Agent("revoked-check", model="scripted", client=ScriptedClient([]))
+    conversation = await tk.conversation(agent)
+    async with tk.store.atomic(conversation_id=conversation.id) as tx:
+        ended = await tx.create_turn(conversation_id=conversation.id, agent_name=agent.name, status="cancelled")
+        ended = await tx.update_turn(ended.id, completed_at=utcnow())
+        answered, _ = await tx.create_tool_execution(turn_id=ended.id, tool_call_id="call_a", tool_name="t")
+        cut_off, _ = await tx.create_tool_execution(turn_id=ended.id, tool_call_id="call_b", tool_name="t")
+
+        async def tool_write(execution_id: str, text: str) -> str:
+            metadata = {"tool_execution_id": execution_id}
+            return (await tx.append_message(conversation.id, role="user", text=text, metadata=metadata)).id
+
+        in_time = await tool_write(answered.id, "while it ran")
+        await tx.append_message(
+            conversation.id,
+            role="tool",
+            kind="tool_result",
+            content=[{"type": "tool_result", "tool_call_id": "call_a", "content": "ok"}],
+            turn_id=ended.id,
+            tool_execution_id=answered.id,
+        )
+        after_result = await tool_write(answered.id, "after its result")
+        later = await tx.create_turn(conversation_id=conversation.id, agent_name=agent.name, status="completed")
+        await tx.update_turn(later.id, started_at=utcnow())
+        await tx.append_message(conversation.id, role="assistant", text="the next answer", turn_id=later.id)
+        after_end = await tool_write(cut_off.id, "after its turn ended")
+    findings = {f.ids for f in await tk.check(since=since, grace=0) if f.kind == WRITE_AFTER_REVOCATION}
+    assert findings == {(answered.id, after_result), (cut_off.id, after_end)}
+    assert all(in_time not in ids for ids in findings)

@@ -241,6 +241,49 @@ async def test_events_follow_ends_when_the_turn_ends(
     assert out.splitlines()[-1].split()[1] == turn.id  # the lead's end comes last
 
 
+#: What a model, a tool or a user could put in the record to take over the terminal that prints it: clear the screen,
+#: set the title, reverse the text, return to the line start and overwrite the line above.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\u202eboom\r\x1b[1A\x9b31mforged\nline"
+
+
+async def test_events_and_show_print_no_terminal_escape_from_the_record(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator output: `turnkit events` and `turnkit show` (text and --json) print the record's content (the user's
+    message, a tool's arguments and result, the model's error) without any escape sequence, control character or
+    line break from it; the visible text stays."""
+
+    @turnkit.tool
+    def echo(text: str) -> dict[str, Any]:
+        """Echo the text back.
+
+        Args:
+            text: What to echo.
+        """
+        return {"echo": text}
+
+    def fail(request: turnkit.ModelRequest) -> turnkit.Result:
+        raise turnkit.ModelError(HOSTILE)
+
+    client = ScriptedClient([call_tools(("echo", {"text": HOSTILE})), fail])
+    conversation = await tk.conversation(turnkit.Agent("echoer", model="scripted", tools=[echo], client=client))
+    turn = await conversation.ask(HOSTILE)
+    assert turn.status == "failed" and (turn.error or {})["message"] == HOSTILE  # the record keeps what was said
+    capsys.readouterr()
+    outputs: list[str] = []
+    for verb in (["events", turn.id], ["events", turn.id, "--json"], ["show", turn.id], ["show", turn.id, "--json"]):
+        assert await cli.run_command([*verb, *options(engine)]) == 0
+        outputs.append(capsys.readouterr().out)
+    events_text, events_json, show_text, show_json = outputs
+    for out in outputs:
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", out), repr(out)
+    assert "pwned" not in show_text, "an OSC string (the window title) is not shown"
+    assert "boom" in events_text and "forged line" in events_text and "forged line" in show_text
+    assert all(line[:4].isdigit() for line in events_text.splitlines()), "a value started a line of its own"
+    assert len(events_json.splitlines()) == len(events_text.splitlines())
+    assert json.loads(show_json)["trees"][0]["error"]["message"] == HOSTILE  # JSON keeps the data, escaped
+
+
 _seen: list[str] = []
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import random
+import signal
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,8 +14,10 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from tests.engine import Engine, turn_for_activities
+from tests.engine import Engine, HeldModel, turn_for_activities
+from tests.request_client import start_client
 from turnkit._activities.model import ModelActivities
+from turnkit._engine.client_requests import compaction_message_id
 from turnkit._engine.compaction import (
     DEFAULTS,
     SUMMARY_SECTIONS,
@@ -26,7 +32,7 @@ from turnkit._engine.compaction import (
 )
 from turnkit.config import configure, settings
 from turnkit.events import Event
-from turnkit.kernel.errors import CompactionError, ConfigError
+from turnkit.kernel.errors import CompactionError, ConfigError, TransientModelError
 from turnkit.kernel.payloads import ModelCall
 from turnkit.kernel.records import MessageRecord
 from turnkit.model import ModelRequest, Result
@@ -444,6 +450,82 @@ async def test_manual_compaction_errors(tk: TurnKit) -> None:  # T33
     with pytest.raises(CompactionError, match="compaction failed: scripted client has no more results"):
         await broken.compact()
     assert not [m for c in (empty, broken) for m in await c.messages() if m.kind == "context_summary"]
+
+
+async def test_a_compaction_outlives_its_client_and_asking_again_finds_it(tk: TurnKit, engine: Engine) -> None:
+    """``Conversation.compact(key=…)`` from a client process SIGKILLed while the summariser answers: the compaction
+    workflow appends the summary without the client, and no operator is needed. Asked again with the same key by
+    another client, the request returns that summary: the summariser was called once in all. Its call is the
+    ``turnkit.compact`` activity of the request's workflow."""
+    held = HeldModel(Result.build(text="## Active Task\nHeld."), then="never")
+    conversation = await seeded(tk, turnkit.Agent("held-compactor", model="scripted", client=held, compaction=_TAIL2))
+    client = await start_client(engine, "compact", conversation.id, "--key", "nightly")
+    await asyncio.wait_for(held.entered.wait(), 30)
+    client.send_signal(signal.SIGKILL)
+    assert await client.wait() == -signal.SIGKILL
+    assert not [m for m in await conversation.messages() if m.kind == "context_summary"]  # nothing yet
+    held.released.set()
+
+    message_id = compaction_message_id(conversation.id, "nightly")
+    handle = tk.client.get_workflow_handle(f"compact-{message_id}", result_type=str)
+    assert await handle.result() == message_id
+    [summary] = [m for m in await conversation.messages() if m.kind == "context_summary"]
+    assert summary.id == message_id and summary.text == "## Active Task\nHeld." and summary.turn_id is None
+    again = await conversation.compact(key="nightly")
+    assert again.id == message_id and len(held.requests) == 1
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in (await handle.fetch_history()).events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled == ["turnkit.compact"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_compaction_whose_client_died_at_any_moment_is_done_once(
+    tk: TurnKit, engine: Engine, seed: int
+) -> None:
+    """The client process that asks for ``compact(key=…)`` is SIGKILLed at a moment drawn from ``seed`` (0 to 6 ms
+    after it was told to go: before its request left it, or after). The same request asked again by another client
+    then leaves exactly one summary, and the summariser was called exactly once: whatever the dead client had
+    started was finished or found, never half done and never paid twice."""
+    client = ScriptedClient(["## Active Task\nOnce."])  # a second call would raise: the script has one answer
+    conversation = await seeded(tk, turnkit.Agent(f"once-{seed}", model="scripted", client=client, compaction=_TAIL2))
+    process = await start_client(engine, "compact", conversation.id, "--key", "once")
+    await asyncio.sleep(random.Random(seed).uniform(0.0, 0.006))  # the fault's moment, not a wait for a state
+    with suppress(ProcessLookupError):  # it may have finished its request already
+        process.send_signal(signal.SIGKILL)
+    await process.wait()
+
+    summary = await conversation.compact(key="once")
+    assert summary.id == compaction_message_id(conversation.id, "once") and summary.text == "## Active Task\nOnce."
+    assert [m.id for m in await conversation.messages() if m.kind == "context_summary"] == [summary.id]
+    assert client.calls == 1
+
+
+async def test_a_manual_compactions_call_is_retried_by_temporal(tk: TurnKit) -> None:
+    """A summariser that is overloaded once (``TransientModelError``) is asked again by the activity's retry, and one
+    summary is appended; one that stays overloaded fails the request with ``compaction failed: <cause>`` once the
+    attempts (``model_max_attempts``) ran out, and appends nothing."""
+    configure(model_max_attempts=2)
+    answers: list[Exception | str] = [TransientModelError("overloaded"), "## Active Task\nRetried."]
+
+    def flaky(request: ModelRequest) -> str:
+        answer = answers.pop(0) if answers else TransientModelError("still overloaded")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    client = ScriptedClient(flaky)
+    agent = turnkit.Agent("flaky-compactor", model="scripted", client=client, compaction=_TAIL2)
+    conversation = await seeded(tk, agent)
+    summary = await conversation.compact()
+    assert summary.text == "## Active Task\nRetried." and client.calls == 2
+    unlucky = await seeded(tk, agent)
+    with pytest.raises(CompactionError, match=r"^compaction failed: still overloaded$"):
+        await unlucky.compact()
+    assert client.calls == 4
+    assert not [m for m in await unlucky.messages() if m.kind == "context_summary"]
 
 
 async def test_ask_compact_forces_or_disables_compaction(tk: TurnKit) -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import signal
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -11,10 +15,24 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from tests.engine import Engine, Gate, HeldModel, eventually, gated_tool, lane_buffers, turn_for_activities
+from tests.engine import (
+    Engine,
+    Gate,
+    HeldModel,
+    eventually,
+    gated_tool,
+    held_tool,
+    lane_buffers,
+    turn_for_activities,
+)
+from tests.request_client import start_client
 from turnkit._activities.turns import TurnActivities
+from turnkit._engine.client_requests import cancel_workflow_id
+from turnkit.handles import Turn
 from turnkit.kernel.payloads import FinishTurn
+from turnkit.kernel.requests import CancelPlan
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 
@@ -111,6 +129,7 @@ async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> No
     """T84: paused with a model call in flight, the turn stays ``running`` with ``pause_requested``; once the
     answer is back it is ``paused`` with no claim token, phase "output" and no output; reconcile changes nothing;
     two resumes complete it with "kept" after 1 model call and 1 iteration."""
+    since = utcnow()
     model = HeldModel(turnkit.Result.build(text="kept"))
     agent = turnkit.Agent("thinker", model="scripted", client=model)
     turn = await (await tk.conversation(agent)).ask("think", wait=False)
@@ -121,7 +140,7 @@ async def test_pause_while_the_model_answers_keeps_the_answer(tk: TurnKit) -> No
     await eventually(lambda: _status_is(turn, "paused"), what="the turn to pause before publishing")
     assert turn.output_text == "" and turn.record.options.state.phase == "output"
     assert turn.record.claim_token is None
-    await tk.reconcile(grace=0)
+    await tk.reconcile(since=since, grace=0)
     still = await turn.refresh()
     assert (still.status, still.output_text, still.record.options.state.phase) == ("paused", "", "output")
     assert len(model.requests) == 1
@@ -469,13 +488,14 @@ async def test_reconcile_during_a_paused_model_call_then_cancel_and_resume(tk: T
     """T94: a model call in flight and a pause; reconcile repairs nothing (no claim expires here: the turn's workflow
     still owns it, so it stays ``running`` with ``pause_requested`` until the call returns, instead of the gem's
     ``paused``); ``cancel`` then ``resume`` leaves it ``cancelled``, and the late response writes nothing."""
+    since = utcnow()
     model = HeldModel(turnkit.Result.build(text="too late"))
     conversation = await tk.conversation(turnkit.Agent("t94", model="scripted", client=model))
     turn = await conversation.ask("go", wait=False)
     await asyncio.wait_for(model.entered.wait(), 30)
 
     await turn.pause()
-    reconciled = await tk.reconcile(grace=0)
+    reconciled = await tk.reconcile(since=since, grace=0)
     assert [r for r in reconciled.repairs if turn.id in str(r)] == []
     pausing = await turn.refresh()
     assert pausing.status == "running" and pausing.record.options.controls_or_default.pause_requested
@@ -528,3 +548,128 @@ async def test_a_paused_waiting_parent_fails_at_its_deadline(tk: TurnKit) -> Non
     assert done.status == "failed"
     assert done.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
     assert done.record.submitted_at == submitted_at
+
+
+@dataclass
+class _BusyTree:
+    """A lead's root turn waiting for its sub-agent, whose turn holds in a tool; the lead's next turn queued behind
+    the root; a turn of another conversation waiting for the root."""
+
+    root: Turn
+    release: asyncio.Event  #: lets the sub-agent's tool finish
+    queued: Turn
+    waiter: Turn
+
+
+async def _busy_tree(tk: TurnKit, suffix: str = "") -> _BusyTree:
+    release, hold = held_tool()
+    helper = turnkit.Agent(
+        f"cancel_helper{suffix}",
+        model="scripted",
+        tools=[hold],
+        client=ScriptedClient(lambda r: call_tools(("hold", {})) if r.messages[-1]["role"] == "user" else "held"),
+    )
+
+    def lead_script(request: turnkit.ModelRequest) -> turnkit.Result | str:
+        last = request.messages[-1]
+        if last["role"] == "user" and last["content"] == "start":
+            return call_tools((helper.name, {"task": "hold on"}))
+        return f"answered {last['content']}" if last["role"] == "user" else "lead done"
+
+    client = ScriptedClient(lead_script)
+    lead = turnkit.Agent(f"cancel_lead{suffix}", model="scripted", sub_agents=[helper], client=client)
+    conversation = await tk.conversation(lead)
+    root = await conversation.ask("start", wait=False)
+
+    async def helper_running() -> bool:
+        tree = await tk.store.list_turns(root_turn_id=root.id)
+        return [t.status for t in tree] == ["waiting", "running"]  # the lead waits for its sub-agent
+
+    await eventually(helper_running, what="the sub-agent's turn inside its tool")
+    queued = await conversation.ask("next", wait=False)
+    waiter = await (await tk.conversation(lead)).ask("after the root", wait=False, wait_for=[root.id])
+    return _BusyTree(root=root, release=release, queued=queued, waiter=waiter)
+
+
+async def _all_of_the_cancel(tk: TurnKit, tree: _BusyTree) -> None:
+    """Everything a cascading cancel of ``tree.root`` does has happened: its workflow's plan names every turn of the
+    tree, all ``cancelled``; their workflows end; the waiter and the queued turn run."""
+    handle = tk.client.get_workflow_handle(cancel_workflow_id(tree.root.id, "cascade", None), result_type=CancelPlan)
+    plan = await handle.result()
+    turns = await tk.store.list_turns(root_turn_id=tree.root.id)
+    assert plan.turn_ids == [t.id for t in turns] and {t.status for t in turns} == {"cancelled"}
+
+    async def workflows_closed() -> bool:
+        for record in turns:
+            description = await tk.client.get_workflow_handle(record.id).describe()
+            if description.status is None or description.status.name == "RUNNING":
+                return False
+        return True
+
+    await eventually(workflows_closed, what="every cancelled turn's workflow to end")
+    assert (await tree.queued.result(timeout=60)).output_text == "answered next"
+    waited = await tree.waiter.result(timeout=60)
+    assert waited.status == "completed", waited.error
+
+
+async def test_a_cancel_is_one_durable_request_that_outlives_its_client(tk: TurnKit, engine: Engine) -> None:
+    """``Turn.cancel(descendants="cascade")`` from a client process SIGKILLed in the middle of it (while the worker
+    asks the authorization hook about the first selected turn): the cancel workflow carries the whole request out
+    without the client and without an operator. The root and its running sub-agent's turn end ``cancelled``, their
+    workflows end, the turn of another conversation that waits for the root goes on, and the conversation's next
+    turn runs. The client is gone before any of it was written: all of it happened after it died. Both steps ran as
+    local activities of the cancel workflow."""
+    turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches the running tool through its heartbeat
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def hook(action: str, principal: Any = None, **resources: Any) -> bool:
+        if action == "cancel" and not asked.is_set():
+            asked.set()
+            await answer.wait()  # the client is killed while the cancel's first step waits here
+        return True
+
+    turnkit.configure(authorize=hook)
+    tree = await _busy_tree(tk)
+    client = await start_client(engine, "cancel", tree.root.id)
+    await asyncio.wait_for(asked.wait(), 30)
+    assert [t.status for t in await tk.store.list_turns(root_turn_id=tree.root.id)] == ["waiting", "running"]
+    client.send_signal(signal.SIGKILL)
+    assert await client.wait() == -signal.SIGKILL
+    answer.set()
+
+    await _all_of_the_cancel(tk, tree)
+    tree.release.set()
+    assert {t.status for t in await tk.store.list_turns(root_turn_id=tree.root.id)} == {"cancelled"}
+    handle = tk.client.get_workflow_handle(cancel_workflow_id(tree.root.id, "cascade", None))
+    events = (await handle.fetch_history()).events
+    assert not [e for e in events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert [e.marker_recorded_event_attributes.marker_name for e in events].count("core_local_activity") == 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_a_client_killed_at_any_moment_of_a_cancel_leaves_none_or_all_of_it(
+    tk: TurnKit, engine: Engine, seed: int
+) -> None:
+    """The client process that asks for a cascading cancel is SIGKILLed at a moment drawn from ``seed``, 0 to 6 ms
+    after it was told to go: before its request left it, or after (on a 2-core machine the seeds hit both; which one
+    each hits depends on the machine, and the outcome must not). Then the sub-agent's
+    tool is let go, and the tree runs to its end with no operator. Either the cancel happened in full (every turn
+    of the tree ``cancelled`` by the cancel workflow, their workflows ended, the waiting turn and the queued one run)
+    or not at all (no turn of the tree is ``cancelled``: the root completes as if nobody had asked)."""
+    turnkit.configure(tool_heartbeat_timeout=1.0)
+    tree = await _busy_tree(tk, f"_{seed}")
+    client = await start_client(engine, "cancel", tree.root.id)
+    await asyncio.sleep(random.Random(seed).uniform(0.0, 0.006))  # the fault's moment, not a wait for a state
+    with suppress(ProcessLookupError):  # it may have finished its request already
+        client.send_signal(signal.SIGKILL)
+    await client.wait()
+    tree.release.set()
+
+    root = await tree.root.result(timeout=60)
+    if root.status == "cancelled":
+        await _all_of_the_cancel(tk, tree)
+    else:
+        assert root.status == "completed" and root.output_text == "lead done", root.error
+        assert "cancelled" not in {t.status for t in await tk.store.list_turns(root_turn_id=tree.root.id)}
+        assert (await tree.queued.result(timeout=60)).output_text == "answered next"
+        assert (await tree.waiter.result(timeout=60)).status == "completed"

@@ -217,3 +217,70 @@ async def test_killed_after_the_tool_result_committed(engine: Engine, crash_dir:
     assert execution.status == "completed" and execution.result == {"filed": "memo"}
     results = [m for m in await conversation.messages() if m.kind == "tool_result"]
     assert len(results) == 1  # exactly one tool result
+
+
+# -- every paid call once: the worker killed during each kind of paid call ---------------------------------------------
+
+
+async def _ask_plainly(conversation: turnkit.Conversation) -> turnkit.Turn:
+    return await conversation.ask("go", wait=False)
+
+
+async def _ask_to_compact(conversation: turnkit.Conversation) -> turnkit.Turn:
+    for i in range(3):
+        await conversation.say(f"note {i}")
+    return await conversation.ask("go", compact=True, wait=False)
+
+
+async def _ask_about_the_image(conversation: turnkit.Conversation) -> turnkit.Turn:
+    image = turnkit.MediaInput.bytes(crash_app.CRASH_PNG, mime_type="image/png")
+    return await conversation.ask("what is it?", media=[image], wait=False)
+
+
+PAID_KINDS = {
+    # kind hung on the first worker: (agent, how its turn is asked, calls the provider answers in all)
+    "main": (crash_app.paid_main, _ask_plainly, {"main": 1}),
+    "judge": (crash_app.paid_judged, _ask_plainly, {"main": 1, "judge": 1}),
+    "summary": (crash_app.paid_compacted, _ask_to_compact, {"summary": 1, "main": 1}),
+    # ImageTool is at most once: the lost paint is "interrupted", never asked again, and the model is told.
+    "paint": (crash_app.paid_painted, _ask_plainly, {"main": 2}),
+    "view_media": (crash_app.paid_viewed, _ask_about_the_image, {"main": 2, "view_media": 1}),
+    # The painter specialist's paint_image is replay-safe, and ends the turn.
+    "specialist": (crash_app.paid_specialist, _ask_plainly, {"main": 1, "paint": 1}),
+}
+
+
+@pytest.mark.parametrize("hung", list(PAID_KINDS))
+async def test_a_worker_killed_during_a_paid_call_pays_each_call_once(
+    engine: Engine, crash_dir: Path, hung: str
+) -> None:
+    """Every paid call once (behaviour §3.9, §6.2; docs/design.md "Every paid call once"): the worker is SIGKILLed
+    while the provider holds a call of each kind (the turn's model, an output-policy judge, the compaction summary,
+    a tool's paint, a tool's view_media, the painter specialist's paint). The new worker finishes the turn; only
+    the call that was in flight is asked again (a replay-safe one) or settled "interrupted" (an at-most-once one),
+    never a call whose answer was committed; and the provider's own count of the calls it answered equals what the
+    store charged: the tree's cost is exactly the sum of the answered calls' prices."""
+    agent, ask, answered = PAID_KINDS[hung]
+    kind = "paint" if hung == "specialist" else hung
+    turnkit.configure(model_heartbeat_timeout=2.0, tool_heartbeat_timeout=2.0)  # the turn's policy, set by ask
+    register(agent)
+    first = await start_worker(engine, TURNKIT_CRASH_HANG=kind)
+    turn = await ask(await engine.tk.conversation(agent))
+
+    async def holding() -> bool:
+        return bool(crash_app.lines("paid_hung"))
+
+    await eventually(holding, what=f"the first worker inside its {kind} call")
+    await first.kill()
+    second = await start_worker(engine)
+    try:
+        done = await turn.result(timeout=120)
+    finally:
+        assert await second.stop() == 0
+    assert done.status == "completed", done.error
+    asked, paid = crash_app.lines("asked"), crash_app.lines("answered")
+    assert {k: paid.count(k) for k in set(paid)} == answered  # the one in flight was lost, never answered
+    for other in set(asked) - {kind}:
+        assert asked.count(other) == paid.count(other), f"a committed {other} call was asked again"
+    assert asked.count(kind) == paid.count(kind) + 1  # the call held when the worker died
+    assert done.cost == pytest.approx(sum(crash_app.PAID_COSTS[k] for k in paid))  # provider's count == store's

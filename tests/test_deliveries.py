@@ -15,6 +15,7 @@ from tests.history_scenarios import history_events, local_activity_types, schedu
 from turnkit._engine.builtin_tools import send_message
 from turnkit.kernel.payloads import LaneStatus
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 
@@ -153,6 +154,9 @@ async def test_delivery_to_a_missing_conversation_writes_nothing(tk: TurnKit) ->
 
 
 async def test_reconcile_repairs_a_lost_signal(tk: TurnKit) -> None:
+    """A delivery committed without its signal is re-signalled by ``reconcile`` (scoped to what this test made) and
+    wakes one turn; reconciling again finds it applied and appends nothing twice."""
+    since = utcnow()
     agent, client = echo_agent()
     conversation = await tk.conversation(agent)
     async with tk.store.atomic() as tx:  # a delivery committed, but its signal never sent
@@ -162,10 +166,10 @@ async def test_reconcile_repairs_a_lost_signal(tk: TurnKit) -> None:
             key="lost-signal",
             payload={"text": "did you get this?"},
         )
-    assert lost.id in {d.id for d in await tk.reconcile()}
+    assert lost.id in {d.id for d in await tk.reconcile(since=since)}
     await eventually(lambda: all_finished(conversation, 1), what="the reconciled delivery to wake a turn")
-    assert lost.id not in {d.id for d in await tk.reconcile()}  # applied: no longer pending
-    await tk.reconcile()
+    assert lost.id not in {d.id for d in await tk.reconcile(since=since)}  # applied: no longer pending
+    await tk.reconcile(since=since)
     messages = [m for m in await conversation.messages() if m.metadata.get("delivery_id")]
     assert len(messages) == 1 and client.calls == 1
 

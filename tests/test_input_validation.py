@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 import turnkit
 from tests.engine import Engine, lane_exists
-from turnkit._engine.validation import MAX_KEY_CHARS, MAX_NAME_CHARS, check_json
+from turnkit._engine.validation import MAX_KEY_CHARS, MAX_NAME_CHARS, check_json, check_name
 from turnkit.config import configure, settings
 from turnkit.handles import Conversation
 from turnkit.kernel.errors import ConfigError, InputError
@@ -171,6 +171,28 @@ def test_budgets_must_let_a_turn_run() -> None:
             configure(**options)
     assert settings.timeout == 300.0 and settings.max_iterations == 25  # a refused configure changes nothing
     _agent(max_depth=0, max_tool_executions=0, max_spend=0, max_tool_executions_by_name={"lookup": 0})
+
+
+def test_agent_names_and_skill_keys_follow_the_rule_of_every_other_name() -> None:
+    """§1.2: an agent's name and a skill's key are checked when they are defined, by the rule that
+    model and subject names follow: within the column's length, no NUL, and no control character (an escape
+    sequence would be obeyed by the terminal that prints it). Ordinary names, spaces included, stay valid."""
+    assert ConversationRow.__table__.c.model.type.length == MAX_NAME_CHARS  # pyright: ignore[reportAttributeAccessIssue]
+    for bad, message in [
+        ("a" * (MAX_NAME_CHARS + 1), "is too long"),
+        ("evil\x00", "must not contain NUL"),
+        ("red\x1b[31m", "must not contain control characters"),
+        ("two\nlines", "must not contain control characters"),
+        ("\u202ereversed", "must not contain control characters"),
+    ]:
+        with pytest.raises(InputError, match=f"^agent name {message}"):
+            turnkit.Agent(bad)
+        with pytest.raises(InputError, match=f"^skill key {message}"):
+            turnkit.Skill(bad)
+        with pytest.raises(InputError, match=f"^model {message}"):
+            check_name("model", bad)
+    assert turnkit.Agent("support bot-2.0").name == "support bot-2.0"
+    assert turnkit.Skill(" triage ").key == "triage"
 
 
 def test_json_rules_and_storable_json_are_the_same_on_every_backend() -> None:

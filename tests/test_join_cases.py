@@ -210,8 +210,8 @@ async def test_only_the_owner_may_control_and_the_owner_sequence_ends_cancelled(
     record = (await turn.refresh()).record
     assert record.status == "paused", "T89: denied controls must not change the run"
     assert record.options.controls_or_default.pause_requested and not record.options.controls_or_default.inputs
-    assert await conversation.inbox() == [], "T89: a denied post creates no delivery"
-    assert [m.text for m in await conversation.messages()] == ["x"]
+    assert await conversation.inbox(principal="owner") == [], "T89: a denied post creates no delivery"
+    assert [m.text for m in await conversation.messages(principal="owner")] == ["x"]
     assert client.calls == 0
 
     await turn.pause(principal="owner")

@@ -12,11 +12,19 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
 import turnkit
-from tests.engine import Engine, busy_agent, eventually, held_tool
-from tests.history_scenarios import activity_types, ends_at_completed_task, history_events, local_activities
+from tests.engine import Engine, busy_agent, eventually, held_tool, stored_pending_turn
+from tests.history_scenarios import (
+    ROLLOVER_EVENTS,
+    activity_types,
+    ends_at_completed_task,
+    history_events,
+    local_activities,
+)
 from tests.test_lost_completions import LocalAttemptFault
 from turnkit._workflows.lane import ConversationWorkflow
+from turnkit.kernel.payloads import LaneInput
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 #: The lane itself: every turn goes through it, a fresh conversation's first too (tests/test_first_turn.py has that).
@@ -219,3 +227,155 @@ async def test_a_store_call_whose_local_attempt_fails_runs_again_as_an_activity(
     assert scheduled == ["turnkit.submit_turn"]
     assert [m.text for m in await conversation.messages() if m.role == "user"] == ["hi"]
     assert len(await conversation.turns()) == 1
+
+
+# -- lost submissions and waiting on a queued turn -------------------------------------------------------------------
+
+
+async def _answers(conversation: turnkit.Conversation) -> list[str]:
+    """The conversation's model answers, in sequence order."""
+    return [m.text or "" for m in await conversation.messages() if m.role == "assistant" and m.kind == "text"]
+
+
+async def test_a_lost_submission_runs_before_the_turn_submitted_after_it(tk: TurnKit) -> None:
+    """Issue 36 item 5: a submitted turn whose submission its lane lost (written to the store, unknown to the lane, as
+    the local submit leaves it when caller, worker and server die together) while a turn runs: the next ``ask`` does
+    not run ahead of it. Its submission names the lost turn (``TurnTicket.earlier``), the lane queues it first, and
+    the answers come in submission order; ``turnkit check`` finds nothing, the order included."""
+    since = utcnow()
+    release, agent = busy_agent("in-order")
+    conversation = await tk.conversation(agent)
+    busy = await conversation.ask("busy", wait=False)
+    await eventually(lambda: _holding(conversation), what="the busy turn's tool call")
+    lost = await stored_pending_turn(tk, conversation.id, agent, "lost")
+    after = await conversation.ask("after", wait=False)
+    status = await tk.client.get_workflow_handle(conversation.id).query(ConversationWorkflow.status)
+    assert status.queued_turn_ids == [lost.id, after.id]
+    release.set()
+    assert (await after.result(timeout=30)).status == "completed"
+    assert (await tk.turn(lost.id).refresh()).status == "completed"
+    assert await _answers(conversation) == ["answered busy", "answered lost", "answered after"]
+    assert (await busy.refresh()).status == "completed"
+    assert await tk.check(since=since, grace=0) == []
+
+
+async def test_a_lost_submission_runs_before_the_turn_a_delivery_wakes(tk: TurnKit) -> None:
+    """Issue 36 item 5: the same with a delivery to the idle lane: the wake's store call names the lost turn, the lane
+    runs it before the woken turn."""
+    _, agent = busy_agent("wakes-in-order")
+    conversation = await tk.conversation(agent)
+    assert (await conversation.ask("one")).status == "completed"
+    lost = await stored_pending_turn(tk, conversation.id, agent, "lost")
+    await conversation.post("note", key=f"note-{conversation.id}")
+
+    async def both_answered() -> bool:
+        return len(await _answers(conversation)) == 3
+
+    await eventually(both_answered, what="the lost turn and the woken one to answer")
+    assert await _answers(conversation) == ["answered one", "answered lost", "answered note"]
+    assert (await tk.turn(lost.id).refresh()).status == "completed"
+
+
+def _update_answers(events: list[HistoryEvent], name: str) -> list[str]:
+    """The answers of the lane's ``name`` updates in a history, in order."""
+    accepted = {
+        e.workflow_execution_update_accepted_event_attributes.protocol_instance_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == name
+    }
+    return [
+        json.loads(e.workflow_execution_update_completed_event_attributes.outcome.success.payloads[0].data)
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
+        and e.workflow_execution_update_completed_event_attributes.meta.update_id in accepted
+    ]
+
+
+async def test_waiting_for_a_queued_turn_waits_on_the_lane_not_the_store(tk: TurnKit, monkeypatch: Any) -> None:
+    """Issue 36 item 7: ``Turn.result()`` of a turn queued behind a running one reads its record twice (when it finds
+    no workflow, and once it has ended): it waits on the lane's ``turn_started`` update, which answers when the lane
+    starts the turn, then on the turn's workflow. No polling of the store."""
+    release, agent = busy_agent("no-polling")
+    conversation = await tk.conversation(agent)
+    await conversation.ask("busy", wait=False)
+    await eventually(lambda: _holding(conversation), what="the busy turn's tool call")
+    queued = await conversation.ask("after", wait=False)
+    reads: list[str] = []
+    load_turn = tk.store.load_turn
+
+    async def counted(turn_id: str) -> Any:
+        reads.append(turn_id)
+        return await load_turn(turn_id)
+
+    monkeypatch.setattr(tk.store, "load_turn", counted)
+    waiting = asyncio.create_task(queued.result(timeout=30))
+
+    async def asked() -> bool:
+        events = await history_events(tk, conversation.id)
+        return any(
+            e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+            and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == "turn_started"
+            for e in events
+        )
+
+    await eventually(asked, what="result() to ask the lane")
+    assert not waiting.done()
+    release.set()
+    done = await waiting
+    assert (done.status, done.output_text) == ("completed", "answered after")
+    assert reads.count(queued.id) == 2, reads
+    assert _update_answers(await history_events(tk, conversation.id), "turn_started") == ["started"]
+
+
+async def test_a_lane_that_continues_as_new_sends_a_waiting_result_to_its_next_run(tk: TurnKit) -> None:
+    """Issue 36 item 7: a lane past its history threshold continues as new while a turn runs and another waits in its
+    queue; the ``turn_started`` update waiting for the queued one answers ``again`` (it must not hold the rollover),
+    ``Turn.result()`` asks the new run, and returns when the turn has run."""
+    release, agent = busy_agent("rolls-over")
+    conversation = await tk.conversation(agent)
+    lane = LaneInput(conversation_id=conversation.id, max_history_events=ROLLOVER_EVENTS)
+    await tk.client.start_workflow(ConversationWorkflow.run, lane, id=conversation.id, task_queue=tk.task_queue)
+    await conversation.ask("busy", wait=False)
+    await eventually(lambda: _holding(conversation), what="the busy turn's tool call")
+    queued = await conversation.ask("after", wait=False)
+    waiting = asyncio.create_task(queued.result(timeout=60))
+    asked_in: list[str] = []
+
+    async def asked() -> bool:
+        run_id = (await tk.client.get_workflow_handle(conversation.id).describe()).run_id or ""
+        events = list((await tk.client.get_workflow_handle(conversation.id, run_id=run_id).fetch_history()).events)
+        if any(
+            e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+            and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == "turn_started"
+            for e in events
+        ):
+            asked_in.append(run_id)
+        return bool(asked_in)
+
+    await eventually(asked, what="result() to ask the lane")
+
+    async def rolled_over() -> bool:
+        latest = tk.client.get_workflow_handle(conversation.id)
+        if (await latest.describe()).run_id != asked_in[0]:
+            return True
+        await latest.signal("wake")  # each signal is a workflow task that grows the history to its threshold
+        return False
+
+    await eventually(rolled_over, what="the lane to continue as new while a turn runs")
+    release.set()
+    done = await waiting
+    assert (done.status, done.output_text) == ("completed", "answered after")
+    old = tk.client.get_workflow_handle(conversation.id, run_id=asked_in[0])
+    assert _update_answers(list((await old.fetch_history()).events), "turn_started") == ["again"]
+
+
+async def test_waiting_for_a_lost_submission_submits_it_again(tk: TurnKit) -> None:
+    """Issue 36 item 7: ``Turn.result()`` of a submitted turn that no workflow runs and no lane holds (its submission
+    was lost) submits it to its lane again, once, and returns when it has run."""
+    _, agent = busy_agent("waits-for-lost")
+    conversation = await tk.conversation(agent)
+    assert (await conversation.ask("one")).status == "completed"
+    lost = await stored_pending_turn(tk, conversation.id, agent, "lost")
+    done = await tk.turn(lost.id).result(timeout=30)
+    assert (done.status, done.output_text) == ("completed", "answered lost")

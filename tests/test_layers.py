@@ -155,6 +155,7 @@ def _loaded_by(*modules: str) -> set[str]:
         "turnkit._workflows",
         "turnkit._workflows.turn",
         "turnkit._workflows.lane",
+        "turnkit._workflows.requests",
         "turnkit.kernel.activities",
         "turnkit.workflow",
     ],

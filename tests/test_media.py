@@ -6,8 +6,10 @@ exact request JSON the server received. No workflow history may hold a media ite
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest_asyncio
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
+from tests.engine import Engine
 from tests.provider_server import (
     ProviderServer,
     anthropic_message,
@@ -27,9 +30,10 @@ from tests.provider_server import (
     openai_response,
     openai_text,
 )
+from tests.request_client import start_client
 from turnkit.kernel.errors import InputError
 from turnkit.media import MediaInput
-from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS
+from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS, PaintRequest
 from turnkit.media_tools import ImageTool, ViewMediaTool, paint_in_turn, view_media_in_turn
 from turnkit.providers import AnthropicClient, OpenAIClient
 from turnkit.runtime import TurnKit
@@ -846,3 +850,130 @@ async def test_turn_view_media_standalone_fails_the_turn_when_the_client_fails(t
         "media.failed",
         "turn.failed",
     ]
+
+
+# -- standalone mode: one durable request, in the turn's own workflow ------------------------------------------------
+
+
+class HeldPainter:
+    """An image client whose ``paint`` blocks until released (or cancelled); it counts its calls."""
+
+    def __init__(self, answer: turnkit.Result) -> None:
+        self.answer = answer
+        self.entered, self.released, self.cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.requests: list[PaintRequest] = []
+
+    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+        raise turnkit.ModelError("this client only paints")
+
+    async def paint(self, request: PaintRequest) -> turnkit.Result:
+        self.requests.append(request)
+        self.entered.set()
+        try:
+            await self.released.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return self.answer.model_copy(update={"model": request.model})
+
+
+async def test_a_standalone_paint_outlives_its_client(tk: TurnKit, engine: Engine) -> None:
+    """``Turn.paint`` of a prepared turn from a client process SIGKILLed while the image is painted: the turn's own
+    workflow (workflow id = turn id, running the ``turnkit.standalone_media`` activity) stores the image and
+    completes the turn without the client or an operator; ``Turn.result()`` from another client waits for that
+    workflow and returns the turn. The image client was called once. The turn cannot be painted again."""
+    data = png(uuid.uuid4().hex)
+    painter = HeldPainter(image(data))
+    agent = turnkit.Agent("held-painter", model="scripted", client=painter)
+    prepared = await (await tk.conversation(agent)).build_turn("paint a cat")
+    client = await start_client(engine, "paint", prepared.id)
+    await asyncio.wait_for(painter.entered.wait(), 30)
+    assert (await prepared.refresh()).status == "running"
+    client.send_signal(signal.SIGKILL)
+    assert await client.wait() == -signal.SIGKILL
+    painter.released.set()
+
+    done = await tk.turn(prepared.id).result(timeout=60)
+    assert done.status == "completed", done.error
+    assert done.record.output_data is not None
+    assert done.record.output_data["images"][0]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert len(painter.requests) == 1 and painter.requests[0].prompt == "a cat"
+    history = await tk.client.get_workflow_handle(prepared.id).fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    assert started.workflow_type.name == "StandaloneMediaWorkflow"
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled == ["turnkit.standalone_media"]
+    with pytest.raises(turnkit.Error, match=r"^cannot paint for completed turn$"):
+        await done.paint("again", model="scripted-image")
+
+
+async def test_cancelling_a_standalone_turn_cancels_its_call(tk: TurnKit) -> None:
+    """``Turn.cancel`` of a turn whose standalone paint is in flight cancels the turn's own workflow, and with it the
+    paint call (through the activity's heartbeat); the turn ends ``cancelled``, nothing is painted into it, and the
+    caller of ``paint`` gets ``LostClaim``."""
+    turnkit.configure(model_heartbeat_timeout=1.0)
+    painter = HeldPainter(image(png(uuid.uuid4().hex)))
+    agent = turnkit.Agent("cancelled-painter", model="scripted", client=painter)
+    conversation = await tk.conversation(agent)
+    prepared = await conversation.build_turn("paint a cat")
+    painting = asyncio.create_task(prepared.paint("a cat", model="scripted-image"))
+    await asyncio.wait_for(painter.entered.wait(), 30)
+    cancelled = await tk.turn(prepared.id).cancel()
+    assert cancelled.status == "cancelled"
+    with pytest.raises(turnkit.LostClaim, match="is cancelled"):
+        await painting
+    await asyncio.wait_for(painter.cancelled.wait(), 30)
+    assert [m.kind for m in await conversation.messages()] == ["text"]
+
+
+async def test_a_standalone_calls_transient_failure_is_retried_by_temporal(tk: TurnKit) -> None:
+    """A standalone ``view_media`` whose provider is overloaded once (``TransientModelError``) is asked again by the
+    activity's retry, under the same claim: the turn completes with one analysis and one ``turn.started``."""
+    data = png(uuid.uuid4().hex)
+    answers: list[Exception | str] = [turnkit.TransientModelError("overloaded"), "A cat, again."]
+
+    def flaky(request: turnkit.ModelRequest) -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    events, on_event = recorder()
+    turnkit.configure(on_event=on_event)
+    client = ScriptedClient(flaky)
+    conversation = await tk.conversation(turnkit.Agent("flaky-viewer", model="scripted", client=client))
+    seen = await (await conversation.build_turn("look")).view_media(MediaInput.bytes(data), objective="what?")
+    assert seen.status == "completed" and seen.output_text == "A cat, again." and client.calls == 2
+    assert [m.kind for m in await conversation.messages()] == ["text", "media_analysis"]
+    assert [e.type for e in events if e.turn_id == seen.id].count("turn.started") == 1
+
+
+async def test_a_media_id_is_usable_only_from_its_own_conversations_tree(tk: TurnKit) -> None:
+    """Behaviour §3.12: a media id resolves only for a turn whose tree has seen it (a message of its conversations
+    references it). Another conversation's image is ``"media not found"`` to a standalone ``view_media`` and to
+    ``ViewMediaTool`` alike, and no provider is asked; its own conversation's next turn may analyse it."""
+    data = png(uuid.uuid4().hex)
+    media_id = "media_" + hashlib.sha256(data).hexdigest()[:24]
+    owner_client = ScriptedClient(["kept", "a red square"])
+    owner = await tk.conversation(turnkit.Agent("media-owner", model="scripted", client=owner_client))
+    assert (await owner.ask("keep this", media=[MediaInput.bytes(data)])).status == "completed"
+
+    intruder_client = ScriptedClient([call_tools(("view_media", {"media_id": media_id, "objective": "what?"})), "no"])
+    intruder_agent = turnkit.Agent("media-intruder", model="scripted", tools=[ViewMediaTool()], client=intruder_client)
+    intruder = await tk.conversation(intruder_agent)
+    prepared = await intruder.build_turn("look at theirs")
+    with pytest.raises(turnkit.RecordNotFound, match=f"^media not found: {media_id}$"):
+        await prepared.view_media(media_id, objective="what?")
+    assert intruder_client.calls == 0, "nobody may be paid to look at another tree's media"
+
+    turn = await intruder.ask("look at theirs, from a tool")
+    [execution] = await turn.tool_executions()
+    assert execution.status == "failed" and f"media not found: {media_id}" in str(execution.error)
+    assert intruder_client.calls == 2  # the turn's own two model calls, no analysis
+
+    seen = await (await owner.build_turn("look again")).view_media(media_id, objective="what?")
+    assert seen.status == "completed" and seen.output_text == "a red square"

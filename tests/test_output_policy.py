@@ -12,15 +12,16 @@ from temporalio.testing import ActivityEnvironment
 
 import turnkit
 from tests.engine import Engine, HeldModel, eventually, turn_for_activities
+from turnkit._activities.audit import AuditActivities
 from turnkit._activities.model import ModelActivities
 from turnkit._activities.turns import TurnActivities
 from turnkit.events import Event
-from turnkit.kernel.payloads import FinishTurn, ModelCall, TurnOutcome
+from turnkit.kernel.payloads import AuditCall, FinishTurn, ModelCall, TurnOutcome
 from turnkit.model import ModelRequest, Result, Usage
 from turnkit.output_policy import INVALID_JSON, JUDGE_SCHEMA, OutputPolicy, Violation, check_output_policy
 from turnkit.runtime import TurnKit
 from turnkit.skills import Skill
-from turnkit.testing import ScriptedClient, call_tools, say
+from turnkit.testing import ScriptedClient, call_tools, image, say
 
 REVISION_TEXT = "previous output failed policy checks"
 
@@ -543,3 +544,196 @@ async def test_a_retried_terminal_finish_does_not_audit_or_revise_twice(engine: 
     turn = await tk.store.load_turn(record.id)
     assert (turn.status, turn.options.state.phase, turn.options.state.revisions_used) == ("running", "model", 1)
     assert turn.cost == pytest.approx(0.02)
+
+
+# -- every paid call once: the answer is committed before its audit (issue: judge failing once) -----------------------
+
+
+def paid_calls(client: ScriptedClient, purpose: str | None) -> int:
+    """How many of ``client``'s calls were answered for ``purpose`` (None: the turn's own model calls)."""
+    return sum(1 for r in client.requests if r.metadata.get("purpose") == purpose)
+
+
+async def test_a_judge_failing_once_does_not_pay_the_main_model_twice(tk: TurnKit) -> None:
+    """Behaviour §3.9, a paid response is committed before anything else can fail: the judge's first call fails with
+    an overloaded provider (a transient 529); the answer was committed before the judge was asked, so the retry asks
+    the judge again and never the main model. The provider answered one main call (0.01) and one judge call (0.02):
+    exactly what the turn was charged."""
+    failed: list[str] = []
+    main = say("Recommendation: ship it", usage=Usage(input_tokens=10, output_tokens=3, cost=0.01))
+
+    def respond(request: ModelRequest) -> Result:
+        if request.metadata.get("purpose") == "output_policy":
+            if not failed:
+                failed.append(request.model)
+                raise turnkit.TransientModelError("overloaded (529)")
+            return Result.build(text='{"approved": true, "violations": []}', usage=Usage(input_tokens=5, cost=0.02))
+        return main
+
+    client = ScriptedClient(respond)
+    agent = turnkit.Agent("judged_flaky", model="scripted", client=client, output_policy=OutputPolicy("Be brief."))
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.policy_clean is True, run.error
+    assert failed and paid_calls(client, None) == 1  # the main model: asked once
+    assert paid_calls(client, "output_policy") == 2  # the judge: failed once, answered once
+    assert run.cost == pytest.approx(0.03)  # 1 main + 1 answered judge: every answered call charged once
+    assert [m.text for m in await run.messages() if m.role == "assistant"] == ["Recommendation: ship it"]
+
+
+async def test_judges_are_not_asked_once_the_answer_is_over_budget(tk: TurnKit) -> None:
+    """Behaviour §6.2, budgets are checked before every paid call: an answer (0.05) that takes the tree over
+    max_spend (0.025) fails the turn with "cost limit reached" before any judge is asked, so the spend passes the
+    limit by the one call that was in flight and no more (0.05, not 0.07)."""
+    main = say("Recommendation: ship it", usage=Usage(input_tokens=10, cost=0.05))
+    client = ScriptedClient(judge_and_main('{"approved": true, "violations": []}', main=main))
+    agent = turnkit.Agent(
+        "judged_broke", model="scripted", client=client, output_policy=OutputPolicy("Be brief."), max_spend=0.025
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
+    assert paid_calls(client, "output_policy") == 0 and paid_calls(client, None) == 1
+    assert run.cost == pytest.approx(0.05)
+
+
+def two_judges(main: Result, *, flaky: str | None = None) -> tuple[ScriptedClient, list[str]]:
+    """A client for an agent with the judges ``first`` and ``second`` (each approving, 0.02 a call) and ``main`` for
+    the turn's own calls; the judge named ``flaky`` fails its first call with a transient error. Returns the client
+    and the names of the judges asked, one per call."""
+    asked: list[str] = []
+
+    def respond(request: ModelRequest) -> Result:
+        name = request.metadata.get("output_policy")
+        if name is None:
+            return main
+        asked.append(str(name))
+        if name == flaky and asked.count(name) == 1:
+            raise turnkit.TransientModelError("overloaded (529)")
+        return Result.build(text='{"approved": true, "violations": []}', usage=Usage(input_tokens=5, cost=0.02))
+
+    return ScriptedClient(respond), asked
+
+
+JUDGES = [OutputPolicy("Be brief.", name="first"), OutputPolicy("Be kind.", name="second")]
+
+
+async def test_a_judge_failing_once_does_not_pay_the_judges_before_it_again(tk: TurnKit) -> None:
+    """Each judge call is its own activity whose answer and charge commit together: the second judge fails once, and
+    the retry asks only it again; the first judge and the main model are each asked once and charged once."""
+    events: list[Event] = []
+    recorded(events)
+    main = say("Recommendation: ship it", usage=Usage(input_tokens=10, cost=0.01))
+    client, asked = two_judges(main, flaky="second")
+    agent = turnkit.Agent("judged_twice", model="scripted", client=client, output_policy=JUDGES)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.policy_clean is True, run.error
+    assert asked == ["first", "second", "second"] and paid_calls(client, None) == 1
+    assert run.cost == pytest.approx(0.05)  # 0.01 + 0.02 + 0.02: the failed call was never answered
+    assert len(of_type(events, "output_policy.model.completed")) == 2
+
+
+async def test_no_judge_is_asked_once_a_judges_charge_passed_the_limit(tk: TurnKit) -> None:
+    """Behaviour §6.2 before every paid call: the first judge's charge takes the tree (0.01 + 0.02) over max_spend
+    0.025; the second judge is never asked and the turn fails "cost limit reached", its answer kept."""
+    main = say("Recommendation: ship it", usage=Usage(input_tokens=10, cost=0.01))
+    client, asked = two_judges(main)
+    agent = turnkit.Agent("judged_stop", model="scripted", client=client, output_policy=JUDGES, max_spend=0.025)
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
+    assert asked == ["first"] and run.cost == pytest.approx(0.03)
+    assert [m.text for m in await run.messages() if m.role == "assistant"] == ["Recommendation: ship it"]
+
+
+async def test_a_terminal_answers_judge_failing_once_is_asked_again_alone(tk: TurnKit) -> None:
+    """A terminal tool's answer is judged one call per finish attempt: the second judge fails once; the retry asks
+    only it again (the first judge's answer and charge were committed), the tool runs once."""
+    main = call_tools(("submit_memo", {"memo": "Recommendation: ship it"}))
+    main = main.model_copy(update={"usage": Usage(input_tokens=10, cost=0.01)})
+    client, asked = two_judges(main, flaky="second")
+    agent = turnkit.Agent(
+        "terminal_judged_twice", model="scripted", client=client, tools=[submit_memo], output_policy=JUDGES
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "completed" and run.output_text == "Recommendation: ship it", run.error
+    assert asked == ["first", "second", "second"] and paid_calls(client, None) == 1
+    assert run.cost == pytest.approx(0.05) and run.policy_clean is True
+    assert [e.status for e in await run.tool_executions()] == ["completed"]
+
+
+async def test_a_terminal_answers_second_judge_is_not_asked_over_the_limit(tk: TurnKit) -> None:
+    """The terminal path checks the budget before each judge too: after the first judge's charge (0.01 + 0.02 over
+    0.025) the second is never asked, and the turn fails "cost limit reached"."""
+    main = call_tools(("submit_memo", {"memo": "Recommendation: ship it"}))
+    main = main.model_copy(update={"usage": Usage(input_tokens=10, cost=0.01)})
+    client, asked = two_judges(main)
+    agent = turnkit.Agent(
+        "terminal_judged_stop",
+        model="scripted",
+        client=client,
+        tools=[submit_memo],
+        output_policy=JUDGES,
+        max_spend=0.025,
+    )
+    run = await tk.run(agent, "Write the memo")
+    assert run.status == "failed" and run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
+    assert asked == ["first"] and run.cost == pytest.approx(0.03)
+
+
+async def test_a_retried_audit_activity_asks_no_judge_twice(engine: Engine) -> None:
+    """turnkit.model commits the answer and says "audit"; turnkit.audit asks the judge, commits its answer and charge
+    and asks for the revision. Retried after each commit (the same request id), neither activity calls a model
+    again, and neither a second revision request nor a second charge is written."""
+    tk = engine.tk
+    main = say("Draft only", usage=Usage(input_tokens=10, cost=0.01))
+    client = ScriptedClient(judge_and_main('{"approved": false, "violations": []}', main=main))
+    agent = turnkit.Agent(
+        "audit_retried", model="scripted", client=client, output_policy=OutputPolicy("Be brief."), output_retries=1
+    )
+    turnkit.register(agent)
+    conversation = await tk.conversation(agent)
+    record = await turn_for_activities(tk, conversation, "Write the memo")
+    model_call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1", iteration=1, audit_apart=True)
+    audit_call = AuditCall(turn_id=record.id, root_turn_id=record.id, request_id="req_1")
+    env = ActivityEnvironment()
+
+    answered = await env.run(ModelActivities(tk.store).model, model_call)
+    assert answered.outcome == "audit"
+    held = await tk.store.load_turn(record.id)
+    assert held.cost == pytest.approx(0.01) and held.options.state.awaiting_audit  # committed before any judge
+    assert (await env.run(ModelActivities(tk.store).model, model_call)).outcome == "audit"  # the model's retry
+    first = await env.run(AuditActivities(tk.store).audit, audit_call)
+    again = await env.run(AuditActivities(tk.store).audit, audit_call)  # the audit's retry, after its commit
+
+    assert first.outcome == again.outcome == "tools" and first.message_id == again.message_id == answered.message_id
+    assert client.calls == 2  # one main call, one judge call
+    revisions = [m for m in await conversation.messages() if m.role == "user" and REVISION_TEXT in m.text]
+    assert len(revisions) == 1
+    turn = await tk.store.load_turn(record.id)
+    state = turn.options.state
+    assert (state.revisions_used, state.phase, state.awaiting_audit) == (1, "model", False)
+    assert [a["policy"] for a in state.judge_answers] == ["output_policy"]
+    assert turn.cost == pytest.approx(0.03)
+
+
+async def test_a_standalone_paints_judge_failing_once_does_not_paint_again(tk: TurnKit) -> None:
+    """Behaviour §3.12 step 6 with a paid call committed before anything can fail: a standalone paint's judge fails
+    once (a transient 529); the image and its charge were committed first, so the retried attempt finds the image
+    and asks only the judge again. The image provider painted once, and the turn is charged the image (0.05) and
+    the one answered judge call (0.02)."""
+    png = b"\x89PNG\r\n\x1a\n" + b"IHDR" + bytes(range(64))
+    images = ScriptedClient([], images=[image(png, usage=Usage(output_tokens=5, cost=0.05))] * 2)
+    failed: list[str] = []
+
+    def respond(request: ModelRequest) -> Result:
+        if not failed:
+            failed.append(request.model)
+            raise turnkit.TransientModelError("overloaded (529)")
+        return Result.build(text='{"approved": true, "violations": []}', usage=Usage(input_tokens=5, cost=0.02))
+
+    judge = OutputPolicy("Images only.", model="judge", client=ScriptedClient(respond))
+    agent = turnkit.Agent("judged_standalone", model="scripted", client=ScriptedClient([]), output_policy=[judge])
+    prepared = await (await tk.conversation(agent)).build_turn("paint a cat")
+    painted = await prepared.paint("a cat", model="scripted-image", client=images)
+    assert painted.status == "completed" and painted.policy_clean is True, painted.error
+    assert failed and len(images.paint_requests) == 1  # painted once, judged twice (once failed)
+    assert painted.cost == pytest.approx(0.07)
+    assert [m.kind for m in await painted.messages()].count("image") == 1

@@ -8,14 +8,16 @@ model activity's own function), and ``perform_later`` / ``run`` submit it.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
 from tests.engine import held_tool, stored_pending_turn
-from turnkit.kernel.errors import Error, InputError
+from turnkit.kernel.errors import AuthorizationError, Error, InputError
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 
@@ -39,6 +41,7 @@ async def no_workflow(tk: TurnKit, workflow_id: str) -> bool:
 async def test_prepared_run_is_pending_until_run(tk: TurnKit) -> None:
     """T04: ``run(..., prepare=True)`` is pending, with no model call, no workflow (not even its conversation's
     lane), no ``submitted_at`` and no finding from ``check``; ``run()`` submits it and it completes."""
+    since = utcnow()
     client = ScriptedClient(["done"])
     agent = turnkit.Agent("worker", model="scripted", client=client)
     run = await tk.run(agent, "x", prepare=True)
@@ -47,8 +50,8 @@ async def test_prepared_run_is_pending_until_run(tk: TurnKit) -> None:
     assert run.record.submitted_at is None and client.calls == 0
     assert await no_workflow(tk, run.id) and await no_workflow(tk, run.record.conversation_id)
     assert run.id not in [t.id for t in await tk.store.list_submitted_turns()]
-    assert [f for f in await tk.check(grace=0) if run.id in f.ids] == []
-    reconciled = await tk.reconcile(grace=0)  # maintenance neither submits nor fails a prepared run
+    assert [f for f in await tk.check(since=since, grace=0) if run.id in f.ids] == []
+    reconciled = await tk.reconcile(since=since, grace=0)  # maintenance neither submits nor fails a prepared run
     assert [r for r in reconciled.repairs if run.id in r.ids] == []
     assert (await run.refresh()).is_pending and run.record.submitted_at is None and client.calls == 0
     # Prepared runs take their callback at submission.
@@ -142,17 +145,47 @@ async def test_prepared_run_waits_then_is_submitted(tk: TurnKit) -> None:
     assert last["role"] == "user" and json.loads(last["content"])["wait_results"][0]["result"] == "child out"
 
 
+async def test_wait_for_asks_the_hook_for_the_turns_own_principal(tk: TurnKit) -> None:
+    """``Turn.wait_for`` asks ``wait`` for the principal the turn was asked with, not for whoever calls it: a policy
+    that lets only alice's turns wait accepts alice's prepared turn (the caller names no principal) and refuses
+    mallory's, which then has no wait edge."""
+    asked: list[Any] = []
+
+    def policy(action: str, *, principal: Any, **resources: Any) -> bool:
+        if action == "wait":
+            asked.append(principal)
+            return principal == "alice"
+        return True
+
+    agent = turnkit.Agent("waiter", model="scripted", client=ScriptedClient(["joined"]))
+    target = await (await tk.conversation(turnkit.Agent("target", model="scripted", client=ScriptedClient(["t"])))).ask(
+        "t"
+    )
+    turnkit.configure(authorize=policy)
+    alices = await tk.run(agent, "merge", prepare=True, principal="alice")
+    await alices.wait_for(target)
+    mallorys = await tk.run(agent, "merge", prepare=True, principal="mallory")
+    with pytest.raises(AuthorizationError, match="not authorized to wait"):
+        await mallorys.wait_for(target)
+    assert asked == ["alice", "mallory"]
+    async with tk.store.atomic() as tx:
+        assert [w.target_turn_id for w in await tx.list_waits(turn_id=alices.id)] == [target.id]
+        assert await tx.list_waits(turn_id=mallorys.id) == []
+
+
 async def test_reconcile_runs_lost_submitted_work_and_leaves_previews(tk: TurnKit) -> None:
     """T40: a prepared (preview) run and a submitted run whose submission never reached its lane (written to the
     store only, as if the enqueue failed); ``reconcile`` queues the submitted run, which completes with one model
-    call, and the preview stays ``pending`` with no ``submitted_at``."""
+    call, and the preview stays ``pending`` with no ``submitted_at``. Scoped to what this test made (``since``):
+    turns other tests left behind are not this test's to repair."""
+    since = utcnow()
     client = ScriptedClient(["recovered"])
     agent = turnkit.Agent("lost", model="scripted", client=client)
     preview_run = await tk.run(agent, "only a preview", prepare=True)
     conversation = await tk.conversation(agent)
     lost = await stored_pending_turn(tk, conversation.id, agent, "submitted, never enqueued")
 
-    reconciled = await tk.reconcile(grace=0)
+    reconciled = await tk.reconcile(since=since, grace=0)
     assert [(r.action, r.ids[0]) for r in reconciled.repairs] == [("requeued", lost.id)]
     done = await tk.turn(lost.id).result(timeout=60)
     assert done.status == "completed" and done.output_text == "recovered" and client.calls == 1

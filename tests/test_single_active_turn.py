@@ -11,6 +11,7 @@ from tests.engine import busy_sub_agent, eventually, lane_buffers
 from tests.history_scenarios import ends_at_completed_task
 from turnkit.kernel.payloads import LaneStatus
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 
 _SIGNALED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
 
@@ -31,6 +32,7 @@ async def test_a_delivery_and_reconcile_do_not_release_a_lane_held_for_a_sub_age
     """Issue 8 item 7: a sub-agent's turn runs in its child conversation and an ask there is held; a delivery and
     `turnkit reconcile` then nudge the lane: no second turn runs until the sub-agent's turn ends, then the held turn
     and the delivered input run, one at a time."""
+    since = utcnow()
     busy = await busy_sub_agent(tk)
     turn, record, child_conversation, release = busy.turn, busy.child, busy.conversation, busy.release
     asked = await child_conversation.ask("also this", wait=False)  # starts the lane: held, a sub-agent turn runs
@@ -42,7 +44,7 @@ async def test_a_delivery_and_reconcile_do_not_release_a_lane_held_for_a_sub_age
     await eventually(held, what="the asked turn to be held in the lane")
     posted = await child_conversation.post("and then this", key=f"nudge-{record.id}")  # signal 1: deliver
     await eventually(lambda: lane_buffers(tk, record.conversation_id, posted.id), what="the lane to hold the post")
-    assert posted.id in {d.id for d in await tk.reconcile()}  # signal 2: deliver again
+    assert posted.id in {d.id for d in await tk.reconcile(since=since)}  # signal 2: deliver again
     await eventually(lambda: lane_quiet(tk, record.conversation_id, 2), what="the lane to handle both nudges")
 
     assert await held(), "a nudge released the hold"

@@ -158,3 +158,62 @@ async def test_waiting_for_a_turn_waits_out_a_store_blink(outage_tk: TurnKit, cl
     gate.opened.set()
     done = await waiting
     assert done.status == "completed" and done.output_text == "answered next"
+
+
+async def test_a_commit_that_waits_for_the_database_does_not_spend_the_tools_timeout(
+    outage_tk: TurnKit, cluster: PrivateCluster
+) -> None:
+    """Issue 36 item 5: an at-most-once tool with a 3 s timeout finishes its body in time, then PostgreSQL is down
+    for longer than the tool's whole timeout while its result is committed. The commit waits for the database on
+    time of its own (the activity's timeout is the tool's plus a store window; the tool's own bounds only its body):
+    the call is recorded ``completed`` with its result, never ``interrupted``, and the model sees the charge."""
+    charges.clear()
+    gate = Gate()
+
+    @turnkit.tool(timeout=3)
+    async def charge_card(amount: int) -> dict[str, Any]:
+        """Charge the card (at most once: the default recovery)."""
+        gate.runs += 1
+        gate.entered.set()
+        await gate.opened.wait()
+        charges.append(amount)
+        return {"charged": amount}
+
+    charging_model = ChargingModel()
+    charging = await outage_tk.conversation(
+        turnkit.Agent("charging", model="scripted", tools=[charge_card], client=charging_model)
+    )
+    charge = await charging.ask("charge me", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await asyncio.to_thread(cluster.stop)
+    gate.opened.set()  # the body ends at once; its commit meets the outage
+    await asyncio.sleep(6)  # the outage itself, twice the tool's timeout: its length is the fault being tested
+    await asyncio.to_thread(cluster.start)
+
+    charged = await charge.result(timeout=120)
+    assert charged.status == "completed", charged.error
+    [execution] = await charged.tool_executions()
+    assert execution.status == "completed" and execution.result == {"charged": 5}
+    assert charges == [5] and gate.runs == 1
+    assert len(charging_model.requests) == 2 and charged.output_text == "charged once"
+
+
+async def test_a_tool_body_past_its_own_timeout_is_interrupted(tk: TurnKit) -> None:
+    """The other side of the store window: the tool's own timeout still bounds its body. An at-most-once body that
+    outlasts it is settled ``interrupted`` (its outcome is unknown), is never run again, and the turn goes on."""
+    gate = Gate()
+
+    @turnkit.tool(timeout=1)
+    async def bounded() -> dict[str, Any]:
+        """Never finishes in time."""
+        gate.runs += 1
+        await gate.opened.wait()
+        return {"done": True}
+
+    client = ScriptedClient([call_tools(("bounded", {})), "gave up"])
+    conversation = await tk.conversation(turnkit.Agent("bounded", model="scripted", tools=[bounded], client=client))
+    turn = await conversation.ask("go")
+    gate.opened.set()
+    [execution] = await turn.tool_executions()
+    assert turn.status == "completed" and turn.output_text == "gave up"
+    assert execution.status == "interrupted" and gate.runs == 1

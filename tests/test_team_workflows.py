@@ -38,6 +38,7 @@ from turnkit.runtime import TurnKit
 from turnkit.store.rows import conversation_record
 from turnkit.store.schema import ConversationRow
 from turnkit.store.statements import whole_rows
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,6 +197,7 @@ async def test_a_killed_worker_in_the_parallel_phase_repeats_nothing_and_loses_n
     conversation holds each message once; the drafter was called twice (draft, summary), and each reviewer's lost
     call was asked again under its request id (never a second answer); the workflow submitted each of its four turns
     once, and the store's invariants hold."""
+    since = utcnow()
     queue = _id("team")
     first = await TeamWorker.start(engine, queue)
     handle = await engine.tk.client.start_workflow(
@@ -246,7 +248,7 @@ async def test_a_killed_worker_in_the_parallel_phase_repeats_nothing_and_loses_n
     assert (await activity_types(handle))["turnkit.ask_from_workflow"] == 4
     # The store may hold other tests' records: only what this workflow's turns and conversations touch counts.
     ours = {c.id for c in conversations} | {t.id for t in turns}
-    assert [f for f in await tk.check() if ours & set(f.ids)] == []
+    assert [f for f in await tk.check(since=since) if ours & set(f.ids)] == []
 
 
 # -- cancellation, failure, bounds ------------------------------------------------------------------------------------

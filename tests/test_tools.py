@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -11,10 +13,17 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
+import turnkit
+from tests.engine import Gate, eventually, gated_tool
 from turnkit._engine.dispatch import call_policy
 from turnkit.agent import Agent
-from turnkit.kernel.errors import ToolError, ToolValidationError
+from turnkit.handles import Conversation
+from turnkit.kernel.errors import LostClaim, RecordNotFound, ToolError, ToolValidationError
 from turnkit.model import ToolSpec
+from turnkit.runtime import TurnKit
+from turnkit.store.rows import media_id_for
+from turnkit.store.store import Store
+from turnkit.testing import ScriptedClient, call_tools, image
 from turnkit.tools import FunctionTool, Tool, ToolContext, as_tool, normalize_result, tool
 
 
@@ -485,3 +494,295 @@ async def test_result_with_error_key_is_a_normal_result() -> None:  # T19
         return {"error": "ordinary data"}
 
     assert await lookup.invoke({}, make_context()) == {"error": "ordinary data"}
+
+
+# -- fenced writes (behaviour §5.4) -----------------------------------------------------------------------------------
+
+
+async def test_a_cancelled_tools_raw_store_write_is_refused(tk: TurnKit) -> None:
+    """T49 (the "LATE RAW WRITE"): a tool that outlives its turn's cancel and appends through ``context.store``
+    is refused with ``LostClaim``; the conversation gets nothing after ``cancelled``."""
+    turnkit.configure(tool_heartbeat_timeout=1.0)  # the cancel reaches the running tool through its heartbeat
+    entered, release, wrote = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    refused: list[BaseException] = []
+
+    async def stubborn(context: ToolContext) -> dict[str, Any]:
+        """Work on after being cancelled, then write to the record."""
+        entered.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            await release.wait()  # it goes on anyway
+        try:
+            assert context.store is not None
+            await context.store.append_message(context.conversation_id, role="user", text="LATE RAW WRITE")
+        except Exception as err:
+            refused.append(err)
+        finally:
+            wrote.set()
+        return {}
+
+    client = ScriptedClient([call_tools(("stubborn", {})), "never"])
+    conversation = await tk.conversation(Agent("late_raw", model="scripted", tools=[tool(stubborn)], client=client))
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(entered.wait(), 30)
+    assert (await turn.cancel()).status == "cancelled"
+    release.set()
+    await asyncio.wait_for(wrote.wait(), 30)
+
+    assert [type(err) for err in refused] == [LostClaim]
+    assert "LATE RAW WRITE" not in [m.text for m in await conversation.messages()]
+
+
+PNG = b"\x89PNG\r\n\x1a\nIHDR"
+
+
+async def _late_writes(context: ToolContext, destination: str, marker: str) -> tuple[dict[str, str], int]:
+    """Every write a tool can make through its context, each tried once: the class of what each raised (``"wrote"``
+    when it did not), and how many provider calls the paint and view_media made."""
+    from turnkit.media import MediaInput
+    from turnkit.media_tools import paint_in_turn, view_media_in_turn
+
+    store = context.store
+    assert store is not None
+    painter = ScriptedClient([], images=[image(PNG + b"painted" + marker.encode())])
+    viewer = ScriptedClient(["it shows a cat"])
+    attempts: dict[str, Any] = {
+        "say": lambda: context.say(f"say {marker}"),
+        "append_message": lambda: store.append_message(text=f"append {marker}"),
+        "deliver": lambda: store.deliver(destination, f"deliver {marker}", key="late"),
+        "put_media": lambda: store.put_media(PNG + marker.encode(), mime_type="image/png"),
+        "paint": lambda: paint_in_turn(context, f"paint {marker}", model="scripted-image", client=painter),
+        "view_media": lambda: view_media_in_turn(
+            context, MediaInput.bytes(PNG + b"viewed" + marker.encode()), objective="what", client=viewer
+        ),
+    }
+    outcomes: dict[str, str] = {}
+    for name, attempt in attempts.items():
+        try:
+            await attempt()
+            outcomes[name] = "wrote"
+        except Exception as err:
+            outcomes[name] = type(err).__name__
+    return outcomes, len(painter.paint_requests) + viewer.calls
+
+
+async def _nothing_written(conversation: Conversation, destination: Conversation, store: Store, marker: str) -> None:
+    """No message, delivery or media item of the refused writes tagged ``marker`` exists."""
+    texts = [m.text for m in await conversation.messages()]
+    assert not [text for text in texts if marker in text], f"a refused write left a message: {texts}"
+    assert await destination.inbox() == [], "a refused deliver left a delivery"
+    async with store.reads() as tx:
+        for data in (PNG + marker.encode(), PNG + b"painted" + marker.encode(), PNG + b"viewed" + marker.encode()):
+            with pytest.raises(RecordNotFound):
+                await tx.load_media(media_id_for(hashlib.sha256(data).hexdigest()))
+
+
+@pytest.mark.parametrize("revoked_by", ["cancel", "interruption"])
+async def test_every_write_of_a_revoked_call_is_refused(tk: TurnKit, revoked_by: str) -> None:
+    """T49: after its turn was cancelled, or its execution interrupted (its attempt timed out while the body went
+    on), every write a tool can make through its context (say, append_message, deliver, put_media, and the paint
+    and view_media it runs) raises ``LostClaim``, writes nothing, and pays no provider."""
+    if revoked_by == "cancel":
+        turnkit.configure(tool_heartbeat_timeout=1.0)  # the cancel reaches the running tool through its heartbeat
+    marker = uuid.uuid4().hex
+    entered, release, wrote = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    outcomes: dict[str, str] = {}
+    provider_calls: list[int] = []
+    destination = await tk.conversation(Agent("inbox_owner", model="scripted", client=ScriptedClient(["ok"])))
+
+    async def stubborn(context: ToolContext) -> dict[str, Any]:
+        """Work on after being revoked, then try every write."""
+        entered.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            await release.wait()  # it goes on anyway
+        try:
+            refused, paid = await _late_writes(context, destination.id, marker)
+            outcomes.update(refused)
+            provider_calls.append(paid)
+        finally:
+            wrote.set()
+        return {}
+
+    gate = Gate()  # keeps the turn running after an interruption: the execution alone is revoked
+    script: list[Any] = [call_tools(("stubborn", {})), call_tools(("slow", {})), "done"]
+    tools = [tool(timeout=1.0)(stubborn), gated_tool(gate)] if revoked_by == "interruption" else [tool(stubborn)]
+    client = ScriptedClient(script)
+    conversation = await tk.conversation(Agent("revoked", model="scripted", tools=tools, client=client))
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(entered.wait(), 30)
+    if revoked_by == "cancel":
+        assert (await turn.cancel()).status == "cancelled"
+    else:
+        await asyncio.wait_for(gate.entered.wait(), 30)  # the call was settled "interrupted" and the turn went on
+    [execution, *_] = await turn.tool_executions()
+    assert execution.status == "interrupted"
+    release.set()
+    await asyncio.wait_for(wrote.wait(), 30)
+    if revoked_by == "interruption":
+        assert (await turn.refresh()).status == "running"  # refused for the execution, not for the turn
+        gate.opened.set()
+        assert (await turn.result(timeout=60)).status == "completed"
+
+    assert outcomes == dict.fromkeys(
+        ["say", "append_message", "deliver", "put_media", "paint", "view_media"], "LostClaim"
+    )
+    assert provider_calls == [0], "a revoked call must pay no provider"
+    await _nothing_written(conversation, destination, tk.store, marker)
+
+
+async def test_a_calls_writes_commit_once_while_it_is_open(tk: TurnKit) -> None:
+    """§5.4: while the call is open its context's writes commit: a message (tagged with the execution), a delivery
+    (woken at its destination), media bytes. A replay-safe tool's retried attempt that repeats them writes nothing
+    twice. The context never hands out the worker's store."""
+    destination = await tk.conversation(Agent("mailbox", model="scripted", client=ScriptedClient(["noted"])))
+    seen: list[ToolContext] = []
+
+    async def chatty(context: ToolContext) -> dict[str, Any]:
+        """Write everything, fail once, then do it all again."""
+        seen.append(context)
+        store = context.store
+        assert store is not None
+        said = await context.say("progress")
+        appended = await store.append_message(text="more", metadata={"step": 2})
+        delivery = await store.deliver(destination.id, "hello there", key="greeting")
+        media = await store.put_media(PNG + b"chatty", mime_type="image/png")
+        if context.attempt == 1:
+            raise RuntimeError("flaky")
+        return {"said": said.id, "appended": appended.id, "delivery": delivery.id, "media": media.id}
+
+    client = ScriptedClient([call_tools(("chatty", {})), "done"])
+    chatty_tool = tool(recovery="replay_safe", initial_retry_interval=0.01)(chatty)
+    conversation = await tk.conversation(Agent("chatty", model="scripted", tools=[chatty_tool], client=client))
+    turn = await conversation.ask("go")
+    assert turn.status == "completed", turn.error
+    assert [c.attempt for c in seen] == [1, 2]
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed"
+    result = execution.result or {}
+
+    messages = await conversation.messages()
+    [said] = [m for m in messages if m.text == "progress"]
+    [appended] = [m for m in messages if m.text == "more"]
+    assert (said.id, appended.id) == (result["said"], result["appended"])
+    assert said.role == appended.role == "user"
+    assert said.metadata == {"tool_execution_id": execution.id}
+    assert appended.metadata == {"step": 2, "tool_execution_id": execution.id}
+    [delivery] = await destination.inbox()
+    assert delivery.id == result["delivery"] and delivery.key == f"tool:{execution.id}:greeting"
+    assert delivery.source_conversation_id == conversation.id and delivery.source_turn_id == turn.id
+
+    async def delivered() -> bool:
+        return any(m.text == "hello there" for m in await destination.messages())
+
+    await eventually(delivered, what="the delivery reaching its destination")
+    store = seen[0].store
+    assert store is not None and not isinstance(store, Store)
+    assert not [name for name, value in vars(store).items() if isinstance(value, Store)]
+    assert not hasattr(store, "atomic"), "the context must not open raw transactions"
+    with pytest.raises(ValueError, match="own conversation"):
+        await store.append_message(destination.id, text="elsewhere")
+
+
+async def test_the_builtin_send_message_writes_under_its_calls_fence(tk: TurnKit) -> None:
+    """T49: the built-in ``send_message`` tool's delivery is written under its execution's fence too: run again for
+    its settled execution (a zombie attempt), it raises ``LostClaim`` instead of finding or writing a delivery."""
+    from turnkit._activities.tools import ToolActivities
+    from turnkit._engine.builtin_tools import send_message
+
+    destination = await tk.conversation(Agent("letterbox", model="scripted", client=ScriptedClient(["ok"])))
+    arguments = {"conversation_id": destination.id, "text": "first"}
+    client = ScriptedClient([call_tools(("send_message", arguments)), "sent"])
+    conversation = await tk.conversation(Agent("sender", model="scripted", tools=[send_message], client=client))
+    turn = await conversation.ask("send it")
+    [execution] = await turn.tool_executions()
+    assert execution.status == "completed"
+    with pytest.raises(LostClaim):
+        await ToolActivities(tk.store)._send_message(turn.record, execution, send_message, arguments)  # pyright: ignore[reportPrivateUsage]
+    assert [d.key for d in await destination.inbox()] == [f"message:{execution.id}"]
+
+
+async def test_every_write_after_the_call_completed_is_refused(tk: TurnKit) -> None:
+    """T49: a context kept past its call's end (say, by a background task the tool left behind) writes nothing: once
+    its execution is completed, while the turn goes on with its next call, every write through it (say,
+    append_message, deliver, put_media, paint, view_media) raises ``LostClaim``, writes nothing and pays no
+    provider."""
+    marker = uuid.uuid4().hex
+    destination = await tk.conversation(Agent("late_inbox", model="scripted", client=ScriptedClient(["ok"])))
+    kept: list[ToolContext] = []
+
+    async def quick(context: ToolContext) -> dict[str, Any]:
+        """Return at once, leaving the context behind."""
+        kept.append(context)
+        return {}
+
+    gate = Gate()  # holds the turn in its next call: the first one alone has ended
+    client = ScriptedClient([call_tools(("quick", {})), call_tools(("slow", {})), "done"])
+    tools = [tool(quick), gated_tool(gate)]
+    conversation = await tk.conversation(Agent("finished", model="scripted", tools=tools, client=client))
+    turn = await conversation.ask("go", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    [context] = kept
+    [first, _] = await turn.tool_executions()
+    assert first.status == "completed" and (await turn.refresh()).status == "running"
+    with pytest.raises(LostClaim, match=f"^tool execution {first.id} is completed: its writes are fenced$"):
+        await context.say(f"said late {marker}")
+    outcomes, paid = await _late_writes(context, destination.id, marker)
+    gate.opened.set()
+    assert (await turn.result(timeout=60)).status == "completed"
+
+    assert outcomes == dict.fromkeys(
+        ["say", "append_message", "deliver", "put_media", "paint", "view_media"], "LostClaim"
+    )
+    assert paid == 0, "a finished call must pay no provider"
+    await _nothing_written(conversation, destination, tk.store, marker)
+
+
+async def test_a_tools_message_shows_only_media_its_tree_may_use(tk: TurnKit) -> None:
+    """Behaviour §3.12, §5.4: a ``media`` part a tool appends must name an item the call stored (``put_media``) or
+    one its tree has seen, and is stored as that item's full reference whatever else the part says. Another
+    conversation's item is ``"media not found"`` and nothing is written: a tool that writes an id it was given (a
+    model's argument) cannot open another tree's media to its own."""
+    from turnkit.media import media_part
+
+    async with tk.store.atomic() as tx:  # another conversation's image, shown there
+        other = await tk.conversation(Agent("media_keeper", model="scripted", client=ScriptedClient(["ok"])))
+        foreign = await tx.put_media(PNG + b"foreign" + uuid.uuid4().bytes, mime_type="image/png")
+        await tx.append_message(other.id, role="user", content=[media_part(foreign)])
+    mine = PNG + b"mine" + uuid.uuid4().bytes
+    refusals: list[str] = []
+
+    async def show(context: ToolContext, media_id: str) -> dict[str, Any]:
+        """Show the tool's own image, then try to show the given one.
+
+        Args:
+            media_id: A media id to show.
+        """
+        store = context.store
+        assert store is not None
+        record = await store.put_media(mine, mime_type="image/png", filename="mine.png")
+        shown = await store.append_message(
+            content=[{"type": "text", "text": "look"}, {"type": "media", "media_id": record.id, "mime_type": "x/y"}]
+        )
+        try:
+            await store.append_message(content=[{"type": "media", "media_id": media_id}], key="given")
+        except RecordNotFound as err:
+            refusals.append(str(err))
+        return {"shown": shown.id, "media_id": record.id}
+
+    client = ScriptedClient([call_tools(("show", {"media_id": foreign.id})), "seen"])
+    conversation = await tk.conversation(Agent("shower", model="scripted", tools=[tool(show)], client=client))
+    turn = await conversation.ask("show me")
+    assert turn.status == "completed", turn.error
+    [execution] = await turn.tool_executions()
+    result = execution.result or {}
+    assert refusals == [f"media not found: {foreign.id}"]
+
+    async with tk.store.reads() as tx:
+        own = await tx.load_media(str(result["media_id"]))
+    messages = await conversation.messages()
+    [shown] = [m for m in messages if m.id == result["shown"]]
+    assert shown.content == [{"type": "text", "text": "look"}, media_part(own)], "completed from the record"
+    assert not [p for m in messages for p in m.content if p.get("media_id") == foreign.id], "a foreign media part"

@@ -25,7 +25,7 @@ from turnkit._engine.deliveries import create_delivery, signal_delivery
 from turnkit._engine.deliveries import reconcile as reconcile_deliveries
 from turnkit.kernel.payloads import DeliverBatch
 from turnkit.runtime import TurnKit
-from turnkit.store.store import StoreTx
+from turnkit.store.store import StoreTx, utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -292,6 +292,7 @@ async def test_a_failing_delivery_apply_rolls_back_message_and_mark(
 async def test_duplicate_signals_and_a_reconcile_apply_a_delivery_once(tk: TurnKit) -> None:  # T77
     """T77 through the real lane: one stored delivery signalled twice at once, and found again by the delivery
     reconciler meanwhile, gives 1 message, 1 ``delivered_at`` and 1 continuation turn, which runs once."""
+    since = utcnow()  # the reconciler re-signals this test's deliveries only: others' lanes are not this worker's
     agent, client = echo_agent("t77_race")
     conversation = await tk.conversation(agent)
     delivery = await stored_delivery(tk, conversation, "once")
@@ -299,7 +300,7 @@ async def test_duplicate_signals_and_a_reconcile_apply_a_delivery_once(tk: TurnK
     await asyncio.gather(
         signal_delivery(tk.client, tk.task_queue, delivery),
         signal_delivery(tk.client, tk.task_queue, delivery),
-        reconcile_deliveries(tk.store, tk.client, tk.task_queue),
+        reconcile_deliveries(tk.store, tk.client, tk.task_queue, since=since),
     )
 
     async def finished() -> bool:

@@ -16,6 +16,7 @@ from turnkit._engine.builtin_tools import sub_agent_tool
 from turnkit._engine.compaction_options import normalize_compaction
 from turnkit._engine.current import current
 from turnkit._engine.limits import check_limits
+from turnkit._engine.names import check_name
 from turnkit._engine.prompt_sections import check_prompt_sections
 from turnkit.config import EventCallback, settings
 from turnkit.cost import total_cost, total_usage
@@ -253,7 +254,9 @@ class Agent(AgentDefinition):
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, ``"duplicate MCP server name: X"``, a
-                thinking or tool definition error, an unknown prompt mode or an unknown prompt section.
+                thinking or tool definition error, an unknown prompt mode or an unknown prompt section; an
+                ``InputError`` (a ``ValueError``) for a name that is too long or holds a control character, as for any
+                other name.
             ConfigError: ``compaction`` has the wrong type or an unknown option.
             TypeError: A tools entry is not a TurnKit tool, a skill is not a Skill, a sub-agent is not an Agent, an
                 MCP server is not an MCPServer, ``system_prompt`` is neither a string nor a callable, a context
@@ -296,6 +299,8 @@ class Agent(AgentDefinition):
         on_event = o.get("on_event", None)
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
+        # Persisted as agent_name and printed by the operator's tools: the rule of every other name.
+        check_name("agent name", name, optional=False)
         if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
             raise ValueError(f"unknown prompt mode: {prompt_mode}")
         check_limits(

@@ -95,6 +95,12 @@ class Settings:
     maintenance_batch_size: int = 100
     """Upper bound on rows handled by one maintenance pass (drain, reconcile, stale sweeps)."""
 
+    lost_submit_grace: float | None = 10.0
+    """Seconds after which a worker takes a submitted root turn of its task queue that has no workflow and no place in
+    its lane (its submission was lost with its caller, worker and server) and submits it to its lane again; workers
+    search about twice as often. None: workers do not search (``turnkit repair`` still queues such a turn; see
+    docs/design.md, "Lost submissions")."""
+
     on_event: EventCallback | list[EventCallback] | tuple[EventCallback, ...] | None = None
     """Event callback(s) (sync or ``async def``), called with each :class:`turnkit.events.Event` after its write
     committed (behaviour §3.11); sync ones run in a thread; exceptions are logged (see :mod:`turnkit.events`)."""
@@ -224,6 +230,9 @@ def settings_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
         if key not in _FIELD_NAMES:
             raise ConfigError(f"unknown setting: {key}")
     check_limits(kwargs)  # zero or negative budgets are refused before any setting changes
+    grace = kwargs.get("lost_submit_grace")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float) or grace <= 0):
+        raise ConfigError(f"lost_submit_grace must be a positive number of seconds or None, not {grace!r}")
     _check_prompt_settings(kwargs)
     if "compaction" in kwargs:
         normalized = normalize_compaction(kwargs["compaction"])

@@ -43,6 +43,7 @@ __all__ = [
     "announce_message",
     "check_on_event",
     "emit",
+    "listening",
     "logger",
     "register_turn_callback",
     "unregister_turn_callback",
@@ -119,6 +120,11 @@ def _effective(agents: dict[str, Agent], name: str | None) -> Callbacks | None:
     """An agent's effective callback: its own ``on_event``, else ``settings.on_event`` (None if not registered)."""
     agent = None if name is None else agents.get(name)
     return None if agent is None else agent.effective_on_event
+
+
+def listening(turn_id: str) -> bool:
+    """Whether an event of ``turn_id`` may reach an application callback (global, the turn's own, an agent's)."""
+    return settings.on_event is not None or turn_id in _turn_callbacks or _agent_callbacks()
 
 
 def _agent_callbacks() -> bool:

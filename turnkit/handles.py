@@ -23,27 +23,23 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit.kernel.errors as errors
-from turnkit._engine.authorization import Action, Verdict, authorize
-from turnkit._engine.compaction import compaction_policy, summarise
-from turnkit._engine.controls import apply_cancel, apply_pause, apply_resume, apply_steer, controls_of, selected_turns
-from turnkit._engine.deliveries import (
-    callback_verdict,
-    completion_delivery,
-    create_delivery,
-    signal_delivery,
-    wake_lane,
-)
+from turnkit._engine.authorization import Action, authorize
+from turnkit._engine.client_requests import request_cancel, request_compaction
+from turnkit._engine.control_writes import write_control
+from turnkit._engine.controls import apply_pause, apply_resume, apply_steer, controls_of
+from turnkit._engine.deliveries import create_delivery, signal_delivery
 from turnkit._engine.first_turn import can_start_directly, write_first_turn
 from turnkit._engine.ids import new_id
-from turnkit._engine.media_standalone import paint_turn, view_media_turn
+from turnkit._engine.lane_submit import resubmit, until_started
 from turnkit._engine.prepared import SUBMITTABLE, preview_request
 from turnkit._engine.server_away import SERVER_AWAY, while_server_away
+from turnkit._engine.standalone_requests import request_standalone
 from turnkit._engine.turn_build import create_turn
 from turnkit._engine.turn_end import fail_unfinished_turn
 from turnkit._engine.turn_options import check_budget
 from turnkit._engine.turn_start import start_turn_workflow
 from turnkit._engine.validation import check_id, check_json, check_key, check_name, check_size, check_text
-from turnkit._engine.waits import add_waits, enter_waiting, notify_waiters
+from turnkit._engine.waits import add_waits, enter_waiting
 from turnkit._temporal.search_attributes import registration_hint
 from turnkit.agent import resolve_agent
 from turnkit.config import settings
@@ -69,6 +65,9 @@ _UNSET: Any = object()
 #: The server aborted an update because the workflow task that carried it failed (e.g. it completed with a command
 #: that new events made stale): the update was never accepted, and repeating it is safe (same update id).
 _UPDATE_ABORTED = "unexpected workflow task failure"
+#: How long ``Turn.result()`` waits before asking a lane that is continuing as new again (its next run starts in
+#: about one workflow task).
+_ROLLOVER_PAUSE = 0.05
 #: How long a submission (or a delivery's signal) is repeated while the server is away before the caller gets a
 #: TurnKit error.
 SUBMIT_RECONNECT_WINDOW = 60.0
@@ -277,7 +276,11 @@ class Conversation:
         )
         agent_def = resolve_agent(agent or self.agent_name)
         async with self._tk.store.atomic(conversation_id=self.id) as tx:
-            record = await create_turn(tx, await tx.load_conversation(self.id), agent_def, request, submitted=False)
+            conversation = await tx.load_conversation(self.id)
+            # Where it will be submitted: the workers there run it if its submission is lost (docs/design.md).
+            record = await create_turn(
+                tx, conversation, agent_def, request, submitted=False, task_queue=self._tk.task_queue
+            )
         if callbacks is not None:
             register_turn_callback(record.id, callbacks)
         return Turn(self._tk, record.id, record)
@@ -313,7 +316,7 @@ class Conversation:
             return False
 
         async def write() -> TurnInput | None:
-            return await write_first_turn(self._tk.store, request, self.agent_name)
+            return await write_first_turn(self._tk.store, request, self.agent_name, task_queue=self._tk.task_queue)
 
         # A database blink is waited out, as for a staged input (idempotent by the turn id).
         turn = await patiently(write, what="accept the turn's input", window=STAGE_RETRY_WINDOW)
@@ -386,8 +389,9 @@ class Conversation:
         # Repeating is safe: the turn id is the update id and the submit activity is idempotent by it.
         await _while_server_away(submit, f"submitting the turn to conversation {self.id}")
 
-    async def messages(self) -> list[MessageRecord]:
-        """Every message of the conversation, in sequence order."""
+    async def messages(self, *, principal: Any = None) -> list[MessageRecord]:
+        """Every message of the conversation, in sequence order; asked as ``read_messages`` (behaviour §7.3)."""
+        await authorize("read_messages", principal, destination_conversation=self.id)
         return await self._tk.store.list_messages(self.id)
 
     async def post(self, text: str, *, key: str, principal: Any = None) -> DeliveryRecord:
@@ -431,13 +435,15 @@ class Conversation:
         )
         return delivery
 
-    async def inbox(self) -> list[DeliveryRecord]:
-        """Deliveries addressed to this conversation, oldest first."""
+    async def inbox(self, *, principal: Any = None) -> list[DeliveryRecord]:
+        """Deliveries addressed to this conversation, oldest first; asked as ``read_messages`` (behaviour §7.3)."""
+        await authorize("read_messages", principal, destination_conversation=self.id)
         async with self._tk.store.atomic() as tx:
             return await tx.list_deliveries(destination_conversation_id=self.id)
 
-    async def outbox(self) -> list[DeliveryRecord]:
-        """Deliveries sent from this conversation, oldest first."""
+    async def outbox(self, *, principal: Any = None) -> list[DeliveryRecord]:
+        """Deliveries sent from this conversation, oldest first; asked as ``read_messages`` (behaviour §7.3)."""
+        await authorize("read_messages", principal, destination_conversation=self.id)
         async with self._tk.store.atomic() as tx:
             return await tx.list_deliveries(source_conversation_id=self.id)
 
@@ -472,16 +478,23 @@ class Conversation:
             "status": "applied" if application else "pending",
         }
 
-    async def compact(self, *, focus: str | None = None, model: str | None = None) -> MessageRecord:
+    async def compact(
+        self, *, focus: str | None = None, model: str | None = None, key: str | None = None
+    ) -> MessageRecord:
         """Summarise the middle of this conversation now (behaviour §3.10 manual compaction).
 
         The policy is ``settings.compaction`` merged with the agent's ``compaction``. The summary is appended as an
         assistant ``context_summary`` message without a turn; later turns see it in place of the messages it covers.
         Nothing is deleted. Its model call belongs to no turn, so it is not charged to one.
 
+        It runs on a worker, as a workflow of its own whose summariser call is an activity (docs/design.md, "No side
+        doors"): a caller that dies after asking leaves the summary to be written once, without it.
+
         Args:
             focus: A topic the summary should focus on.
             model: The compaction model; defaults to the policy's, then the conversation's, then the agent's.
+            key: Makes the request idempotent: asked again with the same key (after the caller died, say), it returns
+                the summary the first request appended, without another model call.
 
         Returns:
             The summary message.
@@ -490,31 +503,9 @@ class Conversation:
             CompactionError: ``"compaction is disabled"``, ``"not enough messages to compact"``,
                 ``"compaction model returned an empty summary"``, or ``"compaction failed: <cause>"``.
         """
-        agent = resolve_agent(self.agent_name)
-        policy = compaction_policy(settings.compaction, agent.compaction)
-        if policy is None:
-            raise errors.CompactionError("compaction is disabled")
-        messages = await self.messages()  # a store failure is not a compaction failure
-        try:
-            summary = await summarise(
-                messages,
-                policy,
-                agent,
-                auto=False,
-                model=model,
-                fallback_model=self.record.model,
-                focus=focus,
-                metadata={"conversation_id": self.id},
-            )
-        except errors.CompactionError:
-            raise
-        except Exception as err:
-            raise errors.CompactionError(f"compaction failed: {err}") from err
-        if summary is None:
-            raise errors.CompactionError("not enough messages to compact")
-        return await self._tk.store.append_message(
-            self.id, role="assistant", kind="context_summary", text=summary.text, metadata=summary.metadata
-        )
+        if key is not None:
+            check_key("key", key)
+        return await request_compaction(self._tk, self.id, focus=focus, model=model, key=key)
 
     async def usage(self) -> Usage:
         """Tokens used by every turn of this conversation (behaviour §1.3)."""
@@ -638,15 +629,19 @@ class Turn:
         """``status == "stale"``."""
         return self.record.status == "stale"
 
-    async def preview(self) -> ModelRequest:
+    async def preview(self, *, principal: Any = None) -> ModelRequest:
         """The request the turn's next model call would send, built by the model activity's own builder, without
         calling the model or writing anything (``preview``, behaviour §1.5; T05): model, messages, tools, system prompt
         (``instructions``, ``dynamic_instructions``), thinking, output schema, metadata and the prompt ``report``.
+        Asked as ``read_messages`` (behaviour §7.3).
 
         Raises:
             ConfigError: The turn's agent is not registered in this process.
+            AuthorizationError: ``"not authorized to read_messages"``.
         """
-        return await preview_request(self._tk.store, await self._load())
+        record = await self._load()
+        await authorize("read_messages", principal, destination_conversation=record.conversation_id, turn=record)
+        return await preview_request(self._tk.store, record)
 
     async def perform_later(self, *, callback: Conversation | str | None = None) -> Turn:
         """Submit a prepared turn (:meth:`Conversation.build_turn`) to its conversation's lane; returns at once.
@@ -689,16 +684,22 @@ class Turn:
 
     async def paint(self, prompt: str, *, model: str, **options: Any) -> Turn:
         """Generate an image as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
-        :func:`turnkit._engine.media_standalone.paint_turn` for ``options`` and errors. Returns the finished turn."""
-        await paint_turn(self._tk, self.id, prompt, model=model, **options)
-        return await self.refresh()
+        :func:`turnkit._engine.media_standalone.paint_turn` for ``options`` and errors. Returns the finished turn.
+
+        The call runs on a worker, in the turn's own workflow (docs/design.md, "No side doors"); a ``client=`` object
+        reaches only a worker in this process (:mod:`turnkit._engine.lent_clients`)."""
+        self._record = await request_standalone(self._tk, self.id, "paint", prompt, model=model, options=options)
+        return self
 
     async def view_media(self, media: MediaInput | str, *, objective: str, **options: Any) -> Turn:
         """Analyse media as the whole work of this prepared turn (behaviour §3.12 standalone mode); see
         :func:`turnkit._engine.media_standalone.view_media_turn` for ``options`` and errors. Returns the finished
-        turn."""
-        await view_media_turn(self._tk, self.id, media, objective=objective, **options)
-        return await self.refresh()
+        turn. It runs as :meth:`paint` does; a :class:`MediaInput`'s bytes are stored here first."""
+        model = options.pop("model", None)
+        self._record = await request_standalone(
+            self._tk, self.id, "view_media", objective, model=model, media=media, options=options
+        )
+        return self
 
     async def refresh(self) -> Turn:
         """Re-read the record from the store (a database blink is waited out, up to ``BLINK_WINDOW`` s)."""
@@ -711,11 +712,14 @@ class Turn:
     async def result(self, *, timeout: float | None = None) -> Turn:
         """Wait until the turn is finished (completed, failed or cancelled), then return it refreshed.
 
-        Works for any turn id, from any process. A queued turn has no workflow yet (its lane starts it when the
-        turns before it are done), so until it appears this polls the store with a backoff. A restart of the Temporal
-        server is waited out (bounded by ``timeout``), and so is a database blink (up to ``BLINK_WINDOW`` s). The
-        record returned is always terminal: a turn workflow that closed without a terminal record (terminated, timed
-        out) is recorded ``failed`` here.
+        Works for any turn id, from any process. It waits on the turn's workflow; a queued turn has none yet (its
+        lane starts it when the turns before it are done), so it first waits on the lane's ``turn_started`` update,
+        which returns when the lane starts it: nothing polls. A submitted turn that its lane does not hold (its
+        submission was lost) is submitted to the lane again, once. Only a turn no lane will start (prepared and not
+        submitted, or a sub-agent's before its parent starts it) is looked for in the store with a backoff. A restart
+        of the Temporal server is waited out (bounded by ``timeout``), and so is a database blink (up to
+        ``BLINK_WINDOW`` s). The record returned is always terminal: a turn workflow that closed without a terminal
+        record (terminated, timed out) is recorded ``failed`` here.
         """
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise errors.InputError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
@@ -723,18 +727,17 @@ class Turn:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         delay = 0.02
+        resubmitted = False
         while True:
             closed: str | None = None  # how the workflow ended, once it has
+            missing = False  # no workflow yet
+            # Bounded by the caller's timeout while the turn runs too (issue 8 item 13), not only while queued.
+            remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
             try:
-                # Bounded by the caller's timeout while the turn runs too (issue 8 item 13), not only while queued.
-                remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
                 try:
                     await asyncio.wait_for(handle.result(), remaining)
                 except TimeoutError:
-                    if (record := await self._load()).terminal:
-                        self._record = record  # finished already (e.g. timeout=0 on a finished turn)
-                        return self
-                    raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
+                    return await self._timed_out(timeout)
                 closed = "turn workflow ended without a terminal status"
             except WorkflowFailureError as err:
                 closed = ended_reason(err.cause)  # terminated, timed out...: the record tells what is known
@@ -742,6 +745,7 @@ class Turn:
                 # Not found: still queued. Server away: the client reconnects; the store tells meanwhile.
                 if err.status != RPCStatusCode.NOT_FOUND and err.status not in SERVER_AWAY:
                     raise errors.Error(f"waiting for turn {self.id} failed: {err.message}") from err
+                missing = err.status == RPCStatusCode.NOT_FOUND
             record = await self._load()  # raises RecordNotFound for an unknown id
             if record.terminal:
                 self._record = record  # the record just read is the answer: no second read
@@ -752,9 +756,35 @@ class Turn:
                 break
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"turn {self.id} did not finish within {timeout} s")
+            if missing and record.parent_turn_id is None and record.submitted_at is not None:
+                remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+                try:
+                    async with asyncio.timeout(remaining):
+                        answer = await until_started(self._tk.client, record)
+                        if answer == "unknown" and not resubmitted:
+                            resubmitted = True  # its submission was lost: the lane queues it in its place
+                            with suppress(WorkflowUpdateFailedError, RPCError):
+                                await resubmit(self._tk.client, record, self._tk.task_queue)
+                            continue
+                except TimeoutError:
+                    return await self._timed_out(timeout)
+                if answer == "started":
+                    continue
+                if answer == "again":
+                    # The lane is continuing as new: its next run answers once it has started, a moment later.
+                    await asyncio.sleep(_ROLLOVER_PAUSE)
+                    continue
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
         return await self.refresh()
+
+    async def _timed_out(self, timeout: float | None) -> Turn:
+        """The caller's ``timeout`` passed: the turn if it has finished meanwhile (``timeout=0`` on a finished turn),
+        else ``TimeoutError``."""
+        if (record := await self._load()).terminal:
+            self._record = record
+            return self
+        raise TimeoutError(f"turn {self.id} did not finish within {timeout} s") from None
 
     # Human controls (behaviour §5.9, §5.10) ------------------------------------------------------------------------
 
@@ -793,30 +823,29 @@ class Turn:
         return receipts
 
     async def cancel(self, *, descendants: str = "retain", principal: Any = None) -> Turn:
-        """End the turn ``cancelled`` (and its descendants, when cascading); running calls are cancelled."""
-        selected = await self._control("cancel", descendants, principal, apply_cancel)
-        for turn in selected:
-            with suppress(RPCError):
-                await self._tk.client.get_workflow_handle(turn.id).cancel()
-        for turn in selected:
-            async with self._tk.store.atomic() as tx:
-                delivery = await tx.find_delivery(f"completion:{turn.id}")
-            if delivery is not None and delivery.delivered_at is None:
-                await signal_delivery(self._tk.client, self._tk.task_queue, delivery)
-            await notify_waiters(self._tk.store, self._tk.client, turn.id)
-            await wake_lane(self._tk.client, turn)
+        """End the turn ``cancelled`` (and its descendants, when cascading); running calls are cancelled.
+
+        One durable request (docs/design.md, "No side doors"): a workflow on a worker authorises and writes the
+        cancel, then cancels the turns' workflows and tells their callbacks, waiters and lanes. A caller that dies
+        after asking leaves all of it done, one that dies before leaves none of it."""
+        if descendants not in ("retain", "cascade"):
+            raise ValueError(f"descendants must be 'retain' or 'cascade', not {descendants!r}")
+        check_json("principal", principal, lenient=True)
+        await self._tk.store.load_turn(self.id)  # RecordNotFound for an unknown id, before anything is started
+        await request_cancel(self._tk, self.id, descendants, principal)
         return await self.refresh()
 
-    async def wait_for(self, *targets: Turn | str, principal: Any = None) -> Turn:
+    async def wait_for(self, *targets: Turn | str) -> Turn:
         """Make this not-yet-started turn wait for other turns; their results become its input (behaviour §5.5).
 
         Only a turn that has not started can wait (submit it with ``paused=True`` to attach waits before it can
         run, or pass ``wait_for=`` to ``ask``). TurnKit's rules apply (no self, only submitted targets, no unfinished
-        work in its own conversation, no cycles); a rejected call writes no edge.
+        work in its own conversation, no cycles); a rejected call writes no edge. The hook is asked ``wait`` for the
+        turn's own principal (the one it was asked with), as for ``ask(wait_for=…)`` and the ``wait_for`` tool.
         """
         target_ids = [check_id("targets", t.id if isinstance(t, Turn) else t, "turn") for t in targets]
         record = await self._tk.store.load_turn(self.id)
-        await authorize("wait", principal, turn=self.id, targets=target_ids)
+        await authorize("wait", record.options.principal, turn=self.id, targets=target_ids)
         async with self._tk.store.atomic(turn_id=record.root_turn_id, wait_graph=True) as tx:
             record = await tx.load_turn(self.id)
             if record.status not in ("pending", "paused") or record.options.state.phase is not None:
@@ -842,36 +871,28 @@ class Turn:
         *,
         skip_finished: bool = True,
     ) -> list[TurnRecord]:
-        root = (await self._tk.store.load_turn(self.id)).root_turn_id
-        callbacks: dict[str, Verdict] = {}  # the turns asked about, with their completion callback's verdict
-        while True:
-            # Every selected turn is authorised before any change (behaviour §5.10), outside the write transaction.
-            async with self._tk.store.atomic() as tx:
-                selected = await selected_turns(tx, await tx.load_turn(self.id), descendants)
-            for each in selected:
-                if each.id not in callbacks:
-                    await authorize(action, principal, turn=each, descendants=descendants)
-                    callbacks[each.id] = await callback_verdict(each) if action == "cancel" else Verdict(action, True)
-            async with self._tk.store.atomic(turn_id=root) as tx:
-                turn = await tx.load_turn(self.id)
-                selected = await selected_turns(tx, turn, descendants)
-                if any(each.id not in callbacks for each in selected):
-                    continue  # a child was created meanwhile: ask about it too, then select again
-                changed = [await apply(tx, each) for each in selected]
-                if action == "cancel":
-                    for each in changed:
-                        if each.status == "cancelled" and each.submitted_at is not None:
-                            await completion_delivery(tx, each, callbacks[each.id])
-            return [t for t in changed if not skip_finished or t.status not in ("completed", "failed")]
+        return await write_control(
+            self._tk.store, self.id, action, descendants, principal, apply, skip_finished=skip_finished
+        )
 
-    async def tool_executions(self) -> list[ToolExecutionRecord]:
-        """This turn's tool executions, in creation order."""
+    async def tool_executions(self, *, principal: Any = None) -> list[ToolExecutionRecord]:
+        """This turn's tool executions, in creation order; asked as ``read_messages`` (behaviour §7.3)."""
+        await self._authorize_read(principal)
         return await self._tk.store.list_tool_executions(turn_id=self.id)
 
-    async def messages(self) -> list[MessageRecord]:
-        """The messages this turn wrote (assistant, tool results), in sequence order."""
+    async def messages(self, *, principal: Any = None) -> list[MessageRecord]:
+        """The messages this turn wrote (assistant, tool results), in sequence order; asked as ``read_messages``
+        (behaviour §7.3)."""
+        await self._authorize_read(principal)
         async with self._tk.store.atomic() as tx:
             return await tx.list_turn_messages(self.id)
+
+    async def _authorize_read(self, principal: Any) -> None:
+        """Ask ``read_messages`` for this turn's conversation (``turn``: the record)."""
+        if settings.authorize is None:
+            return  # nobody to ask: no store read for the question
+        record = self._record or await self._load()  # a turn never changes conversation: a held record will do
+        await authorize("read_messages", principal, destination_conversation=record.conversation_id, turn=record)
 
     def __repr__(self) -> str:
         status = self._record.status if self._record else "?"

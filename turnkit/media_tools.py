@@ -1,12 +1,13 @@
 """``paint`` and ``view_media`` inside a running turn, and the tools that call them (behaviour §3.12, §4.3).
 
-Both run inside a tool's activity (the turn is ``running``; no claim is taken). Steps: the ``*.requested`` event,
-the client call (an answer with no usable image or analysis is charged, then its error raised:
-:func:`charged_if_unusable`), then one transaction that checks the tool execution is still open (fenced like
-:meth:`ToolContext.say`), appends an assistant ``image`` / ``media_analysis`` message and charges the call's usage
-and cost to the turn (:func:`turnkit._engine.charges.charge_turn`); then ``message.created`` and ``*.completed``. A
-charge that takes the tree over ``max_spend`` raises ``BudgetError "cost limit reached"`` once committed (§3.12 step 3):
-the tool call fails with it and so does the turn; the paid result stays recorded, as a model response does.
+Both run inside a tool's activity (the turn is ``running``; no claim is taken). Steps: the tree's ``max_spend``
+check (over it, ``BudgetError`` and no call), the ``*.requested`` event, the client call (an answer with no usable
+image or analysis is charged, then its error raised: :func:`charged_if_unusable`), then one transaction that checks
+the tool execution is still open (fenced like :meth:`ToolContext.say`), appends an assistant ``image`` /
+``media_analysis`` message and charges the call's usage and cost to the turn
+(:func:`turnkit._engine.charges.charge_turn`); then ``message.created`` and ``*.completed``. A charge that takes
+the tree over ``max_spend`` raises ``BudgetError "cost limit reached"`` once committed (§3.12 step 3): the tool call
+fails with it and so does the turn; the paid result stays recorded, as a model response does.
 Generated image bytes go to the store's media table; the message, the tool result and the events hold only the
 reference (docs/design.md "Images and media").
 
@@ -24,7 +25,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from turnkit._engine.charges import charge_turn, tree_spend_denial
+from turnkit._engine.charges import charge_turn, refuse_over_budget, tree_spend_denial
+from turnkit._engine.media_access import usable_media
+from turnkit._engine.tool_store import Fence, execution_fence, unfenced
 from turnkit.agent import resolve_agent
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.events import announce_message, emit
@@ -57,12 +60,14 @@ async def view_media_in_turn(
         The analysis: ``{text, data, model, provider, usage, cost, params, media, metadata, message_id}``.
 
     Raises:
+        LostClaim: The call's execution is no longer open (cancelled, interrupted): nothing is asked or written.
         Error: ``"cannot view media for <status> turn"``, or ``"media client returned no media analysis"``.
         ConfigError: The client has no ``view_media``.
-        RecordNotFound: No stored media has that id.
+        RecordNotFound: No stored media has that id, or none that this turn's tree has seen (a message of its
+            conversations references it: behaviour §3.12).
     """
     store, turn = await _running_turn(context, "cannot view media for")
-    ref, data = await media_with_data(store, media)
+    ref, data = await media_with_data(store, media, turn=turn, fence=_execution_fence(context))
     agent = resolve_agent(turn.agent_name)
     request = ViewMediaRequest(
         media={**ref, "data": base64.b64encode(data).decode("ascii")},
@@ -79,7 +84,7 @@ async def view_media_in_turn(
         return done
     media_client = client_with(client or agent.effective_client, "view_media")
     try:
-        result = await ask_view_media(turn, media_client, request, ref)
+        result = await ask_view_media(store, turn, media_client, request, ref)
         analyses = await charged_if_unusable(
             store, _execution_fence(context), turn, result, message_id, lambda: analyses_of(result, request, ref)
         )
@@ -122,15 +127,18 @@ async def paint_in_turn(
         provider, usage, cost, params, metadata, message_id}``.
 
     Raises:
+        LostClaim: The call's execution is no longer open (cancelled, interrupted): nothing is asked or written.
         Error: ``"cannot paint for <status> turn"``, ``"image client returned no image"`` or ``"image client returned
             image without url or data"``.
         ConfigError: No image model, or a client without ``paint`` (Anthropic has no image API).
+        RecordNotFound: A reference image or mask id that this turn's tree has never seen.
     """
     store, turn = await _running_turn(context, "cannot paint for")
     if not model:
         raise ConfigError("paint needs an image model (ImageTool.model, or model=)")
-    references = [await media_with_data(store, item) for item in input_images or ()]
-    mask_ref = await media_with_data(store, mask) if mask is not None else None
+    fence = _execution_fence(context)
+    references = [await media_with_data(store, item, turn=turn, fence=fence) for item in input_images or ()]
+    mask_ref = await media_with_data(store, mask, turn=turn, fence=fence) if mask is not None else None
     request = PaintRequest(
         prompt=prompt,
         model=model,
@@ -146,9 +154,9 @@ async def paint_in_turn(
     if done is not None:
         return done
     image_client = client_with(client or resolve_agent(turn.agent_name).effective_client, "paint")
-    result = await generate(turn, image_client, request)
+    result = await generate(store, turn, image_client, request)
     parts = await charged_if_unusable(
-        store, _execution_fence(context), turn, result, message_id, lambda: stored_images(store, result, request)
+        store, fence, turn, result, message_id, lambda: stored_images(store, result, request, fence=fence, turn=turn)
     )
     message = await persist_media_message(
         store,
@@ -169,8 +177,16 @@ async def paint_in_turn(
 # -- the call and its events (shared with the standalone mode, turnkit._engine.media_standalone) ---------------------
 
 
-async def ask_view_media(turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]) -> Result:
-    """``media.requested`` and the client's ``view_media`` (steps 1-2; the answer is taken by :func:`analyses_of`)."""
+async def ask_view_media(
+    store: Store, turn: TurnRecord, client: Client, request: ViewMediaRequest, ref: dict[str, Any]
+) -> Result:
+    """``media.requested`` and the client's ``view_media`` (steps 1-2; the answer is taken by :func:`analyses_of`),
+    asked only while the tree is within ``max_spend``.
+
+    Raises:
+        BudgetError: ``"cost limit reached"`` before the call: nothing is asked or paid.
+    """
+    await refuse_over_budget(store, turn)
     described_request = request.model_dump(exclude={"media"}) | {"media": ref}
     await emit("media.requested", turn.id, turn.conversation_id, request=described_request)
     return await client.view_media(request)  # pyright: ignore[reportAttributeAccessIssue]
@@ -191,8 +207,14 @@ async def analyses_of(result: Result, request: ViewMediaRequest, ref: dict[str, 
     return analyses
 
 
-async def generate(turn: TurnRecord, client: Client, request: PaintRequest) -> Result:
-    """``image.requested`` and the client's ``paint`` (steps 1-2; the answer is taken by :func:`stored_images`)."""
+async def generate(store: Store, turn: TurnRecord, client: Client, request: PaintRequest) -> Result:
+    """``image.requested`` and the client's ``paint`` (steps 1-2; the answer is taken by :func:`stored_images`), asked
+    only while the tree is within ``max_spend``.
+
+    Raises:
+        BudgetError: ``"cost limit reached"`` before the call: nothing is asked or paid.
+    """
+    await refuse_over_budget(store, turn)
     await emit(
         "image.requested",
         turn.id,
@@ -202,8 +224,11 @@ async def generate(turn: TurnRecord, client: Client, request: PaintRequest) -> R
     return await client.paint(request)  # pyright: ignore[reportAttributeAccessIssue]
 
 
-async def stored_images(store: Store, result: Result, request: PaintRequest) -> list[dict[str, Any]]:
-    """A ``paint`` answer's ``image`` parts with their bytes stored (references only).
+async def stored_images(
+    store: Store, result: Result, request: PaintRequest, *, fence: Fence | None = None, turn: TurnRecord | None = None
+) -> list[dict[str, Any]]:
+    """A ``paint`` answer's ``image`` parts with their bytes stored (references only; under ``fence``, with
+    ``turn``'s root locked, when given).
 
     Raises:
         Error: ``"image client returned no image"`` / ``"image client returned image without url or data"`` / ``"image
@@ -213,7 +238,7 @@ async def stored_images(store: Store, result: Result, request: PaintRequest) -> 
     for part in image_parts(result):
         stored: dict[str, Any] = {}
         if part.get("data"):
-            stored = await _store_generated(store, part)
+            stored = await _store_generated(store, part, fence, turn)
         kept = {k: v for k, v in part.items() if k != "data"}
         parts.append(
             kept
@@ -307,31 +332,53 @@ async def emit_image_completed(turn: TurnRecord, first: Mapping[str, Any], metad
 async def _running_turn(context: ToolContext, refusal: str) -> tuple[Store, TurnRecord]:
     if context.store is None:
         raise Error("paint and view_media need the worker's store (this context was built outside a worker)")
-    turn = await context.store.load_turn(context.turn_id)
+    # TurnKit's own tool: every write below takes the execution's fence (_execution_fence) in its transaction.
+    store = unfenced(context.store)
+    async with store.reads() as tx:
+        execution = await tx.load_tool_execution(context.execution_id)
+        turn = await tx.load_turn(context.turn_id)
+    if execution.status not in OPEN_EXECUTION_STATUSES:
+        # A revoked call asks for nothing it could not record: no provider call is paid for it.
+        raise LostClaim(f"tool execution {execution.id} is {execution.status}: its writes are fenced")
     if turn.status != "running":
         raise Error(f"{refusal} {turn.status} turn")
-    return context.store, turn
+    return store, turn
 
 
-async def media_with_data(store: Store, media: MediaInput | str) -> tuple[dict[str, Any], bytes]:
-    """A media item's reference (its ``media`` part without the type) and bytes; a MediaInput is stored first."""
-    async with store.atomic() as tx:
+async def media_with_data(
+    store: Store, media: MediaInput | str, *, turn: TurnRecord, fence: Fence | None = None
+) -> tuple[dict[str, Any], bytes]:
+    """A media item's reference (its ``media`` part without the type) and bytes; a MediaInput is stored first
+    (under ``fence``, taken with the root's lock, when given).
+
+    Raises:
+        RecordNotFound: ``"media not found: <id>"``: no such item, or one ``turn``'s tree has never seen
+            (:func:`turnkit._engine.media_access.usable_media`).
+    """
+    given = isinstance(media, MediaInput)
+    async with store.atomic(turn_id=turn.root_turn_id if given and fence is not None else None) as tx:
         if isinstance(media, MediaInput):
+            if fence is not None:
+                await fence(tx)
             record = await tx.put_media(media.data, mime_type=media.mime_type, filename=media.filename)
         else:
-            record = await tx.load_media(str(media))
+            record = await usable_media(tx, turn, str(media))
         data = await tx.load_media_data(record.id)
     part = media_part(record)
     part.pop("type")
     return part, data
 
 
-async def _store_generated(store: Store, part: Mapping[str, Any]) -> dict[str, Any]:
+async def _store_generated(
+    store: Store, part: Mapping[str, Any], fence: Fence | None, turn: TurnRecord | None
+) -> dict[str, Any]:
     try:
         data = base64.b64decode(str(part["data"]), validate=True)
     except (binascii.Error, ValueError) as err:
         raise Error("image client returned image data that is not base64") from err
-    async with store.atomic() as tx:
+    async with store.atomic(turn_id=turn.root_turn_id if fence is not None and turn is not None else None) as tx:
+        if fence is not None:
+            await fence(tx)
         record = await tx.put_media(data, mime_type=str(part.get("mime_type") or "image/png"))
     return record.reference()
 
@@ -365,17 +412,8 @@ def described(message: MessageRecord) -> dict[str, Any]:
     return {k: v for k, v in first.items() if k != "type"} | {"message_id": message.id}
 
 
-#: Checks, inside the write's transaction, that the writer may still write (raises LostClaim otherwise).
-Fence = Callable[[StoreTx], Awaitable[None]]
-
-
 def _execution_fence(context: ToolContext) -> Fence:
-    async def fence(tx: StoreTx) -> None:
-        execution = await tx.load_tool_execution(context.execution_id)
-        if execution.status not in OPEN_EXECUTION_STATUSES:
-            raise LostClaim(f"tool execution {context.execution_id} is {execution.status}: its writes are fenced")
-
-    return fence
+    return execution_fence(context.execution_id)
 
 
 async def persist_media_message(

@@ -37,6 +37,7 @@ __all__ = [
     "Violation",
     "audit_output",
     "check_output_policy",
+    "judged_text",
     "normalize_output_policy",
     "require_image",
     "require_media_analysis",
@@ -311,7 +312,7 @@ async def audit_output(
     found: list[Violation] = []
     for constraint in constraints:
         if isinstance(constraint, OutputPolicy):
-            text = output_text if output_data is None else json.dumps(output_data, sort_keys=True, default=str)
+            text = judged_text(output_text, output_data)
             request = constraint.request(text, model=judge_model(constraint), thinking=judge_thinking(constraint))
             found.extend(constraint.violations(await ask(request, constraint)))
             continue
@@ -324,6 +325,11 @@ async def audit_output(
             # An application bug, not a transient failure: the turn fails with it rather than being retried.
             raise ConfigError(f"output policy {name} failed: {err}") from err
     return AuditResult(tuple(found))
+
+
+def judged_text(output_text: str, output_data: Any = None) -> str:
+    """What a judge reads of an output: its ``output_data`` as JSON when set, else its text."""
+    return output_text if output_data is None else json.dumps(output_data, sort_keys=True, default=str)
 
 
 async def check_output_policy(

@@ -5,18 +5,19 @@ The worker, the tests and the replayer all use it, so replay is configured exact
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import UnsandboxedWorkflowRunner, WorkerConfig, WorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from turnkit._activities.registry import build_activities, build_tool_activities
 from turnkit._activities.store_failures import StoreFailureInterceptor
+from turnkit._ops.lost_submits import SubmitSearch
 from turnkit._temporal.heartbeats import HeartbeatClock
 from turnkit._temporal.sandbox_runner import TurnKitSandboxRunner
 from turnkit._temporal.settings_scope import SettingsScope
@@ -131,6 +132,7 @@ class TurnKitPlugin(SimplePlugin):
         if tools_only and store is None:
             raise ConfigError("a tools-only TurnKitPlugin needs the store: tool calls write their records")
         overrides = settings_overrides(settings or {})
+        self._store, self._overrides = (None if tools_only else store), overrides
         activities = None
         if store is not None:
             activities = build_tool_activities(store) if tools_only else build_activities(store)
@@ -159,6 +161,16 @@ class TurnKitPlugin(SimplePlugin):
             # raise for) fails that workflow; any other exception fails the workflow task, which is retried.
             workflow_failure_exception_types=[Error],
         )
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        """Run the worker; one with a store (not tools-only) also searches for lost submissions of its task queue
+        and submits them to their lanes again (:mod:`turnkit._ops.lost_submits`, ``settings.lost_submit_grace``)."""
+        if self._store is None or not worker.config(active_config=True).get("workflows"):
+            await super().run_worker(worker, next)
+            return
+        search = SubmitSearch(self._store, worker.client, worker.task_queue, self._overrides)
+        async with search.running():
+            await super().run_worker(worker, next)
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         """As :class:`SimplePlugin` does; on a worker with Worker Versioning, TurnKit's workflows are registered with

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from turnkit._engine.authorization import authorize
 from turnkit._engine.jsonschema import schema_errors
 from turnkit._engine.validation import check_text
 from turnkit.cost import total_cost, total_usage
@@ -93,16 +94,22 @@ class Run(Turn):
         """Observed USD cost of the whole tree (None when no cost is known)."""
         return total_cost(await self.turn_records())
 
-    async def messages(self) -> list[MessageRecord]:  # type: ignore[override]
-        """Every message of every conversation that holds a turn of the tree, conversation by conversation."""
+    async def messages(self, *, principal: Any = None) -> list[MessageRecord]:  # type: ignore[override]
+        """Every message of every conversation that holds a turn of the tree, conversation by conversation; asked as
+        ``read_messages`` for each of those conversations (behaviour §7.3)."""
         conversations = list(dict.fromkeys(t.conversation_id for t in await self.turn_records()))
+        for conversation_id in conversations:
+            await authorize("read_messages", principal, destination_conversation=conversation_id)
         messages: list[MessageRecord] = []
         for conversation_id in conversations:
             messages.extend(await self._tk.store.list_messages(conversation_id))
         return messages
 
-    async def tool_executions(self) -> list[ToolExecutionRecord]:
-        """Every tool execution of the tree."""
+    async def tool_executions(self, *, principal: Any = None) -> list[ToolExecutionRecord]:
+        """Every tool execution of the tree; asked as ``read_messages`` for the root turn's conversation."""
+        await authorize(
+            "read_messages", principal, destination_conversation=self.record.conversation_id, turn=self.record
+        )
         return await self._tk.store.list_tool_executions(root_turn_id=self.root_turn_id)
 
 

@@ -130,18 +130,24 @@ class TurnKit:
         check_id("conversation_id", conversation_id, "conv")
         return Conversation(self, await self.store.load_conversation(conversation_id))
 
-    async def reconcile(self, *, repair: bool = True, grace: float = 10.0) -> Reconciled:
+    async def reconcile(self, *, repair: bool = True, grace: float = 10.0, since: datetime | None = None) -> Reconciled:
         """Repair orphaned turns (:meth:`repair`, at most ``settings.maintenance_batch_size`` findings a pass),
         then re-signal every delivery still pending in the store.
 
-        Returns the pending deliveries (a list); what the repair step did is in its ``repairs`` attribute.
+        ``since`` limits both to records created or changed since then (as for :meth:`check`). Returns the pending
+        deliveries (a list); what the repair step did is in its ``repairs`` attribute.
         """
         repairs: list[Repair] = []
         if repair:
             repairs = await repair_invariants(
-                self.store, self.client, self.task_queue, grace=grace, limit=settings.maintenance_batch_size
+                self.store,
+                self.client,
+                self.task_queue,
+                since=since,
+                grace=grace,
+                limit=settings.maintenance_batch_size,
             )
-        result = Reconciled(await reconcile_deliveries(self.store, self.client, self.task_queue))
+        result = Reconciled(await reconcile_deliveries(self.store, self.client, self.task_queue, since=since))
         result.repairs = repairs
         return result
 

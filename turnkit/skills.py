@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from turnkit._engine.names import check_name
 from turnkit.kernel.errors import ToolError
 from turnkit.tools import Recovery, Tool, ToolContext, as_tool
 
@@ -66,11 +67,14 @@ class Skill:
             tools: Tools the skill owns (instances, Tool subclasses or ``@tool`` functions).
 
         Raises:
-            ValueError: ``"skill key is required"``.
+            ValueError: ``"skill key is required"``; an ``InputError`` (a ``ValueError``) for a key that is too long
+                or holds a control character, as for any other name.
             TypeError: A tools entry is not a TurnKit tool.
         """
         if not isinstance(key, str) or not key.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("skill key is required")
+        # Stored in a turn's state and shown in prompts: the rule of every other name.
+        check_name("skill key", key.strip(), optional=False)
         object.__setattr__(self, "key", key.strip())
         object.__setattr__(self, "name", name or key.strip())
         object.__setattr__(self, "description", description or "")

@@ -49,14 +49,13 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from turnkit.kernel.errors import Error, LostClaim, ToolValidationError
-from turnkit.kernel.records import OPEN_EXECUTION_STATUSES
+from turnkit.kernel.errors import Error, ToolValidationError
 from turnkit.model import ToolSpec
 from turnkit.store.storable import UnstorableValue, storable
 
 if typing.TYPE_CHECKING:
+    from turnkit._engine.tool_store import ToolStore
     from turnkit.kernel.records import MessageRecord
-    from turnkit.store.store import Store
 
 __all__ = [
     "RECOVERY_MODES",
@@ -136,8 +135,11 @@ class ToolContext:
     """1 for the first attempt; higher when a replay-safe tool is retried."""
     idempotency_key: str = ""
     """Derived from ``execution_id`` when not given; a given value must equal the derived one."""
-    store: Store | None = dataclasses.field(default=None, repr=False, compare=False)
-    """The worker's store, for :meth:`say` (None outside a worker)."""
+    store: ToolStore | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The record as this call may read and change it (None outside a worker): reads pass through, and every write
+    (``say``, ``append_message``, ``deliver``, ``put_media``) is fenced by this call's execution and raises
+    :class:`~turnkit.kernel.errors.LostClaim` once the call was completed, failed, cancelled or interrupted, or its
+    turn ended (behaviour §5.4). It is never the worker's store itself."""
     context: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
     """The run's context (the ``context=`` of ``ask``/``run``, else the conversation's): a copy, so changing it
     changes nothing stored. Sub-agents' turns get an empty one (they get the task only)."""
@@ -146,28 +148,23 @@ class ToolContext:
     subject_prompt: str = ""
     """The subject's text snapshotted when the conversation was created (``""`` when none)."""
 
-    async def say(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> MessageRecord:
-        """Append a user message to this turn's conversation, fenced by this call (behaviour §5.4).
+    async def say(
+        self, text: str, *, metadata: Mapping[str, Any] | None = None, key: str | None = None
+    ) -> MessageRecord:
+        """Append a user message to this turn's conversation, fenced by this call (behaviour §5.4):
+        ``context.store.say``.
 
-        The write commits only while the call's execution is still open (pending or running), checked under the
-        root turn's lock, which cancellation takes too: a tool that goes on after its turn was cancelled, or after
-        its execution was interrupted, cannot write into the conversation.
+        The write commits only while the call's execution is still open (pending or running) and its turn has not
+        ended, checked under the root turn's lock, which cancellation takes too: a tool that goes on after its turn
+        was cancelled, or after its execution was interrupted, cannot write into the conversation. A retried attempt
+        that says the same things in the same order (or with the same ``key``) writes nothing twice.
 
         Raises:
             LostClaim: The execution is no longer open; nothing was written.
         """
         if self.store is None:
             raise Error("ToolContext.say needs the worker's store (this context was built outside a worker)")
-        async with self.store.atomic(turn_id=self.root_turn_id) as tx:
-            execution = await tx.load_tool_execution(self.execution_id)
-            if execution.status not in OPEN_EXECUTION_STATUSES:
-                raise LostClaim(f"tool execution {self.execution_id} is {execution.status}: its writes are fenced")
-            return await tx.append_message(
-                self.conversation_id,
-                role="user",
-                text=text,
-                metadata={**(metadata or {}), "tool_execution_id": self.execution_id},
-            )
+        return await self.store.say(text, metadata=metadata, key=key)
 
     def __post_init__(self) -> None:
         """Derive (or check) the idempotency key from the execution id."""

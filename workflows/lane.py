@@ -41,10 +41,12 @@ from turnkit._workflows.store_calls import store_call
 from turnkit.kernel.activities import DeliveryCalls, LaneCalls, TurnCalls
 from turnkit.kernel.names import (
     DELIVER_SIGNAL,
+    LANE_ROLLING_OVER,
     LANE_STATUS_QUERY,
     LANE_WORKFLOW,
     SUBMIT_UPDATE,
     TARGET_FINISHED_SIGNAL,
+    TURN_STARTED_UPDATE,
     WAKE_SIGNAL,
 )
 from turnkit.kernel.payloads import (
@@ -98,6 +100,8 @@ class ConversationWorkflow:
         self._search = False
         # The history length of the workflow task in which a submit last completed (None: none in this run).
         self._submitted_in: int | None = None
+        # This run is about to continue as new: `turn_started` updates waiting here answer "again".
+        self._rolling_over = False
 
     # Messages -------------------------------------------------------------------------------------------------------
 
@@ -107,7 +111,10 @@ class ConversationWorkflow:
         async with self._writing:
             try:
                 ticket = await store_call(
-                    TurnCalls.submit_turn, request, summary="submit turn", schedule_to_close=SUBMIT_TIMEOUT
+                    TurnCalls.submit_turn,
+                    self._knowing(request),
+                    summary="submit turn",
+                    schedule_to_close=SUBMIT_TIMEOUT,
                 )
             except ActivityError as err:
                 # Reject the update (the caller gets the error); never fail the lane's workflow task.
@@ -126,6 +133,7 @@ class ConversationWorkflow:
             # Completed in this workflow task: the lane does not continue as new in it (see _before_rollover).
             self._submitted_in = workflow.info().get_current_history_length()
             self._run_ahead(ticket.ahead)
+            self._queue_lost(ticket.earlier)
             if ticket.turn_id not in self._state.recent_turn_ids:  # a retried submit is not queued twice
                 self._state.queue.append(ticket.queued())
                 _remember(self._state.recent_turn_ids, ticket.turn_id)
@@ -139,6 +147,33 @@ class ConversationWorkflow:
                 f"turn submitted to conversation {request.conversation_id} reached lane {self._state.conversation_id}",
                 type="InvalidSubmission",
             )
+
+    @workflow.update(name=TURN_STARTED_UPDATE)
+    async def turn_started(self, turn_id: str) -> str:
+        """Return once this lane has started ``turn_id``'s workflow: ``Turn.result()`` of a queued turn waits here
+        instead of polling the store. ``started``: it was queued or active here and its workflow exists now;
+        ``unknown``: this lane never queued it (as far as its window of recent turns goes: a lost submission);
+        ``again``: this run is continuing as new, ask the next run (a waiting update must not hold the rollover)."""
+        async with self._writing:
+            pass  # a submission in flight lands first: a turn submitted a moment ago is queued by then
+        await workflow.wait_condition(lambda: self._rolling_over or not self._holds(turn_id))
+        if self._holds(turn_id):
+            return "again"
+        return "started" if turn_id in self._state.recent_turn_ids else "unknown"
+
+    @turn_started.validator
+    def _validate_turn_started(self, turn_id: str) -> None:
+        # While this run rolls over, a waiter is told to ask the next run before its update is accepted: a rejected
+        # update leaves no event, so waiters asking again and again cannot grow the history of a run that is ending.
+        if self._rolling_over:
+            raise ApplicationError("the lane is continuing as new: ask its next run", type=LANE_ROLLING_OVER)
+
+    def _holds(self, turn_id: str) -> bool:
+        """Whether ``turn_id`` is queued here, or is the active turn and its workflow is not started yet."""
+        state = self._state
+        if any(queued.turn_id == turn_id for queued in state.queue):
+            return True
+        return state.active is not None and state.active.turn_id == turn_id and not self._active_started
 
     @workflow.signal(name=DELIVER_SIGNAL)
     def deliver(self, signal: DeliverySignal) -> None:
@@ -189,6 +224,7 @@ class ConversationWorkflow:
         if state.active is not None:  # carried by continue-as-new while it ran
             turn = asyncio.create_task(self._follow_turn(state.active))
         while True:
+            self._rolling_over = False  # a rollover that did not happen (more work came) releases no update
             self._show()
             await workflow.wait_condition(functools.partial(self._has_work, turn))
             if turn is not None and turn.done():
@@ -225,8 +261,10 @@ class ConversationWorkflow:
         A submit's store call is local, so its update is accepted and completed in the task that ran it. If that
         task also continued as new and the server then refused the task (an event arrived meanwhile, e.g. the
         turn's end: "unhandled command"), the update would be aborted although its turn row is committed. A task of
-        its own for the rollover (a 1 ms timer) keeps every accepted submit in the history.
+        its own for the rollover (a 1 ms timer) keeps every accepted submit in the history. ``turn_started`` updates
+        waiting for a queued turn answer "again" and finish: the next run answers them.
         """
+        self._rolling_over = True
         while True:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if self._submitted_in != workflow.info().get_current_history_length():
@@ -256,7 +294,13 @@ class ConversationWorkflow:
         async with self._writing:
             result = await store_call(
                 DeliveryCalls.deliver,
-                DeliverBatch(conversation_id=state.conversation_id, delivery_ids=batch, wake=True, woken_turn_id=woken),
+                DeliverBatch(
+                    conversation_id=state.conversation_id,
+                    delivery_ids=batch,
+                    wake=True,
+                    woken_turn_id=woken,
+                    known_turn_id=self._known_turn_id(),
+                ),
                 summary=f"deliver {len(batch)} · wake",
             )
         if result.ahead is not None:
@@ -268,9 +312,36 @@ class ConversationWorkflow:
         for delivery_id in batch:
             state.pending_delivery_ids.remove(delivery_id)
             _remember(state.recent_delivery_ids, delivery_id)
+        self._queue_lost(result.earlier)
         if result.turn is not None:
             state.queue.append(result.turn)
             _remember(state.recent_turn_ids, result.turn.turn_id)
+
+    def _known_turn_id(self) -> str | None:
+        """The newest turn this lane has queued: its store calls that queue a turn ask for the submitted turns after
+        it (lost submissions, docs/design.md)."""
+        recent = self._state.recent_turn_ids
+        return recent[-1] if recent else None
+
+    def _knowing(self, request: SubmitTurn) -> SubmitTurn:
+        """``request`` with the newest turn this lane has queued (the activity's input: a replay matches commands by
+        type and id, not by input, so histories recorded before it still replay)."""
+        known = self._known_turn_id()
+        return request if known is None else request.model_copy(update={"known_turn_id": known})
+
+    def _queue_lost(self, earlier: list[QueuedTurn]) -> None:
+        """Queue the submitted turns the store found that this lane does not know: their submission was lost with
+        the workflow task that ran it (caller, worker and server down together). They are newer than every turn the
+        lane knows, so the end of the queue is their place, before the turn being queued now."""
+        state = self._state
+        known = {queued.turn_id for queued in state.queue}
+        if state.active is not None:
+            known.add(state.active.turn_id)
+        for queued in earlier:
+            if queued.turn_id in known or queued.turn_id in state.recent_turn_ids:
+                continue
+            state.queue.append(queued)
+            _remember(state.recent_turn_ids, queued.turn_id)
 
     def _run_ahead(self, ahead: QueuedTurn | None) -> None:
         """Run ``ahead`` before anything else: a turn ``ask`` started without this lane (a fresh conversation's first

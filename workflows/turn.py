@@ -44,6 +44,7 @@ from turnkit.kernel.failures import (
 from turnkit.kernel.names import RESUME_SIGNAL, TARGET_FINISHED_SIGNAL, TOOL_ACTIVITY_PREFIX, TURN_WORKFLOW
 from turnkit.kernel.payloads import (
     ActivityTarget,
+    AuditCall,
     CallPolicy,
     DelegateCalls,
     DelegateResult,
@@ -215,6 +216,8 @@ class TurnWorkflow:
                     ended = await self._dispatch(turn, step.tool_calls)
                     if ended is not None:
                         return ended
+                case "audit":
+                    pass  # never here: _model carries an answer through its audit before it returns
 
     def _carry(self, turn: TurnInput, iteration: int) -> TurnInput:
         """The next run's input. Children launched before cannot be awaited as children there: the next run waits
@@ -272,12 +275,15 @@ class TurnWorkflow:
                         status="completed",
                         terminal_execution_id=outcome.execution_id,
                         skipped_calls=calls[index + 1 :],
+                        judge_apart=True,  # one judge call per finish: see _model's audit_apart (no patch either)
                     )
                     # The finish audits the terminal answer (behaviour §3.9) and may call output-policy
                     # judges: it may take as long as a model call, at least.
                     timeout = max(STORE_TIMEOUT, timedelta(seconds=turn.model_policy.timeout))
                     self._resume_mark = self._resumes  # the finish passes a control boundary
                     ended = await self._finish_with(finish, timeout=timeout)
+                    while ended.judged:  # a judge's answer and charge committed, more to ask: finish again
+                        ended = await self._finish_with(finish, timeout=timeout)
                     if ended.boundary == "paused":
                         await self._wait_for_resume()
                         return None  # resumed: the model activity's boundary publishes the held answer
@@ -434,10 +440,49 @@ class TurnWorkflow:
             root_turn_id=turn.root_turn_id,
             request_id=str(workflow.uuid4()),
             iteration=iteration,
+            # The activity commits a final answer before its audit and says "audit" (docs/design.md, "Every paid
+            # call once"). Only this input changes: recorded steps never say "audit", so no history replays
+            # differently, and an activity scheduled by an older workflow audits inline, as that workflow expects.
+            audit_apart=True,
         )
+        step = await self._model_call(turn, call)
+        if isinstance(step, ModelStep) and step.outcome == "audit":
+            return await self._audit(turn, call)
+        return step
+
+    async def _audit(self, turn: TurnInput, call: ModelCall) -> ModelStep | TurnOutcome:
+        """The committed answer's audit: one ``turnkit.audit`` activity per judge call (each commits its answer and
+        charge), the last one publishing the answer; the step the turn takes next."""
+        policy = turn.model_policy
+        audit = AuditCall(turn_id=call.turn_id, root_turn_id=call.root_turn_id, request_id=call.request_id)
+        while True:
+            self._resume_mark = self._resumes  # the publication passes a control boundary
+            self._details("output audit")
+            try:
+                step = await workflow.execute_activity_method(
+                    ModelCalls.audit,
+                    audit,
+                    start_to_close_timeout=timedelta(seconds=policy.timeout),
+                    heartbeat_timeout=timedelta(seconds=policy.heartbeat),
+                    retry_policy=RetryPolicy(
+                        initial_interval=timedelta(seconds=1),
+                        maximum_interval=timedelta(seconds=30),
+                        maximum_attempts=policy.max_attempts,
+                        non_retryable_error_types=list(MODEL_NON_RETRYABLE),
+                    ),
+                    summary=f"output audit · {turn.agent_name} · iteration {call.iteration}",
+                )
+            except ActivityError as err:
+                self._raise_if_cancelled(err)
+                error_class, message = failure_of(err.cause, err)
+                return await self._finish(turn, "failed", error_class, message)
+            if step.outcome != "audit":
+                return step
+
+    async def _model_call(self, turn: TurnInput, call: ModelCall) -> ModelStep | TurnOutcome:
         policy = turn.model_policy
         attempts = policy.max_attempts
-        summary = f"model · {turn.agent_name} · iteration {iteration}"
+        summary = f"model · {turn.agent_name} · iteration {call.iteration}"
         if policy.local:
             # settings.model_local_activity: the first attempt runs in this worker, inside this workflow task, so the
             # step it returns needs no workflow task of its own (docs/design.md, "Local model calls").

@@ -37,6 +37,8 @@ Action = Literal[
     "steer",
     "read_control",
     "read_messages",
+    "paint",
+    "view_media",
 ]
 #: Every guarded action, in TurnKit's order (behaviour §7.3).
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)

@@ -15,9 +15,10 @@ import asyncio
 import contextvars
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from temporalio import activity
@@ -25,7 +26,13 @@ from temporalio import activity
 from turnkit._temporal.heartbeats import heartbeating
 from turnkit.store.store import in_transaction
 
-__all__ = ["call_application", "require_no_transaction"]
+__all__ = ["call_application", "callbacks_within", "require_no_transaction"]
+
+#: A deadline nearer than the activity attempt's own for the callbacks of one call: a tool call's hook questions share
+#: the tool's own timeout with its body, while the attempt's start-to-close also covers the store phases around them.
+_call_deadline: Final[contextvars.ContextVar[datetime | None]] = contextvars.ContextVar(
+    "turnkit_callback_deadline", default=None
+)
 
 #: Threads for synchronous callbacks: separate from asyncio's default executor, so slow hooks cannot starve it.
 _POOL: Final = ThreadPoolExecutor(max_workers=16, thread_name_prefix="turnkit-callback")
@@ -65,10 +72,27 @@ def _time_left() -> float | None:
         deadlines.append(info.started_time + info.start_to_close_timeout)
     if info.schedule_to_close_timeout:
         deadlines.append(info.scheduled_time + info.schedule_to_close_timeout)
+    call_deadline = _call_deadline.get()
+    if call_deadline is not None:
+        deadlines.append(call_deadline)
     if not deadlines:
         return None
     margin = min(5.0, 0.2 * (min(deadlines) - info.started_time).total_seconds())
     return max((min(deadlines) - datetime.now(UTC)).total_seconds() - margin, 0.1)
+
+
+@contextmanager
+def callbacks_within(seconds: float | None) -> Generator[None]:
+    """Callbacks called in the block answer within ``seconds`` of the activity attempt's start (None: the attempt's
+    own time), e.g. a tool call's hook questions within the tool's own timeout."""
+    if seconds is None or not activity.in_activity():
+        yield
+        return
+    token = _call_deadline.set(activity.info().started_time + timedelta(seconds=seconds))
+    try:
+        yield
+    finally:
+        _call_deadline.reset(token)
 
 
 def require_no_transaction() -> None:

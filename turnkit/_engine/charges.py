@@ -3,7 +3,9 @@
 
 The root tree's spend is read from its turns, so a charge is one write of the turn's row, inside the caller's
 transaction (with whatever the call produced, so both commit or neither does). Every paid call is charged here: the
-turn's model calls, compaction, output-policy judges, and ``paint`` / ``view_media``.
+turn's model calls, compaction, output-policy judges, and ``paint`` / ``view_media``. And every paid call is asked
+for only while the tree is within ``max_spend`` (:func:`spend_before_call`), so the spend passes the limit by the
+calls already in flight at most.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from typing import Any
 
 from turnkit._engine.budget import limits_of, spend_denial
 from turnkit.cost import Cost
+from turnkit.kernel.errors import BudgetError
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.model import Usage
-from turnkit.store.store import NewMessage, StoreTx, utcnow
+from turnkit.store.store import NewMessage, Store, StoreTx, utcnow
 
-__all__ = ["append_charged", "charge_turn", "tree_spend_denial"]
+__all__ = ["append_charged", "charge_turn", "refuse_over_budget", "spend_before_call", "tree_spend_denial"]
 
 
 async def charge_turn(tx: StoreTx, turn: TurnRecord, usage: Usage, cost: Cost, **updates: Any) -> TurnRecord:
@@ -54,6 +57,25 @@ async def tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
     if limits_of(root).max_spend is None:
         return None  # no limit: nothing to read
     return spend_denial(root, await tx.tree_usage(root.id))
+
+
+async def spend_before_call(store: Store, turn: TurnRecord) -> str | None:
+    """The tree's ``max_spend`` verdict before a paid call of ``turn`` (behaviour §6.2): ``"cost limit reached"``
+    when the tree has already spent more than its limit, so the call is not made; else None. Read without the root's
+    lock: spend only grows, and the call's own charge is checked again after it (:func:`tree_spend_denial`)."""
+    async with store.reads() as tx:
+        return await tree_spend_denial(tx, turn)
+
+
+async def refuse_over_budget(store: Store, turn: TurnRecord) -> None:
+    """Raise :class:`BudgetError` when :func:`spend_before_call` refuses the paid call about to be made.
+
+    Raises:
+        BudgetError: ``"cost limit reached"``.
+    """
+    denial = await spend_before_call(store, turn)
+    if denial is not None:
+        raise BudgetError(denial)
 
 
 def _add_cost_details(previous: Any, current: dict[str, Any]) -> dict[str, float]:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from turnkit._engine.compaction_options import DEFAULTS, compaction_policy, normalize_compaction
 from turnkit.kernel.errors import CompactionError
@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULTS",
     "SUMMARY_SECTIONS",
     "SUMMARY_SYSTEM_PROMPT",
+    "EmptySummary",
     "Selection",
     "Summary",
     "active_messages",
@@ -394,6 +395,18 @@ class _Summariser(Protocol):
     def effective_model(self) -> str: ...
 
 
+class EmptySummary(CompactionError):
+    """The compaction model answered, but with no summary: a paid call all the same (automatic compaction charges
+    its ``result`` to the turn). Recorded and reported as the ``CompactionError`` it is."""
+
+    qualified_name: ClassVar[str] = CompactionError.qualified_name
+
+    def __init__(self, result: Result) -> None:
+        """Keep the answer that had no summary in it."""
+        super().__init__("compaction model returned an empty summary")
+        self.result = result
+
+
 @dataclass(frozen=True)
 class Summary:
     """A summary the compaction model wrote, ready to be stored as a ``context_summary`` message."""
@@ -445,7 +458,7 @@ async def summarise(
         The summary, or None when there are not enough messages to compact.
 
     Raises:
-        CompactionError: ``"compaction model returned an empty summary"``.
+        EmptySummary: ``"compaction model returned an empty summary"`` (a :class:`CompactionError`).
         Exception: Whatever resolving the client or calling it raised (callers decide: manual wraps, auto logs).
     """
     selection = select_for_compaction(messages, policy)
@@ -459,7 +472,7 @@ async def summarise(
     result = await client.chat(request)
     text = result.text.strip()
     if not text:
-        raise CompactionError("compaction model returned an empty summary")
+        raise EmptySummary(result)
     used = result.model or chosen
     meta = summary_metadata(
         selection,

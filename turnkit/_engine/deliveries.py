@@ -8,6 +8,7 @@ duplicate signal is a no-op (the lane dedupes, and the store's compare-and-set o
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from temporalio.client import Client
@@ -138,14 +139,17 @@ async def signal_delivery(client: Client, task_queue: str, delivery: DeliveryRec
     )
 
 
-async def reconcile(store: Store, client: Client, task_queue: str, *, limit: int | None = None) -> list[DeliveryRecord]:
+async def reconcile(
+    store: Store, client: Client, task_queue: str, *, limit: int | None = None, since: datetime | None = None
+) -> list[DeliveryRecord]:
     """Signal the lanes of every delivery still pending in the store (repairs lost signals); returns them.
+    ``since``: only the deliveries created or changed since then.
 
     Safe to run at any time and any number of times: a delivery already applied, or one its lane already holds
     (input for a busy conversation waits in the lane until it is idle), is a no-op for its lane.
     """
     async with store.atomic() as tx:
-        pending = await tx.list_deliveries(pending=True, limit=limit)
+        pending = await tx.list_deliveries(pending=True, limit=limit, since=since)
     for delivery in pending:
         await signal_delivery(client, task_queue, delivery)
     return pending

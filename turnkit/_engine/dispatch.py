@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 from turnkit._engine.builtin_tools import LaunchAgentTool, WaitForTool
 from turnkit._engine.mcp_tools import mcp_call_policy
@@ -20,10 +20,14 @@ from turnkit.activity_tools import ActivityTool
 from turnkit.agent import Agent
 from turnkit.config import settings
 from turnkit.kernel.payloads import CallPolicy, ModelPolicy
+from turnkit.store.patience import BLINK_WINDOW
 
-__all__ = ["call_policy", "model_policy", "warn_if_model_policy_differs"]
+__all__ = ["TOOL_STORE_WINDOW", "call_policy", "model_policy", "warn_if_model_policy_differs"]
 
 logger = logging.getLogger("turnkit._engine.dispatch")
+#: What a tool activity's start-to-close timeout adds to the tool's own: the reservation and the commit may each
+#: wait out a database blink (``turnkit.store.patience.BLINK_WINDOW``) around a body that used all its time.
+TOOL_STORE_WINDOW: Final = 2 * BLINK_WINDOW
 #: The differences already reported by this process: each is logged once, not per model call.
 _reported: set[tuple[tuple[str, float, float], ...]] = set()
 
@@ -84,7 +88,8 @@ def call_policy(
     loaded = tuple(loaded_skills)
     tool = agent.tool(name, loaded)
     if tool is None:
-        return mcp_call_policy(agent, name, mcp_tools or {}) or CallPolicy(kind="unknown", at_most_once=False)
+        served = mcp_call_policy(agent, name, mcp_tools or {})
+        return CallPolicy(kind="unknown", at_most_once=False) if served is None else _with_store_window(served)
     if isinstance(tool, ActivityTool):
         return tool.call_policy()
     owner = None if agent.tool(name) is not None else agent.skill_owning(name)
@@ -93,7 +98,7 @@ def call_policy(
     if isinstance(tool, WaitForTool):
         return CallPolicy(kind="wait_for")
     replay_safe = tool.recovery == "replay_safe"
-    return CallPolicy(
+    policy = CallPolicy(
         kind="tool",
         at_most_once=not replay_safe,
         timeout=tool.timeout,
@@ -105,3 +110,12 @@ def call_policy(
         skill=None if owner is None else owner.key,
         local=tool.local,
     )
+    return _with_store_window(policy)
+
+
+def _with_store_window(policy: CallPolicy) -> CallPolicy:
+    """A tool activity's policy whose body keeps its own timeout (the activity enforces it on the body) while the
+    activity gets ``TOOL_STORE_WINDOW`` more: its store phases (the reservation before the body, the commit after it)
+    may each wait out a database blink without spending the tool's time, nor turning a call whose effect happened into
+    ``interrupted`` (docs/design.md, "Local tool calls" and "One turn")."""
+    return policy.model_copy(update={"timeout": policy.timeout + TOOL_STORE_WINDOW, "body_timeout": policy.timeout})

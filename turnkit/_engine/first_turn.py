@@ -33,10 +33,13 @@ def can_start_directly(request: SubmitTurn) -> bool:
     return settings.direct_first_turns and not request.paused and not request.wait_for
 
 
-async def write_first_turn(store: Store, request: SubmitTurn, agent_name: str) -> TurnInput | None:
+async def write_first_turn(
+    store: Store, request: SubmitTurn, agent_name: str, *, task_queue: str | None = None
+) -> TurnInput | None:
     """Append ``request``'s message and create its turn, marked ``direct``, if the conversation has no turn yet;
     return the turn workflow's input. None, with nothing written, when the conversation has a turn (its lane orders
-    this one) or ``agent_name`` is not registered in this process (a worker elsewhere may know it).
+    this one) or ``agent_name`` is not registered in this process (a worker elsewhere may know it). ``task_queue``:
+    where it is started (the workers there start it if this process dies first, :mod:`turnkit._ops.lost_submits`).
 
     Idempotent by the turn id: a repeat after a lost commit reply finds the turn it wrote.
     """
@@ -50,6 +53,8 @@ async def write_first_turn(store: Store, request: SubmitTurn, agent_name: str) -
             if has_turns:
                 return None
             conversation = await tx.load_conversation(request.conversation_id)  # read with its lock on PostgreSQL
-            turn = await create_turn(tx, conversation, agent, request, submitted=True, found_absent=True, direct=True)
+            turn = await create_turn(
+                tx, conversation, agent, request, submitted=True, found_absent=True, direct=True, task_queue=task_queue
+            )
         queued = await queued_with_root(tx, turn)
     return queued.turn_input(turn.conversation_id)

@@ -3,26 +3,36 @@ image generation or media analysis.
 
 The turn must be ``pending`` and not submitted (a prepared turn, ``build_turn``): a submitted one belongs to its
 conversation's lane, which would run it. The call claims it (compare-and-set ``pending`` → ``running`` with a claim
-token; a lost claim raises ``"turn is already running"``), emits ``turn.started``, calls the client, audits a
-painted image with the agent's output policy (judges before the transaction), then in one transaction fenced on the
-claim token writes the message, charges the turn (the call and the judges) and completes it (or, in ``fail`` mode
-with a dirty audit, fails it with ``TurnKit::OutputAudit``). On error the turn
-fails and the error is re-raised. No workflow is involved: this runs in the caller's process, like ``build_turn``.
+token; a lost claim raises ``"turn is already running"``), emits ``turn.started``, checks the tree's ``max_spend``,
+calls the client, then in one transaction fenced on the claim token writes the message and charges the turn. A
+painted image is then audited by the agent's output policy, each judge's answer committed with its charge, and one
+more fenced transaction completes the turn (or, in ``fail`` mode with a dirty audit, fails it with
+``TurnKit::OutputAudit``); an analysis completes it in the first. Every paid answer is thus committed before the
+next step can fail, and a retried attempt finds it instead of paying again. On error the turn fails and the error
+is re-raised.
+
+Both run in the ``turnkit.standalone_media`` activity of the turn's own workflow (docs/design.md, "No side doors"),
+not in the caller's process. ``claim_token`` is that request's: a retried attempt finds the claim its predecessor
+took and goes on under it. ``ends_turn`` says which errors end the turn; the others are left for the activity's next
+attempt (a provider that may answer when asked again).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from turnkit._activities.output_audit import AnswerAudit, PublishedStatus, announce_audit_in, audit_answer, publication
+from turnkit._activities.judges import answered_audit, judge_next
+from turnkit._activities.output_audit import AnswerAudit, PublishedStatus, announce_audit_in, publication
+from turnkit._engine.authorization import Action, authorize
 from turnkit._engine.ids import new_claim_token
 from turnkit._engine.turn_end import fail_unfinished_turn
 from turnkit._engine.waits import notify_waiters
 from turnkit.agent import Agent, resolve_agent
 from turnkit.events import announce, emit
-from turnkit.kernel.errors import ConfigError, Error, LostClaim, OutputAudit
+from turnkit.kernel.errors import BudgetError, ConfigError, Error, LostClaim, OutputAudit, RecordNotFound
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.media import MediaInput
 from turnkit.media_requests import PaintRequest, ViewMediaRequest
@@ -45,7 +55,7 @@ from turnkit.store.store import Store, StoreTx, utcnow
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
 
-__all__ = ["paint_turn", "view_media_turn"]
+__all__ = ["check_claimable", "paint_turn", "view_media_turn"]
 
 
 async def paint_turn(
@@ -59,6 +69,8 @@ async def paint_turn(
     params: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
     client: Client | None = None,
+    claim_token: str | None = None,
+    ends_turn: Callable[[BaseException], bool] | None = None,
 ) -> TurnRecord:
     """Paint as the whole of a prepared turn; it completes with ``output_data = {type: "image", images: [...]}``
     (references, no bytes) and ``output_text`` = the image's URL, else its media id.
@@ -68,12 +80,15 @@ async def paint_turn(
     complete it (no model to revise with).
 
     Raises:
+        AuthorizationError: ``"not authorized to paint"``: the hook, asked for the turn's principal with ``turn``,
+            ``prompt`` and ``model``, denied it (nothing claimed, nothing paid).
         OutputAudit: The audit found violations and the agent's mode is ``fail``.
         Error: ``"cannot paint for <status> turn"``, ``"turn is already running"``, or the call's error (the turn
             is then failed).
     """
     store = tk.store
-    turn, token = await _claim(store, turn_id, "paint")
+    await _authorized(store, turn_id, "paint", prompt=prompt, model=model)
+    turn, token = await _claim(store, turn_id, "paint", claim_token)
     request = PaintRequest(
         prompt=prompt,
         model=model,
@@ -85,34 +100,31 @@ async def paint_turn(
     try:
         image_client = _chosen(client, turn, "paint")
         fence = _claim_fence(turn.id, token)
-        result = await generate(turn, image_client, request)
-        parts = await charged_if_unusable(
-            store, fence, turn, result, None, lambda: stored_images(store, result, request)
-        )
-        images = [dict(part) for part in parts]
+        # The image and its charge are committed before its audit can fail, under an id this request's attempts
+        # share: a retried attempt finds it and paints nothing (docs/design.md "Every paid call once").
+        message_id = _paint_message_id(turn.id, token)
+        message = await _committed_message(store, message_id)
+        if message is None:
+            result = await generate(store, turn, image_client, request)
+            parts = await charged_if_unusable(
+                store, fence, turn, result, None, lambda: stored_images(store, result, request, fence=fence, turn=turn)
+            )
+            message = await persist_media_message(
+                store, fence, turn, result, message_id, kind="image", parts=parts, metadata={}, output_data=None
+            )
+        images = [{k: v for k, v in part.items() if k not in ("type", "cost")} for part in message.content]
         first_image = images[0]
         text = str(first_image.get("url") or first_image.get("media_id") or "")
         output_data = {"type": "image", "images": images}
         agent = resolve_agent(turn.agent_name)
         # The output policy judges the answer as it would a model's (behaviour §3.12 step 6, §3.9).
-        audit = await audit_answer(
-            turn, agent, Result.build(text=text, output_data=output_data), f"paint:{turn.id}", store=store
-        )
-        message = await persist_media_message(
-            store,
-            fence,
-            turn,
-            result,
-            None,
-            kind="image",
-            parts=parts,
-            metadata={},
-            output_data=None,
-            extra_charges=[(judge.usage, judge.cost) for judge in audit.charges] if audit else (),
-            finish=_completion(turn, text, output_data, agent=agent, audit=audit),
-        )
+        audit = await _judged(store, turn, agent, Result.build(text=text, output_data=output_data))
+        async with store.atomic(turn_id=turn.root_turn_id) as tx:
+            await fence(tx)
+            await _completion(turn, text, output_data, agent=agent, audit=audit)(tx, message)
     except Exception as err:
-        await _fail(tk, turn, err)
+        if ends_turn is None or ends_turn(err):
+            await _fail(tk, turn, err)
         raise
     await emit_image_completed(turn, described(message), request.metadata)
     finished = await _finished(tk, turn)
@@ -134,19 +146,27 @@ async def view_media_turn(
     params: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
     client: Client | None = None,
+    claim_token: str | None = None,
+    ends_turn: Callable[[BaseException], bool] | None = None,
 ) -> TurnRecord:
     """Analyse media as the whole of a prepared turn; it completes with ``output_text`` = the analysis and
     ``output_data = {type: "media_analysis", media_analyses: [...]}``.
 
     Raises:
+        AuthorizationError: ``"not authorized to view_media"``: the hook, asked for the turn's principal with
+            ``turn``, ``media`` (the id; None for the caller's own bytes), ``objective`` and ``model``, denied it
+            (nothing claimed, nothing paid).
+        RecordNotFound: ``"media not found: <id>"``: an id that no message of the turn's tree references.
         Error: ``"cannot view media for <status> turn"``, ``"turn is already running"``, or the call's error (the
             turn is then failed and ``media.failed`` emitted).
     """
     store = tk.store
-    turn, token = await _claim(store, turn_id, "view media")
+    media_id = media if isinstance(media, str) else None
+    await _authorized(store, turn_id, "view_media", media=media_id, objective=objective, model=model)
+    turn, token = await _claim(store, turn_id, "view media", claim_token)
     chosen_metadata = dict(metadata or {})
     try:
-        ref, data = await media_with_data(store, media)
+        ref, data = await media_with_data(store, media, turn=turn)  # an id: only one this turn's tree has seen
         request = ViewMediaRequest(
             media={**ref, "data": base64.b64encode(data).decode("ascii")},
             objective=objective,
@@ -157,7 +177,7 @@ async def view_media_turn(
             metadata=chosen_metadata,
         )
         fence = _claim_fence(turn.id, token)
-        result = await ask_view_media(turn, _chosen(client, turn, "view_media"), request, ref)
+        result = await ask_view_media(store, turn, _chosen(client, turn, "view_media"), request, ref)
         analyses = await charged_if_unusable(
             store, fence, turn, result, None, lambda: analyses_of(result, request, ref)
         )
@@ -177,20 +197,69 @@ async def view_media_turn(
             ),
         )
     except Exception as err:
-        await emit("media.failed", turn.id, turn.conversation_id, error=str(err), metadata=chosen_metadata)
-        await _fail(tk, turn, err)
+        if ends_turn is None or ends_turn(err):
+            await emit("media.failed", turn.id, turn.conversation_id, error=str(err), metadata=chosen_metadata)
+            await _fail(tk, turn, err)
         raise
     await emit_media_completed(turn, described(message), ref, chosen_metadata)
     return await _finished(tk, turn)
 
 
-async def _claim(store: Store, turn_id: str, verb: str) -> tuple[TurnRecord, str]:
+def _paint_message_id(turn_id: str, token: str) -> str:
+    """The image message of the standalone paint that holds ``token``: the same on every attempt of the request."""
+    return "msg_" + hashlib.sha256(f"{turn_id}\x1fpaint\x1f{token}".encode()).hexdigest()[:24]
+
+
+async def _committed_message(store: Store, message_id: str) -> MessageRecord | None:
+    """The image an earlier attempt of this request committed, if any."""
+    async with store.reads() as tx:
+        try:
+            return await tx.load_message(message_id)
+        except RecordNotFound:
+            return None
+
+
+async def _judged(store: Store, turn: TurnRecord, agent: Agent, answer: Result) -> AnswerAudit | None:
+    """The painted answer's audit: each judge asked once, its answer committed with its charge before the next (a
+    retried attempt asks only those that have not answered), then the constraints on the committed answers.
+
+    Raises:
+        BudgetError: ``"cost limit reached"``: the tree is over ``max_spend`` (no judge is asked then).
+        LostClaim: The turn is no longer running.
+    """
+    if not agent.output_policy:
+        return None
+    key = f"paint:{turn.id}"
+    while True:
+        judged = await judge_next(store, turn, agent, key, answer)
+        if judged.stopped:
+            raise LostClaim(f"turn {turn.id} is no longer running: this call no longer holds its claim")
+        if judged.denial is not None:
+            raise BudgetError(judged.denial)
+        if not judged.remaining:
+            break
+    current = await store.load_turn(turn.id)
+    messages = await store.list_messages(turn.conversation_id, turn_id=turn.id)
+    return await answered_audit(current, agent, answer, key, messages)
+
+
+async def _authorized(store: Store, turn_id: str, action: Action, **resources: Any) -> None:
+    """Ask the hook about a standalone call for the turn's stored principal, before the turn is claimed or anything
+    paid for (behaviour §7.3: ``paint``, ``view_media``).
+
+    Raises:
+        AuthorizationError: ``"not authorized to <action>"``.
+    """
     turn = await store.load_turn(turn_id)
-    if turn.status != "pending":
-        raise Error(f"cannot {verb} for {turn.status} turn")
-    if turn.submitted_at is not None:
-        raise Error(f"cannot {verb} for a submitted turn: its conversation runs it (use a prepared turn)")
-    token = new_claim_token()
+    await authorize(action, turn.options.principal, turn=turn, **resources)
+
+
+async def _claim(store: Store, turn_id: str, verb: str, token: str | None) -> tuple[TurnRecord, str]:
+    turn = await store.load_turn(turn_id)
+    if token is not None and turn.status == "running" and turn.claim_token == token:
+        return turn, token  # an earlier attempt of this request claimed it (and announced its start)
+    check_claimable(turn, verb)
+    token = token or new_claim_token()
     now = utcnow()
     async with store.atomic(turn_id=turn.root_turn_id) as tx:
         claimed = await tx.claim_turn(
@@ -200,6 +269,18 @@ async def _claim(store: Store, turn_id: str, verb: str) -> tuple[TurnRecord, str
         raise Error("turn is already running")
     await emit("turn.started", claimed.id, claimed.conversation_id, status=claimed.status, model=claimed.model)
     return claimed, token
+
+
+def check_claimable(turn: TurnRecord, verb: str) -> None:
+    """Raise unless ``turn`` is a prepared turn that a standalone call may claim: pending, never submitted.
+
+    Raises:
+        Error: ``"cannot <verb> for <status> turn"``, or ``"cannot <verb> for a submitted turn: …"``.
+    """
+    if turn.status != "pending":
+        raise Error(f"cannot {verb} for {turn.status} turn")
+    if turn.submitted_at is not None:
+        raise Error(f"cannot {verb} for a submitted turn: its conversation runs it (use a prepared turn)")
 
 
 def _claim_fence(turn_id: str, token: str) -> Fence:

@@ -27,6 +27,7 @@ async def create_turn(
     submitted: bool,
     found_absent: bool = False,
     direct: bool = False,
+    task_queue: str | None = None,
 ) -> TurnRecord:
     """Append ``request``'s text as a user message and create its turn: ``pending`` (or ``paused``), its frozen
     context ending at that message; ``submitted_at`` is now when ``submitted``, else None (a prepared turn).
@@ -35,7 +36,8 @@ async def create_turn(
         ToolError: A ``wait_for`` target is not allowed (the transaction rolls back the message and the turn).
 
     ``found_absent``: the caller looked for ``request.turn_id`` in this transaction and found none (one read fewer).
-    ``direct``: ``ask`` starts it without the lane (:mod:`turnkit._engine.first_turn`).
+    ``direct``: ``ask`` starts it without the lane (:mod:`turnkit._engine.first_turn`). ``task_queue``: where a
+    submitted turn runs (its workers run it again if the submission is lost, :mod:`turnkit._engine.lost_submits`).
     """
     message = await tx.append_message(
         conversation.id,
@@ -59,6 +61,7 @@ async def create_turn(
         paused=request.paused,
         compact=request.compact,
         budget=request.budget,
+        task_queue=task_queue,
     )
     turn = await tx.create_turn(
         status="paused" if request.paused else "pending",

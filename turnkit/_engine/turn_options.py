@@ -60,6 +60,7 @@ def turn_options(
     paused: bool = False,
     compact: bool | None = None,
     budget: dict[str, Any] | None = None,
+    task_queue: str | None = None,
 ) -> TurnOptions:
     """``options`` of a new turn: limits snapshotted now (``budget`` merged over the agent's), thinking (an explicit
     None disables it), context, and the optional keys (``compact`` among them) only when they are set."""
@@ -76,6 +77,7 @@ def turn_options(
         "callback_conversation_id": callback_conversation_id,
         "depth": depth,
         "compact": compact,
+        "task_queue": task_queue,
     }
     options.update({key: value for key, value in optional.items() if value is not None})
     if paused:

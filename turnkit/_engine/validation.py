@@ -2,7 +2,8 @@
 
 * Validation rejects bad application input with an :class:`~turnkit.kernel.errors.InputError` naming the field,
   *before* anything is sent to Temporal or written: text (no NUL, no lone surrogates, not empty, within
-  ``settings.max_input_bytes``), names (agent, model: within the schema's column sizes), keys, ids, and JSON values
+  ``settings.max_input_bytes``), names (agent, model, subject, skill key: within the schema's column sizes, no control
+  characters; :mod:`turnkit._engine.names`), keys, ids, and JSON values
   (metadata, context: JSON-serialisable, string keys, no NUL, no NaN). The rules are the same on SQLite and
   PostgreSQL, so an input accepted on one is accepted on the other.
 * Values that did not come from the application (model output, tool results) are not rejected but made storable:
@@ -16,11 +17,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
+from turnkit._engine.names import MAX_NAME_CHARS, char_problem, check_name, short_string
 from turnkit.config import settings
 from turnkit.kernel.errors import InputError
 from turnkit.model import Result
-from turnkit.store.schema import ConversationRow, DeliveryRow
-from turnkit.store.storable import REPLACEMENT, UNSTORABLE_CHARS, UnstorableValue, storable, storable_text
+from turnkit.store.schema import DeliveryRow
+from turnkit.store.storable import REPLACEMENT, UnstorableValue, storable, storable_text
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -38,21 +40,11 @@ __all__ = [
     "storable_text",
 ]
 
-#: Agent and model names: the ``String(255)`` columns they are stored in (PostgreSQL enforces it, SQLite does not;
-#: checking here gives both the same rule).
-MAX_NAME_CHARS: Final = int(ConversationRow.__table__.c.model.type.length)  # pyright: ignore[reportAttributeAccessIssue, reportUnknownArgumentType, reportUnknownMemberType]
 #: Delivery and steering keys: the ``String(512)`` column of ``deliveries.key``.
 MAX_KEY_CHARS: Final = int(DeliveryRow.__table__.c.key.type.length)  # pyright: ignore[reportAttributeAccessIssue, reportUnknownArgumentType, reportUnknownMemberType]
 
 
 # -- validation ------------------------------------------------------------------------------------------------------
-
-
-def _char_problem(value: str) -> str | None:
-    found = UNSTORABLE_CHARS.search(value)
-    if found is None:
-        return None
-    return "must not contain NUL characters" if found.group() == "\x00" else "is not valid UTF-8 (a lone surrogate)"
 
 
 def check_size(field: str, size: int) -> None:
@@ -72,42 +64,23 @@ def check_text(field: str, value: Any, *, required: bool = True) -> str:
         raise InputError(f"{field} must be a string, not {type(value).__name__}")
     if required and not value:
         raise InputError(f"{field} is required")
-    problem = _char_problem(value)
+    problem = char_problem(value)
     if problem is not None:
         raise InputError(f"{field} {problem}")
     check_size(field, len(value.encode("utf-8")))
     return value
 
 
-def check_name(field: str, value: Any, *, optional: bool = True) -> str | None:
-    """An agent or model name: a non-empty ``str`` of at most :data:`MAX_NAME_CHARS` storable characters."""
-    if value is None and optional:
-        return None
-    return _short_string(field, value, MAX_NAME_CHARS)
-
-
 def check_key(field: str, value: Any) -> str:
     """A delivery or steering key: a non-empty ``str`` of at most :data:`MAX_KEY_CHARS` storable characters."""
-    return _short_string(field, value, MAX_KEY_CHARS)
-
-
-def _short_string(field: str, value: Any, limit: int) -> str:
-    """A non-empty ``str`` of at most ``limit`` storable characters (names and keys)."""
-    if not isinstance(value, str) or not value:
-        raise InputError(f"{field} must be a non-empty string")
-    if len(value) > limit:
-        raise InputError(f"{field} is too long: {len(value)} characters (at most {limit})")
-    problem = _char_problem(value)
-    if problem is not None:
-        raise InputError(f"{field} {problem}")
-    return value
+    return short_string(field, value, MAX_KEY_CHARS)
 
 
 def check_id(field: str, value: Any, kind: str) -> str:
     """A record id of ``kind`` (``turn``, ``conv``…): ``<kind>_`` followed by at least one character."""
     if not isinstance(value, str) or not value.startswith(f"{kind}_") or len(value) <= len(kind) + 1:
         raise InputError(f"{field} must be a {kind} id ({kind}_…), not {str(value)[:80]!r}")
-    if len(value) > 64 or _char_problem(value) is not None:
+    if len(value) > 64 or char_problem(value) is not None:
         raise InputError(f"{field} must be a {kind} id ({kind}_…), not {value[:80]!r}")
     return value
 
@@ -141,7 +114,7 @@ def _check_json_value(path: str, value: Any, *, lenient: bool, seen: set[int]) -
             raise InputError(f"{path} must be a finite number (NaN and infinity cannot be stored as JSON)")
         return
     if isinstance(value, str):
-        problem = _char_problem(value)
+        problem = char_problem(value)
         if problem is not None:
             raise InputError(f"{path} {problem}")
         return
@@ -153,7 +126,7 @@ def _check_json_value(path: str, value: Any, *, lenient: bool, seen: set[int]) -
             for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
                 if not isinstance(key, str):
                     raise InputError(f"{path} keys must be strings, not {type(key).__name__}")  # pyright: ignore[reportUnknownArgumentType]
-                problem = _char_problem(key)
+                problem = char_problem(key)
                 if problem is not None:
                     raise InputError(f"{path} key {key[:40]!r} {problem}")
                 _check_json_value(f"{path}.{key}", item, lenient=lenient, seen=seen)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Text, cast, func, or_, select
 from temporalio.api.enums.v1 import PendingWorkflowTaskState
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
@@ -29,7 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkit._engine.budget import counts_against_budget, limits_of
 from turnkit.kernel.payloads import LaneStatus
-from turnkit.kernel.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES, TurnRecord
+from turnkit.kernel.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES, ToolExecutionRecord, TurnRecord
 from turnkit.store.rows import tool_execution_record, turn_record
 from turnkit.store.schema import DeliveryRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.statements import whole_rows
@@ -45,10 +45,12 @@ __all__ = [
     "OVER_BUDGET",
     "SEQUENCE_GAP",
     "TOOL_CALL_RESULTS",
+    "TURNS_OUT_OF_ORDER",
     "TURN_WITHOUT_WORKFLOW",
     "UNANSWERED",
     "WAIT_WITHOUT_END",
     "WORKFLOW_CLOSED",
+    "WRITE_AFTER_REVOCATION",
     "Finding",
     "Liveness",
     "check",
@@ -68,6 +70,8 @@ DELIVERY_WITHOUT_MESSAGE: Final = "delivery_without_message"
 DELIVERY_NOT_CONSUMED: Final = "delivery_not_consumed"
 WAIT_WITHOUT_END: Final = "wait_without_end"
 OVER_BUDGET: Final = "tree_over_budget"
+TURNS_OUT_OF_ORDER: Final = "turns_out_of_order"
+WRITE_AFTER_REVOCATION: Final = "write_after_revocation"
 
 #: Workflow state of a turn or lane id: "running", "missing" (never started), or the closed status in lowercase.
 Liveness = str
@@ -105,8 +109,10 @@ async def check(store: Store, client: Client, *, since: datetime | None = None, 
     """Every broken invariant in the store and Temporal (empty when all is well); see the module docstring."""
     ctx = _Context(store, client, since, utcnow() - timedelta(seconds=grace))
     await _active_turns(ctx)
+    await _turn_order(ctx)
     await _sequence_gaps(ctx)
     await _tool_call_results(ctx)
+    await _writes_after_revocation(ctx)
     await _workflows(ctx)
     await _deliveries(ctx)
     await _waits(ctx)
@@ -136,6 +142,55 @@ async def _active_turns(ctx: _Context) -> None:
     for conversation_id, turns in by_conversation.items():
         if len(turns) > 1:
             ctx.add(ACTIVE_TURNS, [conversation_id, *turns], f"{len(turns)} turns are active in one conversation")
+
+
+async def _turn_order(ctx: _Context) -> None:
+    """A conversation's submitted root turns run one at a time in submission order (``submitted_at``): every model
+    message of a turn comes after those of the turns submitted before it (message sequences, not clocks), and no turn
+    runs while one submitted before it has not started (a lost submission overtaken; docs/design.md, "Lost
+    submissions"). Sub-agent turns, prepared and standalone turns are not in the lane's order."""
+    roots = select(
+        TurnRow.conversation_uid, TurnRow.uid, TurnRow.status, TurnRow.started_at, TurnRow.submitted_at
+    ).where(TurnRow.parent_turn_uid.is_(None), TurnRow.submitted_at.is_not(None))
+    if ctx.since is not None:
+        touched = select(TurnRow.conversation_uid).where(TurnRow.updated_at >= ctx.since)
+        roots = roots.where(TurnRow.conversation_uid.in_(touched))
+    spans_query = (
+        select(MessageRow.turn_uid, func.min(MessageRow.sequence), func.max(MessageRow.sequence))
+        # The model's messages: what a turn writes only while it runs (a repair appends tool results to an ended one).
+        .where(MessageRow.role == "assistant", MessageRow.turn_uid.in_(roots.with_only_columns(TurnRow.uid)))
+        .group_by(MessageRow.turn_uid)
+    )
+    async with ctx.store.atomic() as tx:
+        rows = (await tx.connection.execute(roots.order_by(TurnRow.submitted_at, TurnRow.uid))).all()
+        spans = {turn_id: (low, high) for turn_id, low, high in await tx.connection.execute(spans_query)}
+    by_conversation: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_conversation[row.conversation_uid].append(row)
+    for conversation_id, turns in by_conversation.items():
+        last: tuple[int, str] | None = None  # the highest sequence written by a turn submitted earlier, and that turn
+        unstarted: str | None = None  # an earlier turn that has not run and may still have to
+        for turn in turns:
+            span = spans.get(turn.uid)
+            if span is None:
+                if turn.status not in TERMINAL_TURN_STATUSES and turn.started_at is None and unstarted is None:
+                    unstarted = turn.uid
+                continue
+            if last is not None and span[0] < last[0]:
+                ctx.add(
+                    TURNS_OUT_OF_ORDER,
+                    [conversation_id, last[1], turn.uid],
+                    f"{turn.uid} answered (message {span[0]}) before {last[1]}, submitted earlier (message {last[0]})",
+                )
+            if unstarted is not None:
+                ctx.add(
+                    TURNS_OUT_OF_ORDER,
+                    [conversation_id, unstarted, turn.uid],
+                    f"{turn.uid} ran while {unstarted}, submitted earlier, had not started",
+                )
+                unstarted = None
+            if last is None or span[1] > last[0]:
+                last = (span[1], turn.uid)
 
 
 async def _sequence_gaps(ctx: _Context) -> None:
@@ -189,6 +244,100 @@ async def _tool_call_results(ctx: _Context) -> None:
                 ctx.add(TOOL_CALL_RESULTS, [turn_id, call_id], f"tool call has {got} results")
             elif got == 0 and status in TERMINAL_TURN_STATUSES:
                 ctx.add(TOOL_CALL_RESULTS, [turn_id, call_id], f"tool call of a {status} turn has no result")
+
+
+async def _writes_after_revocation(ctx: _Context) -> None:
+    """No write after revocation (behaviour §5.4, T49): a message a tool wrote through its context (its metadata
+    names the execution) comes before its execution's tool result in the conversation, and before every message of
+    a turn of that conversation that started after the execution's turn ended. Sequences, not clocks, order the
+    writes; turns' own start and end times only pick the turns that ran later, which the lane orders."""
+    writes_query = select(MessageRow.uid, MessageRow.conversation_uid, MessageRow.sequence, MessageRow.metadata_).where(
+        MessageRow.role == "user",
+        MessageRow.turn_uid.is_(None),
+        cast(MessageRow.metadata_, Text).like('%"tool_execution_id"%'),
+        _recent(MessageRow.created_at, ctx),
+    )
+    async with ctx.store.atomic() as tx:
+        writes = [
+            (uid, conversation_id, sequence, str(_mapping(metadata).get("tool_execution_id")))
+            for uid, conversation_id, sequence, metadata in await tx.connection.execute(writes_query)
+        ]
+        if not writes:
+            return
+        execution_ids = {execution_id for *_, execution_id in writes}
+        turn_of = dict(
+            (
+                await tx.connection.execute(
+                    select(ToolExecutionRow.uid, ToolExecutionRow.turn_uid).where(
+                        ToolExecutionRow.uid.in_(execution_ids)
+                    )
+                )
+            ).all()
+        )
+        results = dict(
+            (
+                await tx.connection.execute(
+                    select(MessageRow.tool_execution_uid, func.min(MessageRow.sequence))
+                    .where(MessageRow.role == "tool", MessageRow.tool_execution_uid.in_(execution_ids))
+                    .group_by(MessageRow.tool_execution_uid)
+                )
+            ).all()
+        )
+        conversations = {conversation_id for _, conversation_id, *_ in writes}
+        turns = (
+            await tx.connection.execute(
+                select(TurnRow.uid, TurnRow.conversation_uid, TurnRow.started_at, TurnRow.completed_at).where(
+                    TurnRow.conversation_uid.in_(conversations)
+                )
+            )
+        ).all()
+        first_messages = dict(
+            (
+                await tx.connection.execute(
+                    select(MessageRow.turn_uid, func.min(MessageRow.sequence))
+                    # The model's messages: a turn's user message is written when it is submitted, maybe while the
+                    # tool still ran.
+                    .where(MessageRow.conversation_uid.in_(conversations), MessageRow.role == "assistant")
+                    .group_by(MessageRow.turn_uid)
+                )
+            ).all()
+        )
+    ended = {row.uid: row.completed_at for row in turns}
+    for uid, conversation_id, sequence, execution_id in writes:
+        result = results.get(execution_id)
+        if result is not None and sequence > result:
+            ctx.add(
+                WRITE_AFTER_REVOCATION,
+                [execution_id, uid],
+                f"message {sequence} was written by the tool after its result (message {result})",
+            )
+            continue
+        turn_id = turn_of.get(execution_id)
+        end = ended.get(turn_id) if turn_id is not None else None
+        if end is None:
+            continue
+        later = [
+            first_messages[row.uid]
+            for row in turns
+            if row.conversation_uid == conversation_id
+            and row.uid != turn_id
+            and row.started_at is not None
+            and row.started_at >= end
+            and row.uid in first_messages
+        ]
+        if later and sequence > min(later):
+            ctx.add(
+                WRITE_AFTER_REVOCATION,
+                [execution_id, uid],
+                f"message {sequence} was written by the tool after its turn {turn_id} ended (a later turn wrote "
+                f"message {min(later)})",
+            )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):  # some drivers hand JSON back as text
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:
@@ -312,9 +461,11 @@ async def _workflows(ctx: _Context) -> None:
     states = await workflow_states(ctx.client, [t.id for t in turns] + [e.turn_id for e in open_executions])
     roots = [t for t in turns if t.parent_turn_id is None and states[t.id] != "running"]
     lanes = await lane_statuses(ctx.client, [t.conversation_id for t in roots])
-    for turn in turns:
+    suspects = [t for t in turns if states[t.id] != "running" and not held_by_lane(t, lanes)]
+    moved = await _moved_since(ctx, suspects, [e for e in open_executions if states[e.turn_id] != "running"])
+    for turn in suspects:
         state = states[turn.id]
-        if state == "running" or held_by_lane(turn, lanes):
+        if turn.id in moved:
             continue
         if state != "missing":
             ctx.add(WORKFLOW_CLOSED, [turn.id], f"turn is {turn.status} but its workflow is {state}")
@@ -325,12 +476,41 @@ async def _workflows(ctx: _Context) -> None:
             ctx.add(TURN_WITHOUT_WORKFLOW, [turn.id], f"turn is {turn.status} with no workflow{where}")
     for execution in open_executions:
         state = states[execution.turn_id]
-        if state != "running":
+        if state != "running" and execution.id not in moved:
             ctx.add(
                 EXECUTION_WITHOUT_ATTEMPT,
                 [execution.id, execution.turn_id],
                 f"tool execution {execution.tool_name} is running but its turn's workflow is {state}",
             )
+
+
+async def _moved_since(ctx: _Context, turns: list[TurnRecord], executions: list[ToolExecutionRecord]) -> set[str]:
+    """The ids among ``turns`` and ``executions`` whose record changed after it was read: read again now, after
+    Temporal was asked about them.
+
+    The records were read before their workflows were described. A turn writes its terminal record before its
+    workflow closes, and a lane starts a queued turn before it forgets it, so a turn that ended (or started) between
+    the two reads looks like one whose workflow closed under a running record, or one no workflow and no lane holds.
+    Judged on a record read after Temporal's answer, it is what it is: moving, so not a finding.
+    """
+    if not turns and not executions:
+        return set()
+    async with ctx.store.reads() as tx:
+        now = {
+            row.uid: row.updated_at
+            for row in await tx.connection.execute(
+                select(TurnRow.uid, TurnRow.updated_at).where(TurnRow.uid.in_([t.id for t in turns]))
+            )
+        }
+        now.update(
+            (row.uid, row.updated_at)
+            for row in await tx.connection.execute(
+                select(ToolExecutionRow.uid, ToolExecutionRow.updated_at).where(
+                    ToolExecutionRow.uid.in_([e.id for e in executions])
+                )
+            )
+        )
+    return {record.id for record in [*turns, *executions] if now.get(record.id) != record.updated_at}
 
 
 async def _deliveries(ctx: _Context) -> None:
@@ -373,11 +553,27 @@ async def _deliveries(ctx: _Context) -> None:
     if not waiting:
         return
     lanes = await lane_statuses(ctx.client, [destination for _, destination in waiting])
-    for delivery_id, destination in waiting:
-        lane = lanes.get(destination)
-        if lane == UNANSWERED:
-            continue  # a lane no worker serves right now may hold it: nothing to say yet
-        if not isinstance(lane, LaneStatus) or delivery_id not in lane.pending_delivery_ids:
+    unheld = [
+        (delivery_id, destination)
+        for delivery_id, destination in waiting
+        if lanes.get(destination) != UNANSWERED  # a lane no worker serves right now may hold it: nothing to say yet
+        and not (isinstance(lane := lanes.get(destination), LaneStatus) and delivery_id in lane.pending_delivery_ids)
+    ]
+    if not unheld:
+        return
+    # Read again after the lanes answered: one applied meanwhile left its lane's pending list (see _moved_since).
+    async with ctx.store.reads() as tx:
+        applied = set(
+            (
+                await tx.connection.execute(
+                    select(DeliveryRow.uid).where(
+                        DeliveryRow.uid.in_([d for d, _ in unheld]), DeliveryRow.delivered_at.is_not(None)
+                    )
+                )
+            ).scalars()
+        )
+    for delivery_id, destination in unheld:
+        if delivery_id not in applied:
             ctx.add(DELIVERY_NOT_CONSUMED, [delivery_id, destination], "pending delivery that no lane holds")
 
 

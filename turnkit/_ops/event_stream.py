@@ -5,7 +5,8 @@ subscribe to them. The store records everything they report, though: this module
 of the sub-agent turns below it) into a time-ordered stream of the same kinds of events: ``turn.created``,
 ``turn.started``, ``message.<role>``, ``tool_call.created``, ``tool_call.started``, ``tool_call.<status>``,
 ``delivery.created`` and ``turn.<terminal status>``. ``follow`` polls and yields each new event once, until the
-turn is terminal.
+turn is terminal. Summaries and agent names are :func:`~turnkit._ops.printable.printable`: no terminal escape
+sequence from the record reaches the operator's terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from turnkit._ops.printable import printable
 from turnkit._ops.tree import TurnNode, load_trees
 from turnkit.kernel.errors import RecordNotFound
 from turnkit.kernel.records import TERMINAL_TOOL_EXECUTION_STATUSES, TERMINAL_TURN_STATUSES
@@ -85,10 +87,12 @@ async def follow(store: Store, turn_id: str, *, interval: float = 0.5) -> AsyncI
 
 async def _node_events(store: Store, node: TurnNode) -> list[StreamEvent]:
     turn = node.turn
-    agent = turn.agent_name
+    agent = printable(turn.agent_name, one_line=True)
 
     def event(at: datetime | None, type: str, summary: str, key: str) -> list[StreamEvent]:
-        return [] if at is None else [StreamEvent(at, type, turn.id, agent, summary, f"{turn.id}:{key}")]
+        # The record's text (and an agent's name) is printed on a terminal: no escape sequence in it may reach it.
+        safe = printable(summary, one_line=True)
+        return [] if at is None else [StreamEvent(at, type, turn.id, agent, safe, f"{turn.id}:{key}")]
 
     found: list[StreamEvent] = []
     parent = f"sub-agent of {turn.parent_turn_id}" if turn.parent_turn_id else f"in {turn.conversation_id}"

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from turnkit._engine.deliveries import signal_delivery
 from turnkit._engine.dispatch import model_policy
+from turnkit._engine.lane_submit import resubmit
 from turnkit._engine.transcript import fail_execution, repair_transcript
 from turnkit._engine.turn_end import fail_unfinished_turn
 from turnkit._engine.waits import notify_waiters
@@ -50,17 +50,16 @@ from turnkit._ops.check import (
     workflow_states,
 )
 from turnkit.config import settings
-from turnkit.kernel.names import LANE_WORKFLOW, SUBMIT_UPDATE, TURN_WORKFLOW
-from turnkit.kernel.payloads import LaneInput, SubmitTurn, TurnInput, TurnTicket
+from turnkit.kernel.names import TURN_WORKFLOW
+from turnkit.kernel.payloads import TurnInput
 from turnkit.kernel.records import INTERRUPTED_MESSAGE, TurnRecord
-from turnkit.kernel.search_attributes import lane_search_attributes, turn_search_attributes
+from turnkit.kernel.search_attributes import turn_search_attributes
 from turnkit.store.store import Store, utcnow
 
 __all__ = ["LOST_WORKFLOW", "STALE_STAGED_INPUT", "Repair", "repair"]
 
 #: Error class of a turn failed by repair.
 LOST_WORKFLOW: Final = "TurnKit::LostWorkflow"
-_REQUEUED_TEXT: Final = "(re-queued by turnkit repair)"
 _SUBMIT_TIMEOUT: Final = 15.0
 #: Age after which a staged input that no submission consumed is dropped (far past the lane's 60 s submit bound).
 STALE_STAGED_INPUT: Final = timedelta(hours=1)
@@ -142,10 +141,12 @@ class _Fixer:
         state = (await workflow_states(self.client, [turn.id]))[turn.id]
         if state == "running":
             return
+        lanes = await lane_statuses(self.client, [turn.conversation_id]) if turn.parent_turn_id is None else {}
+        if held_by_lane(turn, lanes) or lanes.get(turn.conversation_id) == UNANSWERED:
+            return  # queued; or its lane cannot tell now (no worker serves it): nothing safe to do yet
+        if await self._moved(turn):
+            return
         if turn.parent_turn_id is None:
-            lanes = await lane_statuses(self.client, [turn.conversation_id])
-            if held_by_lane(turn, lanes) or lanes[turn.conversation_id] == UNANSWERED:
-                return  # queued; or its lane cannot tell now (no worker serves it): nothing safe to do yet
             if state == "missing" and turn.started_at is None and turn.status in ("pending", "paused"):
                 if await self._requeue(turn):
                     return
@@ -157,6 +158,12 @@ class _Fixer:
         why = "its workflow never started" if state == "missing" else f"its workflow ended ({state})"
         await self._fail(turn, f"turn lost its workflow: {why}")
 
+    async def _moved(self, turn: TurnRecord) -> bool:
+        """Whether ``turn`` changed after it was read, read again after Temporal's answer: a turn that ended (or a
+        lane started) between the two reads is live, not lost (see ``turnkit._ops.check._moved_since``)."""
+        current = await self.store.load_turn(turn.id)
+        return current.terminal or current.updated_at != turn.updated_at
+
     async def _launched(self, turn: TurnRecord) -> bool:
         """Whether ``turn`` is a ``launch_agent`` child (it outlives its parent, so it can still be run)."""
         if turn.parent_tool_execution_id is None:
@@ -167,32 +174,9 @@ class _Fixer:
 
     async def _requeue(self, turn: TurnRecord) -> bool:
         """Submit the stored turn to its lane again (the submit activity finds it by id and writes nothing)."""
-        request = SubmitTurn(
-            conversation_id=turn.conversation_id,
-            turn_id=turn.id,
-            message_id=str(turn.options.trigger_message_id or f"message_requeue_{turn.id}"),
-            text=_REQUEUED_TEXT,
-            agent_name=turn.agent_name,
-        )
-        start = WithStartWorkflowOperation(
-            LANE_WORKFLOW,
-            LaneInput(conversation_id=turn.conversation_id),
-            id=turn.conversation_id,
-            task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=(
-                lane_search_attributes(turn.conversation_id, turn.agent_name) if settings.search_attributes else None
-            ),
-        )
         try:
             async with asyncio.timeout(_SUBMIT_TIMEOUT):  # a lane no worker serves cannot take it now
-                await self.client.execute_update_with_start_workflow(
-                    SUBMIT_UPDATE,
-                    request,
-                    start_workflow_operation=start,
-                    id=f"repair-{turn.id}",
-                    result_type=TurnTicket,
-                )
+                await resubmit(self.client, turn, self.task_queue)
         except (WorkflowUpdateFailedError, RPCError, TimeoutError):
             return False
         lanes = await lane_statuses(self.client, [turn.conversation_id])

@@ -1,7 +1,8 @@
 """``turnkit show``: a run's tree of turns, sub-agents, tool executions and deliveries, as text or JSON.
 
 Reads the store only (no Temporal connection). With a Temporal UI address (``--ui`` or ``$TURNKIT_UI``) each turn's
-workflow gets its link.
+workflow gets its link. Text output is :func:`~turnkit._ops.printable.printable` line by line; JSON output escapes
+every control character (``json.dumps`` writes ASCII), so neither lets a terminal escape sequence through.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from turnkit._ops.printable import printable
 from turnkit._ops.tree import TurnNode, seconds_between
 
 __all__ = ["render_json", "render_text", "ui_links", "workflow_url"]
@@ -42,7 +44,8 @@ def render_text(trees: list[TurnNode], *, links: dict[str, str] | None = None) -
         total_tokens = sum(node.tokens for node in tree.walk())
         lines.append(f"  tree: {len(tree.walk())} turn(s) · {total_tokens} tokens · {_money(total_cost)}")
         lines.append("")
-    return "\n".join(lines).rstrip("\n")
+    # Names, errors and tool names come from the record: no escape sequence or line break in them reaches the terminal.
+    return "\n".join(printable(line, one_line=True) for line in lines).rstrip("\n")
 
 
 def _turn_lines(node: TurnNode, indent: str, lines: list[str], links: dict[str, str]) -> None:

@@ -20,6 +20,7 @@ from temporalio import activity
 
 from turnkit.kernel.asks import AskReceipt, AskTurn, ControlReceipt, ControlTurn, FollowAsk, TurnResult
 from turnkit.kernel.payloads import (
+    AuditCall,
     DelegateCalls,
     DelegateResult,
     DeliverBatch,
@@ -42,6 +43,14 @@ from turnkit.kernel.payloads import (
     WaitPlan,
     WaitRequest,
 )
+from turnkit.kernel.requests import (
+    CancelPlan,
+    CancelRequest,
+    CompactRequest,
+    StandaloneEnd,
+    StandaloneMedia,
+    StandaloneOutcome,
+)
 
 __all__ = [
     "AskCalls",
@@ -49,6 +58,7 @@ __all__ = [
     "DeliveryCalls",
     "LaneCalls",
     "ModelCalls",
+    "RequestCalls",
     "ToolCalls",
     "TurnCalls",
     "activity_name",
@@ -114,6 +124,12 @@ class ModelCalls:
     @_declare("turnkit.model")
     async def model(self, call: ModelCall) -> ModelStep:
         """Reserve the iteration, call the model, persist the response and its charge; the step the turn takes next."""
+        raise NotImplementedError
+
+    @_declare("turnkit.audit")
+    async def audit(self, call: AuditCall) -> ModelStep:
+        """The next step of a committed final answer's audit: one judge's call, committed with its charge (step
+        ``audit``: call again), or, every judge answered, the constraints and the answer's publication."""
         raise NotImplementedError
 
 
@@ -208,10 +224,40 @@ class AskCalls:
         raise NotImplementedError
 
 
+class RequestCalls:
+    """The client's requests that run as workflows of their own (:mod:`turnkit.kernel.requests`): a cancel, a manual
+    compaction, a standalone media call."""
+
+    @_declare("turnkit.cancel_turns")
+    async def cancel_turns(self, request: CancelRequest) -> CancelPlan:
+        """Authorise, then end the turn (and its descendants, cascading) ``cancelled`` in one transaction."""
+        raise NotImplementedError
+
+    @_declare("turnkit.announce_cancel")
+    async def announce_cancel(self, plan: CancelPlan) -> None:
+        """Cancel the ended turns' workflows and tell their callbacks, waiters and lanes (idempotent)."""
+        raise NotImplementedError
+
+    @_declare("turnkit.compact")
+    async def compact(self, request: CompactRequest) -> str:
+        """Summarise the conversation's middle and append the summary under the request's message id (once)."""
+        raise NotImplementedError
+
+    @_declare("turnkit.standalone_media")
+    async def standalone_media(self, request: StandaloneMedia) -> StandaloneOutcome:
+        """Claim the prepared turn, paint or view media, record the answer and end the turn (one claim per request)."""
+        raise NotImplementedError
+
+    @_declare("turnkit.end_standalone")
+    async def end_standalone(self, end: StandaloneEnd) -> StandaloneOutcome:
+        """Record the turn ``failed`` when its standalone call's attempts ran out (a no-op on a terminal turn)."""
+        raise NotImplementedError
+
+
 def declared_activities() -> dict[str, Callable[..., Any]]:
     """Every declared activity by name (a worker registers an implementation of each)."""
     declared: dict[str, Callable[..., Any]] = {}
-    for calls in (TurnCalls, ModelCalls, ToolCalls, ChildCalls, DeliveryCalls, LaneCalls, AskCalls):
+    for calls in (TurnCalls, ModelCalls, ToolCalls, ChildCalls, DeliveryCalls, LaneCalls, AskCalls, RequestCalls):
         for member in vars(calls).values():
             name = getattr(member, _NAME, None)
             if name is not None:

@@ -10,13 +10,18 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "CANCEL_WORKFLOW",
+    "COMPACTION_WORKFLOW",
     "DELIVER_SIGNAL",
+    "LANE_ROLLING_OVER",
     "LANE_STATUS_QUERY",
     "LANE_WORKFLOW",
     "RESUME_SIGNAL",
+    "STANDALONE_MEDIA_WORKFLOW",
     "SUBMIT_UPDATE",
     "TARGET_FINISHED_SIGNAL",
     "TOOL_ACTIVITY_PREFIX",
+    "TURN_STARTED_UPDATE",
     "TURN_WORKFLOW",
     "WAKE_SIGNAL",
 ]
@@ -25,8 +30,19 @@ __all__ = [
 LANE_WORKFLOW: Final = "ConversationWorkflow"
 #: One turn (workflow id = turn id).
 TURN_WORKFLOW: Final = "TurnWorkflow"
+#: One ``Turn.cancel`` request: the store's writes, then the workflows cancelled and the ends announced.
+CANCEL_WORKFLOW: Final = "CancelWorkflow"
+#: One ``Conversation.compact`` request: its summariser call as an activity.
+COMPACTION_WORKFLOW: Final = "CompactionWorkflow"
+#: ``Turn.paint`` / ``Turn.view_media`` of a prepared turn (workflow id = turn id): its media call as an activity.
+STANDALONE_MEDIA_WORKFLOW: Final = "StandaloneMediaWorkflow"
 #: The lane's update that appends a trigger message and queues a turn; returns a ``TurnTicket``.
 SUBMIT_UPDATE: Final = "submit"
+#: The lane's update that returns once the lane has started a queued turn (its argument, the turn id): ``started``,
+#: ``unknown`` (the lane does not hold it) or ``again`` (the lane continues as new: ask again).
+TURN_STARTED_UPDATE: Final = "turn_started"
+#: The failure type of a ``turn_started`` update that a lane refuses while it continues as new (ask its next run).
+LANE_ROLLING_OVER: Final = "LaneRollingOver"
 #: The lane's signal that a delivery row exists for it.
 DELIVER_SIGNAL: Final = "deliver"
 #: The lane's signal that a sub-agent's turn in its conversation ended.

@@ -16,6 +16,7 @@ from turnkit.kernel.records import TerminalTurnStatus, ToolExecutionStatus
 
 __all__ = [
     "ActivityTarget",
+    "AuditCall",
     "CallPolicy",
     "DeliverBatch",
     "DeliverResult",
@@ -105,6 +106,8 @@ class CallPolicy(BaseModel):
 
     kind: Literal["tool", "sub_agent", "launch_agent", "wait_for", "unknown", "activity"]
     at_most_once: bool = True
+    #: The activity's start-to-close timeout. For a tool with ``body_timeout``, that and a window for its store
+    #: phases: a commit that waits for the database does not spend the tool's own time.
     timeout: float = 30.0
     heartbeat: float = 30.0
     max_attempts: int = 1
@@ -120,6 +123,9 @@ class CallPolicy(BaseModel):
     activity: ActivityTarget | None = _omitted_none()
     #: A tool of one of the agent's MCP servers, run by the tool activity like any tool.
     mcp: MCPTarget | None = _omitted_none()
+    #: The tool body's own timeout (``@tool(timeout=…)``), which the tool activity enforces on the body alone. None: a
+    #: policy an older release resolved, whose ``timeout`` bounds the body and its store phases together.
+    body_timeout: float | None = _omitted_none()
 
 
 class QueuedTurn(BaseModel):
@@ -181,6 +187,9 @@ class SubmitTurn(BaseModel):
     budget: dict[str, Any] | None = None
     #: References (``media`` content parts) to media stored before submission: the bytes are in the store.
     media: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    #: Set by the lane: the newest turn it has queued. The submit returns the submitted turns after that one that the
+    #: lane does not know (``TurnTicket.earlier``). None: the lane knows none, or a caller that is not a lane.
+    known_turn_id: str | None = Field(default=None, exclude_if=_is_empty)
 
 
 class DeliverySignal(BaseModel):
@@ -199,6 +208,8 @@ class DeliverBatch(BaseModel):
     #: The id a woken turn gets, chosen by the lane, so every run of this call finds the turn an earlier one created: a
     #: local attempt, its regular-activity fallback, a retried workflow task. None when ``wake`` is False.
     woken_turn_id: str | None = None
+    #: The newest turn the lane has queued (see ``SubmitTurn.known_turn_id``).
+    known_turn_id: str | None = Field(default=None, exclude_if=_is_empty)
 
 
 class DeliverResult(BaseModel):
@@ -212,6 +223,9 @@ class DeliverResult(BaseModel):
     #: The turn ``ask`` started without the lane (a fresh conversation's first) is active: nothing was appended and
     #: no turn woken; the lane runs (follows) it first, then applies the deliveries (docs/design.md).
     ahead: QueuedTurn | None = None
+    #: Submitted turns this lane has not queued (their submission was lost with the workflow task that ran it), oldest
+    #: first: the lane queues them before the woken turn (docs/design.md, "Lost submissions").
+    earlier: list[QueuedTurn] = Field(default_factory=list[QueuedTurn], exclude_if=_is_empty)
 
 
 class TurnTicket(BaseModel):
@@ -229,6 +243,9 @@ class TurnTicket(BaseModel):
     #: The turn ``ask`` started without the lane (a fresh conversation's first) is still active: the lane runs (follows)
     #: it before this one (docs/design.md, "A fresh conversation's first turn").
     ahead: QueuedTurn | None = None
+    #: Turns submitted before this one that the lane has not queued (their submission was lost with the workflow task
+    #: that ran it), oldest first: the lane queues them before this one (docs/design.md, "Lost submissions").
+    earlier: list[QueuedTurn] = Field(default_factory=list[QueuedTurn], exclude_if=_is_empty)
 
     def queued(self) -> QueuedTurn:
         """What a lane queues of this turn."""
@@ -323,6 +340,9 @@ class TurnOutcome(BaseModel):
     #: ``paused`` (the answer is held, published once resumed) or ``steered`` (back to the model); ``status`` means
     #: nothing then.
     boundary: Literal["paused", "steered"] | None = None
+    #: ``turnkit.finish_turn`` with ``judge_apart`` committed one judge's answer of a terminal tool's answer and
+    #: more remain: call it again; ``status`` means nothing then.
+    judged: bool = Field(default=False, exclude_if=_is_empty)
 
 
 class ToolCallRef(BaseModel):
@@ -368,6 +388,19 @@ class ModelCall(BaseModel):
     #: Attempts already made as a local activity (0 or 1): a regular activity's retry policy counts the rest. Left
     #: out of the payload when 0.
     attempts_before: int = Field(default=0, exclude_if=_is_empty)
+    #: The workflow audits a final answer with activities of their own (``turnkit.audit``): the answer is committed
+    #: and charged first, and the step says ``audit``. Unset (a workflow of an older release, or its activity
+    #: scheduled before an upgrade): the answer is audited inside this activity, as that workflow expects.
+    audit_apart: bool = Field(default=False, exclude_if=_is_empty)
+
+
+class AuditCall(BaseModel):
+    """Input of ``turnkit.audit``: the next step of the output-policy audit of the final answer to ``request_id``
+    (docs/design.md, "Every paid call once"): one judge's call, committed with its charge, or the publication."""
+
+    turn_id: str
+    root_turn_id: str
+    request_id: str
 
 
 #: What the turn does after a model step (one tag, handled in one place by the workflow):
@@ -375,7 +408,10 @@ class ModelCall(BaseModel):
 #: with ``budget_error``, ``stopped`` the turn ended elsewhere (cancelled), ``waiting`` wait for ``waiting_on``, then
 #: ask again, ``paused`` wait for ``resume``, then ask again, ``steered`` steering was applied: ask again.
 #: ``failed``: the answer was recorded and the turn failed with ``error_class`` (an output audit in ``fail`` mode).
-ModelOutcome = Literal["tools", "completed", "budget_exceeded", "stopped", "waiting", "paused", "steered", "failed"]
+#: ``audit``: the final answer is committed and charged; its audit comes next (``turnkit.audit``, once per judge).
+ModelOutcome = Literal[
+    "tools", "completed", "budget_exceeded", "stopped", "waiting", "paused", "steered", "failed", "audit"
+]
 
 
 class ModelStep(BaseModel):
@@ -464,6 +500,10 @@ class FinishTurn(BaseModel):
     skipped_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
     #: The root deadline's failure: write nothing while the turn is paused (behaviour §5.13 invariant 11).
     unless_paused: bool = False
+    #: The workflow calls the finish again while it reports ``judged``: each attempt makes at most one output-policy
+    #: judge call of a terminal answer, committed with its charge. Unset (an older workflow): all judges, then the
+    #: write, in one attempt.
+    judge_apart: bool = Field(default=False, exclude_if=_is_empty)
 
 
 class DelegateCalls(BaseModel):

@@ -116,10 +116,22 @@ class TurnState(BaseModel):
     #: The terminal tool execution whose answer was audited last: a retried ``turnkit.finish_turn`` that finds it
     #: here committed that audit already (and, after a revision request, must not ask for a second one).
     audited_execution_id: str | None = None
+    #: A model's final answer is committed and charged, and waits for its audit (``turnkit.audit``) before it is
+    #: published; ``audit_key`` is its request id.
+    awaiting_audit: bool = False
+    #: The answer whose output-policy judges have answered so far: a model request's id, or ``terminal:<execution
+    #: id>`` for a terminal tool's answer.
+    audit_key: str | None = None
+    #: Those judges' answers in policy order, each ``{policy, model, text, output_data, usage, cost}``, committed
+    #: with the judge call's charge: a retried attempt reads them instead of asking (and paying) again.
+    judge_answers: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
     #: Media calls charged although their answer was unusable (no image, no analysis; behaviour §3.12 step 3 before
     #: step 4): the call's message id → its error. A retried attempt that finds its id here raises that error again
     #: instead of calling the client and charging a second time.
     unusable_media_calls: dict[str, str] = Field(default_factory=dict[str, str])
+    #: Requests whose automatic compaction was answered with an empty summary: that call is charged once, and a
+    #: retried attempt of the request does not ask the compaction model again.
+    empty_summaries: list[str] = Field(default_factory=list[str])
     #: The tools of the agent's MCP servers as this turn's first model call listed them, by server name: each
     #: ``{name, tool, description, parameters}`` (the name the model sees, the server's own). Every later model call
     #: and retry of the turn offers exactly these (``turnkit._engine.mcp_tools``).
@@ -157,6 +169,9 @@ class TurnOptions(BaseModel):
     depth: int | None = None
     #: Force (True) or forbid (False) compaction before this turn's first model request.
     compact: bool | None = None
+    #: The task queue of a root turn's submission (its lane's, or the one ``ask`` started it on): the workers of that
+    #: queue run it again if its submission is lost (docs/design.md, "Lost submissions"). None: older records.
+    task_queue: str | None = None
     controls: TurnControls | None = None
     #: Legacy place of the audit (rows of older releases); new audits are written to ``state.policy_audit``.
     policy_audit: dict[str, Any] | None = None

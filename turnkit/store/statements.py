@@ -31,6 +31,7 @@ from sqlalchemy import (
     String,
     Table,
     Update,
+    and_,
     any_,
     bindparam,
     case,
@@ -299,6 +300,46 @@ TURNS_OUTSIDE_LANE: Final = (
         TURNS.c.status.in_(ACTIVE_TURN_STATUSES),
     )
     .limit(2)
+)
+#: Statuses of a submitted root turn that has not started yet: queued in its lane, or its submission was lost.
+UNSTARTED_STATUSES: Final = ("pending", "paused", "waiting")
+_UNSTARTED_ROOT: Final = (
+    TURNS.c.parent_turn_uid.is_(None),
+    TURNS.c.submitted_at.is_not(None),
+    TURNS.c.started_at.is_(None),
+    TURNS.c.status.in_(UNSTARTED_STATUSES),
+)
+_KNOWN_TURN = TURNS.alias("known_turn")
+_KNOWN_SUBMITTED = (
+    select(_KNOWN_TURN.c.submitted_at).where(_KNOWN_TURN.c.uid == bindparam("known_uid")).scalar_subquery()
+)
+#: The lane's unstarted submitted turns (not ``ask``'s direct one) from the turn ``known_uid`` on (all of them when it
+#: is unknown), oldest first: what a submission that the lane lost left behind (``StoreTx.unqueued_turns``).
+UNQUEUED_TURNS: Final = (
+    whole_rows(TurnRow)
+    .where(
+        TURNS.c.conversation_uid == bindparam("uid"),
+        TURNS.c.direct.is_(False),
+        *_UNSTARTED_ROOT,
+        or_(_KNOWN_SUBMITTED.is_(None), TURNS.c.submitted_at >= _KNOWN_SUBMITTED),
+    )
+    .order_by(TURNS.c.submitted_at, TURNS.c.uid)
+    .limit(bindparam("limit"))
+)
+#: Unstarted submitted root turns of every conversation submitted by ``before``, after the key ``(after_at,
+#: after_uid)``, oldest first (``StoreTx.unstarted_turns``: a page of the workers' search for lost submissions).
+UNSTARTED_TURNS: Final = (
+    whole_rows(TurnRow)
+    .where(
+        *_UNSTARTED_ROOT,
+        TURNS.c.submitted_at <= bindparam("before"),
+        or_(
+            TURNS.c.submitted_at > bindparam("after_at"),
+            and_(TURNS.c.submitted_at == bindparam("after_at"), TURNS.c.uid > bindparam("after_uid")),
+        ),
+    )
+    .order_by(TURNS.c.submitted_at, TURNS.c.uid)
+    .limit(bindparam("limit"))
 )
 #: The turn ``uid`` if it exists, else any turn of the conversation ``conversation_uid``, else no row: a fresh
 #: conversation's first turn asks both in one statement (``StoreTx.find_turn_or_any``).

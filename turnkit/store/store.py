@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any, Final, Literal, TypeVar, Unpack, cast, overload
@@ -1227,6 +1227,32 @@ class StoreTx:
         direct = next((turn_record(row) for row in rows if row.direct), None)
         return OutsideLane(sub_agent=any(row.parent_turn_uid is not None for row in rows), direct=direct)
 
+    async def unqueued_turns(
+        self, conversation_id: str, known_turn_id: str | None, *, limit: int = 64
+    ) -> list[TurnRecord]:
+        """The conversation's submitted root turns that have not started and that its lane may not have queued: those
+        submitted at or after ``known_turn_id`` (the newest turn the lane queued; every one when None or unknown),
+        oldest first, at most ``limit``. ``ask``'s direct turn is not among them (:meth:`turns_outside_lane`).
+
+        The lane queues in submission order, so a turn whose submission it lost (the workflow task that ran the
+        submit was lost with its worker and server) is newer than every turn it knows (docs/design.md, "Lost
+        submissions"); the known turn itself comes back too, and the lane skips what it knows.
+        """
+        rows = await self._read_all(sql.UNQUEUED_TURNS, uid=conversation_id, known_uid=known_turn_id, limit=limit)
+        return [turn_record(row) for row in rows]
+
+    async def unstarted_turns(
+        self, *, before: datetime, after: tuple[datetime, str] | None = None, limit: int = 100
+    ) -> list[TurnRecord]:
+        """Submitted root turns of any conversation that have not started, submitted by ``before``, oldest first,
+        after the key ``(submitted_at, id)`` ``after`` (a page of :func:`turnkit._ops.lost_submits.heal_lost_submits`).
+        """
+        after_at, after_uid = after if after is not None else (datetime(1970, 1, 1, tzinfo=UTC), "")
+        rows = await self._read_all(
+            sql.UNSTARTED_TURNS, before=before, after_at=after_at, after_uid=after_uid, limit=limit
+        )
+        return [turn_record(row) for row in rows]
+
     async def list_submitted_turns(self, *, limit: int | None = None) -> list[TurnRecord]:
         """Every turn with ``submitted_at`` set, ordered by ``created_at, id``, at most ``limit`` (behaviour §2.9): an
         inventory for applications; prepared turns (``build_turn``) are not in it until they are submitted."""
@@ -1539,10 +1565,13 @@ class StoreTx:
         destination_conversation_id: str | None = None,
         pending: bool = False,
         limit: int | None = None,
+        since: datetime | None = None,
     ) -> list[DeliveryRecord]:
-        """Deliveries matching the filters, ordered by ``created_at, id``."""
+        """Deliveries matching the filters, ordered by ``created_at, id``; ``since``: created or changed since then."""
         deliveries = sql.DELIVERIES.c
         query = sql.whole_rows(DeliveryRow)
+        if since is not None:
+            query = query.where(deliveries.updated_at >= since)
         if source_conversation_id is not None:
             query = query.where(deliveries.source_conversation_uid == source_conversation_id)
         if destination_conversation_id is not None:
