@@ -554,8 +554,8 @@ async def test_standalone_paint_and_view_media_ask_the_hook_for_the_turns_princi
 
 
 async def test_every_read_api_asks_read_messages(tk: TurnKit) -> None:
-    """§7.3 ``read_messages``: every read of a conversation's content (``messages``, ``messages_after``, ``inbox``,
-    ``outbox``, ``Turn.messages``, ``Turn.tool_executions``, ``Turn.preview``, a run's ``messages`` and
+    """§7.3 ``read_messages``: every read of a conversation's content (``messages``, ``messages_after``, ``turns``,
+    ``inbox``, ``outbox``, ``Turn.messages``, ``Turn.tool_executions``, ``Turn.preview``, a run's ``messages`` and
     ``tool_executions``) asks what ``messages_after`` asks, for
     the caller's principal, naming the conversation (and the turn for a turn's reads); a denial raises."""
     conversation = await tk.conversation(
@@ -569,6 +569,7 @@ async def test_every_read_api_asks_read_messages(tk: TurnKit) -> None:
     reads: dict[str, Any] = {
         "messages": lambda who: conversation.messages(principal=who),
         "messages_after": lambda who: conversation.messages_after(0, principal=who),
+        "turns": lambda who: conversation.turns(principal=who),
         "inbox": lambda who: conversation.inbox(principal=who),
         "outbox": lambda who: conversation.outbox(principal=who),
         "Turn.messages": lambda who: turn.messages(principal=who),

@@ -405,7 +405,7 @@ async def test_a_retried_model_activity_does_not_summarise_twice(engine: Engine)
     # A zombie attempt that read the history before the summary was written writes no second one.
     turn = await tk.store.load_turn(record.id)
     before = await tk.store.list_messages(conversation.id, through_sequence=record.context_message_sequence)
-    kept, denial = await env.run(activities._auto_compact, model_call, turn, agent, before)  # pyright: ignore[reportPrivateUsage]
+    kept, denial, _ = await env.run(activities._auto_compact, model_call, turn, agent, before)  # pyright: ignore[reportPrivateUsage]
     assert denial is None and kept[-1].id == summaries[0].id
     assert len([m for m in await conversation.messages() if m.kind == "context_summary"]) == 1
 

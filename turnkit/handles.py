@@ -515,8 +515,10 @@ class Conversation:
         """Observed USD cost of every turn of this conversation (None when none is known)."""
         return total_cost(await self._tk.store.list_turns(conversation_id=self.id))
 
-    async def turns(self) -> list[Turn]:
-        """Every turn of the conversation, oldest first."""
+    async def turns(self, *, principal: Any = None) -> list[Turn]:
+        """Every turn of the conversation, oldest first (their records carry output text: asked as ``read_messages``,
+        behaviour §7.3)."""
+        await authorize("read_messages", principal, destination_conversation=self.id)
         records = await self._tk.store.list_turns(conversation_id=self.id)
         return [Turn(self._tk, record.id, record) for record in records]
 
