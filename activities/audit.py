@@ -14,11 +14,10 @@ from __future__ import annotations
 from turnkit._activities.failures import provider_failure
 from turnkit._activities.judges import answered_audit, judge_next
 from turnkit._activities.notify import announce_terminal
-from turnkit._activities.output_audit import AnswerAudit, announce_audit, publish_answer
+from turnkit._activities.output_audit import AnswerAudit, announce_step_end, publish_answer
 from turnkit._activities.store_retry import retry_store
 from turnkit._engine.deliveries import callback_verdict
 from turnkit.agent import Agent, resolve_agent
-from turnkit.events import emit
 from turnkit.kernel.activities import ModelCalls, implements
 from turnkit.kernel.errors import ConfigError, ModelError, OutputAudit, TransientModelError
 from turnkit.kernel.payloads import AuditCall, ModelStep
@@ -106,19 +105,7 @@ class AuditActivities(ModelCalls):
 
     async def _announce_written(self, turn: TurnRecord, audit: AnswerAudit, step: ModelStep, answer: Result) -> None:
         """The audit's verdict and the turn's end, after the commit that recorded them."""
-        await announce_audit(turn, audit, published=step.outcome in ("completed", "failed"), store=self.store)
-        if step.outcome == "completed":
-            await emit(
-                "turn.completed",
-                turn.id,
-                turn.conversation_id,
-                store=self.store,
-                status="completed",
-                output_text=answer.text,
-            )
-        elif step.outcome == "failed":
-            error = {"class": step.error_class, "message": step.error_message}
-            await emit("turn.failed", turn.id, turn.conversation_id, store=self.store, error=error)
+        await announce_step_end(turn, audit, step, answer.text, store=self.store)
 
 
 def _awaiting(turn: TurnRecord, request_id: str) -> bool:

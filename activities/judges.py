@@ -13,13 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from turnkit._activities.output_audit import AnswerAudit, judge_model, judge_thinking
+from turnkit._activities.output_audit import AnswerAudit, call_judge, judge_model, judge_thinking
 from turnkit._activities.store_retry import retry_store
 from turnkit._engine.charges import charge_turn, tree_spend_denial
-from turnkit._temporal.heartbeats import heartbeating
 from turnkit.agent import Agent
-from turnkit.cost import cost_from_usage
-from turnkit.events import announce, emit
+from turnkit.events import announce
 from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.kernel.turn_state import TurnState
@@ -78,21 +76,7 @@ async def judge_next(store: Store, turn: TurnRecord, agent: Agent, key: str, ans
         return JudgeStep(len(policies) - index, denial)  # a paid call refused before it is made (behaviour §6.2)
     policy = policies[index]
     request = _request(current, agent, policy, key, answer)
-    await emit(
-        "output_policy.model.requested",
-        turn.id,
-        turn.conversation_id,
-        store=store,
-        model=request.model,
-        tool_names=[],
-        message_count=len(request.messages),
-        prompt={"chars": len(request.instructions) + sum(len(str(m["content"])) for m in request.messages)},
-    )
-    client = policy.client if policy.client is not None else agent.effective_client
-    async with heartbeating():
-        result = await client.chat(request)
-    model = result.model or request.model
-    cost = cost_from_usage(result.usage, model)
+    result, model, cost = await call_judge(store, current, agent, policy, request)
     given = {
         "policy": policy.name,
         "model": model,

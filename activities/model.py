@@ -23,7 +23,13 @@ from temporalio import activity
 from turnkit._activities.failures import non_retryable as _non_retryable
 from turnkit._activities.failures import provider_failure as _provider_failure
 from turnkit._activities.notify import announce_terminal
-from turnkit._activities.output_audit import AnswerAudit, announce_audit, audit_answer, publication, publish_answer
+from turnkit._activities.output_audit import (
+    AnswerAudit,
+    announce_step_end,
+    audit_answer,
+    publication,
+    publish_answer,
+)
 from turnkit._activities.store_retry import retry_store
 from turnkit._engine.authorization import Verdict
 from turnkit._engine.budget import depth_denial, iteration_denial, spend_denial
@@ -407,20 +413,7 @@ class ModelActivities(ModelCalls):
                 usage=result.usage.to_record(),
                 cost=cost.total,
             )
-            if audit is not None:
-                await announce_audit(turn, audit, published=step.outcome in ("completed", "failed"), store=self.store)
-            if step.outcome == "completed":
-                await emit(
-                    "turn.completed",
-                    turn.id,
-                    turn.conversation_id,
-                    store=self.store,
-                    status="completed",
-                    output_text=result.text,
-                )
-            elif step.outcome == "failed":
-                error = {"class": step.error_class, "message": step.error_message}
-                await emit("turn.failed", turn.id, turn.conversation_id, store=self.store, error=error)
+            await announce_step_end(turn, audit, step, result.text, store=self.store)
         return step
 
     async def _write_response(

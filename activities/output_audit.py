@@ -49,9 +49,11 @@ __all__ = [
     "PublishedStatus",
     "announce_audit",
     "announce_audit_in",
+    "announce_step_end",
     "audit_answer",
     "audit_events",
     "audit_terminal_answer",
+    "call_judge",
     "charge_judges",
     "judge_model",
     "judge_thinking",
@@ -103,21 +105,8 @@ async def audit_answer(
     async def ask(request: ModelRequest, policy: OutputPolicy) -> Result:
         ids = {"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": request_id}
         request = request.model_copy(update={"metadata": {**request.metadata, **ids}})
-        await emit(
-            "output_policy.model.requested",
-            turn.id,
-            turn.conversation_id,
-            store=store,
-            model=request.model,
-            tool_names=[],
-            message_count=len(request.messages),
-            prompt={"chars": len(request.instructions) + sum(len(str(m["content"])) for m in request.messages)},
-        )
-        client = policy.client if policy.client is not None else agent.effective_client
-        async with heartbeating():
-            answer = await client.chat(request)
-        model = answer.model or request.model
-        charges.append(JudgeCharge(model, answer.usage, cost_from_usage(answer.usage, model)))
+        answer, model, cost = await call_judge(store, turn, agent, policy, request)
+        charges.append(JudgeCharge(model, answer.usage, cost))
         return answer
 
     audit = await audit_output(
@@ -272,6 +261,28 @@ async def publish_answer(
     return ModelStep(outcome="completed", message_id=message_id)
 
 
+async def call_judge(
+    store: Store | None, turn: TurnRecord, agent: Agent, policy: OutputPolicy, request: ModelRequest
+) -> tuple[Result, str, Cost]:
+    """One judge's paid call for ``turn``: ``output_policy.model.requested`` sent, then the policy's client (else the
+    agent's) asked, heartbeating; its answer, the model that answered and what it cost."""
+    await emit(
+        "output_policy.model.requested",
+        turn.id,
+        turn.conversation_id,
+        store=store,
+        model=request.model,
+        tool_names=[],
+        message_count=len(request.messages),
+        prompt={"chars": len(request.instructions) + sum(len(str(m["content"])) for m in request.messages)},
+    )
+    client = policy.client if policy.client is not None else agent.effective_client
+    async with heartbeating():
+        answer = await client.chat(request)
+    model = answer.model or request.model
+    return answer, model, cost_from_usage(answer.usage, model)
+
+
 def audit_events(audit: AnswerAudit, *, published: bool) -> list[tuple[str, dict[str, Any]]]:
     """The audit's events in order: each judge call, then the revision or (``published``) the verdict."""
     events: list[tuple[str, dict[str, Any]]] = [
@@ -293,6 +304,22 @@ async def announce_audit(turn: TurnRecord, audit: AnswerAudit, *, published: boo
     """The audit's events (:func:`audit_events`), sent now: after the commit that recorded it."""
     for kind, payload in audit_events(audit, published=published):
         await emit(kind, turn.id, turn.conversation_id, store=store, **payload)
+
+
+async def announce_step_end(
+    turn: TurnRecord, audit: AnswerAudit | None, step: ModelStep, output_text: str, *, store: Store
+) -> None:
+    """After the commit that recorded a model step: the audit's events (if any), then the turn's end, if the step
+    ended it (``turn.completed`` with ``output_text``, or ``turn.failed``)."""
+    if audit is not None:
+        await announce_audit(turn, audit, published=step.outcome in ("completed", "failed"), store=store)
+    if step.outcome == "completed":
+        await emit(
+            "turn.completed", turn.id, turn.conversation_id, store=store, status="completed", output_text=output_text
+        )
+    elif step.outcome == "failed":
+        error = {"class": step.error_class, "message": step.error_message}
+        await emit("turn.failed", turn.id, turn.conversation_id, store=store, error=error)
 
 
 def announce_audit_in(tx: StoreTx, turn: TurnRecord, audit: AnswerAudit, *, published: bool) -> None:

@@ -5,8 +5,7 @@ One :class:`ChaosRig` (a private PostgreSQL cluster, a private dev server on a d
 processes) serves every seed; each seed gets fresh conversations and is judged only on records it created (``since``).
 Per seed, ``random.Random(seed)`` picks which of the enabled fault kinds strike, and when:
 
-``worker_kill``     SIGKILL the worker in which a tool, a model call, a judge's call, a compaction summary, a
-                    standalone paint or the painter specialist's paint hangs at a chosen point (another takes over)
+``worker_kill``     SIGKILL the worker in which a tool or the model hangs at a chosen point (another takes over)
 ``pg_outage``       stop the private PostgreSQL cluster (``pg_ctl -m immediate``) for ~2 s while the job runs
 ``pg_outage_during_tool``  the same outage, started while an at-most-once tool body runs (its commit meets it)
 ``server_restart``  SIGKILL and restart the dev server (same database file) while the job runs
@@ -14,22 +13,12 @@ Per seed, ``random.Random(seed)`` picks which of the enabled fault kinds strike,
 ``slow_hook``       the authorization hook takes 0.3 s per call
 ``raising_hook``    the authorization hook raises for ``launch_agent``, ``callback`` and ``wait``
 ``hostile``         NUL text, huge text, over-long model names and bad delivery keys against a conversation
-``lost_submit``     a submitted turn written to the inbox's conversation with no workflow and no place in its lane,
-                    as a ``kill -9`` of caller, worker and server together leaves one (``tests/test_lost_submits.py``
-                    makes that kill for real): the workers' search or the next submission must run it, in order
 
 Besides the faults, half the seeds (drawn the same way) run the lead's first turn with its model calls as local
 activities (``model_local_activity``), so the faults reach that path as well.
 
-Beside the order the job keeps notes on it, compacted (``Conversation.compact``, a workflow of its own) and
-summarised again before they are answered (``ask(compact=True)``); it paints a label for it as the whole work of a
-prepared turn (``Turn.paint``, the standalone path, a workflow of its own); and the painter specialist designs a logo
-for it.
-
-After each scenario: every turn the seed created is terminal, :func:`turnkit._ops.check.check` finds nothing (its
-rules include turns run in submission order and no tool write after revocation), no at-most-once effect ran twice,
-every paid call was paid once (the providers' own count of answered calls equals what the store charged), and
-hostile input got a TurnKit error (or worked) and left its conversation working.
+After each scenario: every turn the seed created is terminal, :func:`turnkit._ops.check.check` finds nothing, no
+at-most-once effect ran twice, hostile input got a TurnKit error (or worked) and left its conversation working.
 """
 
 from __future__ import annotations
@@ -41,7 +30,6 @@ import os
 import random
 import shutil
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,7 +45,6 @@ from tests import chaos_app
 from tests.faults import DevServer, PrivateCluster, dev_server, private_cluster
 from tests.history_scenarios import history_events, local_activity_types
 from tests.workers import WorkerProcess
-from turnkit._engine.turn_options import turn_options
 from turnkit._ops.check import TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, Finding, check
 from turnkit._ops.repair import Repair, repair
 from turnkit.plugin import TurnKitPlugin
@@ -84,7 +71,6 @@ ALL_FAULTS: Final = (
     "slow_hook",
     "raising_hook",
     "hostile",
-    "lost_submit",
 )
 #: Every kind, unless ``TURNKIT_CHAOS_FAULTS`` (``none`` or a comma list) narrows it down to find one fault's effect.
 DEFAULT_FAULTS: Final = ALL_FAULTS
@@ -205,8 +191,6 @@ class Outcome:
     faults: list[str]
     #: Not a fault, a mode: the lead's first turn ran its model calls as local activities (``model_local_activity``).
     local_model: bool = False
-    #: Where a ``worker_kill`` struck (a hang point of :mod:`tests.chaos_app`), if it did.
-    killed_at: str | None = None
     problems: list[str] = field(default_factory=list[str])
     findings: list[Finding] = field(default_factory=list[Finding])
     #: When check found something: what ``turnkit repair`` did about it, and what check found after that.
@@ -215,7 +199,6 @@ class Outcome:
 
     def describe(self) -> str:
         mode = " (local model calls)" if self.local_model else ""
-        mode += f" (worker killed at {self.killed_at})" if self.killed_at else ""
         lines = [f"seed {self.seed} with faults {self.faults or ['none']}{mode}:"]
         lines += [f"  {p}" for p in self.problems]
         lines += [f"  check: {f}" for f in self.findings]
@@ -262,13 +245,10 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
     # A PostgreSQL outage strikes at a random moment, or exactly while an at-most-once tool body runs (its commit
     # then meets the outage); a worker kill hangs the job at another point.
     outage_at = "charge" if "pg_outage_during_tool" in chosen else None
-    # A raising hook denies the child actions, so only what runs outside the lead's children is reached then.
-    reachable = ("charge", "summary", "paint", "specialist") if "raising_hook" in chosen else chaos_app.HANG_POINTS
+    # A raising hook denies the child actions, so only the lead's own charge is reached then.
+    reachable = ("charge",) if "raising_hook" in chosen else chaos_app.HANG_POINTS
     points = [p for p in reachable if p != outage_at]
     hang = rng.choice(points) if "worker_kill" in chosen and points else None
-    if hang is not None and os.environ.get("TURNKIT_CHAOS_KILL_AT"):  # one point only, to study it
-        hang = os.environ["TURNKIT_CHAOS_KILL_AT"]
-    outcome.killed_at = hang
     for point in (hang, outage_at):
         if point is not None:
             (rig.root / "hang" / point).touch()
@@ -284,19 +264,7 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
         finally:
             turnkit.configure(model_local_activity=False)
         await lead.send_message(inbox, f"status of {order}?", key=f"status:{order}")
-        # Beside the order: notes on it, summarised before they are answered (a compaction summary, a paid call),
-        # and a label painted as the whole work of a prepared turn (a standalone paint, run by its own workflow).
-        notes = await tk.conversation(chaos_app.scribe)
-        conversations.append(notes.id)
-        for i in range(3):
-            await notes.say(f"note {i} on order {order}")
-        illustrated = await tk.conversation(chaos_app.illustrator)
-        conversations.append(illustrated.id)
-        label = await illustrated.build_turn(f"paint a label for order {order}")
-        designs = await tk.conversation(chaos_app.designer)
-        conversations.append(designs.id)
-        await designs.ask(f"design a logo for order {order}", wait=False)
-        faults: list[Awaitable[None]] = [_paint(label, order, outcome), _notes(notes, order, outcome)]
+        faults: list[Awaitable[None]] = []
         if hang is not None:
             faults.append(_kill_at(rig, hang, outcome))
         if "pg_outage" in chosen or outage_at is not None:
@@ -305,8 +273,6 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
             faults.append(_server_restart(rig, rng.uniform(0.0, 0.8)))
         if "hostile" in chosen:
             faults.append(_hostile(tk, rng, outcome, conversations))
-        if "lost_submit" in chosen:
-            faults.append(_lost_submit(tk, rng.uniform(0.0, 0.8), inbox.id, order))
         await asyncio.gather(*faults)
         await _settle(rig, since, outcome)
         await _completed(rig, since, [lead.id, inbox.id], outcome)
@@ -326,7 +292,6 @@ async def run_scenario(rig: ChaosRig, seed: int, enabled: tuple[str, ...]) -> Ou
             await _settle(rig, since, Outcome(seed, chosen))
             outcome.after_repair = await check(rig.store, rig.client, since=since, grace=0)
         await _effects(rig, order, outcome)
-        await _charges(rig, since, order, set(conversations[:5]), outcome)
     except Exception as err:  # a scenario that breaks the harness is a finding too
         outcome.problems.append(f"scenario raised {type(err).__name__}: {err}")
     finally:
@@ -367,27 +332,6 @@ async def _pg_outage(rig: ChaosRig, delay: float, *, at: str | None, outcome: Ou
         (rig.root / "hang" / at).unlink(missing_ok=True)
     await asyncio.sleep(OUTAGE_SECONDS)
     await asyncio.to_thread(rig.cluster.start)
-
-
-async def _lost_submit(tk: TurnKit, delay: float, conversation_id: str, order: str) -> None:
-    """After ``delay``: a submitted turn and its message written to the store only, as the lane's submit leaves one
-    whose update died with the caller, the worker and the server (docs/design.md, "Lost submissions")."""
-    await asyncio.sleep(delay)
-
-    async def write() -> None:
-        async with tk.store.atomic(conversation_id=conversation_id) as tx:
-            message = await tx.append_message(conversation_id, role="user", text=f"and now, order {order}?")
-            options = turn_options(chaos_app.inbox, trigger_message_id=message.id, context={}, task_queue=tk.task_queue)
-            await tx.create_turn(
-                conversation_id=conversation_id,
-                agent_name=chaos_app.inbox.name,
-                context_message_sequence=message.sequence,
-                model="scripted",
-                options=options,
-                submitted_at=utcnow(),
-            )
-
-    await _patiently(write)
 
 
 async def _server_restart(rig: ChaosRig, delay: float) -> None:
@@ -543,52 +487,6 @@ async def _all_orphaned(rig: ChaosRig, since: datetime, turns: list[str]) -> boo
         if f.kind in (TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED)
     }
     return all(turn.split()[0] in orphans for turn in turns)
-
-
-async def _paint(label: turnkit.Turn, order: str, outcome: Outcome) -> None:
-    """The standalone paint, run to its end whatever the faults (a worker killed inside it included)."""
-    try:
-        async with asyncio.timeout(SETTLE_TIMEOUT):
-            painted = await label.paint(f"a label for order {order}", model="chaos-image")
-        if painted.status != "completed":
-            outcome.problems.append(f"the standalone paint ended {painted.status}: {painted.error}")
-    except Exception as err:
-        outcome.problems.append(f"the standalone paint raised {type(err).__name__}: {str(err)[:200]}")
-
-
-async def _notes(notes: turnkit.Conversation, order: str, outcome: Outcome) -> None:
-    """The notes compacted on request (its own workflow), three more, then a turn that summarises before answering."""
-    try:
-        async with asyncio.timeout(SETTLE_TIMEOUT):
-            await notes.compact()
-            for i in range(3, 6):
-                await _patiently(lambda i=i: notes.say(f"note {i} on order {order}"))
-            await notes.ask(f"sum up order {order}", compact=True, wait=False)
-    except Exception as err:
-        outcome.problems.append(f"compacting the notes raised {type(err).__name__}: {str(err)[:200]}")
-
-
-async def _charges(rig: ChaosRig, since: datetime, order: str, job: set[str], outcome: Outcome) -> None:
-    """Every paid call once: the calls the providers answered for the order (main calls, judges, the summary, the
-    paint) equal what the store charged for it, the spend of every turn of the job's trees at one price a call. A
-    call answered twice (asked again after its answer was committed) or answered and never charged breaks it."""
-    turns = [t for t in await _patiently(rig.store.list_turns) if t.created_at >= since]
-    roots = {t.id for t in turns if t.conversation_id in job}
-    spent = sum(t.cost or 0.0 for t in turns if t.root_turn_id in roots)
-    answered = Counter(chaos_app.paid_calls(order))
-    compactions = answered.pop("compaction", 0)
-    if round(spent / chaos_app.PRICE) != answered.total():
-        outcome.problems.append(
-            f"the providers answered {answered.total()} calls {dict(sorted(answered.items()))} but the store "
-            f"charged {spent / chaos_app.PRICE:.2f} calls"
-        )
-    # Conversation.compact is charged to no turn: its answers are its summaries, each kept once.
-    kept = 0
-    for conversation_id in job:
-        messages = await _patiently(lambda c=conversation_id: rig.store.list_messages(c))
-        kept += sum(1 for m in messages if m.kind == "context_summary" and not m.metadata["compaction"]["auto"])
-    if compactions != kept:
-        outcome.problems.append(f"the providers answered {compactions} compaction calls, {kept} summaries were kept")
 
 
 async def _effects(rig: ChaosRig, order: str, outcome: Outcome) -> None:
