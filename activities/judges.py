@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from turnkit._activities.output_audit import AnswerAudit, call_judge, judge_model, judge_thinking
+from turnkit._activities.output_audit import AnswerAudit, call_judge, judge_model, judge_thinking, run_audit
 from turnkit._activities.store_retry import retry_store
 from turnkit._engine.charges import charge_turn, tree_spend_denial
 from turnkit.agent import Agent
@@ -22,7 +22,7 @@ from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.kernel.turn_state import TurnState
 from turnkit.model import ModelRequest, Result
-from turnkit.output_policy import OutputPolicy, audit_output, judged_text
+from turnkit.output_policy import OutputPolicy, judged_text
 from turnkit.store.store import Store
 
 __all__ = ["JudgeStep", "answered_audit", "answers_for", "judge_next", "judges_of"]
@@ -132,17 +132,7 @@ async def answered_audit(
             raise ConfigError(f"output policy {policy.name} has no committed judge answer")
         return Result.build(text=str(given.get("text") or ""), output_data=given.get("output_data"))
 
-    audit = await audit_output(
-        agent.output_policy,
-        output_text=answer.text,
-        output_data=answer.output_data,
-        turn=turn,
-        messages=[m for m in messages if m.turn_id == turn.id],
-        ask=ask,
-        judge_model=lambda p: judge_model(turn, agent, p),
-        judge_thinking=lambda p: judge_thinking(agent, p),
-    )
-    return AnswerAudit(audit)
+    return AnswerAudit(await run_audit(turn, agent, answer, messages, ask))
 
 
 def _request(turn: TurnRecord, agent: Agent, policy: OutputPolicy, key: str, answer: Result) -> ModelRequest:

@@ -22,7 +22,7 @@ charges (:func:`charge_judges`) and :func:`audit_events` in it, keyed by the exe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -60,6 +60,7 @@ __all__ = [
     "publication",
     "publish_answer",
     "record_audit",
+    "run_audit",
 ]
 
 
@@ -109,17 +110,7 @@ async def audit_answer(
         charges.append(JudgeCharge(model, answer.usage, cost))
         return answer
 
-    audit = await audit_output(
-        agent.output_policy,
-        output_text=result.text,
-        output_data=result.output_data,
-        turn=turn,
-        messages=[m for m in messages if m.turn_id == turn.id],
-        ask=ask,
-        judge_model=lambda p: judge_model(turn, agent, p),
-        judge_thinking=lambda p: judge_thinking(agent, p),
-    )
-    return AnswerAudit(audit, charges)
+    return AnswerAudit(await run_audit(turn, agent, result, messages, ask), charges)
 
 
 def judge_model(turn: TurnRecord, agent: Agent, policy: OutputPolicy) -> str:
@@ -259,6 +250,27 @@ async def publish_answer(
             outcome="failed", message_id=message_id, error_class=error["class"], error_message=error["message"]
         )
     return ModelStep(outcome="completed", message_id=message_id)
+
+
+async def run_audit(
+    turn: TurnRecord,
+    agent: Agent,
+    answer: Result,
+    messages: Sequence[MessageRecord],
+    ask: Callable[[ModelRequest, OutputPolicy], Awaitable[Result]],
+) -> AuditResult:
+    """The agent's output policy applied to ``answer`` (behaviour §3.9), each judge asked through ``ask`` (a paid call
+    now, or an answer committed earlier); the constraints read the turn's own ``messages``."""
+    return await audit_output(
+        agent.output_policy,
+        output_text=answer.text,
+        output_data=answer.output_data,
+        turn=turn,
+        messages=[m for m in messages if m.turn_id == turn.id],
+        ask=ask,
+        judge_model=lambda p: judge_model(turn, agent, p),
+        judge_thinking=lambda p: judge_thinking(agent, p),
+    )
 
 
 async def call_judge(

@@ -464,12 +464,7 @@ class TurnWorkflow:
                     audit,
                     start_to_close_timeout=timedelta(seconds=policy.timeout),
                     heartbeat_timeout=timedelta(seconds=policy.heartbeat),
-                    retry_policy=RetryPolicy(
-                        initial_interval=timedelta(seconds=1),
-                        maximum_interval=timedelta(seconds=30),
-                        maximum_attempts=policy.max_attempts,
-                        non_retryable_error_types=list(MODEL_NON_RETRYABLE),
-                    ),
+                    retry_policy=_model_retries(policy.max_attempts),
                     summary=f"output audit · {turn.agent_name} · iteration {call.iteration}",
                 )
             except ActivityError as err:
@@ -507,12 +502,7 @@ class TurnWorkflow:
                 call,
                 start_to_close_timeout=timedelta(seconds=policy.timeout),
                 heartbeat_timeout=timedelta(seconds=policy.heartbeat),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    maximum_interval=timedelta(seconds=30),
-                    maximum_attempts=attempts,
-                    non_retryable_error_types=list(MODEL_NON_RETRYABLE),
-                ),
+                retry_policy=_model_retries(attempts),
                 summary=summary,
             )
         except ActivityError as err:
@@ -729,4 +719,14 @@ def _retries(policy: CallPolicy, attempts: int) -> RetryPolicy:
         initial_interval=timedelta(seconds=policy.initial_retry_interval),
         maximum_interval=timedelta(seconds=policy.maximum_retry_interval),
         maximum_attempts=attempts,
+    )
+
+
+def _model_retries(attempts: int) -> RetryPolicy:
+    """The retry policy of a model call and of an output audit (both ask a provider): ``attempts`` (0: unlimited)."""
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        maximum_interval=timedelta(seconds=30),
+        maximum_attempts=attempts,
+        non_retryable_error_types=list(MODEL_NON_RETRYABLE),
     )
