@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from turnkit._activities.store_retry import retry_store
 from turnkit._engine.charges import charge_turn, refuse_over_budget, tree_spend_denial
 from turnkit._engine.media_access import usable_media
 from turnkit._engine.tool_store import Fence, execution_fence, unfenced
@@ -274,19 +275,28 @@ async def charged_if_unusable(
         Error: The answer's own error.
     """
     try:
-        return await take()
+        # Storing the bytes is a store write after the provider answered: it waits out an outage here (the answer
+        # would otherwise be lost with the attempt, and its retry would pay for it again).
+        return await retry_store(take, what="storing a paid media answer")
     except Error as err:
         cost = cost_from_usage(result.usage, result.model)
-        async with store.atomic(turn_id=turn.root_turn_id) as tx:
-            await fence(tx)
-            current = await tx.load_turn(turn.id)
-            updates: dict[str, Any] = {}
-            if call_id is not None:
-                unusable = {**current.state.unusable_media_calls, call_id: str(err)}
-                state = current.state.model_copy(update={"unusable_media_calls": unusable})
-                updates["options"] = current.options.with_state(state)
-            charged = await charge_turn(tx, current, result.usage, cost, **updates)
-            denial = await tree_spend_denial(tx, charged)
+        refusal = str(err)
+
+        async def charge() -> str | None:
+            async with store.atomic(turn_id=turn.root_turn_id) as tx:
+                await fence(tx)
+                current = await tx.load_turn(turn.id)
+                if call_id is not None and call_id in current.state.unusable_media_calls:
+                    return await tree_spend_denial(tx, current)  # an earlier try of this commit landed
+                updates: dict[str, Any] = {}
+                if call_id is not None:
+                    unusable = {**current.state.unusable_media_calls, call_id: refusal}
+                    state = current.state.model_copy(update={"unusable_media_calls": unusable})
+                    updates["options"] = current.options.with_state(state)
+                charged = await charge_turn(tx, current, result.usage, cost, **updates)
+                return await tree_spend_denial(tx, charged)
+
+        denial = await retry_store(charge, what="charging an unusable media answer")
         if denial is not None:
             raise BudgetError(denial) from err
         raise
@@ -443,24 +453,37 @@ async def persist_media_message(
     cost = cost_from_usage(result.usage, result.model)
     for part in parts:
         part["cost"] = cost.total
-    async with store.atomic(turn_id=turn.root_turn_id) as tx:
-        await fence(tx)
-        message = await tx.append_message(
-            turn.conversation_id,
-            id=message_id,
-            role="assistant",
-            kind=kind,
-            content=[{"type": kind, **part} for part in parts],
-            turn_id=turn.id,
-            metadata=dict(metadata) | ({"output_data": output_data} if output_data is not None else {}),
-        )
-        charged = await charge_turn(tx, await tx.load_turn(turn.id), result.usage, cost)
-        for usage, extra in extra_charges:
-            charged = await charge_turn(tx, charged, usage, extra)
-        denial = await tree_spend_denial(tx, charged)
-        announce_message(tx, message)
-        if finish is not None and denial is None:
-            await finish(tx, message)
+
+    async def commit() -> tuple[MessageRecord, str | None]:
+        async with store.atomic(turn_id=turn.root_turn_id) as tx:
+            if message_id is not None:
+                try:  # an earlier try of this commit landed before its connection went away
+                    found = await tx.load_message(message_id)
+                    return found, await tree_spend_denial(tx, await tx.load_turn(turn.id))
+                except RecordNotFound:
+                    pass
+            await fence(tx)
+            message = await tx.append_message(
+                turn.conversation_id,
+                id=message_id,
+                role="assistant",
+                kind=kind,
+                content=[{"type": kind, **part} for part in parts],
+                turn_id=turn.id,
+                metadata=dict(metadata) | ({"output_data": output_data} if output_data is not None else {}),
+            )
+            charged = await charge_turn(tx, await tx.load_turn(turn.id), result.usage, cost)
+            for usage, extra in extra_charges:
+                charged = await charge_turn(tx, charged, usage, extra)
+            denial = await tree_spend_denial(tx, charged)
+            announce_message(tx, message)
+            if finish is not None and denial is None:
+                await finish(tx, message)
+            return message, denial
+
+    # The provider has answered and is owed: the commit waits out a store outage rather than lose the answer with
+    # the attempt (whose retry would ask, and pay, again). With a ``message_id`` it is idempotent.
+    message, denial = await retry_store(commit, what="recording a paid media answer")
     if denial is not None:
         raise BudgetError(denial)  # after the commit: the call is paid for and recorded
     return message

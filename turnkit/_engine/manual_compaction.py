@@ -8,6 +8,7 @@ is charged to none.
 
 from __future__ import annotations
 
+from turnkit._activities.store_retry import retry_store
 from turnkit._engine.compaction import compaction_policy, summarise
 from turnkit.agent import resolve_agent
 from turnkit.config import settings
@@ -57,14 +58,21 @@ async def compact_conversation(
         raise CompactionError(f"compaction failed: {err}") from err
     if summary is None:
         raise CompactionError("not enough messages to compact")
-    return await store.append_message(
-        conversation_id,
-        id=message_id,
-        role="assistant",
-        kind="context_summary",
-        text=summary.text,
-        metadata=summary.metadata,
-    )
+
+    async def keep() -> MessageRecord:
+        # Idempotent under the request's id: a try whose commit landed before its connection went away is found.
+        return await _existing(store, message_id) or await store.append_message(
+            conversation_id,
+            id=message_id,
+            role="assistant",
+            kind="context_summary",
+            text=summary.text,
+            metadata=summary.metadata,
+        )
+
+    # The model has answered and is owed: the summary waits out a store outage rather than be lost with the attempt
+    # (whose retry would ask, and pay, again).
+    return await retry_store(keep, what="keeping a compaction summary")
 
 
 async def _existing(store: Store, message_id: str) -> MessageRecord | None:

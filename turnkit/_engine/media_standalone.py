@@ -102,7 +102,7 @@ async def paint_turn(
         fence = _claim_fence(turn.id, token)
         # The image and its charge are committed before its audit can fail, under an id this request's attempts
         # share: a retried attempt finds it and paints nothing (docs/design.md "Every paid call once").
-        message_id = _paint_message_id(turn.id, token)
+        message_id = _call_message_id(turn.id, "paint", token)
         message = await _committed_message(store, message_id)
         if message is None:
             result = await generate(store, turn, image_client, request)
@@ -177,9 +177,12 @@ async def view_media_turn(
             metadata=chosen_metadata,
         )
         fence = _claim_fence(turn.id, token)
+        # The analysis, its charge and the turn's end are one transaction under an id this request's attempts share:
+        # an attempt whose predecessor's commit landed finds the turn ended and asks nothing (see the activity).
+        message_id = _call_message_id(turn.id, "view_media", token)
         result = await ask_view_media(store, turn, _chosen(client, turn, "view_media"), request, ref)
         analyses = await charged_if_unusable(
-            store, fence, turn, result, None, lambda: analyses_of(result, request, ref)
+            store, fence, turn, result, message_id, lambda: analyses_of(result, request, ref)
         )
         found = [dict(part) for part in analyses]
         message = await persist_media_message(
@@ -187,7 +190,7 @@ async def view_media_turn(
             fence,
             turn,
             result,
-            None,
+            message_id,
             kind="media_analysis",
             parts=analyses,
             metadata={},
@@ -205,9 +208,9 @@ async def view_media_turn(
     return await _finished(tk, turn)
 
 
-def _paint_message_id(turn_id: str, token: str) -> str:
-    """The image message of the standalone paint that holds ``token``: the same on every attempt of the request."""
-    return "msg_" + hashlib.sha256(f"{turn_id}\x1fpaint\x1f{token}".encode()).hexdigest()[:24]
+def _call_message_id(turn_id: str, operation: str, token: str) -> str:
+    """The message of the standalone call that holds ``token``: the same on every attempt of the request."""
+    return "msg_" + hashlib.sha256(f"{turn_id}\x1f{operation}\x1f{token}".encode()).hexdigest()[:24]
 
 
 async def _committed_message(store: Store, message_id: str) -> MessageRecord | None:
