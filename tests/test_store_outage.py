@@ -26,7 +26,7 @@ from turnkit.model import ModelRequest, Result
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.testing import ScriptedClient, call_tools, image
 
 pytestmark = pytest.mark.slow  # a private cluster of its own: never the shared PostgreSQL
 
@@ -217,3 +217,49 @@ async def test_a_tool_body_past_its_own_timeout_is_interrupted(tk: TurnKit) -> N
     [execution] = await turn.tool_executions()
     assert turn.status == "completed" and turn.output_text == "gave up"
     assert execution.status == "interrupted" and gate.runs == 1
+
+
+class OutagePainter:
+    """Paints one image, and takes the database down just before it returns: the answer is paid for, and the commit
+    that keeps it meets the outage."""
+
+    def __init__(self, cluster: PrivateCluster) -> None:
+        self.cluster = cluster
+        self.paints = 0
+        self.down = asyncio.Event()
+
+    async def chat(self, request: ModelRequest) -> Result:
+        return Result.build(text="never asked")
+
+    async def paint(self, request: Any) -> Result:
+        self.paints += 1
+        if self.paints == 1:
+            await asyncio.to_thread(self.cluster.stop)
+            self.down.set()
+        answer = image(b"\x89PNG\r\n\x1a\n" + b"outage label")
+        return answer.model_copy(update={"usage": turnkit.Usage(input_tokens=1, cost=0.25)})
+
+
+async def test_a_paint_whose_commit_meets_an_outage_is_kept_not_painted_again(
+    outage_tk: TurnKit, cluster: PrivateCluster
+) -> None:
+    """Issue 36 item 1 (every paid call once): a standalone paint's provider answers, then PostgreSQL goes down before
+    the image is committed. The commit waits out the outage inside the attempt: the turn completes with that image,
+    the provider painted once, and the turn is charged once."""
+    painter = OutagePainter(cluster)
+    labels = await outage_tk.conversation(turnkit.Agent("labeller", model="scripted", client=painter))
+    label = await labels.build_turn("paint a label")
+    painting = asyncio.create_task(label.paint("a label", model="image-model"))
+    await asyncio.wait_for(painter.down.wait(), 60)
+    await asyncio.sleep(4)  # the outage itself: its length is the fault being tested
+    await asyncio.to_thread(cluster.start)
+
+    painted = await asyncio.wait_for(painting, 120)
+    assert painted.status == "completed", painted.error
+    assert painter.paints == 1
+    assert painted.cost == pytest.approx(0.25)
+    [message] = [m for m in await outage_tk.store.list_messages(labels.id) if m.kind == "image"]
+    assert painted.output_data == {
+        "type": "image",
+        "images": [{k: v for k, v in message.content[0].items() if k not in ("type", "cost")}],
+    }
