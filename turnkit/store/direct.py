@@ -12,6 +12,12 @@ The backends run it on their own connections: ``turnkit/store/postgres_direct.py
 ``turnkit/store/sqlite_inline.py`` (``sqlite3``). Each keeps SQLAlchemy's transactions, error handling and
 ``before_cursor_execute`` / ``after_cursor_execute`` events.
 
+All of it is SQLAlchemy's public API (issue 37): the statement's ``compile()``, the compiler's ``bind_names``,
+``positiontup``, ``construct_params`` and ``construct_expanded_state`` (IN lists), each type's ``dialect_impl()``
+bind and result processors, ``sqlalchemy.engine.result_tuple`` for the rows, keyed as SQLAlchemy's own first run of
+the statement keyed them (``CursorResult.keys()``: :meth:`DirectStatements.learn`), and ``DBAPIError.instance`` for
+the errors (:func:`driver_error`).
+
 What goes to SQLAlchemy's own path: a statement seen for the first time (ad-hoc queries such as ``turnkit check``'s
 are built anew each time and never compiled here), text SQL, statements whose values SQLAlchemy computes at
 execution (Python-side column defaults), an INSERT whose generated key SQLAlchemy reads back by itself (implicit
@@ -22,91 +28,118 @@ SQL.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from sqlalchemy.engine import Dialect, Row
-from sqlalchemy.engine.result import SimpleResultMetaData
-from sqlalchemy.exc import MultipleResultsFound
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Row, result_tuple
+from sqlalchemy.exc import DBAPIError, MultipleResultsFound, StatementError
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Delete, Insert, Update
 from sqlalchemy.sql.selectable import Select
+from sqlalchemy.types import TupleType, TypeEngine
 
-__all__ = ["STATEMENTS_KEPT", "CompiledStatement", "DirectCursor", "DirectResult", "DirectStatements"]
+__all__ = [
+    "STATEMENTS_KEPT",
+    "CompiledStatement",
+    "DirectCursor",
+    "DirectResult",
+    "DirectStatements",
+    "driver_error",
+]
 
 #: Distinct statements a store compiles here; past it the cache starts again (the store's own are a few dozen).
 STATEMENTS_KEPT: Final = 1_000
 _DIRECT_KINDS: Final = (Select, Insert, Update, Delete)
-#: ``Row(parent, processors, key_to_index, data)``: how SQLAlchemy's results make their rows (its typing shows only
-#: the public side of ``Row``); the processors run in its compiled row code.
-_row: Final = cast(Any, Row)
+
+#: One statement's key in :class:`DirectStatements`: the statement and its parameters' keys.
+_Key = tuple[object, tuple[str, ...]]
+#: A result column's index and its processor.
+_Processor = tuple[int, Callable[[Any], Any]]
 
 
 class CompiledStatement:
     """One statement compiled for the store's dialect with one set of parameter keys: its SQL and how to bind and read
-    it."""
+    it (SQLAlchemy's own bind and result processors, SQLAlchemy ``Row`` objects with the keys its path gives them)."""
 
     __slots__ = (
         "compiled",
         "expands",
+        "make_row",
         "processors",
         "reads_last_row_id",
-        "result_metadata",
         "result_processors",
         "result_types",
+        "returns_rows",
         "sql",
     )
 
-    def __init__(self, compiled: SQLCompiler) -> None:
+    def __init__(
+        self, compiled: SQLCompiler, dialect: Dialect, keys: Sequence[str], result_types: Sequence[TypeEngine[Any]]
+    ) -> None:
         self.compiled = compiled
         self.sql = compiled.string
-        #: IN lists given as one list parameter (``bindparam(…, expanding=True)``): the SQL depends on their lengths.
+        #: IN lists given as one list parameter (``bindparam(…, expanding=True)``, or a literal list): the SQL depends
+        #: on their lengths (``SQLCompiler.construct_expanded_state`` renders it for each execution).
         self.expands = bool(compiled.post_compile_params or compiled.literal_execute_params)
-        #: Bind processors by parameter name (a tuple IN's would be a sequence; the store binds none).
-        self.processors = cast(
-            "Mapping[str, Callable[[Any], Any]]",
-            compiled._bind_processors,  # pyright: ignore[reportPrivateUsage]
-        )
-        columns = compiled._result_columns  # pyright: ignore[reportPrivateUsage]
-        self.result_types = [column.type for column in columns]
-        self.result_metadata = SimpleResultMetaData([column.keyname for column in columns]) if columns else None
-        #: Read off the first execution's column types (asyncpg's NUMERIC processor depends on the type PostgreSQL
-        #: sends): see :meth:`processors_for`.
-        self.result_processors: list[Any] | None = None
+        #: Bind processors by parameter name: each bound type's own, for the dialect.
+        self.processors: Mapping[str, Callable[[Any], Any]] = {
+            name: process
+            for bindparam, name in compiled.bind_names.items()
+            if bindparam not in compiled.literal_execute_params
+            and (process := bindparam.type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        }
+        self.result_types = list(result_types)
+        #: Whether the statement returns rows (a SELECT, or a write with RETURNING).
+        self.returns_rows = bool(keys)
+        #: Makes a ``Row`` of one record's values, with ``keys``.
+        self.make_row = result_tuple(list(keys)) if keys else None
+        #: ``(column index, processor)`` of the columns that have a result processor, read off the first execution's
+        #: column types (asyncpg's NUMERIC processor depends on the type PostgreSQL sends): see :meth:`processors_for`.
+        self.result_processors: list[_Processor] | None = None
         #: An INSERT that returns no rows: its generated key is the cursor's ``lastrowid`` (SQLite), as SQLAlchemy reads
         #: it for ``inserted_primary_key``.
         self.reads_last_row_id = bool(compiled.isinsert and not compiled.effective_returning)
 
-    def processors_for(self, dialect: Dialect, type_codes: Sequence[Any] | None) -> list[Any]:
-        """The result processors of each column, for the driver's ``type_codes`` of them (None: none needed)."""
+    def processors_for(self, dialect: Dialect, type_codes: Sequence[Any] | None) -> list[_Processor]:
+        """The result processors of the columns that have one, for the driver's ``type_codes`` of them (None: none
+        needed): each column type's own, for the dialect."""
         processors = self.result_processors
         if processors is None:
             codes = type_codes if type_codes is not None else [None] * len(self.result_types)
             processors = self.result_processors = [
-                type_._cached_result_processor(dialect, code)  # pyright: ignore[reportPrivateUsage]
-                for type_, code in zip(self.result_types, codes, strict=True)
+                (index, process)
+                for index, (type_, code) in enumerate(zip(self.result_types, codes, strict=True))
+                if (process := type_.dialect_impl(dialect).result_processor(dialect, code)) is not None
             ]
         return processors
 
     def rows(self, dialect: Dialect, records: Sequence[Sequence[Any]], type_codes: Sequence[Any] | None) -> list[Any]:
         """SQLAlchemy ``Row`` objects of the driver's ``records``, through SQLAlchemy's own result processors."""
-        metadata = self.result_metadata
-        if metadata is None:
+        make_row = self.make_row
+        if make_row is None:
             return []
         processors = self.processors_for(dialect, type_codes)
-        key_to_index = metadata._key_to_index  # pyright: ignore[reportPrivateUsage]
-        return [_row(metadata, processors, key_to_index, record) for record in records]
+        if not processors:
+            return [make_row(record) for record in records]
+        rows: list[Any] = []
+        for record in records:
+            values = list(record)
+            for index, process in processors:
+                values[index] = process(values[index])
+            rows.append(make_row(values))
+        return rows
 
     def arguments(self, parameters: Mapping[str, Any]) -> tuple[str, list[Any]]:
         """The SQL to send and its positional arguments, for ``parameters``."""
         compiled = self.compiled
-        values = compiled.construct_params(parameters, escape_names=False)
         processors = self.processors
         if self.expands:
-            expanded = compiled._process_parameters_for_postcompile(values)  # pyright: ignore[reportPrivateUsage]
+            expanded = compiled.construct_expanded_state(parameters, escape_names=False)
+            values = expanded.parameters
             processors = {**processors, **expanded.processors}
             sql, names = expanded.statement, expanded.positiontup
         else:
+            values = compiled.construct_params(parameters, escape_names=False)
             sql, names = self.sql, compiled.positiontup
         assert names is not None  # both dialects are positional: asyncpg's $1, $2, …; sqlite3's ?
         return sql, [processors[name](values[name]) if name in processors else values[name] for name in names]
@@ -117,12 +150,16 @@ class DirectStatements:
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
-        self._compiled: dict[tuple[object, tuple[str, ...]], CompiledStatement | None] = {}
-        self._seen: set[tuple[object, tuple[str, ...]]] = set()
+        self._compiled: dict[_Key, CompiledStatement | None] = {}
+        #: Statements seen on SQLAlchemy's path, with the keys of their rows once it has run them (None until then).
+        self._seen: dict[_Key, tuple[str, ...] | None] = {}
+        #: Raised when the database said a prepared statement's plan no longer fits its schema (PostgreSQL, after DDL):
+        #: each connection then prepares its statements anew (``turnkit/store/postgres_direct.py``).
+        self.generation = 0
 
     def compiled(self, statement: Executable, parameters: Mapping[str, Any]) -> CompiledStatement | None:
         """``statement`` compiled for ``parameters``' keys, or None: SQLAlchemy's own path runs it (a first sight, or
-        a statement the direct path does not take)."""
+        a statement the direct path does not take); then :meth:`learn` its result."""
         key = (statement, tuple(parameters))
         try:
             return self._compiled[key]
@@ -133,24 +170,73 @@ class DirectStatements:
         if key not in self._seen:  # seen once: it may be ad hoc; compile it when it comes again
             if len(self._seen) >= STATEMENTS_KEPT:
                 self._seen.clear()
-            self._seen.add(key)
+            self._seen[key] = None
             return None
+        keys = self._seen[key]
+        if keys is None:  # SQLAlchemy's path has not run it to the end (it raised)
+            if statement.exported_columns:  # its rows' keys are SQLAlchemy's to tell: its path runs it again
+                return None
+            keys = ()  # it returns no rows
         if len(self._compiled) >= STATEMENTS_KEPT:
             self._compiled.clear()
-        compiled = statement.compile(dialect=self.dialect, column_keys=list(parameters))
-        assert isinstance(compiled, SQLCompiler)
-        self._compiled[key] = entry = None if _needs_context(compiled) else CompiledStatement(compiled)
+        self._compiled[key] = entry = _compile(statement, list(parameters), self.dialect, keys)
         return entry
+
+    def learn(self, statement: Executable, parameters: Mapping[str, Any] | None, result: CursorResult[Any]) -> None:
+        """After SQLAlchemy's path ran ``statement`` (seen for the first time): the keys of its rows, as SQLAlchemy
+        names them (an unlabelled ``max(x)`` is ``max_1``), which the statement's rows keep on the direct path."""
+        key = (statement, tuple(parameters or ()))
+        if key in self._seen and self._seen[key] is None:
+            self._seen[key] = tuple(result.keys()) if result.returns_rows else ()
+
+
+def _compile(
+    statement: Executable, keys: list[str], dialect: Dialect, row_keys: tuple[str, ...]
+) -> CompiledStatement | None:
+    """``statement`` compiled for ``dialect`` with the parameter ``keys``, its rows keyed ``row_keys``; None when only
+    SQLAlchemy's execution context can run it."""
+    assert isinstance(statement, _DIRECT_KINDS)
+    compiled = statement.compile(dialect=dialect, column_keys=keys)
+    assert isinstance(compiled, SQLCompiler)
+    if _needs_context(compiled):
+        return None
+    columns = list(statement.exported_columns) if row_keys else []
+    if len(columns) != len(row_keys):  # not the columns SQLAlchemy read: leave it to its path
+        return None
+    return CompiledStatement(compiled, dialect, row_keys, [column.type for column in columns])
 
 
 def _needs_context(compiled: SQLCompiler) -> bool:
     """Whether only SQLAlchemy's execution context can run ``compiled``: values computed at execution (Python-side
-    defaults), a generated key it reads back by itself, a schema translation."""
+    defaults), a generated key it reads back by itself, a schema translation, a tuple bound as one parameter."""
     return bool(
         compiled.insert_prefetch
         or compiled.update_prefetch
         or compiled.implicit_returning
         or compiled.schema_translate_map
+        or any(isinstance(bindparam.type, TupleType) for bindparam in compiled.bind_names)
+    )
+
+
+def driver_error(
+    connection: Connection, error: Exception, sql: str, arguments: Sequence[Any], *, disconnect: bool
+) -> BaseException:
+    """What SQLAlchemy's execution raises for ``error``, a driver's exception (of the dialect's DBAPI module) raised by
+    a statement of the direct path: ``sqlalchemy.exc.DBAPIError.instance`` picks the same ``sqlalchemy.exc`` class
+    (``IntegrityError``, ``OperationalError``…, ``StatementError`` for an exception that is no DBAPI error) with
+    ``connection_invalidated`` set on a lost connection (``disconnect``). A ``sqlalchemy.exc`` error is itself."""
+    if isinstance(error, StatementError):
+        return error
+    dialect = connection.dialect
+    return DBAPIError.instance(
+        sql,
+        list(arguments),
+        error,
+        dialect.loaded_dbapi.Error,
+        hide_parameters=connection.engine.hide_parameters,
+        connection_invalidated=disconnect,
+        dialect=dialect,
+        ismulti=False,
     )
 
 

@@ -64,7 +64,9 @@ class DirectConnection:
         params = parameters or {}
         compiled = self._statements.compiled(statement, params) if self._direct else None
         if compiled is None:
-            return await self.connection.execute(statement, parameters)
+            result = await self.connection.execute(statement, parameters)
+            self._statements.learn(statement, parameters, result)
+            return result
         return await self._run(compiled, params)
 
     async def scalar(self, statement: Executable, parameters: Mapping[str, Any] | None = None) -> Any:

@@ -25,7 +25,7 @@ What keeps the event loop from ever blocking on SQLite:
 
 The store's prebuilt statements, compiled once, run on the ``sqlite3`` connection under SQLAlchemy's
 (``turnkit/store/direct.py``): SQLAlchemy's ``Connection.execute`` cost ~75% of the store's CPU on SQLite, ``sqlite3``
-itself ~7%. Its events and its error handling still see each of them.
+itself ~7%. Its events still see each of them, and a driver error raises what SQLAlchemy's path raises for it.
 
 What is given up, as before: a long statement blocks the event loop while it runs (``turnkit check`` on a large store
 belongs in a process of its own, or on PostgreSQL), and a transaction with no ``await`` between its statements
@@ -50,7 +50,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.base import Executable
 
-from turnkit.store.direct import CompiledStatement, DirectResult, DirectStatements
+from turnkit.store.direct import CompiledStatement, DirectResult, DirectStatements, driver_error
 
 __all__ = ["BUSY_TIMEOUT", "CHECKPOINT_EVERY", "InlineConnection", "InlineSQLite", "InlineSavepoint"]
 
@@ -127,11 +127,14 @@ class InlineConnection:
         statements = self._statements
         compiled = None if statements is None else statements.compiled(statement, params)
         if compiled is None:
-            return self.sync_connection.execute(statement, parameters)
+            result = self.sync_connection.execute(statement, parameters)
+            if statements is not None:
+                statements.learn(statement, parameters, result)
+            return result
         return self._run(compiled, params)
 
     def _run(self, compiled: CompiledStatement, parameters: Mapping[str, Any]) -> DirectResult:
-        """One prebuilt statement on ``sqlite3`` itself, with SQLAlchemy's events and error handling."""
+        """One prebuilt statement on ``sqlite3`` itself, with SQLAlchemy's events and exceptions."""
         connection = self.sync_connection
         sql, arguments = compiled.arguments(parameters)
         raw: Any = connection.connection.dbapi_connection
@@ -143,11 +146,21 @@ class InlineConnection:
             try:
                 cursor.execute(sql, arguments)
             except Exception as error:
-                # SQLAlchemy's handling, as on its own path: the same sqlalchemy.exc classes (issue 8's checks).
-                connection._handle_dbapi_exception(error, sql, arguments, cursor, None)  # pyright: ignore[reportPrivateUsage]
+                # As on SQLAlchemy's path: the same sqlalchemy.exc classes (issue 8's checks), and a connection that
+                # SQLite says is gone is invalidated (the next transaction opens a new one).
+                dialect = connection.dialect
+                gone = isinstance(error, dialect.loaded_dbapi.Error) and dialect.is_disconnect(
+                    error, connection.connection, cursor
+                )
+                raised = driver_error(connection, error, sql, arguments, disconnect=gone)
+                if gone:
+                    connection.invalidate(error)
+                if raised is error:
+                    raise
+                raise raised from error
             for listener in events.after_cursor_execute:
                 listener(connection, cursor, sql, arguments, None, False)
-            records = cursor.fetchall() if compiled.result_metadata is not None else []
+            records = cursor.fetchall() if compiled.returns_rows else []
             key = (cursor.lastrowid,) if compiled.reads_last_row_id else None
             rows = compiled.rows(connection.dialect, records, None)
             return DirectResult(rows, cursor.rowcount, key)
