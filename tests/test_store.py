@@ -31,6 +31,7 @@ from turnkit.kernel.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.direct import DirectCursor
 from turnkit.store.errors import transient_store_error
+from turnkit.store.postgres_direct import DRIVER_TRANSACTION
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.store import KeptRows, Look
 
@@ -863,7 +864,9 @@ def _statements(store: Store) -> tuple[list[str], Callable[[], None]]:
         sent.append(statement.split()[0].upper())
 
     def on_begin(conn: Any) -> None:
-        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":  # else no BEGIN is sent
+        options = conn.get_execution_options()
+        # In autocommit no BEGIN is sent, but for the direct path's transactions, whose BEGIN goes to the driver.
+        if options.get("isolation_level") != "AUTOCOMMIT" or options.get(DRIVER_TRANSACTION):
             sent.append("BEGIN")
 
     engines = store.sync_engines

@@ -7,6 +7,7 @@ by hand. Deterministic ones must not be retried and their message must hold no S
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -252,6 +253,94 @@ async def test_a_connection_killed_under_a_direct_statement_is_transient_and_rep
         assert await _backend_pid(store) != killed
     finally:
         await admin.dispose()
+        await store.close()
+
+
+async def _pids_in_use(store: Store, count: int) -> set[int]:
+    """The backends of ``count`` transactions open at once: ``count`` of the pool's connections."""
+    gate = asyncio.Barrier(count)
+
+    async def one() -> int:
+        async with store.atomic() as tx:
+            pid = int((await tx.connection.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+            await gate.wait()
+            return pid
+
+    return set(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def test_a_lost_connection_on_the_direct_path_drops_the_pools_older_connections(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 (turnkit/store/postgres_direct.py): a connection lost under a direct statement is handed to
+    SQLAlchemy's own handling, as on its path: the error says the connection was invalidated, and every connection
+    pooled before the failure is replaced at its next checkout (the database restarted: they are gone too), not
+    found dead one transaction at a time."""
+    monkeypatch.setattr(idle_ping, "IDLE_BEFORE_PING", 3600.0)  # no ping at checkout: the pool itself must know
+    store, turn_id = await _direct_store(postgres_url)
+    admin = create_async_engine(postgres_url)
+    try:
+        before = await _pids_in_use(store, 3)
+        with pytest.raises(DBAPIError) as failure:
+            async with store.atomic(turn_id=turn_id) as tx:
+                killed = int(await tx.connection.scalar(text("SELECT pg_backend_pid()")))
+                async with admin.connect() as conn:
+                    await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed})
+                await tx.update_turn(turn_id, claim_token=None)  # a direct statement on the lost connection
+        assert killed in before
+        assert failure.value.connection_invalidated and transient_store_error(failure.value), failure.value
+        assert not (await _pids_in_use(store, 3)) & before  # none of the older connections is used again
+    finally:
+        await admin.dispose()
+        await store.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "sqlalchemy"])
+async def test_a_deadlock_is_transient_and_raised_as_on_sqlalchemys_path(postgres_url: str, direct: bool) -> None:
+    """Issue 37: a deadlock between two transactions' row locks (SQLSTATE 40P01) raises the same exception on the
+    direct path as on SQLAlchemy's (``DBAPIError`` whose ``orig`` is the dialect's DBAPI ``Error``), which TurnKit
+    retries as transient; the loser's connection is not invalidated, and the winner commits."""
+    store = await Store.open(postgres_url, direct=direct)
+    try:
+        async with store.atomic() as tx:
+            conversation = await tx.create_conversation(agent_name="agent")
+            first = await tx.create_turn(conversation_id=conversation.id, agent_name="agent")
+            second = await tx.create_turn(conversation_id=conversation.id, agent_name="agent")
+        for _ in range(2):  # seen twice: the locks go straight to asyncpg on the direct path
+            async with store.atomic(turn_id=first.id):
+                pass
+        both_hold = asyncio.Barrier(2)
+
+        async def cross(mine: str, theirs: str) -> None:
+            async with store.atomic(turn_id=mine) as tx:
+                await both_hold.wait()
+                await tx.lock(turn_id=theirs)
+
+        outcomes = await asyncio.gather(cross(first.id, second.id), cross(second.id, first.id), return_exceptions=True)
+        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        assert len(errors) == 1, outcomes
+        error = errors[0]
+        assert type(error) is DBAPIError and type(error.orig) is store.engine.dialect.loaded_dbapi.Error, repr(error)
+        assert not error.connection_invalidated and transient_store_error(error)
+        assert not deterministic_store_error(error)
+        assert "SQLSTATE 40P01" in unavailable_message(error), unavailable_message(error)
+    finally:
+        await store.close()
+
+
+async def test_a_connection_back_in_the_pool_inside_a_transaction_is_replaced(postgres_url: str) -> None:
+    """The pool's rollback at check-in cannot see a transaction that the direct path began on asyncpg (SQLAlchemy's
+    adapter is in autocommit for it). The direct path always ends its transactions; should one ever come back open,
+    the next checkout replaces that connection rather than run a transaction inside it
+    (``turnkit/store/idle_ping.py``)."""
+    store = await Store.open(postgres_url)
+    try:
+        async with store.engine.connect() as conn:
+            pooled = await conn.get_raw_connection()
+            await pooled.driver_connection.execute("BEGIN")  # asyncpg's own: SQLAlchemy never knows of it
+            leaked = int(await pooled.driver_connection.fetchval("SELECT pg_backend_pid()"))
+        assert await _backend_pid(store) != leaked
+    finally:
         await store.close()
 
 

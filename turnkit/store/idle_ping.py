@@ -11,6 +11,12 @@ pooled connection older than the failure, and the error is transient to TurnKit,
 (``activities/store_retry.py`` in the activities, ``turnkit/store/patience.py`` on the client, Temporal's retry for
 the store-only activities). So :func:`ping_when_idle` pings a connection only when it has been back in the pool for
 longer than :data:`IDLE_BEFORE_PING`; a failed ping makes the pool open a new connection, as ``pool_pre_ping`` does.
+The ping is the dialect's own (``Dialect.do_ping``, what ``pool_pre_ping`` runs).
+
+The same checkout replaces a connection that comes back from the pool inside a transaction of the driver's. None
+ever should: the store's direct path ends each transaction it sends to asyncpg (``turnkit/store/postgres_direct.py``)
+or invalidates its connection, and the pool's own rollback at check-in cannot see that transaction (SQLAlchemy's
+adapter is in autocommit for it).
 """
 
 from __future__ import annotations
@@ -40,14 +46,19 @@ def ping_when_idle(engine: AsyncEngine, *, idle: float | None = None) -> None:
         if record is not None:
             record.info[_CHECKED_IN_AT] = time.monotonic()
 
+    dialect = engine.dialect
+
     @event.listens_for(engine.sync_engine, "checkout")
     def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        in_transaction = getattr(record.driver_connection, "is_in_transaction", None)
+        if in_transaction is not None and in_transaction():
+            raise exc.DisconnectionError("a pooled connection came back inside a transaction: replaced")
         checked_in_at = record.info.get(_CHECKED_IN_AT)
         limit = IDLE_BEFORE_PING if idle is None else idle
         if checked_in_at is None or time.monotonic() - checked_in_at <= limit:
             return
         try:
-            dbapi_connection.ping()
+            dialect.do_ping(dbapi_connection)
         except Exception as err:
             # The pool discards this connection and checks out another (a new one when the database is back).
             raise exc.DisconnectionError(

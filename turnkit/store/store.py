@@ -57,7 +57,7 @@ from turnkit.kernel.records import (
 from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.direct import DirectStatements
 from turnkit.store.engine import sqlite_file, store_engine
-from turnkit.store.postgres_direct import DirectConnection
+from turnkit.store.postgres_direct import DRIVER_TRANSACTION, DirectConnection, prepared_statements_kept
 from turnkit.store.rows import (
     TOOL_EXECUTION_UPDATE_FIELDS,
     NewMessage,
@@ -262,6 +262,14 @@ class Store:
         #: PostgreSQL (unless ``direct=False``): the store's prebuilt statements, compiled once and sent straight to
         #: asyncpg (``turnkit/store/direct.py``, ``postgres_direct.py``). The inline SQLite path has its own.
         self.direct = DirectStatements(engine.dialect) if postgresql and direct and not engine.echo else None
+        self._prepared_kept = prepared_statements_kept(engine.url) if self.direct is not None else 0
+        #: The direct path's transactions: the same pool, its connections in autocommit for SQLAlchemy, whose BEGIN,
+        #: COMMIT and ROLLBACK :class:`DirectConnection` sends to asyncpg itself (``turnkit/store/postgres_direct.py``).
+        self._transactions = (
+            engine.execution_options(isolation_level="AUTOCOMMIT", **{DRIVER_TRANSACTION: True})
+            if self.direct is not None
+            else None
+        )
         #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
@@ -377,8 +385,9 @@ class Store:
             async with self.engine.connect() as connection, connection.begin():
                 yield connection
             return
-        async with self.engine.connect() as connection:
-            direct = DirectConnection(connection, self.direct)
+        assert self._transactions is not None
+        async with self._transactions.connect() as connection:
+            direct = DirectConnection(connection, self.direct, self._prepared_kept)
             direct.begin()
             try:
                 yield direct
@@ -388,9 +397,9 @@ class Store:
             await direct.commit()
 
     def direct_connection(self, connection: AsyncConnection) -> DirectConnection | AsyncConnection:
-        """``connection`` with the store's prebuilt statements sent straight to asyncpg, on PostgreSQL
+        """``connection`` (in autocommit) with the store's prebuilt statements sent straight to asyncpg, on PostgreSQL
         (``turnkit/store/postgres_direct.py``); else ``connection`` itself."""
-        return connection if self.direct is None else DirectConnection(connection, self.direct)
+        return connection if self.direct is None else DirectConnection(connection, self.direct, self._prepared_kept)
 
     @asynccontextmanager
     async def reads(self) -> AsyncGenerator[StoreTx, None]:
