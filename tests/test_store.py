@@ -1731,15 +1731,15 @@ async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url
 
 
 def _count_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record what runs on aiosqlite's thread (trips), by name."""
+    """Record what runs on a SQLite connection's thread (trips), by name."""
     trips: list[str] = []
-    execute = sqlite_trips.OneTripConnection._execute  # pyright: ignore[reportPrivateUsage]
+    run = sqlite_trips.Trips.run
 
-    async def counted_trip(self: sqlite_trips.OneTripConnection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def counted_trip(self: sqlite_trips.Trips, fn: Any, *args: Any) -> Any:
         trips.append(getattr(fn, "__name__", repr(fn)))
-        return await execute(self, fn, *args, **kwargs)
+        return await run(self, fn, *args)
 
-    monkeypatch.setattr(sqlite_trips.OneTripConnection, "_execute", counted_trip)
+    monkeypatch.setattr(sqlite_trips.Trips, "run", counted_trip)
     return trips
 
 
@@ -1779,7 +1779,7 @@ async def test_a_sqlite_transaction_sends_its_begin_with_its_first_statement(
         conversation = await _conversation(store)
         trips = _count_trips(monkeypatch)
         await store.load_conversation(conversation.id)
-        assert trips == ["_run", "commit"], trips
+        assert trips == ["_run", "_commit"], trips
         trips.clear()
         async with store.atomic():
             pass

@@ -95,7 +95,7 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        driver = getattr(conn.connection.dbapi_connection, "_connection", None)  # SQLAlchemy's aiosqlite adapter
+        driver = conn.connection.driver_connection  # the aiosqlite connection under SQLAlchemy's adapter
         if isinstance(driver, OneTripConnection):
             driver.begin_with_next_statement("BEGIN IMMEDIATE")  # one trip with the first statement
         else:
