@@ -16,10 +16,12 @@ FAULTS ?=
 
 venv: $(STAMP)
 
+# --upgrade-strategy eager: every dependency at the newest version pyproject.toml allows, also in a venv that already
+# has an older one, so that the tests (CI's one run included) cover the top of each range.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --upgrade --upgrade-strategy eager -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 demo: venv
