@@ -346,9 +346,10 @@ class OneTripConnection(aiosqlite.Connection):
 
     def stop(self) -> asyncio.Future[Any] | None:
         """End both threads at once (aiosqlite's closes the connection): SQLAlchemy's terminate, aiosqlite's
-        ``__del__``."""
+        ``__del__`` (aiosqlite 0.22 on; before it, nothing calls it)."""
         self.__trips.stop()
-        return super().stop()
+        stop = getattr(super(), "stop", None)
+        return stop() if stop is not None else None
 
 
 def _commit(connection: sqlite3.Connection) -> None:
