@@ -201,7 +201,7 @@ async def main(args: argparse.Namespace) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
-        store = await Store.open(url)
+        store = await Store.open(url, sqlite_inline=not args.no_inline)
         try:
             for _ in range(args.warmup):
                 await turn(store, args.k)
@@ -227,6 +227,12 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=20, help="turns before the rounds (default 20)")
     parser.add_argument("--database-url", help="the store (default: a temporary SQLite file)")
+    parser.add_argument(
+        "--no-inline",
+        action="store_true",
+        help="SQLite: each statement on the connection's thread, not on the event loop's"
+        " (Store.open(url, sqlite_inline=False), turnkit/store/sqlite_trips.py)",
+    )
     parser.add_argument(
         "--compare-direct",
         action="store_true",
