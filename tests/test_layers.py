@@ -15,6 +15,7 @@ import pytest
 from temporalio import workflow
 
 import turnkit
+from tests.sources import parse
 from turnkit._activities import build_activities
 from turnkit._workflows.lane import ConversationWorkflow
 from turnkit._workflows.turn import TurnWorkflow
@@ -48,7 +49,7 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Our modules that ``path`` imports at run time (anywhere, functions included; not under TYPE_CHECKING)."""
-    tree = ast.parse(path.read_text())
+    tree = parse(path.read_text(), str(path))
     typing_only = {
         id(node)
         for branch in ast.walk(tree)

@@ -47,6 +47,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from tests.sources import parse
+
 ROOT = Path(__file__).resolve().parent.parent
 #: TurnKit's code (``turnkit/_workflows`` and ``turnkit/_activities`` are links to the last two).
 SCANNED = ("turnkit", "workflows", "activities")
@@ -171,7 +173,7 @@ def _sources(root: Path) -> Iterator[_Source]:
                 continue
             seen.add(real)
             text = path.read_text(encoding="utf-8")
-            source = _Source(path, text, ast.parse(text, str(path)))
+            source = _Source(path, text, parse(text, str(path)))
             for node in ast.walk(source.tree):
                 if isinstance(node, ast.Import):
                     for alias in node.names:

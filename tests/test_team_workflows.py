@@ -26,9 +26,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
+from temporalio.worker import ExecuteWorkflowInput, WorkflowInboundInterceptor
 
 import turnkit
 from tests.engine import Engine, HeldModel, busy_agent, eventually
+from tests.sources import parse
 from tests.team_app import ApprovalWorkflow, AskPlan, AskWorkflow, OwnSignalWorkflow
 from turnkit._activities.asks import CALLER_KEY, AskActivities
 from turnkit.kernel.asks import AskTurn, TurnResult
@@ -40,6 +42,7 @@ from turnkit.store.schema import ConversationRow
 from turnkit.store.statements import whole_rows
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient
+from turnkit.workflow import _CancelAskedTurnsInbound
 
 ROOT = Path(__file__).resolve().parent.parent
 TEAM_WORKFLOWS = [ApprovalWorkflow, AskWorkflow, OwnSignalWorkflow]
@@ -298,6 +301,24 @@ async def test_cancelling_the_team_workflow_cancels_a_turn_it_is_not_awaiting(te
     model.released.set()
 
 
+class _Suspend:
+    def __await__(self) -> Any:
+        yield
+
+
+class _NeverEnds(WorkflowInboundInterceptor):
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        await _Suspend()
+
+
+def test_a_run_dropped_from_the_workers_cache_closes_without_cancelling() -> None:
+    """A run evicted from the worker's cache is closed with GeneratorExit, outside any event loop: the plugin's
+    interceptor lets it close (its turns go on) instead of raising "no running event loop" from the close."""
+    run = _CancelAskedTurnsInbound(_NeverEnds(None)).execute_workflow(None)  # type: ignore[arg-type]
+    run.send(None)
+    run.close()  # raised RuntimeError before the interceptor let GeneratorExit through
+
+
 async def test_a_failed_turn_is_a_typed_result_and_can_fail_the_workflow(team: TurnKit) -> None:
     """A turn whose model fails comes back as a result: ``failed``, with the error's class and message. Asked to
     raise (``raise_for_status``), the workflow fails with that TurnKit error at once (no workflow task retried
@@ -504,7 +525,7 @@ def test_the_readmes_workflow_is_the_tested_one() -> None:
     """The README's ``ApprovalWorkflow`` is ``tests/team_app.py``'s, statement for statement (docstrings aside)."""
 
     def approval(source: str) -> str:
-        tree = ast.parse(source)
+        tree = parse(source)
         [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ApprovalWorkflow"]
         for node in ast.walk(cls):
             body = getattr(node, "body", None)
@@ -537,6 +558,13 @@ turnkit.register(turnkit.Agent("finance", model="scripted", client=ScriptedClien
 """
 
 
+def _temporal_client_abort_at_exit(returncode: int | None, stderr: str) -> bool:
+    """A plain Temporal client script, as the README's starter is, can abort at interpreter exit after its work is
+    done: a Rust thread of the Temporal SDK's client releases the GIL while CPython finalizes
+    (temporalio/sdk-python#300). It is the SDK's bug and no line of the README's, so the test accepts exactly that."""
+    return returncode == -signal.SIGABRT and "PyGILState_Release" in stderr and "finalizing" in stderr
+
+
 @pytest.mark.slow
 async def test_the_readmes_code_runs_as_printed(temporal_address: str, tmp_path: Path) -> None:
     """The README section's files, written out as printed (with scripted agents in ``agents.py``): its worker serves
@@ -553,11 +581,16 @@ async def test_the_readmes_code_runs_as_printed(temporal_address: str, tmp_path:
     worker = subprocess.Popen([sys.executable, "approvals_worker.py"], cwd=tmp_path, env=env)
     try:
         started = await asyncio.create_subprocess_exec(
-            sys.executable, "start_approval.py", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE
+            sys.executable,
+            "start_approval.py",
+            cwd=tmp_path,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
-        out, _ = await asyncio.wait_for(started.communicate(), 120)
+        out, err = await asyncio.wait_for(started.communicate(), 120)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
     assert out.decode().strip().splitlines()[-1] == "summary: Legal: fine / Finance: cheap"
-    assert started.returncode == 0
+    assert started.returncode == 0 or _temporal_client_abort_at_exit(started.returncode, err.decode()), err.decode()

@@ -520,7 +520,11 @@ class _CancelAskedTurnsInbound(WorkflowInboundInterceptor):
         try:
             return await super().execute_workflow(input)
         except BaseException as err:
+            # A run dropped from the worker's cache is closed with GeneratorExit and no loop running: it did not end,
+            # so its turns go on (the run resumes from history elsewhere) and there is nothing to look up.
+            if isinstance(err, GeneratorExit) or not is_cancelled_exception(err):
+                raise
             asks = _RUNS.get(asyncio.get_running_loop())
-            if asks is not None and asks.open and is_cancelled_exception(err):
+            if asks is not None and asks.open:
                 await asyncio.gather(*(_cancel_with_caller(handle) for handle in list(asks.open.values())))
             raise
