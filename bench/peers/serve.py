@@ -13,6 +13,8 @@ other output of the libraries goes to stderr). Requests:
   dev server's).
 - ``{"op": "history", "ks": [K, ...]}``: one turn per K; answers the history size of the workflows it ran,
   ``{"sizes": {K: {"json": bytes, "proto": bytes, "events": n, "activities": n}}}``.
+- ``{"op": "actions", "ks": [K, ...], "turns": N}``: N turns per K (in one conversation where the system has
+  one); answers their Temporal Cloud actions by type, ``{"counts": {K: [{type: n}, ...]}}`` (:mod:`bench.actions`).
 - ``{"op": "quit"}``.
 
 Every system's module has a ``System`` class (see :class:`System`); the harness here is shared, so each system is
@@ -29,10 +31,12 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
@@ -161,6 +165,53 @@ async def history(system: System, ks: list[int]) -> dict[str, Any]:
     return {"sizes": sizes}
 
 
+async def settled_events(client: Client, workflow_id: str, quiet: float = 0.3, limit: float = 10) -> list[HistoryEvent]:
+    """The workflow's events once its history has not grown for ``quiet`` seconds (at most ``limit`` seconds): a
+    long-lived workflow, such as a TurnKit lane, may end on an event that is not in :data:`QUIET`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    events = list((await client.get_workflow_handle(workflow_id).fetch_history()).events)
+    while loop.time() < deadline:
+        await asyncio.sleep(quiet)
+        again = list((await client.get_workflow_handle(workflow_id).fetch_history()).events)
+        if len(again) == len(events):
+            return again
+        events = again
+    return events
+
+
+async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
+    """The Temporal Cloud actions (:mod:`bench.actions`) of ``turns`` turns per K, over every workflow each turn ran
+    in and their children: in one conversation when the system has one (TurnKit's ``conversation_turns``: the first
+    turn, the next ones, and of a lane only the events each turn added), else each turn in a fresh workflow."""
+    from bench.actions import count_actions  # noqa: PLC0415 (the other ops need none of it)
+
+    counts: dict[str, list[dict[str, int]]] = {}
+    for k in ks:
+        conversation = getattr(system, "conversation_turns", None)
+        if conversation is not None:
+            ran: list[list[tuple[str, int, int | None]]] = await conversation(k, turns)
+        else:
+            ran = [[(workflow_id, 0, None) for workflow_id in await system.turn(k)] for _ in range(turns)]
+        per_turn: list[dict[str, int]] = []
+        for workflows in ran:
+            total: Counter[str] = Counter()
+            pending = list(workflows)
+            while pending:
+                workflow_id, after, until = pending.pop()
+                events = await settled_events(system.client, workflow_id)
+                total += count_actions(events, after_event_id=after, until_event_id=until)
+                pending.extend(
+                    (e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id, 0, None)
+                    for e in events
+                    if after < e.event_id <= (until or e.event_id)
+                    and e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+                )
+            per_turn.append(dict(total))
+        counts[str(k)] = per_turn
+    return {"counts": counts}
+
+
 async def answer(system: System, request: dict[str, Any]) -> dict[str, Any]:
     """Carry out one request of the driver."""
     op = request["op"]
@@ -170,6 +221,8 @@ async def answer(system: System, request: dict[str, Any]) -> dict[str, Any]:
         return await burst(system, request["k"], request["turns"])
     if op == "history":
         return await history(system, request["ks"])
+    if op == "actions":
+        return await actions(system, request["ks"], request["turns"])
     raise ValueError(f"unknown op {op!r}")
 
 

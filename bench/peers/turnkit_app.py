@@ -15,9 +15,11 @@ import uuid
 from pathlib import Path
 
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
 from bench.peers import workload
+from bench.peers.serve import settled_events
 from turnkit._temporal.search_attributes import dev_server_flags
 from turnkit.config import settings
 from turnkit.plugin import TurnKitPlugin
@@ -50,10 +52,11 @@ async def lookup_local(q: str) -> str:
 
 
 def scripted_model(request: turnkit.ModelRequest) -> turnkit.Result:
-    """The scripted model: counts the tool results after the user message (a fresh conversation per turn)."""
-    user = next(m for m in reversed(request.messages) if m.get("role") == "user")
-    k = workload.parse_k(str(user.get("content")))
-    done = sum(1 for m in request.messages[request.messages.index(user) :] if m.get("role") == "tool")
+    """The scripted model: counts the tool results after the last user message (this turn's)."""
+    # The last user message by position: a conversation's next turn may repeat an earlier prompt word for word.
+    at = max(i for i, m in enumerate(request.messages) if m.get("role") == "user")
+    k = workload.parse_k(str(request.messages[at].get("content")))
+    done = sum(1 for m in request.messages[at:] if m.get("role") == "tool")
     if done < k:
         return call_tools((workload.TOOL_NAME, {"q": workload.tool_query(done)}))
     return turnkit.Result.build(text=workload.final_answer(k), usage=turnkit.Usage(input_tokens=10, output_tokens=2))
@@ -76,6 +79,17 @@ def _agent(name: str, tool: turnkit.Tool) -> turnkit.Agent:
 AGENT = _agent("bench_peers", lookup)
 #: The same agent with the tool as a local activity.
 LOCAL_AGENT = _agent("bench_peers_local", lookup_local)
+
+
+async def _last_event_id(client: Client, workflow_id: str) -> int:
+    """The last event id of the workflow's history once it stopped growing; 0 when there is no such workflow."""
+    try:
+        history = await settled_events(client, workflow_id)
+    except RPCError as error:
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return 0
+        raise
+    return history[-1].event_id if history else 0
 
 
 class System:
@@ -119,6 +133,30 @@ class System:
         if settings.direct_first_turns:  # a fresh conversation's first turn runs without its lane
             return [turn.id]
         return [conversation.id, turn.id]  # the lane workflow (this conversation's only turn) and the turn workflow
+
+    async def conversation_turns(self, k: int, turns: int) -> list[list[tuple[str, int, int | None]]]:
+        """``turns`` K-iteration turns one after another in one conversation (for :mod:`bench.actions`).
+
+        Returns:
+            Per turn, the workflows it ran in, each with the ids of the last event its history had before the turn
+            (0 for a workflow the turn started) and after it (None: the end): the conversation's lane outlives its
+            turns.
+        """
+        assert self._tk is not None
+        conversation = await self._tk.conversation(self.agent)
+        ran: list[list[tuple[str, int, int | None]]] = []
+        for _ in range(turns):
+            lane = await _last_event_id(self.client, conversation.id)
+            turn = await conversation.ask(workload.prompt(k))
+            if turn.status != "completed":
+                raise RuntimeError(f"turn {turn.id} ended {turn.status}: {turn.error}")
+            workload.check(k, turn.output_text)
+            workflows: list[tuple[str, int, int | None]] = [(turn.id, 0, None)]
+            after = await _last_event_id(self.client, conversation.id)
+            if after > lane:  # the turn went through the lane
+                workflows.append((conversation.id, lane, after))
+            ran.append(workflows)
+        return ran
 
     async def close(self) -> None:
         try:

@@ -1,0 +1,237 @@
+"""Temporal Cloud actions per turn, counted from workflow histories: TurnKit's and each peer's.
+
+Temporal Cloud bills *actions*. Which operations are actions, and how they show in a workflow's event history, is
+on Temporal's "Temporal Cloud Actions" page, https://docs.temporal.io/cloud/actions (now served at
+https://docs.temporal.io/evaluate/cloud/actions; source ``docs/evaluate/temporal-cloud/actions.mdx`` in
+temporalio/documentation), read 2026-12-05. :data:`ACTIONS` below is that page turned into one table, event type ->
+action, with the rules it states:
+
+- **Workflow started** (client start, Continue-As-New, child start): one per ``WorkflowExecutionStarted``.
+  **Signal-With-Start** is one action in all, whether or not it starts the workflow: the signal recorded straight
+  after the start it made is not counted again.
+- **Child workflow**: "two Actions, one for starting the Workflow, and another for the attempted Execution": the
+  parent's ``StartChildWorkflowExecutionInitiated`` counts one and the child's own ``WorkflowExecutionStarted`` the
+  other, so a turn whose child histories are counted too gets both, and none twice.
+- **Timer started**: one per ``TimerStarted`` (the SDK's implicit timers, e.g. ``wait_condition(timeout=...)``,
+  included).
+- **Search attribute upsert**: one per ``UpsertWorkflowSearchAttributes``, however many attributes it sets;
+  attributes given at the start are free, and so is an upsert of ``TemporalChangeVersion`` alone.
+- **Signal sent**: one per signal, from a client or a workflow; counted where it lands (``WorkflowExecutionSignaled``),
+  so a signal between two workflows of the same turn is counted once.
+- **Update received**: one per accepted update (``WorkflowExecutionUpdateAccepted``). Rejected updates are billed
+  too but leave no event; the harness here sends none.
+- **Activity started or retried**: one per attempt. A history records an activity's last attempt only, in
+  ``ActivityTaskStarted.attempt``, so an activity that ran three times counts three.
+- **Local activities**: "all RecordMarkers from each Workflow Task as one action": one per workflow task that
+  recorded a local activity marker, however many it recorded. Other markers (``workflow.patched``'s) are versioning,
+  which the page exempts in its search-attribute form; they are counted apart as ``patch_markers`` and not billed.
+- **Workflow Execution Options updated**, **Nexus operation scheduled / cancelled**: one each.
+
+Not in a history, so not counted here: queries (one each; the harness sends none), activity heartbeats that reach
+the server (one each; TurnKit's and the peers' activities on this workload heartbeat only when an activity runs long
+enough for the SDK's throttle to send one, see bench/README.md), rejected updates, schedules, exports.
+
+The driver (``python -m bench.actions``) runs, in one :mod:`bench.peers.serve` process per system (each with a dev
+server of its own), one turn per K of the peers workload (:mod:`bench.peers.workload`) and counts the actions over
+every workflow the turn touched: TurnKit's turn workflow, its conversation's lane workflow when the turn used one
+(only the events the turn added to it), and any child; for TurnKit both a fresh conversation's first turn and the
+next turn of the same conversation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHistory
+
+DOC_URL = "https://docs.temporal.io/cloud/actions"
+
+_E = EventType
+
+
+def _one(_: HistoryEvent) -> int:
+    return 1
+
+
+def _attempts(event: HistoryEvent) -> int:
+    """An activity's attempts: the history keeps the last one's number only."""
+    return max(event.activity_task_started_event_attributes.attempt, 1)
+
+
+def _upsert(event: HistoryEvent) -> int:
+    """An upsert counts one, unless it sets ``TemporalChangeVersion`` (versioning) and nothing else."""
+    fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+    return 0 if set(fields) <= {"TemporalChangeVersion"} else 1
+
+
+#: Event type -> (action type, how many actions the event is). Local activity markers and Signal-With-Start are
+#: rules across events, in :func:`count_actions`.
+ACTIONS: dict[int, tuple[str, Callable[[HistoryEvent], int]]] = {
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED: ("workflow started", _one),
+    _E.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED: ("child workflow start", _one),
+    _E.EVENT_TYPE_TIMER_STARTED: ("timer started", _one),
+    _E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES: ("search attribute upsert", _upsert),
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: ("signal", _one),
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED: ("update", _one),
+    _E.EVENT_TYPE_ACTIVITY_TASK_STARTED: ("activity attempt", _attempts),
+    _E.EVENT_TYPE_WORKFLOW_EXECUTION_OPTIONS_UPDATED: ("workflow options updated", _one),
+    _E.EVENT_TYPE_NEXUS_OPERATION_SCHEDULED: ("nexus operation", _one),
+    _E.EVENT_TYPE_NEXUS_OPERATION_CANCEL_REQUESTED: ("nexus operation", _one),
+}
+
+LOCAL_ACTIVITIES = "local activities (per workflow task)"
+PATCH_MARKERS = "patch_markers"  # counted apart, not billed (see the module's docstring)
+_LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def count_actions(
+    history: WorkflowHistory | Iterable[HistoryEvent], after_event_id: int = 0, until_event_id: int | None = None
+) -> Counter[str]:
+    """The billable actions of a workflow history, by action type (:data:`ACTIONS`), plus ``patch_markers``.
+
+    Args:
+        history: The history (``handle.fetch_history()``) or its events.
+        after_event_id: Count only the events after this one: what a long-lived workflow (a conversation's lane)
+            added during one turn.
+        until_event_id: And only those up to this one (the last event of that turn; default: the end).
+
+    Returns:
+        Action type -> count; :func:`billable` sums the billed ones.
+    """
+    events = list(history.events if isinstance(history, WorkflowHistory) else history)
+    counts: Counter[str] = Counter()
+    marker_tasks: set[int] = set()
+    started_with_signal = False
+    for index, event in enumerate(events):
+        if event.event_id <= after_event_id or (until_event_id is not None and event.event_id > until_event_id):
+            continue
+        kind = event.event_type
+        if kind == _E.EVENT_TYPE_MARKER_RECORDED:
+            attributes = event.marker_recorded_event_attributes
+            if attributes.marker_name == _LOCAL_ACTIVITY_MARKER:
+                marker_tasks.add(attributes.workflow_task_completed_event_id)
+            else:
+                counts[PATCH_MARKERS] += 1
+            continue
+        if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and index == 1 and started_with_signal:
+            continue  # Signal-With-Start: one action in all, the start's
+        if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED and index == 0:
+            # A signal recorded before the first workflow task came with the start (Signal-With-Start).
+            started_with_signal = len(events) > 1 and events[1].event_type == _E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        found = ACTIONS.get(kind)
+        if found is not None:
+            name, actions = found
+            if n := actions(event):
+                counts[name] += n
+    if marker_tasks:
+        counts[LOCAL_ACTIVITIES] = len(marker_tasks)
+    return counts
+
+
+def billable(counts: Counter[str]) -> int:
+    """The billed actions of :func:`count_actions`' counts (patch markers left out)."""
+    return sum(n for name, n in counts.items() if name != PATCH_MARKERS)
+
+
+# --- the driver -----------------------------------------------------------------------------------------------------
+
+#: TurnKit's turns per K in one conversation: the first (no lane), the second (starts the lane), the third (the lane
+#: already running: what every later turn costs).
+TURNKIT_TURNS = ("first turn", "2nd turn (starts the lane)", "later turn")
+
+
+async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, dict[str, list[dict[str, int]]]]:
+    """Each system's actions per turn at each K, one :mod:`bench.peers.serve` process (and dev server) at a time."""
+    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec, start_child  # noqa: PLC0415
+
+    specs = [s for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS] if s.system in systems]
+    if "turnkit" in systems:
+        specs += [
+            Spec("turnkit", "turnkit", "TurnKit (SQLite)", peer=False),
+            Spec("turnkit_local", "turnkit", "TurnKit (SQLite, local tool)", peer=False, local_tool=True),
+        ]
+    found: dict[str, dict[str, list[dict[str, int]]]] = {}
+    for spec in specs:
+        print(f"{spec.title}...", file=sys.stderr, flush=True)
+        child = await start_child(spec, [], logdir)
+        try:
+            turns = len(TURNKIT_TURNS) if spec.system == "turnkit" else 2
+            found[spec.key] = (await child.ask({"op": "actions", "ks": ks, "turns": turns}, 600))["counts"]
+        finally:
+            await child.stop()
+    return found
+
+
+def _total(counts: dict[str, int]) -> int:
+    return billable(Counter(counts))
+
+
+def _parts(counts: dict[str, int]) -> str:
+    short = {
+        "workflow started": "start",
+        "child workflow start": "child",
+        "timer started": "timer",
+        "search attribute upsert": "upsert",
+        "signal": "signal",
+        "update": "update",
+        "activity attempt": "act",
+        "local activities (per workflow task)": "LA-task",
+    }
+    return " + ".join(f"{n} {short.get(name, name)}" for name, n in sorted(counts.items()) if name != PATCH_MARKERS)
+
+
+def table(ks: list[int], found: dict[str, dict[str, list[dict[str, int]]]], titles: dict[str, str]) -> list[str]:
+    """Markdown: one row per system and turn kind, one column per K (total, then its parts)."""
+    lines = ["| system | turn | " + " | ".join(f"K = {k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
+    for key, per_k in found.items():
+        kinds = TURNKIT_TURNS if key.startswith("turnkit") else ("every turn",)
+        for index, kind in enumerate(kinds):
+            cells = []
+            for k in ks:
+                turns = per_k[str(k)]
+                if len({_total(t) for t in turns}) > 1 and not key.startswith("turnkit"):
+                    raise RuntimeError(f"{key} K={k}: turns differ: {turns}")
+                counts = turns[index]
+                cells.append(f"**{_total(counts)}** ({_parts(counts)})")
+            lines.append(f"| {titles[key]} | {kind} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    """``python -m bench.actions``: the table of actions per turn (:func:`table`), printed and written as JSON."""
+    parser = argparse.ArgumentParser(description="Temporal Cloud actions per turn, TurnKit and the peers")
+    parser.add_argument("--k", default="1,3,8", help="tool-loop iterations per turn, comma-separated")
+    parser.add_argument("--systems", default="bare,openai_agents,pydantic_ai,turnkit")
+    parser.add_argument("--json", type=Path, help="also write the raw counts here")
+    args = parser.parse_args()
+    ks = [int(k) for k in args.k.split(",")]
+    import tempfile  # noqa: PLC0415
+
+    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS  # noqa: PLC0415
+
+    titles = {s.key: s.title for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS]}
+    titles |= {"turnkit": "TurnKit (SQLite)", "turnkit_local": "TurnKit (SQLite, local tool)"}
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="bench-actions-") as tmp:
+        found = asyncio.run(measure(ks, args.systems.split(","), Path(tmp)))
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · git {sha} · load average {load} at start")
+    print("\n".join(table(ks, found, titles)))
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=2))
+
+
+if __name__ == "__main__":
+    main()
