@@ -46,11 +46,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -154,7 +154,7 @@ TURNKIT_TURNS = ("first turn", "2nd turn (starts the lane)", "later turn")
 
 async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, dict[str, list[dict[str, int]]]]:
     """Each system's actions per turn at each K, one :mod:`bench.peers.serve` process (and dev server) at a time."""
-    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec, start_child  # noqa: PLC0415
+    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec, start_child
 
     specs = [s for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS] if s.system in systems]
     if "turnkit" in systems:
@@ -217,9 +217,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the raw counts here")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
-    import tempfile  # noqa: PLC0415
-
-    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS  # noqa: PLC0415
+    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS
 
     titles = {s.key: s.title for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS]}
     titles |= {"turnkit": "TurnKit (SQLite)", "turnkit_local": "TurnKit (SQLite, local tool)"}

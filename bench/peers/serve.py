@@ -40,6 +40,8 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
+from bench.actions import count_actions
+
 #: ``serve`` name -> module holding its ``System``.
 SYSTEMS = {
     "bare": "bench.peers.bare_app",
@@ -184,8 +186,6 @@ async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
     """The Temporal Cloud actions (:mod:`bench.actions`) of ``turns`` turns per K, over every workflow each turn ran
     in and their children: in one conversation when the system has one (TurnKit's ``conversation_turns``: the first
     turn, the next ones, and of a lane only the events each turn added), else each turn in a fresh workflow."""
-    from bench.actions import count_actions  # noqa: PLC0415 (the other ops need none of it)
-
     counts: dict[str, list[dict[str, int]]] = {}
     for k in ks:
         conversation = getattr(system, "conversation_turns", None)

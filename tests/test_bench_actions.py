@@ -1,0 +1,103 @@
+"""bench.actions counts a turn's Temporal Cloud actions as docs.temporal.io/cloud/actions bills them.
+
+The recorded histories are real TurnKit runs (``tests/histories``, recorded by ``make histories``); each expected
+count was checked by hand against the history's events, listed beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temporalio.api.common.v1 import Payload, SearchAttributes
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import (
+    ActivityTaskStartedEventAttributes,
+    HistoryEvent,
+    UpsertWorkflowSearchAttributesEventAttributes,
+    WorkflowExecutionSignaledEventAttributes,
+    WorkflowExecutionStartedEventAttributes,
+)
+from temporalio.client import WorkflowHistory
+
+from bench.actions import PATCH_MARKERS, billable, count_actions
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+def _recorded(name: str) -> WorkflowHistory:
+    path = HISTORIES / f"{name}.json"
+    return WorkflowHistory.from_json(path.stem, path.read_text())
+
+
+def test_a_direct_first_turn_costs_six_actions() -> None:
+    """A fresh conversation's first turn with one tool call: the start, the deadline's timer, model + tool + model
+    activities and the closing status upsert; the workflow tasks and the cancelled timer are free."""
+    counts = count_actions(_recorded("direct-first-turn-TurnWorkflow-v1"))
+    assert counts == {"workflow started": 1, "timer started": 1, "activity attempt": 3, "search attribute upsert": 1}
+    assert billable(counts) == 6
+
+
+def test_local_activities_count_once_per_workflow_task() -> None:
+    """Two local tool calls recorded in one workflow task are one action, a third in another task one more."""
+    counts = count_actions(_recorded("turn-local-tools-TurnWorkflow-v1"))
+    assert counts["local activities (per workflow task)"] == 2  # markers 12 and 13 (task 11), marker 20 (task 19)
+    assert billable(counts) == 9  # + start, timer, 4 activities, upsert
+
+
+def test_a_lane_is_counted_per_turn_between_event_ids() -> None:
+    """A conversation lane serving two turns: each submit is an update and the store calls of its workflow task
+    one local-activity action; the window of event ids picks out one turn's share."""
+    lane = _recorded("lane-two-turns-ConversationWorkflow-v1")
+    whole = count_actions(lane)
+    assert whole == {
+        "workflow started": 1,
+        "update": 2,
+        "local activities (per workflow task)": 3,  # markers in tasks 4, 11 and 20
+        "timer started": 1,
+        "signal": 1,
+    }
+    first = count_actions(lane, until_event_id=8)
+    assert first == {"workflow started": 1, "update": 1, "local activities (per workflow task)": 1}
+    second = count_actions(lane, after_event_id=8, until_event_id=15)
+    assert second == {"update": 1, "local activities (per workflow task)": 1}
+
+
+def _event(event_id: int, kind: int, **attributes: object) -> HistoryEvent:
+    return HistoryEvent(event_id=event_id, event_type=kind, **attributes)  # pyright: ignore[reportArgumentType]
+
+
+def test_retries_signal_with_start_and_versioning_upserts() -> None:
+    """An activity's third attempt is three actions; a Signal-With-Start is one in all; an upsert of
+    ``TemporalChangeVersion`` alone is free, and patch markers are counted apart from the bill."""
+    e = EventType
+    version = SearchAttributes(indexed_fields={"TemporalChangeVersion": Payload(data=b'["x-1"]')})
+    events = [
+        _event(
+            1,
+            e.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED,
+            workflow_execution_started_event_attributes=(WorkflowExecutionStartedEventAttributes()),
+        ),
+        _event(
+            2,
+            e.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
+            workflow_execution_signaled_event_attributes=(WorkflowExecutionSignaledEventAttributes(signal_name="go")),
+        ),
+        _event(3, e.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED),
+        _event(
+            4,
+            e.EVENT_TYPE_ACTIVITY_TASK_STARTED,
+            activity_task_started_event_attributes=(ActivityTaskStartedEventAttributes(attempt=3)),
+        ),
+        _event(
+            5,
+            e.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+            upsert_workflow_search_attributes_event_attributes=(
+                UpsertWorkflowSearchAttributesEventAttributes(search_attributes=version)
+            ),
+        ),
+        _event(6, e.EVENT_TYPE_MARKER_RECORDED),  # no marker name: not a local activity's
+        _event(7, e.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED),  # a later signal is billed
+    ]
+    counts = count_actions(events)
+    assert counts == {"workflow started": 1, "activity attempt": 3, "signal": 1, PATCH_MARKERS: 1}
+    assert billable(counts) == 5
