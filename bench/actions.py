@@ -44,13 +44,16 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -145,6 +148,30 @@ def billable(counts: Counter[str]) -> int:
     return sum(n for name, n in counts.items() if name != PATCH_MARKERS)
 
 
+def free_port() -> int:
+    """A TCP port free on localhost now (for the dev server's ``--metrics-port``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def server_actions(port: int, namespace: str = "default") -> Counter[str]:
+    """The dev server's own ``action`` counter (Prometheus, on ``--metrics-port``), frontend only, by action type:
+    the metric Temporal's "Estimate Actions for migration" page (docs.temporal.io/cloud/migrate/estimate-actions)
+    reads for Cloud's actions. It counts commands (``command_ScheduleActivityTask``: one per activity, not per
+    attempt) and calls (``grpc_RecordActivityTaskHeartbeat``, queries), so it checks :func:`count_actions` and sees
+    what a history does not. The server publishes the counter about once a second: read it after a quiet moment."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("action{") and 'service_name="frontend"' in line and f'namespace="{namespace}"' in line:
+            labels, value = line.rsplit(" ", 1)
+            kind = labels.split('action_type="', 1)[1].split('"', 1)[0]
+            counts[kind] += int(float(value))
+    return counts
+
+
 # --- the driver -----------------------------------------------------------------------------------------------------
 
 #: TurnKit's turns per K in one conversation: the first (no lane), the second (starts the lane), the third (the lane
@@ -152,8 +179,9 @@ def billable(counts: Counter[str]) -> int:
 TURNKIT_TURNS = ("first turn", "2nd turn (starts the lane)", "later turn")
 
 
-async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, dict[str, list[dict[str, int]]]]:
-    """Each system's actions per turn at each K, one :mod:`bench.peers.serve` process (and dev server) at a time."""
+async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, dict[str, Any]]:
+    """Each system's actions per turn at each K (``counts``) and its dev server's ``action`` metric over the same
+    turns (``server``), one :mod:`bench.peers.serve` process (and dev server) at a time."""
     from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec, start_child
 
     specs = [s for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS] if s.system in systems]
@@ -162,13 +190,13 @@ async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, 
             Spec("turnkit", "turnkit", "TurnKit (SQLite)", peer=False),
             Spec("turnkit_local", "turnkit", "TurnKit (SQLite, local tool)", peer=False, local_tool=True),
         ]
-    found: dict[str, dict[str, list[dict[str, int]]]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for spec in specs:
         print(f"{spec.title}...", file=sys.stderr, flush=True)
         child = await start_child(spec, [], logdir)
         try:
             turns = len(TURNKIT_TURNS) if spec.system == "turnkit" else 2
-            found[spec.key] = (await child.ask({"op": "actions", "ks": ks, "turns": turns}, 600))["counts"]
+            found[spec.key] = await child.ask({"op": "actions", "ks": ks, "turns": turns}, 600)
         finally:
             await child.stop()
     return found
@@ -192,10 +220,11 @@ def _parts(counts: dict[str, int]) -> str:
     return " + ".join(f"{n} {short.get(name, name)}" for name, n in sorted(counts.items()) if name != PATCH_MARKERS)
 
 
-def table(ks: list[int], found: dict[str, dict[str, list[dict[str, int]]]], titles: dict[str, str]) -> list[str]:
+def table(ks: list[int], found: dict[str, dict[str, Any]], titles: dict[str, str]) -> list[str]:
     """Markdown: one row per system and turn kind, one column per K (total, then its parts)."""
     lines = ["| system | turn | " + " | ".join(f"K = {k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
-    for key, per_k in found.items():
+    for key, measured in found.items():
+        per_k = measured["counts"]
         kinds = TURNKIT_TURNS if key.startswith("turnkit") else ("every turn",)
         for index, kind in enumerate(kinds):
             cells = []
@@ -206,6 +235,20 @@ def table(ks: list[int], found: dict[str, dict[str, list[dict[str, int]]]], titl
                 counts = turns[index]
                 cells.append(f"**{_total(counts)}** ({_parts(counts)})")
             lines.append(f"| {titles[key]} | {kind} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def check_table(ks: list[int], found: dict[str, dict[str, Any]], titles: dict[str, str]) -> list[str]:
+    """Markdown: per system and K, the histories' count summed over the turns run, beside the dev server's ``action``
+    metric over the same turns (by its action types)."""
+    lines = ["| system | K | turns | from the histories | the server's `action` metric |", "|---|---|---|---|---|"]
+    for key, measured in found.items():
+        for k in ks:
+            turns = measured["counts"][str(k)]
+            server = measured["server"].get(str(k), {})
+            parts = ", ".join(f"{n} {kind}" for kind, n in sorted(server.items()))
+            total = sum(_total(t) for t in turns)
+            lines.append(f"| {titles[key]} | {k} | {len(turns)} | {total} | {sum(server.values())} ({parts}) |")
     return lines
 
 
@@ -227,6 +270,8 @@ def main() -> None:
         found = asyncio.run(measure(ks, args.systems.split(","), Path(tmp)))
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · git {sha} · load average {load} at start")
     print("\n".join(table(ks, found, titles)))
+    print()
+    print("\n".join(check_table(ks, found, titles)))
     if args.json:
         args.json.write_text(json.dumps(found, indent=2))
 

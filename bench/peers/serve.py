@@ -14,7 +14,8 @@ other output of the libraries goes to stderr). Requests:
 - ``{"op": "history", "ks": [K, ...]}``: one turn per K; answers the history size of the workflows it ran,
   ``{"sizes": {K: {"json": bytes, "proto": bytes, "events": n, "activities": n}}}``.
 - ``{"op": "actions", "ks": [K, ...], "turns": N}``: N turns per K (in one conversation where the system has
-  one); answers their Temporal Cloud actions by type, ``{"counts": {K: [{type: n}, ...]}}`` (:mod:`bench.actions`).
+  one); answers their Temporal Cloud actions by type, ``{"counts": {K: [{type: n}, ...]}}`` (:mod:`bench.actions`), and
+  what the dev server's ``action`` metric counted over those N turns, ``{"server": {K: {action_type: n}}}``.
 - ``{"op": "quit"}``.
 
 Every system's module has a ``System`` class (see :class:`System`); the harness here is shared, so each system is
@@ -40,7 +41,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from bench.actions import count_actions
+from bench.actions import count_actions, free_port, server_actions
 
 #: ``serve`` name -> module holding its ``System``.
 SYSTEMS = {
@@ -185,9 +186,13 @@ async def settled_events(client: Client, workflow_id: str, quiet: float = 0.3, l
 async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
     """The Temporal Cloud actions (:mod:`bench.actions`) of ``turns`` turns per K, over every workflow each turn ran
     in and their children: in one conversation when the system has one (TurnKit's ``conversation_turns``: the first
-    turn, the next ones, and of a lane only the events each turn added), else each turn in a fresh workflow."""
+    turn, the next ones, and of a lane only the events each turn added), else each turn in a fresh workflow. Beside
+    them, per K, what the dev server's ``action`` metric counted over the same turns, by action type."""
     counts: dict[str, list[dict[str, int]]] = {}
+    server: dict[str, dict[str, int]] = {}
     for k in ks:
+        await asyncio.sleep(METRICS_LAG)
+        before = server_actions(_metrics_port) if _metrics_port else Counter[str]()
         conversation = getattr(system, "conversation_turns", None)
         if conversation is not None:
             ran: list[list[tuple[str, int, int | None]]] = await conversation(k, turns)
@@ -209,7 +214,11 @@ async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
                 )
             per_turn.append(dict(total))
         counts[str(k)] = per_turn
-    return {"counts": counts}
+        # The dev server's own count over the same turns, read once every history above had settled and the server
+        # had published its counter (about once a second).
+        await asyncio.sleep(METRICS_LAG)
+        server[str(k)] = dict(server_actions(_metrics_port) - before) if _metrics_port else {}
+    return {"counts": counts, "server": server}
 
 
 async def answer(system: System, request: dict[str, Any]) -> dict[str, Any]:
@@ -226,13 +235,27 @@ async def answer(system: System, request: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"unknown op {op!r}")
 
 
+#: How long the dev server may take to publish its metrics (seconds).
+METRICS_LAG = 2.5
+
+#: The dev server's Prometheus port (its ``action`` metric, for the ``actions`` op); 0 until it runs.
+_metrics_port = 0
+
+
 async def serve(name: str, server_flags: list[str], options: dict[str, Any], out: TextIO) -> None:
+    global _metrics_port
     module = importlib.import_module(SYSTEMS[name])
     system: System = module.System(**options)
+    _metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli(),
         # A system may need flags of its own (TurnKit: its search attributes).
-        dev_server_extra_args=[*server_flags, *getattr(module, "SERVER_FLAGS", [])],
+        dev_server_extra_args=[
+            *server_flags,
+            *getattr(module, "SERVER_FLAGS", []),
+            "--metrics-port",
+            str(_metrics_port),
+        ],
         dev_server_log_level="never",
     )
     try:
