@@ -22,9 +22,10 @@ action, with the rules it states:
   too but leave no event; the harness here sends none.
 - **Activity started or retried**: one per attempt. A history records an activity's last attempt only, in
   ``ActivityTaskStarted.attempt``, so an activity that ran three times counts three.
-- **Local activities**: "all RecordMarkers from each Workflow Task as one action": one per workflow task that
-  recorded a local activity marker, however many it recorded. Other markers (``workflow.patched``'s) are versioning,
-  which the page exempts in its search-attribute form; they are counted apart as ``patch_markers`` and not billed.
+- **Local activities**: "Temporal Cloud counts all RecordMarkers from each Workflow Task as one action": one per
+  workflow task that recorded any marker, however many it recorded. That rule names no kind of marker, so a
+  ``workflow.patched`` marker counts too (Pydantic AI's turn records one); the ``TemporalChangeVersion`` upsert that
+  goes with it is exempt, as above, though the dev server's ``action`` metric counts it.
 - **Workflow Execution Options updated**, **Nexus operation scheduled / cancelled**: one each.
 
 Not in a history, so not counted here: queries (one each; the harness sends none), activity heartbeats that reach
@@ -94,15 +95,13 @@ ACTIONS: dict[int, tuple[str, Callable[[HistoryEvent], int]]] = {
     _E.EVENT_TYPE_NEXUS_OPERATION_CANCEL_REQUESTED: ("nexus operation", _one),
 }
 
-LOCAL_ACTIVITIES = "local activities (per workflow task)"
-PATCH_MARKERS = "patch_markers"  # counted apart, not billed (see the module's docstring)
-_LOCAL_ACTIVITY_MARKER = "core_local_activity"
+MARKERS = "markers (per workflow task)"
 
 
 def count_actions(
     history: WorkflowHistory | Iterable[HistoryEvent], after_event_id: int = 0, until_event_id: int | None = None
 ) -> Counter[str]:
-    """The billable actions of a workflow history, by action type (:data:`ACTIONS`), plus ``patch_markers``.
+    """The billable actions of a workflow history, by action type (:data:`ACTIONS`, and :data:`MARKERS`).
 
     Args:
         history: The history (``handle.fetch_history()``) or its events.
@@ -111,7 +110,7 @@ def count_actions(
         until_event_id: And only those up to this one (the last event of that turn; default: the end).
 
     Returns:
-        Action type -> count; :func:`billable` sums the billed ones.
+        Action type -> count; :func:`billable` sums them.
     """
     events = list(history.events if isinstance(history, WorkflowHistory) else history)
     counts: Counter[str] = Counter()
@@ -122,11 +121,7 @@ def count_actions(
             continue
         kind = event.event_type
         if kind == _E.EVENT_TYPE_MARKER_RECORDED:
-            attributes = event.marker_recorded_event_attributes
-            if attributes.marker_name == _LOCAL_ACTIVITY_MARKER:
-                marker_tasks.add(attributes.workflow_task_completed_event_id)
-            else:
-                counts[PATCH_MARKERS] += 1
+            marker_tasks.add(event.marker_recorded_event_attributes.workflow_task_completed_event_id)
             continue
         if kind == _E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and index == 1 and started_with_signal:
             continue  # Signal-With-Start: one action in all, the start's
@@ -139,13 +134,13 @@ def count_actions(
             if n := actions(event):
                 counts[name] += n
     if marker_tasks:
-        counts[LOCAL_ACTIVITIES] = len(marker_tasks)
+        counts[MARKERS] = len(marker_tasks)
     return counts
 
 
 def billable(counts: Counter[str]) -> int:
-    """The billed actions of :func:`count_actions`' counts (patch markers left out)."""
-    return sum(n for name, n in counts.items() if name != PATCH_MARKERS)
+    """The total of :func:`count_actions`' counts."""
+    return sum(counts.values())
 
 
 def free_port() -> int:
@@ -215,9 +210,9 @@ def _parts(counts: dict[str, int]) -> str:
         "signal": "signal",
         "update": "update",
         "activity attempt": "act",
-        "local activities (per workflow task)": "LA-task",
+        MARKERS: "marker-task",
     }
-    return " + ".join(f"{n} {short.get(name, name)}" for name, n in sorted(counts.items()) if name != PATCH_MARKERS)
+    return " + ".join(f"{n} {short.get(name, name)}" for name, n in sorted(counts.items()))
 
 
 def table(ks: list[int], found: dict[str, dict[str, Any]], titles: dict[str, str]) -> list[str]:

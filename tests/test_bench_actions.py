@@ -19,7 +19,7 @@ from temporalio.api.history.v1 import (
 )
 from temporalio.client import WorkflowHistory
 
-from bench.actions import PATCH_MARKERS, billable, count_actions
+from bench.actions import MARKERS, billable, count_actions
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -40,7 +40,7 @@ def test_a_direct_first_turn_costs_six_actions() -> None:
 def test_local_activities_count_once_per_workflow_task() -> None:
     """Two local tool calls recorded in one workflow task are one action, a third in another task one more."""
     counts = count_actions(_recorded("turn-local-tools-TurnWorkflow-v1"))
-    assert counts["local activities (per workflow task)"] == 2  # markers 12 and 13 (task 11), marker 20 (task 19)
+    assert counts[MARKERS] == 2  # markers 12 and 13 (task 11), marker 20 (task 19)
     assert billable(counts) == 9  # + start, timer, 4 activities, upsert
 
 
@@ -52,14 +52,14 @@ def test_a_lane_is_counted_per_turn_between_event_ids() -> None:
     assert whole == {
         "workflow started": 1,
         "update": 2,
-        "local activities (per workflow task)": 3,  # markers in tasks 4, 11 and 20
+        MARKERS: 3,  # markers in tasks 4, 11 and 20
         "timer started": 1,
         "signal": 1,
     }
     first = count_actions(lane, until_event_id=8)
-    assert first == {"workflow started": 1, "update": 1, "local activities (per workflow task)": 1}
+    assert first == {"workflow started": 1, "update": 1, MARKERS: 1}
     second = count_actions(lane, after_event_id=8, until_event_id=15)
-    assert second == {"update": 1, "local activities (per workflow task)": 1}
+    assert second == {"update": 1, MARKERS: 1}
 
 
 def _event(event_id: int, kind: int, **attributes: object) -> HistoryEvent:
@@ -68,7 +68,7 @@ def _event(event_id: int, kind: int, **attributes: object) -> HistoryEvent:
 
 def test_retries_signal_with_start_and_versioning_upserts() -> None:
     """An activity's third attempt is three actions; a Signal-With-Start is one in all; an upsert of
-    ``TemporalChangeVersion`` alone is free, and patch markers are counted apart from the bill."""
+    ``TemporalChangeVersion`` alone is free, and a marker of another kind (a patch's) is one like a local activity's."""
     e = EventType
     version = SearchAttributes(indexed_fields={"TemporalChangeVersion": Payload(data=b'["x-1"]')})
     events = [
@@ -95,9 +95,9 @@ def test_retries_signal_with_start_and_versioning_upserts() -> None:
                 UpsertWorkflowSearchAttributesEventAttributes(search_attributes=version)
             ),
         ),
-        _event(6, e.EVENT_TYPE_MARKER_RECORDED),  # no marker name: not a local activity's
+        _event(6, e.EVENT_TYPE_MARKER_RECORDED),  # a marker of no local activity
         _event(7, e.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED),  # a later signal is billed
     ]
     counts = count_actions(events)
-    assert counts == {"workflow started": 1, "activity attempt": 3, "signal": 1, PATCH_MARKERS: 1}
-    assert billable(counts) == 5
+    assert counts == {"workflow started": 1, "activity attempt": 3, "signal": 1, MARKERS: 1}
+    assert billable(counts) == 6
