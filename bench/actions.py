@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import socket
@@ -143,6 +144,21 @@ def billable(counts: Counter[str]) -> int:
     return sum(counts.values())
 
 
+def _specs() -> list[Any]:
+    """Every column: the floor, the peers (LangGraph's among them: bench/peers/langgraph_app.py, counted when
+    ``temporalio-langgraph`` is installed), TurnKit with its tool as an activity and as a local activity."""
+    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec  # as in measure
+
+    return [
+        FLOOR,
+        *PEERS,
+        Spec("langgraph", "langgraph", "LangGraph + Temporal", peer=True),
+        *LOCAL_MODEL_PEERS,
+        Spec("turnkit", "turnkit", "TurnKit (SQLite)", peer=False),
+        Spec("turnkit_local", "turnkit", "TurnKit (SQLite, local tool)", peer=False, local_tool=True),
+    ]
+
+
 def free_port() -> int:
     """A TCP port free on localhost now (for the dev server's ``--metrics-port``)."""
     with socket.socket() as probe:
@@ -177,14 +193,9 @@ TURNKIT_TURNS = ("first turn", "2nd turn (starts the lane)", "later turn")
 async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, dict[str, Any]]:
     """Each system's actions per turn at each K (``counts``) and its dev server's ``action`` metric over the same
     turns (``server``), one :mod:`bench.peers.serve` process (and dev server) at a time."""
-    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec, start_child
+    from bench.peers.__main__ import start_child  # bench.peers imports this module: here, not at the top
 
-    specs = [s for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS] if s.system in systems]
-    if "turnkit" in systems:
-        specs += [
-            Spec("turnkit", "turnkit", "TurnKit (SQLite)", peer=False),
-            Spec("turnkit_local", "turnkit", "TurnKit (SQLite, local tool)", peer=False, local_tool=True),
-        ]
+    specs = [s for s in _specs() if s.system in systems]
     found: dict[str, dict[str, Any]] = {}
     for spec in specs:
         print(f"{spec.title}...", file=sys.stderr, flush=True)
@@ -251,14 +262,15 @@ def main() -> None:
     """``python -m bench.actions``: the table of actions per turn (:func:`table`), printed and written as JSON."""
     parser = argparse.ArgumentParser(description="Temporal Cloud actions per turn, TurnKit and the peers")
     parser.add_argument("--k", default="1,3,8", help="tool-loop iterations per turn, comma-separated")
-    parser.add_argument("--systems", default="bare,openai_agents,pydantic_ai,turnkit")
+    default = "bare,openai_agents,pydantic_ai,langgraph,turnkit"
+    if importlib.util.find_spec("temporalio.langgraph") is None:
+        default = default.replace("langgraph,", "")
+    parser.add_argument("--systems", default=default)
     parser.add_argument("--json", type=Path, help="also write the raw counts here")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
-    from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS
 
-    titles = {s.key: s.title for s in [FLOOR, *PEERS, *LOCAL_MODEL_PEERS]}
-    titles |= {"turnkit": "TurnKit (SQLite)", "turnkit_local": "TurnKit (SQLite, local tool)"}
+    titles = {s.key: s.title for s in _specs()}
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as tmp:
