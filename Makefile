@@ -12,7 +12,7 @@ ARGS ?=
 SEEDS ?= 300
 FAULTS ?=
 
-.PHONY: venv demo test chaos lint worker bench bench-peers histories clean
+.PHONY: venv demo test chaos lint worker bench bench-peers bench-actions histories clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,11 @@ $(BENCH_STAMP): $(STAMP)
 
 bench-peers: $(BENCH_STAMP)
 	$(BIN)/python -m bench.peers $(ARGS)
+
+# Temporal Cloud actions per turn (bench/actions.py): TurnKit's first, second and later turns, each peer, the floor;
+# counted from the histories and checked against each dev server's own `action` metric. ~3 min.
+bench-actions: $(BENCH_STAMP)
+	$(BIN)/python -m bench.actions $(ARGS)
 
 histories: venv
 	$(BIN)/python -m tests.record_histories

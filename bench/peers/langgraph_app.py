@@ -8,8 +8,8 @@ results, then the answer), the tools node runs the ``lookup`` tool; a conditiona
 tools or ends. No LLM client and no LangChain chat model: the nodes are plain functions, as the other peers' scripted
 models are.
 
-The integration is marked experimental by its authors (0.1.0). Not in the ``bench`` extra: install it apart
-(``pip install temporalio-langgraph``); ``python -m bench.actions`` counts its turn when it is installed.
+The integration is marked experimental by its authors (0.1.0); the ``bench`` extra installs it.
+``python -m bench.actions`` counts its turn when it is installed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class State(TypedDict, total=False):
 
 async def model_node(state: State) -> dict[str, Any]:
     """The scripted model: another lookup until K results, then the answer."""
-    k = workload.parse_k(state["prompt"])
+    k = workload.parse_k(state.get("prompt", ""))
     done = len(state.get("results") or [])
     if done < k:
         return {"query": workload.tool_query(done), "answer": None}
