@@ -1,11 +1,16 @@
 """bench.actions counts a turn's Temporal Cloud actions as docs.temporal.io/cloud/actions bills them.
 
 The recorded histories are real TurnKit runs (``tests/histories``, recorded by ``make histories``); each expected
-count was checked by hand against the history's events, listed beside it.
+count was checked by hand against the history's events, listed beside it. The driver's own run (``python -m
+bench.actions``) is checked on the systems that need no extra package, against each dev server's ``action`` metric.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 from temporalio.api.common.v1 import Payload, SearchAttributes
@@ -21,7 +26,8 @@ from temporalio.client import WorkflowHistory
 
 from bench.actions import MARKERS, billable, count_actions
 
-HISTORIES = Path(__file__).parent / "histories"
+ROOT = Path(__file__).resolve().parent.parent
+HISTORIES = ROOT / "tests" / "histories"
 
 
 def _recorded(name: str) -> WorkflowHistory:
@@ -101,3 +107,23 @@ def test_retries_signal_with_start_and_versioning_upserts() -> None:
     counts = count_actions(events)
     assert counts == {"workflow started": 1, "activity attempt": 3, "signal": 1, MARKERS: 1}
     assert billable(counts) == 6
+
+
+def test_the_driver_counts_turnkit_and_the_floor_as_their_servers_do(tmp_path: Path) -> None:
+    """``python -m bench.actions`` on the two systems every install has, at K = 1: the floor's turn is 4 actions
+    (start + 3 activities), TurnKit's first, second and later turns 6, 9 and 8, and each dev server's own ``action``
+    metric over the same turns agrees with the histories' count."""
+    out = tmp_path / "counts.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.actions", "--systems", "bare,turnkit", "--k", "1", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(out.read_text())
+    totals = {key: [billable(Counter(turn)) for turn in measured["counts"]["1"]] for key, measured in found.items()}
+    assert totals == {"bare": [4, 4], "turnkit": [6, 9, 8], "turnkit_local": [6, 9, 8]}
+    for key, measured in found.items():
+        assert sum(measured["server"]["1"].values()) == sum(totals[key]), (key, measured["server"])

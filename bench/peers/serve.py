@@ -184,6 +184,23 @@ async def settled_events(client: Client, workflow_id: str, quiet: float = 0.3, l
     return events
 
 
+async def settled_server_actions(limit: float = 30) -> Counter[str]:
+    """The dev server's ``action`` counter (:func:`bench.actions.server_actions`) once it has not moved for
+    :data:`METRICS_QUIET` seconds (at most ``limit`` seconds); empty without a metrics port."""
+    if not _metrics_port:
+        return Counter()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    counts = server_actions(_metrics_port)
+    while loop.time() < deadline:
+        await asyncio.sleep(METRICS_QUIET)
+        again = server_actions(_metrics_port)
+        if again == counts:
+            break
+        counts = again
+    return counts
+
+
 async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
     """The Temporal Cloud actions (:mod:`bench.actions`) of ``turns`` turns per K, over every workflow each turn ran
     in and their children: in one conversation when the system has one (TurnKit's ``conversation_turns``: the first
@@ -192,8 +209,7 @@ async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
     counts: dict[str, list[dict[str, int]]] = {}
     server: dict[str, dict[str, int]] = {}
     for k in ks:
-        await asyncio.sleep(METRICS_LAG)
-        before = server_actions(_metrics_port) if _metrics_port else Counter[str]()
+        before = await settled_server_actions()
         conversation = getattr(system, "conversation_turns", None)
         if conversation is not None:
             ran: list[list[tuple[str, int, int | None]]] = await conversation(k, turns)
@@ -215,10 +231,8 @@ async def actions(system: System, ks: list[int], turns: int) -> dict[str, Any]:
                 )
             per_turn.append(dict(total))
         counts[str(k)] = per_turn
-        # The dev server's own count over the same turns, read once every history above had settled and the server
-        # had published its counter (about once a second).
-        await asyncio.sleep(METRICS_LAG)
-        server[str(k)] = dict(server_actions(_metrics_port) - before) if _metrics_port else {}
+        # The dev server's own count over the same turns, read once every history above had settled.
+        server[str(k)] = dict(await settled_server_actions() - before)
     return {"counts": counts, "server": server}
 
 
@@ -236,8 +250,8 @@ async def answer(system: System, request: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"unknown op {op!r}")
 
 
-#: How long the dev server may take to publish its metrics (seconds).
-METRICS_LAG = 2.5
+#: The dev server publishes its metrics about once a second: a count unchanged for this long (seconds) is settled.
+METRICS_QUIET = 2.5
 
 #: The dev server's Prometheus port (its ``action`` metric, for the ``actions`` op); 0 until it runs.
 _metrics_port = 0
