@@ -28,15 +28,16 @@ action, with the rules it states:
   goes with it is exempt, as above, though the dev server's ``action`` metric counts it.
 - **Workflow Execution Options updated**, **Nexus operation scheduled / cancelled**: one each.
 
-Not in a history, so not counted here: queries (one each; the harness sends none), activity heartbeats that reach
-the server (one each; TurnKit's and the peers' activities on this workload heartbeat only when an activity runs long
-enough for the SDK's throttle to send one, see bench/README.md), rejected updates, schedules, exports.
+Not in a history, so not counted here: queries (one each), activity heartbeats that reach the server (one each),
+rejected updates, schedules, exports. :func:`server_actions` reads the dev server's own ``action`` counter, which
+sees heartbeats and queries too: on this workload no system sends either (bench/README.md, "Temporal actions per
+turn").
 
-The driver (``python -m bench.actions``) runs, in one :mod:`bench.peers.serve` process per system (each with a dev
-server of its own), one turn per K of the peers workload (:mod:`bench.peers.workload`) and counts the actions over
-every workflow the turn touched: TurnKit's turn workflow, its conversation's lane workflow when the turn used one
-(only the events the turn added to it), and any child; for TurnKit both a fresh conversation's first turn and the
-next turn of the same conversation.
+The driver (``python -m bench.actions``, ``make bench-actions``) runs, in one :mod:`bench.peers.serve` process per
+system (each with a dev server of its own), turns of the peers' workload (:mod:`bench.peers.workload`) at each K and
+counts the actions over every workflow a turn touched: its workflow, its children, and of TurnKit's conversation
+lane only the events that turn added. TurnKit runs three turns in one conversation (:data:`TURNKIT_TURNS`), each
+peer two fresh ones (which must agree). Beside each count, the dev server's counter over the same turns.
 """
 
 from __future__ import annotations
