@@ -31,6 +31,7 @@ from turnkit._engine.lane_order import earlier_turns
 from turnkit._engine.prepared import submit_prepared
 from turnkit._engine.transcript import TERMINAL_SKIP, append_tool_result, fail_execution, repair_transcript
 from turnkit._engine.turn_build import create_turn, queued_with_root, root_of, ticket_of
+from turnkit._temporal.heartbeats import heartbeating
 from turnkit.agent import resolve_agent
 from turnkit.events import announce, announce_message
 from turnkit.kernel.activities import TurnCalls, implements
@@ -109,6 +110,12 @@ class TurnActivities(TurnCalls):
     async def finish_turn(self, finish: FinishTurn) -> TurnOutcome:
         """Write a turn's terminal status (failed, or completed by a terminal tool); a no-op on a finished turn, and on
         a paused one with ``unless_paused`` (the root deadline does not end a paused turn, behaviour §5.13.11)."""
+        # A finish that may call judges runs with a heartbeat timeout, so that a killed worker's attempt is retried
+        # within it instead of at the end of a model call's timeout: it beats for its whole body, store phases included.
+        async with heartbeating():
+            return await self._finish_turn(finish)
+
+    async def _finish_turn(self, finish: FinishTurn) -> TurnOutcome:
         skipped = await with_arguments(self.store, finish.turn_id, finish.skipped_calls)  # large ones: from the store
         finish = finish.model_copy(update={"skipped_calls": skipped})
         turn = await self.store.load_turn(finish.turn_id)

@@ -281,9 +281,10 @@ class TurnWorkflow:
                     # judges: it may take as long as a model call, at least.
                     timeout = max(STORE_TIMEOUT, timedelta(seconds=turn.model_policy.timeout))
                     self._resume_mark = self._resumes  # the finish passes a control boundary
-                    ended = await self._finish_with(finish, timeout=timeout)
+                    heartbeat = timedelta(seconds=turn.model_policy.heartbeat)
+                    ended = await self._finish_with(finish, timeout=timeout, heartbeat=heartbeat)
                     while ended.judged:  # a judge's answer and charge committed, more to ask: finish again
-                        ended = await self._finish_with(finish, timeout=timeout)
+                        ended = await self._finish_with(finish, timeout=timeout, heartbeat=heartbeat)
                     if ended.boundary == "paused":
                         await self._wait_for_resume()
                         return None  # resumed: the model activity's boundary publishes the held answer
@@ -647,7 +648,9 @@ class TurnWorkflow:
         finish = FinishTurn(turn_id=turn.turn_id, status=status, error_class=error_class, error_message=message)  # type: ignore[arg-type]
         return await self._finish_with(finish)
 
-    async def _finish_with(self, finish: FinishTurn, *, timeout: timedelta | None = None) -> TurnOutcome:
+    async def _finish_with(
+        self, finish: FinishTurn, *, timeout: timedelta | None = None, heartbeat: timedelta | None = None
+    ) -> TurnOutcome:
         summary = f"finish · {finish.status}"
         if timeout is None:
             return await store_call(TurnCalls.finish_turn, finish, summary=summary)
@@ -657,6 +660,7 @@ class TurnWorkflow:
             TurnCalls.finish_turn,
             finish,
             start_to_close_timeout=timeout,
+            heartbeat_timeout=heartbeat,  # a killed worker's attempt retried in seconds, not at the timeout
             retry_policy=STORE_RETRY,
             summary=summary,
         )
