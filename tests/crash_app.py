@@ -286,5 +286,6 @@ paid_specialist = turnkit.register(
         authorization=_allow,
         image_model="paid-image",
         client=PaidProvider(("paint_image", {"prompt": "a cat"})),
+        output_policy=turnkit.OutputPolicy("Be brief."),  # its terminal answer is judged in the turn's finish
     )
 )

@@ -245,9 +245,13 @@ PAID_KINDS = {
     # ImageTool is at most once: the lost paint is "interrupted", never asked again, and the model is told.
     "paint": (crash_app.paid_painted, _ask_plainly, {"main": 2}),
     "view_media": (crash_app.paid_viewed, _ask_about_the_image, {"main": 2, "view_media": 1}),
-    # The painter specialist's paint_image is replay-safe, and ends the turn.
-    "specialist": (crash_app.paid_specialist, _ask_plainly, {"main": 1, "paint": 1}),
+    # The painter specialist's paint_image is replay-safe, and ends the turn; its answer is judged in the finish,
+    # whose attempt on the killed worker must be retried within the heartbeat timeout, not the model call's timeout.
+    "specialist": (crash_app.paid_specialist, _ask_plainly, {"main": 1, "paint": 1, "judge": 1}),
+    "specialist_judge": (crash_app.paid_specialist, _ask_plainly, {"main": 1, "paint": 1, "judge": 1}),
 }
+#: The provider's kind of call each case holds when the worker dies.
+HUNG_KIND = {"specialist": "paint", "specialist_judge": "judge"}
 
 
 @pytest.mark.parametrize("hung", list(PAID_KINDS))
@@ -256,12 +260,13 @@ async def test_a_worker_killed_during_a_paid_call_pays_each_call_once(
 ) -> None:
     """Every paid call once (behaviour §3.9, §6.2; docs/design.md "Every paid call once"): the worker is SIGKILLed
     while the provider holds a call of each kind (the turn's model, an output-policy judge, the compaction summary,
-    a tool's paint, a tool's view_media, the painter specialist's paint). The new worker finishes the turn; only
-    the call that was in flight is asked again (a replay-safe one) or settled "interrupted" (an at-most-once one),
-    never a call whose answer was committed; and the provider's own count of the calls it answered equals what the
-    store charged: the tree's cost is exactly the sum of the answered calls' prices."""
+    a tool's paint, a tool's view_media, the painter specialist's paint and its judge, asked in the turn's finish).
+    The new worker finishes the turn; only the call that was in flight is asked again (a replay-safe one) or settled
+    "interrupted" (an at-most-once one), never a call whose answer was committed; and the provider's own count of
+    the calls it answered equals what the store charged: the tree's cost is exactly the sum of the answered calls'
+    prices."""
     agent, ask, answered = PAID_KINDS[hung]
-    kind = "paint" if hung == "specialist" else hung
+    kind = HUNG_KIND.get(hung, hung)
     turnkit.configure(model_heartbeat_timeout=2.0, tool_heartbeat_timeout=2.0)  # the turn's policy, set by ask
     register(agent)
     first = await start_worker(engine, TURNKIT_CRASH_HANG=kind)
