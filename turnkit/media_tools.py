@@ -32,7 +32,7 @@ from turnkit._engine.tool_store import Fence, execution_fence, unfenced
 from turnkit.agent import resolve_agent
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.events import announce_message, emit
-from turnkit.kernel.errors import BudgetError, ConfigError, Error, LostClaim, RecordNotFound
+from turnkit.kernel.errors import BudgetError, ConfigError, Error, LostClaim
 from turnkit.kernel.records import OPEN_EXECUTION_STATUSES, MessageRecord, TurnRecord
 from turnkit.media import MediaInput, media_part
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_parts, client_with, image_parts
@@ -403,10 +403,8 @@ async def _existing(store: Store, turn: TurnRecord, message_id: str) -> dict[str
     """What an earlier attempt of this call committed: its result, or (over ``max_spend``, or for a charged answer
     that was unusable) the error it raised; None when it committed nothing."""
     async with store.atomic() as tx:
-        try:
-            found = described(await tx.load_message(message_id))
-        except RecordNotFound:
-            found = None
+        message = await tx.find_message(message_id)
+    found = None if message is None else described(message)
     unusable = turn.state.unusable_media_calls.get(message_id)
     if found is None and unusable is None:
         return None
@@ -456,12 +454,10 @@ async def persist_media_message(
 
     async def commit() -> tuple[MessageRecord, str | None]:
         async with store.atomic(turn_id=turn.root_turn_id) as tx:
-            if message_id is not None:
-                try:  # an earlier try of this commit landed before its connection went away
-                    found = await tx.load_message(message_id)
-                    return found, await tree_spend_denial(tx, await tx.load_turn(turn.id))
-                except RecordNotFound:
-                    pass
+            # An earlier try of this commit may have landed before its connection went away.
+            found = None if message_id is None else await tx.find_message(message_id)
+            if found is not None:
+                return found, await tree_spend_denial(tx, await tx.load_turn(turn.id))
             await fence(tx)
             message = await tx.append_message(
                 turn.conversation_id,

@@ -12,7 +12,7 @@ from turnkit._activities.store_retry import retry_store
 from turnkit._engine.compaction import compaction_policy, summarise
 from turnkit.agent import resolve_agent
 from turnkit.config import settings
-from turnkit.kernel.errors import CompactionError, InputError, RecordNotFound, TransientModelError
+from turnkit.kernel.errors import CompactionError, InputError, TransientModelError
 from turnkit.kernel.records import MessageRecord
 from turnkit.store.store import Store
 
@@ -77,7 +77,4 @@ async def compact_conversation(
 
 async def _existing(store: Store, message_id: str) -> MessageRecord | None:
     async with store.reads() as tx:
-        try:
-            return await tx.load_message(message_id)
-        except RecordNotFound:
-            return None
+        return await tx.find_message(message_id)

@@ -32,7 +32,7 @@ from turnkit._engine.turn_end import fail_unfinished_turn
 from turnkit._engine.waits import notify_waiters
 from turnkit.agent import Agent, resolve_agent
 from turnkit.events import announce, emit
-from turnkit.kernel.errors import BudgetError, ConfigError, Error, LostClaim, OutputAudit, RecordNotFound
+from turnkit.kernel.errors import BudgetError, ConfigError, Error, LostClaim, OutputAudit
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.media import MediaInput
 from turnkit.media_requests import PaintRequest, ViewMediaRequest
@@ -103,7 +103,8 @@ async def paint_turn(
         # The image and its charge are committed before its audit can fail, under an id this request's attempts
         # share: a retried attempt finds it and paints nothing (docs/design.md "Every paid call once").
         message_id = _call_message_id(turn.id, "paint", token)
-        message = await _committed_message(store, message_id)
+        async with store.reads() as tx:  # the image an earlier attempt of this request committed, if any
+            message = await tx.find_message(message_id)
         if message is None:
             result = await generate(store, turn, image_client, request)
             parts = await charged_if_unusable(
@@ -211,15 +212,6 @@ async def view_media_turn(
 def _call_message_id(turn_id: str, operation: str, token: str) -> str:
     """The message of the standalone call that holds ``token``: the same on every attempt of the request."""
     return "msg_" + hashlib.sha256(f"{turn_id}\x1f{operation}\x1f{token}".encode()).hexdigest()[:24]
-
-
-async def _committed_message(store: Store, message_id: str) -> MessageRecord | None:
-    """The image an earlier attempt of this request committed, if any."""
-    async with store.reads() as tx:
-        try:
-            return await tx.load_message(message_id)
-        except RecordNotFound:
-            return None
 
 
 async def _judged(store: Store, turn: TurnRecord, agent: Agent, answer: Result) -> AnswerAudit | None:

@@ -867,10 +867,15 @@ class StoreTx:
 
     async def load_message(self, message_id: str) -> MessageRecord:
         """The message; raises :class:`RecordNotFound` when absent."""
-        row = await self._read_one(sql.MESSAGE_BY_UID, uid=message_id)
-        if row is None:
+        found = await self.find_message(message_id)
+        if found is None:
             raise RecordNotFound(f"message not found: {message_id}")
-        return message_record(row)
+        return found
+
+    async def find_message(self, message_id: str) -> MessageRecord | None:
+        """The message, or None when absent (what an idempotent write looks up before writing it under its id)."""
+        row = await self._read_one(sql.MESSAGE_BY_UID, uid=message_id)
+        return None if row is None else message_record(row)
 
     async def list_messages(
         self,
