@@ -16,6 +16,7 @@ Three steps (plus an optional compaction), short transactions and no lock held a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
@@ -40,6 +41,7 @@ from turnkit._engine.compaction import (
     EmptySummary,
     active_messages,
     compaction_policy,
+    message_tokens,
     should_compact,
     summarise,
 )
@@ -50,6 +52,7 @@ from turnkit._engine.dispatch import call_policy, warn_if_model_policy_differs
 from turnkit._engine.ids import new_id
 from turnkit._engine.mcp_tools import record_mcp_tools
 from turnkit._engine.request import build_model_request, needs_conversation
+from turnkit._engine.transcripts import Transcript, Transcripts
 from turnkit._engine.validation import storable_result
 from turnkit._engine.waits import enter_waiting
 from turnkit._temporal.heartbeats import heartbeating
@@ -88,6 +91,8 @@ class ModelActivities(ModelCalls):
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        #: The conversations' transcripts this worker has read: a model call reads only what was appended since.
+        self.transcripts = Transcripts()
 
     @implements(ModelCalls.model)
     async def model(self, call: ModelCall) -> ModelStep:
@@ -109,7 +114,8 @@ class ModelActivities(ModelCalls):
             ):  # the attempt that committed this response may have died before signalling
                 await self._announce(await retry_store(lambda: self.store.load_turn(call.turn_id), what="model"))
             return reserved
-        turn, messages, conversation, first_start = reserved
+        turn, transcript, conversation, first_start = reserved
+        messages = transcript.messages
         if first_start:
             await emit(
                 "turn.started", turn.id, turn.conversation_id, store=self.store, status=turn.status, model=turn.model
@@ -122,13 +128,19 @@ class ModelActivities(ModelCalls):
         if agent.mcp_servers:  # the tools of its MCP servers, listed once per turn and recorded (turnkit.mcp)
             async with heartbeating():  # a server started per listing may take longer than a heartbeat
                 turn = await record_mcp_tools(self.store, turn, agent)
-        messages, denial, summarised = await self._auto_compact(call, turn, agent, messages)
+        messages, denial, summarised = await self._auto_compact(call, turn, agent, messages, transcript.tokens)
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
         # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
         request = await retry_store(
             lambda: build_model_request(
-                self.store, turn, agent, messages, request_id=call.request_id, conversation=conversation
+                self.store,
+                turn,
+                agent,
+                messages,
+                request_id=call.request_id,
+                conversation=conversation,
+                project=transcript.project,
             ),
             what="model request",
         )
@@ -181,7 +193,12 @@ class ModelActivities(ModelCalls):
         await retry_store(lambda: announce_terminal(self.store, turn), what="model announce")
 
     async def _auto_compact(
-        self, call: ModelCall, turn: TurnRecord, agent: Agent, messages: list[MessageRecord]
+        self,
+        call: ModelCall,
+        turn: TurnRecord,
+        agent: Agent,
+        messages: list[MessageRecord],
+        tokens: Callable[[MessageRecord], int] = message_tokens,
     ) -> tuple[list[MessageRecord], str | None, bool]:
         """Automatic compaction as a model phase starts (behaviour §3.10); returns the messages, a budget denial
         and whether the summariser was asked (that call takes time: the control boundary runs again after it).
@@ -197,7 +214,7 @@ class ModelActivities(ModelCalls):
             return messages, None, False
         if call.request_id in turn.state.empty_summaries:
             return messages, None, False  # asked once for this request, answered empty and charged: not asked again
-        if not force and not should_compact(policy, active_messages(messages)):
+        if not force and not should_compact(policy, active_messages(messages), tokens):
             return messages, None, False
         # The summary is a paid call: asked only while the tree is within max_spend (behaviour §6.2).
         denial = await retry_store(lambda: spend_before_call(self.store, turn), what="compaction budget")
@@ -300,7 +317,7 @@ class ModelActivities(ModelCalls):
 
     async def _reserve(
         self, call: ModelCall
-    ) -> ModelStep | tuple[TurnRecord, list[MessageRecord], ConversationRecord | None, bool]:
+    ) -> ModelStep | tuple[TurnRecord, Transcript, ConversationRecord | None, bool]:
         """Reserve the request (see the module docstring); with what its prompt is built from, read in the same
         transaction: the turn's messages and, when the prompt shows it, the conversation (one store trip, issue 9)."""
         publish = await self._publish_verdict(call)
@@ -347,11 +364,12 @@ class ModelActivities(ModelCalls):
                 stamped = stamp_request(turn, call.request_id)  # receipts: queued → message_id → request_id
                 if stamped is not None:
                     turn = turn.model_copy(update={"options": turn.options.with_controls(stamped)})
-            messages = await tx.list_messages(
-                turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
+            # Only what this worker has not read yet comes from the store (the transcript's prefix never changes).
+            transcript = await self.transcripts.read(
+                tx, turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
             )
             # Behaviour §3.2: the first request that included each delivered message (for input_status).
-            for message in messages:
+            for message in transcript.messages:
                 delivery_id = message.metadata.get("delivery_id")
                 if delivery_id and delivery_id not in state.delivery_requests:
                     state.delivery_requests[str(delivery_id)] = call.request_id
@@ -367,7 +385,7 @@ class ModelActivities(ModelCalls):
             if claimed is None:
                 return ModelStep(outcome="stopped")
             conversation = await tx.load_conversation(claimed.conversation_id) if _prompt_reads(claimed) else None
-            return claimed, messages, conversation, turn.started_at is None
+            return claimed, transcript, conversation, turn.started_at is None
 
     async def _publish_verdict(self, call: ModelCall) -> Verdict:
         """The ``callback`` verdict for an answer held back at a pause, which ``_reserve`` may publish.

@@ -266,7 +266,8 @@ async def run_audit(
         output_text=answer.text,
         output_data=answer.output_data,
         turn=turn,
-        messages=[m for m in messages if m.turn_id == turn.id],
+        # Copies: the model activity's records are its worker's kept transcript (turnkit._engine.transcripts).
+        messages=[m.model_copy(deep=True) for m in messages if m.turn_id == turn.id],
         ask=ask,
         judge_model=lambda p: judge_model(turn, agent, p),
         judge_thinking=lambda p: judge_thinking(agent, p),

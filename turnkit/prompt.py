@@ -459,20 +459,24 @@ def project_message(message: MessageRecord) -> list[dict[str, Any]]:
     return [projected]
 
 
-def project_messages(messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
+def project_messages(
+    messages: Sequence[MessageRecord], project: Callable[[MessageRecord], list[dict[str, Any]]] = project_message
+) -> list[dict[str, Any]]:
     """Project stored messages, in order, into the ``messages`` of a :class:`~turnkit.model.ModelRequest`.
 
     Compaction ranges and delivery placement (behaviour §3.5 steps 2 and 3) are the caller's job; this is step 4.
 
     Args:
         messages: The messages to send, already selected and ordered.
+        project: :func:`project_message`, or what returns the same (the model activity's, computed once per
+            message: ``turnkit._engine.transcripts``).
 
     Returns:
         The projected messages.
     """
     projected: list[dict[str, Any]] = []
     for message in messages:
-        projected.extend(project_message(message))
+        projected.extend(project(message))
     return projected
 
 

@@ -105,18 +105,24 @@ def message_tokens(message: MessageRecord) -> int:
     return math.ceil(_projected_chars(message) / 4) + 8
 
 
-def estimate_tokens(messages: Sequence[MessageRecord]) -> int:
-    """Estimated tokens of messages: the sum of :func:`message_tokens`."""
-    return sum(message_tokens(message) for message in messages)
+def estimate_tokens(messages: Sequence[MessageRecord], tokens: Callable[[MessageRecord], int] = message_tokens) -> int:
+    """Estimated tokens of messages: the sum of :func:`message_tokens` (or of ``tokens``, which returns the same:
+    the model activity's, computed once per message)."""
+    return sum(tokens(message) for message in messages)
 
 
-def should_compact(policy: Mapping[str, Any], messages: Sequence[MessageRecord]) -> bool:
+def should_compact(
+    policy: Mapping[str, Any],
+    messages: Sequence[MessageRecord],
+    tokens: Callable[[MessageRecord], int] = message_tokens,
+) -> bool:
     """True when the estimate of ``messages`` (already projected) reaches the policy's threshold.
 
-    The threshold is ``max(context_limit - reserved_tokens, 1) * threshold`` tokens.
+    The threshold is ``max(context_limit - reserved_tokens, 1) * threshold`` tokens. ``tokens``: as for
+    :func:`estimate_tokens`.
     """
     budget = max(int(policy["context_limit"]) - int(policy["reserved_tokens"]), 1)
-    return estimate_tokens(messages) >= budget * float(policy["threshold"])
+    return estimate_tokens(messages, tokens) >= budget * float(policy["threshold"])
 
 
 # -- projection -------------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ differ when time passes (the ``environment`` anchor of a turn that has not start
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from turnkit._engine.call_ids import provider_call_ids
 from turnkit._engine.compaction import active_messages
@@ -22,6 +23,7 @@ from turnkit.prompt import (
     SystemPrompt,
     build_system_prompt,
     drop_unanswered_calls,
+    project_message,
     project_messages,
     resolve_prompt_mode,
     resolve_sections,
@@ -63,6 +65,7 @@ async def build_model_request(
     request_id: str | None,
     now: datetime | None = None,
     conversation: ConversationRecord | None = None,
+    project: Callable[[MessageRecord], list[dict[str, Any]]] = project_message,
 ) -> ModelRequest:
     """The request the next model call of ``turn`` sends (behaviour §3.3); no model is called and nothing is written.
 
@@ -77,6 +80,8 @@ async def build_model_request(
         now: The ``environment`` anchor; default the turn's start, else the current time.
         conversation: The turn's conversation, when the caller has read it already (the model activity reads it in
             the transaction that reserves the request: see :func:`needs_conversation`).
+        project: :func:`turnkit.prompt.project_message`, or what returns the same (the model activity's, computed
+            once per message: :class:`turnkit._engine.transcripts.Transcript`).
 
     Raises:
         ValueError: The prompt mode or a section is unknown.
@@ -115,7 +120,7 @@ async def build_model_request(
     return ModelRequest(
         model=model,
         # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-        messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages)))),
+        messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages), project))),
         tools=specs,
         instructions=prompt.stable,
         dynamic_instructions=prompt.dynamic or None,

@@ -1,0 +1,212 @@
+"""Transcripts read once per worker process (issue 37 target 4): a model call reads only what was appended since.
+
+A turn's model request shows its frozen context (the conversation's messages through its
+``context_message_sequence``) plus its own messages. Reading, decoding and projecting the whole transcript on every
+call made a long conversation's turns slower with each turn. :class:`Transcripts` keeps, per conversation, the stored
+messages from the first through the last one it read, each with its projection and token estimate, and extends them
+by reading only the messages after that (``list_messages(after_sequence=...)``).
+
+Why a kept prefix is never stale:
+
+* Messages are append-only: no statement updates or deletes a message row, and a conversation's sequence is
+  gap-free, assigned under the conversation's lock. Once committed, the messages through a sequence never change.
+* Every read still goes to the store for everything after the kept prefix, in the caller's transaction, so appends
+  by another worker, process or store handle are always seen.
+* That read starts at the kept prefix's last message, which must come back with the id kept for it; otherwise (a
+  database replaced under a running worker, say) the conversation's entry is dropped and it is read whole.
+* Rows join the cache only once the reading transaction has committed (:meth:`StoreTx.after_commit`): the model
+  activity's reserve may append a message itself, which a rollback takes back. A read inside a savepoint, or rows
+  that do not continue the kept prefix without a gap, are not kept at all.
+
+Memory is bounded by :data:`MAX_KEPT_CHARS` characters of projected text over all conversations, the least recently
+read conversation going first; a conversation bigger than that on its own is read whole on every call, as before.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from turnkit._engine.compaction import message_tokens
+from turnkit.kernel.records import MessageRecord
+from turnkit.prompt import project_message
+from turnkit.store.store import StoreTx
+
+__all__ = ["MAX_KEPT_CHARS", "Transcript", "Transcripts"]
+
+#: How much projected text (in characters, about 4 per token) one :class:`Transcripts` keeps over all conversations.
+MAX_KEPT_CHARS: Final = 32_000_000
+
+
+@dataclass(frozen=True)
+class _Derived:
+    """What a model call computes of one stored message: its projection and its token estimate."""
+
+    projected: list[dict[str, Any]]
+    tokens: int
+
+
+def _derive(message: MessageRecord) -> _Derived:
+    return _Derived(project_message(message), message_tokens(message))
+
+
+@dataclass
+class _Kept:
+    """A conversation's committed messages, contiguous from its first, with what was derived of each (by id)."""
+
+    messages: list[MessageRecord]
+    derived: dict[str, _Derived] = field(default_factory=dict[str, _Derived])
+    chars: int = 0
+
+    @property
+    def last(self) -> int:
+        """The sequence of the last kept message."""
+        return self.messages[-1].sequence
+
+    def extend(self, rows: Sequence[MessageRecord], derived: Mapping[str, _Derived]) -> int:
+        """Append ``rows`` (the messages right after :attr:`last`, in order), with what was derived of them (the
+        rest is derived now: a later turn shows them); the characters added."""
+        added = 0
+        for row in rows:
+            known = derived.get(row.id) or _derive(row)
+            self.messages.append(row)
+            self.derived[row.id] = known
+            added += (known.tokens - 8) * 4 + 64  # the projection's characters, and a record's overhead
+        self.chars += added
+        return added
+
+
+def _contiguous(rows: Sequence[MessageRecord], after: int) -> list[MessageRecord]:
+    """The rows after sequence ``after`` that continue it without a gap, in order (``rows``: in sequence order)."""
+    kept: list[MessageRecord] = []
+    for row in rows:
+        if row.sequence <= after:
+            continue
+        if row.sequence != after + 1:
+            break
+        kept.append(row)
+        after = row.sequence
+    return kept
+
+
+class Transcript:
+    """A turn's messages as a model call reads them, with each one's projection and token estimate computed once
+    per worker process (:meth:`project` and :meth:`tokens` for :func:`turnkit._engine.request.build_model_request`
+    and :func:`turnkit._engine.compaction.should_compact`)."""
+
+    def __init__(self, messages: list[MessageRecord], known: Mapping[str, _Derived]) -> None:
+        #: The frozen context plus the turn's own messages, in sequence order (as ``StoreTx.list_messages`` with
+        #: ``through_sequence`` and ``turn_id`` returns them).
+        self.messages = messages
+        #: What the cache derived (the kept conversation's): read only here.
+        self.known = known
+        #: What was derived of messages not kept yet (the cache takes it with them after the commit).
+        self.derived_here: dict[str, _Derived] = {}
+
+    def _derived(self, message: MessageRecord) -> _Derived:
+        found = self.known.get(message.id) or self.derived_here.get(message.id)
+        if found is None:
+            found = self.derived_here[message.id] = _derive(message)
+        return found
+
+    def project(self, message: MessageRecord) -> list[dict[str, Any]]:
+        """:func:`turnkit.prompt.project_message` of ``message``, computed once (callers must not change it)."""
+        return self._derived(message).projected
+
+    def tokens(self, message: MessageRecord) -> int:
+        """:func:`turnkit._engine.compaction.message_tokens` of ``message``, computed once."""
+        return self._derived(message).tokens
+
+
+class Transcripts:
+    """Conversations' transcripts kept in memory by one worker (its model activities' own, so one per store).
+
+    Only committed messages are kept; see the module docstring for why a kept prefix is never stale.
+    """
+
+    def __init__(self, max_chars: int = MAX_KEPT_CHARS) -> None:
+        """Keep at most ``max_chars`` characters of projected text over all conversations."""
+        self.max_chars = max_chars
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        self._chars = 0
+        #: Message rows read from the store so far (benches and tests compare it with what was served).
+        self.rows_read = 0
+
+    def __len__(self) -> int:
+        """How many conversations are kept."""
+        return len(self._kept)
+
+    @property
+    def chars(self) -> int:
+        """The characters of projected text kept, over all conversations."""
+        return self._chars
+
+    def kept_through(self, conversation_id: str) -> int | None:
+        """The sequence through which ``conversation_id`` is kept, or None."""
+        kept = self._kept.get(conversation_id)
+        return None if kept is None else kept.last
+
+    async def read(self, tx: StoreTx, conversation_id: str, *, through_sequence: int, turn_id: str) -> Transcript:
+        """The messages of ``turn_id`` in ``conversation_id`` (those through ``through_sequence`` plus its own), as
+        ``tx.list_messages(conversation_id, through_sequence=..., turn_id=...)`` returns them, reading only what
+        this worker has not kept yet. What was read joins the cache once ``tx`` commits."""
+        kept = self._kept.get(conversation_id)
+        rows: list[MessageRecord] = []
+        if kept is not None:
+            self._kept.move_to_end(conversation_id)
+            # From the last kept message on: it must still be there with the same id (else: read whole).
+            rows = await tx.list_messages(conversation_id, after_sequence=kept.last - 1)
+            if rows and rows[0].sequence == kept.last and rows[0].id == kept.messages[-1].id:
+                rows = rows[1:]
+            else:
+                self._forget(conversation_id)
+                kept = None
+        if kept is None:
+            rows = await tx.list_messages(conversation_id)
+        self.rows_read += len(rows)
+        transcript = Transcript(
+            _view(kept.messages if kept is not None else [], rows, through_sequence, turn_id),
+            kept.derived if kept is not None else {},
+        )
+        if not tx.connection.in_nested_transaction():  # a savepoint's rollback could take back what it read
+            tx.after_commit(lambda: self._keep(conversation_id, kept, rows, transcript))
+        return transcript
+
+    async def _keep(
+        self, conversation_id: str, base: _Kept | None, rows: list[MessageRecord], transcript: Transcript
+    ) -> None:
+        """Keep ``rows``, committed now, read after ``base`` (None: the conversation from its first message on)."""
+        current = self._kept.get(conversation_id)
+        if current is None:
+            if base is not None or not rows:
+                return  # forgotten meanwhile (evicted, or found stale): the next read starts afresh
+            current = self._kept[conversation_id] = _Kept([])
+            fresh = _contiguous(rows, rows[0].sequence - 1)
+        else:
+            # Whatever is kept now (another call may have extended or replaced it meanwhile): continue it.
+            fresh = _contiguous(rows, current.last)
+        self._chars += current.extend(fresh, transcript.derived_here)
+        transcript.known = current.derived  # what the call derives next is found there
+        self._kept.move_to_end(conversation_id)
+        while self._chars > self.max_chars and self._kept:
+            self._forget(next(iter(self._kept)))
+
+    def _forget(self, conversation_id: str) -> None:
+        gone = self._kept.pop(conversation_id, None)
+        if gone is not None:
+            self._chars -= gone.chars
+
+
+def _view(
+    kept: list[MessageRecord], rows: list[MessageRecord], through_sequence: int, turn_id: str
+) -> list[MessageRecord]:
+    """The turn's messages out of the kept prefix and the rows read after it: those through ``through_sequence``
+    (a slice of the kept ones, which are contiguous) and the turn's own after it."""
+    first = kept[0].sequence if kept else 0
+    cut = max(0, min(len(kept), through_sequence - first + 1))
+    view = kept[:cut]
+    view.extend(m for m in kept[cut:] if m.turn_id == turn_id)
+    view.extend(m for m in rows if m.sequence <= through_sequence or m.turn_id == turn_id)
+    return view
