@@ -17,6 +17,7 @@ import turnkit
 from tests.engine import Engine, HeldModel, turn_for_activities
 from tests.request_client import start_client
 from turnkit._activities.model import ModelActivities
+from turnkit._engine.call_ids import provider_call_ids
 from turnkit._engine.client_requests import compaction_message_id
 from turnkit._engine.compaction import (
     DEFAULTS,
@@ -36,8 +37,9 @@ from turnkit.kernel.errors import CompactionError, ConfigError, TransientModelEr
 from turnkit.kernel.payloads import ModelCall
 from turnkit.kernel.records import MessageRecord
 from turnkit.model import ModelRequest, Result
-from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION
+from turnkit.prompt import SUMMARY_PREAMBLE, SUMMARY_QUESTION, drop_unanswered_calls, project_messages
 from turnkit.runtime import TurnKit
+from turnkit.store import Store
 from turnkit.testing import ScriptedClient, call_tools
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -546,3 +548,174 @@ async def test_ask_compact_forces_or_disables_compaction(tk: TurnKit) -> None:
     assert "context_summary" not in [m.kind for m in await kept.messages()]
     with pytest.raises(turnkit.InputError, match="compact must be True, False or None"):
         await kept.ask("go", compact="yes")  # type: ignore[arg-type]
+
+
+# -- the transcript a worker keeps (issue 37 target 4) ---------------------------------------------------------------
+
+_KEEPER = {"context_limit": 500, "reserved_tokens": 0, "threshold": 0.5, "head_messages": 1, "tail_messages": 4}
+
+
+def keeper_agent(name: str = "keeper") -> tuple[turnkit.Agent, ScriptedClient]:
+    """An agent that compacts every few turns; compaction calls get a numbered summary, main calls ``answer N``."""
+    summaries = itertools.count(1)
+    answers = itertools.count(1)
+
+    def answer(request: ModelRequest) -> Result | str:
+        if request.metadata.get("compaction"):
+            return f"## Active Task\nsummary {next(summaries)}"
+        if str(request.messages[-1].get("content")).startswith("use a tool"):
+            return call_tools(("lookup", {"q": "x"}))
+        return f"answer {next(answers)}"
+
+    client = ScriptedClient(answer)
+    return turnkit.Agent(name, model="scripted", client=client, compaction=_KEEPER), client
+
+
+async def seeded_with_calls(tk: TurnKit, agent: turnkit.Agent) -> turnkit.Conversation:
+    """A conversation whose history holds notes, a tool call and its result."""
+    conversation = await tk.conversation(agent)
+    await conversation.say("note: " + "x" * 40)
+    call_part = {"type": "tool_call", "id": "call_1", "name": "lookup", "arguments": {"q": "x"}, "provider_id": "p1"}
+    await tk.store.append_message(conversation.id, role="assistant", kind="tool_call", content=[call_part])
+    result_part = {"type": "tool_result", "tool_call_id": "call_1", "text": '{"answer": "X"}'}
+    await tk.store.append_message(conversation.id, role="tool", kind="tool_result", content=[result_part])
+    return conversation
+
+
+async def sent_from_a_fresh_read(tk: TurnKit, request: ModelRequest) -> list[dict[str, Any]]:
+    """The messages a model request of the turn in ``request.metadata`` sends when built from the store afresh, as
+    before transcripts were kept: every message the turn saw then (those before its response), projected again."""
+    turn = await tk.store.load_turn(request.metadata["turn_id"])
+    async with tk.store.atomic() as tx:
+        response = await tx.find_response(turn.id, request.metadata["request_id"])
+    assert response is not None
+    stored = await tk.store.list_messages(
+        turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
+    )
+    seen = [m for m in stored if m.sequence < response.sequence]
+    return provider_call_ids(drop_unanswered_calls(project_messages(active_messages(seen))))
+
+
+async def ask_directly(tk: TurnKit, activities: ModelActivities, conversation: turnkit.Conversation, text: str) -> None:
+    """One turn of ``text`` in ``conversation``, its model activity run by ``activities`` (a worker's)."""
+    record = await turn_for_activities(tk, conversation, text)
+    call = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id=f"req_{record.id}", iteration=1)
+    step = await ActivityEnvironment(client=tk.client).run(activities.model, call)
+    assert step.outcome == "completed", step
+
+
+async def ask_with_a_tool(
+    tk: TurnKit,
+    workers: tuple[ModelActivities, ModelActivities],
+    conversation: turnkit.Conversation,
+    text: str,
+    *,
+    meanwhile: str,
+) -> None:
+    """A 2-iteration turn of ``text`` (which must start with "use a tool"): its first model call on ``workers[0]``,
+    its tool result appended (as the tool activity does), ``meanwhile`` said in the conversation (after the turn's
+    context: not the turn's), then its second model call on ``workers[1]``."""
+    record = await turn_for_activities(tk, conversation, text)
+    env = ActivityEnvironment(client=tk.client)
+    first = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id=f"req_{record.id}_1", iteration=1)
+    step = await env.run(workers[0].model, first)
+    assert step.outcome == "tools" and len(step.tool_calls) == 1, step
+    part = {"type": "tool_result", "tool_call_id": step.tool_calls[0].id, "text": '{"answer": "looked up"}'}
+    await tk.store.append_message(conversation.id, role="tool", kind="tool_result", content=[part], turn_id=record.id)
+    await conversation.say(meanwhile)
+    second = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id=f"req_{record.id}_2", iteration=2)
+    step = await env.run(workers[1].model, second)
+    assert step.outcome == "completed", step
+
+
+async def test_a_kept_transcript_sends_what_a_fresh_read_would(engine: Engine) -> None:
+    """Over a long conversation with a tool call in its history and automatic compactions every few turns, each
+    model request a worker sends from its kept transcript equals the one built from a fresh read of the store, warm
+    or cold (every fifth turn on a new worker); and a warm call reads only the few messages appended since."""
+    tk = engine.tk
+    agent, client = keeper_agent()
+    conversation = await seeded_with_calls(tk, agent)
+    warm = ModelActivities(tk.store)
+    warm_reads: list[int] = []
+    for i in range(40):
+        worker = warm if i % 5 else ModelActivities(tk.store)
+        before = warm.transcripts.rows_read
+        await ask_directly(tk, worker, conversation, f"question {i}")
+        if worker is warm and i % 5 != 1:  # right after a cold turn, the warm one also reads that turn's messages
+            warm_reads.append(warm.transcripts.rows_read - before)
+
+    stored = await conversation.messages()
+    assert len([m for m in stored if m.kind == "context_summary"]) >= 4, "the policy must compact several times"
+    main = [r for r in client.requests if not r.metadata.get("compaction")]
+    assert len(main) == 40
+    for request in main:
+        assert request.messages == await sent_from_a_fresh_read(tk, request), request.metadata
+    # After a compaction the request shows the summary in place of the middle, from the kept transcript too.
+    assert SUMMARY_QUESTION in contents(main[-1]) and len(main[-1].messages) < len(stored) / 3
+    # A warm call read the last kept message again, the previous answer (and summary) and its question: never more.
+    assert warm_reads and max(warm_reads) <= 4, warm_reads
+    # It keeps what its last call read: through that turn's question (its summary and answer came after).
+    assert warm.transcripts.kept_through(conversation.id) == next(m.sequence for m in stored if m.text == "question 39")
+
+
+async def test_a_kept_transcript_is_never_stale(engine: Engine) -> None:
+    """A worker's kept transcript never hides what another wrote: turns served by a second worker on its own store
+    handle, and messages the application said meanwhile, are in the next request; messages a transaction read but
+    rolled back are never kept; and a kept prefix that no longer matches the store is dropped and read whole."""
+    tk = engine.tk
+    agent, client = keeper_agent("keeper_two")
+    conversation = await seeded_with_calls(tk, agent)
+    other_store = await Store.open(engine.database_url)  # a second worker process's own store
+    try:
+        first, second = ModelActivities(tk.store), ModelActivities(other_store)
+        for i in range(12):
+            await ask_directly(tk, first if i % 3 else second, conversation, f"question {i}")
+            if i % 4 == 3:
+                await conversation.say(f"aside {i}")
+        # A turn's second call shows its own tool result, kept or not, and not what was said after its context.
+        await ask_with_a_tool(tk, (first, first), conversation, "use a tool, 1", meanwhile="not for turn 1")
+        await ask_with_a_tool(tk, (first, second), conversation, "use a tool, 2", meanwhile="not for turn 2")
+    finally:
+        await other_store.close()
+    main = [r for r in client.requests if not r.metadata.get("compaction")]
+    assert len(main) == 16
+    for request in main:
+        assert request.messages == await sent_from_a_fresh_read(tk, request), request.metadata
+    # Turn 3 ran on the second worker; turn 4, on the first, shows its answer and the aside said after it.
+    assert [contents(main[4])[-3:]] == [["answer 4", "aside 3", "question 4"]]
+    for second_call, said in ((main[13], "not for turn 1"), (main[15], "not for turn 2")):
+        shown = contents(second_call)
+        assert shown[-1] == '{"answer": "looked up"}' and said not in shown
+    assert "not for turn 1" in contents(main[14])  # the next turn's context holds it
+
+    # A read inside a transaction that rolls back keeps nothing, not even the rows that were committed.
+    transcripts = first.transcripts
+    kept = transcripts.kept_through(conversation.id)
+    assert kept is not None
+
+    class TakenBack(Exception):
+        pass
+
+    with pytest.raises(TakenBack):
+        async with tk.store.atomic(conversation_id=conversation.id) as tx:
+            await tx.append_message(conversation.id, role="user", text="taken back")
+            read = await transcripts.read(tx, conversation.id, through_sequence=10**9, turn_id="turn_none")
+            assert read.messages[-1].text == "taken back"
+            raise TakenBack
+    assert transcripts.kept_through(conversation.id) == kept
+    await conversation.say("said after")
+    async with tk.store.atomic() as tx:
+        read = await transcripts.read(tx, conversation.id, through_sequence=10**9, turn_id="turn_none")
+    assert "taken back" not in [m.text for m in read.messages] and read.messages[-1].text == "said after"
+    assert transcripts.kept_through(conversation.id) == read.messages[-1].sequence
+
+    # A kept prefix whose last message is not the store's (a database replaced under the worker) is read whole.
+    entry = transcripts._kept[conversation.id]  # pyright: ignore[reportPrivateUsage]
+    entry.messages[-1] = entry.messages[-1].model_copy(update={"id": "message_elsewhere"})
+    before = transcripts.rows_read
+    async with tk.store.atomic() as tx:
+        read = await transcripts.read(tx, conversation.id, through_sequence=10**9, turn_id="turn_none")
+    stored = await conversation.messages()
+    assert [m.id for m in read.messages] == [m.id for m in stored]
+    assert transcripts.rows_read - before == len(stored)  # the whole conversation, read again
+    assert transcripts.kept_through(conversation.id) == stored[-1].sequence

