@@ -613,8 +613,9 @@ async def ask_with_a_tool(
     meanwhile: str,
 ) -> None:
     """A 2-iteration turn of ``text`` (which must start with "use a tool"): its first model call on ``workers[0]``,
-    its tool result appended (as the tool activity does), ``meanwhile`` said in the conversation (after the turn's
-    context: not the turn's), then its second model call on ``workers[1]``."""
+    its tool result appended (as the tool activity does), then a whole turn of ``meanwhile`` on ``workers[1]``
+    (after the first turn's context: not its own), then the first turn's second model call on ``workers[1]``, whose
+    kept transcript now reaches past that turn's context."""
     record = await turn_for_activities(tk, conversation, text)
     env = ActivityEnvironment(client=tk.client)
     first = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id=f"req_{record.id}_1", iteration=1)
@@ -622,7 +623,7 @@ async def ask_with_a_tool(
     assert step.outcome == "tools" and len(step.tool_calls) == 1, step
     part = {"type": "tool_result", "tool_call_id": step.tool_calls[0].id, "text": '{"answer": "looked up"}'}
     await tk.store.append_message(conversation.id, role="tool", kind="tool_result", content=[part], turn_id=record.id)
-    await conversation.say(meanwhile)
+    await ask_directly(tk, workers[1], conversation, meanwhile)
     second = ModelCall(turn_id=record.id, root_turn_id=record.id, request_id=f"req_{record.id}_2", iteration=2)
     step = await env.run(workers[1].model, second)
     assert step.outcome == "completed", step
@@ -678,15 +679,16 @@ async def test_a_kept_transcript_is_never_stale(engine: Engine) -> None:
     finally:
         await other_store.close()
     main = [r for r in client.requests if not r.metadata.get("compaction")]
-    assert len(main) == 16
+    assert len(main) == 18
     for request in main:
         assert request.messages == await sent_from_a_fresh_read(tk, request), request.metadata
     # Turn 3 ran on the second worker; turn 4, on the first, shows its answer and the aside said after it.
     assert [contents(main[4])[-3:]] == [["answer 4", "aside 3", "question 4"]]
-    for second_call, said in ((main[13], "not for turn 1"), (main[15], "not for turn 2")):
+    for second_call, said in ((main[14], "not for turn 1"), (main[17], "not for turn 2")):
         shown = contents(second_call)
         assert shown[-1] == '{"answer": "looked up"}' and said not in shown
-    assert "not for turn 1" in contents(main[14])  # the next turn's context holds it
+        assert shown[-3].startswith("use a tool")  # its question, then its call and its result
+    assert contents(main[13])[-1] == "not for turn 1"  # the turn in between saw the first one's call and result
 
     # A read inside a transaction that rolls back keeps nothing, not even the rows that were committed.
     transcripts = first.transcripts
