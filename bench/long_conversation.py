@@ -74,11 +74,9 @@ class Calls:
 
 def instrument(calls: Calls) -> None:
     """Time the model activity's reserve, compaction check and request build; count the message rows it reads."""
-    reserve, compact, build = (
-        ModelActivities._reserve,
-        ModelActivities._auto_compact,
-        model_activity.build_model_request,
-    )  # pyright: ignore[reportPrivateUsage]
+    reserve = ModelActivities._reserve  # pyright: ignore[reportPrivateUsage]
+    compact = ModelActivities._auto_compact  # pyright: ignore[reportPrivateUsage]
+    build = model_activity.build_model_request
     list_messages = StoreTx.list_messages
 
     def task_key() -> int:
@@ -209,9 +207,10 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await env.shutdown()
     load_end = os.getloadavg()
+    build = args.label or f"git {_git('rev-parse', '--short', 'HEAD')}"
     print(
-        f"TurnKit long conversation · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · git {_git('rev-parse', '--short', 'HEAD')}"
-        f" · {platform.system()} {platform.machine()}, {os.cpu_count()} cores · Python {platform.python_version()}"
+        f"TurnKit long conversation · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · {build} · {platform.system()} "
+        f"{platform.machine()}, {os.cpu_count()} cores · Python {platform.python_version()}"
     )
     print(f"load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}")
     report(run, calls)
@@ -222,6 +221,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, default=1000, help="turns in the conversation (default 1000)")
     parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database to use instead of SQLite")
+    parser.add_argument("--label", help="what to call the build in the report (default: its git commit)")
     args = parser.parse_args(argv)
     if args.turns < EARLY[1] + LATE:
         parser.error(f"--turns must be at least {EARLY[1] + LATE}")
