@@ -291,6 +291,10 @@ class Client(Protocol):
     Implementations translate a :class:`ModelRequest` into a provider call and the provider's answer into a
     :class:`Result`. They must never execute tools. Provider failures should be raised as
     :class:`turnkit.kernel.errors.ModelError` so they fail the turn instead of crashing the worker.
+
+    A request is read-only: what its messages hold (content parts, tool calls, provider parts) is shared with the
+    worker's kept transcript, which the conversation's next calls send again. Build new lists and dicts instead of
+    changing those in place.
     """
 
     async def chat(self, request: ModelRequest) -> Result:
