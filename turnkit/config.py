@@ -136,8 +136,13 @@ class Settings:
 
     direct_first_turns: bool = True
     """``ask`` starts a fresh conversation's first turn itself, without the conversation's lane (one workflow start
-    instead of the lane's start, update and workflow task; :mod:`turnkit._engine.first_turn`). False: every turn goes
-    through the lane."""
+    instead of the lane's start, update and workflow task; :mod:`turnkit._engine.direct_turn`). False: every turn goes
+    through the lane (``direct_idle_turns`` too)."""
+
+    direct_idle_turns: bool = True
+    """With ``direct_first_turns``: ``ask`` also starts a conversation's next turn itself when none of its turns is
+    unfinished (the previous one has ended and nothing is queued), so a conversation that goes on costs what a fresh
+    one does. False: only a fresh conversation's first turn skips the lane."""
 
     compaction: bool | dict[str, Any] = True
     """Context compaction (behaviour §3.10): True (the defaults), False (disabled) or a mapping of options from

@@ -28,7 +28,7 @@ from turnkit._engine.client_requests import request_cancel, request_compaction
 from turnkit._engine.control_writes import write_control
 from turnkit._engine.controls import apply_pause, apply_resume, apply_steer, controls_of
 from turnkit._engine.deliveries import create_delivery, signal_delivery
-from turnkit._engine.first_turn import can_start_directly, write_first_turn
+from turnkit._engine.direct_turn import can_start_directly, write_direct_turn
 from turnkit._engine.ids import new_id
 from turnkit._engine.lane_submit import resubmit, until_started
 from turnkit._engine.prepared import SUBMITTABLE, preview_request
@@ -211,7 +211,7 @@ class Conversation:
         if callbacks is not None:
             register_turn_callback(request.turn_id, callbacks)  # before the turn exists: its first event is caught
         try:
-            if not await self._start_first_turn(request):
+            if not await self._start_direct_turn(request):
                 await self._submit(await self._staged(request))
         except BaseException:
             unregister_turn_callback(request.turn_id)
@@ -309,14 +309,15 @@ class Conversation:
         if compact is not None and not isinstance(compact, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise errors.InputError(f"compact must be True, False or None, not {compact!r}")
 
-    async def _start_first_turn(self, request: SubmitTurn) -> bool:
-        """Run ``request`` as the conversation's first turn without its lane (:mod:`turnkit._engine.first_turn`); False,
-        with nothing written, when it is not the first (or may not skip the lane): then the lane queues it."""
+    async def _start_direct_turn(self, request: SubmitTurn) -> bool:
+        """Run ``request`` without the conversation's lane when there is nothing to order (its first turn, or the
+        next of an idle conversation: :mod:`turnkit._engine.direct_turn`); False, with nothing written, when a turn
+        of it is unfinished (or it may not skip the lane): then the lane queues it."""
         if not can_start_directly(request):
             return False
 
         async def write() -> TurnInput | None:
-            return await write_first_turn(self._tk.store, request, self.agent_name, task_queue=self._tk.task_queue)
+            return await write_direct_turn(self._tk.store, request, self.agent_name, task_queue=self._tk.task_queue)
 
         # A database blink is waited out, as for a staged input (idempotent by the turn id).
         turn = await patiently(write, what="accept the turn's input", window=STAGE_RETRY_WINDOW)

@@ -65,6 +65,7 @@ class Spec:
     local_model: bool = False  # each model call's first attempt as a local activity (OpenAI's use_local_activity)
     reference: bool = False  # a floor to read the others against (bare Temporal), in no ratio
     source: str | None = None  # TurnKit: another source tree to serve it from (``--baseline-tree``), in no peer ratio
+    next_turn: bool = False  # TurnKit: each turn the next one of an idle conversation (its first turn is behind it)
 
 
 #: The same activities in a bare Temporal workflow (``bare_app.py``): what the SDK and the dev server cost for the
@@ -136,6 +137,8 @@ async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
         command += ["--local-tool"]
     if spec.local_model:
         command += ["--local-model"]
+    if spec.next_turn:
+        command += ["--next-turn"]
     command += [spec.system, "--", *flags]  # options before the positionals: argparse takes no option after them
     log = logdir / f"{spec.key}.log"
     with log.open("wb") as stderr:
@@ -337,6 +340,26 @@ def baseline_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[s
     return lines
 
 
+def next_turn_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
+    """Each TurnKit column's next turn of an idle conversation against its fresh conversation's first turn: latency,
+    throughput and CPU per turn (process + server), next ÷ first, medians of the rounds (target: latency and CPU at
+    most 1.1x)."""
+    pairs = [(s, n) for s in specs if s.system == "turnkit" for n in specs if n.key == f"{s.key}_next"]
+    header = ["K", *(f"{n.title}: latency / throughput / CPU ÷ first turn" for _, n in pairs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for k in args.k:
+        row = [str(k)]
+        for first, later in pairs:
+            a, b = per_spec[later.key][k], per_spec[first.key][k]
+            latency = statistics.median(a.latency) / statistics.median(b.latency)
+            throughput = statistics.median(a.throughput) / statistics.median(b.throughput)
+            cpu_a = statistics.median(a.cpu) + statistics.median(a.server_cpu)
+            cpu_b = statistics.median(b.cpu) + statistics.median(b.server_cpu)
+            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu_a / cpu_b:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def cpu_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     """CPU per turn during the bursts: the system's process (client and worker) + its dev server = total."""
     lines = ["| K | " + " | ".join(s.title for s in specs) + " |", "|" + "---|" * (len(specs) + 1)]
@@ -407,6 +430,15 @@ def report(
             "",
             *cpu_table(args, specs, results[setting]),
         ]
+        if any(s.next_turn for s in specs):
+            out += [
+                "",
+                f"TurnKit's next turn of an idle conversation (one turn behind it) against a fresh conversation's "
+                f"first turn, {SETTING_TITLES[setting].lower()}: next ÷ first, medians of the rounds (target: latency "
+                "≤ 1.1x).",
+                "",
+                *next_turn_table(args, specs, results[setting]),
+            ]
         if any(s.source for s in specs):
             out += [
                 "",
@@ -482,6 +514,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "use_local_activity), or both (activity,local); default activity, the workload of issue 9",
     )
     parser.add_argument(
+        "--turn-kinds",
+        type=lambda t: [s for s in t.split(",") if s],
+        default=["first", "next"],
+        help="TurnKit's turn as a fresh conversation's first, as the next turn of an idle one, or both (first,next)",
+    )
+    parser.add_argument(
         "--postgres-url",
         default=os.environ.get("TURNKIT_BENCH_POSTGRES_URL"),
         help="also run TurnKit on this PostgreSQL database, which it writes to (default $TURNKIT_BENCH_POSTGRES_URL)",
@@ -510,6 +548,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         kinds = [k for k in given if k not in ("activity", "local")]
         if kinds:
             parser.error(f"unknown {option} {kinds}; choose from activity, local")
+    if [k for k in args.turn_kinds if k not in ("first", "next")]:
+        parser.error(f"unknown --turn-kinds {args.turn_kinds}; choose from first, next")
     args.baseline_commit = None
     if args.baseline_tree:
         args.baseline_tree = str(Path(args.baseline_tree).resolve())
@@ -543,18 +583,25 @@ def specs_for(args: argparse.Namespace) -> list[Spec]:
                 local_model = model_kind == "local"
                 for kind in args.tool_kinds:
                     local = kind == "local"
-                    variant = f"{', local model' if local_model else ''}{', local tool' if local else ''}"
-                    specs.append(
-                        Spec(
-                            f"turnkit_{key}{'_local_model' if local_model else ''}{'_local' if local else ''}",
-                            "turnkit",
-                            f"TurnKit ({title}{variant})",
-                            peer=False,
-                            database_url=url,
-                            local_tool=local,
-                            local_model=local_model,
+                    for turn_kind in args.turn_kinds:
+                        next_turn = turn_kind == "next"
+                        variant = (
+                            f"{', local model' if local_model else ''}{', local tool' if local else ''}"
+                            f"{', next turn' if next_turn else ''}"
                         )
-                    )
+                        key_of = f"turnkit_{key}{'_local_model' if local_model else ''}{'_local' if local else ''}"
+                        specs.append(
+                            Spec(
+                                f"{key_of}{'_next' if next_turn else ''}",
+                                "turnkit",
+                                f"TurnKit ({title}{variant})",
+                                peer=False,
+                                database_url=url,
+                                local_tool=local,
+                                local_model=local_model,
+                                next_turn=next_turn,
+                            )
+                        )
     return _with_baseline(specs, args.baseline_tree)
 
 

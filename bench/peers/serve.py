@@ -93,7 +93,16 @@ def temporal_cli() -> str:
     return found
 
 
+async def _prime(system: System, k: int, turns: int) -> None:
+    """Before timing: a system that runs each turn as the next turn of an existing conversation (TurnKit's
+    ``next_turn``) readies that many conversations, each with one turn behind it."""
+    prime = getattr(system, "prime", None)
+    if prime is not None:
+        await prime(k, turns)
+
+
 async def sequential(system: System, k: int, turns: int, warmup: int) -> dict[str, Any]:
+    await _prime(system, k, 1)
     for _ in range(warmup):
         await system.turn(k)
     times: list[float] = []
@@ -125,6 +134,7 @@ async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
         await system.turn(k)
         return time.perf_counter() - start
 
+    await _prime(system, k, turns)
     cpu, server = time.process_time(), server_cpu()
     start = time.perf_counter()
     times = await asyncio.gather(*(timed() for _ in range(turns)))
@@ -306,6 +316,9 @@ def main() -> None:
     parser.add_argument(
         "--local-model", action="store_true", help="each model call's first attempt as a local activity"
     )
+    parser.add_argument(
+        "--next-turn", action="store_true", help="TurnKit: each turn the next one of an idle conversation"
+    )
     parser.add_argument("server_flags", nargs="*", help="extra flags for `temporal server start-dev`, after --")
     args = parser.parse_args()
     options: dict[str, Any] = {"database_url": args.database_url} if args.database_url else {}
@@ -313,6 +326,8 @@ def main() -> None:
         options["local_tool"] = True
     if args.local_model:
         options["local_model"] = True
+    if args.next_turn:
+        options["next_turn"] = True
     # The protocol owns the original stdout; everything else printed in this process goes to stderr.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -5,11 +5,14 @@ fresh conversation, as a peer runs each turn as a fresh workflow. The model is T
 the ``turnkit.model`` activity) with a function that follows :mod:`bench.peers.workload`; the tool is replay-safe,
 so it runs as an activity, or, with ``local_tool``, declared ``@tool(local=True)``: a local activity inside the
 turn's workflow task (a separate agent, ``bench_peers_local``, so both can be registered in one process). With
-``local_model`` each model call's first attempt is a local activity too (``settings.model_local_activity``).
+``local_model`` each model call's first attempt is a local activity too (``settings.model_local_activity``). With
+``next_turn`` each turn is instead the next turn of a conversation that has one turn behind it and is idle (what a
+chat's second message costs): :meth:`System.prime` readies those conversations before the timing starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import uuid
 from pathlib import Path
@@ -98,9 +101,17 @@ class System:
     client: Client
 
     def __init__(
-        self, database_url: str | None = None, local_tool: bool = False, sandbox: bool = True, local_model: bool = False
+        self,
+        database_url: str | None = None,
+        local_tool: bool = False,
+        sandbox: bool = True,
+        local_model: bool = False,
+        next_turn: bool = False,
     ) -> None:
         self.sandbox = sandbox
+        self.next_turn = next_turn
+        #: With ``next_turn``: conversations with turns behind them and none running, ready for their next.
+        self._idle: list[turnkit.Conversation] = []
         if local_model:  # read by ask, which creates each turn (this process's setting)
             turnkit.configure(model_local_activity=True)
         self.agent = LOCAL_AGENT if local_tool else AGENT
@@ -123,16 +134,40 @@ class System:
         assert self._store is not None
         return self._store
 
-    async def turn(self, k: int) -> list[str]:
+    async def prime(self, k: int, turns: int) -> None:
+        """With ``next_turn``: have at least ``turns`` idle conversations, each with a K-iteration turn behind it."""
+        if not self.next_turn:
+            return
         assert self._tk is not None
-        conversation = await self._tk.conversation(self.agent)
+        tk = self._tk
+
+        async def one() -> turnkit.Conversation:
+            conversation = await tk.conversation(self.agent)
+            await self._ask(conversation, k)
+            return conversation
+
+        self._idle += await asyncio.gather(*(one() for _ in range(turns - len(self._idle))))
+
+    async def _ask(self, conversation: turnkit.Conversation, k: int) -> turnkit.Turn:
         turn = await conversation.ask(workload.prompt(k))
         if turn.status != "completed":
             raise RuntimeError(f"turn {turn.id} ended {turn.status}: {turn.error}")
         workload.check(k, turn.output_text)
-        if settings.direct_first_turns:  # a fresh conversation's first turn runs without its lane
+        return turn
+
+    async def turn(self, k: int) -> list[str]:
+        assert self._tk is not None
+        if self.next_turn and self._idle:
+            conversation = self._idle.pop()
+        else:
+            conversation = await self._tk.conversation(self.agent)
+        turn = await self._ask(conversation, k)
+        if self.next_turn:
+            self._idle.append(conversation)
+        # A fresh conversation's first turn, and an idle one's next, run without its lane.
+        if settings.direct_first_turns and (not self.next_turn or settings.direct_idle_turns):
             return [turn.id]
-        return [conversation.id, turn.id]  # the lane workflow (this conversation's only turn) and the turn workflow
+        return [conversation.id, turn.id]  # the lane workflow and the turn workflow
 
     async def conversation_turns(self, k: int, turns: int) -> list[list[tuple[str, int, int | None]]]:
         """``turns`` K-iteration turns one after another in one conversation (for :mod:`bench.actions`).

@@ -36,7 +36,7 @@ async def create_turn(
         ToolError: A ``wait_for`` target is not allowed (the transaction rolls back the message and the turn).
 
     ``found_absent``: the caller looked for ``request.turn_id`` in this transaction and found none (one read fewer).
-    ``direct``: ``ask`` starts it without the lane (:mod:`turnkit._engine.first_turn`). ``task_queue``: where a
+    ``direct``: ``ask`` starts it without the lane (:mod:`turnkit._engine.direct_turn`). ``task_queue``: where a
     submitted turn runs (its workers run it again if the submission is lost, :mod:`turnkit._engine.lost_submits`).
     """
     message = await tx.append_message(

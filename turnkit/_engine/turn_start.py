@@ -1,5 +1,5 @@
 """Starting a root turn's workflow (workflow id = turn id): one way, for the lane's ``turnkit.start_turn`` activity
-and for ``ask``'s direct first turn (:mod:`turnkit._engine.first_turn`)."""
+and for ``ask``'s direct turns (:mod:`turnkit._engine.direct_turn`)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from turnkit.kernel.records import ACTIVE_TURN_STATUSES
+from turnkit.kernel.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -346,6 +346,22 @@ UNSTARTED_TURNS: Final = (
 TURN_OR_ANY_OF_CONVERSATION: Final = (
     whole_rows(TurnRow)
     .where(or_(TURNS.c.uid == bindparam("uid"), TURNS.c.conversation_uid == bindparam("conversation_uid")))
+    .order_by(case((TURNS.c.uid == bindparam("uid"), 0), else_=1))
+    .limit(1)
+)
+#: The turn ``uid`` if it exists, else an unfinished turn of the conversation ``conversation_uid``, else no row: an
+#: idle conversation's next turn asks both in one statement (``StoreTx.find_turn_or_any``).
+TURN_OR_UNFINISHED_OF_CONVERSATION: Final = (
+    whole_rows(TurnRow)
+    .where(
+        or_(
+            TURNS.c.uid == bindparam("uid"),
+            and_(
+                TURNS.c.conversation_uid == bindparam("conversation_uid"),
+                TURNS.c.status.not_in(TERMINAL_TURN_STATUSES),
+            ),
+        )
+    )
     .order_by(case((TURNS.c.uid == bindparam("uid"), 0), else_=1))
     .limit(1)
 )

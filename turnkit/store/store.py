@@ -989,10 +989,14 @@ class StoreTx:
             raise RecordNotFound(f"turn not found: {turn_id}")
         return turn
 
-    async def find_turn_or_any(self, turn_id: str, conversation_id: str) -> tuple[TurnRecord | None, bool]:
-        """``(the turn, True)`` if it exists; else ``(None, whether the conversation has any turn)``: a fresh
-        conversation's first turn asks both in one statement (:mod:`turnkit._engine.first_turn`)."""
-        row = await self._read_one(sql.TURN_OR_ANY_OF_CONVERSATION, uid=turn_id, conversation_uid=conversation_id)
+    async def find_turn_or_any(
+        self, turn_id: str, conversation_id: str, *, unfinished: bool = False
+    ) -> tuple[TurnRecord | None, bool]:
+        """``(the turn, True)`` if it exists; else ``(None, whether the conversation has any turn)``, or with
+        ``unfinished`` ``(None, whether it has a turn that is not terminal)``: a turn that may skip the lane asks
+        both in one statement (:mod:`turnkit._engine.direct_turn`)."""
+        statement = sql.TURN_OR_UNFINISHED_OF_CONVERSATION if unfinished else sql.TURN_OR_ANY_OF_CONVERSATION
+        row = await self._read_one(statement, uid=turn_id, conversation_uid=conversation_id)
         if row is None:
             return None, False
         if row.uid != turn_id:

@@ -1,9 +1,10 @@
-"""A fresh conversation's first turn runs without the conversation's lane (issue 9, :mod:`turnkit._engine.first_turn`).
+"""A turn runs without the conversation's lane when there is nothing to order: a fresh conversation's first (issue
+9), or the next turn of an idle conversation (issue 37 target 3; :mod:`turnkit._engine.direct_turn`).
 
-What must hold: ``ask`` starts the first turn itself (no lane workflow, no staged input); any later turn, a delivery
-or a concurrent first ``ask`` goes through the lane, which runs the direct turn first and follows it to its end, so
-a conversation never has two active turns; a direct turn whose client died between its commit and its start is
-started by the lane.
+What must hold: ``ask`` starts such a turn itself (no lane workflow, no staged input); a turn asked while another
+is unfinished, a delivery or a concurrent ``ask`` goes through the lane, which runs the direct turn first and
+follows it to its end, so a conversation never has two active turns; a direct turn whose client died between its
+commit and its start is started by the lane.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sqlalchemy import text
 import turnkit
 from tests.engine import busy_agent, eventually, lane_exists
 from turnkit._engine import dispatch, turn_build
-from turnkit._engine.first_turn import write_first_turn
+from turnkit._engine.direct_turn import write_direct_turn
 from turnkit._engine.ids import new_id
 from turnkit._workflows.lane import ConversationWorkflow
 from turnkit.config import configure, settings
@@ -46,8 +47,10 @@ def _one_after_the_other(first: TurnRecord, second: TurnRecord) -> None:
 
 async def test_a_fresh_conversations_first_turn_runs_without_a_lane(tk: TurnKit) -> None:
     """Issue 9: the first ``ask`` writes the message and the turn (marked direct, no staged input) and starts the
-    turn's workflow itself; no lane workflow exists. The second ``ask`` goes through the lane."""
-    conversation = await tk.conversation(turnkit.Agent("direct", model="scripted", client=ScriptedClient(["a", "b"])))
+    turn's workflow itself; no lane workflow exists. Issue 37 target 3: so does the second, asked after the first
+    ended; with ``direct_idle_turns=False`` the third goes through the lane."""
+    agent = turnkit.Agent("direct", model="scripted", client=ScriptedClient(["a", "b", "c"]))
+    conversation = await tk.conversation(agent)
     first = await conversation.ask("one")
     assert first.status == "completed" and first.output_text == "a"
     assert await _direct(tk, first.id)
@@ -56,9 +59,49 @@ async def test_a_fresh_conversations_first_turn_runs_without_a_lane(tk: TurnKit)
         with pytest.raises(RecordNotFound):  # the content went straight into the message
             await tx.load_staged_input(first.record.options.trigger_message_id or "")
     second = await conversation.ask("two")
-    assert second.output_text == "b" and not await _direct(tk, second.id)
+    assert second.output_text == "b" and await _direct(tk, second.id)
+    assert second.record.context_message_sequence == 3  # it sees the first turn's messages and its own
+    assert not await lane_exists(tk, conversation.id)
+    configure(direct_idle_turns=False)
+    third = await conversation.ask("three")
+    assert third.output_text == "c" and not await _direct(tk, third.id)
     assert await lane_exists(tk, conversation.id)
-    assert [m.text for m in await conversation.messages()] == ["one", "a", "two", "b"]
+    assert [m.text for m in await conversation.messages()] == ["one", "a", "two", "b", "three", "c"]
+
+
+async def test_an_idle_conversations_next_turn_skips_the_lane_that_ran_its_earlier_ones(tk: TurnKit) -> None:
+    """Issue 37 target 3: a conversation alternates direct and lane turns and never has two active. A turn asked
+    while the direct first one runs goes through the lane; once both ended, the next ``ask`` is direct again, and
+    the lane, which ran a turn before, follows that direct turn before it runs one more asked meanwhile."""
+    release, agent = busy_agent("direct-idle")
+    conversation = await tk.conversation(agent)
+    busy = await conversation.ask("busy", wait=False)
+    await eventually(lambda: _in_tool(conversation), what="the direct turn's tool call")
+    after = await conversation.ask("after", wait=False)
+    release.set()
+    assert (await after.result(timeout=30)).output_text == "answered after"
+    release.clear()
+
+    again = await conversation.ask("busy", wait=False)
+
+    async def in_second_tool() -> bool:
+        return [m.kind for m in await conversation.messages()].count("tool_call") == 2
+
+    await eventually(in_second_tool, what="the idle conversation's direct turn in its tool")
+    last = await conversation.ask("last", wait=False)
+    lane = tk.client.get_workflow_handle(conversation.id)
+
+    async def lane_follows_again() -> bool:
+        status = await lane.query(ConversationWorkflow.status)
+        return status.active_turn_id == again.id and status.queued_turn_ids == [last.id]
+
+    await eventually(lane_follows_again, what="the lane running the direct turn first")
+    assert (await last.refresh()).status == "pending"
+    release.set()
+    done = await last.result(timeout=30)
+    assert done.output_text == "answered last"
+    _one_after_the_other((await again.result(timeout=30)).record, done.record)
+    assert [await _direct(tk, t.id) for t in (busy, after, again, last)] == [True, False, True, False]
 
 
 async def test_a_turn_asked_while_the_direct_first_turn_runs_waits_for_it(tk: TurnKit) -> None:
@@ -122,7 +165,7 @@ async def test_a_direct_turn_whose_client_died_before_its_start_is_started_by_th
     request = SubmitTurn(
         conversation_id=conversation.id, turn_id=new_id("turn"), message_id=new_id("message"), text="one"
     )
-    assert await write_first_turn(tk.store, request, conversation.agent_name) is not None  # and no start
+    assert await write_direct_turn(tk.store, request, conversation.agent_name) is not None  # and no start
     second = await conversation.ask("two")
     orphan = await tk.store.load_turn(request.turn_id)
     assert orphan.status == "completed" and orphan.output_text == "a"
