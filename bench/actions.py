@@ -186,9 +186,9 @@ def server_actions(port: int, namespace: str = "default") -> Counter[str]:
 
 # --- the driver -----------------------------------------------------------------------------------------------------
 
-#: TurnKit's turns per K in one conversation: the first (no lane), the second (starts the lane), the third (the lane
-#: already running: what every later turn costs).
-TURNKIT_TURNS = ("first turn", "2nd turn (starts the lane)", "later turn")
+#: TurnKit's turns per K in one conversation, each asked once the one before has ended: the first, the second and a
+#: later one (an idle conversation's turns run without its lane; a turn asked while another runs takes the lane).
+TURNKIT_TURNS = ("first turn", "2nd turn", "later turn")
 
 
 async def measure(ks: list[int], systems: list[str], logdir: Path) -> dict[str, dict[str, Any]]:
