@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from turnkit._activities.store_retry import retry_store
 from turnkit.store import Store, idle_ping
 from turnkit.store.errors import (
     deterministic_store_error,
@@ -373,3 +374,43 @@ async def test_a_constraint_sqlite_enforces_on_the_direct_path_is_deterministic(
         event.remove(store.inline.engine, "before_cursor_execute", on_statement)
     assert ran_on_sqlite3 == [False, True]
     assert (await store.load_conversation(conversation.id)).id == conversation.id
+
+
+async def test_a_server_out_of_connections_is_transient_and_waited_out(postgres_url: str) -> None:
+    """A PostgreSQL server that refuses a connection because it has too many (SQLSTATE 53300, what several worker
+    processes with TurnKit's default pools meet at ``max_connections``) is away, not wrong: ``retry_store`` waits it
+    out, so a model answer in hand is written once the server has a connection free instead of being asked again.
+    Here the store's role may hold one connection, and a holder takes it for a moment."""
+    role = f"turnkit_limited_{uuid.uuid4().hex[:8]}"
+    admin = create_async_engine(postgres_url)
+    async with admin.connect() as conn:
+        await conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"))
+        await conn.commit()
+    limited = make_url(postgres_url).set(username=role).render_as_string(hide_password=False)
+    holder = create_async_engine(limited)
+    store = await Store.open(limited, migrate=False)
+    try:
+        async with holder.connect() as held:
+            await held.execute(text("SELECT 1"))
+            with pytest.raises(DBAPIError) as refused:
+                await _one_read(store)
+            assert transient_store_error(refused.value), refused.value
+            assert "53300" in unavailable_message(refused.value), unavailable_message(refused.value)
+
+            waiting = asyncio.create_task(retry_store(lambda: _one_read(store), what="test"))
+            await asyncio.sleep(0.3)  # the fault lasts this long: the retry must still be waiting, not failed
+            assert not waiting.done()
+        await holder.dispose()
+        await asyncio.wait_for(waiting, 30)
+    finally:
+        await store.close()
+        await holder.dispose()
+        async with admin.connect() as conn:
+            await conn.execute(text(f"DROP ROLE IF EXISTS {role}"))
+            await conn.commit()
+        await admin.dispose()
+
+
+async def _one_read(store: Store) -> None:
+    async with store.reads() as tx:
+        await tx.connection.execute(text("SELECT 1"))

@@ -129,8 +129,10 @@ def unavailable_message(err: BaseException) -> str:
 
 
 # PostgreSQL SQLSTATEs that mean "try again": connection exceptions (class 08), the server shutting down or
-# starting (57P01..57P03), and the concurrency failures a retry resolves (40001, 40P01).
-_TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "40001", "40P01")
+# starting (57P01..57P03), the concurrency failures a retry resolves (40001, 40P01), and a server out of connections
+# (53300: several processes whose pools together ask more than max_connections; one frees up soon). A paid model
+# answer whose write met one of these is written once the server is back, not asked for again.
+_TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "40001", "40P01", "53300")
 _TRANSIENT_NAMES = frozenset(
     {
         "ConnectionDoesNotExistError",
@@ -141,6 +143,7 @@ _TRANSIENT_NAMES = frozenset(
         "AdminShutdownError",
         "CrashShutdownError",
         "DisconnectionError",
+        "TooManyConnectionsError",
     }
 )
 _SQLITE_BUSY = ("database is locked", "database is busy", "database table is locked")
@@ -150,8 +153,9 @@ def transient_store_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or anything it wraps) says the database was unreachable or busy, not that the data was bad.
 
     Transient: refused/reset connections and other ``OSError``s, asyncpg connection and shutdown errors, SQLAlchemy
-    errors on an invalidated connection or a pool timeout, PostgreSQL connection/shutdown SQLSTATEs, SQLite's
-    "database is locked". Everything else (data, encoding, constraint errors) is not: retrying cannot fix it.
+    errors on an invalidated connection or a pool timeout, PostgreSQL connection/shutdown SQLSTATEs (and a server out
+    of connections), SQLite's "database is locked". Everything else (data, encoding, constraint errors) is not:
+    retrying cannot fix it.
     """
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
