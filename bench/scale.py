@@ -59,6 +59,7 @@ from turnkit._temporal.process import exit_process
 from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.runtime import temporal_binary
 from turnkit.store import Store
+from turnkit.store.engine import MAX_OVERFLOW, POOL_SIZE
 
 DEFAULT_SERVER = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 READY_TIMEOUT = 120.0  # seconds a worker or client process has to connect (the machine may be busy)
@@ -283,6 +284,44 @@ def _dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+async def connection_limit(server_url: str, processes: int, pool_env: dict[str, str]) -> dict[str, Any]:
+    """The server's connection slots against what the processes' pools may open at most (each its pool size plus
+    its overflow): PostgreSQL refuses a connection past ``max_connections`` (SQLSTATE 53300)."""
+    admin = await asyncpg.connect(_dsn(server_url))  # pyright: ignore[reportUnknownMemberType]
+    try:
+        limit = int(await admin.fetchval("SELECT setting::int FROM pg_settings WHERE name = 'max_connections'"))
+        reserved = int(
+            await admin.fetchval("SELECT setting::int FROM pg_settings WHERE name = 'superuser_reserved_connections'")
+        )
+        in_use = int(
+            await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+        )
+    finally:
+        await admin.close()
+    pool = int(pool_env.get("TURNKIT_DB_POOL_SIZE", POOL_SIZE)) + int(
+        pool_env.get("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW)
+    )
+    return {
+        "max_connections": limit,
+        "superuser_reserved_connections": reserved,
+        "in_use_before": in_use,
+        "per_process_pool_max": pool,
+        "processes_pool_max": pool * processes,
+    }
+
+
+async def watch_connections(server_url: str, name: str, peak: dict[str, int]) -> None:
+    """Keep ``peak["connections"]``: the most connections to database ``name`` seen, once a second, until cancelled."""
+    admin = await asyncpg.connect(_dsn(server_url))  # pyright: ignore[reportUnknownMemberType]
+    try:
+        while True:
+            count = int(await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name))
+            peak["connections"] = max(peak.get("connections", 0), count)
+            await asyncio.sleep(1.0)  # a sampling period, not a wait for a state
+    finally:
+        await admin.close()
+
+
 async def server_transactions(server_url: str, name: str) -> int:
     """The server's committed and rolled-back transactions in database ``name`` (``pg_stat_database``)."""
     admin = await asyncpg.connect(_dsn(server_url))  # pyright: ignore[reportUnknownMemberType]
@@ -304,7 +343,9 @@ class Child:
         self._forward: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, role: str, index: int, tmp: Path, common: list[str], extra: list[str]) -> Child:
+    async def start(
+        cls, role: str, index: int, tmp: Path, common: list[str], extra: list[str], env: dict[str, str]
+    ) -> Child:
         """Start ``python -m bench.scale --role ROLE`` (its stdin a pipe the driver holds)."""
         counts = tmp / f"{role}-{index}.json"
         process = await asyncio.create_subprocess_exec(
@@ -318,7 +359,7 @@ class Child:
             *common,
             *extra,
             cwd=str(ROOT),
-            env={**os.environ, "TURNKIT_LOG_LEVEL": os.environ.get("TURNKIT_LOG_LEVEL", "WARNING")},
+            env={**os.environ, "TURNKIT_LOG_LEVEL": os.environ.get("TURNKIT_LOG_LEVEL", "WARNING"), **env},
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -454,6 +495,23 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         "conversations": args.conversations,
         "turns_per_conversation": args.turns,
     }
+    pool_env = {
+        name: str(value)
+        for name, value in (("TURNKIT_DB_POOL_SIZE", args.pool_size), ("TURNKIT_DB_MAX_OVERFLOW", args.max_overflow))
+        if value is not None
+    }
+    report["pool_settings"] = pool_env or "TurnKit's defaults"
+    connections = report["connections"] = await connection_limit(server_url, args.workers + args.clients, pool_env)
+    if (
+        connections["processes_pool_max"]
+        > connections["max_connections"] - connections["superuser_reserved_connections"]
+    ):
+        print(
+            f"note: the processes' pools may open up to {connections['processes_pool_max']} connections; the server "
+            f"takes {connections['max_connections']} (max_connections), {connections['in_use_before']} in use",
+            file=sys.stderr,
+            flush=True,
+        )
     async with fresh_database(server_url) as (database_url, database):
         report["database"] = database
         await (await Store.open(database_url)).close()  # the schema, once, before the processes start
@@ -469,7 +527,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
             common = ["--address", address, "--database-url", database_url, "--task-queue", task_queue]
             with tempfile.TemporaryDirectory(prefix="turnkit-bench-scale-") as tmp_name:
                 tmp = Path(tmp_name)
-                workers = [await Child.start("worker", i, tmp, common, []) for i in range(args.workers)]
+                workers = [await Child.start("worker", i, tmp, common, [], pool_env) for i in range(args.workers)]
                 children += workers
                 await asyncio.gather(*(w.ready() for w in workers))
                 shares = [len(range(i, args.conversations, args.clients)) for i in range(args.clients)]
@@ -481,6 +539,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                         tmp,
                         common,
                         ["--conversations", str(shares[i]), "--first", str(firsts[i]), "--turns", str(args.turns)],
+                        pool_env,
                     )
                     for i in range(args.clients)
                 ]
@@ -493,6 +552,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
                 transactions_before = await server_transactions(server_url, database)
+                peak: dict[str, int] = {}
+                watcher = asyncio.create_task(watch_connections(server_url, database, peak))
                 go = time.time()
                 await asyncio.gather(*(c.say(b"go\n") for c in clients))
                 stopped_at_deadline = False
@@ -501,6 +562,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.gather(*(c.process.wait() for c in clients))
                 except TimeoutError:
                     stopped_at_deadline = True
+                    report["stopped_after_seconds"] = time.time() - go
                     print(f"deadline of {args.timeout:.0f} s reached: stopping the clients", file=sys.stderr)
                     for client in clients:
                         client.close_stdin()
@@ -510,6 +572,10 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                     worker.close_stdin()
                 for worker in workers:
                     await worker.wait(STOP_TIMEOUT)
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                connections["peak_during_run"] = peak.get("connections", 0)
                 report["server_transactions"] = await server_transactions(server_url, database) - transactions_before
                 report["stopped_at_deadline"] = stopped_at_deadline
                 gather_figures(report, go, [c.report() for c in children], [c.role for c in children])
@@ -541,6 +607,8 @@ def gather_figures(report: dict[str, Any], go: float, written: list[dict[str, An
     completed = [t for t in turns if t["status"] == "completed"]
     first = min((t["started"] for t in turns), default=go)
     last = max((t["ended"] for t in turns), default=go)
+    if "stopped_after_seconds" in report:  # partial figures: the clock ran until the clients were stopped
+        last = max(last, go + report["stopped_after_seconds"])
     wall = max(last - first, 1e-9)
     iterations = sum(model_calls.values())
     latencies = [t["ended"] - t["started"] for t in completed]
@@ -609,6 +677,11 @@ def print_report(report: dict[str, Any]) -> None:
         f"  server's transactions  {r['server_transactions']} in pg_stat_database "
         f"({r['server_transactions'] / iterations:.2f} per iteration; a statement alone in autocommit is one)"
     )
+    c = r["connections"]
+    print(
+        f"  connections            peak {c.get('peak_during_run', '?')} to the database (pools: "
+        f"{r['pool_settings']}, up to {c['processes_pool_max']}; max_connections {c['max_connections']})"
+    )
     store = r.get("store")
     if store:
         print(f"  turns in the store     {store['turns']}: {store['by_status']}; not terminal: {store['not_terminal']}")
@@ -652,6 +725,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="URL",
         help="a PostgreSQL server's URL; the bench creates and drops a database on it "
         f"(default $TURNKIT_BENCH_POSTGRES_URL, else {DEFAULT_SERVER})",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        help="TURNKIT_DB_POOL_SIZE of every worker and client process (default: TurnKit's, 20)",
+    )
+    parser.add_argument(
+        "--max-overflow",
+        type=int,
+        help="TURNKIT_DB_MAX_OVERFLOW of every worker and client process (default: TurnKit's, 10)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the clients are stopped (900)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
