@@ -12,7 +12,7 @@ ARGS ?=
 SEEDS ?= 300
 FAULTS ?=
 
-.PHONY: venv demo test chaos lint worker bench bench-peers bench-actions histories clean
+.PHONY: venv demo test chaos lint worker bench bench-peers bench-actions bench-scale histories clean
 
 venv: $(STAMP)
 
@@ -61,6 +61,13 @@ bench-peers: $(BENCH_STAMP)
 # counted from the histories and checked against each dev server's own `action` metric. ~3 min.
 bench-actions: $(BENCH_STAMP)
 	$(BIN)/python -m bench.actions $(ARGS)
+
+# Many workers, one database (bench/scale.py): 4 worker and 2 client processes on one PostgreSQL database it creates
+# (on $TURNKIT_BENCH_POSTGRES_URL's server, else 127.0.0.1:5432), 200 conversations x 5 turns with 2 sub-agents each;
+# throughput, the store's transactions and round trips per iteration, every turn terminal, `turnkit check` clean.
+# ARGS go to the driver, e.g. ARGS="--conversations 50 --json scale.json" (python -m bench.scale --help).
+bench-scale: venv
+	$(BIN)/python -m bench.scale $(ARGS)
 
 histories: venv
 	$(BIN)/python -m tests.record_histories
