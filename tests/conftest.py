@@ -91,7 +91,7 @@ def _clean_registry() -> None:
 @pytest.fixture
 def through_lanes() -> None:
     """Every turn goes through its conversation's lane, a fresh conversation's first too (tests of the lane itself
-    and of what it records; the first turn's direct path is tests/test_first_turn.py)."""
+    and of what it records; the direct path is tests/test_direct_turn.py)."""
     configure(direct_first_turns=False)
 
 

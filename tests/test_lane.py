@@ -27,7 +27,7 @@ from turnkit.runtime import TurnKit
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
-#: The lane itself: every turn goes through it, a fresh conversation's first too (tests/test_first_turn.py has that).
+#: The lane itself: every turn goes through it, a fresh conversation's first too (the direct path: test_direct_turn.py).
 pytestmark = pytest.mark.usefixtures("through_lanes")
 
 

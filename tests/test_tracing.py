@@ -27,6 +27,7 @@ import turnkit
 from tests.engine import eventually
 from turnkit._temporal import worker as worker_main
 from turnkit.cli import build_parser
+from turnkit.config import configure
 from turnkit.cost import cost_from_usage
 from turnkit.kernel.errors import InputError
 from turnkit.model import Usage
@@ -189,13 +190,15 @@ async def test_each_turn_of_a_conversation_is_the_trace_of_its_own_ask(
     traced: tuple[TurnKit, InMemorySpanExporter],
 ) -> None:
     """issue 11: a lane outlives many asks; each turn joins the trace of its own ask, not the lane's first. The
-    first ``ask`` starts its turn (issue 9), the next ones go through the lane: its submit and the turn's start from
-    the lane's activity are in that ask's trace."""
+    first ``ask`` starts its turn (issue 9) and so does the second, on the idle conversation (issue 37); the third,
+    with ``direct_idle_turns`` off, goes through the lane: its submit and the turn's start from the lane's activity
+    are in that ask's trace."""
     tk, exporter = traced
     agent = turnkit.Agent("echo", model="scripted", client=ScriptedClient(["first", "second", "third"]))
     conversation = await tk.conversation(agent)
     first = await conversation.ask("one")
     second = await conversation.ask("two")
+    configure(direct_idle_turns=False)
     third = await conversation.ask("three")
     assert (first.output_text, second.output_text) == ("first", "second")
     turns = (first, second, third)
@@ -204,9 +207,9 @@ async def test_each_turn_of_a_conversation_is_the_trace_of_its_own_ask(
         return all(_named(spans, "RunActivity:turnkit.model", **{"turnkit.turn_id": t.id}) for t in turns)
 
     spans = await _spans_once(exporter, every, "every turn's spans")
-    [direct] = _named(spans, "StartWorkflow:TurnWorkflow", temporalWorkflowID=first.id)
+    directs = [_named(spans, "StartWorkflow:TurnWorkflow", temporalWorkflowID=t.id) for t in (first, second)]
     submits = _named(spans, "StartUpdateWithStartWorkflow:ConversationWorkflow")
-    asks = [direct, *submits]
+    asks = [*(span for [span] in directs), *submits]
     assert len(asks) == 3 and len({_trace_id(a) for a in asks}) == 3 and all(a.parent is None for a in asks)
     for ask, turn in zip(asks, turns, strict=True):
         [run] = _named(spans, "RunWorkflow:TurnWorkflow", temporalWorkflowID=turn.id)
