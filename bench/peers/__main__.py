@@ -318,46 +318,43 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
     return lines
 
 
+def _ratio_table(
+    args: argparse.Namespace,
+    pairs: list[tuple[Spec, Spec]],
+    per_spec: dict[str, dict[int, Figures]],
+    against: str,
+) -> list[str]:
+    """Per K and pair ``(measured, reference)``: latency, throughput and CPU per turn (process + server) of the first
+    ÷ the second, medians of the rounds; each column titled by the measured spec and ``against``."""
+    header = ["K", *(f"{s.title}: latency / throughput / CPU ÷ {against}" for s, _ in pairs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for k in args.k:
+        row = [str(k)]
+        for s, r in pairs:
+            now, ref = per_spec[s.key][k], per_spec[r.key][k]
+            latency = statistics.median(now.latency) / statistics.median(ref.latency)
+            throughput = statistics.median(now.throughput) / statistics.median(ref.throughput)
+            cpu_now = statistics.median(now.cpu) + statistics.median(now.server_cpu)
+            cpu_ref = statistics.median(ref.cpu) + statistics.median(ref.server_cpu)
+            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu_now / cpu_ref:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def baseline_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
-    """Each TurnKit column against the same column served from ``--baseline-tree``: latency, throughput and CPU per
-    turn (process + server) of this tree ÷ the baseline's, medians of the rounds (below 1.0 for latency and CPU, above
-    1.0 for throughput: this tree is better)."""
+    """Each TurnKit column against the same column served from ``--baseline-tree``: this tree ÷ the baseline (below
+    1.0 for latency and CPU, above 1.0 for throughput: this tree is better)."""
     pairs = [
         (s, b) for s in specs if s.system == "turnkit" and not s.source for b in specs if b.key == f"{s.key}_before"
     ]
-    header = ["K", *(f"{s.title}: latency / throughput / CPU ÷ before" for s, _ in pairs)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for k in args.k:
-        row = [str(k)]
-        for s, b in pairs:
-            now, before = per_spec[s.key][k], per_spec[b.key][k]
-            latency = statistics.median(now.latency) / statistics.median(before.latency)
-            throughput = statistics.median(now.throughput) / statistics.median(before.throughput)
-            cpu_now = statistics.median(now.cpu) + statistics.median(now.server_cpu)
-            cpu_before = statistics.median(before.cpu) + statistics.median(before.server_cpu)
-            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu_now / cpu_before:.2f}x")
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+    return _ratio_table(args, pairs, per_spec, "before")
 
 
 def next_turn_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
-    """Each TurnKit column's next turn of an idle conversation against its fresh conversation's first turn: latency,
-    throughput and CPU per turn (process + server), next ÷ first, medians of the rounds (target: latency and CPU at
-    most 1.1x)."""
-    pairs = [(s, n) for s in specs if s.system == "turnkit" for n in specs if n.key == f"{s.key}_next"]
-    header = ["K", *(f"{n.title}: latency / throughput / CPU ÷ first turn" for _, n in pairs)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for k in args.k:
-        row = [str(k)]
-        for first, later in pairs:
-            a, b = per_spec[later.key][k], per_spec[first.key][k]
-            latency = statistics.median(a.latency) / statistics.median(b.latency)
-            throughput = statistics.median(a.throughput) / statistics.median(b.throughput)
-            cpu_a = statistics.median(a.cpu) + statistics.median(a.server_cpu)
-            cpu_b = statistics.median(b.cpu) + statistics.median(b.server_cpu)
-            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu_a / cpu_b:.2f}x")
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+    """Each TurnKit column's next turn of an idle conversation against its fresh conversation's first turn: next ÷
+    first (target: latency at most 1.1x)."""
+    pairs = [(n, s) for s in specs if s.system == "turnkit" for n in specs if n.key == f"{s.key}_next"]
+    return _ratio_table(args, pairs, per_spec, "first turn")
 
 
 def cpu_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
