@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from temporalio import activity
@@ -50,6 +51,7 @@ from turnkit._engine.controls import control_boundary, stamp_request
 from turnkit._engine.deliveries import callback_verdict, completion_delivery, turn_result
 from turnkit._engine.dispatch import call_policy, warn_if_model_policy_differs
 from turnkit._engine.ids import new_id
+from turnkit._engine.live_publish import CallPublisher
 from turnkit._engine.mcp_tools import record_mcp_tools
 from turnkit._engine.request import build_model_request, needs_conversation
 from turnkit._engine.transcripts import Transcript, Transcripts
@@ -81,7 +83,9 @@ from turnkit.kernel.records import (
 from turnkit.kernel.turn_state import TurnState
 from turnkit.media import with_media_data
 from turnkit.model import ModelRequest, Result
+from turnkit.store.live import transport_for
 from turnkit.store.store import Look, Store, StoreTx, utcnow
+from turnkit.streaming import streaming_to
 
 __all__ = ["ModelActivities"]
 
@@ -168,9 +172,13 @@ class ModelActivities(ModelCalls):
             )
         if late is not None:
             return ModelStep(outcome=late)
+        # The call streams its deltas to the turn's watchers (turnkit.streaming); its response is persisted below as
+        # it always was, whatever was streamed.
+        publisher = _publisher(self.store, turn, call, info.attempt)
         try:
-            async with heartbeating():
-                result = await client.chat(sent)
+            async with heartbeating(), publisher or nullcontext():
+                with streaming_to(publisher):
+                    result = await client.chat(sent)
         except (ModelError, ConfigError, TransientModelError) as err:
             raise _provider_failure(err) from err
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
@@ -184,6 +192,9 @@ class ModelActivities(ModelCalls):
                 raise _provider_failure(err) from err
         ended: list[TurnRecord] = []  # the terminal record, when this attempt's write ended the turn
         step = await self._persist(call, turn, request.model, result, audit, ended)
+        if publisher is not None:  # watchers read the committed response now, not at their next poll
+            publisher.committed()
+            await publisher.flush()
         if step.outcome in ("completed", "failed"):
             await self._announce(ended[-1] if ended else turn)  # terminal: its waiters are listed without a re-read
         return step
@@ -661,6 +672,19 @@ def _summary_for(messages: list[MessageRecord], request_id: str) -> MessageRecor
         if isinstance(meta, dict) and meta.get("request_id") == request_id:  # pyright: ignore[reportUnknownMemberType]
             return message
     return None
+
+
+def _publisher(store: Store, turn: TurnRecord, call: ModelCall, attempt: int) -> CallPublisher | None:
+    """The live publisher of this model call's deltas, or None when ``settings.stream_model_calls`` is off."""
+    if not settings.stream_model_calls:
+        return None
+    return CallPublisher(
+        transport_for(store),
+        conversation_id=turn.conversation_id,
+        turn_id=turn.id,
+        call_id=call.request_id,
+        attempt=attempt + call.attempts_before,  # a local first attempt counts: its retries start at 2
+    )
 
 
 def _prompt_report(request: ModelRequest) -> dict[str, Any]:

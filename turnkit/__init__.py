@@ -67,6 +67,16 @@ if TYPE_CHECKING:
     from turnkit.run import Run
     from turnkit.runtime import TurnKit, connect
     from turnkit.skills import Skill
+    from turnkit.streaming import (
+        Restart,
+        SubAgentStarted,
+        TextDelta,
+        ThinkingDelta,
+        ToolCallFinished,
+        ToolCallStarted,
+        TurnEnded,
+        TurnStreamEvent,
+    )
     from turnkit.tools import Tool, ToolContext, tool
 
 #: Where each name of the application API is defined (``None``: the name is a submodule).
@@ -130,6 +140,19 @@ _EXPORTS: dict[str, str | None] = {
     "TurnKit": "turnkit.runtime",
     "connect": "turnkit.runtime",
     "Skill": "turnkit.skills",
+    **dict.fromkeys(
+        (
+            "Restart",
+            "SubAgentStarted",
+            "TextDelta",
+            "ThinkingDelta",
+            "ToolCallFinished",
+            "ToolCallStarted",
+            "TurnEnded",
+            "TurnStreamEvent",
+        ),
+        "turnkit.streaming",
+    ),
     "Tool": "turnkit.tools",
     "ToolContext": "turnkit.tools",
     "tool": "turnkit.tools",
@@ -169,13 +192,19 @@ __all__ = [
     "PaintRequest",
     "PromptBuildContext",
     "RecordNotFound",
+    "Restart",
     "Result",
     "Run",
     "Skill",
     "StoreError",
+    "SubAgentStarted",
     "SystemPrompt",
+    "TextDelta",
+    "ThinkingDelta",
     "Tool",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolContext",
     "ToolError",
     "ToolExecutionRecord",
@@ -183,9 +212,11 @@ __all__ = [
     "ToolValidationError",
     "TransientModelError",
     "Turn",
+    "TurnEnded",
     "TurnKit",
     "TurnKitPlugin",
     "TurnRecord",
+    "TurnStreamEvent",
     "Usage",
     "ViewMediaRequest",
     "ViewMediaTool",

@@ -122,6 +122,11 @@ class Settings:
     regular ``turnkit.model`` activities. For fast models; read by the process that creates each turn (docs/design.md,
     "Local model calls")."""
 
+    stream_model_calls: bool = True
+    """Stream each turn's main model calls (the providers' streaming APIs) and publish their text and thinking deltas
+    to the turn's watchers (``Turn.stream()``, :mod:`turnkit.streaming`): across processes on PostgreSQL, within the
+    process on SQLite. The committed response is the same either way. Read by the worker that makes the call."""
+
     tool_heartbeat_timeout: float = 30.0
     """Upper bound on a tool call's heartbeat timeout (a dead worker is noticed after this long)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from turnkit._engine.turn_build import create_turn
 from turnkit._engine.turn_end import fail_unfinished_turn
 from turnkit._engine.turn_options import check_budget
 from turnkit._engine.turn_start import start_turn_workflow
+from turnkit._engine.turn_stream import POLL_INTERVAL, stream_conversation, stream_turn
 from turnkit._engine.validation import check_id, check_json, check_key, check_name, check_size, check_text
 from turnkit._engine.waits import add_waits, enter_waiting
 from turnkit._temporal.search_attributes import registration_hint
@@ -54,6 +55,7 @@ from turnkit.media import MediaInput, check_media, stored_media
 from turnkit.model import ModelRequest, Usage
 from turnkit.store.patience import patiently
 from turnkit.store.store import Store, StoreTx
+from turnkit.streaming import TurnStreamEvent
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit
@@ -523,6 +525,17 @@ class Conversation:
         records = await self._tk.store.list_turns(conversation_id=self.id)
         return [Turn(self._tk, record.id, record) for record in records]
 
+    async def stream(self, *, principal: Any = None, poll: float = POLL_INTERVAL) -> AsyncIterator[TurnStreamEvent]:
+        """The events of this conversation's turns as they run, one turn after the other: the unfinished turns, then
+        every turn that starts later, each ending with its :class:`~turnkit.streaming.TurnEnded`. Runs until the
+        caller stops iterating (``break``); asked as ``read_messages`` (behaviour §7.3).
+
+        See :meth:`Turn.stream` for the events, and what reaches a process on each store.
+        """
+        await authorize("read_messages", principal, destination_conversation=self.id)
+        async for event in stream_conversation(self._tk.store, self.id, poll=poll):
+            yield event
+
 
 class Turn:
     """A handle on one turn (behaviour §1.5): its record, and a way to wait for it."""
@@ -877,6 +890,28 @@ class Turn:
         return await write_control(
             self._tk.store, self.id, action, descendants, principal, apply, skip_finished=skip_finished
         )
+
+    async def stream(self, *, principal: Any = None, poll: float = POLL_INTERVAL) -> AsyncIterator[TurnStreamEvent]:
+        """The turn's events as it runs, until it ends (:mod:`turnkit.streaming`)::
+
+            async for event in turn.stream():
+                if isinstance(event, turnkit.TextDelta):
+                    print(event.text, end="", flush=True)
+
+        Live: the model's text and thinking deltas (:class:`~turnkit.streaming.TextDelta`,
+        :class:`~turnkit.streaming.ThinkingDelta`) and :class:`~turnkit.streaming.Restart` when a model call is
+        retried after streaming part of its answer (drop what that call streamed before). Committed, read from the
+        store (every ``poll`` seconds, and at once when a model response was written): sub-agent turns as they start,
+        tool calls as they start and finish (the sub-agents' too), and last :class:`~turnkit.streaming.TurnEnded` with
+        the answer the store recorded. A turn that already ended gives its ``TurnEnded`` at once.
+
+        Live deltas reach this process from a worker anywhere when the store is PostgreSQL (``LISTEN/NOTIFY``); on
+        SQLite only from a worker in this process, and a turn run elsewhere streams its committed events only.
+        Asked as ``read_messages`` (behaviour §7.3).
+        """
+        await self._authorize_read(principal)
+        async for event in stream_turn(self._tk.store, self.id, poll=poll):
+            yield event
 
     async def tool_executions(self, *, principal: Any = None) -> list[ToolExecutionRecord]:
         """This turn's tool executions, in creation order; asked as ``read_messages`` (behaviour §7.3)."""

@@ -10,7 +10,9 @@ running in a Temporal worker.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +21,7 @@ from typing import Any, Final, TypeAlias
 from turnkit.kernel.errors import ModelError
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, ToolCall, Usage
+from turnkit.streaming import DeltaSink, current_sink
 
 __all__ = [
     "DEFAULT_USAGE",
@@ -31,6 +34,9 @@ __all__ = [
 
 #: Usage given to scripted answers that do not state one, so usage sums are testable.
 DEFAULT_USAGE: Final = Usage(input_tokens=10, output_tokens=5)
+
+#: How a streamed answer is cut: each word with the spaces after it (and leading spaces alone).
+_WORDS: Final = re.compile(r"\S+\s*|\s+")
 
 #: One scripted answer: a final text, a ready result, or a function of the request returning either.
 ScriptItem: TypeAlias = Result | str | Callable[[ModelRequest], "Result | str"]
@@ -116,6 +122,7 @@ class ScriptedClient:
         script: Sequence[ScriptItem] | Callable[[ModelRequest], Result | str],
         *,
         images: Sequence[Result] = (),
+        delta_delay: float = 0.0,
     ) -> None:
         """Create the client.
 
@@ -123,7 +130,10 @@ class ScriptedClient:
             script: The scripted answers, or one callable answering every call (``view_media`` calls included: they
                 are chat calls with the media in the user message).
             images: The answers to ``paint`` calls, in order (see :func:`image`).
+            delta_delay: Seconds between the words of an answer streamed to a watcher (when the call streams, see
+                :mod:`turnkit.streaming`): a demo can show text arriving as a provider sends it.
         """
+        self.delta_delay = delta_delay
         self._images = list(images)
         self.paint_requests: list[PaintRequest] = []
         """Every ``paint`` request received, in order."""
@@ -174,7 +184,26 @@ class ScriptedClient:
         # Callables run outside the lock, so they may inspect the client (e.g. `client.calls`).
         if callable(item):
             item = item(request)
-        return self._finish(item, request)
+        result = self._finish(item, request)
+        sink = current_sink()
+        if sink is not None:  # streamed, as a provider's answer would be: word by word
+            await self._stream(result, sink)
+        return result
+
+    async def _stream(self, result: Result, sink: DeltaSink) -> None:
+        first = True
+        for part in result.parts:
+            kind = part.get("type", "text")
+            if kind not in ("text", "thinking") or not part.get("text"):
+                continue
+            text = str(part["text"])
+            if kind == "text" and not first:
+                text = "\n" + text  # Result.text joins the text parts with a newline
+            first = first and kind != "text"
+            write = sink.text if kind == "text" else sink.thinking
+            for piece in _WORDS.findall(text):
+                write(piece)
+                await asyncio.sleep(self.delta_delay)  # 0: still lets the publisher run between words
 
     async def view_media(self, request: ViewMediaRequest) -> Result:
         """Answer a media analysis from the script: the next item answers the chat request of

@@ -1,0 +1,401 @@
+"""Live delivery of what a model call streams (text and thinking deltas, restarts) from the worker that makes the call
+to the clients that watch its turn: the transport under ``Turn.stream()`` and ``Conversation.stream()``.
+
+Nothing here is a record. A live message is an observation sent while the call runs; the store keeps what was
+committed (the model's response, written once per request id), and a watcher that misses live messages still gets
+every committed event from the store. Delivery is best effort: a publish that fails is logged and dropped, never
+failing or slowing the model call beyond one round trip per batch.
+
+Each message names its turn, its conversation, its model call (the request id), the activity attempt and a sequence
+number within that attempt, so a consumer can tell a retried call's text from the earlier attempt's (``restart``).
+
+Two transports, one per kind of store (:func:`transport_for`):
+
+* **PostgreSQL**: ``NOTIFY`` through the database, so a client in any process sees a worker's deltas. One channel per
+  conversation (``turnkit_live_`` + a hash of its id); a batch of messages is one ``SELECT pg_notify(...)`` statement
+  (one round trip, in autocommit); every payload stays under PostgreSQL's 8000-byte limit (:data:`TEXT_CHUNK`: long
+  deltas are split). A process listens on one connection of the store's pool (asyncpg's public ``add_listener``),
+  shared by all its subscriptions and given back (closed) when the last one ends. PostgreSQL delivers the
+  notifications of different transactions in commit order, which :meth:`Subscription.barrier` uses: once the
+  client's own notification comes back, everything committed before it has arrived.
+* **SQLite** (the embedded default) and any other store: in-process fan-out only. A worker and a client in the same
+  process (``make demo``, ``turnkit ask`` with its in-process worker, the tests) see each other's messages; a client
+  in another process sees none, and gets the committed events by polling the store (``cross_process`` is False).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import uuid
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Final, Literal, Protocol, cast
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from turnkit.store.store import Store
+
+__all__ = [
+    "CHANNEL_PREFIX",
+    "TEXT_CHUNK",
+    "LiveMessage",
+    "LocalTransport",
+    "PostgresTransport",
+    "Subscription",
+    "Transport",
+    "channel_of",
+    "chunked",
+    "transport_for",
+]
+
+logger: Final = logging.getLogger("turnkit.live")
+
+#: Channel names: this prefix and 40 hex digits of the conversation id's SHA-256 (PostgreSQL identifiers are limited to
+#: 63 bytes, and a conversation id may be any application string).
+CHANNEL_PREFIX: Final = "turnkit_live_"
+#: The longest text of one message, in characters. Payloads are JSON with ASCII escapes, where a character takes at
+#: most 12 bytes (a surrogate pair): 500 of them and the envelope stay under PostgreSQL's 8000-byte payload limit.
+TEXT_CHUNK: Final = 500
+#: Messages a subscription holds for a consumer that does not read; past it, new ones are dropped (and counted).
+QUEUE_LIMIT: Final = 10_000
+
+LiveKind = Literal["text", "thinking", "restart", "committed", "barrier"]
+
+
+@dataclass(frozen=True)
+class LiveMessage:
+    """One live message: a delta of a model call's text or thinking, a ``restart`` (a retried attempt begins: drop
+    what earlier attempts of the call streamed), ``committed`` (the call's response is in the store: read it now) or
+    a ``barrier`` (see :meth:`Subscription.barrier`)."""
+
+    kind: LiveKind
+    conversation_id: str
+    turn_id: str = ""
+    call_id: str = ""
+    """The model call's request id."""
+    attempt: int = 1
+    seq: int = 0
+    """Position within the attempt, from 0."""
+    text: str = ""
+
+    def payload(self) -> str:
+        """The message as a NOTIFY payload (ASCII JSON)."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, payload: str) -> LiveMessage | None:
+        """A payload read back; None for one that is not a live message (logged)."""
+        try:
+            data = json.loads(payload)
+            return cls(**data)
+        except (TypeError, ValueError) as err:
+            logger.warning("ignored a live message that does not parse: %s", err)
+            return None
+
+
+def channel_of(conversation_id: str) -> str:
+    """The channel of a conversation's live messages."""
+    return CHANNEL_PREFIX + hashlib.sha256(conversation_id.encode()).hexdigest()[:40]
+
+
+def chunked(message: LiveMessage) -> list[LiveMessage]:
+    """``message`` split into messages of at most :data:`TEXT_CHUNK` characters of text (the same ``seq``: the
+    publisher numbers them after splitting)."""
+    if len(message.text) <= TEXT_CHUNK:
+        return [message]
+    return [replace(message, text=message.text[i : i + TEXT_CHUNK]) for i in range(0, len(message.text), TEXT_CHUNK)]
+
+
+class Transport(Protocol):
+    """Where live messages go: :class:`PostgresTransport` or :class:`LocalTransport`."""
+
+    cross_process: bool
+    """Whether a subscriber in another process receives what this process publishes."""
+
+    async def publish(self, messages: Sequence[LiveMessage]) -> None:
+        """Send ``messages``, in order (raises on failure; callers log and drop)."""
+        ...
+
+    async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
+        """Start receiving the messages of these conversations (close the subscription when done)."""
+        ...
+
+    async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
+        """Deliver these channels' messages to ``subscription`` too (called by :meth:`Subscription.add`)."""
+        ...
+
+    async def unsubscribe(self, subscription: Subscription, channels: Iterable[str]) -> None:
+        """Stop delivering these channels' messages to ``subscription`` (called by :meth:`Subscription.close`)."""
+        ...
+
+
+class Subscription:
+    """Messages of some conversations, as they arrive; iterate it, :meth:`add` conversations, :meth:`close` it."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.channels: set[str] = set()
+        self.dropped = 0
+        """Messages dropped because the consumer fell :data:`QUEUE_LIMIT` behind."""
+        self.lost = False
+        """True once the transport stopped delivering (the listener's connection ended): only the store remains."""
+        self._queue: deque[LiveMessage] = deque()
+        self._arrived = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._barriers: dict[str, asyncio.Future[None]] = {}
+        self._closed = False
+
+    def deliver(self, message: LiveMessage) -> None:
+        """Hand ``message`` to the consumer (from any thread)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._put(message)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._put, message)
+
+    def _put(self, message: LiveMessage) -> None:
+        if message.kind == "barrier":
+            waiter = self._barriers.pop(message.text, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
+        if len(self._queue) >= QUEUE_LIMIT:
+            self.dropped += 1
+            return
+        self._queue.append(message)
+        self._arrived.set()
+
+    def end(self) -> None:
+        """The transport will deliver nothing more (the iteration ends after what is queued)."""
+        self.lost = True
+        self._loop.call_soon_threadsafe(self._arrived.set)
+
+    def put_back(self, messages: Sequence[LiveMessage]) -> None:
+        """Return ``messages`` to the front of the queue, in their order (read, but meant for a later reader)."""
+        self._queue.extendleft(reversed(messages))
+        if messages:
+            self._arrived.set()
+
+    async def add(self, conversation_ids: Iterable[str]) -> None:
+        """Receive the messages of these conversations too."""
+        new = {channel_of(each) for each in conversation_ids} - self.channels
+        if new and not self._closed:
+            self.channels |= new
+            await self.transport.listen(self, new)
+
+    async def get(self, timeout: float | None = None) -> LiveMessage | None:
+        """The next message; None after ``timeout`` seconds without one, or at once when the transport ended."""
+        if await self.wait(timeout):
+            return self._queue.popleft()
+        return None
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Whether a message is queued, waiting up to ``timeout`` seconds for one (None: until one comes, or False
+        at once when the transport ended)."""
+        if not self._queue and self.lost:
+            if timeout is not None:
+                await asyncio.sleep(timeout)  # nothing will come: the caller's poll goes on at its pace
+            return bool(self._queue)
+        if not self._queue and timeout != 0:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+        return bool(self._queue)
+
+    async def barrier(self, conversation_id: str, timeout: float = 2.0) -> bool:
+        """Wait until every message committed before now on ``conversation_id``'s channel has been queued here; False
+        when that could not be confirmed within ``timeout`` seconds."""
+        if not self.transport.cross_process:
+            return True  # in-process delivery is synchronous with the publish
+        token = uuid.uuid4().hex
+        waiter = self._loop.create_future()
+        self._barriers[token] = waiter
+        try:
+            await self.transport.publish([LiveMessage("barrier", conversation_id, text=token)])
+            await asyncio.wait_for(waiter, timeout)
+            return True
+        except Exception as err:  # a lost listener or a store away: the caller goes on without the guarantee
+            logger.debug("live barrier not confirmed: %s", err)
+            return False
+        finally:
+            self._barriers.pop(token, None)
+
+    def __aiter__(self) -> AsyncIterator[LiveMessage]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[LiveMessage]:
+        while (message := await self.get()) is not None:
+            yield message
+
+    async def close(self) -> None:
+        """Stop receiving (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.transport.unsubscribe(self, self.channels)
+
+
+class LocalTransport:
+    """In-process fan-out (the SQLite store): a publish hands each message to this process's subscriptions."""
+
+    cross_process = False
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, set[Subscription]] = {}
+
+    async def publish(self, messages: Sequence[LiveMessage]) -> None:
+        """Queue each message for this process's subscribers of its conversation."""
+        for message in messages:
+            for subscription in tuple(self._subscribers.get(channel_of(message.conversation_id), ())):
+                subscription.deliver(message)
+
+    async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
+        """A subscription to these conversations' messages published in this process."""
+        subscription = Subscription(self)
+        await subscription.add(conversation_ids)
+        return subscription
+
+    async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
+        """See :meth:`Transport.listen`."""
+        for channel in channels:
+            self._subscribers.setdefault(channel, set()).add(subscription)
+
+    async def unsubscribe(self, subscription: Subscription, channels: Iterable[str]) -> None:
+        """See :meth:`Transport.unsubscribe`."""
+        for channel in channels:
+            listeners = self._subscribers.get(channel)
+            if listeners is not None:
+                listeners.discard(subscription)
+                if not listeners:
+                    del self._subscribers[channel]
+
+
+_NOTIFY: Final = text(
+    "SELECT pg_notify(c, p) FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) WITH ORDINALITY "
+    "AS m(c, p, n) ORDER BY n"
+)
+
+
+class PostgresTransport:
+    """``NOTIFY``/``LISTEN`` through the store's PostgreSQL database (see the module docstring)."""
+
+    cross_process = True
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        # Autocommit: each batch of notifications is sent at once, with no BEGIN and COMMIT around it.
+        self._engine = store.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._subscribers: dict[str, set[Subscription]] = {}
+        self._lock = asyncio.Lock()  # LISTEN and UNLISTEN run one at a time on the listener's connection
+        self._connection: AsyncConnection | None = None
+        self._driver: asyncpg.Connection | None = None
+
+    async def publish(self, messages: Sequence[LiveMessage]) -> None:
+        """One ``pg_notify`` per message, all in one statement (they arrive in this order)."""
+        if not messages:
+            return
+        channels = [channel_of(m.conversation_id) for m in messages]
+        payloads = [m.payload() for m in messages]
+        async with self._engine.connect() as connection:
+            await connection.execute(_NOTIFY, {"channels": channels, "payloads": payloads})
+
+    async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
+        """A subscription to these conversations' messages from every process."""
+        subscription = Subscription(self)
+        await subscription.add(conversation_ids)
+        return subscription
+
+    async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
+        """See :meth:`Transport.listen`."""
+        async with self._lock:
+            driver = await self._listener()
+            for channel in channels:
+                listeners = self._subscribers.setdefault(channel, set())
+                if not listeners:
+                    await driver.add_listener(channel, self._received)
+                listeners.add(subscription)
+
+    async def unsubscribe(self, subscription: Subscription, channels: Iterable[str]) -> None:
+        """See :meth:`Transport.unsubscribe`."""
+        async with self._lock:
+            for channel in channels:
+                listeners = self._subscribers.get(channel)
+                if listeners is None:
+                    continue
+                listeners.discard(subscription)
+                if not listeners:
+                    del self._subscribers[channel]
+                    if self._driver is not None and not self._driver.is_closed():
+                        try:
+                            await self._driver.remove_listener(channel, self._received)
+                        except Exception as err:  # the connection is going anyway
+                            logger.debug("UNLISTEN failed: %s", err)
+            if not self._subscribers:
+                await self._release()
+
+    async def _listener(self) -> asyncpg.Connection:
+        """The process's listening connection: one of the store's pool, held while anyone subscribes."""
+        if self._driver is not None and not self._driver.is_closed():
+            return self._driver
+        connection = await self._engine.connect()
+        raw = await connection.get_raw_connection()
+        driver = cast("asyncpg.Connection", raw.driver_connection)
+        driver.add_termination_listener(self._terminated)
+        self._connection, self._driver = connection, driver
+        return driver
+
+    async def _release(self) -> None:
+        connection, driver = self._connection, self._driver
+        self._connection, self._driver = None, None
+        if driver is not None:
+            driver.remove_termination_listener(self._terminated)
+        if connection is not None:
+            # Closed, not returned: a pooled connection must not keep LISTEN state for its next user.
+            await connection.invalidate()
+            await connection.close()
+
+    def _received(self, _connection: object, _pid: int, channel: str, payload: str) -> None:
+        message = LiveMessage.parse(payload)
+        if message is None:
+            return
+        for subscription in tuple(self._subscribers.get(channel, ())):
+            subscription.deliver(message)
+
+    def _terminated(self, _connection: object) -> None:
+        # The listener's connection ended (a restart, a network cut): its subscriptions get nothing more live.
+        logger.warning("the live listener's PostgreSQL connection ended: live deltas stop, committed events go on")
+        subscribers, self._subscribers = self._subscribers, {}
+        self._connection, self._driver = None, None
+        for subscription in {s for group in subscribers.values() for s in group}:
+            subscription.end()
+
+
+_postgres: weakref.WeakKeyDictionary[Store, PostgresTransport] = weakref.WeakKeyDictionary()
+_local: dict[str, LocalTransport] = {}
+
+
+def transport_for(store: Store) -> Transport:
+    """The live transport of ``store``: PostgreSQL's ``NOTIFY`` (one per store object), else the process's in-process
+    fan-out for that database (shared by every store object on the same URL, so a worker and a client of one process
+    meet whichever object each holds)."""
+    if store.dialect == "postgresql":
+        found = _postgres.get(store)
+        if found is None:
+            found = _postgres[store] = PostgresTransport(store)
+        return found
+    key = store.engine.url.render_as_string(hide_password=True)
+    local = _local.get(key)
+    if local is None:
+        local = _local[key] = LocalTransport()
+    return local
