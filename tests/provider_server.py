@@ -9,6 +9,7 @@ receives and answers each one with the next scripted :class:`Reply`. Point an SD
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -21,12 +22,14 @@ __all__ = [
     "Recorded",
     "Reply",
     "anthropic_error",
+    "anthropic_events",
     "anthropic_message",
     "anthropic_text",
     "anthropic_thinking",
     "anthropic_tool_use",
     "openai_call",
     "openai_error",
+    "openai_events",
     "openai_reasoning",
     "openai_response",
     "openai_text",
@@ -47,11 +50,18 @@ class Recorded:
 
 @dataclass
 class Reply:
-    """One scripted answer: an HTTP status, a JSON body and extra headers."""
+    """One scripted answer: an HTTP status, a JSON body and extra headers.
+
+    A request that asks to stream (``"stream": true``) gets a 200 body as the provider's server-sent events instead
+    (:func:`openai_events`, :func:`anthropic_events`); ``cut_after`` events into it, the server drops the connection
+    (a chunked body that never ends), as a network cut mid-stream does. ``pause`` seconds pass between events.
+    """
 
     status: int = 200
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict[str, str])
+    cut_after: int | None = None
+    pause: float = 0.0
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -69,6 +79,10 @@ class _Handler(BaseHTTPRequestHandler):
         reply = self.server.provider.record(
             Recorded(method="POST", path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=body)
         )
+        if reply.status == 200 and isinstance(body, dict) and body.get("stream"):  # pyright: ignore[reportUnknownMemberType]
+            events = openai_events(reply.body) if self.path.endswith("/responses") else anthropic_events(reply.body)
+            self._stream(events, reply)
+            return
         payload = json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
@@ -77,6 +91,30 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
+
+    def _stream(self, events: list[tuple[str, dict[str, Any]]], reply: Reply) -> None:
+        """Send ``events`` as ``text/event-stream`` in HTTP/1.1 chunks, one event per chunk; cut after
+        ``reply.cut_after`` of them (no final chunk: the client sees the body end too soon)."""
+        self.protocol_version = "HTTP/1.1"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for sent, (name, data) in enumerate(events):
+            if reply.cut_after is not None and sent >= reply.cut_after:
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            self.wfile.flush()
+            if reply.pause:
+                time.sleep(reply.pause)
+        self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output clean
@@ -249,3 +287,140 @@ def anthropic_message(
 def anthropic_error(status: int, message: str, type: str = "invalid_request_error") -> Reply:
     """An Anthropic error answer."""
     return Reply(status, {"type": "error", "error": {"type": type, "message": message}})
+
+
+# -- Server-sent events (streaming requests) -------------------------------------------------------------------------
+
+
+def pieces(text: str) -> list[str]:
+    """``text`` cut as a provider streams it: a few characters at a time (each word with the spaces after it)."""
+    return re.findall(r"\S+\s*|\s+", text) or [""]
+
+
+def openai_events(response: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A Responses API ``response`` as the stream of events that builds it, ``response.created`` to
+    ``response.completed`` (``response.incomplete`` / ``response.failed`` for those statuses)."""
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(name: str, **data: Any) -> None:
+        events.append((name, {"type": name, "sequence_number": len(events), **data}))
+
+    emit("response.created", response={**response, "status": "in_progress", "output": [], "usage": None})
+    for index, item in enumerate(response.get("output") or ()):
+        item_id = item.get("id", f"item_{index}")
+        kind = item.get("type")
+        started = {**item, "status": "in_progress"} if "status" in item else dict(item)
+        if kind == "message":
+            started["content"] = []
+        elif kind == "reasoning":
+            started["summary"] = []
+        elif kind == "function_call":
+            started["arguments"] = ""
+        emit("response.output_item.added", output_index=index, item=started)
+        if kind == "message":
+            for c_index, part in enumerate(item.get("content") or ()):
+                empty = {**part, "text": ""} if part.get("type") == "output_text" else part
+                emit(
+                    "response.content_part.added",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=c_index,
+                    part=empty,
+                )
+                if part.get("type") == "output_text":
+                    for delta in pieces(part["text"]):
+                        emit(
+                            "response.output_text.delta",
+                            item_id=item_id,
+                            output_index=index,
+                            content_index=c_index,
+                            delta=delta,
+                            logprobs=[],
+                        )
+                    emit(
+                        "response.output_text.done",
+                        item_id=item_id,
+                        output_index=index,
+                        content_index=c_index,
+                        text=part["text"],
+                        logprobs=[],
+                    )
+                emit(
+                    "response.content_part.done", item_id=item_id, output_index=index, content_index=c_index, part=part
+                )
+        elif kind == "reasoning":
+            for s_index, summary in enumerate(item.get("summary") or ()):
+                emit(
+                    "response.reasoning_summary_part.added",
+                    item_id=item_id,
+                    output_index=index,
+                    summary_index=s_index,
+                    part={"type": "summary_text", "text": ""},
+                )
+                for delta in pieces(summary["text"]):
+                    emit(
+                        "response.reasoning_summary_text.delta",
+                        item_id=item_id,
+                        output_index=index,
+                        summary_index=s_index,
+                        delta=delta,
+                    )
+                emit(
+                    "response.reasoning_summary_text.done",
+                    item_id=item_id,
+                    output_index=index,
+                    summary_index=s_index,
+                    text=summary["text"],
+                )
+        elif kind == "function_call":
+            for delta in pieces(item["arguments"]):
+                emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=delta)
+            emit(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                arguments=item["arguments"],
+            )
+        emit("response.output_item.done", output_index=index, item=item)
+    status = response.get("status")
+    final = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+    emit(final.get(str(status), "response.completed"), response=response)
+    return events
+
+
+def anthropic_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A Messages API ``message`` as the stream of events that builds it, ``message_start`` to ``message_stop``."""
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(name: str, **data: Any) -> None:
+        events.append((name, {"type": name, **data}))
+
+    usage = message.get("usage") or {}
+    emit("message_start", message={**message, "content": [], "stop_reason": None, "stop_sequence": None})
+    for index, block in enumerate(message.get("content") or ()):
+        kind = block.get("type")
+        if kind == "text":
+            emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            for delta in pieces(block["text"]):
+                emit("content_block_delta", index=index, delta={"type": "text_delta", "text": delta})
+        elif kind == "thinking":
+            emit(
+                "content_block_start", index=index, content_block={"type": "thinking", "thinking": "", "signature": ""}
+            )
+            for delta in pieces(block["thinking"]):
+                emit("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": delta})
+            emit("content_block_delta", index=index, delta={"type": "signature_delta", "signature": block["signature"]})
+        elif kind == "tool_use":
+            emit("content_block_start", index=index, content_block={**block, "input": {}})
+            for delta in pieces(json.dumps(block["input"])):
+                emit("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": delta})
+        else:
+            emit("content_block_start", index=index, content_block=block)
+        emit("content_block_stop", index=index)
+    emit(
+        "message_delta",
+        delta={"stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")},
+        usage={"output_tokens": usage.get("output_tokens", 0)},
+    )
+    emit("message_stop")
+    return events

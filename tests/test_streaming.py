@@ -3,13 +3,29 @@ with the committed events (tool calls, sub-agents, the turn's end), and the stor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 import turnkit
+from tests.provider_server import (
+    ProviderServer,
+    Reply,
+    anthropic_message,
+    anthropic_text,
+    anthropic_thinking,
+    anthropic_tool_use,
+    openai_call,
+    openai_reasoning,
+    openai_response,
+    openai_text,
+)
+from turnkit.model import ModelRequest
+from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.runtime import TurnKit
-from turnkit.streaming import TurnStreamEvent
+from turnkit.streaming import TurnStreamEvent, streaming_to
 from turnkit.testing import ScriptedClient, call_tools
 
 sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -65,3 +81,77 @@ async def test_a_turn_streams_its_deltas_in_process_on_sqlite(tk: TurnKit) -> No
     assert not any(isinstance(e, turnkit.Restart) for e in events)
     # A turn that already ended streams its end at once.
     assert [type(e).__name__ for e in [e async for e in turn.stream()]][-1] == "TurnEnded"
+
+
+@dataclass
+class Sink:
+    """A delta sink that keeps what it was given."""
+
+    texts: list[str] = field(default_factory=list[str])
+    thoughts: list[str] = field(default_factory=list[str])
+
+    def text(self, delta: str) -> None:
+        self.texts.append(delta)
+
+    def thinking(self, delta: str) -> None:
+        self.thoughts.append(delta)
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as running:
+        yield running
+
+
+def request() -> ModelRequest:
+    return ModelRequest(model="test-model", messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_streamed_call_returns_what_the_same_call_without_streaming_returns(
+    server: ProviderServer, provider: str
+) -> None:
+    """With a sink, the client streams (``"stream": true``, server-sent events): thinking and text go to the sink
+    piece by piece, and the result built from the stream equals the non-streaming one, raw provider parts included."""
+    client: turnkit.Client
+    if provider == "openai":
+        client = OpenAIClient(api_key="sk-test", base_url=f"{server.url}/v1")
+        body = openai_response(
+            openai_reasoning("Think first."),
+            openai_text("Hello there, world."),
+            openai_call("c1", "lookup", {"q": "a"}),
+        )
+    else:
+        client = AnthropicClient(api_key="sk-ant-test", base_url=server.url)
+        body = anthropic_message(
+            anthropic_thinking("Think first.", signature="sig-1"),
+            anthropic_text("Hello there, world."),
+            anthropic_tool_use("toolu_1", "lookup", {"q": "a"}),
+            stop_reason="tool_use",
+        )
+    server.script(body, body)
+    plain = await client.chat(request())
+    sink = Sink()
+    with streaming_to(sink):
+        streamed = await client.chat(request())
+
+    assert [b.get("stream") for b in server.bodies] == [None, True]
+    assert streamed == plain
+    assert sink.texts == ["Hello ", "there, ", "world."] and "".join(sink.thoughts) == "Think first."
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_stream_cut_in_the_middle_is_a_transient_error(server: ProviderServer, provider: str) -> None:
+    """The connection drops after a few events: a :class:`TransientModelError` (the model activity retries it)."""
+    client: turnkit.Client
+    if provider == "openai":
+        client = OpenAIClient(api_key="sk-test", base_url=f"{server.url}/v1")
+        body = openai_response(openai_text("Hello there, world."))
+    else:
+        client = AnthropicClient(api_key="sk-ant-test", base_url=server.url)
+        body = anthropic_message(anthropic_text("Hello there, world."))
+    server.script(Reply(body=body, cut_after=5))
+    sink = Sink()
+    with pytest.raises(TransientModelError), streaming_to(sink):
+        await client.chat(request())
+    assert sink.texts  # some text had arrived before the cut

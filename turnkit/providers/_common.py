@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError, TransientModelError
 from turnkit.media_requests import PaintRequest, ViewMediaRequest, analysis_request, analysis_result
 from turnkit.model import ModelRequest, Result, Usage
+from turnkit.streaming import DeltaSink, current_sink
 
 __all__ = [
     "ProviderClient",
@@ -94,12 +95,22 @@ class ProviderClient(Generic[_SDK, _Answer]):
             await self._client.close()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
 
     async def chat(self, request: ModelRequest) -> Result:
-        """Make one provider call (see the provider class for its API and its errors)."""
+        """Make one provider call (see the provider class for its API and its errors).
+
+        When the call has a :func:`~turnkit.streaming.current_sink` (a turn's model call, with
+        ``settings.stream_model_calls``), it is made with the provider's streaming API: the text and thinking deltas go
+        to the sink as they arrive, and the result is built from the complete response the stream ends with, so it is
+        the one the same call without streaming returns. A stream that ends before that response (a cut connection) is a
+        :class:`TransientModelError`: the model activity retries the call.
+        """
         model = resolve_model(self.model, request.model)
         sdk = self.sdk
         params = self.request_params(request, model)
+        sink = current_sink()
         async with translated_errors(self.errors):
-            answer = await self._send(sdk, params)
+            answer = await self._send(sdk, params) if sink is None else await self._stream(sdk, params, sink)
+        if answer is None:
+            raise TransientModelError(f"{type(self).__name__}: the stream ended before the response was complete")
         return self._result(answer, request, model)
 
     def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
@@ -121,6 +132,11 @@ class ProviderClient(Generic[_SDK, _Answer]):
 
     async def _send(self, sdk: _SDK, params: dict[str, Any]) -> _Answer:
         """The one SDK call."""
+        raise NotImplementedError
+
+    async def _stream(self, sdk: _SDK, params: dict[str, Any], sink: DeltaSink) -> _Answer | None:
+        """The one SDK call, streamed: deltas to ``sink``; the complete answer, or None when the stream ended
+        without it."""
         raise NotImplementedError
 
     def _result(self, answer: _Answer, request: ModelRequest, model: str) -> Result:

@@ -27,6 +27,7 @@ from turnkit.providers._common import (
     sdk_options,
     strict_schema,
 )
+from turnkit.streaming import DeltaSink
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PROVIDER_KIND", "AnthropicClient"]
 
@@ -114,6 +115,20 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
 
     async def _send(self, sdk: anthropic.AsyncAnthropic, params: dict[str, Any]) -> Message:
         return await sdk.messages.create(**params)
+
+    async def _stream(self, sdk: anthropic.AsyncAnthropic, params: dict[str, Any], sink: DeltaSink) -> Message | None:
+        # The SDK's stream helper accumulates the events into the message the same call without streaming returns.
+        stopped = False
+        async with sdk.messages.stream(**params) as stream:
+            async for event in stream:
+                if event.type == "content_block_delta":
+                    if event.delta.type == "text_delta":
+                        sink.text(event.delta.text)
+                    elif event.delta.type == "thinking_delta":
+                        sink.thinking(event.delta.thinking)
+                elif event.type == "message_stop":
+                    stopped = True
+            return await stream.get_final_message() if stopped else None
 
     def _result(self, answer: Message, request: ModelRequest, model: str) -> Result:
         return result_from_content(

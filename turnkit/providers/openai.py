@@ -14,7 +14,7 @@ from typing import Any, Final
 import openai
 from openai.types.responses import Response
 
-from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError
+from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError, TransientModelError
 from turnkit.media_requests import PaintRequest
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
@@ -32,6 +32,7 @@ from turnkit.providers._common import (
     strict_schema,
     translated_errors,
 )
+from turnkit.streaming import DeltaSink
 
 __all__ = ["PROVIDER_KIND", "OpenAIClient"]
 
@@ -104,6 +105,30 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
 
     async def _send(self, sdk: openai.AsyncOpenAI, params: dict[str, Any]) -> Response:
         return await sdk.responses.create(**params)
+
+    async def _stream(self, sdk: openai.AsyncOpenAI, params: dict[str, Any], sink: DeltaSink) -> Response | None:
+        # The stream's last event carries the whole response, as the same call without streaming returns it. (One
+        # `==` per event type: that is what narrows the SDK's union of event classes.)
+        final: Response | None = None
+        stream = await sdk.responses.create(**params, stream=True)
+        async with stream:
+            async for event in stream:
+                if event.type == "response.output_text.delta":
+                    sink.text(event.delta)
+                elif (
+                    event.type == "response.reasoning_summary_text.delta"
+                    or event.type == "response.reasoning_text.delta"
+                ):
+                    sink.thinking(event.delta)
+                elif (
+                    event.type == "response.completed"
+                    or event.type == "response.incomplete"
+                    or event.type == "response.failed"
+                ):
+                    final = event.response
+                elif event.type == "error":
+                    raise _stream_error(event.code, event.message)
+        return final
 
     def _result(self, answer: Response, request: ModelRequest, model: str) -> Result:
         if answer.status != "completed":
@@ -314,6 +339,13 @@ def usage_from(usage: Mapping[str, Any]) -> Usage:
         thinking=count(usage, "output_tokens_details", "reasoning_tokens"),
         cache_in_input=True,
     )
+
+
+def _stream_error(code: str | None, message: str) -> Exception:
+    """An ``error`` event of a stream: transient for the server's own failures and rate limits, else a ModelError."""
+    text = f"OpenAI stream error {code or ''}: {message}".replace("  ", " ")
+    transient = code is not None and any(word in code for word in ("server", "rate_limit", "overloaded", "timeout"))
+    return TransientModelError(text) if transient else ModelError(text)
 
 
 def _incomplete_message(response: Mapping[str, Any]) -> str:
