@@ -3,6 +3,7 @@ with the committed events (tool calls, sub-agents, the turn's end), and the stor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 import turnkit
+from tests.engine import Engine
 from tests.provider_server import (
     ProviderServer,
     Reply,
@@ -22,6 +24,7 @@ from tests.provider_server import (
     openai_response,
     openai_text,
 )
+from tests.workers import WorkerProcess
 from turnkit.model import ModelRequest
 from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.runtime import TurnKit
@@ -29,6 +32,9 @@ from turnkit.streaming import TurnStreamEvent, streaming_to
 from turnkit.testing import ScriptedClient, call_tools
 
 sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+postgres_only = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 
 
 @turnkit.tool(recovery="replay_safe")
@@ -155,3 +161,48 @@ async def test_a_stream_cut_in_the_middle_is_a_transient_error(server: ProviderS
     with pytest.raises(TransientModelError), streaming_to(sink):
         await client.chat(request())
     assert sink.texts  # some text had arrived before the cut
+
+
+@pytest.mark.crash
+@postgres_only
+async def test_deltas_cross_processes_on_postgres_and_a_cut_stream_restarts(
+    engine: Engine, server: ProviderServer
+) -> None:
+    """PostgreSQL, the worker in another process, the provider streaming server-sent events: the first attempt's
+    stream is cut mid-way, the model activity retries, and this process sees the first attempt's words live, then a
+    ``Restart`` (attempt 2), then the second attempt's words, all before the turn ends; what the consumer keeps is the
+    answer the store recorded, once."""
+    from tests.stream_app import streamer
+
+    answer = "The durable answer arrives piece by piece over the wire."
+    voided = "Words that the cut will void before they end."
+    server.script(
+        Reply(body=openai_response(openai_text(voided)), cut_after=6, pause=0.05),
+        Reply(body=openai_response(openai_text(answer)), pause=0.05),
+    )
+    worker = await WorkerProcess.for_engine(
+        engine, app="tests.stream_app", env={"TURNKIT_STREAM_PROVIDER_URL": server.url}
+    )
+    try:
+        turn = await (await engine.tk.conversation(streamer)).ask("stream it", wait=False)
+        events: list[TurnStreamEvent] = []
+        live_before_end = 0
+        async with asyncio.timeout(60):
+            async for event in turn.stream():
+                if isinstance(event, turnkit.TextDelta) and not (await engine.tk.store.load_turn(turn.id)).terminal:
+                    live_before_end += 1
+                events.append(event)
+    finally:
+        assert await worker.stop() == 0
+
+    ended = events[-1]
+    assert isinstance(ended, turnkit.TurnEnded) and ended.status == "completed" and ended.output_text == answer
+    [restart] = [e for e in events if isinstance(e, turnkit.Restart)]
+    assert restart.attempt == 2
+    before = [e.text for e in events[: events.index(restart)] if isinstance(e, turnkit.TextDelta)]
+    assert before and voided.startswith("".join(before)) and "".join(before) != voided  # attempt 1, cut short
+    assert answer_text(events, restart.call_id) == answer
+    assert live_before_end > 3  # the deltas came while the turn ran, from the worker's process
+    assert len(server.requests) == 2 and all(body["stream"] for body in server.bodies)
+    assistant = [m for m in await turn.messages() if m.role == "assistant"]
+    assert [m.content[0]["text"] for m in assistant] == [answer]  # recorded once, from the retried call
