@@ -87,6 +87,9 @@ async def test_ask_prints_progress_and_the_answer(engine: Engine) -> None:
     assert answer_pid(ran.out) == ran.pid  # the tool ran in the CLI's own in-process worker
     err = ran.err
     assert f"worker: in-process (no worker polls task queue {engine.tk.task_queue})" in err
+    # Issue 38: the model's text is printed as it streams (PostgreSQL, or the in-process worker), a line per call.
+    assert "live text: on (" in err, err
+    assert re.search(r"^ +\d+\.\d\ds  > The answer: .*\(checked\)$", err, re.M), err
     progress = [
         "lead: iteration 1: Looking it up. · calls lookup",
         'lead: calls lookup {"topic": "temporal"}',

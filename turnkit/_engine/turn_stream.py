@@ -33,20 +33,23 @@ from turnkit.streaming import (
     TurnStreamEvent,
 )
 
-__all__ = ["POLL_INTERVAL", "stream_conversation", "stream_turn"]
+__all__ = ["POLL_INTERVAL", "LiveCalls", "stream_conversation", "stream_turn"]
 
 #: Seconds between reads of the store while no ``committed`` message comes.
 POLL_INTERVAL = 0.25
 
 
 @dataclass
-class _Calls:
-    """What the live messages of the model calls said so far: the newest attempt and last ``seq`` of each call."""
+class LiveCalls:
+    """What the live messages of the model calls said so far: the newest attempt and last ``seq`` of each call;
+    :meth:`events` turns each new message into the stream's events."""
 
     attempts: dict[str, int] = field(default_factory=dict[str, int])
     last_seq: dict[tuple[str, int], int] = field(default_factory=dict[tuple[str, int], int])
 
     def events(self, message: LiveMessage) -> list[TurnStreamEvent]:
+        """The events of ``message``: none for a repeated one or one of a superseded attempt; a ``Restart`` first
+        when it is the first of a newer attempt."""
         call, attempt = message.call_id, message.attempt
         newest = self.attempts.get(call)
         if newest is not None and attempt < newest:
@@ -132,7 +135,7 @@ def _ended(turn: TurnRecord) -> TurnEnded:
 
 
 async def _follow(
-    follower: _Follower, subscription: Subscription, calls: _Calls, poll: float
+    follower: _Follower, subscription: Subscription, calls: LiveCalls, poll: float
 ) -> AsyncIterator[TurnStreamEvent]:
     """The events of ``follower``'s turn until it ended (its :class:`TurnEnded` last)."""
     while True:
@@ -159,7 +162,7 @@ async def _follow(
             message = await subscription.get(timeout=0)
 
 
-def _live(message: LiveMessage, follower: _Follower, calls: _Calls) -> list[TurnStreamEvent]:
+def _live(message: LiveMessage, follower: _Follower, calls: LiveCalls) -> list[TurnStreamEvent]:
     if message.turn_id not in follower.tree:
         return []  # another turn of a conversation followed (an earlier one's late message)
     return calls.events(message)
@@ -170,7 +173,7 @@ async def stream_turn(store: Store, turn_id: str, *, poll: float = POLL_INTERVAL
     turn = await store.load_turn(turn_id)
     subscription = await transport_for(store).subscribe([turn.conversation_id])
     try:
-        async for event in _follow(_Follower(store, turn_id), subscription, _Calls(), poll):
+        async for event in _follow(_Follower(store, turn_id), subscription, LiveCalls(), poll):
             yield event
     finally:
         await subscription.close()
@@ -182,7 +185,7 @@ async def stream_conversation(
     """The events of the conversation's turns, one turn after the other (they run one at a time): the unfinished
     ones, then every turn that starts later. Runs until the caller stops iterating."""
     subscription = await transport_for(store).subscribe([conversation_id])
-    calls = _Calls()
+    calls = LiveCalls()
     done: set[str] = {t.id for t in await store.list_turns(conversation_id=conversation_id) if t.terminal}
     try:
         while True:

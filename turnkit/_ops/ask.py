@@ -12,14 +12,18 @@ otherwise it runs one in-process. The decision is printed with the reason.
 
 While the turn runs, its progress is printed (to stderr, so that stdout holds only the answer): each model iteration,
 tool call and sub-agent turn, read from the store by :func:`turnkit._ops.event_stream.follow` (the stream of ``turnkit
-events --follow``), and a summary line at the end.
+events --follow``), and a summary line at the end. The model's text is printed as it streams, token by token, when
+the store's live transport reaches this process (:mod:`turnkit.store.live`): always on PostgreSQL, and on SQLite
+when the turn runs in this process's worker. Otherwise (SQLite, a worker elsewhere) each iteration's text shows once
+it is committed, as before; the header line says which.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,12 +34,16 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError
 
+from turnkit._engine.turn_stream import LiveCalls
 from turnkit._ops.event_stream import StreamEvent, follow
+from turnkit._ops.printable import printable
 from turnkit._ops.tree import TurnNode, load_trees
 from turnkit.agent import Agent
 from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import TurnRecord
 from turnkit.runtime import TurnKit
+from turnkit.store.live import Subscription, transport_for
+from turnkit.streaming import Restart, TextDelta
 
 __all__ = ["POLLER_FRESHNESS", "WorkerMode", "ask_turn", "choose_worker", "live_pollers", "summary_line"]
 
@@ -118,13 +126,61 @@ async def ask_turn(
         view = Progress(progress, root_turn_id=turn.id)
         view.say(f"turnkit ask: agent {agent.name} · turn {turn.id} · conversation {conversation.id}")
         view.say(f"worker: {why}")
-        async for event in follow(tk.store, turn.id, interval=interval):
-            view.show(event)
+        transport = transport_for(tk.store)
+        if transport.cross_process:
+            view.say("live text: on (PostgreSQL LISTEN/NOTIFY)")
+        elif in_process:
+            view.say("live text: on (in-process worker)")
+        else:
+            view.say("live text: off (a SQLite store reaches no other process): each iteration shows once committed")
+        subscription = await transport.subscribe([conversation.id]) if progress is not None else None
+        try:
+            async for event in _with_live(follow(tk.store, turn.id, interval=interval), subscription, turn.id):
+                view.show(event)
+        finally:
+            if subscription is not None:
+                await subscription.close()
+        view.end_live()
         done = await turn.result()
         if progress is not None:
             [tree] = await load_trees(tk.store, turn.id)
             view.say(summary_line(tree))
         return done.record
+
+
+async def _with_live(
+    committed: AsyncIterator[StreamEvent], subscription: Subscription | None, turn_id: str
+) -> AsyncIterator[StreamEvent | TextDelta | Restart]:
+    """The committed events of ``committed``, with the turn's live text deltas and restarts from ``subscription``
+    merged in as they arrive; ends with ``committed``."""
+    if subscription is None:
+        async for event in committed:
+            yield event
+        return
+    calls = LiveCalls()
+    queue: asyncio.Queue[StreamEvent | TextDelta | Restart | None] = asyncio.Queue()
+
+    async def read_committed() -> None:
+        try:
+            async for event in committed:
+                await queue.put(event)
+        finally:
+            await queue.put(None)
+
+    async def read_live() -> None:
+        async for message in subscription:
+            if message.turn_id == turn_id:
+                for event in calls.events(message):
+                    if isinstance(event, TextDelta | Restart):
+                        await queue.put(event)
+
+    async with asyncio.TaskGroup() as group:
+        done = group.create_task(read_committed())
+        live = group.create_task(read_live())
+        while (event := await queue.get()) is not None:
+            yield event
+        live.cancel()
+        await done
 
 
 @dataclass
@@ -137,19 +193,44 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     depth: dict[str, int] = field(default_factory=dict[str, int])
     iterations: dict[str, int] = field(default_factory=dict[str, int])
+    live_call: str | None = None
+    """The model call whose streamed text the current line shows (None: no line open)."""
 
     def say(self, line: str) -> None:
         """Print one line as it is (nothing when silent)."""
+        self.end_live()
         if self.out is not None:
             print(line, file=self.out, flush=True)
 
-    def show(self, event: StreamEvent) -> None:
-        """Print ``event`` if it is progress a person wants to see."""
+    def end_live(self) -> None:
+        """End the line of streamed text, if one is open."""
+        if self.live_call is not None and self.out is not None:
+            print(file=self.out, flush=True)
+        self.live_call = None
+
+    def show(self, event: StreamEvent | TextDelta | Restart) -> None:
+        """Print ``event`` if it is progress a person wants to see; streamed text goes on one growing line."""
+        if isinstance(event, TextDelta | Restart):
+            self._live(event)
+            return
         line = self._describe(event)
         if line is None:
             return
         indent = "  " * self.depth.get(event.turn_id, 0)
         self.say(f"{time.monotonic() - self.started:7.2f}s  {indent}{event.agent}: {line}")
+
+    def _live(self, event: TextDelta | Restart) -> None:
+        if self.out is None:
+            return
+        if isinstance(event, Restart):  # the call is retried: what it streamed so far is void
+            self.say(f"{time.monotonic() - self.started:7.2f}s  [model call retried: attempt {event.attempt}]")
+            return
+        if self.live_call != event.call_id:
+            self.end_live()
+            print(f"{time.monotonic() - self.started:7.2f}s  > ", end="", file=self.out)
+            self.live_call = event.call_id
+        # The record's text is printed on a terminal: no escape sequence may reach it (as for committed events).
+        print(printable(event.text, one_line=True), end="", file=self.out, flush=True)
 
     def _describe(self, event: StreamEvent) -> str | None:
         kind, _, what = event.type.partition(".")
