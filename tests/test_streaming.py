@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import turnkit
-from tests.engine import Engine
+from tests.engine import Engine, eventually
 from tests.provider_server import (
     ProviderServer,
     Reply,
@@ -28,6 +28,7 @@ from tests.workers import WorkerProcess
 from turnkit.model import ModelRequest
 from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.runtime import TurnKit
+from turnkit.store.live import transport_for
 from turnkit.streaming import TurnStreamEvent, streaming_to
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -63,7 +64,9 @@ async def test_a_turn_streams_its_deltas_in_process_on_sqlite(tk: TurnKit) -> No
     """SQLite, worker and client in one process: the answer arrives word by word while the turn runs, the tool call
     starts and finishes between the two model calls, and the stream ends with the recorded answer."""
     answer = "Temporal keeps the turn durable, word by word."
-    client = ScriptedClient([call_tools(("lookup", {"topic": "temporal"}), text="Looking."), answer], delta_delay=0.02)
+    # The first call proposes the tool without text: the stream subscribes once ask returns, and a first call's words
+    # could come before that (they are not recorded twice, just not seen live); the answer comes after the tool ran.
+    client = ScriptedClient([call_tools(("lookup", {"topic": "temporal"})), answer], delta_delay=0.02)
     agent = turnkit.Agent("streamer", model="scripted", tools=[lookup], client=client)
     turn = await (await tk.conversation(agent)).ask("what is temporal?", wait=False)
 
@@ -79,11 +82,10 @@ async def test_a_turn_streams_its_deltas_in_process_on_sqlite(tk: TurnKit) -> No
     assert isinstance(ended, turnkit.TurnEnded) and ended.status == "completed" and ended.output_text == answer
     kinds = [type(e).__name__ for e in events]
     assert kinds.index("ToolCallStarted") < kinds.index("ToolCallFinished")
-    calls = list(dict.fromkeys(e.call_id for e in events if isinstance(e, turnkit.TextDelta)))
-    assert len(calls) == 2  # both model calls streamed
-    assert answer_text(events, calls[0]) == "Looking."
-    assert answer_text(events, calls[1]) == answer
-    assert len([e for e in events if isinstance(e, turnkit.TextDelta) and e.call_id == calls[1]]) > 3
+    [call] = {e.call_id for e in events if isinstance(e, turnkit.TextDelta)}
+    assert answer_text(events, call) == answer
+    assert len([e for e in events if isinstance(e, turnkit.TextDelta)]) > 3  # word by word
+    assert kinds.index("ToolCallFinished") < kinds.index("TextDelta")
     assert not any(isinstance(e, turnkit.Restart) for e in events)
     # A turn that already ended streams its end at once.
     assert [type(e).__name__ for e in [e async for e in turn.stream()]][-1] == "TurnEnded"
@@ -206,3 +208,37 @@ async def test_deltas_cross_processes_on_postgres_and_a_cut_stream_restarts(
     assert len(server.requests) == 2 and all(body["stream"] for body in server.bodies)
     assistant = [m for m in await turn.messages() if m.role == "assistant"]
     assert [m.content[0]["text"] for m in assistant] == [answer]  # recorded once, from the retried call
+
+
+@sqlite_only
+async def test_a_conversation_streams_its_turns_one_after_the_other(tk: TurnKit) -> None:
+    """``Conversation.stream()`` started before any turn: each turn asked later streams its words and ends with its
+    recorded answer, in the order the turns ran."""
+    answers = ["First answer, streamed.", "Second answer, streamed too."]
+    agent = turnkit.Agent("chatty", model="scripted", client=ScriptedClient(answers))
+    conversation = await tk.conversation(agent)
+    events: list[TurnStreamEvent] = []
+
+    async def watch() -> None:
+        async for event in conversation.stream():
+            events.append(event)
+            if len([e for e in events if isinstance(e, turnkit.TurnEnded)]) == len(answers):
+                return
+
+    watcher = asyncio.create_task(watch())
+
+    async def subscribed() -> bool:
+        return transport_for(tk.store).subscribed(conversation.id)
+
+    await eventually(subscribed, what="the conversation's stream subscribed")  # or the first words could be missed
+    first = await conversation.ask("one")
+    second = await conversation.ask("two")
+    async with asyncio.timeout(30):
+        await watcher
+
+    ends = [e for e in events if isinstance(e, turnkit.TurnEnded)]
+    assert [(e.turn_id, e.output_text) for e in ends] == [(first.id, answers[0]), (second.id, answers[1])]
+    for turn, answer in ((first, answers[0]), (second, answers[1])):
+        [call] = {e.call_id for e in events if isinstance(e, turnkit.TextDelta) and e.turn_id == turn.id}
+        assert answer_text(events, call) == answer
+    assert events.index(ends[0]) < min(i for i, e in enumerate(events) if getattr(e, "turn_id", "") == second.id)

@@ -137,7 +137,12 @@ def _ended(turn: TurnRecord) -> TurnEnded:
 async def _follow(
     follower: _Follower, subscription: Subscription, calls: LiveCalls, poll: float
 ) -> AsyncIterator[TurnStreamEvent]:
-    """The events of ``follower``'s turn until it ended (its :class:`TurnEnded` last)."""
+    """The events of ``follower``'s turn until it ended (its :class:`TurnEnded` last).
+
+    A model call's first live message sends the stream back to the store before its deltas are yielded: a call
+    starts only once the step before it committed, so the tool calls it follows are yielded before its text.
+    """
+    read_before: set[str] = set()  # the calls whose first message was preceded by a read of the store
     while True:
         events, turn = await follower.read()
         await subscription.add(follower.conversations)  # sub-agents' conversations: their deltas too
@@ -157,6 +162,10 @@ async def _follow(
             return
         message = await subscription.get(timeout=poll)
         while message is not None and message.kind != "committed":
+            if message.turn_id in follower.tree and message.call_id not in read_before:
+                read_before.add(message.call_id)
+                subscription.put_back([message])  # read the store first, then this message
+                break
             for event in _live(message, follower, calls):
                 yield event
             message = await subscription.get(timeout=0)

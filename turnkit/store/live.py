@@ -128,6 +128,10 @@ class Transport(Protocol):
         """Start receiving the messages of these conversations (close the subscription when done)."""
         ...
 
+    def subscribed(self, conversation_id: str) -> bool:
+        """Whether a subscription of this process receives ``conversation_id``'s messages now."""
+        ...
+
     async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
         """Deliver these channels' messages to ``subscription`` too (called by :meth:`Subscription.add`)."""
         ...
@@ -260,6 +264,10 @@ class LocalTransport:
             for subscription in tuple(self._subscribers.get(channel_of(message.conversation_id), ())):
                 subscription.deliver(message)
 
+    def subscribed(self, conversation_id: str) -> bool:
+        """See :meth:`Transport.subscribed`."""
+        return bool(self._subscribers.get(channel_of(conversation_id)))
+
     async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
         """A subscription to these conversations' messages published in this process."""
         subscription = Subscription(self)
@@ -309,6 +317,10 @@ class PostgresTransport:
         payloads = [m.payload() for m in messages]
         async with self._engine.connect() as connection:
             await connection.execute(_NOTIFY, {"channels": channels, "payloads": payloads})
+
+    def subscribed(self, conversation_id: str) -> bool:
+        """See :meth:`Transport.subscribed`."""
+        return bool(self._subscribers.get(channel_of(conversation_id)))
 
     async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
         """A subscription to these conversations' messages from every process."""
