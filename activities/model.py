@@ -684,6 +684,7 @@ def _publisher(store: Store, turn: TurnRecord, call: ModelCall, attempt: int) ->
         turn_id=turn.id,
         call_id=call.request_id,
         attempt=attempt + call.attempts_before,  # a local first attempt counts: its retries start at 2
+        root_turn_id=turn.root_turn_id if turn.parent_turn_id is not None else "",
     )
 
 

@@ -59,15 +59,21 @@ def answer_text(events: list[TurnStreamEvent], call_id: str) -> str:
     return text
 
 
-@sqlite_only
-async def test_a_turn_streams_its_deltas_in_process_on_sqlite(tk: TurnKit) -> None:
-    """SQLite, worker and client in one process: the answer arrives word by word while the turn runs, the tool call
-    starts and finishes between the two model calls, and the stream ends with the recorded answer."""
+async def test_a_turn_streams_its_words_tool_calls_and_sub_agents(tk: TurnKit) -> None:
+    """Worker and client in one process (SQLite: in-process delivery; PostgreSQL: NOTIFY): the tool call starts and
+    finishes, the sub-agent starts and streams its own words, then the answer arrives word by word while the turn
+    runs, and the stream ends with the recorded answer."""
     answer = "Temporal keeps the turn durable, word by word."
     # The first call proposes the tool without text: the stream subscribes once ask returns, and a first call's words
     # could come before that (they are not recorded twice, just not seen live); the answer comes after the tool ran.
-    client = ScriptedClient([call_tools(("lookup", {"topic": "temporal"})), answer], delta_delay=0.02)
-    agent = turnkit.Agent("streamer", model="scripted", tools=[lookup], client=client)
+    client = ScriptedClient(
+        [call_tools(("lookup", {"topic": "temporal"})), call_tools(("checker", {"task": "check it"})), answer],
+        delta_delay=0.02,
+    )
+    checker = turnkit.Agent(
+        "checker", model="scripted", client=ScriptedClient(["It holds, checked."], delta_delay=0.02)
+    )
+    agent = turnkit.Agent("streamer", model="scripted", tools=[lookup], sub_agents=[checker], client=client)
     turn = await (await tk.conversation(agent)).ask("what is temporal?", wait=False)
 
     events: list[TurnStreamEvent] = []
@@ -82,10 +88,17 @@ async def test_a_turn_streams_its_deltas_in_process_on_sqlite(tk: TurnKit) -> No
     assert isinstance(ended, turnkit.TurnEnded) and ended.status == "completed" and ended.output_text == answer
     kinds = [type(e).__name__ for e in events]
     assert kinds.index("ToolCallStarted") < kinds.index("ToolCallFinished")
-    [call] = {e.call_id for e in events if isinstance(e, turnkit.TextDelta)}
+    assert kinds.index("ToolCallFinished") < kinds.index("TextDelta")  # the tool ran before any text came
+    [sub] = [e for e in events if isinstance(e, turnkit.SubAgentStarted)]
+    assert sub.agent == "checker" and sub.parent_turn_id == turn.id
+    # The sub-agent's words stream too (from its own conversation), after it started and before its turn ended.
+    sub_deltas = [(i, e) for i, e in enumerate(events) if isinstance(e, turnkit.TextDelta) and e.turn_id == sub.turn_id]
+    assert "".join(e.text for _, e in sub_deltas) == "It holds, checked."
+    sub_end = next(i for i, e in enumerate(events) if isinstance(e, turnkit.TurnEnded) and e.turn_id == sub.turn_id)
+    assert events.index(sub) < sub_deltas[0][0] and sub_deltas[-1][0] < sub_end
+    [call] = {e.call_id for e in events if isinstance(e, turnkit.TextDelta) and e.turn_id == turn.id}
     assert answer_text(events, call) == answer
-    assert len([e for e in events if isinstance(e, turnkit.TextDelta)]) > 3  # word by word
-    assert kinds.index("ToolCallFinished") < kinds.index("TextDelta")
+    assert len([e for e in events if isinstance(e, turnkit.TextDelta) and e.turn_id == turn.id]) > 3  # word by word
     assert not any(isinstance(e, turnkit.Restart) for e in events)
     # A turn that already ended streams its end at once.
     assert [type(e).__name__ for e in [e async for e in turn.stream()]][-1] == "TurnEnded"

@@ -31,8 +31,19 @@ CLOSE_TIMEOUT: Final = 5.0
 class CallPublisher:
     """The deltas of one attempt of one model call, published in order (use as an async context manager)."""
 
-    def __init__(self, transport: Transport, *, conversation_id: str, turn_id: str, call_id: str, attempt: int) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        conversation_id: str,
+        turn_id: str,
+        call_id: str,
+        attempt: int,
+        root_turn_id: str = "",
+    ) -> None:
         self.transport = transport
+        self.root_turn_id = root_turn_id
+        """A sub-agent's root turn (its tree channel carries the deltas too); "" for a root turn."""
         self.conversation_id = conversation_id
         self.turn_id = turn_id
         self.call_id = call_id
@@ -112,7 +123,7 @@ class CallPublisher:
         for kind, delta in batch:
             base = LiveMessage(kind, self.conversation_id, self.turn_id, self.call_id, self.attempt, text=delta)
             for piece in chunked(base):
-                messages.append(LiveMessage(piece.kind, *_ids(piece), self._seq, piece.text))
+                messages.append(LiveMessage(piece.kind, *_ids(piece), self._seq, piece.text, self.root_turn_id))
                 self._seq += 1
         try:
             await self.transport.publish(messages)

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from turnkit.kernel.records import TERMINAL_TOOL_EXECUTION_STATUSES, TurnRecord
-from turnkit.store.live import LiveMessage, Subscription, transport_for
+from turnkit.store.live import LiveMessage, Subscription, transport_for, tree_key
 from turnkit.store.store import Store
 from turnkit.streaming import (
     Restart,
@@ -162,7 +162,7 @@ async def _follow(
             return
         message = await subscription.get(timeout=poll)
         while message is not None and message.kind != "committed":
-            if message.turn_id in follower.tree and message.call_id not in read_before:
+            if message.call_id not in read_before:  # a new call (perhaps of a sub-agent the store shows now)
                 read_before.add(message.call_id)
                 subscription.put_back([message])  # read the store first, then this message
                 break
@@ -180,7 +180,9 @@ def _live(message: LiveMessage, follower: _Follower, calls: LiveCalls) -> list[T
 async def stream_turn(store: Store, turn_id: str, *, poll: float = POLL_INTERVAL) -> AsyncIterator[TurnStreamEvent]:
     """The events of ``turn_id`` and the sub-agent turns below it, live and committed, until the turn ends."""
     turn = await store.load_turn(turn_id)
-    subscription = await transport_for(store).subscribe([turn.conversation_id])
+    # A root turn's sub-agents publish on its tree channel too: their first words arrive before the store shows them.
+    keys = [turn.conversation_id, *([tree_key(turn.id)] if turn.parent_turn_id is None else [])]
+    subscription = await transport_for(store).subscribe(keys)
     try:
         async for event in _follow(_Follower(store, turn_id), subscription, LiveCalls(), poll):
             yield event
@@ -209,6 +211,8 @@ async def stream_conversation(
                         subscription.put_back([message])
                         await asyncio.sleep(0)  # the turn's record was committed before its model call began
                 continue
+            if following.parent_turn_id is None:
+                await subscription.add([tree_key(following.id)])  # its sub-agents' deltas
             async for event in _follow(_Follower(store, following.id), subscription, calls, poll):
                 yield event
             done.add(following.id)

@@ -12,7 +12,8 @@ number within that attempt, so a consumer can tell a retried call's text from th
 Two transports, one per kind of store (:func:`transport_for`):
 
 * **PostgreSQL**: ``NOTIFY`` through the database, so a client in any process sees a worker's deltas. One channel per
-  conversation (``turnkit_live_`` + a hash of its id); a batch of messages is one ``SELECT pg_notify(...)`` statement
+  conversation (``turnkit_live_`` + a hash of its id), and a sub-agent's messages also on its root turn's tree channel
+  (:func:`tree_key`); a batch of messages is one ``SELECT pg_notify(...)`` statement
   (one round trip, in autocommit); every payload stays under PostgreSQL's 8000-byte limit (:data:`TEXT_CHUNK`: long
   deltas are split). A process listens on one connection of the store's pool (asyncpg's public ``add_listener``),
   shared by all its subscriptions and given back (closed) when the last one ends. PostgreSQL delivers the
@@ -54,6 +55,7 @@ __all__ = [
     "channel_of",
     "chunked",
     "transport_for",
+    "tree_key",
 ]
 
 logger: Final = logging.getLogger("turnkit.live")
@@ -85,6 +87,14 @@ class LiveMessage:
     seq: int = 0
     """Position within the attempt, from 0."""
     text: str = ""
+    root_turn_id: str = ""
+    """Set for a sub-agent's turn: its root turn, whose tree channel (:func:`tree_key`) carries the message too, so
+    a root turn's stream hears its sub-agents from their first word."""
+
+    def channels(self) -> list[str]:
+        """The channels the message goes to: its conversation's, and its root turn's tree channel if it has one."""
+        own = [channel_of(self.conversation_id)]
+        return [*own, channel_of(tree_key(self.root_turn_id))] if self.root_turn_id else own
 
     def payload(self) -> str:
         """The message as a NOTIFY payload (ASCII JSON)."""
@@ -104,6 +114,11 @@ class LiveMessage:
 def channel_of(conversation_id: str) -> str:
     """The channel of a conversation's live messages."""
     return CHANNEL_PREFIX + hashlib.sha256(conversation_id.encode()).hexdigest()[:40]
+
+
+def tree_key(root_turn_id: str) -> str:
+    """What to subscribe to (in place of a conversation id) for the live messages of a root turn's sub-agents."""
+    return f"tree:{root_turn_id}"
 
 
 def chunked(message: LiveMessage) -> list[LiveMessage]:
@@ -261,8 +276,9 @@ class LocalTransport:
     async def publish(self, messages: Sequence[LiveMessage]) -> None:
         """Queue each message for this process's subscribers of its conversation."""
         for message in messages:
-            for subscription in tuple(self._subscribers.get(channel_of(message.conversation_id), ())):
-                subscription.deliver(message)
+            for channel in message.channels():
+                for subscription in tuple(self._subscribers.get(channel, ())):
+                    subscription.deliver(message)
 
     def subscribed(self, conversation_id: str) -> bool:
         """See :meth:`Transport.subscribed`."""
@@ -313,8 +329,9 @@ class PostgresTransport:
         """One ``pg_notify`` per message, all in one statement (they arrive in this order)."""
         if not messages:
             return
-        channels = [channel_of(m.conversation_id) for m in messages]
-        payloads = [m.payload() for m in messages]
+        pairs = [(channel, m.payload()) for m in messages for channel in m.channels()]
+        channels = [channel for channel, _ in pairs]
+        payloads = [payload for _, payload in pairs]
         async with self._engine.connect() as connection:
             await connection.execute(_NOTIFY, {"channels": channels, "payloads": payloads})
 
