@@ -25,10 +25,13 @@ from tests.provider_server import (
     openai_text,
 )
 from tests.workers import WorkerProcess
+from turnkit._engine.live_publish import CallPublisher
+from turnkit._engine.turn_stream import LiveCalls
 from turnkit.model import ModelRequest
 from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.runtime import TurnKit
-from turnkit.store.live import transport_for
+from turnkit.store.live import LiveMessage, transport_for
+from turnkit.store.store import Store
 from turnkit.streaming import TurnStreamEvent, streaming_to
 from turnkit.testing import ScriptedClient, call_tools
 
@@ -255,3 +258,33 @@ async def test_a_conversation_streams_its_turns_one_after_the_other(tk: TurnKit)
         [call] = {e.call_id for e in events if isinstance(e, turnkit.TextDelta) and e.turn_id == turn.id}
         assert answer_text(events, call) == answer
     assert events.index(ends[0]) < min(i for i, e in enumerate(events) if getattr(e, "turn_id", "") == second.id)
+
+
+async def test_long_deltas_are_cut_under_the_notify_limit_and_arrive_in_order(store: Store) -> None:
+    """A retried call's publisher sends ``restart`` first; a delta far past PostgreSQL's 8000-byte payload limit (600
+    astral characters, 12 bytes each as JSON) arrives in pieces that rebuild it, numbered in order; the subscriber
+    reads them back as ``Restart`` then the text (both stores: NOTIFY, in-process)."""
+    transport = transport_for(store)
+    subscription = await transport.subscribe(["conv_limits"])
+    long_text = "🙂" * 600 + "é" * 700
+    try:
+        async with CallPublisher(
+            transport, conversation_id="conv_limits", turn_id="turn_limits", call_id="req_1", attempt=2
+        ) as publisher:
+            publisher.text(long_text)
+            publisher.thinking("hmm")
+        assert await subscription.barrier("conv_limits")
+        messages: list[LiveMessage] = []
+        while (message := await subscription.get(timeout=0)) is not None:
+            messages.append(message)
+    finally:
+        await subscription.close()
+    assert [m.seq for m in messages] == list(range(len(messages)))
+    assert messages[0].kind == "restart" and messages[0].attempt == 2
+    assert all(len(m.payload().encode()) < 8000 for m in messages)
+    calls = LiveCalls()
+    events = [e for m in messages for e in calls.events(m)]
+    assert isinstance(events[0], turnkit.Restart)
+    assert "".join(e.text for e in events if isinstance(e, turnkit.TextDelta)) == long_text
+    assert [e.text for e in events if isinstance(e, turnkit.ThinkingDelta)] == ["hmm"]
+    assert not transport.subscribed("conv_limits")

@@ -209,9 +209,13 @@ class Subscription:
     async def add(self, conversation_ids: Iterable[str]) -> None:
         """Receive the messages of these conversations too."""
         new = {channel_of(each) for each in conversation_ids} - self.channels
-        if new and not self._closed:
+        if new and not self._closed and not self.lost:
             self.channels |= new
-            await self.transport.listen(self, new)
+            try:
+                await self.transport.listen(self, new)
+            except Exception as err:  # no listener (the database away): the stream goes on with committed events
+                logger.warning("live deltas unavailable, committed events only: %s", err)
+                self.lost = True
 
     async def get(self, timeout: float | None = None) -> LiveMessage | None:
         """The next message; None after ``timeout`` seconds without one, or at once when the transport ended."""
@@ -237,6 +241,8 @@ class Subscription:
         when that could not be confirmed within ``timeout`` seconds."""
         if not self.transport.cross_process:
             return True  # in-process delivery is synchronous with the publish
+        if self.lost:
+            return False  # nothing comes back through a listener that is gone
         token = uuid.uuid4().hex
         waiter = self._loop.create_future()
         self._barriers[token] = waiter
