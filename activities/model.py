@@ -192,7 +192,7 @@ class ModelActivities(ModelCalls):
                 raise _provider_failure(err) from err
         ended: list[TurnRecord] = []  # the terminal record, when this attempt's write ended the turn
         step = await self._persist(call, turn, request.model, result, audit, ended)
-        if publisher is not None:  # watchers read the committed response now, not at their next poll
+        if publisher is not None and publisher.published:  # watchers read the response now, not at their next poll
             publisher.committed()
             await publisher.flush()
         if step.outcome in ("completed", "failed"):

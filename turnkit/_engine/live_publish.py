@@ -13,6 +13,7 @@ A retried attempt (``attempt > 1``) first publishes ``restart``, so watchers dro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Final
 
@@ -53,6 +54,7 @@ class CallPublisher:
         self._pending: list[tuple[LiveKind, str]] = []
         self._seq = 0
         self._wake = asyncio.Event()
+        self._closed = asyncio.Event()  # ends a batch's wait at once: the call's end is not delayed by it
         self._closing = False
         self._failed = False
         self._task: asyncio.Task[None] | None = None
@@ -92,6 +94,7 @@ class CallPublisher:
     async def close(self) -> None:
         """Send what is queued (within :data:`CLOSE_TIMEOUT` seconds) and stop."""
         self._closing = True
+        self._closed.set()
         self._wake.set()
         task, self._task = self._task, None
         if task is None:
@@ -109,8 +112,9 @@ class CallPublisher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._closing:
-                await asyncio.sleep(BATCH_INTERVAL)  # let the deltas of the next few tokens join this batch
+            if not self._closing:  # let the deltas of the next few tokens join this batch
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), BATCH_INTERVAL)
             await self._send()
             if self._closing and not self._pending:
                 return
