@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import turnkit
-from tests.engine import Engine, eventually
+from tests.engine import Engine, Gate, eventually, gated_tool
 from tests.provider_server import (
     ProviderServer,
     Reply,
@@ -25,6 +26,7 @@ from tests.provider_server import (
     openai_text,
 )
 from tests.workers import WorkerProcess
+from turnkit import cli
 from turnkit._engine.live_publish import CallPublisher
 from turnkit._engine.turn_stream import LiveCalls
 from turnkit.model import ModelRequest
@@ -288,3 +290,37 @@ async def test_long_deltas_are_cut_under_the_notify_limit_and_arrive_in_order(st
     assert "".join(e.text for e in events if isinstance(e, turnkit.TextDelta)) == long_text
     assert [e.text for e in events if isinstance(e, turnkit.ThinkingDelta)] == ["hmm"]
     assert not transport.subscribed("conv_limits")
+
+
+@sqlite_only
+async def test_show_html_follow_rewrites_the_timeline_until_the_run_ends(
+    tk: TurnKit, engine: Engine, tmp_path: Path
+) -> None:
+    """``turnkit show TURN --html FILE --follow``: while the turn runs, the page shows its running tool call and
+    reloads itself; once the turn ended, the command returns and the last page no longer reloads."""
+    gate = Gate()
+    agent = turnkit.Agent(
+        "followed",
+        model="scripted",
+        tools=[gated_tool(gate)],
+        client=ScriptedClient([call_tools(("slow", {})), "done"]),
+    )
+    turn = await (await tk.conversation(agent)).ask("go", wait=False)
+    page = tmp_path / "run.html"
+    options = ["--address", engine.temporal_address, "--database-url", engine.database_url]
+    following = asyncio.create_task(cli.run_command(["show", turn.id, "--html", str(page), "--follow", *options]))
+
+    async def running_page() -> bool:
+        text = page.read_text() if page.exists() else ""
+        return "http-equiv='refresh'" in text and "slow" in text
+
+    try:
+        await eventually(running_page, what="the page of the running turn, with its tool call")
+        assert not following.done()
+    finally:
+        gate.opened.set()
+    async with asyncio.timeout(30):
+        assert await following == 0
+    final = page.read_text()
+    assert "http-equiv" not in final and turn.id in final and "slow" in final
+    assert (await tk.store.load_turn(turn.id)).status == "completed"

@@ -186,9 +186,13 @@ async def _db(args: argparse.Namespace) -> int:
 
 async def _show(args: argparse.Namespace) -> int:
     from turnkit._ops.show import render_json, render_text, ui_links
-    from turnkit._ops.timeline import render_html
-    from turnkit._ops.tree import load_trees
+    from turnkit._ops.timeline import follow_html, render_html
+    from turnkit._ops.tree import TurnNode, load_trees
     from turnkit.kernel.errors import RecordNotFound
+
+    def links_of(trees: list[TurnNode]) -> dict[str, str]:
+        # The namespace names the UI pages: as configured (envconfig, --namespace), though show needs no cluster.
+        return ui_links(trees, args.ui, client_options_from_arguments(args)["namespace"]) if args.ui else {}
 
     async with open_store(args) as store:
         try:
@@ -196,8 +200,10 @@ async def _show(args: argparse.Namespace) -> int:
         except RecordNotFound as err:
             print(f"turnkit show: {err}", file=sys.stderr)
             return 1
-    # The namespace names the UI pages: as configured (envconfig, --namespace), though show itself needs no cluster.
-    links = ui_links(trees, args.ui, client_options_from_arguments(args)["namespace"]) if args.ui else {}
+        if args.html and args.follow:  # the page follows the run (issue 38); the text below is its end
+            print(f"following the run: {args.html} is rewritten until it ends", file=sys.stderr)
+            trees = await follow_html(store, trees, Path(args.html), links=links_of, title=f"TurnKit run {args.id}")
+    links = links_of(trees)
     if args.html:
         Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
     print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
@@ -426,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id", metavar="TURN_ID|CONVERSATION_ID")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.add_argument("--html", metavar="FILE", help="also write a self-contained HTML timeline of the tree to FILE")
+    show.add_argument(
+        "--follow", action="store_true", help="with --html: rewrite FILE (which reloads itself) until the run ends"
+    )
     show.add_argument(
         "--ui",
         default=os.environ.get("TURNKIT_UI"),

@@ -1,19 +1,24 @@
-"""``turnkit show --html FILE``: one self-contained HTML page with a timeline of a run's tree.
+"""``turnkit show --html FILE [--follow]``: one self-contained HTML page with a timeline of a run's tree.
 
 One row per turn and per tool execution, in tree order, each a bar placed on a shared time axis (absolute
 positioning in percent of the tree's span), coloured by status; a bar's ``data-id`` is its turn or execution id.
-Inline CSS only, no scripts and no external assets, so the page opens anywhere, offline.
+Inline CSS only, no scripts and no external assets, so the page opens anywhere, offline. With ``--follow`` the file
+is rewritten as the run goes on (:func:`follow_html`) and reloads itself (a ``meta refresh``) until the run ends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from html import escape
+from pathlib import Path
 
-from turnkit._ops.tree import TurnNode
-from turnkit.store.store import utcnow
+from turnkit._engine.turn_stream import stream_turn
+from turnkit._ops.tree import TurnNode, load_trees
+from turnkit.store.store import Store, utcnow
+from turnkit.streaming import Restart, TextDelta, ThinkingDelta
 
-__all__ = ["render_html"]
+__all__ = ["follow_html", "render_html"]
 
 _COLOURS = {
     "completed": "#3a9d5d",
@@ -40,17 +45,59 @@ h1{font-size:18px} h2{font-size:15px;margin-top:28px}
 """
 
 
-def render_html(trees: list[TurnNode], *, links: dict[str, str] | None = None, title: str = "TurnKit run") -> str:
-    """The page for ``trees`` (``links``: workflow id -> Temporal UI address, shown on each turn's row)."""
+def render_html(
+    trees: list[TurnNode],
+    *,
+    links: dict[str, str] | None = None,
+    title: str = "TurnKit run",
+    refresh: float | None = None,
+) -> str:
+    """The page for ``trees`` (``links``: workflow id -> Temporal UI address, shown on each turn's row); ``refresh``:
+    the page reloads itself every so many seconds (a run being followed, :func:`follow_html`)."""
     body = [f"<h1>{escape(title)}</h1>"]
+    reload = ""
+    if refresh is not None:
+        reload = f"<meta http-equiv='refresh' content='{refresh:g}'>"
+        body.append(f"<p class='meta'>Running: this page reloads every {refresh:g} s until the run ends.</p>")
     for tree in trees:
         body.append(_tree_section(tree, links or {}))
     return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{reload}"
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
         + "\n".join(body)
         + "\n</body></html>\n"
     )
+
+
+async def follow_html(
+    store: Store,
+    trees: list[TurnNode],
+    path: Path,
+    *,
+    links: Callable[[list[TurnNode]], dict[str, str]],
+    title: str,
+    refresh: float = 1.0,
+) -> list[TurnNode]:
+    """Write the page of ``trees`` to ``path`` now, and again at each committed event of every unfinished root turn
+    among them (its stream, :mod:`turnkit.streaming`: tool calls, sub-agents, its end), reloading itself every
+    ``refresh`` seconds while one runs; the last write, once they all ended, does not reload. Returns the trees as
+    they ended."""
+    ids = [tree.turn.id for tree in trees]
+
+    async def write(running: bool) -> list[TurnNode]:
+        now = [tree for turn_id in ids for tree in await load_trees(store, turn_id)]
+        page = render_html(now, links=links(now), title=title, refresh=refresh if running else None)
+        path.write_text(page, encoding="utf-8")
+        return now
+
+    await write(any(not tree.turn.terminal for tree in trees))
+    for tree in trees:
+        if tree.turn.terminal:
+            continue
+        async for event in stream_turn(store, tree.turn.id):
+            if not isinstance(event, TextDelta | ThinkingDelta | Restart):  # the page shows records, not words
+                await write(True)
+    return await write(False)
 
 
 def _tree_section(tree: TurnNode, links: dict[str, str]) -> str:
