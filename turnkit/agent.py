@@ -118,6 +118,7 @@ class SpecialistOptions(TypedDict, total=False):
     output_policy_thinking: Mapping[str, Any] | None
     output_retries: int | None
     on_event: EventCallback | Iterable[EventCallback] | None
+    validate: bool
 
 
 class AgentOptions(SpecialistOptions, total=False):
@@ -193,6 +194,8 @@ class AgentDefinition:
     """Revision requests allowed after dirty audits (per turn)."""
     on_event: EventCallback | tuple[EventCallback, ...] | None
     """The agent's event callback(s) (behaviour §3.11); None falls back to ``settings.on_event``."""
+    validate: bool
+    """Validate the agent's client and model when a worker starts (:mod:`turnkit.model_access`)."""
 
 
 class Agent(AgentDefinition):
@@ -251,6 +254,9 @@ class Agent(AgentDefinition):
             on_event: Event callback (or a list of them) for this agent's turns without a per-turn one, and for its
                 sub-agents' turns (they inherit it); None falls back to ``settings.on_event`` (behaviour §3.11).
                 Called in the worker that runs the turn, so every worker must define the agent with it.
+            validate: Check the agent's client and model (``client.validate(model=...)``, one cheap provider call)
+                when a worker starts, so a missing key or an unknown model stops the start with a
+                ``ModelAccessError`` naming the model instead of failing the first turn (:mod:`turnkit.model_access`).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, ``"duplicate MCP server name: X"``, a
@@ -297,6 +303,7 @@ class Agent(AgentDefinition):
         output_policy_thinking = o.get("output_policy_thinking", None)
         output_retries = o.get("output_retries", None)
         on_event = o.get("on_event", None)
+        validate = o.get("validate", False)
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
         # Persisted as agent_name and printed by the operator's tools: the rule of every other name.
@@ -386,6 +393,7 @@ class Agent(AgentDefinition):
             output_policy_thinking=normalize_thinking(output_policy_thinking),
             output_retries=retries,
             on_event=_check_on_event(on_event),
+            validate=bool(validate),
         )
 
     @property

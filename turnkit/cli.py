@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.tracing import add_tracing_argument
-from turnkit._temporal.worker import add_deployment_arguments
+from turnkit._temporal.worker import add_deployment_arguments, add_validate_models_argument
 from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
 from turnkit.kernel.errors import ConfigError
 
@@ -512,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_deployment_arguments(worker)
+    add_validate_models_argument(worker)
     add_tracing_argument(worker)
     add_sandbox_argument(worker)
     add_loop_argument(worker)

@@ -38,6 +38,7 @@ from turnkit.config import TASK_QUEUE, settings, settings_overrides, using_setti
 from turnkit.handles import Conversation, Turn
 from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import DeliveryRecord
+from turnkit.model_access import validate_models
 from turnkit.plugin import TurnKitPlugin
 from turnkit.run import Run, start_run
 from turnkit.store.store import Store
@@ -180,9 +181,12 @@ class TurnKit:
         Raises:
             ConfigError: the namespace lacks TurnKit's search attributes (unless ``settings.search_attributes`` is
                 False); the message names them and gives the commands that register them.
+            ModelAccessError: An agent defined with ``validate=True`` (every agent with
+                ``settings.validate_models``) has no API key, or its model is unknown (:mod:`turnkit.model_access`).
         """
         if settings.search_attributes:
             await require_search_attributes(self.client)
+        await validate_models()  # agents with validate=True; all of them with settings.validate_models
         options.setdefault("graceful_shutdown_timeout", timedelta(seconds=5))
         worker = Worker(self.client, task_queue=self.task_queue, **options)
         async with worker:

@@ -35,6 +35,7 @@ from turnkit._temporal.tracing import add_tracing_argument
 from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, on_uvloop, run_on_loop
 from turnkit.config import TASK_QUEUE, settings
 from turnkit.kernel.errors import ConfigError
+from turnkit.model_access import validate_models
 from turnkit.plugin import TurnKitPlugin
 from turnkit.store import Store
 
@@ -80,6 +81,18 @@ def add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_validate_models_argument(parser: argparse.ArgumentParser) -> None:
+    """``--validate-models``: check every agent's client and model before polling (:mod:`turnkit.model_access`)."""
+    parser.add_argument(
+        "--validate-models",
+        action="store_true",
+        default=None,
+        help="before polling, check every registered agent's API key and model with one cheap provider call each "
+        "(settings.validate_models); a missing key or unknown model stops the start. Agents defined with "
+        "validate=True are checked either way",
+    )
+
+
 def deployment_config(args: argparse.Namespace) -> WorkerDeploymentConfig | None:
     """The worker's Worker Versioning options, from ``--deployment`` and ``--build-id`` (both, or neither)."""
     name, build_id = getattr(args, "deployment", None), getattr(args, "build_id", None)
@@ -100,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_deployment_arguments(parser)
+    add_validate_models_argument(parser)
     add_tracing_argument(parser)
     add_sandbox_argument(parser)
     add_loop_argument(parser)
@@ -114,6 +128,8 @@ async def run(args: argparse.Namespace) -> None:
     address = options.pop("target_host", DEFAULT_ADDRESS)
     tools_only = getattr(args, "only", None) == "tools"
     served = _served_tools(args.task_queue) if tools_only else ""
+    if not tools_only:  # a tools-only worker makes no model calls
+        await validate_models(every=getattr(args, "validate_models", None))
     deployment = deployment_config(args)
     store = await Store.open(args.database_url)
     try:

@@ -10,7 +10,7 @@ import email.utils
 import json
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -95,10 +95,10 @@ class ProviderClient(Generic[_SDK, _Answer]):
 
     async def chat(self, request: ModelRequest) -> Result:
         """Make one provider call (see the provider class for its API and its errors)."""
-        model = resolve_model(self.model, request.model)
+        model = self._api_model(resolve_model(self.model, request.model))
         sdk = self.sdk
         params = self.request_params(request, model)
-        async with translated_errors(self.errors):
+        async with self._errors():
             answer = await self._send(sdk, params)
         return self._result(answer, request, model)
 
@@ -118,6 +118,42 @@ class ProviderClient(Generic[_SDK, _Answer]):
     async def paint(self, request: PaintRequest) -> Result:
         """Generate an image (behaviour §3.6); providers without an image API raise :class:`ConfigError`."""
         raise ConfigError(f"{type(self).__name__} cannot paint: {self.provider} has no image generation API")
+
+    async def validate(self, *, model: str) -> None:
+        """Check, with one cheap call that uses no tokens, that this client can call ``model``: the API key is there
+        and the provider knows the model (``turnkit worker --validate-models``, ``Agent(validate=True)``).
+
+        Raises:
+            ModelAccessError: No model; no API key (no call is made); or the provider refused the key or the model
+                (any answer that is not worth retrying). The message names the model.
+            TransientModelError: No answer, or a 429 / 5xx answer.
+        """
+        name = self._api_model(resolve_model(self.model, model))
+        missing = self._missing_key() if self._client is None else None
+        if missing:
+            raise ModelAccessError(f"{missing} is required for {name}")
+        sdk = self.sdk
+        try:
+            async with self._errors():
+                await self._lookup(sdk, name)
+        except ModelError as err:
+            raise ModelAccessError(f"model {name} is not available: {err}") from err
+
+    def _missing_key(self) -> str | None:
+        """The environment variable to set when the client has no API key, else None."""
+        return None
+
+    def _api_model(self, model: str) -> str:
+        """The model as the provider's API names it."""
+        return model
+
+    async def _lookup(self, sdk: _SDK, model: str) -> None:
+        """The cheap call of :meth:`validate`: it raises the SDK's error when the model is not available."""
+        raise NotImplementedError
+
+    def _errors(self) -> AbstractAsyncContextManager[None]:
+        """The context that translates the SDK's errors into TurnKit's."""
+        return translated_errors(self.errors)
 
     async def _send(self, sdk: _SDK, params: dict[str, Any]) -> _Answer:
         """The one SDK call."""

@@ -8,6 +8,7 @@ replayed as their raw ``output`` items, which keeps reasoning items and call ids
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -101,6 +102,12 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
             return openai.AsyncOpenAI(**self._sdk_options)
         except openai.OpenAIError as err:  # no api_key and no OPENAI_API_KEY
             raise ModelAccessError(f"{type(err).__name__}: {err}") from err
+
+    def _missing_key(self) -> str | None:
+        return None if self._sdk_options.get("api_key") or os.environ.get("OPENAI_API_KEY") else "OPENAI_API_KEY"
+
+    async def _lookup(self, sdk: openai.AsyncOpenAI, model: str) -> None:
+        await sdk.models.retrieve(model)
 
     async def _send(self, sdk: openai.AsyncOpenAI, params: dict[str, Any]) -> Response:
         return await sdk.responses.create(**params)
