@@ -1,5 +1,5 @@
 """OpenAI-compatible endpoints (OpenRouter, vLLM, Ollama, LiteLLM's proxy) on Chat Completions, the routing of a
-model by its prefix, and ``validate`` at a worker's start.
+model by its prefix, and ``validate`` on each client.
 
 Every SDK is pointed at :class:`tests.provider_server.ProviderServer`, which speaks Chat Completions
 (``POST /v1/chat/completions``, ``GET /v1/models``) and Gemini's ``GET /v1beta/models/{model}``.
@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-import turnkit
-from tests.engine import Engine
-from tests.provider_server import ProviderServer, chat_call, chat_completion, chat_error, gemini_error
+from tests.provider_server import ProviderServer, chat_call, chat_completion, chat_error
 from tests.test_providers import HISTORY, LOOKUP, OUTPUT_SCHEMA, replay_histories, request, tool_agent
 from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError
 from turnkit.providers import (
@@ -291,7 +289,7 @@ async def test_routing_client_sends_each_model_to_its_provider(
     await router.close()
 
 
-# -- end to end: a real turn, and validation at the worker's start ---------------------------------------------------
+# -- end to end: a real turn ---------------------------------------------------
 
 
 async def test_compatible_turn_end_to_end(
@@ -317,44 +315,3 @@ async def test_compatible_turn_end_to_end(
     assert result["role"] == "tool" and result["tool_call_id"] == "call_e2e"
     assert json.loads(result["content"])["answer"] == "A"
     assert (turn.usage.input_tokens, turn.usage.cached_tokens, turn.usage.output_tokens) == (36 + 12, 64, 9 + 7)
-
-
-async def test_worker_start_validates_agents_that_ask_for_it(
-    monkeypatch: pytest.MonkeyPatch, engine: Engine, server: ProviderServer
-) -> None:
-    """``Agent(validate=True)``: a missing key stops the worker's start with a ModelAccessError naming the agent and
-    the model, without a provider call; other agents are not checked unless ``settings.validate_models``."""
-    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
-        monkeypatch.delenv(name, raising=False)
-    keyless = GeminiClient(base_url=server.url)
-    turnkit.register(turnkit.Agent("unchecked", model="gemini-a", client=keyless))
-    turnkit.register(turnkit.Agent("checked", model="gemini-b", client=keyless, validate=True))
-    with pytest.raises(
-        ModelAccessError, match=r'^agent "checked": GEMINI_API_KEY or GOOGLE_API_KEY is required for gemini-b$'
-    ):
-        async with engine.tk.worker():
-            pass
-    assert server.requests == []
-
-    # With a key, each (client, model) pair is looked up once; an unknown model stops the start.
-    keyed = GeminiClient(api_key="g-key", base_url=server.url)
-    turnkit.register(turnkit.Agent("unchecked", model="gemini-a", client=keyed))
-    turnkit.register(turnkit.Agent("checked", model="gemini-b", client=keyed, validate=True))
-    turnkit.register(turnkit.Agent("same-pair", model="gemini-b", client=keyed, validate=True))
-    server.script({"name": "models/gemini-b"}, gemini_error(404, "models/gemini-a is not found", code="NOT_FOUND"))
-    assert await turnkit.validate_models() == ["checked: gemini-b"]
-    turnkit.configure(validate_models=True)
-    with pytest.raises(
-        ModelAccessError, match=r'^agent "unchecked": model gemini-a is not available: ClientError: 404'
-    ):
-        async with engine.tk.worker():
-            pass
-    server.script({"name": "models/gemini-a"}, {"name": "models/gemini-b"})
-    async with engine.tk.worker():  # every model known: the worker starts
-        pass
-    assert [r.path.removeprefix("/v1beta/models/") for r in server.requests] == [
-        "gemini-b",
-        "gemini-a",
-        "gemini-a",
-        "gemini-b",
-    ]
