@@ -11,6 +11,7 @@ import base64
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -135,6 +136,25 @@ async def test_gemini_request_mapping(server: ProviderServer, gemini: GeminiClie
     # The SDK sends the thinking config's own field names as given (the API reads either spelling).
     thinking = {key.replace("_", "").lower(): value for key, value in config["thinkingConfig"].items()}
     assert thinking == {"thinkingbudget": 1024, "includethoughts": True}
+
+
+def test_gemini_thinking_options(gemini: GeminiClient) -> None:
+    """A budget is a thinking_budget; an effort alone is a Gemini 3 model's thinking_level, else a budget for it."""
+
+    def config(thinking: dict[str, Any], model: str) -> dict[str, Any]:
+        return gemini.request_params(request(thinking=thinking), model)["config"]["thinking_config"]
+
+    assert config({"effort": "high"}, "gemini-3-pro-preview") == {"thinking_level": "HIGH", "include_thoughts": True}
+    assert config({"effort": "high", "budget": 500}, "gemini-3-pro") == {
+        "thinking_budget": 500,
+        "include_thoughts": True,
+    }
+    assert config({"effort": "high"}, "gemini-2.5-flash") == {"thinking_budget": 24576, "include_thoughts": True}
+    quiet = GeminiClient(api_key="k", include_thoughts=False)
+    assert quiet.request_params(request(thinking={"budget": 0}), "gemini-2.5-flash")["config"]["thinking_config"] == {
+        "thinking_budget": 0,
+        "include_thoughts": False,
+    }
 
 
 async def test_gemini_response_mapping(server: ProviderServer, gemini: GeminiClient) -> None:

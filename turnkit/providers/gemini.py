@@ -8,6 +8,7 @@ converted to the OpenAPI subset Gemini accepts (:func:`gemini_schema`).
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import os
 import re
@@ -45,6 +46,9 @@ KEY_VARIABLES: Final = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
 # A thinking option with only an effort still needs a budget (Gemini 2.5 Flash accepts 0-24576 thinking tokens).
 _EFFORT_BUDGETS: Final = {"minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
+
+# The effort names Gemini 3's thinking_level takes.
+_LEVELS: Final = frozenset({"MINIMAL", "LOW", "MEDIUM", "HIGH"})
 
 # The keywords of Gemini's OpenAPI schema subset (types.Schema) that TurnKit passes on; anything else a JSON schema
 # may hold ($schema, additionalProperties, oneOf, const, examples, ...) is converted or dropped by gemini_schema.
@@ -172,7 +176,7 @@ class GeminiClient(ProviderClient[GenaiClient, types.GenerateContentResponse]):
             config["tools"] = [{"function_declarations": [function_declaration(spec) for spec in request.tools]}]
         if request.thinking:
             config["thinking_config"] = {
-                "thinking_budget": thinking_budget(request.thinking),
+                **thinking_config(request.thinking, model),
                 "include_thoughts": self.include_thoughts,
             }
         if request.output_schema is not None:
@@ -219,6 +223,22 @@ def _model_name(model: str) -> str:
     return model.removeprefix("gemini/").removeprefix("models/")
 
 
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """What the SDK raises when no answer came: httpx's transport errors, or aiohttp's, which the SDK uses for its
+    async calls when aiohttp is installed."""
+    found: list[type[Exception]] = [httpx.TransportError, TimeoutError]
+    try:
+        aiohttp = importlib.import_module("aiohttp")  # optional: not a dependency of TurnKit
+    except ImportError:
+        pass
+    else:
+        found.append(aiohttp.ClientError)
+    return tuple(found)
+
+
+_NO_ANSWER: Final = _transport_errors()
+
+
 @asynccontextmanager
 async def gemini_errors() -> AsyncGenerator[None]:
     """Translate the SDK's exceptions into TurnKit's, by the rule of the other providers (``_common``).
@@ -230,7 +250,7 @@ async def gemini_errors() -> AsyncGenerator[None]:
     """
     try:
         yield
-    except httpx.TransportError as err:
+    except _NO_ANSWER as err:
         raise sdk_error(err, retryable=True) from err
     except genai_errors.APIError as err:
         headers = _headers(err)
@@ -430,6 +450,15 @@ def _convert(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> 
         if isinstance(part, Mapping):
             out = {**_convert(part, defs, depth + 1), **out}  # pyright: ignore[reportUnknownArgumentType]
     return out
+
+
+def thinking_config(thinking: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The ``thinking_config`` for a thinking option ``{effort?, budget?}``: a budget as ``thinking_budget``; an effort
+    alone as ``thinking_level`` on Gemini 3 models (which take levels), else as a budget sized to it."""
+    level = str(thinking.get("effort") or "").upper()
+    if thinking.get("budget") is None and model.startswith("gemini-3") and level in _LEVELS:
+        return {"thinking_level": level}
+    return {"thinking_budget": thinking_budget(thinking)}
 
 
 def thinking_budget(thinking: Mapping[str, Any]) -> int:
