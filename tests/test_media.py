@@ -538,7 +538,7 @@ async def test_a_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> None:
     turn = await (await tk.conversation(agent)).ask("poster please")
     assert turn.status == "failed"
     assert turn.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
-    assert turn.cost == pytest.approx(0.05) and client.calls == 1 and len(client.paint_requests) == 1
+    assert turn.cost.total == pytest.approx(0.05) and client.calls == 1 and len(client.paint_requests) == 1
     [execution] = await turn.tool_executions()
     assert execution.status == "failed" and execution.error is not None
     assert execution.error["message"] == "cost limit reached"
@@ -556,7 +556,7 @@ async def test_a_standalone_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> 
     with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
         await prepared.paint("a cat", model="scripted-image", client=client)
     failed = await prepared.refresh()
-    assert failed.status == "failed" and failed.cost == pytest.approx(0.05)
+    assert failed.status == "failed" and failed.cost.total == pytest.approx(0.05)
     assert failed.error is not None and failed.error["class"] == "TurnKit::BudgetError"
 
 
@@ -788,7 +788,7 @@ async def test_a_standalone_paint_is_audited_by_the_agents_output_policy(tk: Tur
     )
     assert clean.status == "completed" and clean.policy_clean is True
     assert (clean.usage.input_tokens, clean.usage.output_tokens) == (17, 8)  # the paint's 10/5 and the judge's 7/3
-    assert clean.cost == pytest.approx(0.02)
+    assert clean.cost.total == pytest.approx(0.02)
 
     judge = turnkit.OutputPolicy("Images only.", model="judge", client=ScriptedClient([judge_answer]))
     thrifty = turnkit.Agent(
@@ -798,7 +798,7 @@ async def test_a_standalone_paint_is_audited_by_the_agents_output_policy(tk: Tur
     with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
         await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[image(data)]))
     over = await prepared.refresh()
-    assert over.status == "failed" and over.cost == pytest.approx(0.02)
+    assert over.status == "failed" and over.cost.total == pytest.approx(0.02)
 
 
 async def test_a_standalone_paint_without_a_usable_image_is_charged_before_it_fails(tk: TurnKit) -> None:
@@ -814,14 +814,14 @@ async def test_a_standalone_paint_without_a_usable_image_is_charged_before_it_fa
     assert failed.status == "failed" and failed.error is not None
     assert failed.error["message"] == "image client returned no image"
     assert (failed.usage.input_tokens, failed.usage.output_tokens) == (4, 2)
-    assert failed.cost == pytest.approx(0.01)
+    assert failed.cost.total == pytest.approx(0.01)
 
     costly = turnkit.Result(parts=[], usage=turnkit.Usage(output_tokens=2, cost=0.05))
     thrifty = turnkit.Agent("empty-thrifty", model="scripted", client=ScriptedClient([]), max_spend=0.03)
     prepared = await (await tk.conversation(thrifty)).build_turn("paint")
     with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
         await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[costly]))
-    assert (await prepared.refresh()).cost == pytest.approx(0.05)
+    assert (await prepared.refresh()).cost.total == pytest.approx(0.05)
 
 
 async def test_turn_view_media_standalone_fails_the_turn_when_the_client_fails(tk: TurnKit) -> None:

@@ -121,7 +121,9 @@ class TurnKit:
         :meth:`Conversation.ask`), ``media`` (:class:`~turnkit.media.MediaInput` items sent with the task),
         ``parent_run`` (or ``root_turn_id``) to join an existing run's tree (its budgets, usage and deadline;
         behaviour §1.2), and ``prepare=True`` to build the run's turn without submitting it (spec
-        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``).
+        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``). The per-turn options of
+        :meth:`Conversation.ask` too: ``model`` (the new conversation's and the turn's), ``thinking`` (None turns the
+        agent's off), ``output_schema``, ``prompt_mode`` (default ``"task"``) and ``paused``.
         """
         return await start_run(self, agent, task, input=input, wait=wait, **options)
 
