@@ -737,3 +737,29 @@ async def test_a_standalone_paints_judge_failing_once_does_not_paint_again(tk: T
     assert failed and len(images.paint_requests) == 1  # painted once, judged twice (once failed)
     assert painted.cost.total == pytest.approx(0.07)
     assert [m.kind for m in await painted.messages()].count("image") == 1
+
+
+async def test_steering_while_the_output_is_checked_revises_before_publishing(tk: TurnKit) -> None:
+    """T95: steering inserted while the output policy's judge checks the first candidate: that candidate is not
+    published, a second model call has "revise before publishing" as its last message, and the output is
+    "revised" (itself checked before it is published)."""
+    approve = '{"approved": true, "violations": []}'
+    judge_client = HeldModel(Result.build(text=approve), then=approve)
+    judge = OutputPolicy("Be accurate.", model="judge", client=judge_client)
+    model = ScriptedClient(["first draft", "revised"])
+    agent = turnkit.Agent("t95_writer", model="scripted", client=model, output_policy=[judge])
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("write", wait=False)
+    await asyncio.wait_for(judge_client.entered.wait(), 30)  # the judge holds the first candidate's check
+
+    await turn.steer("revise before publishing", key="t95")
+    judge_client.released.set()
+    done = await turn.result(timeout=60)
+
+    assert done.status == "completed" and done.output_text == "revised", done.error
+    assert model.calls == 2
+    assert model.requests[1].messages[-1] == {"role": "user", "content": "revise before publishing"}
+    assert len(judge_client.requests) == 2  # each candidate checked once
+    assert "first draft" in judge_client.requests[0].messages[-1]["content"]
+    assert "revised" in judge_client.requests[1].messages[-1]["content"]
+    assert [m.text for m in await conversation.messages() if m.role == "user"] == ["write", "revise before publishing"]
