@@ -336,8 +336,6 @@ def total_usage(turns: Iterable[TurnRecord]) -> Usage:
     return total
 
 
-
-
 def total_cost(turns: Iterable[TurnRecord]) -> float | None:
     """The observed cost of ``turns`` in USD as a number (:meth:`Cost.of_turns`'s total, from the recorded costs
     alone); None when none of them has a known cost."""
