@@ -8,11 +8,13 @@ looks only at the traces of its own turns.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,18 @@ def _exporter() -> InMemorySpanExporter:
 def lookup(sku: str) -> dict[str, Any]:
     """Look up a SKU."""
     return {"sku": sku, "stock": 3}
+
+
+_held: list[asyncio.Event] = []  # the test's: set when `hold` runs the first time (its worker may be stopped)
+
+
+@turnkit.tool(recovery="replay_safe")
+async def hold() -> str:
+    """Wait, on its first call, until its worker is stopped (a replay-safe tool: the next worker runs it again)."""
+    if not _held[0].is_set():
+        _held[0].set()
+        await asyncio.Event().wait()  # cancelled when the worker stops
+    return "held"
 
 
 def _agents() -> turnkit.Agent:
@@ -229,6 +243,29 @@ async def test_a_turn_is_one_trace_under_a_span_as_long_as_the_turn_written_once
         for history in histories:
             await Replayer(workflows=[], plugins=[plugin]).replay_workflow(history)
     assert len(_exporter().get_finished_spans()) == exported
+
+
+async def test_a_turn_whose_worker_is_restarted_mid_turn_has_one_span(traced: TurnKit) -> None:
+    """issue 38: the worker running a turn stops while a tool call runs; the next worker replays the turn and finishes
+    it. The turn's span is written once, by that worker, and still starts before the first worker's model call."""
+    tk = traced
+    _held[:] = [asyncio.Event()]
+    script = [call_tools(("hold", {})), say("done")]
+    conversation = await tk.conversation(
+        turnkit.Agent("holder", model="scripted", tools=[hold], client=ScriptedClient(script))
+    )
+    async with tk.worker(graceful_shutdown_timeout=timedelta(0)):
+        asking = asyncio.create_task(conversation.ask("hold on"))
+        await asyncio.wait_for(_held[0].wait(), timeout=30)
+    async with tk.worker():
+        turn = await asyncio.wait_for(asking, timeout=60)
+        assert turn.status == "completed" and turn.output_text == "done"
+        spans = await _spans_once(lambda s: _named(s, "invoke_agent holder", **{"turnkit.turn_id": turn.id}), "span")
+    root = _turn_span(spans, "holder", turn.id)
+    calls = _named(spans, "chat scripted", **{"turnkit.turn_id": turn.id})
+    tools = _named(spans, "execute_tool hold", **{"turnkit.turn_id": turn.id})
+    assert len(calls) == 2 and len(tools) == 2  # the stopped worker's attempt of the tool, and the next worker's
+    assert all(_parent_id(s) == _span_id(root) and _covers(root, s) for s in [*calls, *tools])
 
 
 async def test_each_turn_of_a_conversation_is_the_trace_of_its_own_ask(traced: TurnKit) -> None:
