@@ -31,6 +31,7 @@ from temporalio.worker import Replayer
 
 import turnkit
 from tests.engine import eventually
+from tests.faults import dev_server
 from tests.history_scenarios import TEAM_WORKFLOWS, register_scenario_agents
 from turnkit._temporal import worker as worker_main
 from turnkit.cli import build_parser
@@ -268,6 +269,52 @@ async def test_a_turn_whose_worker_is_restarted_mid_turn_has_one_span(traced: Tu
     assert all(_parent_id(s) == _span_id(root) and _covers(root, s) for s in [*calls, *tools])
 
 
+@turnkit.tool(recovery="replay_safe")
+def step(n: int) -> int:
+    """One small step.
+
+    Args:
+        n: The step number.
+    """
+    return n
+
+
+async def test_a_turn_that_continues_as_new_is_one_span_per_run_in_one_trace(tmp_path: Path) -> None:
+    """issue 38: on a private dev server that suggests continue-as-new early, a long turn runs in several workflow
+    runs: each run's span ends as it continues as new and is the parent of the next run's, all in the turn's trace,
+    and each model call is under the span of the run that made it."""
+    _exporter()
+    limits = [f"limit.historyCount.{key}=60" for key in ("warn", "suggestContinueAsNew")]
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'long.db'}")
+    script = [*(call_tools(("step", {"n": n})) for n in range(1, 11)), say("10 steps")]
+    agent = turnkit.Agent("long", model="scripted", tools=[step], client=ScriptedClient(script), max_iterations=20)
+    try:
+        async with dev_server(*(f for limit in limits for f in ("--dynamic-config-value", limit))) as server:
+            client = await Client.connect(server.address, plugins=[TurnKitPlugin(store, tracing=True)])
+            tk = TurnKit(client, store, task_queue=f"tq-{uuid.uuid4().hex[:12]}")
+            async with tk.worker():
+                turn = await (await tk.conversation(agent)).ask("go")
+                assert turn.status == "completed" and turn.output_text == "10 steps", turn.error
+
+                def last(spans: Sequence[ReadableSpan]) -> bool:
+                    return any(
+                        "turnkit.turn.status" in (s.attributes or {}) for s in _named(spans, "invoke_agent long")
+                    )
+
+                spans = await _spans_once(last, "the last run's span")
+    finally:
+        await store.close()
+    runs = sorted(_named(spans, "invoke_agent long", **{"turnkit.turn_id": turn.id}), key=lambda s: s.start_time or 0)
+    assert len(runs) >= 2 and runs[0].parent is None and len({_trace_id(r) for r in runs}) == 1
+    assert [(r.attributes or {}).get("turnkit.continued_as_new") for r in runs] == [True] * (len(runs) - 1) + [None]
+    assert [_parent_id(r) for r in runs[1:]] == [_span_id(r) for r in runs[:-1]]
+    assert (runs[-1].attributes or {})["turnkit.turn.status"] == "completed"
+    calls = _named(spans, "chat scripted", **{"turnkit.turn_id": turn.id})
+    assert len(calls) == 11
+    by_id = {_span_id(r): r for r in runs}
+    assert all(_parent_id(c) in by_id and _covers(by_id[_parent_id(c) or 0], c) for c in calls)
+
+
 async def test_each_turn_of_a_conversation_is_the_trace_of_its_own_ask(traced: TurnKit) -> None:
     """issues 11, 38: a lane outlives many asks; each turn is in the trace of its own ask, not the lane's first. The
     first ``ask`` starts its turn (issue 9), a root span; the second, on the idle conversation (issue 37), and the
@@ -336,7 +383,7 @@ async def test_recorded_histories_replay_traced_and_write_no_span() -> None:
     _exporter()
     register_scenario_agents()
     exported = len(_exporter().get_finished_spans())
-    replayer = Replayer(workflows=TEAM_WORKFLOWS, plugins=[TurnKitPlugin(tracing=True)])
+    replayer = Replayer(workflows=TEAM_WORKFLOWS, plugins=[TurnKitPlugin(tracing=True, strict_sandbox=True)])
     histories = [WorkflowHistory.from_json(path.stem, path.read_text()) for path in HISTORIES]
     for history in histories:
         await replayer.replay_workflow(history)
