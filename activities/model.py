@@ -56,7 +56,7 @@ from turnkit._engine.transcripts import Transcript, Transcripts
 from turnkit._engine.validation import storable_result
 from turnkit._engine.waits import enter_waiting
 from turnkit._temporal.heartbeats import heartbeating
-from turnkit._temporal.tracing import record_model_call
+from turnkit._temporal.tracing import model_call_span
 from turnkit.agent import Agent, resolve_agent
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
@@ -168,11 +168,13 @@ class ModelActivities(ModelCalls):
             )
         if late is not None:
             return ModelStep(outcome=late)
-        try:
-            async with heartbeating():
-                result = await client.chat(sent)
-        except (ModelError, ConfigError, TransientModelError) as err:
-            raise _provider_failure(err) from err
+        with model_call_span(turn, request.model) as traced:  # the span `chat {model}` when tracing is on
+            try:
+                async with heartbeating():
+                    result = await client.chat(sent)
+            except (ModelError, ConfigError, TransientModelError) as err:
+                raise _provider_failure(err) from err
+            traced(result)
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         audit = None
         if not result.tool_calls and not call.audit_apart:
@@ -410,7 +412,6 @@ class ModelActivities(ModelCalls):
     ) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
-        record_model_call(turn, request_model=model, response_model=result.model, usage=result.usage, cost=cost.total)
         # A final answer's completion callback is authorised before the terminal write's transaction (behaviour §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)

@@ -223,7 +223,7 @@ async def connect(
         config_file: Temporal's TOML config file; default ``$TEMPORAL_CONFIG_FILE``, else its default location.
         api_key: Temporal Cloud API key (turns TLS on); default the envconfig one (``$TEMPORAL_API_KEY``).
         tracing: OpenTelemetry tracing of the client and its in-process workers (``pip install 'turnkit[otel]'``):
-            True uses the global tracer provider, a ``TracerProvider`` or ``Tracer`` is used as given; off by
+            True traces into the global tracer provider (``create_tracer_provider()``, replay-safe); off by
             default (see :mod:`turnkit._temporal.tracing`).
         settings: Settings of this connection, by name, over the process's defaults (``turnkit.configure``): read
             by the code inside the ``async with`` block and by the activities of the workers built on it
