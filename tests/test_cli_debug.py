@@ -201,8 +201,13 @@ async def test_replay_reports_nondeterminism_in_words(capsys: pytest.CaptureFixt
     assert (
         "scheduled event 'turnkit.model' does not match activity type of activity command 'turnkit.finish_turn'" in out
     )
-    # The same history on today's code replays: the failure above is the change, not the tool.
+    # The same history on today's code replays: the failure above is the change, not the tool. The run is named by
+    # the workflow id its history records (issue 38), not by the file's name.
     assert await cli.run_command(["replay", str(TURN_TOOLS_HISTORY)]) == 0
+    workflow_id = history.events[0].workflow_execution_started_event_attributes.workflow_id
+    out = capsys.readouterr().out
+    assert workflow_id.startswith("turn_") and f"OK  TurnWorkflow {workflow_id} run {history.run_id}" in out, out
+    assert TURN_TOOLS_HISTORY.stem not in out
 
 
 async def test_replay_is_bounded_by_a_timeout_and_skips_runs_without_a_workflow_task() -> None:
@@ -239,6 +244,35 @@ async def test_events_follow_ends_when_the_turn_ends(
         assert kind in out, out
     assert out.index("tool_call.completed") < out.rindex("turn.completed")
     assert out.splitlines()[-1].split()[1] == turn.id  # the lead's end comes last
+
+
+async def test_events_of_a_conversation_are_its_turns_events_and_a_wrong_id_is_one_line(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38: `turnkit events CONVERSATION_ID` prints the events of every turn of the conversation, oldest turn
+    first (it raised "too many values to unpack"); an id of neither kind, or of no record, is a one-line error."""
+    agent = turnkit.Agent("chatty", model="scripted", client=ScriptedClient(["first answer", "second answer"]))
+    conversation = await tk.conversation(agent)
+    first = await conversation.ask("one")
+    second = await conversation.ask("two")
+    assert (first.status, second.status) == ("completed", "completed")
+    capsys.readouterr()
+    assert await cli.run_command(["events", conversation.id, *options(engine)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ends = [line.split()[1] for line in lines if "turn.completed" in line]
+    assert ends == [first.id, second.id], lines
+    assert {line.split()[1] for line in lines} == {first.id, second.id}
+    assert lines[-1].split()[1:3] == [second.id, "chatty"] and "second answer" in lines[-1]
+    assert await cli.run_command(["events", conversation.id, "--follow", *options(engine)]) == 0  # all ended: returns
+    assert len(capsys.readouterr().out.splitlines()) == len(lines)
+
+    for wrong, says in (
+        ("msg_" + "0" * 24, "not a turn id (turn_…) or a conversation id (conv_…): 'msg_"),
+        ("conv_" + "0" * 24, "not found"),
+    ):
+        assert await cli.run_command(["events", wrong, *options(engine)]) == 1
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
 
 
 #: What a model, a tool or a user could put in the record to take over the terminal that prints it: clear the screen,
@@ -305,6 +339,16 @@ async def test_db_current_and_upgrade(engine: Engine, capsys: pytest.CaptureFixt
 
 
 VERBS = ["reconcile", "check", "repair", "db", "show", "replay", "history", "events", "demo", "worker", "ask"]
+
+
+def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38: `turnkit --version` prints the package's version from its metadata, and exits 0."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"turnkit {version('turnkit')}"
 
 
 @pytest.mark.parametrize("verb", VERBS)
