@@ -69,7 +69,7 @@ from turnkit.kernel.errors import (
     OutputAudit,
     TransientModelError,
 )
-from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef
+from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef, output_preview
 from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
     UNPAUSED_TURN_STATUSES,
@@ -567,7 +567,10 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
             outcome="failed", message_id=message.id, error_class=error["class"], error_message=error.get("message")
         )
     outcome = "budget_exceeded" if denial else "completed" if completed else "tools"
-    return ModelStep(outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial)
+    preview = output_preview(turn.output_text) if outcome == "completed" else None
+    return ModelStep(
+        outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial, output_preview=preview
+    )
 
 
 def _proposed_call_ids(parts: list[dict[str, Any]]) -> list[str]:
@@ -621,7 +624,9 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
             outcome="failed", message_id=state.message_id, error_class=error["class"], error_message=error["message"]
         )
     announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=completed.output_text)
-    return ModelStep(outcome="completed", message_id=state.message_id)
+    return ModelStep(
+        outcome="completed", message_id=state.message_id, output_preview=output_preview(completed.output_text)
+    )
 
 
 async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[str], TurnRecord]:
