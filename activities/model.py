@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from temporalio import activity
@@ -168,6 +169,7 @@ class ModelActivities(ModelCalls):
             )
         if late is not None:
             return ModelStep(outcome=late)
+        asked = utcnow()  # when the provider was asked: the call's bar on `turnkit show --html`
         with model_call_span(turn, request.model) as traced:  # the span `chat {model}` when tracing is on
             try:
                 async with heartbeating():
@@ -185,7 +187,7 @@ class ModelActivities(ModelCalls):
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err
         ended: list[TurnRecord] = []  # the terminal record, when this attempt's write ended the turn
-        step = await self._persist(call, turn, request.model, result, audit, ended)
+        step = await self._persist(call, turn, request.model, result, audit, ended, asked)
         if step.outcome in ("completed", "failed"):
             await self._announce(ended[-1] if ended else turn)  # terminal: its waiters are listed without a re-read
         return step
@@ -409,16 +411,20 @@ class ModelActivities(ModelCalls):
         result: Result,
         audit: AnswerAudit | None,
         ended: list[TurnRecord],
+        asked: datetime,
     ) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
+        # What this one call was, kept with its response (the turn only sums its calls): `turnkit show --html` draws it.
+        made = {"model": result.model or model, "usage": result.usage.to_record(), "cost": cost.total}
+        made["requested_at"] = asked.isoformat()
         # A final answer's completion callback is authorised before the terminal write's transaction (behaviour §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
         # request id, so a commit whose acknowledgement was lost is found, not written twice).
         step, written = await retry_store(
-            lambda: self._write_response(call, turn.conversation_id, result, cost, verdict, audit, ended),
+            lambda: self._write_response(call, turn.conversation_id, result, cost, verdict, audit, ended, made),
             what="model persist",
         )
         if written:
@@ -444,11 +450,13 @@ class ModelActivities(ModelCalls):
         verdict: Verdict,
         audit: AnswerAudit | None = None,
         ended: list[TurnRecord] | None = None,
+        made: dict[str, Any] | None = None,
     ) -> tuple[ModelStep, bool]:
         """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them.
 
         A final answer's terminal record, as written, is put in ``ended`` (for the announcement after commit); an
-        attempt retried after a failed commit starts it empty again.
+        attempt retried after a failed commit starts it empty again. ``made`` (the call's model, usage, cost and
+        start) is kept as the message's ``metadata["model_call"]``.
         """
         if ended is not None:
             ended.clear()
@@ -480,6 +488,8 @@ class ModelActivities(ModelCalls):
                 for tc in result.tool_calls
             ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
+            if made is not None:
+                metadata["model_call"] = made
             if result.output_data is not None and not tool_calls:
                 metadata["output_data"] = result.output_data
             state.phase = "tools" if tool_calls else "output"

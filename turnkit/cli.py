@@ -188,7 +188,7 @@ async def _db(args: argparse.Namespace) -> int:
 async def _show(args: argparse.Namespace) -> int:
     from turnkit._ops.show import render_json, render_text, ui_links
     from turnkit._ops.timeline import render_html
-    from turnkit._ops.tree import load_trees
+    from turnkit._ops.tree import load_messages, load_trees
     from turnkit.kernel.errors import RecordNotFound
 
     async with open_store(args) as store:
@@ -197,10 +197,12 @@ async def _show(args: argparse.Namespace) -> int:
         except RecordNotFound as err:
             print(f"turnkit show: {err}", file=sys.stderr)
             return 1
+        messages = await load_messages(store, trees) if args.html else {}  # the timeline's model calls and contents
     # The namespace names the UI pages: as configured (envconfig, --namespace), though show itself needs no cluster.
     links = ui_links(trees, args.ui, client_options_from_arguments(args)["namespace"]) if args.ui else {}
     if args.html:
-        Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
+        page = render_html(trees, links=links, title=f"TurnKit run {args.id}", messages=messages)
+        Path(args.html).write_text(page, encoding="utf-8")
     print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
     if args.html:
         print(f"timeline written to {args.html}", file=sys.stderr)

@@ -38,7 +38,7 @@ from turnkit._engine.budget import limits_of
 from turnkit._engine.builtin_tools import launch_agent
 from turnkit._ops.show import render_text, ui_links, workflow_url
 from turnkit._ops.timeline import render_html
-from turnkit._ops.tree import TurnNode, load_trees
+from turnkit._ops.tree import TurnNode, load_messages, load_trees
 from turnkit._temporal.process import exit_process
 from turnkit.handles import Conversation, Turn
 from turnkit.kernel.records import TreeUsage
@@ -369,7 +369,13 @@ async def run_demo(*, hold: bool = False) -> None:
         links = ui_links(run.trees, tk.ui_url, tk.client.namespace)
         TIMELINE.parent.mkdir(parents=True, exist_ok=True)
         TIMELINE.write_text(
-            render_html(run.trees, links=links, title=f"TurnKit demo {run.conversation.id}"), encoding="utf-8"
+            render_html(
+                run.trees,
+                links=links,
+                title=f"TurnKit demo {run.conversation.id}",
+                messages=await load_messages(tk.store, run.trees),
+            ),
+            encoding="utf-8",
         )
         _print_report(tk, run, TIMELINE)
         if hold:
