@@ -535,7 +535,8 @@ def quick_turn() -> tuple[TurnNode, dict[str, list[MessageRecord]]]:
 
     def call(ms: float, input_tokens: int, output_tokens: int, cost: float) -> dict[str, Any]:
         usage = {"input_tokens": input_tokens, "output_tokens": output_tokens}
-        return {"model_call": {"model": "gpt-<i>", "usage": usage, "cost": cost, "requested_at": at(ms).isoformat()}}
+        made = {"model": "gpt-<i>", "usage": usage, "cost": cost, "requested_at": at(ms).isoformat()}
+        return {"request_id": f"req_{ms}", "model_call": made}
 
     messages = [
         message(1, "user", "text", [{"type": "text", "text": "<script>alert('x')</script> & more"}], 0),
@@ -543,6 +544,7 @@ def quick_turn() -> tuple[TurnNode, dict[str, list[MessageRecord]]]:
                 **call(0.2, 10, 5, 0.001)),
         message(3, "tool", "tool_result", [{"type": "tool_result", "content": "</pre><h3>found</h3>"}], 2),
         message(4, "assistant", "text", [{"type": "text", "text": "the answer"}], 3.4, **call(2.1, 20, 7, 0.0032)),
+        message(5, "assistant", "text", [{"type": "text", "text": "Saved."}], 3.5),  # a terminal tool's: no call
     ]  # fmt: skip
     return TurnNode(turn, [tool], [delivery]), {"turn_quick": messages}
 
@@ -569,6 +571,7 @@ def test_timeline_shows_model_calls_deliveries_totals_contents_and_a_millisecond
         "#2 assistant",
         "#3 tool",
         "#4 assistant",
+        "#5 assistant",
     ]
     assert page.messages[0][1] == "<script>alert('x')</script> & more"
     assert "</pre><h3>found</h3>" in page.messages[2][1]

@@ -54,7 +54,8 @@ h1{font-size:18px} h2{font-size:15px;margin-top:28px}
 .axis{display:flex;justify-content:space-between;margin-left:420px;color:#7b8794;font-size:11px}
 .meta,.totals{color:#616e7c}
 .messages{margin:2px 0 6px;color:#52606d}
-.messages pre{white-space:pre-wrap;word-break:break-word;background:#f7f9fb;padding:6px;margin:2px 0 4px 16px}
+.message{margin-left:16px}
+.messages pre{white-space:pre-wrap;word-break:break-word;background:#f7f9fb;padding:6px;margin:2px 0 4px}
 """
 
 
@@ -150,11 +151,13 @@ class _ModelCall:
 
 
 def _model_calls(messages: list[MessageRecord]) -> list[_ModelCall]:
-    """The turn's model calls, from its assistant responses (a response recorded before calls kept their model, usage
-    and start shows as a mark at its time, without tokens)."""
+    """The turn's model calls, from its assistant responses (those with a request id; one recorded before calls kept
+    their model, usage and start shows as a mark at its time, without tokens)."""
     found: list[_ModelCall] = []
     for message in messages:
         if message.role != "assistant" or message.kind not in ("text", "tool_call"):
+            continue
+        if "request_id" not in message.metadata:  # not a response: a terminal tool's answer, a manual compaction's
             continue
         made = message.metadata.get("model_call")  # what activities/model.py keeps of the call
         meta: dict[str, Any] = made if isinstance(made, dict) else {}  # pyright: ignore[reportUnknownVariableType]
