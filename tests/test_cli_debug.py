@@ -275,6 +275,14 @@ async def test_events_of_a_conversation_are_its_turns_events_and_a_wrong_id_is_o
     assert await cli.run_command(["events", conversation.id, "--follow", *options(engine)]) == 0  # all ended: returns
     assert len(capsys.readouterr().out.splitlines()) == len(lines)
 
+    # A sub-agent's conversation: its own turn's events, not its parent's.
+    _, child_id = await run_tree(tk)
+    child = await tk.store.load_turn(child_id)
+    capsys.readouterr()
+    assert await cli.run_command(["events", child.conversation_id, *options(engine)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and {line.split()[1] for line in lines} == {child_id} and "turn.completed" in lines[-1]
+
     for wrong, says in (
         ("msg_" + "0" * 24, "not a turn id (turn_…) or a conversation id (conv_…): 'msg_"),
         ("conv_" + "0" * 24, "not found"),
