@@ -16,6 +16,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -23,6 +25,7 @@ __all__ = [
     "ProviderServer",
     "Recorded",
     "Reply",
+    "Upload",
     "anthropic_error",
     "anthropic_message",
     "anthropic_text",
@@ -34,6 +37,7 @@ __all__ = [
     "gemini_call",
     "gemini_error",
     "gemini_response",
+    "multipart_fields",
     "openai_call",
     "openai_error",
     "openai_reasoning",
@@ -80,7 +84,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
+        content_type = self.headers.get("Content-Type") or ""
+        if content_type.startswith("multipart/form-data"):
+            body: Any = multipart_fields(content_type, raw)
+        else:
+            body = json.loads(raw) if raw else None
         reply = self.server.provider.record(
             Recorded(method=method, path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=body)
         )
@@ -95,6 +103,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output clean
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file of a multipart request (``images.edit``'s image and mask)."""
+
+    filename: str
+    content_type: str
+    data: bytes
+
+
+def multipart_fields(content_type: str, raw: bytes) -> dict[str, Any]:
+    """A ``multipart/form-data`` body as ``{name: value}``: text fields as strings, files as :class:`Upload`, and a
+    name sent more than once (``image[]``) as a list of them."""
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + raw)
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        assert isinstance(name, str) and isinstance(payload, bytes)
+        filename = part.get_filename()
+        value: Any = payload.decode() if filename is None else Upload(filename, part.get_content_type(), payload)
+        if name in fields:
+            previous = fields[name]
+            fields[name] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            fields[name] = [value] if name.endswith("[]") else value
+    return fields
 
 
 class ProviderServer:

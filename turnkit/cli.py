@@ -19,7 +19,8 @@ Debugger verbs (each in its own module; this one only parses arguments and conne
 * ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit._temporal.replay`): replay histories on today's
   code.
 * ``turnkit history TURN_ID`` (:mod:`turnkit._temporal.histories`): a history as JSON.
-* ``turnkit events TURN_ID [--follow]`` (:mod:`turnkit._ops.event_stream`): a turn's events as they are recorded.
+* ``turnkit events TURN_ID|CONVERSATION_ID [--follow]`` (:mod:`turnkit._ops.event_stream`): a turn's (or every turn
+  of a conversation's) events as they are recorded.
 
 Every verb takes the same connection options (:func:`connection_options`, :func:`temporal_client`,
 :func:`open_store`): the one place that turns options and environment into connections. The Temporal connection
@@ -187,7 +188,7 @@ async def _db(args: argparse.Namespace) -> int:
 async def _show(args: argparse.Namespace) -> int:
     from turnkit._ops.show import render_json, render_text, ui_links
     from turnkit._ops.timeline import render_html
-    from turnkit._ops.tree import load_trees
+    from turnkit._ops.tree import load_messages, load_trees
     from turnkit.kernel.errors import RecordNotFound
 
     async with open_store(args) as store:
@@ -196,10 +197,12 @@ async def _show(args: argparse.Namespace) -> int:
         except RecordNotFound as err:
             print(f"turnkit show: {err}", file=sys.stderr)
             return 1
+        messages = await load_messages(store, trees) if args.html else {}  # the timeline's model calls and contents
     # The namespace names the UI pages: as configured (envconfig, --namespace), though show itself needs no cluster.
     links = ui_links(trees, args.ui, client_options_from_arguments(args)["namespace"]) if args.ui else {}
     if args.html:
-        Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
+        page = render_html(trees, links=links, title=f"TurnKit run {args.id}", messages=messages)
+        Path(args.html).write_text(page, encoding="utf-8")
     print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
     if args.html:
         print(f"timeline written to {args.html}", file=sys.stderr)
@@ -219,9 +222,7 @@ async def _replay(args: argparse.Namespace) -> int:
 
 
 async def _replay_runs(args: argparse.Namespace) -> int:
-    from temporalio.client import WorkflowHistory
-
-    from turnkit._temporal.histories import Run, matching_runs, runs_of, tree_workflow_ids
+    from turnkit._temporal.histories import Run, matching_runs, run_from_file, runs_of, tree_workflow_ids
     from turnkit._temporal.replay import replay_runs, report, turnkit_replayer
 
     runs: list[Run] = []
@@ -232,8 +233,7 @@ async def _replay_runs(args: argparse.Namespace) -> int:
     for ident in args.ids:
         path = Path(ident)
         if ident.endswith(".json") and path.is_file():
-            history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
-            runs.append(Run(path.stem, history.run_id, history))
+            runs.append(run_from_file(path))  # named by its workflow id, not the file's name
             continue
         client = client or await temporal_client(args)
         if ident.startswith(("turn_", "conv_")):
@@ -282,7 +282,7 @@ async def _events(args: argparse.Namespace) -> int:
                 events, _ = await turn_events(store, args.id)
                 for event in events:
                     print(json.dumps(event.to_dict()) if args.json else event.line())
-        except RecordNotFound as err:
+        except (RecordNotFound, ValueError) as err:  # no such record; an id of neither kind
             print(f"turnkit events: {err}", file=sys.stderr)
             return 1
     return 0
@@ -389,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="turnkit",
         description="TurnKit: durable AI conversations on Temporal. `turnkit VERB --help` for a verb's options.",
     )
+    parser.add_argument("--version", action="version", version=f"turnkit {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="VERB")
 
     def verb(name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -464,11 +465,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     events = verb(
         "events",
-        "a turn's events (and its sub-agents'), optionally as they happen",
-        "Print a turn's events, derived from the store: turn started, messages, tool calls, deliveries, the end.",
+        "a turn's or a conversation's events (and their sub-agents'), optionally as they happen",
+        "Print the events of a turn, or of every turn of a conversation (oldest first), each with its sub-agents' "
+        "events, derived from the store: turn started, messages, tool calls, deliveries, the end. With --follow, "
+        "until the turn (every turn of the conversation) has ended.",
     )
-    events.add_argument("id", metavar="TURN_ID")
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the turn ends")
+    events.add_argument("id", metavar="TURN_ID|CONVERSATION_ID")
+    events.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing new events until the turn (every turn of the conversation) ends",
+    )
     events.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -527,6 +535,16 @@ def build_parser() -> argparse.ArgumentParser:
         "whose task_queue is this queue: a worker on a GPU box (@tool(task_queue=...))",
     )
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (its metadata, so it cannot drift from pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turnkit")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 _RECONCILE_DOC = (

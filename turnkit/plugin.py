@@ -88,10 +88,11 @@ class TurnKitPlugin(SimplePlugin):
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
             no activities are registered.
-        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit._temporal.tracing`):
-            False (the default) is off and imports nothing; True uses the global tracer provider; a
-            ``TracerProvider`` or a ``Tracer`` is used as given. Give it to the client's plugin: the worker built on
-            that client and the calls it makes (``ask``) are then traced alike.
+        tracing: OpenTelemetry tracing on temporalio's ``OpenTelemetryPlugin`` (``pip install 'turnkit[otel]'``;
+            see :mod:`turnkit._temporal.tracing`): False (the default) is off and imports nothing; True traces into
+            the global tracer provider, replay-safe where workflows run (``create_tracer_provider()``). Give it to
+            the client's plugin: the worker built on that client and the calls it makes (``ask``) are then traced
+            alike.
         tools_only: Register only the tool activity (no workflows, no model or store activities): a worker on a
             tool's own task queue (``@tool(task_queue="gpu")``, ``worker.py --queue gpu --only tools``). It runs
             whatever tool calls are scheduled on its queue: the tools whose ``task_queue`` is that queue, and on a
@@ -112,7 +113,8 @@ class TurnKitPlugin(SimplePlugin):
 
     Raises:
         InputError: ``tracing`` is not one of these.
-        ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store;
+        ConfigError: ``tracing`` is on and OpenTelemetry is not installed (or, building a worker, the global tracer
+            provider is not replay-safe); ``tools_only`` without a store;
             ``strict_sandbox`` without ``sandbox``; ``settings`` names an unknown setting or a value ``configure``
             refuses.
     """
@@ -136,7 +138,7 @@ class TurnKitPlugin(SimplePlugin):
         activities = None
         if store is not None:
             activities = build_tool_activities(store) if tools_only else build_activities(store)
-        # Tracing first: its activity span then also covers the store-failure interceptor's work.
+        # Tracing first: the context it takes from the headers is then current in every other interceptor.
         traced = tracing_interceptors(tracing)
         interceptors: list[Any] = list(traced)
         if store is not None:

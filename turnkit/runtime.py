@@ -122,7 +122,9 @@ class TurnKit:
         :meth:`Conversation.ask`), ``media`` (:class:`~turnkit.media.MediaInput` items sent with the task),
         ``parent_run`` (or ``root_turn_id``) to join an existing run's tree (its budgets, usage and deadline;
         behaviour §1.2), and ``prepare=True`` to build the run's turn without submitting it (spec
-        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``).
+        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``). The per-turn options of
+        :meth:`Conversation.ask` too: ``model`` (the new conversation's and the turn's), ``thinking`` (None turns the
+        agent's off), ``output_schema``, ``prompt_mode`` (default ``"task"``) and ``paused``.
         """
         return await start_run(self, agent, task, input=input, wait=wait, **options)
 
@@ -225,7 +227,7 @@ async def connect(
         config_file: Temporal's TOML config file; default ``$TEMPORAL_CONFIG_FILE``, else its default location.
         api_key: Temporal Cloud API key (turns TLS on); default the envconfig one (``$TEMPORAL_API_KEY``).
         tracing: OpenTelemetry tracing of the client and its in-process workers (``pip install 'turnkit[otel]'``):
-            True uses the global tracer provider, a ``TracerProvider`` or ``Tracer`` is used as given; off by
+            True traces into the global tracer provider (``create_tracer_provider()``, replay-safe); off by
             default (see :mod:`turnkit._temporal.tracing`).
         settings: Settings of this connection, by name, over the process's defaults (``turnkit.configure``): read
             by the code inside the ``async with`` block and by the activities of the workers built on it

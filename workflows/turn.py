@@ -203,8 +203,8 @@ class TurnWorkflow:
                     return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
                 case "budget_exceeded":
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", step.budget_error or "")
-                case "completed":
-                    return TurnOutcome(turn_id=turn.turn_id, status="completed")
+                case "completed":  # the step brings the answer's start, for the UI (never the whole answer)
+                    return TurnOutcome(turn_id=turn.turn_id, status="completed", output_preview=step.output_preview)
                 case "failed":  # recorded by the activity (an output audit in fail mode): no command to add
                     return TurnOutcome(
                         turn_id=turn.turn_id,
