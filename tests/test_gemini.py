@@ -19,7 +19,7 @@ import pytest_asyncio
 from tests.provider_server import ProviderServer, gemini_call, gemini_error, gemini_response
 from tests.test_providers import HISTORY, LOOKUP, OUTPUT_SCHEMA, replay_histories, request, tool_agent
 from turnkit.kernel.errors import ModelAccessError, ModelError
-from turnkit.media_requests import PaintRequest
+from turnkit.media_requests import PaintRequest, ViewMediaRequest
 from turnkit.providers import GeminiClient, TransientModelError
 from turnkit.providers.gemini import gemini_schema
 from turnkit.runtime import TurnKit
@@ -64,7 +64,7 @@ def test_gemini_schema_converts_what_gemini_rejects() -> None:
         "type": "object",
         "properties": {
             "name": {"type": "string", "nullable": True},
-            "kind": {"enum": ["thing"]},
+            "kind": {"type": "string", "enum": ["thing"]},
             "level": {"type": "string", "format": "enum", "enum": ["1", "2"], "minimum": 0},
             "either": {"type": "string", "nullable": True},
             "item": {"type": "object", "properties": {"id": {"type": "string"}}},
@@ -292,6 +292,27 @@ async def test_gemini_validate(monkeypatch: pytest.MonkeyPatch, server: Provider
         ("GET", "/v1beta/models/gemini-test"),
         ("GET", "/v1beta/models/gemini-nope"),
         ("GET", "/v1beta/models/gemini-test"),
+    ]
+
+
+async def test_gemini_view_media_takes_audio(server: ProviderServer, gemini: GeminiClient) -> None:
+    """Gemini reads audio and video too (the other clients refuse them): the bytes go inline before the objective."""
+    server.script(gemini_response({"text": "A dog barks twice."}))
+    audio = base64.b64encode(b"RIFF-wave-bytes").decode()
+    media = {"media_id": "media_1", "kind": "audio", "mime_type": "audio/wav", "data": audio}
+    result = await gemini.view_media(ViewMediaRequest(media=media, objective="What happens?", model="gemini-test"))
+    [analysis] = result.parts
+    assert (analysis["type"], analysis["text"], analysis["provider"]) == (
+        "media_analysis",
+        "A dog barks twice.",
+        "gemini",
+    )
+    assert "data" not in analysis["media"]  # the bytes are not kept in the part
+    assert server.bodies[0]["contents"] == [
+        {
+            "role": "user",
+            "parts": [{"inlineData": {"mimeType": "audio/wav", "data": audio}}, {"text": "What happens?"}],
+        }
     ]
 
 

@@ -76,4 +76,6 @@ async def validate_models(agents: Iterable[Agent] | None = None, *, every: bool 
             log.warning('could not validate model %s of agent "%s": %s', model, agent.name, err)
             continue
         validated.append(f"{agent.name}: {model}")
+    if validated:
+        log.info("models validated: %s", ", ".join(validated))
     return validated

@@ -421,8 +421,10 @@ def _convert(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> 
         out["enum"] = [str(value) for value in schema["enum"] if value is not None]  # pyright: ignore[reportUnknownVariableType]
         if None in schema["enum"]:
             out["nullable"] = True
-    if "enum" in out and out.get("type") not in (None, "string"):
-        out["format"] = "enum"  # Gemini's enums are strings; the values were made strings above
+    if "enum" in out and out.get("type") != "string":
+        # Gemini's enums are strings (the values were made strings above) and need their type.
+        if out.get("type") is not None:
+            out["format"] = "enum"
         out["type"] = "string"
     properties = schema.get("properties")
     if isinstance(properties, Mapping):
