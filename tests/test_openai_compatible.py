@@ -281,7 +281,7 @@ async def test_routing_client_sends_each_model_to_its_provider(
     result = await router.chat(request(model="ollama/llama3"))
     await router.validate(model="ollama/llama3")
     assert result.text == "from ollama"
-    assert result.model == "ollama/llama3"  # as the agent named it: cost rates are keyed by it
+    assert result.model == "llama3"  # as the provider knows it
     assert server.bodies[0]["model"] == "llama3"
     assert server.requests[0].headers["authorization"] == "Bearer none"  # a local server without keys
     with pytest.raises(ConfigError, match="no provider for model 'mystery'"):

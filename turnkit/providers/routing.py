@@ -130,7 +130,8 @@ class RoutingClient:
     one client per provider, built on first use; ``settings.client = RoutingClient()`` lets every agent pick its
     provider by its ``model``.
 
-    Results keep the model as the request named it (with the prefix), which cost rates are keyed by.
+    Results name the model as its provider knows it (without the prefix), as :func:`client_for`'s clients do: the
+    name the bundled prices know (``gemini-2.5-flash``); OpenRouter reports each call's cost itself.
     """
 
     def __init__(self, options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -152,8 +153,7 @@ class RoutingClient:
     async def chat(self, request: ModelRequest) -> Result:
         """Send the request to its model's provider, with the model's routing prefix dropped."""
         where = route(request.model)
-        result = await self.client(where.provider).chat(request.model_copy(update={"model": where.model}))
-        return result.model_copy(update={"model": request.model})
+        return await self.client(where.provider).chat(request.model_copy(update={"model": where.model}))
 
     async def validate(self, *, model: str) -> None:
         """Validate ``model`` with its provider's client (see :meth:`ProviderClient.validate`)."""
