@@ -18,8 +18,10 @@ import turnkit
 from tests.engine import Engine
 from tests.provider_server import ProviderServer, gemini_error
 from tests.workers import ROOT
+from turnkit.agent import registered_agents
 from turnkit.kernel.errors import ModelAccessError
 from turnkit.providers import GeminiClient
+from turnkit.runtime import TurnKit
 
 
 @pytest.fixture
@@ -67,6 +69,28 @@ async def test_worker_start_validates_agents_that_ask_for_it(
         "gemini-a",
         "gemini-b",
     ]
+
+
+async def test_an_agent_registered_into_a_running_worker_is_validated_once(
+    monkeypatch: pytest.MonkeyPatch, tk: TurnKit, server: ProviderServer
+) -> None:
+    """``tk.conversation(agent)`` with ``validate=True`` while the connection runs a worker: a missing key is refused
+    before anything is written; a known model is looked up once, not at each conversation."""
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    keyless = turnkit.Agent("late", model="gemini-late", client=GeminiClient(base_url=server.url), validate=True)
+    with pytest.raises(ModelAccessError, match=r'^agent "late": GEMINI_API_KEY or GOOGLE_API_KEY is required'):
+        await tk.conversation(keyless)
+    assert "late" not in registered_agents()
+
+    keyed = turnkit.Agent(
+        "late", model="gemini-late", client=GeminiClient(api_key="k", base_url=server.url), validate=True
+    )
+    server.script({"name": "models/gemini-late"})
+    first = await tk.conversation(keyed)
+    second = await tk.conversation(keyed)
+    assert first.id != second.id
+    assert [r.path for r in server.requests] == ["/v1beta/models/gemini-late"]
 
 
 async def test_worker_process_with_validate_models_refuses_to_start(server: ProviderServer) -> None:

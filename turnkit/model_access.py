@@ -9,8 +9,9 @@ make one cheap call: a model lookup). A client without ``validate`` (a scripted 
 is skipped. Off by default, so offline workers and the demo never call out.
 
 ``Agent()`` and ``turnkit.register`` are synchronous and run at import time, before any event loop, so the check
-runs at the worker's start (``turnkit worker``, ``tk.worker()``), where it can await; :func:`validate_models` runs it
-anywhere else.
+runs at the worker's start (``turnkit worker``, ``tk.worker()``), where it can await. An agent with ``validate=True``
+first registered by ``tk.conversation(agent)`` while that connection runs a worker is checked then, once.
+:func:`validate_models` runs the check anywhere else.
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ class TurnKit:
         self.task_queue = task_queue
         self.ui_url = ui_url
         """The Temporal Web UI of the embedded dev server, when TurnKit started one."""
+        self._workers = 0  # in-process workers running (tk.worker())
+        self._validated: list[Agent] = []  # agents validated on registration into a running worker
 
     async def conversation(
         self,
@@ -87,7 +89,12 @@ class TurnKit:
     ) -> Conversation:
         """Create and persist a conversation bound to ``agent`` (behaviour §1.2 ``Agent#conversation``).
 
-        The agent is registered in this process; workers must register it too (``worker.py --app``).
+        The agent is registered in this process; workers must register it too (``worker.py --app``). An agent
+        defined with ``validate=True`` registered while this connection runs a worker (``tk.worker()``) is validated
+        first, once (:mod:`turnkit.model_access`).
+
+        Raises:
+            ModelAccessError: That validation failed (nothing is written).
         """
         # Checked before anything is written (issue 8 item 1): names fit their columns, JSON is storable.
         check_name("agent name", agent.name, optional=False)
@@ -99,6 +106,10 @@ class TurnKit:
         for part in ("type", "id"):
             if subject_ref is not None and subject_ref[part] is not None:
                 check_name(f"subject {part}", str(subject_ref[part]))
+        if agent.validate and self._workers and agent not in self._validated:
+            # Registration into a running worker: the start-up check has passed, so this agent is checked now.
+            await validate_models([agent])
+            self._validated.append(agent)
         register(agent)
         meta: dict[str, Any] = dict(metadata or {})
         if context is not None:
@@ -192,7 +203,11 @@ class TurnKit:
         options.setdefault("graceful_shutdown_timeout", timedelta(seconds=5))
         worker = Worker(self.client, task_queue=self.task_queue, **options)
         async with worker:
-            yield worker
+            self._workers += 1
+            try:
+                yield worker
+            finally:
+                self._workers -= 1
 
 
 @asynccontextmanager
