@@ -434,7 +434,7 @@ class ModelActivities(ModelCalls):
                 activity_meter(),
                 agent=turn.agent_name,
                 model=result.model or model,
-                tokens=result.usage.model_dump(include=set(TOKEN_KINDS)),
+                tokens={field: getattr(result.usage, field) for field in TOKEN_KINDS},
                 cost=cost.total,
             )
             await emit(

@@ -2,7 +2,7 @@
 lines that name their turn and workflow, and a worker start without Alembic's INFO lines.
 
 On the session's real dev server: an in-process worker built on a client connected with ``metrics_port``, and a
-``worker.py`` process with ``--metrics-port`` and ``--log-format json``, scraped while its turn runs.
+``turnkit worker`` process with ``--metrics-port`` and ``--log-format json``, scraped while its turn runs.
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 
 @sqlite_only
-async def test_worker_process_serves_metrics_and_logs_json(engine: Engine, tmp_path: Path) -> None:
-    """``worker.py --metrics-port P --log-format json``: scraped while its turn runs, the endpoint shows the turn's
+async def test_turnkit_worker_serves_metrics_and_logs_json(engine: Engine, tmp_path: Path) -> None:
+    """``turnkit worker --metrics-port P --log-format json``: scraped while its turn runs, the endpoint shows the turn's
     first model call; once it ended, the turn and its tool. Every line it wrote is a JSON object; the tool's warning and
     the SDK's warning about its failed attempt name the turn, the workflow and the activity; and its start printed
     none of Alembic's INFO lines (a fresh database: every migration ran)."""
@@ -197,6 +197,7 @@ async def test_worker_process_serves_metrics_and_logs_json(engine: Engine, tmp_p
         env={"TURNKIT_METRICS_GATE": str(gate), "TURNKIT_LOG_LEVEL": "INFO"},
         extra_args=("--metrics-port", str(port), "--metrics-bind", "127.0.0.1", "--log-format", "json"),
         stderr=True,
+        program=("-m", "turnkit.cli", "worker"),  # the console script's code: the Docker image's entry point
     )
     store = await Store.open(database)
     tk = TurnKit(engine.tk.client, store, task_queue=engine.tk.task_queue)

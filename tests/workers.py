@@ -53,12 +53,14 @@ class WorkerProcess:
         cwd: Path = ROOT,
         extra_args: tuple[str, ...] = (),
         stderr: bool = False,
+        program: tuple[str, ...] = (str(ROOT / "worker.py"),),
     ) -> WorkerProcess:
         """Start the worker and wait for its ready line; ``extra_args`` go to ``worker.py`` (``--only tools``).
-        With ``stderr``, everything it writes is kept for :meth:`output` (else its stderr is the test's)."""
+        With ``stderr``, everything it writes is kept for :meth:`output` (else its stderr is the test's).
+        ``program``: Python's arguments that run a worker (``("-m", "turnkit.cli", "worker")``: ``turnkit worker``)."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(ROOT / "worker.py"),
+            *program,
             "--app",
             app,
             "--address",

@@ -110,6 +110,8 @@ def model_call_committed(
     meter: MetricMeter, *, agent: str, model: str, tokens: Mapping[str, int], cost: float | None
 ) -> None:
     """A model call's response and charge committed: one iteration, its tokens (by usage field) and its cost."""
+    if meter is MetricMeter.noop:  # no metrics configured: nothing to build
+        return
     attributes = {"agent": agent, "model": model}
     meter.create_counter(ITERATIONS, METRICS[ITERATIONS][2]).add(1, attributes)
     counter = meter.create_counter(MODEL_TOKENS, METRICS[MODEL_TOKENS][2])
@@ -124,6 +126,8 @@ def model_call_committed(
 def store_retried(meter: MetricMeter, *, operation: str, failures: int, seconds: float, outcome: str) -> None:
     """An activity's store transaction failed ``failures`` times and was tried again, for ``seconds`` in all, then
     ``outcome``: ``succeeded`` or ``gave_up`` (a non-transient error, or the attempt ended)."""
+    if meter is MetricMeter.noop:
+        return
     meter.create_counter(STORE_RETRIES, METRICS[STORE_RETRIES][2]).add(failures, {"operation": operation})
     histogram = meter.create_histogram_float(STORE_RETRY_SECONDS, METRICS[STORE_RETRY_SECONDS][2], "s")
     histogram.record(seconds, {"operation": operation, "outcome": outcome})
