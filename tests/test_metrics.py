@@ -31,7 +31,7 @@ from turnkit.agent import register
 from turnkit.cost import cost_from_usage
 from turnkit.kernel.errors import ConfigError
 from turnkit.plugin import TurnKitPlugin
-from turnkit.runtime import TurnKit
+from turnkit.runtime import TurnKit, connect
 from turnkit.store import Store
 
 sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -267,3 +267,16 @@ def test_turnkit_worker_takes_the_same_options(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("TURNKIT_METRICS_PORT")
     with pytest.raises(SystemExit):
         parse_args(["--log-format", "xml"])
+
+
+async def test_connect_serves_metrics(temporal_address: str, tmp_path: Path) -> None:
+    """``turnkit.connect(metrics_port=...)``: the client's runtime serves the endpoint while the connection is open
+    (the SDK's request counter shows the connection's own calls)."""
+    port = _free_port()
+    database = f"sqlite+aiosqlite:///{tmp_path / 'connect.db'}"
+    async with connect(
+        temporal_address=temporal_address, database_url=database, metrics_port=port, metrics_bind="127.0.0.1"
+    ) as tk:
+        await tk.client.count_workflows()
+        samples = await _scrape(port)
+    assert _value(samples, "temporal_request", operation="CountWorkflowExecutions") >= 1

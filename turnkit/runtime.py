@@ -33,7 +33,6 @@ from turnkit._ops.repair import repair as repair_invariants
 from turnkit._temporal.connection import client_options
 from turnkit._temporal.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit._temporal.search_attributes import require_search_attributes
-from turnkit._temporal.telemetry import env_metrics_port
 from turnkit.agent import Agent, register
 from turnkit.config import TASK_QUEUE, settings, settings_overrides, using_settings
 from turnkit.handles import Conversation, Turn
@@ -232,8 +231,8 @@ async def connect(
             by the code inside the ``async with`` block and by the activities of the workers built on it
             (``tk.worker()``). ``{"client": MyClient(), "max_spend": 2.0}``; see :mod:`turnkit.config`.
         metrics_port: Serve Prometheus metrics, the SDK's and TurnKit's (README "Metrics"), at
-            ``http://<metrics_bind>:<metrics_port>/metrics`` for this client and its workers; default
-            ``$TURNKIT_METRICS_PORT``, else none.
+            ``http://<metrics_bind>:<metrics_port>/metrics`` for this client and its workers; none by default
+            (``$TURNKIT_METRICS_PORT`` is the worker command's: a script run beside a worker must not take its port).
         metrics_bind: The address the metrics endpoint listens on; default ``$TURNKIT_METRICS_BIND``, else ``0.0.0.0``.
 
     Raises:
@@ -252,7 +251,7 @@ async def connect(
             store,
             tracing=tracing,
             settings=overrides,
-            metrics_port=metrics_port if metrics_port is not None else env_metrics_port(),
+            metrics_port=metrics_port,
             metrics_bind=metrics_bind,
         )
     except Exception:

@@ -26,27 +26,13 @@ from turnkit._temporal.logs import json_logging
 from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.metrics import BUCKETS
 
-__all__ = ["DEFAULT_METRICS_BIND", "env_metrics_port", "metrics_address", "telemetry_runtime"]
+__all__ = ["DEFAULT_METRICS_BIND", "metrics_address", "telemetry_runtime"]
 
 #: Where a metrics endpoint listens unless told otherwise: every interface, so that Prometheus can scrape a worker
 #: in a container (``$TURNKIT_METRICS_BIND`` or ``metrics_bind`` to narrow it).
 DEFAULT_METRICS_BIND = "0.0.0.0"
 
 _runtimes: dict[str | None, Runtime] = {}
-
-
-def env_metrics_port(environ: Mapping[str, str] | None = None) -> int | None:
-    """``$TURNKIT_METRICS_PORT`` as a port number; None when unset or empty.
-
-    Raises:
-        ConfigError: it is set to something that is not a port number.
-    """
-    text = (os.environ if environ is None else environ).get("TURNKIT_METRICS_PORT", "").strip()
-    if not text:
-        return None
-    if not text.isdigit():
-        raise ConfigError(f"TURNKIT_METRICS_PORT must be a port number (1 to 65535), got {text!r}")
-    return int(text)
 
 
 def metrics_address(
