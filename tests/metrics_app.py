@@ -57,6 +57,13 @@ def _answer(request: turnkit.ModelRequest) -> turnkit.Result:
 metered = turnkit.register(turnkit.Agent("metered", model="gpt-4o", tools=[gauge], client=ScriptedClient(_answer)))
 
 
+def _refuse(request: turnkit.ModelRequest) -> turnkit.Result:
+    raise turnkit.ModelError("the provider said no")
+
+
+refused = turnkit.register(turnkit.Agent("refused", model="gpt-4o", client=ScriptedClient(_refuse)))
+
+
 # A store that blinks under an activity (tests/test_metrics.py): its transaction fails twice with a lost connection,
 # and retry_store waits it out, as the model and tool activities do.
 @activity.defn(name="metrics_app.wait_out_store")

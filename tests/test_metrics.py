@@ -82,8 +82,9 @@ async def test_turns_show_in_the_sdk_and_turnkit_metrics(
 ) -> None:
     """A client connected with ``metrics_port`` serves the SDK's metrics and TurnKit's: after two turns through their
     lane, each with one tool call (which failed once and was retried), the turns by agent and status, their model
-    calls with tokens and cost by model, the tool executions by tool and status, the lane's queue depth; and an
-    activity that waited out two failed store transactions, its retries and their time."""
+    calls with tokens and cost by model, the tool executions by tool and status, the lane's queue depth; a third turn
+    whose model refused, failed; and an activity that waited out two failed store transactions, its retries and their
+    time."""
     monkeypatch.setattr(store_retry, "INITIAL_DELAY", 0.01)
     port = _free_port()
     store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'metrics.db'}")
@@ -92,6 +93,7 @@ async def test_turns_show_in_the_sdk_and_turnkit_metrics(
     client = await Client.connect(address, plugins=[plugin])
     tk = TurnKit(client, store, task_queue=f"tq-{uuid.uuid4().hex[:12]}")
     register(app.metered)
+    register(app.refused)
     # A plain client on the same runtime (its metrics endpoint) for the store-blink workflow: not TurnKit's plugin.
     plain = await Client.connect(address, runtime=client.service_client.config.runtime)
     blink_queue = f"tq-{uuid.uuid4().hex[:12]}"
@@ -108,13 +110,15 @@ async def test_turns_show_in_the_sdk_and_turnkit_metrics(
             first = await conversation.ask("read the pressure")
             second = await conversation.ask("again")
             assert (first.status, second.status) == ("completed", "completed")
+            failed = await (await tk.conversation(app.refused)).ask("hello")
+            assert failed.status == "failed"
             tries = await plain.execute_workflow(app.StoreBlink.run, id=f"blink-{uuid.uuid4()}", task_queue=blink_queue)
             assert tries == 3
 
             async def recorded() -> bool:  # the workflow's last task may be recorded a moment after the result
-                return _value(await _scrape(port), "turnkit_turns_finished", agent="metered") == 2
+                return _value(await _scrape(port), "turnkit_turns_finished") == 3
 
-            await eventually(recorded, what="both turns in turnkit_turns_finished")
+            await eventually(recorded, what="the three turns in turnkit_turns_finished")
             samples = await _scrape(port)
     finally:
         await store.close()
@@ -124,10 +128,13 @@ async def test_turns_show_in_the_sdk_and_turnkit_metrics(
         "temporal_workflow_completed",
         "temporal_activity_execution_latency_bucket",
     } <= _names(samples), sorted(_names(samples))
-    assert _value(samples, "temporal_workflow_completed", workflow_type="TurnWorkflow", task_queue=tk.task_queue) == 2
+    # Three turn workflows completed: a failed turn is a result, not a failed workflow (so TurnKit's own counter).
+    assert _value(samples, "temporal_workflow_completed", workflow_type="TurnWorkflow", task_queue=tk.task_queue) == 3
 
     assert _value(samples, "turnkit_turns_finished", agent="metered", status="completed") == 2
-    assert _value(samples, "turnkit_turns_finished", status="failed") == 0
+    assert _value(samples, "turnkit_turns_finished", agent="metered", status="failed") == 0
+    assert _value(samples, "turnkit_turns_finished", agent="refused", status="failed") == 1
+    assert _value(samples, "turnkit_iterations", agent="refused") == 0  # its model call stored no response
     assert _value(samples, "turnkit_iterations", agent="metered", model="gpt-4o") == 4  # two model calls a turn
     usage = app.USAGE
     assert _value(samples, "turnkit_model_tokens", **_tokens("input")) == 4 * usage.input_tokens
@@ -143,9 +150,9 @@ async def test_turns_show_in_the_sdk_and_turnkit_metrics(
     assert _value(samples, "turnkit_tool_executions", tool="gauge", status="failed") == 0
     assert _value(samples, "temporal_activity_execution_failed", activity_type="tool:gauge") == 2
     # Each turn was queued in an idle lane: one turn waiting, each time (buckets for small counts).
-    assert _value(samples, "turnkit_lane_queue_depth_count", workflow_type="ConversationWorkflow") == 2
-    assert _value(samples, "turnkit_lane_queue_depth_sum") == 2
-    assert _value(samples, "turnkit_lane_queue_depth_bucket", le="1") == 2
+    assert _value(samples, "turnkit_lane_queue_depth_count", workflow_type="ConversationWorkflow") == 3
+    assert _value(samples, "turnkit_lane_queue_depth_sum") == 3
+    assert _value(samples, "turnkit_lane_queue_depth_bucket", le="1") == 3
     assert _value(samples, "turnkit_model_cost_usd_bucket", le="0.001") == 4  # buckets for dollars, not milliseconds
     assert _value(samples, "turnkit_store_retries", operation="metrics test") == 2
     waited = {"operation": "metrics test", "outcome": "succeeded"}
