@@ -70,6 +70,7 @@ from turnkit.kernel.errors import (
     OutputAudit,
     TransientModelError,
 )
+from turnkit.kernel.metrics import TOKEN_KINDS, activity_meter, model_call_committed
 from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef, output_preview
 from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
@@ -428,6 +429,14 @@ class ModelActivities(ModelCalls):
             what="model persist",
         )
         if written:
+            # Counted by the attempt that committed the call: never twice (kernel.metrics says what a retry does).
+            model_call_committed(
+                activity_meter(),
+                agent=turn.agent_name,
+                model=result.model or model,
+                tokens={field: getattr(result.usage, field) for field in TOKEN_KINDS},
+                cost=cost.total,
+            )
             await emit(
                 "model.completed",
                 turn.id,

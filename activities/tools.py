@@ -44,6 +44,7 @@ from turnkit._engine.request import subject_prompt_of
 from turnkit._engine.tool_queues import misrouted
 from turnkit._engine.tool_store import ToolStore, fence_execution
 from turnkit._temporal.heartbeats import heartbeating
+from turnkit._temporal.logs import log_ids
 from turnkit._temporal.tracing import tool_call_span
 from turnkit.config import settings
 from turnkit.kernel.errors import (
@@ -79,6 +80,7 @@ class ToolActivities:
     async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
+        log_ids(request.turn_id, request.conversation_id)  # in this activity's context only
         # The hook's questions (before the body, and the body's own) answer within the tool's timeout, as the body
         # must; the rest of the attempt's time is the store phases'.
         body_timeout = request.call.policy.body_timeout if request.call.policy is not None else None

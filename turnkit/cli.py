@@ -47,7 +47,12 @@ from turnkit._temporal.connection import add_connection_arguments, client_option
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.tracing import add_tracing_argument
 from turnkit._temporal.worker import add_deployment_arguments, add_validate_models_argument
-from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
+from turnkit._temporal.worker_arguments import (
+    add_loop_argument,
+    add_observability_arguments,
+    add_sandbox_argument,
+    run_on_loop,
+)
 from turnkit.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -345,9 +350,10 @@ async def _ask(args: argparse.Namespace) -> int:
 
 async def _worker(args: argparse.Namespace) -> int:
     from turnkit._temporal import worker
+    from turnkit._temporal.logs import configure_logging
     from turnkit.config import TASK_QUEUE
 
-    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
+    configure_logging(args.log_format)
     args.task_queue = args.task_queue or TASK_QUEUE
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
     try:
@@ -524,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tracing_argument(worker)
     add_sandbox_argument(worker)
     add_loop_argument(worker)
+    add_observability_arguments(worker)
     worker.add_argument(
         "--queue", dest="task_queue", default=argparse.SUPPRESS, metavar="NAME", help="same as --task-queue"
     )

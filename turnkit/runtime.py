@@ -223,6 +223,8 @@ async def connect(
     api_key: str | None = None,
     tracing: Tracing = False,
     settings: Mapping[str, Any] | None = None,
+    metrics_port: int | None = None,
+    metrics_bind: str | None = None,
 ) -> AsyncGenerator[TurnKit, None]:
     """Connect to Temporal and the store (arguments, then the environment, else the embedded defaults); closes both
     on exit.
@@ -247,9 +249,14 @@ async def connect(
         settings: Settings of this connection, by name, over the process's defaults (``turnkit.configure``): read
             by the code inside the ``async with`` block and by the activities of the workers built on it
             (``tk.worker()``). ``{"client": MyClient(), "max_spend": 2.0}``; see :mod:`turnkit.config`.
+        metrics_port: Serve Prometheus metrics, the SDK's and TurnKit's (README "Metrics"), at
+            ``http://<metrics_bind>:<metrics_port>/metrics`` for this client and its workers; none by default
+            (``$TURNKIT_METRICS_PORT`` is the worker command's: a script run beside a worker must not take its port).
+        metrics_bind: The address the metrics endpoint listens on; default ``$TURNKIT_METRICS_BIND``, else ``0.0.0.0``.
 
     Raises:
-        ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses (nothing is opened).
+        ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses, or ``metrics_port`` is no
+            port number (nothing is opened); the metrics endpoint cannot listen there.
     """
     overrides = settings_overrides(settings or {})
     options: dict[str, Any] = client_options(
@@ -259,7 +266,13 @@ async def connect(
     namespace = str(options["namespace"])
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     try:
-        plugin = TurnKitPlugin(store, tracing=tracing, settings=overrides)
+        plugin = TurnKitPlugin(
+            store,
+            tracing=tracing,
+            settings=overrides,
+            metrics_port=metrics_port,
+            metrics_bind=metrics_bind,
+        )
     except Exception:
         await store.close()  # a bad `tracing` value, or OpenTelemetry missing: nothing may stay open
         raise

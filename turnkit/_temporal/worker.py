@@ -29,10 +29,17 @@ from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from turnkit._engine.tool_queues import tools_on_queue
 from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
+from turnkit._temporal.logs import configure_logging, log_line
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit._temporal.tracing import add_tracing_argument
-from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, on_uvloop, run_on_loop
+from turnkit._temporal.worker_arguments import (
+    add_loop_argument,
+    add_observability_arguments,
+    add_sandbox_argument,
+    on_uvloop,
+    run_on_loop,
+)
 from turnkit.config import TASK_QUEUE, settings
 from turnkit.kernel.errors import ConfigError
 from turnkit.model_access import validate_models
@@ -117,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_tracing_argument(parser)
     add_sandbox_argument(parser)
     add_loop_argument(parser)
+    add_observability_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -134,7 +142,14 @@ async def run(args: argparse.Namespace) -> None:
     store = await Store.open(args.database_url)
     try:
         sandbox = getattr(args, "sandbox", True)
-        plugin = TurnKitPlugin(store, tracing=args.tracing, tools_only=tools_only, sandbox=sandbox)
+        plugin = TurnKitPlugin(
+            store,
+            tracing=args.tracing,
+            tools_only=tools_only,
+            sandbox=sandbox,
+            metrics_port=getattr(args, "metrics_port", None),
+            metrics_bind=getattr(args, "metrics_bind", None),
+        )
         client = await Client.connect(address, **options, plugins=[plugin])
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
@@ -154,10 +169,9 @@ async def run(args: argparse.Namespace) -> None:
             on_loop = " (uvloop)" if on_uvloop() else ""
             version = deployment.version if deployment else None
             build = f" (build {version.deployment_name}/{version.build_id})" if version else ""
-            print(
-                f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}{build}",
-                flush=True,
-            )
+            metrics = f" (metrics on port {args.metrics_port})" if getattr(args, "metrics_port", None) else ""
+            ready = f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}{build}"
+            print(log_line(ready + metrics), flush=True)  # a JSON line too when the logs are JSON
             await stop.wait()
             log.info("shutting down")
     finally:
@@ -178,9 +192,9 @@ def _served_tools(task_queue: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
-    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
     args = parse_args(argv)
+    configure_logging(args.log_format)
     try:
         client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
         run_on_loop(run(args), args.loop)
