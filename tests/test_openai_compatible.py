@@ -11,12 +11,15 @@ import base64
 import json
 from collections.abc import AsyncIterator, Iterator
 
+import openai
 import pytest
 import pytest_asyncio
 
+import turnkit
 from tests.provider_server import ProviderServer, chat_call, chat_completion, chat_error
 from tests.test_providers import HISTORY, LOOKUP, OUTPUT_SCHEMA, replay_histories, request, tool_agent
 from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError
+from turnkit.media import MediaInput
 from turnkit.providers import (
     AnthropicClient,
     GeminiClient,
@@ -315,3 +318,43 @@ async def test_compatible_turn_end_to_end(
     assert result["role"] == "tool" and result["tool_call_id"] == "call_e2e"
     assert json.loads(result["content"])["answer"] == "A"
     assert (turn.usage.input_tokens, turn.usage.cached_tokens, turn.usage.output_tokens) == (36 + 12, 64, 9 + 7)
+
+
+async def test_audio_goes_to_chat_completions_and_is_refused_where_no_api_takes_it(
+    tk: TurnKit, server: ProviderServer, compatible: OpenAICompatibleClient
+) -> None:
+    """Issue 39, audio in: a turn's wav audio reaches Chat Completions as ``input_audio`` (OpenAI's audio models take
+    it there); a format it has no name for, a video, or audio for the Responses API fails the call with a
+    ``ConfigError`` that names the type, and nothing is sent."""
+    wav = b"RIFF\x00\x00\x00\x00WAVEfmt " + bytes(64)
+    server.script(chat_completion("You said hello."))
+    agent = turnkit.Agent("listener", model="audio-model", client=compatible)
+    turn = await (await tk.conversation(agent)).ask(
+        "what did I say?", media=[MediaInput.bytes(wav, mime_type="audio/wav")]
+    )
+    assert turn.status == "completed" and turn.output_text == "You said hello.", turn.error
+    [sent] = server.bodies
+    assert sent["messages"][-1]["content"] == [
+        {"type": "text", "text": "what did I say?"},
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}},
+    ]
+
+    def heard(mime_type: str) -> dict[str, object]:
+        return {
+            "role": "user",
+            "content": "hear",
+            "media": [{"kind": mime_type.split("/")[0], "mime_type": mime_type, "data": "AAAA"}],
+        }
+
+    with pytest.raises(ConfigError, match="Chat Completions takes wav or mp3 audio, not audio/ogg"):
+        await compatible.chat(request(messages=[heard("audio/ogg")]))
+    with pytest.raises(ConfigError, match="Chat Completions does not accept video/mp4 media as input"):
+        await compatible.chat(request(messages=[heard("video/mp4")]))
+    responses = OpenAIClient(client=openai.AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1", max_retries=0))
+    with pytest.raises(
+        ConfigError,
+        match=r"Responses API does not accept audio/wav media as input: for audio, use OpenAICompatibleClient",
+    ):
+        await responses.chat(request(messages=[heard("audio/wav")]))
+    await responses.close()
+    assert len(server.requests) == 1

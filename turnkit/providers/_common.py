@@ -9,7 +9,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -428,19 +428,31 @@ class MediaInputPart:
     filename: str | None
 
 
-def media_inputs(message: Mapping[str, Any], provider: str) -> list[MediaInputPart]:
+def media_inputs(
+    message: Mapping[str, Any],
+    provider: str,
+    *,
+    kinds: Collection[str] = ("image", "document"),
+    instead: str = "",
+) -> list[MediaInputPart]:
     """The media of a projected user message (``message["media"]``, completed with ``data`` by the model activity).
 
+    Args:
+        message: The projected message.
+        provider: Names the API in the refusal.
+        kinds: The media kinds the API takes (``image``, ``document``, ``audio``, ``video``).
+        instead: Appended to the refusal: where such media can go instead.
+
     Raises:
-        ConfigError: An item has no bytes (a request built without them, such as a preview), or is audio or video,
-            which ``provider`` does not take as input.
+        ConfigError: An item has no bytes (a request built without them, such as a preview), or is of a kind
+            ``provider`` does not take as input (the message names its type).
     """
     parts: list[MediaInputPart] = []
     for ref in message.get("media") or ():
         mime_type = str(ref.get("mime_type") or "")
         kind = str(ref.get("kind") or "")
-        if kind not in ("image", "document"):
-            raise ConfigError(f"{provider} does not accept {mime_type or kind} media as input")
+        if kind not in kinds:
+            raise ConfigError(f"{provider} does not accept {mime_type or kind} media as input{instead}")
         data = ref.get("data")
         if not data:
             raise ConfigError(f"media {ref.get('media_id')} has no data: only the model activity can send it")

@@ -210,7 +210,10 @@ def user_content(text: str, message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A user message with media as Responses content parts: the text (``input_text``), then each image as an
     ``input_image`` data URL and each document as an ``input_file``."""
     content: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
-    for media in media_inputs(message, "OpenAI"):
+    # The Responses API takes no audio or video in a message; OpenAI's audio models take audio through Chat
+    # Completions, which OpenAICompatibleClient speaks.
+    instead = ": for audio, use OpenAICompatibleClient(base_url='https://api.openai.com/v1') with an audio model"
+    for media in media_inputs(message, "OpenAI's Responses API", instead=instead):
         url = f"data:{media.mime_type};base64,{media.data}"
         if media.kind == "image":
             content.append({"type": "input_image", "image_url": url, "detail": "auto"})

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 import openai
 from openai.types.chat import ChatCompletion
 
-from turnkit.kernel.errors import ModelAccessError, ModelError
+from turnkit.kernel.errors import ConfigError, ModelAccessError, ModelError
 from turnkit.model import ModelRequest, Result, ToolCall, ToolSpec, Usage
 from turnkit.providers._common import (
     ProviderClient,
@@ -205,13 +205,34 @@ def chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+#: The audio formats Chat Completions' ``input_audio`` takes, by MIME type (OpenAI's audio models, and endpoints
+#: that follow them).
+AUDIO_FORMATS: Final = {
+    "audio/wav": "wav",
+    "audio/x-wav": "wav",
+    "audio/wave": "wav",
+    "audio/mpeg": "mp3",
+    "audio/mp3": "mp3",
+}
+
+
 def user_content(text: str, message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A user message with media as Chat Completions content parts: the text, then images and files (data URLs)."""
+    """A user message with media as Chat Completions content parts: the text, then images and files (data URLs) and
+    audio (``input_audio``, wav or mp3, for audio models such as OpenAI's ``gpt-4o-audio-preview``).
+
+    Raises:
+        ConfigError: Video, or audio in another format (the message names it).
+    """
     parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    for media in media_inputs(message, "Chat Completions"):
+    for media in media_inputs(message, "Chat Completions", kinds=("image", "document", "audio")):
         url = f"data:{media.mime_type};base64,{media.data}"
         if media.kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif media.kind == "audio":
+            audio_format = AUDIO_FORMATS.get(media.mime_type)
+            if audio_format is None:
+                raise ConfigError(f"Chat Completions takes wav or mp3 audio, not {media.mime_type}")
+            parts.append({"type": "input_audio", "input_audio": {"data": media.data, "format": audio_format}})
         else:
             parts.append({"type": "file", "file": {"filename": media.filename or "document.pdf", "file_data": url}})
     return parts
