@@ -180,3 +180,86 @@ async def test_the_cli_and_the_worker_read_the_profile(tmp_path: Path, temporal_
         worker.send_signal(signal.SIGTERM)
         async with asyncio.timeout(60):
             assert await worker.wait() == 0
+
+
+def _subprocess(args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python args…`` in ``cwd`` with TurnKit from this checkout, its stderr one log level quieter."""
+    environment = _environment(PYTHONPATH=str(ROOT), TURNKIT_LOG_LEVEL="WARNING", **(env or {}))
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_worker_given_a_cluster_refuses_to_run_without_a_store(tmp_path: Path, temporal_address: str) -> None:
+    """Issue 38: a worker pointed at a cluster (``--address``, ``TEMPORAL_ADDRESS``, a profile) with no
+    ``TURNKIT_DATABASE_URL`` exits 2 with one line naming the variable, and creates nothing on disk (no
+    ``./.turnkit/turnkit.db`` that no other process of the cluster would read)."""
+    config = _config(tmp_path, temporal_address)
+    pointed = {
+        "--address": (["-m", "turnkit.cli", "worker", "--address", temporal_address], {}),
+        "TEMPORAL_ADDRESS": ([str(ROOT / "worker.py")], {"TEMPORAL_ADDRESS": temporal_address}),
+        "a profile": (
+            ["-m", "turnkit.cli", "worker"],
+            {"TEMPORAL_CONFIG_FILE": str(config), "TEMPORAL_PROFILE": "dev"},
+        ),
+    }
+    for how, (args, env) in pointed.items():
+        done = _subprocess(args, cwd=tmp_path, env={"TURNKIT_DATABASE_URL": "", **env})
+        assert done.returncode == 2, (how, done.stdout, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"turnkit worker: no store for a worker on the Temporal cluster at {temporal_address}")
+        assert "set TURNKIT_DATABASE_URL (or --database-url)" in line, line
+        assert not (tmp_path / ".turnkit").exists(), how
+
+
+def test_an_unreachable_server_is_one_line_naming_its_address(tmp_path: Path) -> None:
+    """Issue 38: every command that connects to Temporal, given an address where nothing listens, exits 2 with one
+    line that names the address and the reason, not the SDK's traceback."""
+    address = "127.0.0.1:1"  # a privileged port: nothing listens there
+    store = ["--database-url", f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"]
+    commands = [
+        ("turnkit worker", ["-m", "turnkit.cli", "worker", "--address", address, *store]),
+        ("turnkit worker", [str(ROOT / "worker.py"), "--address", address, *store]),  # worker.py's own main()
+        ("turnkit ask", ["-m", "turnkit.cli", "ask", "--app", "turnkit.demo", "lead", "hi", "--address", address]),
+        ("turnkit check", ["-m", "turnkit.cli", "check", "--address", address, *store]),
+        ("turnkit history", ["-m", "turnkit.cli", "history", "turn_x", "--address", address]),
+    ]
+    for verb, args in commands:
+        done = _subprocess(args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert done.stderr.splitlines() == [f"{verb}: cannot reach Temporal at {address}: Connection refused"], args
+
+
+async def test_connect_to_an_unreachable_server_raises_a_config_error(tmp_path: Path) -> None:
+    """``turnkit.connect()`` raises the same error, a ``ConfigError`` that is also the ``RuntimeError`` the SDK
+    raised, so that code catching either keeps working; the store it opened is closed again."""
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+    with pytest.raises(ConfigError, match=r"^cannot reach Temporal at 127\.0\.0\.1:1: Connection refused$") as raised:
+        async with turnkit.connect(temporal_address="127.0.0.1:1", database_url=database_url):
+            pass
+    assert isinstance(raised.value, RuntimeError)
+
+
+def test_a_missing_tls_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """Issue 38: a client certificate (or key, or CA) named by a profile or a ``TEMPORAL_TLS_*_PATH`` variable that
+    does not exist is a ``ConfigError`` naming the file, in ``client_options`` and so in every entry point; the
+    worker says it in one line and exits 2."""
+    missing = tmp_path / "certs" / "client.pem"
+    config = tmp_path / "temporal.toml"
+    config.write_text(
+        f'[profile.prod]\naddress = "prod.example:7233"\n\n[profile.prod.tls]\nclient_cert_path = "{missing}"\n'
+        f'client_key_path = "{tmp_path / "client.key"}"\n'
+    )
+    with pytest.raises(ConfigError, match=f"^Temporal TLS file not found: {re.escape(str(missing))} "):
+        client_options(profile="prod", config_file=config, environ={})
+    ca = tmp_path / "ca.pem"
+    environ = {"TEMPORAL_ADDRESS": "prod.example:7233", "TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(ca)}
+    with pytest.raises(ConfigError, match=f"^Temporal TLS file not found: {re.escape(str(ca))} "):
+        client_options(environ=environ)
+    env = {"TEMPORAL_CONFIG_FILE": str(config), "TEMPORAL_PROFILE": "prod"}
+    done = _subprocess([str(ROOT / "worker.py")], cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"turnkit worker: Temporal TLS file not found: {missing} (named by the profile or a TEMPORAL_TLS_*_PATH "
+        "variable)"
+    ]

