@@ -22,7 +22,8 @@ import pytest
 from temporalio.service import TLSConfig
 
 import turnkit
-from turnkit._temporal.connection import client_options
+from turnkit._temporal import worker
+from turnkit._temporal.connection import TemporalUnreachable, client_options
 from turnkit.kernel.errors import ConfigError
 from turnkit.testing import ScriptedClient
 
@@ -263,3 +264,22 @@ def test_a_missing_tls_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
         f"turnkit worker: Temporal TLS file not found: {missing} (named by the profile or a TEMPORAL_TLS_*_PATH "
         "variable)"
     ]
+
+
+@pytest.mark.usefixtures("clean_temporal_environment")
+async def test_a_worker_with_nothing_configured_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no cluster configured the worker tries its local default (``127.0.0.1:7233``, here a port where nothing
+    listens) and, when nothing answers there, says that nothing was configured and how to configure it."""
+    empty = tmp_path / "temporal.toml"
+    empty.touch()  # not the developer's own ~/.config/temporalio/temporal.toml
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(empty))
+    monkeypatch.setattr(worker, "DEFAULT_ADDRESS", "127.0.0.1:1")
+    args = worker.parse_args(["--database-url", f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"])
+    with pytest.raises(TemporalUnreachable) as raised:
+        await worker.run(args)
+    assert str(raised.value) == (
+        "cannot reach Temporal at 127.0.0.1:1: Connection refused (nothing configured, so the local default: set "
+        "TEMPORAL_ADDRESS, a profile, or pass --address)"
+    )
