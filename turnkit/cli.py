@@ -127,9 +127,16 @@ async def open_store(args: argparse.Namespace, *, migrate: bool = False) -> Asyn
 
 
 def _connect(args: argparse.Namespace) -> AbstractAsyncContextManager[TurnKit]:
-    """A full TurnKit connection (Temporal client and store) for the operator verbs."""
+    """A full TurnKit connection (Temporal client and store) for the operator verbs.
+
+    Raises:
+        ConfigError: No store is given: checking or repairing the embedded default's SQLite file against a cluster
+            would report on a store that cluster never wrote (nothing is created).
+    """
+    from turnkit._temporal.connection import require_database_url
     from turnkit.runtime import connect
 
+    require_database_url(args.database_url, client_options_from_arguments(args)["target_host"])
     return connect(
         temporal_address=args.address,
         namespace=args.namespace,

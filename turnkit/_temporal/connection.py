@@ -147,8 +147,8 @@ async def connect_client(address: str, *, plugins: Sequence[Plugin] = (), **opti
 
 
 def require_database_url(database_url: str | None, address: str, *, option: str = "--database-url") -> str:
-    """``database_url``, which a worker on a cluster it did not start must have: its default (SQLite under
-    ``./.turnkit/``) is the embedded dev server's, a store no other worker or client of that cluster would see.
+    """``database_url``, which a worker (or an operator verb) on a cluster it did not start must have: the default
+    (SQLite under ``./.turnkit/``) is the embedded dev server's, a store no worker or client of that cluster sees.
 
     Raises:
         ConfigError: ``database_url`` is empty; nothing has been created on disk.
@@ -156,7 +156,7 @@ def require_database_url(database_url: str | None, address: str, *, option: str 
     if database_url:
         return database_url
     raise ConfigError(
-        f"no store for a worker on the Temporal cluster at {address}: set TURNKIT_DATABASE_URL (or {option}) to "
-        "the database that the cluster's other workers and clients use (the default, SQLite under ./.turnkit/, is "
-        "only for the embedded dev server)"
+        f"no store given for the Temporal cluster at {address}: set TURNKIT_DATABASE_URL (or {option}) to the "
+        "database that the cluster's workers and clients use (the default, SQLite under ./.turnkit/, is only for "
+        "the embedded dev server)"
     )
