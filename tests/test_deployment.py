@@ -4,8 +4,9 @@ Images cannot be pulled or built on these machines, so the compose file is parse
 the README's "Deploying" section (services, ports, environment, the worker's command) and against the code that
 reads it (``worker.py``'s options, the variables TurnKit and Temporal's envconfig read); the Dockerfile is checked
 for a wheel built in one stage and installed non-editably in another, a non-root user and the entry point. Issue 38:
-the images are pinned and current (no ``auto-setup``), the start order has no race, and ``temporal-setup``'s script
-itself runs here, against the test dev server, with the ``temporal`` CLI the ``embedded`` extra installs.
+the images are pinned and current (no ``auto-setup``), the start order has no race, ``temporal-setup``'s script
+itself runs here, against the test dev server, with the ``temporal`` CLI the ``embedded`` extra installs, and
+``temporal-schema``'s against a stand-in for ``temporal-sql-tool``.
 """
 
 from __future__ import annotations
@@ -141,6 +142,69 @@ def test_the_images_are_current_and_pinned_and_start_in_order(compose: dict[str,
         assert database in schema
     # setup-schema resets the recorded version: it runs on a new database only, never before every update.
     assert schema.index('"schema_version" does not exist') < schema.index("setup-schema -v 0.0")
+
+
+#: A stand-in for admin-tools' ``temporal-sql-tool`` (not installable here; it needs Temporal's schema files): it
+#: keeps each database's state in files and answers as the tool does (the PostgreSQL driver's error texts), so that
+#: temporal-schema's branches run for real: which database it creates, when it sets a schema up, when it stops.
+SQL_TOOL = r"""#!/bin/sh
+db=""; command=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --db) db=$2; shift 2 ;;
+    --plugin|--ep|-p|-u|-d|-v) shift 2 ;;
+    *) command=$1; shift ;;
+  esac
+done
+echo "$db $command" >> "$STATE/calls"
+case "$command" in
+  create)
+    if [ -e "$STATE/db-$db" ]; then echo "pq: database \"$db\" already exists" >&2; exit 1; fi
+    touch "$STATE/db-$db" ;;
+  setup-schema) touch "$STATE/schema-$db" ;;
+  update-schema)
+    if [ -e "$STATE/broken-$db" ]; then echo "pq: permission denied for table executions" >&2; exit 1; fi
+    if [ ! -e "$STATE/schema-$db" ]; then
+      echo "error reading current schema version:pq: relation \"schema_version\" does not exist" >&2; exit 1
+    fi ;;
+esac
+"""
+
+
+def test_temporal_schema_sets_up_a_new_database_only_and_stops_on_any_other_error(
+    compose: dict[str, dict], tmp_path: Path
+) -> None:
+    """Issue 38: temporal-schema's script on a new volume creates both databases and sets each schema up before
+    updating it; run again it only updates (``setup-schema`` would reset the recorded version); an update that fails
+    for another reason stops it (exit 1, the tool's error on stderr) without a ``setup-schema``."""
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "temporal-sql-tool"
+    tool.write_text(SQL_TOOL)
+    tool.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ.get('PATH', '')}", "STATE": str(state)}
+    script = _script(compose["temporal-schema"])
+
+    def run() -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        (state / "calls").write_text("")
+        done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        return done, (state / "calls").read_text().splitlines()
+
+    fresh, calls = run()
+    assert fresh.returncode == 0, fresh.stderr
+    databases = ("temporal", "temporal_visibility")
+    steps = ["create", "update-schema", "setup-schema", "update-schema"]
+    assert calls == [f"{db} {step}" for db in databases for step in steps]
+    again, calls = run()
+    assert again.returncode == 0, again.stderr
+    assert calls == [f"{db} {step}" for db in databases for step in ("create", "update-schema")]
+    assert "database temporal exists" in again.stdout
+    (state / "broken-temporal").touch()
+    broken, calls = run()
+    assert broken.returncode == 1
+    assert calls == ["temporal create", "temporal update-schema"]
+    assert "permission denied" in broken.stderr and "cannot update the schema of temporal" in broken.stderr
 
 
 def _run_setup(compose: dict[str, dict], address: str, namespace: str) -> subprocess.CompletedProcess[str]:
