@@ -132,6 +132,8 @@ names = ["turnkit"] + [m.name for m in pkgutil.walk_packages(turnkit.__path__, "
 for name in names:
     if name == "turnkit.store.migrations.env":
         continue  # Alembic's env script: runs only inside an Alembic command
+    if name == "turnkit._temporal.turn_spans":
+        continue  # the `otel` extra's module (not installed here): loaded only once tracing is turned on
     # Each module is imported first, in a fresh set of TurnKit's modules: a circular import fails whichever comes
     # first (turnkit/__init__ imports nothing, so each import starts from that module).
     for loaded in [m for m in sys.modules if m.split(".")[0] == "turnkit"]:
