@@ -198,8 +198,8 @@ OPERATOR = ("check", "repair", "reconcile")
 def test_a_worker_given_a_cluster_refuses_to_run_without_a_store(tmp_path: Path, temporal_address: str) -> None:
     """Issue 38: a worker pointed at a cluster (``--address``, ``TEMPORAL_ADDRESS``, a profile) with no
     ``TURNKIT_DATABASE_URL`` exits 2 with one line naming the variable, and creates nothing on disk (no
-    ``./.turnkit/turnkit.db`` that no other process of the cluster would read); so do ``turnkit check``, ``repair``
-    and ``reconcile``."""
+    ``./.turnkit/turnkit.db`` that no other process of the cluster would read); so do ``turnkit check``, ``repair``,
+    ``reconcile`` and ``ask``."""
     config = _config(tmp_path, temporal_address)
     pointed = {
         "--address": (["-m", "turnkit.cli", "worker", "--address", temporal_address], {}),
@@ -211,11 +211,14 @@ def test_a_worker_given_a_cluster_refuses_to_run_without_a_store(tmp_path: Path,
     }
     # The operator verbs too: a check of an empty local store would report that every invariant holds.
     pointed |= {verb: (["-m", "turnkit.cli", verb], {"TEMPORAL_ADDRESS": temporal_address}) for verb in OPERATOR}
+    # And `ask`, which would otherwise write its turn to a local store no worker of the cluster reads.
+    ask = ["-m", "turnkit.cli", "ask", "--app", "turnkit.demo", "lead", "hello"]
+    pointed["ask"] = (ask, {"TEMPORAL_ADDRESS": temporal_address})
     for how, (args, env) in pointed.items():
         done = _subprocess(args, cwd=tmp_path, env={"TURNKIT_DATABASE_URL": "", **env})
         assert done.returncode == 2, (how, done.stdout, done.stderr)
         [line] = done.stderr.splitlines()
-        verb = how if how in OPERATOR else "worker"
+        verb = how if how in (*OPERATOR, "ask") else "worker"
         assert line.startswith(f"turnkit {verb}: no store given for the Temporal cluster at {temporal_address}: ")
         assert "set TURNKIT_DATABASE_URL (or --database-url)" in line, line
         assert not (tmp_path / ".turnkit").exists(), how

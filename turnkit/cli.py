@@ -306,6 +306,7 @@ async def _events(args: argparse.Namespace) -> int:
 
 async def _ask(args: argparse.Namespace) -> int:
     from turnkit._ops.ask import ask_turn
+    from turnkit._temporal.connection import require_database_url
     from turnkit.agent import registered_agents, resolve_agent
     from turnkit.runtime import connect
 
@@ -323,8 +324,11 @@ async def _ask(args: argparse.Namespace) -> int:
     if not args.verbose:  # a failed model call or tool is reported by the turn; the SDK's tracebacks are noise here
         logging.getLogger("temporalio").setLevel(logging.CRITICAL)
     # Nothing configured: connect() starts the embedded dev server, and nobody else can be polling it.
-    embedded = "target_host" not in client_options_from_arguments(args)
+    target = client_options_from_arguments(args).get("target_host")
+    embedded = target is None
     try:
+        if target is not None:  # a cluster's turns are in its store: the local default would hold a stray copy
+            require_database_url(args.database_url, target)
         async with connect(
             temporal_address=args.address,
             namespace=args.namespace,
