@@ -232,7 +232,10 @@ def test_an_unreachable_server_is_one_line_naming_its_address(tmp_path: Path) ->
     commands = [
         ("turnkit worker", ["-m", "turnkit.cli", "worker", "--address", address, *store]),
         ("turnkit worker", [str(ROOT / "worker.py"), "--address", address, *store]),  # worker.py's own main()
-        ("turnkit ask", ["-m", "turnkit.cli", "ask", "--app", "turnkit.demo", "lead", "hi", "--address", address]),
+        (
+            "turnkit ask",
+            ["-m", "turnkit.cli", "ask", "--app", "turnkit.demo", "lead", "hi", "--address", address, *store],
+        ),
         ("turnkit check", ["-m", "turnkit.cli", "check", "--address", address, *store]),
         ("turnkit history", ["-m", "turnkit.cli", "history", "turn_x", "--address", address]),
     ]
