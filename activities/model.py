@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import nullcontext
+from datetime import datetime
 from typing import Any
 
 from temporalio import activity
@@ -58,7 +59,7 @@ from turnkit._engine.transcripts import Transcript, Transcripts
 from turnkit._engine.validation import storable_result
 from turnkit._engine.waits import enter_waiting
 from turnkit._temporal.heartbeats import heartbeating
-from turnkit._temporal.tracing import record_model_call
+from turnkit._temporal.tracing import model_call_span
 from turnkit.agent import Agent, resolve_agent
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
@@ -71,7 +72,8 @@ from turnkit.kernel.errors import (
     OutputAudit,
     TransientModelError,
 )
-from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef
+from turnkit.kernel.metrics import TOKEN_KINDS, activity_meter, model_call_committed
+from turnkit.kernel.payloads import ModelCall, ModelStep, ToolCallRef, output_preview
 from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
     UNPAUSED_TURN_STATUSES,
@@ -172,15 +174,18 @@ class ModelActivities(ModelCalls):
             )
         if late is not None:
             return ModelStep(outcome=late)
+        asked = utcnow()  # when the provider was asked: the call's bar on `turnkit show --html`
         # The call streams its deltas to the turn's watchers (turnkit.streaming); its response is persisted below as
         # it always was, whatever was streamed.
         publisher = _publisher(self.store, turn, call, info.attempt)
-        try:
-            async with heartbeating(), publisher or nullcontext():
-                with streaming_to(publisher):
-                    result = await client.chat(sent)
-        except (ModelError, ConfigError, TransientModelError) as err:
-            raise _provider_failure(err) from err
+        with model_call_span(turn, request.model) as traced:  # the span `chat {model}` when tracing is on
+            try:
+                async with heartbeating(), publisher or nullcontext():
+                    with streaming_to(publisher):
+                        result = await client.chat(sent)
+            except (ModelError, ConfigError, TransientModelError) as err:
+                raise _provider_failure(err) from err
+            traced(result)
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         audit = None
         if not result.tool_calls and not call.audit_apart:
@@ -191,7 +196,7 @@ class ModelActivities(ModelCalls):
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err
         ended: list[TurnRecord] = []  # the terminal record, when this attempt's write ended the turn
-        step = await self._persist(call, turn, request.model, result, audit, ended)
+        step = await self._persist(call, turn, request.model, result, audit, ended, asked)
         if publisher is not None and publisher.published:  # watchers read the response now, not at their next poll
             publisher.committed()
             await publisher.flush()
@@ -418,20 +423,31 @@ class ModelActivities(ModelCalls):
         result: Result,
         audit: AnswerAudit | None,
         ended: list[TurnRecord],
+        asked: datetime,
     ) -> ModelStep:
         """Write the response, then report it: ``model.completed`` (and ``turn.completed``) after the commit."""
         cost = cost_from_usage(result.usage, result.model or model)
-        record_model_call(turn, request_model=model, response_model=result.model, usage=result.usage, cost=cost.total)
+        # What this one call was, kept with its response (the turn only sums its calls): `turnkit show --html` draws it.
+        made = {"model": result.model or model, "usage": result.usage.to_record(), "cost": cost.total}
+        made["requested_at"] = asked.isoformat()
         # A final answer's completion callback is authorised before the terminal write's transaction (behaviour §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
         verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
         # request id, so a commit whose acknowledgement was lost is found, not written twice).
         step, written = await retry_store(
-            lambda: self._write_response(call, turn.conversation_id, result, cost, verdict, audit, ended),
+            lambda: self._write_response(call, turn.conversation_id, result, cost, verdict, audit, ended, made),
             what="model persist",
         )
         if written:
+            # Counted by the attempt that committed the call: never twice (kernel.metrics says what a retry does).
+            model_call_committed(
+                activity_meter(),
+                agent=turn.agent_name,
+                model=result.model or model,
+                tokens={field: getattr(result.usage, field) for field in TOKEN_KINDS},
+                cost=cost.total,
+            )
             await emit(
                 "model.completed",
                 turn.id,
@@ -454,11 +470,13 @@ class ModelActivities(ModelCalls):
         verdict: Verdict,
         audit: AnswerAudit | None = None,
         ended: list[TurnRecord] | None = None,
+        made: dict[str, Any] | None = None,
     ) -> tuple[ModelStep, bool]:
         """Persist the assistant message, usage and cost (and a final answer); True when this attempt wrote them.
 
         A final answer's terminal record, as written, is put in ``ended`` (for the announcement after commit); an
-        attempt retried after a failed commit starts it empty again.
+        attempt retried after a failed commit starts it empty again. ``made`` (the call's model, usage, cost and
+        start) is kept as the message's ``metadata["model_call"]``.
         """
         if ended is not None:
             ended.clear()
@@ -490,6 +508,8 @@ class ModelActivities(ModelCalls):
                 for tc in result.tool_calls
             ]
             metadata: dict[str, Any] = {"request_id": call.request_id}
+            if made is not None:
+                metadata["model_call"] = made
             if result.output_data is not None and not tool_calls:
                 metadata["output_data"] = result.output_data
             state.phase = "tools" if tool_calls else "output"
@@ -577,7 +597,10 @@ async def _committed_step(tx: StoreTx, turn: TurnRecord, request_id: str) -> Mod
             outcome="failed", message_id=message.id, error_class=error["class"], error_message=error.get("message")
         )
     outcome = "budget_exceeded" if denial else "completed" if completed else "tools"
-    return ModelStep(outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial)
+    preview = output_preview(turn.output_text) if outcome == "completed" else None
+    return ModelStep(
+        outcome=outcome, message_id=message.id, tool_calls=calls, budget_error=denial, output_preview=preview
+    )
 
 
 def _proposed_call_ids(parts: list[dict[str, Any]]) -> list[str]:
@@ -631,7 +654,9 @@ async def _publish_candidate(tx: StoreTx, turn: TurnRecord, state: TurnState, ve
             outcome="failed", message_id=state.message_id, error_class=error["class"], error_message=error["message"]
         )
     announce(tx, "turn.completed", turn.id, turn.conversation_id, status="completed", output_text=completed.output_text)
-    return ModelStep(outcome="completed", message_id=state.message_id)
+    return ModelStep(
+        outcome="completed", message_id=state.message_id, output_preview=output_preview(completed.output_text)
+    )
 
 
 async def _join_application_waits(tx: StoreTx, turn: TurnRecord) -> tuple[list[str], TurnRecord]:

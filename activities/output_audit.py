@@ -36,7 +36,7 @@ from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
 from turnkit.events import announce, announce_message, emit
 from turnkit.kernel.errors import OutputAudit
-from turnkit.kernel.payloads import ModelStep
+from turnkit.kernel.payloads import ModelStep, output_preview
 from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.kernel.turn_state import TurnState
 from turnkit.model import ModelRequest, Result, Usage
@@ -249,7 +249,7 @@ async def publish_answer(
         return ModelStep(
             outcome="failed", message_id=message_id, error_class=error["class"], error_message=error["message"]
         )
-    return ModelStep(outcome="completed", message_id=message_id)
+    return ModelStep(outcome="completed", message_id=message_id, output_preview=output_preview(text))
 
 
 async def run_audit(

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from turnkit._temporal.heartbeats import heartbeating
+from turnkit.kernel.metrics import activity_meter, store_retried
 from turnkit.store.errors import transient_store_error
 
 __all__ = ["retry_store"]
@@ -36,19 +38,35 @@ async def retry_store(operation: Callable[[], Awaitable[T]], *, what: str) -> T:
     """
     delay = INITIAL_DELAY
     failures = 0
-    async with heartbeating():
-        while True:
-            try:
-                result = await operation()
-            except Exception as err:
-                if not transient_store_error(err):
-                    raise
-                failures += 1
-                if failures == 1 or failures % 10 == 0:
-                    logger.warning("store unavailable during %s (attempt %d), retrying: %s", what, failures, err)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAXIMUM_DELAY)
-                continue
-            if failures:
-                logger.info("store back for %s after %d failed attempts", what, failures)
-            return result
+    first_failure = 0.0
+    outcome = "gave_up"  # unless it succeeds: a non-transient error, or the attempt cancelled or timed out
+    try:
+        async with heartbeating():
+            while True:
+                try:
+                    result = await operation()
+                except Exception as err:
+                    if not transient_store_error(err):
+                        raise
+                    failures += 1
+                    if failures == 1:
+                        first_failure = time.monotonic()
+                    if failures == 1 or failures % 10 == 0:
+                        logger.warning("store unavailable during %s (attempt %d), retrying: %s", what, failures, err)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAXIMUM_DELAY)
+                    continue
+                if failures:
+                    logger.info("store back for %s after %d failed attempts", what, failures)
+                outcome = "succeeded"
+                return result
+    finally:
+        if failures:  # metrics: each failed try once, and the time the activity spent waiting out the store
+            _retried(what, failures, first_failure, outcome)
+
+
+def _retried(what: str, failures: int, since: float, outcome: str) -> None:
+    """Record a wait for the store: ``failures`` tries failed since ``since`` (monotonic), then ``outcome``."""
+    store_retried(
+        activity_meter(), operation=what, failures=failures, seconds=time.monotonic() - since, outcome=outcome
+    )

@@ -44,7 +44,8 @@ from turnkit._engine.request import subject_prompt_of
 from turnkit._engine.tool_queues import misrouted
 from turnkit._engine.tool_store import ToolStore, fence_execution
 from turnkit._temporal.heartbeats import heartbeating
-from turnkit._temporal.tracing import record_tool_call
+from turnkit._temporal.logs import log_ids
+from turnkit._temporal.tracing import tool_call_span
 from turnkit.config import settings
 from turnkit.kernel.errors import (
     AuthorizationError,
@@ -79,10 +80,11 @@ class ToolActivities:
     async def run_tool(self, args: Sequence[RawValue]) -> ToolOutcome:
         """Run one tool call (activity type ``tool:<name>``); see the module docstring."""
         request: ToolCallInput = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
-        record_tool_call(request)
+        log_ids(request.turn_id, request.conversation_id)  # in this activity's context only
         # The hook's questions (before the body, and the body's own) answer within the tool's timeout, as the body
         # must; the rest of the attempt's time is the store phases'.
-        with callbacks_within(request.call.policy.body_timeout if request.call.policy is not None else None):
+        body_timeout = request.call.policy.body_timeout if request.call.policy is not None else None
+        with tool_call_span(request), callbacks_within(body_timeout):  # the span `execute_tool {name}` when traced
             return await self._run_tool(request)
 
     async def _run_tool(self, request: ToolCallInput) -> ToolOutcome:

@@ -44,7 +44,15 @@ from turnkit.kernel.errors import (
     TransientModelError,
     error_class_name,
 )
-from turnkit.kernel.payloads import FinishTurn, SettleToolCall, SubmitTurn, ToolOutcome, TurnOutcome, TurnTicket
+from turnkit.kernel.payloads import (
+    FinishTurn,
+    SettleToolCall,
+    SubmitTurn,
+    ToolOutcome,
+    TurnOutcome,
+    TurnTicket,
+    output_preview,
+)
 from turnkit.kernel.records import (
     ACTIVE_TURN_STATUSES,
     OPEN_EXECUTION_STATUSES,
@@ -399,6 +407,7 @@ def outcome_of(turn: TurnRecord) -> TurnOutcome:
         status=status,  # type: ignore[arg-type]
         error_class=error.get("class"),
         error_message=error.get("message"),
+        output_preview=output_preview(turn.output_text) if status == "completed" else None,
     )
 
 

@@ -1,9 +1,12 @@
-"""A local stand-in for the OpenAI and Anthropic HTTP APIs, for testing the provider clients through the real SDKs.
+"""A local stand-in for the OpenAI, Anthropic, Gemini and Chat Completions HTTP APIs, for testing the provider
+clients through the real SDKs.
 
 :class:`ProviderServer` listens on 127.0.0.1 (a free port) in a background thread, records every request it
 receives and answers each one with the next scripted :class:`Reply`. Point an SDK at it with ``base_url``:
 ``f"{server.url}/v1"`` for OpenAI (which appends ``/responses``) and ``server.url`` for Anthropic (which appends
-``/v1/messages``). The helpers below build bodies in each provider's wire format.
+``/v1/messages``), ``server.url`` for Gemini (``/v1beta/models/{model}:generateContent``, ``GET
+/v1beta/models/{model}``) and ``f"{server.url}/v1"`` for Chat Completions (``/v1/chat/completions``, ``GET
+/v1/models``). The helpers below build bodies in each provider's wire format.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,12 +26,20 @@ __all__ = [
     "ProviderServer",
     "Recorded",
     "Reply",
+    "Upload",
     "anthropic_error",
     "anthropic_events",
     "anthropic_message",
     "anthropic_text",
     "anthropic_thinking",
     "anthropic_tool_use",
+    "chat_call",
+    "chat_completion",
+    "chat_error",
+    "gemini_call",
+    "gemini_error",
+    "gemini_response",
+    "multipart_fields",
     "openai_call",
     "openai_error",
     "openai_events",
@@ -73,11 +86,21 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
 
     def do_POST(self) -> None:
+        self._answer("POST")
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def _answer(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
+        content_type = self.headers.get("Content-Type") or ""
+        if content_type.startswith("multipart/form-data"):
+            body: Any = multipart_fields(content_type, raw)
+        else:
+            body = json.loads(raw) if raw else None
         reply = self.server.provider.record(
-            Recorded(method="POST", path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=body)
+            Recorded(method=method, path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=body)
         )
         if reply.status == 200 and isinstance(body, dict) and body.get("stream"):  # pyright: ignore[reportUnknownMemberType]
             events = openai_events(reply.body) if self.path.endswith("/responses") else anthropic_events(reply.body)
@@ -118,6 +141,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output clean
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file of a multipart request (``images.edit``'s image and mask)."""
+
+    filename: str
+    content_type: str
+    data: bytes
+
+
+def multipart_fields(content_type: str, raw: bytes) -> dict[str, Any]:
+    """A ``multipart/form-data`` body as ``{name: value}``: text fields as strings, files as :class:`Upload`, and a
+    name sent more than once (``image[]``) as a list of them."""
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + raw)
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        assert isinstance(name, str) and isinstance(payload, bytes)
+        filename = part.get_filename()
+        value: Any = payload.decode() if filename is None else Upload(filename, part.get_content_type(), payload)
+        if name in fields:
+            previous = fields[name]
+            fields[name] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            fields[name] = [value] if name.endswith("[]") else value
+    return fields
 
 
 class ProviderServer:
@@ -424,3 +475,82 @@ def anthropic_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]
     )
     emit("message_stop")
     return events
+
+
+# -- Gemini generateContent ------------------------------------------------------------------------------------------
+
+
+def gemini_call(
+    name: str, args: dict[str, Any], *, id: str | None = None, signature: str | None = None
+) -> dict[str, Any]:
+    """A ``functionCall`` part (Gemini often sends no id), with an optional ``thoughtSignature``."""
+    call: dict[str, Any] = {"name": name, "args": args}
+    if id is not None:
+        call["id"] = id
+    part: dict[str, Any] = {"functionCall": call}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def gemini_response(
+    *parts: dict[str, Any],
+    finish_reason: str = "STOP",
+    usage: dict[str, Any] | None = None,
+    model: str = "gemini-test-001",
+) -> dict[str, Any]:
+    """A ``GenerateContentResponse`` with one candidate."""
+    return {
+        "candidates": [{"content": {"role": "model", "parts": list(parts)}, "finishReason": finish_reason, "index": 0}],
+        "usageMetadata": usage or {"promptTokenCount": 12, "candidatesTokenCount": 7, "totalTokenCount": 19},
+        "modelVersion": model,
+        "responseId": "resp_1",
+    }
+
+
+def gemini_error(status: int, message: str, code: str = "INVALID_ARGUMENT", retry_delay: str | None = None) -> Reply:
+    """A Gemini (google.rpc.Status) error answer, with a ``RetryInfo`` detail when ``retry_delay`` is given."""
+    error: dict[str, Any] = {"code": status, "message": message, "status": code}
+    if retry_delay is not None:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay}]
+    return Reply(status, {"error": error})
+
+
+# -- OpenAI-compatible Chat Completions ------------------------------------------------------------------------------
+
+
+def chat_call(id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """A ``tool_calls`` entry (arguments as the JSON string the API sends)."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": raw}}
+
+
+def chat_completion(
+    content: str | None = None,
+    *calls: dict[str, Any],
+    reasoning: str | None = None,
+    usage: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    model: str = "served-model",
+) -> dict[str, Any]:
+    """A ``chat.completion`` with one choice (``reasoning`` as OpenRouter sends it)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = list(calls)
+    if reasoning is not None:
+        message["reasoning"] = reasoning
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": finish_reason or ("tool_calls" if calls else "stop")}
+        ],
+        "usage": usage or {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+    }
+
+
+def chat_error(status: int, message: str, type: str = "invalid_request_error") -> Reply:
+    """An OpenAI-style error answer, as compatible servers send it."""
+    return Reply(status, {"error": {"message": message, "type": type, "code": status}})

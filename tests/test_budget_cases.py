@@ -64,8 +64,8 @@ async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnK
 
     assert run.status == "failed", f"expected the cost limit to fail the run, got {run.status} ({run.error})"
     assert run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}  # spec §6.1 literals
-    assert run.cost == pytest.approx(0.02)  # the observed cost is kept, not rolled back
-    assert await run.tree_cost() == pytest.approx(0.02)
+    assert run.cost.total == pytest.approx(0.02)  # the observed cost is kept, not rolled back
+    assert (await run.tree_cost()).total == pytest.approx(0.02)
     assert run.usage.total_tokens == 15
     assert client.calls == 1
     # The response was persisted before the limit was compared (behaviour §6.2: observed, not reserved).
@@ -79,7 +79,7 @@ async def test_spend_equal_to_max_spend_is_allowed(tk: TurnKit) -> None:  # T34 
     run = await tk.run(spender, "spend")
     assert run.status == "completed", run.error
     assert run.output_text == "exact"
-    assert run.cost == pytest.approx(0.02)
+    assert run.cost.total == pytest.approx(0.02)
 
 
 # -- T35: cost from configured rates ----------------------------------------------------------------------------------
@@ -95,13 +95,18 @@ async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:  # T35
 
     assert run.status == "completed", run.error
     assert client.requests[0].model == "model-a"
-    assert run.cost == pytest.approx(2.26)  # turn.cost
-    assert await run.tree_cost() == pytest.approx(2.26)  # Run#cost over the root tree
+    assert run.cost.total == pytest.approx(2.26)  # turn.cost
+    # Costs are Cost objects (behaviour §6.5): by component, from the turn's cost_details (Cost.from_record).
+    by_component = {"input": 1.0, "output": 1.0, "cache_read": 0.01, "cache_write": 0.25, "thinking": 0.0}
+    assert run.turn_cost.components == pytest.approx(by_component)
+    assert turnkit.Cost.from_record(run.record).components == pytest.approx(by_component)
+    assert (await tk.turn(run.id).refresh()).cost.to_dict() == pytest.approx({**by_component, "total": 2.26})
+    assert (await run.tree_cost()).total == pytest.approx(2.26)  # Run#cost over the root tree
     conversation = await tk.load_conversation(run.record.conversation_id)
-    assert await conversation.cost() == pytest.approx(2.26)  # Conversation#cost: over its turns
+    assert (await conversation.cost()).total == pytest.approx(2.26)  # Conversation#cost: over its turns
     assert (await conversation.usage()).total_tokens == 1_800_000
     with current_connection(tk):  # what `async with turnkit.connect()` does
-        assert await pricer.cost() == pytest.approx(2.26)  # Agent#cost: every stored turn with its name
+        assert (await pricer.cost()).total == pytest.approx(2.26)  # Agent#cost: every stored turn with its name
         assert (await pricer.usage()).total_tokens == 1_800_000
     assert run.record.usage["cost_details"] == pytest.approx(
         {"input": 1.0, "output": 1.0, "cache_read": 0.01, "cache_write": 0.25, "thinking": 0.0, "total": 2.26}
@@ -353,7 +358,7 @@ async def test_a_child_that_overspent_stops_its_parent_before_another_model_call
     assert run.status == "failed" and run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
     assert parent_client.calls == 1, "the parent asked its model again after the tree overspent"
     assert child_client.calls == 1
-    assert await run.tree_cost() == pytest.approx(0.02)
+    assert (await run.tree_cost()).total == pytest.approx(0.02)
 
 
 # -- a budget check before every paid call ----------------------------------------------------------------------------
@@ -430,7 +435,7 @@ async def test_parallel_media_calls_never_pay_past_the_limit(tk: TurnKit, second
     assert run.status == "failed" and run.error == {"class": BUDGET_ERROR, "message": COST_LIMIT}
     assert first_images.calls == 1  # the call in flight when the limit was passed
     assert second_client.paint_requests == [] and second_client.calls == 0  # the refused call was never made
-    assert await run.tree_cost() == pytest.approx(0.05)  # and nothing after it
+    assert (await run.tree_cost()).total == pytest.approx(0.05)  # and nothing after it
     executions = {e.tool_name: e for e in await store.list_tool_executions(root_turn_id=run.id)}
     refused = executions["late_media"]
     assert refused.status == "failed" and (refused.error or {}).get("message") == COST_LIMIT

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,12 @@ from tests.test_history_limits import limits, step, stepper, turnkit_on
 from tests.test_replay import AlteredTurnWorkflow
 from turnkit import cli
 from turnkit._ops.dbadmin import head_revision
-from turnkit._ops.timeline import render_html
+from turnkit._ops.timeline import duration_text, render_html
 from turnkit._ops.tree import TurnNode
 from turnkit._temporal.histories import Run
 from turnkit._temporal.replay import replay_runs, report
 from turnkit._workflows.lane import ConversationWorkflow
-from turnkit.kernel.records import ToolExecutionRecord, TurnRecord
+from turnkit.kernel.records import DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.plugin import PASSTHROUGH_MODULES
 from turnkit.runtime import TurnKit
 from turnkit.testing import ScriptedClient, call_tools
@@ -124,8 +125,16 @@ async def test_show_lists_the_tree_as_text_json_and_html(
     page = tmp_path / "run.html"
     assert await cli.run_command(["show", turn.id, "--html", str(page), *options(engine)]) == 0
     html = page.read_text()
-    assert turn.id in html and child_id in html and html.count("class='bar'") == 4  # 2 turns, 2 tool executions
+    assert turn.id in html and child_id in html and html.count("class='bar'") == 8  # 2 turns, 4 model calls, 2 tools
     assert "<script" not in html and "<link" not in html and "src=" not in html
+    # Issue 38: each model call's row has the model, tokens and cost the activity recorded with its response.
+    shown = Page(html)
+    calls = [label for kind, label in shown.rows if kind == "model"]
+    assert len(calls) == 4 and all(
+        re.match(r"model scripted · [1-9]\d* tok \(\d+ in, \d+ out\) · \$", c) for c in calls
+    )
+    assert shown.totals[0].startswith("2 turns · 4 model calls · ")
+    assert [content for _, content in shown.messages][:1] == ["what is x?"]  # the user's message opens to its text
 
 
 @pytest.mark.usefixtures("through_lanes")
@@ -201,8 +210,13 @@ async def test_replay_reports_nondeterminism_in_words(capsys: pytest.CaptureFixt
     assert (
         "scheduled event 'turnkit.model' does not match activity type of activity command 'turnkit.finish_turn'" in out
     )
-    # The same history on today's code replays: the failure above is the change, not the tool.
+    # The same history on today's code replays: the failure above is the change, not the tool. The run is named by
+    # the workflow id its history records (issue 38), not by the file's name.
     assert await cli.run_command(["replay", str(TURN_TOOLS_HISTORY)]) == 0
+    workflow_id = history.events[0].workflow_execution_started_event_attributes.workflow_id
+    out = capsys.readouterr().out
+    assert workflow_id.startswith("turn_") and f"OK  TurnWorkflow {workflow_id} run {history.run_id}" in out, out
+    assert TURN_TOOLS_HISTORY.stem not in out
 
 
 async def test_replay_is_bounded_by_a_timeout_and_skips_runs_without_a_workflow_task() -> None:
@@ -239,6 +253,43 @@ async def test_events_follow_ends_when_the_turn_ends(
         assert kind in out, out
     assert out.index("tool_call.completed") < out.rindex("turn.completed")
     assert out.splitlines()[-1].split()[1] == turn.id  # the lead's end comes last
+
+
+async def test_events_of_a_conversation_are_its_turns_events_and_a_wrong_id_is_one_line(
+    tk: TurnKit, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38: `turnkit events CONVERSATION_ID` prints the events of every turn of the conversation, oldest turn
+    first (it raised "too many values to unpack"); an id of neither kind, or of no record, is a one-line error."""
+    agent = turnkit.Agent("chatty", model="scripted", client=ScriptedClient(["first answer", "second answer"]))
+    conversation = await tk.conversation(agent)
+    first = await conversation.ask("one")
+    second = await conversation.ask("two")
+    assert (first.status, second.status) == ("completed", "completed")
+    capsys.readouterr()
+    assert await cli.run_command(["events", conversation.id, *options(engine)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ends = [line.split()[1] for line in lines if "turn.completed" in line]
+    assert ends == [first.id, second.id], lines
+    assert {line.split()[1] for line in lines} == {first.id, second.id}
+    assert lines[-1].split()[1:3] == [second.id, "chatty"] and "second answer" in lines[-1]
+    assert await cli.run_command(["events", conversation.id, "--follow", *options(engine)]) == 0  # all ended: returns
+    assert len(capsys.readouterr().out.splitlines()) == len(lines)
+
+    # A sub-agent's conversation: its own turn's events, not its parent's.
+    _, child_id = await run_tree(tk)
+    child = await tk.store.load_turn(child_id)
+    capsys.readouterr()
+    assert await cli.run_command(["events", child.conversation_id, *options(engine)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and {line.split()[1] for line in lines} == {child_id} and "turn.completed" in lines[-1]
+
+    for wrong, says in (
+        ("msg_" + "0" * 24, "not a turn id (turn_…) or a conversation id (conv_…): 'msg_"),
+        ("conv_" + "0" * 24, "not found"),
+    ):
+        assert await cli.run_command(["events", wrong, *options(engine)]) == 1
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
 
 
 #: What a model, a tool or a user could put in the record to take over the terminal that prints it: clear the screen,
@@ -305,6 +356,16 @@ async def test_db_current_and_upgrade(engine: Engine, capsys: pytest.CaptureFixt
 
 
 VERBS = ["reconcile", "check", "repair", "db", "show", "replay", "history", "events", "demo", "worker", "ask"]
+
+
+def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38: `turnkit --version` prints the package's version from its metadata, and exits 0."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"turnkit {version('turnkit')}"
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -394,6 +455,148 @@ def test_timeline_bars_of_parallel_sub_agents_overlap() -> None:
     (a_left, a_right), (b_left, b_right) = placed["turn_alpha"], placed["turn_beta"]
     assert a_left < b_right and b_left < a_right  # they overlap
     assert placed["tool_a"][0] <= a_left and a_right <= placed["tool_a"][1]
+
+
+class Page(HTMLParser):
+    """What a timeline page shows, as a browser parses it: each row's kind and label text, the bars' ids, each tree's
+    totals and axis labels, each message's summary and content, and every element's tag."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, str]] = []
+        self.bars: list[str] = []
+        self.totals: list[str] = []
+        self.axis: list[str] = []
+        self.messages: list[tuple[str, str]] = []
+        self.tags: set[str] = set()
+        self._into: str | None = None  # where text goes: "label", "totals", "axis", "summary", "pre"
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        classes = (dict(attrs).get("class") or "").split()
+        if "row" in classes:
+            self.rows.append((classes[1], ""))
+        elif "label" in classes:
+            self._into = "label"
+        elif "bar" in classes:
+            self.bars.append(dict(attrs)["data-id"] or "")
+        elif "totals" in classes:
+            self.totals.append("")
+            self._into = "totals"
+        elif "axis" in classes:
+            self.axis.clear()
+            self._into = "axis"
+        elif "message" in classes:
+            self.messages.append(("", ""))
+        elif tag == "summary" and self.messages and not self.messages[-1][0]:
+            self._into = "summary"
+        elif tag == "pre":
+            self._into = "pre"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("div", "summary", "pre"):  # what a row's label, the totals, the axis, a message end with
+            self._into = None
+
+    def handle_data(self, data: str) -> None:
+        if self._into == "label":
+            kind, text = self.rows[-1]
+            self.rows[-1] = (kind, text + data)
+        elif self._into == "totals":
+            self.totals[-1] += data
+        elif self._into == "axis":
+            self.axis.append(data)
+        elif self._into == "summary":
+            self.messages[-1] = (data, self.messages[-1][1])
+        elif self._into == "pre":
+            self.messages[-1] = (self.messages[-1][0], self.messages[-1][1] + data)
+
+
+def quick_turn() -> tuple[TurnNode, dict[str, list[MessageRecord]]]:
+    """A turn of 4 ms: a model call asking for a tool, the tool, a model call answering, a delivery; its messages say
+    things a page must not run."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(ms: float) -> datetime:
+        return t0 + timedelta(milliseconds=ms)
+
+    turn = TurnRecord(
+        id="turn_quick", conversation_id="conv_quick", agent_name="<b>quick</b>", root_turn_id="turn_quick",
+        status="completed", started_at=at(0), completed_at=at(4), created_at=at(0), updated_at=at(4),
+        usage={"input_tokens": 30, "output_tokens": 12}, cost=0.0042,
+    )  # fmt: skip
+    tool = ToolExecutionRecord(
+        id="tool_q", turn_id="turn_quick", tool_call_id="call_1", tool_name="lookup", status="completed",
+        started_at=at(1.5), completed_at=at(2), created_at=at(1.5), updated_at=at(2),
+    )  # fmt: skip
+    delivery = DeliveryRecord(
+        id="delivery_q", source_conversation_id="conv_quick", destination_conversation_id="conv_other",
+        source_turn_id="turn_quick", key="k", created_at=at(3.5), delivered_at=at(3.8), updated_at=at(3.8),
+    )  # fmt: skip
+
+    def message(seq: int, role: Any, kind: Any, content: list[dict[str, Any]], ms: float, **meta: Any) -> MessageRecord:
+        return MessageRecord(
+            id=f"msg_{seq}", conversation_id="conv_quick", turn_id="turn_quick", role=role, kind=kind, sequence=seq,
+            content=content, created_at=at(ms), metadata=meta,
+        )  # fmt: skip
+
+    def call(ms: float, input_tokens: int, output_tokens: int, cost: float) -> dict[str, Any]:
+        usage = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        made = {"model": "gpt-<i>", "usage": usage, "cost": cost, "requested_at": at(ms).isoformat()}
+        return {"request_id": f"req_{ms}", "model_call": made}
+
+    messages = [
+        message(1, "user", "text", [{"type": "text", "text": "<script>alert('x')</script> & more"}], 0),
+        message(2, "assistant", "tool_call", [{"type": "tool_call", "id": "call_1", "name": "lookup"}], 1.2,
+                **call(0.2, 10, 5, 0.001)),
+        message(3, "tool", "tool_result", [{"type": "tool_result", "content": "</pre><h3>found</h3>"}], 2),
+        message(4, "assistant", "text", [{"type": "text", "text": "the answer"}], 3.4, **call(2.1, 20, 7, 0.0032)),
+        message(5, "assistant", "text", [{"type": "text", "text": "Saved."}], 3.5),  # a terminal tool's: no call
+    ]  # fmt: skip
+    return TurnNode(turn, [tool], [delivery]), {"turn_quick": messages}
+
+
+def test_timeline_shows_model_calls_deliveries_totals_contents_and_a_millisecond_axis() -> None:
+    """Issue 38 `turnkit show --html`: a model call's row says its model, tokens and cost, a delivery has its row, the
+    tree's totals are above it, a turn of 4 ms has the axis 0 ms / 2 ms / 4 ms, and each message's content is in a
+    collapsed block, HTML-escaped (the user's script and the tool's tags are text, never elements)."""
+    tree, messages = quick_turn()
+    page = Page(render_html([tree], messages=messages))
+    assert [kind for kind, _ in page.rows] == ["turn", "model", "tool", "model", "delivery"]
+    labels = [label for _, label in page.rows]
+    assert labels[0].startswith("<b>quick</b> · completed · ") and "$0.004200" in labels[0]
+    assert labels[1] == "model gpt-<i> · 15 tok (10 in, 5 out) · $0.001000"
+    assert labels[3] == "model gpt-<i> · 27 tok (20 in, 7 out) · $0.003200"
+    assert labels[2] == "tool lookup · completed" and labels[4] == "delivery → conv_other · delivered"
+    assert page.bars == ["turn_quick", "msg_2", "tool_q", "msg_4", "delivery_q"]
+    assert page.totals == [
+        "1 turn · 2 model calls · 42 tokens · $0.004200 · 1 tool execution · 1 delivery"
+    ]  # fmt: skip
+    assert page.axis == ["0 ms", "2 ms", "4 ms"]
+    assert [summary.split(" · ")[0] for summary, _ in page.messages] == [
+        "#1 user",
+        "#2 assistant",
+        "#3 tool",
+        "#4 assistant",
+        "#5 assistant",
+    ]
+    assert page.messages[0][1] == "<script>alert('x')</script> & more"
+    assert "</pre><h3>found</h3>" in page.messages[2][1]
+    assert page.messages[3][1] == "the answer"
+    assert not page.tags & {"script", "b", "i", "h3"}  # every text from the record stayed text
+    bars_at = bars(render_html([tree], messages=messages))
+    assert bars_at["msg_2"] == pytest.approx((5.0, 30.0)) and bars_at["turn_quick"] == pytest.approx((0.0, 100.0))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "span", "text"),
+    [(0.0, 0.004, "0 ms"), (0.0015, 0.003, "1.5 ms"), (0.35, 0.7, "350 ms"), (1.234, 2.5, "1.2 s"),
+     (45.6, 90.0, "46 s"), (300.0, 600.0, "5 min"), (2.0, None, "2 s")],
+)  # fmt: skip
+def test_durations_read_in_the_unit_the_span_needs(seconds: float, span: float | None, text: str) -> None:
+    """Issue 38: the timeline's axis and durations: ms under a second, s under two minutes, min beyond."""
+    assert duration_text(seconds, span) == text
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium package (headless)")

@@ -22,7 +22,8 @@ import pytest
 from temporalio.service import TLSConfig
 
 import turnkit
-from turnkit._temporal.connection import client_options
+from turnkit._temporal import worker
+from turnkit._temporal.connection import TemporalUnreachable, client_options
 from turnkit.kernel.errors import ConfigError
 from turnkit.testing import ScriptedClient
 
@@ -180,3 +181,119 @@ async def test_the_cli_and_the_worker_read_the_profile(tmp_path: Path, temporal_
         worker.send_signal(signal.SIGTERM)
         async with asyncio.timeout(60):
             assert await worker.wait() == 0
+
+
+def _subprocess(args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python args…`` in ``cwd`` with TurnKit from this checkout, its stderr one log level quieter."""
+    environment = _environment(PYTHONPATH=str(ROOT), TURNKIT_LOG_LEVEL="WARNING", **(env or {}))
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=120
+    )
+
+
+#: The operator verbs that read the store of a cluster.
+OPERATOR = ("check", "repair", "reconcile")
+
+
+def test_a_worker_given_a_cluster_refuses_to_run_without_a_store(tmp_path: Path, temporal_address: str) -> None:
+    """Issue 38: a worker pointed at a cluster (``--address``, ``TEMPORAL_ADDRESS``, a profile) with no
+    ``TURNKIT_DATABASE_URL`` exits 2 with one line naming the variable, and creates nothing on disk (no
+    ``./.turnkit/turnkit.db`` that no other process of the cluster would read); so do ``turnkit check``, ``repair``,
+    ``reconcile`` and ``ask``."""
+    config = _config(tmp_path, temporal_address)
+    pointed = {
+        "--address": (["-m", "turnkit.cli", "worker", "--address", temporal_address], {}),
+        "TEMPORAL_ADDRESS": ([str(ROOT / "worker.py")], {"TEMPORAL_ADDRESS": temporal_address}),
+        "a profile": (
+            ["-m", "turnkit.cli", "worker"],
+            {"TEMPORAL_CONFIG_FILE": str(config), "TEMPORAL_PROFILE": "dev"},
+        ),
+    }
+    # The operator verbs too: a check of an empty local store would report that every invariant holds.
+    pointed |= {verb: (["-m", "turnkit.cli", verb], {"TEMPORAL_ADDRESS": temporal_address}) for verb in OPERATOR}
+    # And `ask`, which would otherwise write its turn to a local store no worker of the cluster reads.
+    ask = ["-m", "turnkit.cli", "ask", "--app", "turnkit.demo", "lead", "hello"]
+    pointed["ask"] = (ask, {"TEMPORAL_ADDRESS": temporal_address})
+    for how, (args, env) in pointed.items():
+        done = _subprocess(args, cwd=tmp_path, env={"TURNKIT_DATABASE_URL": "", **env})
+        assert done.returncode == 2, (how, done.stdout, done.stderr)
+        [line] = done.stderr.splitlines()
+        verb = how if how in (*OPERATOR, "ask") else "worker"
+        assert line.startswith(f"turnkit {verb}: no store given for the Temporal cluster at {temporal_address}: ")
+        assert "set TURNKIT_DATABASE_URL (or --database-url)" in line, line
+        assert not (tmp_path / ".turnkit").exists(), how
+
+
+def test_an_unreachable_server_is_one_line_naming_its_address(tmp_path: Path) -> None:
+    """Issue 38: every command that connects to Temporal, given an address where nothing listens, exits 2 with one
+    line that names the address and the reason, not the SDK's traceback."""
+    address = "127.0.0.1:1"  # a privileged port: nothing listens there
+    store = ["--database-url", f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"]
+    commands = [
+        ("turnkit worker", ["-m", "turnkit.cli", "worker", "--address", address, *store]),
+        ("turnkit worker", [str(ROOT / "worker.py"), "--address", address, *store]),  # worker.py's own main()
+        (
+            "turnkit ask",
+            ["-m", "turnkit.cli", "ask", "--app", "turnkit.demo", "lead", "hi", "--address", address, *store],
+        ),
+        ("turnkit check", ["-m", "turnkit.cli", "check", "--address", address, *store]),
+        ("turnkit history", ["-m", "turnkit.cli", "history", "turn_x", "--address", address]),
+    ]
+    for verb, args in commands:
+        done = _subprocess(args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert done.stderr.splitlines() == [f"{verb}: cannot reach Temporal at {address}: Connection refused"], args
+
+
+async def test_connect_to_an_unreachable_server_raises_a_config_error(tmp_path: Path) -> None:
+    """``turnkit.connect()`` raises the same error, a ``ConfigError`` that is also the ``RuntimeError`` the SDK
+    raised, so that code catching either keeps working; the store it opened is closed again."""
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+    with pytest.raises(ConfigError, match=r"^cannot reach Temporal at 127\.0\.0\.1:1: Connection refused$") as raised:
+        async with turnkit.connect(temporal_address="127.0.0.1:1", database_url=database_url):
+            pass
+    assert isinstance(raised.value, RuntimeError)
+
+
+def test_a_missing_tls_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """Issue 38: a client certificate (or key, or CA) named by a profile or a ``TEMPORAL_TLS_*_PATH`` variable that
+    does not exist is a ``ConfigError`` naming the file, in ``client_options`` and so in every entry point; the
+    worker says it in one line and exits 2."""
+    missing = tmp_path / "certs" / "client.pem"
+    config = tmp_path / "temporal.toml"
+    config.write_text(
+        f'[profile.prod]\naddress = "prod.example:7233"\n\n[profile.prod.tls]\nclient_cert_path = "{missing}"\n'
+        f'client_key_path = "{tmp_path / "client.key"}"\n'
+    )
+    with pytest.raises(ConfigError, match=f"^Temporal TLS file not found: {re.escape(str(missing))} "):
+        client_options(profile="prod", config_file=config, environ={})
+    ca = tmp_path / "ca.pem"
+    environ = {"TEMPORAL_ADDRESS": "prod.example:7233", "TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(ca)}
+    with pytest.raises(ConfigError, match=f"^Temporal TLS file not found: {re.escape(str(ca))} "):
+        client_options(environ=environ)
+    env = {"TEMPORAL_CONFIG_FILE": str(config), "TEMPORAL_PROFILE": "prod"}
+    done = _subprocess([str(ROOT / "worker.py")], cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"turnkit worker: Temporal TLS file not found: {missing} (named by the profile or a TEMPORAL_TLS_*_PATH "
+        "variable)"
+    ]
+
+
+@pytest.mark.usefixtures("clean_temporal_environment")
+async def test_a_worker_with_nothing_configured_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no cluster configured the worker tries its local default (``127.0.0.1:7233``, here a port where nothing
+    listens) and, when nothing answers there, says that nothing was configured and how to configure it."""
+    empty = tmp_path / "temporal.toml"
+    empty.touch()  # not the developer's own ~/.config/temporalio/temporal.toml
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(empty))
+    monkeypatch.setattr(worker, "DEFAULT_ADDRESS", "127.0.0.1:1")
+    args = worker.parse_args(["--database-url", f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"])
+    with pytest.raises(TemporalUnreachable) as raised:
+        await worker.run(args)
+    assert str(raised.value) == (
+        "cannot reach Temporal at 127.0.0.1:1: Connection refused (nothing configured, so the local default: set "
+        "TEMPORAL_ADDRESS, a profile, or pass --address)"
+    )

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import signal
+import uuid
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +174,38 @@ async def test_approval_gate_blocks_the_conversation_until_resumed(tk: TurnKit) 
     assert client.calls == 2
     assert not any("later input" in m["content"] for m in client.requests[0].messages)
     assert any("later input" in m["content"] for m in client.requests[1].messages)
+
+
+async def test_a_pending_run_paused_then_posted_to_stays_paused_until_resumed(engine: Engine) -> None:
+    """T86: a submitted run still ``pending`` (its task queue has no worker yet) is paused; a ``post`` to its
+    conversation, then a reconcile, change nothing: the run stays ``paused``, the model was never called, no new turn
+    exists and the input is ``pending``. Once resumed (and served): 2 model calls, and "later" only in the second."""
+    since = utcnow()
+    tk = TurnKit(engine.tk.client, engine.tk.store, task_queue=f"t86-{uuid.uuid4().hex[:8]}")
+    client = ScriptedClient(lambda request: turnkit.Result.build(text=f"answer {len(request.messages)}"))
+    run = await tk.run(turnkit.Agent("t86", model="scripted", client=client), "first task", wait=False)
+    assert run.status == "pending"
+    assert (await run.pause()).status == "paused"  # not running: paused at once
+    conversation = await tk.load_conversation(run.record.conversation_id)
+    posted = await conversation.post("later", key=f"later-{conversation.id}")
+    await tk.reconcile(since=since, grace=0)
+
+    assert (await run.refresh()).status == "paused" and client.calls == 0
+    assert [t.id for t in await conversation.turns()] == [run.id]
+    assert (await conversation.input_status(posted.id))["status"] == "pending"
+
+    async with tk.worker():
+        await run.resume()
+        assert (await run.result(timeout=60)).status == "completed"
+
+        async def both_done() -> bool:
+            turns = await conversation.turns()
+            return len(turns) == 2 and all(t.record.terminal for t in turns)
+
+        await eventually(both_done, what="the post's turn after the resume")
+    assert client.calls == 2
+    assert not any("later" in m["content"] for m in client.requests[0].messages)
+    assert client.requests[1].messages[-1]["content"].endswith("later")
 
 
 async def test_cancel_with_descendants_during_parallel_delegation(tk: TurnKit) -> None:

@@ -7,12 +7,13 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import genai_prices
 import pytest
 
 from turnkit.config import TASK_QUEUE, configure, reset_settings, settings
-from turnkit.cost import Cost, cost_from_usage, known_price
+from turnkit.cost import COMPONENTS, Cost, cost_from_usage, known_price
 from turnkit.kernel.errors import (
     BudgetError,
     ConfigError,
@@ -25,6 +26,7 @@ from turnkit.kernel.errors import (
     ToolValidationError,
     error_class_name,
 )
+from turnkit.kernel.records import TurnRecord
 from turnkit.model import Usage
 
 
@@ -110,6 +112,42 @@ def test_cost_totals_and_aggregate() -> None:
     assert Cost.aggregate([Cost(total=0.01), Cost(total=0.02)]).total == pytest.approx(0.03)
     assert Cost.aggregate([Cost(total=0.01), Cost()]).total is None
     assert Cost.aggregate([]).total is None
+
+
+def test_a_turns_cost_from_its_record() -> None:
+    """§6.5 ``Cost.from_record``: the turn's ``usage.cost_details`` first (the recorded total wins over their sum),
+    then its ``cost``, then its usage priced now; a turn that used nothing has an unknown cost, not 0.0."""
+    configure(cost_rates={"rated": {"input": 1, "output": 2}})
+    details = {"input": 0.5, "output": 0.25, "total": 0.75}
+    detailed = TurnRecord(
+        id="turn_a",
+        conversation_id="conv_a",
+        agent_name="a",
+        root_turn_id="turn_a",
+        usage={"input_tokens": 5, "cost_details": details},
+        cost=0.8,
+        created_at=datetime(2026, 12, 5, tzinfo=UTC),
+        updated_at=datetime(2026, 12, 5, tzinfo=UTC),
+    )
+    assert Cost.from_record(detailed).to_dict() == {"input": 0.5, "output": 0.25, "total": 0.8}
+    total_only = detailed.model_copy(update={"usage": {"input_tokens": 5}, "cost": 0.3})
+    assert Cost.from_record(total_only) == Cost(total=0.3)
+    unpriced = detailed.model_copy(
+        update={"usage": {"input_tokens": 1_000_000, "output_tokens": 1_000_000}, "cost": None, "model": "rated"}
+    )
+    assert Cost.from_record(unpriced).to_dict() == {
+        **dict.fromkeys(COMPONENTS, 0.0),
+        "input": 1.0,
+        "output": 2.0,
+        "total": 3.0,
+    }
+    pending = detailed.model_copy(update={"usage": {}, "cost": None, "model": "rated"})
+    assert Cost.from_record(pending).empty
+
+    summed = Cost.of_turns([detailed, total_only, pending])
+    assert summed.total == pytest.approx(1.1)  # every known total counts, the provider-priced one too
+    assert (summed.input, summed.output) == (0.5, 0.25)
+    assert Cost.of_turns([pending]).total is None and Cost.of_turns([]).total is None
 
 
 # -- known prices (genai-prices) --------------------------------------------------------------------------------------

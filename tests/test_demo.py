@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from tests.engine import Engine
 from tests.test_cli_debug import bars
 from tests.workers import ROOT, WorkerProcess
-from turnkit import demo
+from turnkit import cli, demo
 from turnkit._ops.tree import TurnNode, load_trees
 from turnkit.kernel.records import TreeUsage
 from turnkit.store import Store
@@ -151,3 +152,37 @@ async def test_worker_py_runs_the_demo_app(engine: Engine, tmp_path: Path) -> No
     assert [tree.turn.id for tree in run.trees] == [lead.turn.id, woken.turn.id]
     assert run.lead_turn.id == lead.turn.id and run.callback_turn.id == woken.turn.id
     assert run.tree_usage.iterations == 11 and run.limits.max_spend == 0.05
+
+
+@pytest.mark.slow
+async def test_demo_hold_prints_the_address_the_debugger_verbs_need(tmp_path: Path) -> None:
+    """Issue 38: ``python -m turnkit.demo --hold`` prints the held dev server's address (a free port, not 7233), and
+    ``turnkit history`` of the demo's lead turn works with it from another process while the server is held."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("TEMPORAL_ADDRESS", "TURNKIT_DATABASE_URL"):
+        env.pop(name, None)
+    held = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "turnkit.demo", "--hold", cwd=tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert held.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(120):
+            while not lines or not lines[-1].startswith("  turnkit history "):
+                line = await held.stdout.readline()
+                assert line, "the demo ended before it printed the address:\n" + "\n".join(lines)
+                lines.append(line.decode().rstrip("\n"))
+        output = "\n".join(lines)
+        address = line_after(output, "Temporal server: ")
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", address), address
+        assert f"  turnkit check --address {address}" in output
+        lead_turn = line_after(output, "lead turn      ").rstrip(":")
+        exported = tmp_path / "lead.json"
+        verb = ["history", lead_turn, "--address", address, "-o", str(exported)]
+        assert await cli.run_command(verb) == 0
+        started = json.loads(exported.read_text())["events"][0]["workflowExecutionStartedEventAttributes"]
+        assert started["workflowType"]["name"] == "TurnWorkflow" and started["workflowId"] == lead_turn
+    finally:
+        held.terminate()  # SIGTERM: the demo stops its worker and the dev server
+        await asyncio.wait_for(held.wait(), 60)

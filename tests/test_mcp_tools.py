@@ -7,10 +7,8 @@ the test's own directory. The agent's model is scripted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -204,31 +202,3 @@ def test_the_recovery_a_server_declares_is_each_calls() -> None:
         turnkit.Agent("twice", mcp_servers=[server, server])
     with pytest.raises(ValueError, match="invalid MCP server name"):
         MCPServer("no spaces", lambda: pytest.fail("unused"))
-
-
-# -- the README -------------------------------------------------------------------------------------------------------
-
-README_SECTION = "## Your activities and MCP servers as tools"
-
-
-@pytest.mark.slow
-async def test_the_readmes_example_runs_as_printed(temporal_address: str, tmp_path: Path) -> None:
-    """The README section's two files, written out as printed, run against the session's dev server (a SQLite store
-    of their own) and print what the section shows: the team's activity and the MCP server's tool both completed."""
-    section = (ROOT / "README.md").read_text().split(README_SECTION, 1)[1].split("\n## ", 1)[0]
-    for block in re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL):
-        name = re.match(r"# (\w+\.py)", block)
-        assert name is not None
-        (tmp_path / name.group(1)).write_text(block)
-    [printed] = re.findall(r"```console\n\$ \.venv/bin/python team_tools\.py\n(.*?)```", section, flags=re.DOTALL)
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": temporal_address,
-        "TURNKIT_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'store.db'}",
-    }
-    run = await asyncio.create_subprocess_exec(
-        sys.executable, "team_tools.py", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await asyncio.wait_for(run.communicate(), 120)
-    assert run.returncode == 0
-    assert out.decode().splitlines() == printed.splitlines()

@@ -9,9 +9,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import http.server
+import io
 import signal
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import anthropic
@@ -32,7 +36,7 @@ from tests.provider_server import (
 )
 from tests.request_client import start_client
 from turnkit.kernel.errors import InputError
-from turnkit.media import MediaInput
+from turnkit.media import MAX_MEDIA_BYTES, MediaInput
 from turnkit.media_requests import VIEW_MEDIA_INSTRUCTIONS, PaintRequest
 from turnkit.media_tools import ImageTool, ViewMediaTool, paint_in_turn, view_media_in_turn
 from turnkit.providers import AnthropicClient, OpenAIClient
@@ -111,6 +115,84 @@ def test_media_input_infers_the_type_and_refuses_unsupported_media(tmp_path: Pat
         MediaInput.bytes(b"", mime_type="image/png")
     with pytest.raises(InputError, match="cannot read media file"):
         MediaInput.path(tmp_path / "missing.png")
+
+
+def test_media_input_from_a_binary_file_object(tmp_path: Path) -> None:
+    """Issue 39 (§4.3 "an IO"): a file object opened in binary mode is read from its position; its name is kept;
+    a text-mode file is refused with a message that says to open it in binary mode."""
+    file = tmp_path / "scan.pdf"
+    file.write_bytes(b"%PDF-1.7 scanned")
+    with file.open("rb") as handle:
+        scanned = MediaInput.file(handle)
+    assert (scanned.mime_type, scanned.filename, scanned.data) == ("application/pdf", "scan.pdf", b"%PDF-1.7 scanned")
+    buffer = io.BytesIO(b"skip" + png("buffer"))
+    buffer.seek(4)
+    assert MediaInput.file(buffer, filename="x.png").data == png("buffer")
+    with file.open("r") as text, pytest.raises(InputError, match=r"scan\.pdf' is open in text mode: open it in binary"):
+        MediaInput.file(text)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def media_site() -> Iterator[str]:
+    """A local HTTP server for media URLs: ``/cat.png`` (served as image/png), ``/blob`` (a PNG served as
+    ``application/octet-stream``), ``/huge.png`` (more than MAX_MEDIA_BYTES); anything else is a 404."""
+    pages = {"/cat.png": (png("cat"), "image/png"), "/blob": (png("blob"), "application/octet-stream")}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/huge.png":
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.end_headers()
+                chunk = b"\0" * (1 << 20)
+                with suppress(OSError):  # the client stops reading past the limit
+                    for _ in range(MAX_MEDIA_BYTES // len(chunk) + 2):
+                        self.wfile.write(chunk)
+                return
+            if self.path not in pages:
+                self.send_error(404)
+                return
+            body, content_type = pages[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_media_input_from_a_url(media_site: str, tk: TurnKit) -> None:
+    """Issue 39 (§4.3 "a URL"): the bytes are downloaded when the input is made, typed by the served Content-Type,
+    else the path's extension or the bytes; the turn's record holds the bytes (not the URL). Errors name the URL."""
+    cat = await MediaInput.url(f"{media_site}/cat.png")
+    assert (cat.data, cat.mime_type, cat.filename) == (png("cat"), "image/png", "cat.png")
+    blob = await MediaInput.url(f"{media_site}/blob")
+    assert (blob.mime_type, blob.filename) == ("image/png", "blob")  # generic type: the bytes decide
+    with pytest.raises(InputError, match=r"cannot fetch media from http://127\.0\.0\.1:\d+/missing\.png: HTTP 404"):
+        await MediaInput.url(f"{media_site}/missing.png")
+    with pytest.raises(InputError, match=r"huge\.png is too large"):
+        await MediaInput.url(f"{media_site}/huge.png")
+    with pytest.raises(InputError, match="media URL must be http or https: 'file:///etc/passwd'"):
+        await MediaInput.url("file:///etc/passwd")
+
+    client = ScriptedClient(["A cat."])
+    agent = turnkit.Agent("url-viewer", model="scripted", client=client)
+    turn = await (await tk.conversation(agent)).ask("what is it?", media=[cat])
+    assert turn.status == "completed", turn.error
+    [sent] = client.requests[0].messages[-1]["media"]
+    assert sent["media_id"] == f"media_{hashlib.sha256(png('cat')).hexdigest()[:24]}" and "url" not in sent
 
 
 async def test_media_is_stored_once_by_content_and_read_back(database_url: str) -> None:
@@ -428,6 +510,45 @@ async def test_image_tool_paints_through_openai_and_stores_the_image_outside_the
     await assert_no_media_in_histories(tk, turn, data)
 
 
+async def test_the_painter_edits_with_reference_images_and_a_mask_through_openai(
+    tk: TurnKit, server: ProviderServer, openai_client: OpenAIClient
+) -> None:
+    """Issue 39 (behaviour §1.8 painter, §3.12 ``paint`` with ``input_images`` and ``mask``): reference images and a
+    mask given to the turn go to OpenAI's ``images.edit`` as multipart files (every reference, then the mask, with
+    their bytes and types); the edited image is stored and the turn ends with it. A mask without an image to edit is
+    refused before anything is sent."""
+    photo, sketch, mask = png(f"photo-{uuid.uuid4().hex}"), png(f"sketch-{uuid.uuid4().hex}"), png("mask")
+    ids = [f"media_{hashlib.sha256(each).hexdigest()[:24]}" for each in (photo, sketch, mask)]
+    edited = png(f"edited-{uuid.uuid4().hex}")
+    arguments = {"prompt": "put a hat on it", "reference_images": ids[:2], "mask": ids[2]}
+    server.script(
+        openai_response(openai_call("call_paint", "paint_image", arguments)),
+        openai_image(edited, "A cat in a hat."),
+    )
+    painter = turnkit.specialists.painter(
+        model="gpt-chat", image_model="gpt-image-1", authorization=lambda request, context: True, client=openai_client
+    )
+    media = [MediaInput.bytes(each) for each in (photo, sketch, mask)]
+    turn = await (await tk.conversation(painter)).ask("edit my photo", media=media)
+
+    assert turn.status == "completed", turn.error
+    assert [request.path for request in server.requests] == ["/v1/responses", "/v1/images/edits"]
+    sent = server.bodies[1]
+    assert (sent["model"], sent["prompt"], sent["n"]) == ("gpt-image-1", "put a hat on it", "1")
+    assert [(f.data, f.content_type) for f in sent["image[]"]] == [(photo, "image/png"), (sketch, "image/png")]
+    assert (sent["mask"].data, sent["mask"].content_type) == (mask, "image/png")
+    [execution] = await turn.tool_executions()
+    assert execution.result is not None
+    stored = execution.result["image"]
+    async with tk.store.atomic() as tx:
+        assert await tx.load_media_data(stored["media_id"]) == edited
+    await assert_no_media_in_histories(tk, turn, photo)
+
+    with pytest.raises(turnkit.ConfigError, match="a mask needs the image it edits"):
+        await openai_client.paint(PaintRequest(prompt="x", model="gpt-image-1", mask={"data": "", "mime_type": "p"}))
+    assert len(server.requests) == 2
+
+
 async def test_paint_with_an_anthropic_client_fails_with_a_config_error(
     tk: TurnKit, server: ProviderServer, anthropic_client: AnthropicClient
 ) -> None:
@@ -538,7 +659,7 @@ async def test_a_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> None:
     turn = await (await tk.conversation(agent)).ask("poster please")
     assert turn.status == "failed"
     assert turn.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
-    assert turn.cost == pytest.approx(0.05) and client.calls == 1 and len(client.paint_requests) == 1
+    assert turn.cost.total == pytest.approx(0.05) and client.calls == 1 and len(client.paint_requests) == 1
     [execution] = await turn.tool_executions()
     assert execution.status == "failed" and execution.error is not None
     assert execution.error["message"] == "cost limit reached"
@@ -556,7 +677,7 @@ async def test_a_standalone_paint_over_max_spend_fails_the_turn(tk: TurnKit) -> 
     with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
         await prepared.paint("a cat", model="scripted-image", client=client)
     failed = await prepared.refresh()
-    assert failed.status == "failed" and failed.cost == pytest.approx(0.05)
+    assert failed.status == "failed" and failed.cost.total == pytest.approx(0.05)
     assert failed.error is not None and failed.error["class"] == "TurnKit::BudgetError"
 
 
@@ -788,7 +909,7 @@ async def test_a_standalone_paint_is_audited_by_the_agents_output_policy(tk: Tur
     )
     assert clean.status == "completed" and clean.policy_clean is True
     assert (clean.usage.input_tokens, clean.usage.output_tokens) == (17, 8)  # the paint's 10/5 and the judge's 7/3
-    assert clean.cost == pytest.approx(0.02)
+    assert clean.cost.total == pytest.approx(0.02)
 
     judge = turnkit.OutputPolicy("Images only.", model="judge", client=ScriptedClient([judge_answer]))
     thrifty = turnkit.Agent(
@@ -798,7 +919,7 @@ async def test_a_standalone_paint_is_audited_by_the_agents_output_policy(tk: Tur
     with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
         await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[image(data)]))
     over = await prepared.refresh()
-    assert over.status == "failed" and over.cost == pytest.approx(0.02)
+    assert over.status == "failed" and over.cost.total == pytest.approx(0.02)
 
 
 async def test_a_standalone_paint_without_a_usable_image_is_charged_before_it_fails(tk: TurnKit) -> None:
@@ -814,14 +935,14 @@ async def test_a_standalone_paint_without_a_usable_image_is_charged_before_it_fa
     assert failed.status == "failed" and failed.error is not None
     assert failed.error["message"] == "image client returned no image"
     assert (failed.usage.input_tokens, failed.usage.output_tokens) == (4, 2)
-    assert failed.cost == pytest.approx(0.01)
+    assert failed.cost.total == pytest.approx(0.01)
 
     costly = turnkit.Result(parts=[], usage=turnkit.Usage(output_tokens=2, cost=0.05))
     thrifty = turnkit.Agent("empty-thrifty", model="scripted", client=ScriptedClient([]), max_spend=0.03)
     prepared = await (await tk.conversation(thrifty)).build_turn("paint")
     with pytest.raises(turnkit.BudgetError, match=r"^cost limit reached$"):
         await prepared.paint("a cat", model="scripted-image", client=ScriptedClient([], images=[costly]))
-    assert (await prepared.refresh()).cost == pytest.approx(0.05)
+    assert (await prepared.refresh()).cost.total == pytest.approx(0.05)
 
 
 async def test_turn_view_media_standalone_fails_the_turn_when_the_client_fails(tk: TurnKit) -> None:

@@ -118,6 +118,17 @@ def test_result_from_parts_views() -> None:
     plain = Result.build(text="done")
     assert not plain.has_tool_calls
     assert plain.tool_calls == []
+    assert (plain.images, plain.has_image, plain.media_analyses, plain.has_media_analysis) == ([], False, [], False)
+
+
+def test_result_image_and_media_analysis_views() -> None:
+    """Behaviour §3.6 derived views: ``images`` / ``image?`` and ``media_analyses`` / ``media_analysis?``, in order."""
+    painted = {"type": "image", "data": "aGk=", "mime_type": "image/png"}
+    analysis = {"type": "media_analysis", "text": "A cat.", "media": {"media_id": "media_1"}}
+    result = Result.build(parts=[{"type": "text", "text": "here"}, painted, analysis, {**painted, "data": "eW8="}])
+    assert result.images == [painted, {**painted, "data": "eW8="}] and result.has_image
+    assert result.media_analyses == [analysis] and result.has_media_analysis
+    assert result.text == "here"
 
 
 def test_model_request_tool_names_and_round_trip() -> None:

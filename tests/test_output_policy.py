@@ -183,8 +183,8 @@ async def test_judge_call_is_charged_to_the_turn(tk: TurnKit) -> None:
     )
     run = await tk.run(agent, "Write the memo")
     assert run.status == "completed" and run.policy_clean is True
-    assert run.cost == pytest.approx(0.03)
-    assert await run.tree_cost() == pytest.approx(0.03)
+    assert run.cost.total == pytest.approx(0.03)
+    assert (await run.tree_cost()).total == pytest.approx(0.03)
     assert (run.usage.input_tokens, run.usage.output_tokens) == (15, 4)
     assert len(await run.turn_records()) == 1
     judge = client.requests[1]
@@ -211,7 +211,7 @@ async def test_judge_cost_counts_against_max_spend(tk: TurnKit) -> None:
     run = await tk.run(agent, "Write the memo")
     assert run.status == "failed"
     assert run.error is not None and run.error["class"] == "TurnKit::BudgetError"
-    assert run.cost == pytest.approx(0.03)
+    assert run.cost.total == pytest.approx(0.03)
 
 
 async def test_judge_violations_and_invalid_json(tk: TurnKit) -> None:
@@ -498,7 +498,7 @@ async def test_a_terminal_answers_judge_cost_counts_against_max_spend(tk: TurnKi
     run = await tk.run(agent, "Write the memo")
     assert run.status == "failed" and run.output_text == ""  # Turn.output_text: "" when none was recorded
     assert run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
-    assert run.cost == pytest.approx(0.03) and client.calls == 2
+    assert run.cost.total == pytest.approx(0.03) and client.calls == 2
     assert [e.type for e in of_type(events, "output_policy.")] == [
         "output_policy.model.requested",
         "output_policy.model.completed",
@@ -576,7 +576,7 @@ async def test_a_judge_failing_once_does_not_pay_the_main_model_twice(tk: TurnKi
     assert run.status == "completed" and run.policy_clean is True, run.error
     assert failed and paid_calls(client, None) == 1  # the main model: asked once
     assert paid_calls(client, "output_policy") == 2  # the judge: failed once, answered once
-    assert run.cost == pytest.approx(0.03)  # 1 main + 1 answered judge: every answered call charged once
+    assert run.cost.total == pytest.approx(0.03)  # 1 main + 1 answered judge: every answered call charged once
     assert [m.text for m in await run.messages() if m.role == "assistant"] == ["Recommendation: ship it"]
 
 
@@ -592,7 +592,7 @@ async def test_judges_are_not_asked_once_the_answer_is_over_budget(tk: TurnKit) 
     run = await tk.run(agent, "Write the memo")
     assert run.status == "failed" and run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
     assert paid_calls(client, "output_policy") == 0 and paid_calls(client, None) == 1
-    assert run.cost == pytest.approx(0.05)
+    assert run.cost.total == pytest.approx(0.05)
 
 
 def two_judges(main: Result, *, flaky: str | None = None) -> tuple[ScriptedClient, list[str]]:
@@ -627,7 +627,7 @@ async def test_a_judge_failing_once_does_not_pay_the_judges_before_it_again(tk: 
     run = await tk.run(agent, "Write the memo")
     assert run.status == "completed" and run.policy_clean is True, run.error
     assert asked == ["first", "second", "second"] and paid_calls(client, None) == 1
-    assert run.cost == pytest.approx(0.05)  # 0.01 + 0.02 + 0.02: the failed call was never answered
+    assert run.cost.total == pytest.approx(0.05)  # 0.01 + 0.02 + 0.02: the failed call was never answered
     assert len(of_type(events, "output_policy.model.completed")) == 2
 
 
@@ -639,7 +639,7 @@ async def test_no_judge_is_asked_once_a_judges_charge_passed_the_limit(tk: TurnK
     agent = turnkit.Agent("judged_stop", model="scripted", client=client, output_policy=JUDGES, max_spend=0.025)
     run = await tk.run(agent, "Write the memo")
     assert run.status == "failed" and run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
-    assert asked == ["first"] and run.cost == pytest.approx(0.03)
+    assert asked == ["first"] and run.cost.total == pytest.approx(0.03)
     assert [m.text for m in await run.messages() if m.role == "assistant"] == ["Recommendation: ship it"]
 
 
@@ -655,7 +655,7 @@ async def test_a_terminal_answers_judge_failing_once_is_asked_again_alone(tk: Tu
     run = await tk.run(agent, "Write the memo")
     assert run.status == "completed" and run.output_text == "Recommendation: ship it", run.error
     assert asked == ["first", "second", "second"] and paid_calls(client, None) == 1
-    assert run.cost == pytest.approx(0.05) and run.policy_clean is True
+    assert run.cost.total == pytest.approx(0.05) and run.policy_clean is True
     assert [e.status for e in await run.tool_executions()] == ["completed"]
 
 
@@ -675,7 +675,7 @@ async def test_a_terminal_answers_second_judge_is_not_asked_over_the_limit(tk: T
     )
     run = await tk.run(agent, "Write the memo")
     assert run.status == "failed" and run.error == {"class": "TurnKit::BudgetError", "message": "cost limit reached"}
-    assert asked == ["first"] and run.cost == pytest.approx(0.03)
+    assert asked == ["first"] and run.cost.total == pytest.approx(0.03)
 
 
 async def test_a_retried_audit_activity_asks_no_judge_twice(engine: Engine) -> None:
@@ -735,5 +735,31 @@ async def test_a_standalone_paints_judge_failing_once_does_not_paint_again(tk: T
     painted = await prepared.paint("a cat", model="scripted-image", client=images)
     assert painted.status == "completed" and painted.policy_clean is True, painted.error
     assert failed and len(images.paint_requests) == 1  # painted once, judged twice (once failed)
-    assert painted.cost == pytest.approx(0.07)
+    assert painted.cost.total == pytest.approx(0.07)
     assert [m.kind for m in await painted.messages()].count("image") == 1
+
+
+async def test_steering_while_the_output_is_checked_revises_before_publishing(tk: TurnKit) -> None:
+    """T95: steering inserted while the output policy's judge checks the first candidate: that candidate is not
+    published, a second model call has "revise before publishing" as its last message, and the output is
+    "revised" (itself checked before it is published)."""
+    approve = '{"approved": true, "violations": []}'
+    judge_client = HeldModel(Result.build(text=approve), then=approve)
+    judge = OutputPolicy("Be accurate.", model="judge", client=judge_client)
+    model = ScriptedClient(["first draft", "revised"])
+    agent = turnkit.Agent("t95_writer", model="scripted", client=model, output_policy=[judge])
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("write", wait=False)
+    await asyncio.wait_for(judge_client.entered.wait(), 30)  # the judge holds the first candidate's check
+
+    await turn.steer("revise before publishing", key="t95")
+    judge_client.released.set()
+    done = await turn.result(timeout=60)
+
+    assert done.status == "completed" and done.output_text == "revised", done.error
+    assert model.calls == 2
+    assert model.requests[1].messages[-1] == {"role": "user", "content": "revise before publishing"}
+    assert len(judge_client.requests) == 2  # each candidate checked once
+    assert "first draft" in judge_client.requests[0].messages[-1]["content"]
+    assert "revised" in judge_client.requests[1].messages[-1]["content"]
+    assert [m.text for m in await conversation.messages() if m.role == "user"] == ["write", "revise before publishing"]

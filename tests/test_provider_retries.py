@@ -21,12 +21,14 @@ from tests.provider_server import (
     anthropic_error,
     anthropic_message,
     anthropic_text,
+    gemini_error,
+    gemini_response,
     openai_error,
     openai_response,
     openai_text,
 )
 from turnkit.model import ModelRequest
-from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
+from turnkit.providers import AnthropicClient, GeminiClient, OpenAIClient, TransientModelError
 from turnkit.providers._common import retry_after
 from turnkit.runtime import TurnKit
 
@@ -173,6 +175,22 @@ async def test_anthropic_retry_after_ms_is_the_model_activitys_next_retry_delay(
         anthropic_message(anthropic_text("Back.")),
     )
     turn = await (await tk.conversation(agent(anthropic_client(server)))).ask("hi")
+
+    assert turn.status == "completed", turn.error
+    assert await model_attempts(tk, turn.id) == [2]
+    first, second = server.requests
+    gap = second.at - first.at
+    assert DELAY - 0.1 <= gap <= DELAY + LATE, gap
+
+
+async def test_gemini_retry_info_is_the_model_activitys_next_retry_delay(tk: TurnKit, server: ProviderServer) -> None:
+    """Issue 11 and 39, on a real dev server turn: Gemini's 429 carries its delay in the body (``RetryInfo``), not in
+    a header; it delays the next model activity attempt all the same, and the SDK made one HTTP call."""
+    server.script(
+        gemini_error(429, "quota exceeded", code="RESOURCE_EXHAUSTED", retry_delay=f"{DELAY:g}s"),
+        gemini_response({"text": "Back."}),
+    )
+    turn = await (await tk.conversation(agent(GeminiClient(api_key="g-test", base_url=server.url)))).ask("hi")
 
     assert turn.status == "completed", turn.error
     assert await model_attempts(tk, turn.id) == [2]

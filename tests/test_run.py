@@ -81,8 +81,8 @@ async def test_run_usage_and_cost_are_the_whole_trees(tk: TurnKit) -> None:
     lead = turnkit.Agent("tree_lead", model="scripted", sub_agents=[child], client=lead_client)
     run = await tk.run(lead, "delegate")
     assert run.status == "completed", run.error
-    assert run.turn_usage.total_tokens == 33 and run.turn_cost == pytest.approx(0.375)
-    assert run.usage.total_tokens == 43 and run.cost == pytest.approx(0.875)
+    assert run.turn_usage.total_tokens == 33 and run.turn_cost.total == pytest.approx(0.375)
+    assert run.usage.total_tokens == 43 and run.cost.total == pytest.approx(0.875)
 
 
 async def test_a_run_joins_another_runs_tree(tk: TurnKit) -> None:
@@ -100,7 +100,7 @@ async def test_a_run_joins_another_runs_tree(tk: TurnKit) -> None:
     assert joined.record.root_turn_id == root.id and joined.record.parent_turn_id is None
     assert {t.id for t in await root.turn_records()} == {root.id, joined.id}
     await root.refresh()
-    assert root.usage.total_tokens == 11 and root.cost == pytest.approx(0.75)
+    assert root.usage.total_tokens == 11 and root.cost.total == pytest.approx(0.75)
     async with tk.store.atomic() as tx:
         assert (await tx.tree_usage(root.id)).iterations == 2
 
@@ -112,3 +112,54 @@ async def test_a_run_joins_another_runs_tree(tk: TurnKit) -> None:
     with pytest.raises(turnkit.InputError, match="is not a root turn"):
         await tk.run(child, "nested", root_turn_id=joined.id)
     assert len(await tk.store.list_turns(agent_name="t10_child")) == turns, "a refused join wrote a turn"
+
+
+async def test_a_run_takes_the_per_turn_options_of_ask(tk: TurnKit) -> None:
+    """Behaviour §1.2 ``Agent#run(..., **turn_options)``: ``model``, ``thinking``, ``output_schema`` and
+    ``prompt_mode`` reach the run's turn and its model request as ``Conversation.ask`` passes them; ``thinking=None``
+    turns the agent's thinking off; ``paused=True`` submits the run paused, running nothing until resumed."""
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+    client = ScriptedClient(['{"label": "ok"}', "plain", "after resume"])
+    agent = turnkit.Agent("run_options", model="scripted", client=client, thinking={"effort": "high"})
+    with current_connection(tk):
+        run = await agent.run(
+            "Classify", model="scripted-big", thinking={"budget": 512}, output_schema=schema, prompt_mode="minimal"
+        )
+    assert run.status == "completed", run.error
+    request = client.requests[0]
+    assert (request.model, request.thinking, request.output_schema) == ("scripted-big", {"budget": 512}, schema)
+    assert "executing an application task" not in request.instructions  # minimal, not task
+    options = run.record.options
+    assert (options.prompt_mode, options.output_schema, options.thinking) == ("minimal", schema, {"budget": 512})
+    assert (await tk.load_conversation(run.record.conversation_id)).record.model == "scripted-big"
+
+    plain = await tk.run(agent, "Again", thinking=None)
+    assert plain.status == "completed" and client.requests[1].thinking is None
+    assert client.requests[1].model == "scripted" and plain.record.options.prompt_mode == "task"
+
+    held = await tk.run(agent, "Held", paused=True, wait=False)
+    assert held.status == "paused" and len(client.requests) == 2  # nothing ran
+    await held.resume()
+    assert (await held.result()).output_text == "after resume"
+
+
+async def test_agent_conversation_and_effective_options(tk: TurnKit) -> None:
+    """Behaviour §1.2: ``Agent#conversation`` creates a conversation on the current connection (its model the
+    agent's unless given); ``effective_thinking``, ``effective_output_policy`` and ``effective_prompt_mode`` say what
+    a turn would use."""
+    agent = turnkit.Agent("effective", model="scripted", client=ScriptedClient(["hi"]), thinking={"effort": "low"})
+    with current_connection(tk):
+        default = await agent.conversation()
+        chosen = await agent.conversation(model="scripted-mini", metadata={"k": "v"})
+    assert default.record.model == "scripted" and default.record.agent_name == "effective"
+    assert chosen.record.model == "scripted-mini" and chosen.record.metadata["k"] == "v"
+    assert agent.effective_thinking == {"effort": "low"} and agent.effective_output_policy == []
+    assert (agent.effective_prompt_mode(), agent.effective_prompt_mode(depth=1)) == ("full", "minimal")
+    assert agent.effective_prompt_mode(prompt_mode="none") == "none"
+    lead = turnkit.Agent(
+        "effective_lead", model="scripted", orchestrator=True, output_policy=turnkit.OutputPolicy("Be kind.")
+    )
+    assert lead.effective_prompt_mode(depth=1) == "task" and lead.effective_thinking is None
+    assert [type(each).__name__ for each in lead.effective_output_policy] == ["OutputPolicy"]
+    with pytest.raises(ValueError, match="unknown prompt mode: loud"):
+        agent.effective_prompt_mode(prompt_mode="loud")

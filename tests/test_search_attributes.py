@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 
 import turnkit
 from tests.engine import Gate, eventually, gated_tool
@@ -25,6 +25,7 @@ from tests.faults import DevServer, dev_server
 from turnkit._temporal.search_attributes import create_commands
 from turnkit.config import configure, reset_settings
 from turnkit.kernel.errors import ConfigError
+from turnkit.kernel.payloads import OUTPUT_PREVIEW_CHARS, TurnOutcome
 from turnkit.kernel.search_attributes import (
     AGENT,
     ALL_SEARCH_ATTRIBUTES,
@@ -173,6 +174,53 @@ async def test_lanes_and_turns_are_found_by_conversation_tree_and_status(tk: Tur
     query = f"TurnKitConversationId = '{conversation.id}' AND WorkflowType = 'ConversationWorkflow'"
     listed = json.loads(await cli(temporal_address, "workflow", "list", "--query", query, "--output", "json"))
     assert [item["execution"]["workflowId"] for item in listed] == [conversation.id]
+
+
+@turnkit.tool(terminal=True)
+def file_memo(memo: str) -> str:
+    """File the memo; its text is the turn's answer.
+
+    Args:
+        memo: The memo.
+    """
+    return memo
+
+
+def completed_result(history: WorkflowHistory) -> dict[str, Any]:
+    """The result payload of a closed run, as the UI and ``temporal workflow show`` display it."""
+    [payload] = history.events[-1].workflow_execution_completed_event_attributes.result.payloads
+    return json.loads(payload.data)
+
+
+@sqlite_only
+async def test_a_turns_workflow_result_shows_the_start_of_its_answer(tk: TurnKit) -> None:
+    """Issue 38 "What a user sees": a completed turn's workflow result carries the first OUTPUT_PREVIEW_CHARS
+    characters of its answer (cut with an ellipsis; the record keeps the whole), whether the model answered or a
+    terminal tool did; the workflow's static summary names its agent. Read as an operator does: the handle's result,
+    describe(), and the completed event of the history."""
+    long_answer = "Durable agents keep going. " * 30
+    model = turnkit.Agent("preview_model", model="scripted", client=ScriptedClient([long_answer]))
+    memo = turnkit.Agent(
+        "preview_memo",
+        model="scripted",
+        tools=[file_memo],
+        client=ScriptedClient([call_tools(("file_memo", {"memo": "Memo filed: all good."}))]),
+    )
+    answered = await (await tk.conversation(model)).ask("say a lot")
+    filed = await (await tk.conversation(memo)).ask("file it")
+    assert answered.output_text == long_answer and filed.output_text == "Memo filed: all good."
+
+    cut = long_answer[: OUTPUT_PREVIEW_CHARS - 1] + "…"
+    for turn, preview, agent in ((answered, cut, "preview_model"), (filed, "Memo filed: all good.", "preview_memo")):
+        handle = tk.client.get_workflow_handle(turn.id, result_type=TurnOutcome)
+        outcome = await handle.result()
+        assert (outcome.status, outcome.output_preview) == ("completed", preview)
+        description = await handle.describe()
+        assert description.status == WorkflowExecutionStatus.COMPLETED
+        assert await description.static_summary() == f"turn · {agent}"
+        result = completed_result(await handle.fetch_history())
+        assert result["output_preview"] == preview and len(json.dumps(result)) < 2 * OUTPUT_PREVIEW_CHARS
+    assert len(cut) == OUTPUT_PREVIEW_CHARS < len(long_answer)
 
 
 @sqlite_only

@@ -237,6 +237,25 @@ class GitHub:
         return self.answers.get(url, (404, {"message": "Not Found"}))
 
 
+async def test_the_librarian_reads_github_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """§9 environment: the librarian sends ``GITHUB_TOKEN`` by default, read when the call is made (in the worker
+    that runs it); an explicit ``token`` wins, ``token=""`` sends none, and with neither no header is sent."""
+    base = "https://api.github.com/repos/acme/widgets"
+    github = GitHub({base: (200, {"full_name": "acme/widgets"})})
+    by_default = specialists.librarian(repository="acme/widgets", model="m", github_client=github)
+    explicit = specialists.librarian(repository="acme/widgets", model="m", github_client=github, token="mine")
+    none = specialists.librarian(repository="acme/widgets", model="m", github_client=github, token="")
+    monkeypatch.setenv("GITHUB_TOKEN", "from-env")  # after the agents were built: read at call time
+    for agent in (by_default, explicit, none):
+        reader = agent.tool("github_repository_read")
+        assert reader is not None
+        await reader.invoke({"operation": "repository"}, make_context())
+    monkeypatch.delenv("GITHUB_TOKEN")
+    await by_default.tool("github_repository_read").invoke({"operation": "repository"}, make_context())  # type: ignore[union-attr]
+    sent = [headers.get("Authorization") for _, headers in github.requests]
+    assert sent == ["Bearer from-env", "Bearer mine", None, None]
+
+
 async def test_librarian_reads_one_repository_over_https() -> None:
     """§1.8: file content is base64-decoded; the result is ``{repository, operation, source, data}``; requests go to
     ``https://api.github.com`` with the token; redirects are refused; paths cannot climb out of the repository."""

@@ -257,7 +257,7 @@ async def test_a_paint_whose_commit_meets_an_outage_is_kept_not_painted_again(
     painted = await asyncio.wait_for(painting, 120)
     assert painted.status == "completed", painted.error
     assert painter.paints == 1
-    assert painted.cost == pytest.approx(0.25)
+    assert painted.cost.total == pytest.approx(0.25)
     [message] = [m for m in await outage_tk.store.list_messages(labels.id) if m.kind == "image"]
     assert painted.output_data == {
         "type": "image",

@@ -12,7 +12,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -540,57 +539,3 @@ def test_the_readmes_workflow_is_the_tested_one() -> None:
 
     files = readme_files()
     assert approval(files["approvals.py"]) == approval((ROOT / "tests" / "team_app.py").read_text())
-
-
-README_AGENTS = """
-import turnkit
-from turnkit.testing import ScriptedClient
-
-
-def drafter(request):
-    asked = request.messages[-1]["content"]
-    return "summary: " + " / ".join(asked.splitlines()[1:]) if asked.startswith("Combine") else "draft"
-
-
-turnkit.register(turnkit.Agent("drafter", model="scripted", client=ScriptedClient(drafter)))
-turnkit.register(turnkit.Agent("legal", model="scripted", client=ScriptedClient(lambda request: "fine")))
-turnkit.register(turnkit.Agent("finance", model="scripted", client=ScriptedClient(lambda request: "cheap")))
-"""
-
-
-def _temporal_client_abort_at_exit(returncode: int | None, stderr: str) -> bool:
-    """A plain Temporal client script, as the README's starter is, can abort at interpreter exit after its work is
-    done: a Rust thread of the Temporal SDK's client releases the GIL while CPython finalizes
-    (temporalio/sdk-python#300). It is the SDK's bug and no line of the README's, so the test accepts exactly that."""
-    return returncode == -signal.SIGABRT and "PyGILState_Release" in stderr and "finalizing" in stderr
-
-
-@pytest.mark.slow
-async def test_the_readmes_code_runs_as_printed(temporal_address: str, tmp_path: Path) -> None:
-    """The README section's files, written out as printed (with scripted agents in ``agents.py``): its worker serves
-    the approval and TurnKit, and its starter prints the combined review."""
-    for name, source in readme_files().items():
-        (tmp_path / name).write_text(source)
-    (tmp_path / "agents.py").write_text(README_AGENTS)
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": temporal_address,
-        "TURNKIT_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'store.db'}",
-        "PYTHONPATH": str(tmp_path),
-    }
-    worker = subprocess.Popen([sys.executable, "approvals_worker.py"], cwd=tmp_path, env=env)
-    try:
-        started = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "start_approval.py",
-            cwd=tmp_path,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(started.communicate(), 120)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(30)
-    assert out.decode().strip().splitlines()[-1] == "summary: Legal: fine / Finance: cheap"
-    assert started.returncode == 0 or _temporal_client_abort_at_exit(started.returncode, err.decode()), err.decode()

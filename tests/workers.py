@@ -7,6 +7,7 @@ traces go (``tests/crash_app.py``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -37,6 +38,8 @@ class WorkerProcess:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         self.ready_line = ""
+        self._stdout: list[bytes] = []  # what it printed up to its ready line
+        self._readers: list[asyncio.Task[bytes]] = []
 
     @classmethod
     async def start(
@@ -49,11 +52,15 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
         extra_args: tuple[str, ...] = (),
+        stderr: bool = False,
+        program: tuple[str, ...] = (str(ROOT / "worker.py"),),
     ) -> WorkerProcess:
-        """Start the worker and wait for its ready line; ``extra_args`` go to ``worker.py`` (``--only tools``)."""
+        """Start the worker and wait for its ready line; ``extra_args`` go to ``worker.py`` (``--only tools``).
+        With ``stderr``, everything it writes is kept for :meth:`output` (else its stderr is the test's).
+        ``program``: Python's arguments that run a worker (``("-m", "turnkit.cli", "worker")``: ``turnkit worker``)."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(ROOT / "worker.py"),
+            *program,
             "--app",
             app,
             "--address",
@@ -68,10 +75,23 @@ class WorkerProcess:
             cwd=str(cwd),  # worker.py's own directory (ROOT) is on its import path, whatever the working directory
             env={**os.environ, "TURNKIT_LOG_LEVEL": "WARNING", **(env or {})},
             stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE if stderr else None,
         )
         worker = cls(process)
+        if stderr:
+            assert process.stderr is not None
+            worker._readers.append(asyncio.create_task(process.stderr.read()))  # drained as it comes: never blocks
         worker.ready_line = await worker._wait_ready()
+        if stderr:
+            assert process.stdout is not None
+            worker._readers.append(asyncio.create_task(process.stdout.read()))
         return worker
+
+    async def output(self) -> tuple[str, str]:
+        """``(stdout, stderr)`` of a worker started with ``stderr=True``, once it has exited."""
+        assert self.process.returncode is not None and len(self._readers) == 2
+        err, out = await asyncio.gather(*self._readers)
+        return (b"".join(self._stdout) + out).decode(), err.decode()
 
     @classmethod
     async def for_engine(
@@ -107,8 +127,11 @@ class WorkerProcess:
                 line = await self.process.stdout.readline()
                 if not line:
                     raise RuntimeError(f"worker exited before it was ready (code {await self.process.wait()})")
+                self._stdout.append(line)
                 if line.startswith(b"worker ready"):
                     return line.decode().strip()
+                if line.startswith(b"{") and str(json.loads(line).get("message", "")).startswith("worker ready"):
+                    return line.decode().strip()  # --log-format json
 
     async def kill(self) -> None:
         """SIGKILL: no shutdown, no cleanup, exactly like a lost machine."""

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from turnkit.media_requests import PaintRequest, ViewMediaRequest
     from turnkit.media_tools import ImageTool, ViewMediaTool
     from turnkit.model import Client, ModelRequest, Result, ToolCall, ToolSpec, Usage
+    from turnkit.model_access import validate_models
     from turnkit.output_policy import AuditResult, OutputPolicy, Violation, check_output_policy
     from turnkit.plugin import TurnKitPlugin
     from turnkit.prompt import SystemPrompt
@@ -130,6 +131,7 @@ _EXPORTS: dict[str, str | None] = {
     "PaintRequest": "turnkit.media_requests",
     "ViewMediaRequest": "turnkit.media_requests",
     "MCPServer": "turnkit.mcp",
+    "validate_models": "turnkit.model_access",
     "ImageTool": "turnkit.media_tools",
     "ViewMediaTool": "turnkit.media_tools",
     **dict.fromkeys(("Client", "ModelRequest", "Result", "ToolCall", "ToolSpec", "Usage"), "turnkit.model"),
@@ -231,6 +233,7 @@ __all__ = [
     "register",
     "specialists",
     "tool",
+    "validate_models",
     "view_media",
     "workflow",
 ]

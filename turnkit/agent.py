@@ -19,7 +19,7 @@ from turnkit._engine.limits import check_limits
 from turnkit._engine.names import check_name
 from turnkit._engine.prompt_sections import check_prompt_sections
 from turnkit.config import EventCallback, settings
-from turnkit.cost import total_cost, total_usage
+from turnkit.cost import Cost, total_usage
 from turnkit.kernel.errors import ConfigError
 from turnkit.mcp import MCPServer
 from turnkit.model import Client, ToolSpec, Usage
@@ -28,6 +28,7 @@ from turnkit.skills import LoadSkillTool, Skill, check_skills, dedupe_skills
 from turnkit.tools import TOOLS_TYPE_ERROR, Tool, as_tool, is_valid_tool_name
 
 if TYPE_CHECKING:
+    from turnkit.handles import Conversation
     from turnkit.run import Run
 
 __all__ = [
@@ -118,6 +119,7 @@ class SpecialistOptions(TypedDict, total=False):
     output_policy_thinking: Mapping[str, Any] | None
     output_retries: int | None
     on_event: EventCallback | Iterable[EventCallback] | None
+    validate: bool
 
 
 class AgentOptions(SpecialistOptions, total=False):
@@ -193,6 +195,8 @@ class AgentDefinition:
     """Revision requests allowed after dirty audits (per turn)."""
     on_event: EventCallback | tuple[EventCallback, ...] | None
     """The agent's event callback(s) (behaviour §3.11); None falls back to ``settings.on_event``."""
+    validate: bool
+    """Validate the agent's client and model when a worker starts (:mod:`turnkit.model_access`)."""
 
 
 class Agent(AgentDefinition):
@@ -251,6 +255,9 @@ class Agent(AgentDefinition):
             on_event: Event callback (or a list of them) for this agent's turns without a per-turn one, and for its
                 sub-agents' turns (they inherit it); None falls back to ``settings.on_event`` (behaviour §3.11).
                 Called in the worker that runs the turn, so every worker must define the agent with it.
+            validate: Check the agent's client and model (``client.validate(model=...)``, one cheap provider call)
+                when a worker starts, so a missing key or an unknown model stops the start with a
+                ``ModelAccessError`` naming the model instead of failing the first turn (:mod:`turnkit.model_access`).
 
         Raises:
             ValueError: ``"name is required"``, ``"duplicate tool name: X"``, ``"duplicate MCP server name: X"``, a
@@ -297,6 +304,7 @@ class Agent(AgentDefinition):
         output_policy_thinking = o.get("output_policy_thinking", None)
         output_retries = o.get("output_retries", None)
         on_event = o.get("on_event", None)
+        validate = o.get("validate", False)
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError("name is required")
         # Persisted as agent_name and printed by the operator's tools: the rule of every other name.
@@ -386,6 +394,7 @@ class Agent(AgentDefinition):
             output_policy_thinking=normalize_thinking(output_policy_thinking),
             output_retries=retries,
             on_event=_check_on_event(on_event),
+            validate=bool(validate),
         )
 
     @property
@@ -439,6 +448,29 @@ class Agent(AgentDefinition):
         return self.model or settings.default_model
 
     @property
+    def effective_thinking(self) -> dict[str, Any] | None:
+        """The agent's thinking (``{"effort": ..., "budget": ...}``, a copy), or None: a turn's own ``thinking``
+        replaces it, and ``thinking=None`` on a turn turns it off (behaviour §1.4)."""
+        return dict(self.thinking) if self.thinking is not None else None
+
+    @property
+    def effective_output_policy(self) -> list[Constraint]:
+        """The constraints every final answer is audited against (behaviour §3.9), in order; empty when none."""
+        return list(self.output_policy)
+
+    def effective_prompt_mode(self, *, depth: int = 0, prompt_mode: str | None = None) -> str:
+        """The prompt mode of a turn at ``depth`` (0 for a root turn) asking for ``prompt_mode``: the turn's, else the
+        agent's (``"task"`` for orchestrators), else ``"minimal"`` for sub-agents and ``"full"`` for roots (§3.4).
+
+        Raises:
+            ValueError: The mode is unknown (``"unknown prompt mode: x"``).
+        """
+        mode = prompt_mode or self.prompt_mode or ("minimal" if depth > 0 else "full")
+        if mode not in PROMPT_MODES:
+            raise ValueError(f"unknown prompt mode: {mode}")
+        return mode
+
+    @property
     def effective_client(self) -> Client:
         """The agent's client, else ``settings.client``.
 
@@ -471,11 +503,30 @@ class Agent(AgentDefinition):
             "max_spend": settings.max_spend if self.max_spend is None else self.max_spend,
         }
 
+    async def conversation(
+        self,
+        *,
+        model: str | None = None,
+        subject: Any = None,
+        metadata: dict[str, Any] | None = None,
+        context: dict[str, Any] | None = None,
+        principal: Any = None,
+    ) -> Conversation:
+        """Create and persist a conversation of this agent on the current connection (``async with
+        turnkit.connect()``); see :meth:`turnkit.runtime.TurnKit.conversation` (behaviour §1.2). Its turns take their
+        per-turn options (``model``, ``thinking``, ``output_schema``, ``prompt_mode``, ...) from each
+        :meth:`~turnkit.handles.Conversation.ask`."""
+        return await current().conversation(
+            self, model=model, subject=subject, metadata=metadata, context=context, principal=principal
+        )
+
     async def run(self, task: str, *, input: Any = None, wait: bool = True, **options: Any) -> Run:
         """Run ``task`` in a new conversation on the current connection (``async with turnkit.connect()``).
 
-        See :meth:`turnkit.runtime.TurnKit.run`; raises ``InputError`` before anything is written when ``input``
-        does not match ``input_schema``.
+        ``options`` are those of :meth:`turnkit.runtime.TurnKit.run`, which takes the per-turn options of
+        :meth:`~turnkit.handles.Conversation.ask` too (``model``, ``thinking``, ``output_schema``, ``prompt_mode``,
+        ``paused``, ...). Raises ``InputError`` before anything is written when ``input`` does not match
+        ``input_schema``.
         """
         return await current().run(self, task, input=input, wait=wait, **options)
 
@@ -483,9 +534,9 @@ class Agent(AgentDefinition):
         """Tokens used by every stored turn of this agent's name, on the current connection (behaviour §1.2)."""
         return total_usage(await current().store.list_turns(agent_name=self.name))
 
-    async def cost(self) -> float | None:
-        """Observed USD cost of every stored turn of this agent's name (None when none is known)."""
-        return total_cost(await current().store.list_turns(agent_name=self.name))
+    async def cost(self) -> Cost:
+        """The USD cost of every stored turn of this agent's name (:meth:`Cost.of_turns`)."""
+        return Cost.of_turns(await current().store.list_turns(agent_name=self.name))
 
     def __repr__(self) -> str:
         """Show the name, model and tool names."""

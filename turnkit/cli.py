@@ -19,7 +19,8 @@ Debugger verbs (each in its own module; this one only parses arguments and conne
 * ``turnkit replay ID | history.json | --all --query Q`` (:mod:`turnkit._temporal.replay`): replay histories on today's
   code.
 * ``turnkit history TURN_ID`` (:mod:`turnkit._temporal.histories`): a history as JSON.
-* ``turnkit events TURN_ID [--follow]`` (:mod:`turnkit._ops.event_stream`): a turn's events as they are recorded.
+* ``turnkit events TURN_ID|CONVERSATION_ID [--follow]`` (:mod:`turnkit._ops.event_stream`): a turn's (or every turn
+  of a conversation's) events as they are recorded.
 
 Every verb takes the same connection options (:func:`connection_options`, :func:`temporal_client`,
 :func:`open_store`): the one place that turns options and environment into connections. The Temporal connection
@@ -45,8 +46,13 @@ from typing import TYPE_CHECKING, Any
 from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.tracing import add_tracing_argument
-from turnkit._temporal.worker import add_deployment_arguments
-from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, run_on_loop
+from turnkit._temporal.worker import add_deployment_arguments, add_validate_models_argument
+from turnkit._temporal.worker_arguments import (
+    add_loop_argument,
+    add_observability_arguments,
+    add_sandbox_argument,
+    run_on_loop,
+)
 from turnkit.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -96,12 +102,16 @@ def connection_options() -> argparse.ArgumentParser:
 
 
 async def temporal_client(args: argparse.Namespace) -> Client:
-    """A Temporal client for ``args`` with the TurnKit plugin (data converter); needs a configured address."""
-    from temporalio.client import Client
+    """A Temporal client for ``args`` with the TurnKit plugin (data converter); needs a configured address.
 
+    Raises:
+        TemporalUnreachable: No server answers there (a ``ConfigError``: ``main`` prints it as one line).
+    """
+    from turnkit._temporal.connection import connect_client
     from turnkit.plugin import TurnKitPlugin
 
-    return await Client.connect(**client_options_from_arguments(args), plugins=[TurnKitPlugin()])
+    options = client_options_from_arguments(args)
+    return await connect_client(options.pop("target_host"), **options, plugins=[TurnKitPlugin()])
 
 
 @asynccontextmanager
@@ -117,9 +127,16 @@ async def open_store(args: argparse.Namespace, *, migrate: bool = False) -> Asyn
 
 
 def _connect(args: argparse.Namespace) -> AbstractAsyncContextManager[TurnKit]:
-    """A full TurnKit connection (Temporal client and store) for the operator verbs."""
+    """A full TurnKit connection (Temporal client and store) for the operator verbs.
+
+    Raises:
+        ConfigError: No store is given: checking or repairing the embedded default's SQLite file against a cluster
+            would report on a store that cluster never wrote (nothing is created).
+    """
+    from turnkit._temporal.connection import require_database_url
     from turnkit.runtime import connect
 
+    require_database_url(args.database_url, client_options_from_arguments(args)["target_host"])
     return connect(
         temporal_address=args.address,
         namespace=args.namespace,
@@ -187,7 +204,7 @@ async def _db(args: argparse.Namespace) -> int:
 async def _show(args: argparse.Namespace) -> int:
     from turnkit._ops.show import render_json, render_text, ui_links
     from turnkit._ops.timeline import follow_html, render_html
-    from turnkit._ops.tree import TurnNode, load_trees
+    from turnkit._ops.tree import TurnNode, load_messages, load_trees
     from turnkit.kernel.errors import RecordNotFound
 
     def links_of(trees: list[TurnNode]) -> dict[str, str]:
@@ -203,9 +220,11 @@ async def _show(args: argparse.Namespace) -> int:
         if args.html and args.follow:  # the page follows the run (issue 38); the text below is its end
             print(f"following the run: {args.html} is rewritten until it ends", file=sys.stderr)
             trees = await follow_html(store, trees, Path(args.html), links=links_of, title=f"TurnKit run {args.id}")
+        messages = await load_messages(store, trees) if args.html else {}  # the timeline's model calls and contents
     links = links_of(trees)
     if args.html:
-        Path(args.html).write_text(render_html(trees, links=links, title=f"TurnKit run {args.id}"), encoding="utf-8")
+        page = render_html(trees, links=links, title=f"TurnKit run {args.id}", messages=messages)
+        Path(args.html).write_text(page, encoding="utf-8")
     print(render_json(trees, links=links) if args.json else render_text(trees, links=links))
     if args.html:
         print(f"timeline written to {args.html}", file=sys.stderr)
@@ -225,9 +244,7 @@ async def _replay(args: argparse.Namespace) -> int:
 
 
 async def _replay_runs(args: argparse.Namespace) -> int:
-    from temporalio.client import WorkflowHistory
-
-    from turnkit._temporal.histories import Run, matching_runs, runs_of, tree_workflow_ids
+    from turnkit._temporal.histories import Run, matching_runs, run_from_file, runs_of, tree_workflow_ids
     from turnkit._temporal.replay import replay_runs, report, turnkit_replayer
 
     runs: list[Run] = []
@@ -238,8 +255,7 @@ async def _replay_runs(args: argparse.Namespace) -> int:
     for ident in args.ids:
         path = Path(ident)
         if ident.endswith(".json") and path.is_file():
-            history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
-            runs.append(Run(path.stem, history.run_id, history))
+            runs.append(run_from_file(path))  # named by its workflow id, not the file's name
             continue
         client = client or await temporal_client(args)
         if ident.startswith(("turn_", "conv_")):
@@ -288,7 +304,7 @@ async def _events(args: argparse.Namespace) -> int:
                 events, _ = await turn_events(store, args.id)
                 for event in events:
                     print(json.dumps(event.to_dict()) if args.json else event.line())
-        except RecordNotFound as err:
+        except (RecordNotFound, ValueError) as err:  # no such record; an id of neither kind
             print(f"turnkit events: {err}", file=sys.stderr)
             return 1
     return 0
@@ -296,6 +312,7 @@ async def _events(args: argparse.Namespace) -> int:
 
 async def _ask(args: argparse.Namespace) -> int:
     from turnkit._ops.ask import ask_turn
+    from turnkit._temporal.connection import require_database_url
     from turnkit.agent import registered_agents, resolve_agent
     from turnkit.runtime import connect
 
@@ -313,8 +330,11 @@ async def _ask(args: argparse.Namespace) -> int:
     if not args.verbose:  # a failed model call or tool is reported by the turn; the SDK's tracebacks are noise here
         logging.getLogger("temporalio").setLevel(logging.CRITICAL)
     # Nothing configured: connect() starts the embedded dev server, and nobody else can be polling it.
-    embedded = "target_host" not in client_options_from_arguments(args)
+    target = client_options_from_arguments(args).get("target_host")
+    embedded = target is None
     try:
+        if target is not None:  # a cluster's turns are in its store: the local default would hold a stray copy
+            require_database_url(args.database_url, target)
         async with connect(
             temporal_address=args.address,
             namespace=args.namespace,
@@ -351,9 +371,10 @@ async def _ask(args: argparse.Namespace) -> int:
 
 async def _worker(args: argparse.Namespace) -> int:
     from turnkit._temporal import worker
+    from turnkit._temporal.logs import configure_logging
     from turnkit.config import TASK_QUEUE
 
-    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
+    configure_logging(args.log_format)
     args.task_queue = args.task_queue or TASK_QUEUE
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
     try:
@@ -395,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="turnkit",
         description="TurnKit: durable AI conversations on Temporal. `turnkit VERB --help` for a verb's options.",
     )
+    parser.add_argument("--version", action="version", version=f"turnkit {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="VERB")
 
     def verb(name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -473,11 +495,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     events = verb(
         "events",
-        "a turn's events (and its sub-agents'), optionally as they happen",
-        "Print a turn's events, derived from the store: turn started, messages, tool calls, deliveries, the end.",
+        "a turn's or a conversation's events (and their sub-agents'), optionally as they happen",
+        "Print the events of a turn, or of every turn of a conversation (oldest first), each with its sub-agents' "
+        "events, derived from the store: turn started, messages, tool calls, deliveries, the end. With --follow, "
+        "until the turn (every turn of the conversation) has ended.",
     )
-    events.add_argument("id", metavar="TURN_ID")
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the turn ends")
+    events.add_argument("id", metavar="TURN_ID|CONVERSATION_ID")
+    events.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing new events until the turn (every turn of the conversation) ends",
+    )
     events.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -521,9 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--app", action="append", default=[], help="module that registers agents (repeatable)")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_deployment_arguments(worker)
+    add_validate_models_argument(worker)
     add_tracing_argument(worker)
     add_sandbox_argument(worker)
     add_loop_argument(worker)
+    add_observability_arguments(worker)
     worker.add_argument(
         "--queue", dest="task_queue", default=argparse.SUPPRESS, metavar="NAME", help="same as --task-queue"
     )
@@ -535,6 +566,16 @@ def build_parser() -> argparse.ArgumentParser:
         "whose task_queue is this queue: a worker on a GPU box (@tool(task_queue=...))",
     )
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (its metadata, so it cannot drift from pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turnkit")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 _RECONCILE_DOC = (

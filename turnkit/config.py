@@ -139,6 +139,12 @@ class Settings:
     workers check at start-up that the namespace has them. False: no attributes (for a namespace where they cannot be
     registered); workflows started without them never set any."""
 
+    validate_models: bool = False
+    """Validate every registered agent's client and model when a worker starts (``client.validate(model=...)``: one
+    cheap provider call each); a missing key or unknown model stops the start with a ``ModelAccessError`` naming it.
+    Off by default, so that offline workers do not call out; agents defined with ``validate=True`` are validated
+    either way (:mod:`turnkit.model_access`). ``turnkit worker --validate-models`` turns it on."""
+
     direct_first_turns: bool = True
     """``ask`` starts a fresh conversation's first turn itself, without the conversation's lane (one workflow start
     instead of the lane's start, update and workflow task; :mod:`turnkit._engine.direct_turn`). False: every turn goes

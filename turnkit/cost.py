@@ -172,6 +172,40 @@ class Cost:
             return cls(total=math.fsum(t for t in totals if t is not None))
         return cls()
 
+    @classmethod
+    def from_record(cls, turn: TurnRecord) -> Cost:
+        """The cost of one stored turn (behaviour §6.5): its ``usage.cost_details``, else its ``cost``, else its usage
+        priced now (:func:`cost_from_usage` with the turn's model). The turn's own calls only, not its children's.
+
+        Args:
+            turn: The turn's record.
+
+        Returns:
+            The cost; empty (total None) when nothing prices it.
+        """
+        details = turn.usage.get("cost_details")
+        if isinstance(details, Mapping) and details:
+            known = {str(k): v for k, v in details.items() if str(k) in (*COMPONENTS, "total") and _is_number(v)}
+            cost = cls.from_dict(known)
+            # The recorded total is what budgets counted: it wins over a sum of the details' components.
+            return cost if turn.cost is None else cls.from_components(cost.components, total=turn.cost)
+        if turn.cost is not None:
+            return cls(total=turn.cost)
+        usage = Usage.from_dict(turn.usage)
+        if usage.total_tokens == 0:
+            return cls()  # nothing used (a pending turn, say): unknown, not a priced 0.0
+        return cost_from_usage(usage, turn.model)
+
+    @classmethod
+    def of_turns(cls, turns: Iterable[TurnRecord]) -> Cost:
+        """The cost of ``turns`` (a conversation's, a tree's, an agent's): components summed over the turns that know
+        them, and the total summed over the turns whose total is known (None when none is). A turn priced only by its
+        provider's total adds to the total and to no component, so the total is the spend, never less."""
+        costs = [cls.from_record(turn) for turn in turns]
+        totals = [total for cost in costs if (total := cost.total) is not None]
+        components = cls.aggregate(cost for cost in costs if cost.total is not None).components
+        return cls.from_components(components, total=math.fsum(totals) if totals else None)
+
     def __eq__(self, other: object) -> bool:
         """Costs are equal when their components and totals are."""
         if not isinstance(other, Cost):
@@ -303,6 +337,7 @@ def total_usage(turns: Iterable[TurnRecord]) -> Usage:
 
 
 def total_cost(turns: Iterable[TurnRecord]) -> float | None:
-    """The observed cost of ``turns`` in USD; None when none of them has a known cost."""
+    """The observed cost of ``turns`` in USD as a number (:meth:`Cost.of_turns`'s total, from the recorded costs
+    alone); None when none of them has a known cost."""
     costs = [turn.cost for turn in turns if turn.cost is not None]
-    return Cost(total=sum(costs)).total if costs else None
+    return math.fsum(costs) if costs else None

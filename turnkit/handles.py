@@ -44,7 +44,7 @@ from turnkit._engine.waits import add_waits, enter_waiting
 from turnkit._temporal.search_attributes import registration_hint
 from turnkit.agent import resolve_agent
 from turnkit.config import settings
-from turnkit.cost import total_cost, total_usage
+from turnkit.cost import Cost, total_usage
 from turnkit.events import check_on_event, register_turn_callback, unregister_turn_callback
 from turnkit.kernel.failures import ended_reason
 from turnkit.kernel.names import LANE_WORKFLOW, SUBMIT_UPDATE
@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Conversation", "Turn"]
 
-_UNSET: Any = object()
+#: The default of ``thinking`` options: the agent's thinking, where an explicit None turns thinking off.
+UNSET: Any = object()
 
 #: The server aborted an update because the workflow task that carried it failed (e.g. it completed with a command
 #: that new events made stale): the update was never accepted, and repeating it is safe (same update id).
@@ -132,7 +133,7 @@ class Conversation:
         wait: bool = True,
         agent: str | None = None,
         model: str | None = None,
-        thinking: dict[str, Any] | None = _UNSET,
+        thinking: dict[str, Any] | None = UNSET,
         output_schema: dict[str, Any] | None = None,
         prompt_mode: str | None = None,
         context: dict[str, Any] | None = None,
@@ -194,8 +195,8 @@ class Conversation:
             agent_name=agent,
             model=model,
             message_metadata=dict(metadata or {}),
-            thinking=None if thinking is _UNSET else thinking,
-            thinking_set=thinking is not _UNSET,
+            thinking=None if thinking is UNSET else thinking,
+            thinking_set=thinking is not UNSET,
             output_schema=output_schema,
             prompt_mode=prompt_mode,
             context=context,
@@ -232,7 +233,7 @@ class Conversation:
         *,
         agent: str | None = None,
         model: str | None = None,
-        thinking: dict[str, Any] | None = _UNSET,
+        thinking: dict[str, Any] | None = UNSET,
         output_schema: dict[str, Any] | None = None,
         prompt_mode: str | None = None,
         context: dict[str, Any] | None = None,
@@ -264,8 +265,8 @@ class Conversation:
             agent_name=agent,
             model=model,
             message_metadata=dict(metadata or {}),
-            thinking=None if thinking is _UNSET else thinking,
-            thinking_set=thinking is not _UNSET,
+            thinking=None if thinking is UNSET else thinking,
+            thinking_set=thinking is not UNSET,
             output_schema=output_schema,
             prompt_mode=prompt_mode,
             context=context,
@@ -305,7 +306,7 @@ class Conversation:
         check_name("model", model)
         for field, value in (("metadata", metadata), ("context", context), ("output_schema", output_schema)):
             check_json(field, value)
-        if thinking is not _UNSET:
+        if thinking is not UNSET:
             check_json("thinking", thinking)
         check_json("principal", principal, lenient=True)
         if compact is not None and not isinstance(compact, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -514,9 +515,10 @@ class Conversation:
         """Tokens used by every turn of this conversation (behaviour §1.3)."""
         return total_usage(await self._tk.store.list_turns(conversation_id=self.id))
 
-    async def cost(self) -> float | None:
-        """Observed USD cost of every turn of this conversation (None when none is known)."""
-        return total_cost(await self._tk.store.list_turns(conversation_id=self.id))
+    async def cost(self) -> Cost:
+        """The USD cost of every turn of this conversation (:meth:`Cost.of_turns`; ``.total`` is None when none is
+        known)."""
+        return Cost.of_turns(await self._tk.store.list_turns(conversation_id=self.id))
 
     async def turns(self, *, principal: Any = None) -> list[Turn]:
         """Every turn of the conversation, oldest first (their records carry output text: asked as ``read_messages``,
@@ -573,9 +575,10 @@ class Turn:
         return Usage.from_dict(self.record.usage)
 
     @property
-    def cost(self) -> float | None:
-        """Observed cost in USD, None when no cost is known."""
-        return self.record.cost
+    def cost(self) -> Cost:
+        """This turn's cost in USD by component (:meth:`Cost.from_record`; children excluded): ``cost.total`` is
+        None when no cost is known."""
+        return Cost.from_record(self.record)
 
     @property
     def error(self) -> dict[str, Any] | None:

@@ -8,13 +8,17 @@ bytes back, to send them as an image (or document) input part.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import builtins
 import mimetypes
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
+from urllib.parse import unquote, urlsplit
 
 from turnkit.kernel.errors import InputError
 from turnkit.kernel.records import MediaRecord
@@ -80,7 +84,8 @@ def _sniff(data: builtins.bytes) -> str | None:
 class MediaInput:
     """An image or other media item given to a turn (``ask(..., media=[...])``) or to ``view_media``.
 
-    Build it with :meth:`bytes` or :meth:`path`. The MIME type is the one given, else inferred from the file
+    Build it with :meth:`bytes`, :meth:`path`, :meth:`file` (a binary file object) or ``await`` :meth:`url` (an
+    ``http(s)`` download). The MIME type is the one given, else inferred from the file
     extension, else from the bytes' signature. Only the reference is persisted with messages; the bytes go to the
     store's media table.
     """
@@ -126,10 +131,67 @@ class MediaInput:
             raise InputError(f"cannot read media file {str(file)!r}: {err.strerror or err}") from err
         return cls.bytes(data, mime_type=mime_type, filename=file.name)
 
+    @classmethod
+    def file(cls, file: BinaryIO, *, mime_type: str | None = None, filename: str | None = None) -> MediaInput:
+        """Media read from a file object opened in binary mode (``open(path, "rb")``, ``io.BytesIO``, an upload),
+        from its current position to its end. The name is ``filename``, else the file's own ``name``, if any.
+
+        Raises:
+            InputError: The file is not binary or cannot be read, or :meth:`bytes` refuses its content.
+        """
+        try:
+            data = file.read()
+        except (OSError, ValueError) as err:
+            raise InputError(f"cannot read media from {_describe(file)}: {err}") from err
+        if isinstance(data, str):
+            raise InputError(f"media file {_describe(file)} is open in text mode: open it in binary mode ('rb')")
+        name = filename or getattr(file, "name", None)
+        return cls.bytes(data, mime_type=mime_type, filename=Path(name).name if isinstance(name, str) else None)
+
+    @classmethod
+    async def url(cls, url: str, *, mime_type: str | None = None, timeout: float = 30.0) -> MediaInput:
+        """Media downloaded from an ``http(s)`` URL now, in the caller's process. The record keeps the bytes, not the
+        URL, so a later model call (or its retry) never depends on the URL still answering. The type is
+        ``mime_type``, else the response's ``Content-Type``, else the URL path's extension, else the bytes' signature.
+
+        Raises:
+            InputError: Not an ``http``/``https`` URL, an error or timeout fetching it (named with the URL), more than
+                :data:`MAX_MEDIA_BYTES`, or :meth:`bytes` refuses the content.
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InputError(f"media URL must be http or https: {url!r}")
+        data, served_type = await asyncio.to_thread(_download, url, timeout)
+        filename = Path(unquote(parts.path)).name or None
+        return cls.bytes(data, mime_type=mime_type or served_type, filename=filename)
+
     @property
     def kind(self) -> str:
         """``image``, ``document``, ``audio`` or ``video``."""
         return media_kind(self.mime_type)
+
+
+def _describe(file: object) -> str:
+    name = getattr(file, "name", None)
+    return repr(name) if isinstance(name, str) else type(file).__name__
+
+
+def _download(url: str, timeout: float) -> tuple[builtins.bytes, str | None]:
+    """GET ``url``: its body (at most :data:`MAX_MEDIA_BYTES`) and its served type (None when generic or absent)."""
+    request = urllib.request.Request(url, headers={"User-Agent": "turnkit"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = response.read(MAX_MEDIA_BYTES + 1)
+            served = response.headers.get_content_type() if response.headers.get("Content-Type") else None
+    except urllib.error.HTTPError as err:
+        raise InputError(f"cannot fetch media from {url}: HTTP {err.code}") from err
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise InputError(f"cannot fetch media from {url}: {reason}") from err
+    if len(data) > MAX_MEDIA_BYTES:
+        raise InputError(f"media at {url} is too large: more than {MAX_MEDIA_BYTES} bytes")
+    # A server that does not know the type says so generically: then the extension or the bytes decide.
+    return data, None if served in (None, "application/octet-stream", "binary/octet-stream") else served
 
 
 async def store_media(tx: StoreTx, media: MediaInput) -> dict[str, Any]:

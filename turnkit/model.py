@@ -241,6 +241,26 @@ class Result(BaseModel):
         """True when the model proposed at least one tool call."""
         return any(p.get("type") == "tool_call" for p in self.parts)
 
+    @property
+    def images(self) -> list[dict[str, Any]]:
+        """The ``image`` parts (a ``paint``'s answer: ``data`` or ``url``, ``mime_type``, ``revised_prompt``...)."""
+        return [part for part in self.parts if part.get("type") == "image"]
+
+    @property
+    def has_image(self) -> bool:
+        """True when the result holds at least one image (the spec's ``image?``)."""
+        return bool(self.images)
+
+    @property
+    def media_analyses(self) -> list[dict[str, Any]]:
+        """The ``media_analysis`` parts (a ``view_media``'s answer: ``text``, ``media``, ``output_data``...)."""
+        return [part for part in self.parts if part.get("type") == "media_analysis"]
+
+    @property
+    def has_media_analysis(self) -> bool:
+        """True when the result holds at least one media analysis (the spec's ``media_analysis?``)."""
+        return bool(self.media_analyses)
+
 
 class ToolSpec(BaseModel):
     """A tool as the model sees it: name, description and JSON schema of its arguments.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
+from temporalio.service import ConnectConfig, ServiceClient
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
@@ -19,8 +20,10 @@ from turnkit._activities.registry import build_activities, build_tool_activities
 from turnkit._activities.store_failures import StoreFailureInterceptor
 from turnkit._ops.lost_submits import SubmitSearch
 from turnkit._temporal.heartbeats import HeartbeatClock
+from turnkit._temporal.logs import LogIds, json_logging
 from turnkit._temporal.sandbox_runner import TurnKitSandboxRunner
 from turnkit._temporal.settings_scope import SettingsScope
+from turnkit._temporal.telemetry import metrics_address, telemetry_runtime
 from turnkit._temporal.tracing import tracing_interceptors
 from turnkit._workflows.registry import ALL_WORKFLOWS, VERSIONED_WORKFLOWS
 from turnkit.config import settings_overrides
@@ -88,10 +91,11 @@ class TurnKitPlugin(SimplePlugin):
     Args:
         store: The record store the activities write to. Without it (a replayer, a client that only submits),
             no activities are registered.
-        tracing: OpenTelemetry tracing (``pip install 'turnkit[otel]'``; see :mod:`turnkit._temporal.tracing`):
-            False (the default) is off and imports nothing; True uses the global tracer provider; a
-            ``TracerProvider`` or a ``Tracer`` is used as given. Give it to the client's plugin: the worker built on
-            that client and the calls it makes (``ask``) are then traced alike.
+        tracing: OpenTelemetry tracing on temporalio's ``OpenTelemetryPlugin`` (``pip install 'turnkit[otel]'``;
+            see :mod:`turnkit._temporal.tracing`): False (the default) is off and imports nothing; True traces into
+            the global tracer provider, replay-safe where workflows run (``create_tracer_provider()``). Give it to
+            the client's plugin: the worker built on that client and the calls it makes (``ask``) are then traced
+            alike.
         tools_only: Register only the tool activity (no workflows, no model or store activities): a worker on a
             tool's own task queue (``@tool(task_queue="gpu")``, ``worker.py --queue gpu --only tools``). It runs
             whatever tool calls are scheduled on its queue: the tools whose ``task_queue`` is that queue, and on a
@@ -109,12 +113,19 @@ class TurnKitPlugin(SimplePlugin):
             sandbox; what is given up is a run-time check of that code, not of yours. ``worker.py --no-sandbox``.
         settings: Settings this worker's activities read over the process's defaults (``turnkit.configure``), by
             name: ``{"client": MyClient(), "max_spend": 2.0}`` (see :mod:`turnkit.config`).
+        metrics_port: Serve Prometheus metrics (the SDK's and TurnKit's, README "Metrics") at
+            ``http://<metrics_bind>:<metrics_port>/metrics`` from the client this plugin connects, and the workers
+            built on it. ``turnkit worker --metrics-port``. Off by default.
+        metrics_bind: The address the metrics endpoint listens on; default ``$TURNKIT_METRICS_BIND``, else
+            ``0.0.0.0`` (every interface, so that Prometheus reaches a worker in a container).
 
     Raises:
         InputError: ``tracing`` is not one of these.
-        ConfigError: ``tracing`` is on and OpenTelemetry is not installed; ``tools_only`` without a store;
+        ConfigError: ``tracing`` is on and OpenTelemetry is not installed (or, building a worker, the global tracer
+            provider is not replay-safe); ``tools_only`` without a store;
             ``strict_sandbox`` without ``sandbox``; ``settings`` names an unknown setting or a value ``configure``
-            refuses.
+            refuses; ``metrics_port`` is no port number; at connection: the metrics endpoint cannot listen there, or
+            the client was given a ``runtime`` of its own (configure Prometheus on that one instead).
     """
 
     def __init__(
@@ -126,7 +137,10 @@ class TurnKitPlugin(SimplePlugin):
         strict_sandbox: bool = False,
         sandbox: bool = True,
         settings: Mapping[str, Any] | None = None,
+        metrics_port: int | None = None,
+        metrics_bind: str | None = None,
     ) -> None:
+        self._metrics = metrics_address(metrics_port, metrics_bind)
         if strict_sandbox and not sandbox:
             raise ConfigError("strict_sandbox=True needs sandbox=True: the strict sandbox is a sandbox")
         if tools_only and store is None:
@@ -136,7 +150,7 @@ class TurnKitPlugin(SimplePlugin):
         activities = None
         if store is not None:
             activities = build_tool_activities(store) if tools_only else build_activities(store)
-        # Tracing first: its activity span then also covers the store-failure interceptor's work.
+        # Tracing first: the context it takes from the headers is then current in every other interceptor.
         traced = tracing_interceptors(tracing)
         interceptors: list[Any] = list(traced)
         if store is not None:
@@ -146,6 +160,8 @@ class TurnKitPlugin(SimplePlugin):
             interceptors.append(HeartbeatClock())
             if overrides:
                 interceptors.append(SettingsScope(overrides))
+            if json_logging():
+                interceptors.append(LogIds())  # the turn and conversation on every JSON log line of an activity
         if not tools_only:
             # A team's workflow cancelled while turns it asked run (turnkit.workflow) cancels them too.
             interceptors.append(CancelAskedTurns())
@@ -161,6 +177,22 @@ class TurnKitPlugin(SimplePlugin):
             # raise for) fails that workflow; any other exception fails the workflow task, which is retried.
             workflow_failure_exception_types=[Error],
         )
+
+    async def connect_service_client(
+        self, config: ConnectConfig, next: Callable[[ConnectConfig], Awaitable[ServiceClient]]
+    ) -> ServiceClient:
+        """Connect with the runtime that serves ``metrics_port`` (and forwards Core's logs when they are JSON):
+        a runtime exists before its client connects (:mod:`turnkit._temporal.telemetry`)."""
+        runtime = telemetry_runtime(self._metrics)
+        if runtime is not None and config.runtime is not runtime:
+            if config.runtime is None:
+                config = replace(config, runtime=runtime)
+            elif self._metrics is not None:
+                raise ConfigError(
+                    "metrics_port needs TurnKit's Temporal runtime, but the client was given a runtime of its own: "
+                    "configure PrometheusConfig on that runtime instead"
+                )
+        return await super().connect_service_client(config, next)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         """Run the worker; one with a store (not tools-only) also searches for lost submissions of its task queue

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from turnkit._engine.prompt_sections import check_prompt_sections
-from turnkit.agent import PROMPT_MODES, Agent
+from turnkit.agent import Agent
 from turnkit.config import settings
 from turnkit.kernel.records import MessageRecord
 from turnkit.live_context import LIVE_CONTEXT_PREAMBLE, LiveContextContribution, data_block, xml_escape
@@ -167,10 +167,7 @@ def resolve_prompt_mode(agent: Agent, *, depth: int, prompt_mode: str | None) ->
     Raises:
         ValueError: The mode is unknown (``"unknown prompt mode: x"``).
     """
-    mode = prompt_mode or agent.prompt_mode or ("minimal" if depth > 0 else "full")
-    if mode not in PROMPT_MODES:
-        raise ValueError(f"unknown prompt mode: {mode}")
-    return mode
+    return agent.effective_prompt_mode(depth=depth, prompt_mode=prompt_mode)
 
 
 def resolve_sections(agent: Agent, mode: str) -> tuple[str, ...]:

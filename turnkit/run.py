@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from turnkit._engine.authorization import authorize
 from turnkit._engine.jsonschema import schema_errors
 from turnkit._engine.validation import check_text
-from turnkit.cost import total_cost, total_usage
+from turnkit.cost import Cost, total_usage
 from turnkit.events import check_on_event
-from turnkit.handles import Turn, joined_root
+from turnkit.handles import UNSET, Turn, joined_root
 from turnkit.kernel.errors import InputError
 from turnkit.kernel.records import MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.media import MediaInput, check_media
@@ -51,9 +51,9 @@ class Run(Turn):
         return total_usage(self._tree) if self._tree is not None else self.turn_usage
 
     @property
-    def cost(self) -> float | None:
-        """Observed USD cost of the whole tree (None when none is known; the root's until the tree was read)."""
-        return total_cost(self._tree) if self._tree is not None else self.turn_cost
+    def cost(self) -> Cost:
+        """The USD cost of the whole tree (:meth:`Cost.of_turns`; the root's until the tree was read)."""
+        return Cost.of_turns(self._tree) if self._tree is not None else self.turn_cost
 
     @property
     def turn_usage(self) -> Usage:
@@ -61,9 +61,9 @@ class Run(Turn):
         return Usage.from_dict(self.record.usage)
 
     @property
-    def turn_cost(self) -> float | None:
-        """Observed USD cost of the root turn alone."""
-        return self.record.cost
+    def turn_cost(self) -> Cost:
+        """The USD cost of the root turn alone (:meth:`Cost.from_record`)."""
+        return Cost.from_record(self.record)
 
     @property
     def root_turn_id(self) -> str:
@@ -90,9 +90,9 @@ class Run(Turn):
         """Tokens used by the whole tree."""
         return total_usage(await self.turn_records())
 
-    async def tree_cost(self) -> float | None:
-        """Observed USD cost of the whole tree (None when no cost is known)."""
-        return total_cost(await self.turn_records())
+    async def tree_cost(self) -> Cost:
+        """The USD cost of the whole tree, read now (:meth:`Cost.of_turns`)."""
+        return Cost.of_turns(await self.turn_records())
 
     async def messages(self, *, principal: Any = None) -> list[MessageRecord]:  # type: ignore[override]
         """Every message of every conversation that holds a turn of the tree, conversation by conversation; asked as
@@ -140,8 +140,15 @@ async def start_run(
     root_turn_id: str | None = None,
     on_event: Any = None,
     media: Sequence[MediaInput] | None = None,
+    model: str | None = None,
+    thinking: dict[str, Any] | None = UNSET,
+    output_schema: dict[str, Any] | None = None,
+    prompt_mode: str = "task",
+    paused: bool = False,
 ) -> Run:
-    """Validate, then create a conversation and submit the task turn (``prompt_mode`` task); see ``TurnKit.run``.
+    """Validate, then create a conversation and submit the task turn (``prompt_mode`` task unless given); see
+    ``TurnKit.run``. ``model``, ``thinking``, ``output_schema``, ``prompt_mode`` and ``paused`` are the turn's, as
+    :meth:`Conversation.ask` takes them; ``model`` is the new conversation's model too.
 
     With ``prepare=True`` the turn is built but not submitted (spec ``run(async: true)``): the pending run is
     returned, for :meth:`Turn.preview`, :meth:`Turn.wait_for`, then :meth:`Turn.perform_later` or :meth:`Turn.run`.
@@ -164,13 +171,20 @@ async def start_run(
     check_media(media)
     root_turn_id = await joined_root(tk.store, root_turn_id)
     conversation = await tk.conversation(
-        agent, subject=subject, metadata=metadata, context=context, principal=principal
+        agent, subject=subject, metadata=metadata, context=context, principal=principal, model=model
     )
     metadata = {"source": "application", "task": True}
+    per_turn: dict[str, Any] = {
+        "model": model,
+        "thinking": thinking,
+        "output_schema": output_schema,
+        "prompt_mode": prompt_mode,
+        "paused": paused,
+    }
     if prepare:
         turn = await conversation.build_turn(
             text,
-            prompt_mode="task",
+            **per_turn,
             metadata=metadata,
             compact=compact,
             budget=budget,
@@ -182,7 +196,7 @@ async def start_run(
     turn = await conversation.ask(
         text,
         wait=False,
-        prompt_mode="task",
+        **per_turn,
         metadata=metadata,
         callback=callback,
         compact=compact,

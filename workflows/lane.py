@@ -39,6 +39,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 from turnkit._workflows.store_calls import store_call
 from turnkit.kernel.activities import DeliveryCalls, LaneCalls, TurnCalls
+from turnkit.kernel.metrics import lane_queued
 from turnkit.kernel.names import (
     DELIVER_SIGNAL,
     LANE_ROLLING_OVER,
@@ -137,6 +138,7 @@ class ConversationWorkflow:
             if ticket.turn_id not in self._state.recent_turn_ids:  # a retried submit is not queued twice
                 self._state.queue.append(ticket.queued())
                 _remember(self._state.recent_turn_ids, ticket.turn_id)
+                lane_queued(workflow.metric_meter(), len(self._state.queue))  # not again on replay
             self._show()
             return ticket
 
@@ -316,6 +318,7 @@ class ConversationWorkflow:
         if result.turn is not None:
             state.queue.append(result.turn)
             _remember(state.recent_turn_ids, result.turn.turn_id)
+            lane_queued(workflow.metric_meter(), len(state.queue))
 
     def _known_turn_id(self) -> str | None:
         """The newest turn this lane has queued: its store calls that queue a turn ask for the submitted turns after

@@ -41,6 +41,7 @@ from turnkit.kernel.failures import (
     failure_of,
     final_model_failure,
 )
+from turnkit.kernel.metrics import tool_executed, turn_finished
 from turnkit.kernel.names import RESUME_SIGNAL, TARGET_FINISHED_SIGNAL, TOOL_ACTIVITY_PREFIX, TURN_WORKFLOW
 from turnkit.kernel.payloads import (
     ActivityTarget,
@@ -63,7 +64,7 @@ from turnkit.kernel.payloads import (
     TurnOutcome,
     WaitRequest,
 )
-from turnkit.kernel.records import CANCELLED_CLASS, CANCELLED_MESSAGE, INTERRUPTED_MESSAGE
+from turnkit.kernel.records import CANCELLED_CLASS, CANCELLED_MESSAGE, INTERRUPTED_MESSAGE, OPEN_EXECUTION_STATUSES
 from turnkit.kernel.search_attributes import TURN_STATUS, has_turnkit_attributes, turn_search_attributes
 
 __all__ = ["TurnWorkflow"]
@@ -111,6 +112,8 @@ class TurnWorkflow:
             self._details("continuing as new")
             workflow.continue_as_new(ended)
         self._set_status(ended.status)
+        # Recorded where the turn's end reaches Temporal: once per turn, not again on replay (kernel.metrics).
+        turn_finished(workflow.metric_meter(), agent=turn.agent_name, status=ended.status)
         details = ended.status if ended.error_class is None else f"{ended.status} · {ended.error_class}"
         workflow.set_current_details(f"{details} after {_count(self._iteration, 'iteration')}")
         return ended
@@ -203,8 +206,8 @@ class TurnWorkflow:
                     return TurnOutcome(turn_id=turn.turn_id, status="cancelled")
                 case "budget_exceeded":
                     return await self._finish(turn, "failed", "TurnKit::BudgetError", step.budget_error or "")
-                case "completed":
-                    return TurnOutcome(turn_id=turn.turn_id, status="completed")
+                case "completed":  # the step brings the answer's start, for the UI (never the whole answer)
+                    return TurnOutcome(turn_id=turn.turn_id, status="completed", output_preview=step.output_preview)
                 case "failed":  # recorded by the activity (an output audit in fail mode): no command to add
                     return TurnOutcome(
                         turn_id=turn.turn_id,
@@ -259,6 +262,8 @@ class TurnWorkflow:
                 outcome = await self._activity_tool(turn, call)
             else:
                 outcome = await self._tool(turn, call)
+            if outcome.status not in OPEN_EXECUTION_STATUSES:  # settled (not a boundary that asks again)
+                tool_executed(workflow.metric_meter(), tool=call.name, status=outcome.status)
             match outcome.outcome:
                 case "stopped":
                     return TurnOutcome(turn_id=turn.turn_id, status="cancelled")

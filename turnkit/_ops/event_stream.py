@@ -1,4 +1,4 @@
-"""``turnkit events TURN_ID [--follow]``: a turn's events, derived from the store.
+"""``turnkit events TURN_ID|CONVERSATION_ID [--follow]``: a turn's (or a conversation's) events, from the store.
 
 Lifecycle events (:mod:`turnkit.events`) go to in-process callbacks and are not stored, so another process cannot
 subscribe to them. The store records everything they report, though: this module turns a turn's records (and those
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from turnkit._engine.ids import PREFIXES
 from turnkit._ops.printable import printable
 from turnkit._ops.tree import TurnNode, load_trees
 from turnkit.kernel.errors import RecordNotFound
@@ -58,24 +59,30 @@ class StreamEvent:
         }
 
 
-async def turn_events(store: Store, turn_id: str) -> tuple[list[StreamEvent], bool]:
-    """The events recorded so far for ``turn_id`` and the sub-agent turns below it, oldest first, and whether the
-    turn is terminal."""
-    (tree,) = await load_trees(store, turn_id)
-    node = next(n for n in tree.walk() if n.turn.id == turn_id)
+async def turn_events(store: Store, ident: str) -> tuple[list[StreamEvent], bool]:
+    """The events recorded so far, oldest first, and whether it is all over: for a turn id, the turn's and those of
+    the sub-agent turns below it (over once the turn is terminal); for a conversation id, those of every turn of the
+    conversation, each with its sub-agents (over once every one of them is terminal).
+
+    Raises:
+        ValueError: ``ident`` is neither a turn id (``turn_…``) nor a conversation id (``conv_…``).
+        RecordNotFound: no such turn or conversation, or a conversation without turns.
+    """
+    nodes = await _nodes_of(store, ident)
     events: list[StreamEvent] = []
-    for each in node.walk():
-        events.extend(await _node_events(store, each))
+    for node in nodes:
+        for each in node.walk():
+            events.extend(await _node_events(store, each))
     events.sort(key=lambda e: (e.at, _ORDER.get(e.type.split(".")[-1], 5), e.key))
-    return events, node.turn.status in TERMINAL_TURN_STATUSES
+    return events, all(node.turn.status in TERMINAL_TURN_STATUSES for node in nodes)
 
 
-async def follow(store: Store, turn_id: str, *, interval: float = 0.5) -> AsyncIterator[StreamEvent]:
-    """Every event of the turn once, as it is recorded, polling every ``interval`` seconds; ends once the turn is
-    terminal (after its last events)."""
+async def follow(store: Store, ident: str, *, interval: float = 0.5) -> AsyncIterator[StreamEvent]:
+    """Every event of the turn or conversation once, as it is recorded, polling every ``interval`` seconds; ends once
+    it is all over (see :func:`turn_events`), after the last events."""
     seen: set[str] = set()
     while True:
-        events, done = await turn_events(store, turn_id)
+        events, done = await turn_events(store, ident)
         for event in events:
             if event.key not in seen:
                 seen.add(event.key)
@@ -83,6 +90,18 @@ async def follow(store: Store, turn_id: str, *, interval: float = 0.5) -> AsyncI
         if done:
             return
         await asyncio.sleep(interval)
+
+
+async def _nodes_of(store: Store, ident: str) -> list[TurnNode]:
+    """The turn ``ident`` names (with its sub-agents), or every root turn of the conversation it names."""
+    if not ident.startswith((f"{PREFIXES['turn']}_", f"{PREFIXES['conversation']}_")):
+        raise ValueError(f"not a turn id (turn_…) or a conversation id (conv_…): {ident!r}")
+    trees = await load_trees(store, ident)
+    if ident.startswith(f"{PREFIXES['conversation']}_"):
+        # A sub-agent's conversation: its turns hang in their parents' trees; only its own turns are its events.
+        own = [n for tree in trees for n in tree.walk() if n.turn.conversation_id == ident]
+        return [n for n in own if n.turn.parent_turn_id is None or all(p.turn.id != n.turn.parent_turn_id for p in own)]
+    return [next(n for tree in trees for n in tree.walk() if n.turn.id == ident)]
 
 
 async def _node_events(store: Store, node: TurnNode) -> list[StreamEvent]:

@@ -6,16 +6,17 @@ that started it (``parent_tool_execution_id``) when the store knows it, else und
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from turnkit.kernel.errors import RecordNotFound
-from turnkit.kernel.records import DeliveryRecord, ToolExecutionRecord, TurnRecord
+from turnkit.kernel.records import DeliveryRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.model import Usage
 from turnkit.store.store import Store, utcnow
 
-__all__ = ["TurnNode", "load_trees", "resolve_roots", "seconds_between", "subtree_ids"]
+__all__ = ["TurnNode", "load_messages", "load_trees", "resolve_roots", "seconds_between", "subtree_ids"]
 
 
 @dataclass
@@ -127,6 +128,23 @@ async def resolve_roots(store: Store, ident: str) -> list[str]:
 async def load_trees(store: Store, ident: str) -> list[TurnNode]:
     """The trees ``ident`` (a turn or conversation id) belongs to, one per root turn, oldest first."""
     return [await _load_tree(store, root) for root in await resolve_roots(store, ident)]
+
+
+async def load_messages(store: Store, trees: list[TurnNode]) -> dict[str, list[MessageRecord]]:
+    """Turn id -> the turn's messages in sequence order, for every turn of ``trees``: the user message that asked for
+    it first (it is written before the turn, so it may not name it), then what the turn wrote."""
+    found: dict[str, list[MessageRecord]] = {}
+    for node in (node for tree in trees for node in tree.walk()):
+        turn = node.turn
+        messages = await store.list_messages(turn.conversation_id, turn_id=turn.id)
+        trigger = turn.options.trigger_message_id
+        if trigger and all(message.id != trigger for message in messages):
+            # A trigger pruned from the store is left out: the turn's own messages still tell its story.
+            async with store.atomic() as tx:
+                with suppress(RecordNotFound):
+                    messages.insert(0, await tx.load_message(str(trigger)))
+        found[turn.id] = messages
+    return found
 
 
 def subtree_ids(root: TurnNode, turn_id: str) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
@@ -18,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkit._ops.tree import load_trees
 from turnkit.store.store import Store
 
-__all__ = ["Run", "matching_runs", "run_history", "runs_of", "tree_workflow_ids"]
+__all__ = ["Run", "matching_runs", "run_from_file", "run_history", "runs_of", "tree_workflow_ids"]
 
 _CLOSING_EVENTS = frozenset(
     {
@@ -59,6 +60,16 @@ class Run:
         return self.closed or any(
             event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for event in self.history.events
         )
+
+
+def run_from_file(path: Path) -> Run:
+    """The run a history JSON file holds (``turnkit history -o``, ``temporal workflow show --output json``), named by
+    the workflow id its first event records; a history without one (an older server) by the file's name."""
+    history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+    workflow_id = path.stem
+    if history.events:
+        workflow_id = history.events[0].workflow_execution_started_event_attributes.workflow_id or workflow_id
+    return Run(workflow_id, history.run_id, history)
 
 
 async def run_history(client: Client, workflow_id: str, run_id: str | None = None) -> Run:

@@ -4,8 +4,10 @@ The application module registers its agents and tools at import time (``turnkit.
 every process that submits turns must import the same definitions. The worker connects to the Temporal cluster of
 Temporal's envconfig (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS_*``, the
 profile in the config file; ``--address`` and ``--namespace`` win; ``127.0.0.1:7233`` when nothing is configured) and
-the store at ``$TURNKIT_DATABASE_URL``, and shuts down gracefully on SIGTERM or SIGINT: it stops polling, lets running
-activities finish (up to ``--grace`` seconds) and exits. Installed from the wheel, it is also ``turnkit worker``.
+the store at ``$TURNKIT_DATABASE_URL`` (``--database-url``), which a worker given a cluster must have: the default
+SQLite file under ``./.turnkit/`` is one no other process on that cluster would read. It shuts down gracefully on
+SIGTERM or SIGINT: it stops polling, lets running activities finish (up to ``--grace`` seconds) and exits. Installed
+from the wheel, it is also ``turnkit worker``.
 
 A tool with a task queue of its own (``@tool(task_queue="gpu")``) runs on a worker for that queue, on the box that can
 run it: ``python worker.py --app myapp.agents --queue gpu --only tools`` registers only the tool activity (no
@@ -23,18 +25,31 @@ import signal
 import sys
 from datetime import timedelta
 
-from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from turnkit._engine.tool_queues import tools_on_queue
-from turnkit._temporal.connection import add_connection_arguments, client_options_from_arguments
+from turnkit._temporal.connection import (
+    TemporalUnreachable,
+    add_connection_arguments,
+    client_options_from_arguments,
+    connect_client,
+    require_database_url,
+)
+from turnkit._temporal.logs import configure_logging, log_line
 from turnkit._temporal.process import exit_process
 from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit._temporal.tracing import add_tracing_argument
-from turnkit._temporal.worker_arguments import add_loop_argument, add_sandbox_argument, on_uvloop, run_on_loop
+from turnkit._temporal.worker_arguments import (
+    add_loop_argument,
+    add_observability_arguments,
+    add_sandbox_argument,
+    on_uvloop,
+    run_on_loop,
+)
 from turnkit.config import TASK_QUEUE, settings
 from turnkit.kernel.errors import ConfigError
+from turnkit.model_access import validate_models
 from turnkit.plugin import TurnKitPlugin
 from turnkit.store import Store
 
@@ -80,6 +95,18 @@ def add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_validate_models_argument(parser: argparse.ArgumentParser) -> None:
+    """``--validate-models``: check every agent's client and model before polling (:mod:`turnkit.model_access`)."""
+    parser.add_argument(
+        "--validate-models",
+        action="store_true",
+        default=None,
+        help="before polling, check every registered agent's API key and model with one cheap provider call each "
+        "(settings.validate_models); a missing key or unknown model stops the start. Agents defined with "
+        "validate=True are checked either way",
+    )
+
+
 def deployment_config(args: argparse.Namespace) -> WorkerDeploymentConfig | None:
     """The worker's Worker Versioning options, from ``--deployment`` and ``--build-id`` (both, or neither)."""
     name, build_id = getattr(args, "deployment", None), getattr(args, "build_id", None)
@@ -100,9 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", default=os.environ.get("TURNKIT_DATABASE_URL"))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds running activities get at shutdown")
     add_deployment_arguments(parser)
+    add_validate_models_argument(parser)
     add_tracing_argument(parser)
     add_sandbox_argument(parser)
     add_loop_argument(parser)
+    add_observability_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -111,15 +140,34 @@ async def run(args: argparse.Namespace) -> None:
     for module in args.app:
         importlib.import_module(module)
     options = client_options_from_arguments(args)
+    database_url = args.database_url
+    configured = "target_host" in options
+    if configured:  # a cluster was given: refused before the store creates anything on disk
+        database_url = require_database_url(database_url, options["target_host"])
     address = options.pop("target_host", DEFAULT_ADDRESS)
     tools_only = getattr(args, "only", None) == "tools"
     served = _served_tools(args.task_queue) if tools_only else ""
+    if not tools_only:  # a tools-only worker makes no model calls
+        await validate_models(every=getattr(args, "validate_models", None))
     deployment = deployment_config(args)
-    store = await Store.open(args.database_url)
+    store = await Store.open(database_url)
     try:
         sandbox = getattr(args, "sandbox", True)
-        plugin = TurnKitPlugin(store, tracing=args.tracing, tools_only=tools_only, sandbox=sandbox)
-        client = await Client.connect(address, **options, plugins=[plugin])
+        plugin = TurnKitPlugin(
+            store,
+            tracing=args.tracing,
+            tools_only=tools_only,
+            sandbox=sandbox,
+            metrics_port=getattr(args, "metrics_port", None),
+            metrics_bind=getattr(args, "metrics_bind", None),
+        )
+        try:
+            client = await connect_client(address, **options, plugins=[plugin])
+        except TemporalUnreachable as error:
+            if configured:
+                raise
+            hint = "nothing configured, so the local default: set TEMPORAL_ADDRESS, a profile, or pass --address"
+            raise TemporalUnreachable(f"{error} ({hint})") from error
         if settings.search_attributes:  # before polling: no workflow may start or upsert an unregistered attribute
             await require_search_attributes(client)
         worker = Worker(
@@ -138,10 +186,9 @@ async def run(args: argparse.Namespace) -> None:
             on_loop = " (uvloop)" if on_uvloop() else ""
             version = deployment.version if deployment else None
             build = f" (build {version.deployment_name}/{version.build_id})" if version else ""
-            print(
-                f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}{build}",
-                flush=True,
-            )
+            metrics = f" (metrics on port {args.metrics_port})" if getattr(args, "metrics_port", None) else ""
+            ready = f"worker ready: task queue {args.task_queue} on {address}{served}{on_loop}{unsandboxed}{build}"
+            print(log_line(ready + metrics), flush=True)  # a JSON line too when the logs are JSON
             await stop.wait()
             log.info("shutting down")
     finally:
@@ -162,13 +209,13 @@ def _served_tools(task_queue: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
-    logging.basicConfig(level=os.environ.get("TURNKIT_LOG_LEVEL", "INFO"))
     sys.path.insert(0, os.getcwd())  # so that --app finds the application's modules
     args = parse_args(argv)
+    configure_logging(args.log_format)
     try:
         client_options_from_arguments(args)  # a misspelt profile or config file: a usage error, not a traceback
         run_on_loop(run(args), args.loop)
-    except ConfigError as error:  # also missing search attributes: say what to do, without a traceback
+    except ConfigError as error:  # also missing search attributes, no store, no server: say what to do, in one line
         print(f"turnkit worker: {error}", file=sys.stderr, flush=True)
         exit_process(2)
     exit_process(0)

@@ -61,7 +61,9 @@ class ConfigError(Error):
 
 
 class ModelAccessError(ConfigError):
-    """A model client cannot reach the requested model (no model name, or the provider's API key is missing)."""
+    """A model client cannot reach the requested model: no model name, the provider's API key is missing, or (from
+    ``client.validate(model=...)``) the provider refused the key or does not know the model. The message names the
+    model."""
 
     qualified_name: ClassVar[str] = "TurnKit::ModelAccessError"
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from turnkit.kernel.records import TerminalTurnStatus, ToolExecutionStatus
 
 __all__ = [
+    "OUTPUT_PREVIEW_CHARS",
     "ActivityTarget",
     "AuditCall",
     "CallPolicy",
@@ -42,7 +43,25 @@ __all__ = [
     "TurnInput",
     "TurnOutcome",
     "TurnTicket",
+    "output_preview",
 ]
+
+#: The most characters of a turn's answer its workflow result carries (``TurnOutcome.output_preview``), so the Temporal
+#: UI and ``temporal workflow show`` say what the agent answered. The record keeps the whole answer; a payload carries
+#: ids and small results, never a transcript: 240 characters is a few lines of the UI's result pane, and however long
+#: the answer, the result and the model step that brings it stay far below Temporal's payload limits.
+OUTPUT_PREVIEW_CHARS = 240
+_ELLIPSIS = "…"
+
+
+def output_preview(text: str | None) -> str | None:
+    """The first :data:`OUTPUT_PREVIEW_CHARS` characters of ``text``, with ``…`` at the end when it was cut (None for
+    no text, or an empty one)."""
+    if not text:
+        return None
+    if len(text) <= OUTPUT_PREVIEW_CHARS:
+        return text
+    return text[: OUTPUT_PREVIEW_CHARS - len(_ELLIPSIS)] + _ELLIPSIS
 
 
 def _is_none(value: object) -> bool:
@@ -325,7 +344,8 @@ class EndTurn(BaseModel):
 
 
 class TurnOutcome(BaseModel):
-    """Result of a ``TurnWorkflow``: the terminal status; output and usage are in the store."""
+    """Result of a ``TurnWorkflow``: the terminal status and the start of the answer; the whole output and usage are
+    in the store."""
 
     turn_id: str
     status: TerminalTurnStatus
@@ -343,6 +363,9 @@ class TurnOutcome(BaseModel):
     #: ``turnkit.finish_turn`` with ``judge_apart`` committed one judge's answer of a terminal tool's answer and
     #: more remain: call it again; ``status`` means nothing then.
     judged: bool = Field(default=False, exclude_if=_is_empty)
+    #: The start of the answer of a ``completed`` turn (:func:`output_preview`), for the Temporal UI and ``temporal
+    #: workflow show``; the record has the whole of it.
+    output_preview: str | None = _omitted_none()
 
 
 class ToolCallRef(BaseModel):
@@ -427,6 +450,8 @@ class ModelStep(BaseModel):
     #: The turn's recorded error (``failed``).
     error_class: str | None = _omitted_none()
     error_message: str | None = _omitted_none()
+    #: The start of the published answer (``completed``: :func:`output_preview`), which the workflow's result carries.
+    output_preview: str | None = _omitted_none()
 
 
 class ToolCallInput(BaseModel):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -101,13 +101,14 @@ class ProviderClient(Generic[_SDK, _Answer]):
         ``settings.stream_model_calls``), it is made with the provider's streaming API: the text and thinking deltas go
         to the sink as they arrive, and the result is built from the complete response the stream ends with, so it is
         the one the same call without streaming returns. A stream that ends before that response (a cut connection) is a
-        :class:`TransientModelError`: the model activity retries the call.
+        :class:`TransientModelError`: the model activity retries the call. A client without a streaming path answers
+        as without a sink.
         """
-        model = resolve_model(self.model, request.model)
+        model = self._api_model(resolve_model(self.model, request.model))
         sdk = self.sdk
         params = self.request_params(request, model)
         sink = current_sink()
-        async with translated_errors(self.errors):
+        async with self._errors():
             answer = await self._send(sdk, params) if sink is None else await self._stream(sdk, params, sink)
         if answer is None:
             raise TransientModelError(f"{type(self).__name__}: the stream ended before the response was complete")
@@ -130,14 +131,50 @@ class ProviderClient(Generic[_SDK, _Answer]):
         """Generate an image (behaviour §3.6); providers without an image API raise :class:`ConfigError`."""
         raise ConfigError(f"{type(self).__name__} cannot paint: {self.provider} has no image generation API")
 
+    async def validate(self, *, model: str) -> None:
+        """Check, with one cheap call that uses no tokens, that this client can call ``model``: the API key is there
+        and the provider knows the model (``turnkit worker --validate-models``, ``Agent(validate=True)``).
+
+        Raises:
+            ModelAccessError: No model; no API key (no call is made); or the provider refused the key or the model
+                (any answer that is not worth retrying). The message names the model.
+            TransientModelError: No answer, or a 429 / 5xx answer.
+        """
+        name = self._api_model(resolve_model(self.model, model))
+        missing = self._missing_key() if self._client is None else None
+        if missing:
+            raise ModelAccessError(f"{missing} is required for {name}")
+        sdk = self.sdk
+        try:
+            async with self._errors():
+                await self._lookup(sdk, name)
+        except ModelError as err:
+            raise ModelAccessError(f"model {name} is not available: {err}") from err
+
+    def _missing_key(self) -> str | None:
+        """The environment variable to set when the client has no API key, else None."""
+        return None
+
+    def _api_model(self, model: str) -> str:
+        """The model as the provider's API names it."""
+        return model
+
+    async def _lookup(self, sdk: _SDK, model: str) -> None:
+        """The cheap call of :meth:`validate`: it raises the SDK's error when the model is not available."""
+        raise NotImplementedError
+
+    def _errors(self) -> AbstractAsyncContextManager[None]:
+        """The context that translates the SDK's errors into TurnKit's."""
+        return translated_errors(self.errors)
+
     async def _send(self, sdk: _SDK, params: dict[str, Any]) -> _Answer:
         """The one SDK call."""
         raise NotImplementedError
 
     async def _stream(self, sdk: _SDK, params: dict[str, Any], sink: DeltaSink) -> _Answer | None:
         """The one SDK call, streamed: deltas to ``sink``; the complete answer, or None when the stream ended
-        without it."""
-        raise NotImplementedError
+        without it. By default the call is made without streaming (a provider client that has no streaming path)."""
+        return await self._send(sdk, params)
 
     def _result(self, answer: _Answer, request: ModelRequest, model: str) -> Result:
         """The answer as a :class:`Result` (raises :class:`ModelError` for an answer that is not usable)."""
@@ -408,19 +445,31 @@ class MediaInputPart:
     filename: str | None
 
 
-def media_inputs(message: Mapping[str, Any], provider: str) -> list[MediaInputPart]:
+def media_inputs(
+    message: Mapping[str, Any],
+    provider: str,
+    *,
+    kinds: Collection[str] = ("image", "document"),
+    instead: str = "",
+) -> list[MediaInputPart]:
     """The media of a projected user message (``message["media"]``, completed with ``data`` by the model activity).
 
+    Args:
+        message: The projected message.
+        provider: Names the API in the refusal.
+        kinds: The media kinds the API takes (``image``, ``document``, ``audio``, ``video``).
+        instead: Appended to the refusal: where such media can go instead.
+
     Raises:
-        ConfigError: An item has no bytes (a request built without them, such as a preview), or is audio or video,
-            which ``provider`` does not take as input.
+        ConfigError: An item has no bytes (a request built without them, such as a preview), or is of a kind
+            ``provider`` does not take as input (the message names its type).
     """
     parts: list[MediaInputPart] = []
     for ref in message.get("media") or ():
         mime_type = str(ref.get("mime_type") or "")
         kind = str(ref.get("kind") or "")
-        if kind not in ("image", "document"):
-            raise ConfigError(f"{provider} does not accept {mime_type or kind} media as input")
+        if kind not in kinds:
+            raise ConfigError(f"{provider} does not accept {mime_type or kind} media as input{instead}")
         data = ref.get("data")
         if not data:
             raise ConfigError(f"media {ref.get('media_id')} has no data: only the model activity can send it")

@@ -113,6 +113,13 @@ class AnthropicClient(ProviderClient[anthropic.AsyncAnthropic, Message]):
         credentials = {"api_key": api_key} if api_key else {}
         return anthropic.AsyncAnthropic(**credentials, **self._sdk_options)
 
+    def _missing_key(self) -> str | None:
+        present = self._api_key or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+        return None if present else "ANTHROPIC_API_KEY"
+
+    async def _lookup(self, sdk: anthropic.AsyncAnthropic, model: str) -> None:
+        await sdk.models.retrieve(model)
+
     async def _send(self, sdk: anthropic.AsyncAnthropic, params: dict[str, Any]) -> Message:
         return await sdk.messages.create(**params)
 

@@ -7,7 +7,9 @@ replayed as their raw ``output`` items, which keeps reasoning items and call ids
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -103,6 +105,12 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
         except openai.OpenAIError as err:  # no api_key and no OPENAI_API_KEY
             raise ModelAccessError(f"{type(err).__name__}: {err}") from err
 
+    def _missing_key(self) -> str | None:
+        return None if self._sdk_options.get("api_key") or os.environ.get("OPENAI_API_KEY") else "OPENAI_API_KEY"
+
+    async def _lookup(self, sdk: openai.AsyncOpenAI, model: str) -> None:
+        await sdk.models.retrieve(model)
+
     async def _send(self, sdk: openai.AsyncOpenAI, params: dict[str, Any]) -> Response:
         return await sdk.responses.create(**params)
 
@@ -142,21 +150,24 @@ class OpenAIClient(ProviderClient[openai.AsyncOpenAI, Response]):
         )
 
     async def paint(self, request: PaintRequest) -> Result:
-        """Generate one image with ``images.generate`` (behaviour §3.6): an ``image`` part with the base64 ``data``
-        (or the ``url`` the API answered with), the revised prompt, and the call's usage.
+        """Generate one image (behaviour §3.6): with ``images.generate`` from the prompt alone, or with
+        ``images.edit`` when ``input_images`` (reference images, the first one edited) or a ``mask`` (its transparent
+        area is what changes) are given. Returns an ``image`` part with the base64 ``data`` (or the ``url`` the API
+        answered with), the revised prompt, and the call's usage.
 
         Raises:
-            ConfigError: ``input_images`` or ``mask`` were given (edits are not supported yet).
+            ConfigError: A ``mask`` without ``input_images`` (a mask applies to the image it edits).
             ModelError: The provider refused the request (see :meth:`chat` for the other errors).
         """
-        if request.input_images or request.mask:
-            raise ConfigError(
-                "OpenAIClient.paint generates from a prompt only: input_images and mask are not supported"
-            )
+        if request.mask is not None and not request.input_images:
+            raise ConfigError("OpenAIClient.paint: a mask needs the image it edits; give input_images too")
         params = image_params(request)
         sdk = self.sdk
         async with translated_errors(self.errors):
-            answer = await sdk.images.generate(**params)
+            if request.input_images:
+                answer = await sdk.images.edit(**params, **edit_files(request))
+            else:
+                answer = await sdk.images.generate(**params)
         return image_result(answer.to_dict(mode="json"), model=params["model"])
 
     def request_params(self, request: ModelRequest, model: str) -> dict[str, Any]:
@@ -224,7 +235,10 @@ def user_content(text: str, message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A user message with media as Responses content parts: the text (``input_text``), then each image as an
     ``input_image`` data URL and each document as an ``input_file``."""
     content: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
-    for media in media_inputs(message, "OpenAI"):
+    # The Responses API takes no audio or video in a message; OpenAI's audio models take audio through Chat
+    # Completions, which OpenAICompatibleClient speaks.
+    instead = ": for audio, use OpenAICompatibleClient(base_url='https://api.openai.com/v1') with an audio model"
+    for media in media_inputs(message, "OpenAI's Responses API", instead=instead):
         url = f"data:{media.mime_type};base64,{media.data}"
         if media.kind == "image":
             content.append({"type": "input_image", "image_url": url, "detail": "auto"})
@@ -234,12 +248,31 @@ def user_content(text: str, message: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def image_params(request: PaintRequest) -> dict[str, Any]:
-    """The ``images.generate`` arguments for a paint request: its params, then model, prompt, size and ``n=1``."""
+    """The ``images.generate`` / ``images.edit`` arguments for a paint request other than its files: its params, then
+    model, prompt, size and ``n=1``."""
     params: dict[str, Any] = {**request.params, "model": resolve_model(None, request.model), "prompt": request.prompt}
     if request.size:
         params["size"] = request.size
     params["n"] = 1
     return params
+
+
+def edit_files(request: PaintRequest) -> dict[str, Any]:
+    """The ``images.edit`` files of a paint request: ``image`` (one file, or a list when there are several reference
+    images, which only the GPT image models take) and the optional ``mask``, each ``(filename, bytes, mime_type)``."""
+    images = [_upload(each, f"image-{index}") for index, each in enumerate(request.input_images, start=1)]
+    files: dict[str, Any] = {"image": images[0] if len(images) == 1 else images}
+    if request.mask is not None:
+        files["mask"] = _upload(request.mask, "mask")
+    return files
+
+
+def _upload(reference: Mapping[str, Any], stem: str) -> tuple[str, bytes, str]:
+    """A media reference with base64 ``data`` as a multipart file: its name (the stored filename, else ``stem`` with
+    the type's extension, which the API uses to tell the format), its bytes and its type."""
+    mime_type = str(reference.get("mime_type") or "image/png")
+    filename = reference.get("filename") or f"{stem}.{mime_type.rsplit('/', 1)[-1]}"
+    return str(filename), base64.b64decode(reference["data"]), mime_type
 
 
 def image_result(answer: Mapping[str, Any], *, model: str) -> Result:

@@ -83,7 +83,8 @@ def librarian(
         repository: ``owner/name``.
         model: The model (required).
         github_client: The HTTP call, ``(url, headers) -> (status, json)``; default :class:`HttpxGitHubClient`.
-        token: A GitHub token, sent as a bearer token to ``api.github.com`` only.
+        token: A GitHub token, sent as a bearer token to ``api.github.com`` only; by default ``GITHUB_TOKEN`` from
+            the environment of the worker that makes the call, and ``""`` sends none.
         tools: More tools, each read-only.
         client: Model client; falls back to ``settings.client``.
         instructions: Replaces :data:`LIBRARIAN_INSTRUCTIONS`.

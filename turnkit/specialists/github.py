@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import inspect
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Literal
@@ -20,9 +21,18 @@ from turnkit.kernel.errors import ToolError, ToolValidationError
 from turnkit.specialists.read_only import ReadOnlyTool
 from turnkit.tools import ToolContext
 
-__all__ = ["GITHUB_API", "OPERATIONS", "GitHubClient", "GitHubRepositoryReadTool", "HttpxGitHubClient"]
+__all__ = [
+    "GITHUB_API",
+    "GITHUB_TOKEN_VARIABLE",
+    "OPERATIONS",
+    "GitHubClient",
+    "GitHubRepositoryReadTool",
+    "HttpxGitHubClient",
+]
 
 GITHUB_API: Final = "https://api.github.com"
+#: The environment variable a tool without its own ``token`` reads its GitHub token from (as the seed does).
+GITHUB_TOKEN_VARIABLE: Final = "GITHUB_TOKEN"
 OPERATIONS: Final = ("repository", "file", "history", "diff", "issues", "issue", "comments")
 _REPOSITORY_RE: Final = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
@@ -70,7 +80,8 @@ class GitHubRepositoryReadTool(ReadOnlyTool):
         state: Literal["open", "closed", "all"] = Field(default="open", description="issues: which ones.")
 
     def __init__(self, repository: str, *, github_client: GitHubClient | None = None, token: str | None = None) -> None:
-        """Scope the tool to ``repository`` (``owner/name``).
+        """Scope the tool to ``repository`` (``owner/name``). Without ``token``, each call sends ``GITHUB_TOKEN`` from
+        the environment when it is set; ``token=""`` sends none.
 
         Raises:
             ValueError: ``repository`` is not ``owner/name``.
@@ -135,8 +146,10 @@ class GitHubRepositoryReadTool(ReadOnlyTool):
         if parts.scheme != "https" or parts.hostname != "api.github.com" or ".." in parts.path.split("/"):
             raise ToolError(f"refusing to request {url}: only https://api.github.com is allowed")
         headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        # Read when the call is made, in the worker that runs it: the secret lives in the worker's environment.
+        token = self.token if self.token is not None else os.environ.get(GITHUB_TOKEN_VARIABLE)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         answer = self.github_client(url, headers)
         status, body = await answer if inspect.isawaitable(answer) else answer
         if 300 <= status < 400:

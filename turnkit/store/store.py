@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from types import SimpleNamespace
-from typing import Any, Final, Literal, TypeVar, Unpack, cast, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, Unpack, cast, overload
 
 from sqlalchemy import (
     Select,
@@ -57,7 +57,6 @@ from turnkit.kernel.records import (
 from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.direct import DirectStatements
 from turnkit.store.engine import sqlite_file, store_engine
-from turnkit.store.postgres_direct import DRIVER_TRANSACTION, DirectConnection, prepared_statements_kept
 from turnkit.store.rows import (
     TOOL_EXECUTION_UPDATE_FIELDS,
     NewMessage,
@@ -117,9 +116,13 @@ CONVERSATIONS_KEPT: Final = 10_000
 _ZERO: Final = Decimal(0)
 _Row = TypeVar("_Row")
 
+if TYPE_CHECKING:
+    # asyncpg (the `postgres` extra) is imported by a store on PostgreSQL only: SQLite needs no PostgreSQL driver.
+    from turnkit.store.postgres_direct import DirectConnection
+
 #: A store transaction's connection: inline on a SQLite file, direct on PostgreSQL, else a Core connection of the async
 #: engine.
-StoreConnection = InlineConnection | DirectConnection | AsyncConnection
+StoreConnection: TypeAlias = "InlineConnection | DirectConnection | AsyncConnection"
 
 
 # The transaction of the current task, so that nested ``atomic()`` calls join it (behaviour §2.9: re-entrant).
@@ -262,14 +265,20 @@ class Store:
         #: PostgreSQL (unless ``direct=False``): the store's prebuilt statements, compiled once and sent straight to
         #: asyncpg (``turnkit/store/direct.py``, ``postgres_direct.py``). The inline SQLite path has its own.
         self.direct = DirectStatements(engine.dialect) if postgresql and direct and not engine.echo else None
-        self._prepared_kept = prepared_statements_kept(engine.url) if self.direct is not None else 0
+        self._prepared_kept = 0
+        #: The direct path's connection class (:class:`~turnkit.store.postgres_direct.DirectConnection`), imported here:
+        #: it needs asyncpg, which a store on SQLite does without (the `postgres` extra).
+        self._direct_connection: type[DirectConnection] | None = None
         #: The direct path's transactions: the same pool, its connections in autocommit for SQLAlchemy, whose BEGIN,
         #: COMMIT and ROLLBACK :class:`DirectConnection` sends to asyncpg itself (``turnkit/store/postgres_direct.py``).
-        self._transactions = (
-            engine.execution_options(isolation_level="AUTOCOMMIT", **{DRIVER_TRANSACTION: True})
-            if self.direct is not None
-            else None
-        )
+        self._transactions = None
+        if self.direct is not None:
+            from turnkit.store import postgres_direct
+
+            self._direct_connection = postgres_direct.DirectConnection
+            self._prepared_kept = postgres_direct.prepared_statements_kept(engine.url)
+            options = {postgres_direct.DRIVER_TRANSACTION: True}
+            self._transactions = engine.execution_options(isolation_level="AUTOCOMMIT", **options)
         #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
@@ -385,9 +394,9 @@ class Store:
             async with self.engine.connect() as connection, connection.begin():
                 yield connection
             return
-        assert self._transactions is not None
+        assert self._transactions is not None and self._direct_connection is not None
         async with self._transactions.connect() as connection:
-            direct = DirectConnection(connection, self.direct, self._prepared_kept)
+            direct = self._direct_connection(connection, self.direct, self._prepared_kept)
             direct.begin()
             try:
                 yield direct
@@ -399,7 +408,9 @@ class Store:
     def direct_connection(self, connection: AsyncConnection) -> DirectConnection | AsyncConnection:
         """``connection`` (in autocommit) with the store's prebuilt statements sent straight to asyncpg, on PostgreSQL
         (``turnkit/store/postgres_direct.py``); else ``connection`` itself."""
-        return connection if self.direct is None else DirectConnection(connection, self.direct, self._prepared_kept)
+        if self.direct is None or self._direct_connection is None:
+            return connection
+        return self._direct_connection(connection, self.direct, self._prepared_kept)
 
     @asynccontextmanager
     async def reads(self) -> AsyncGenerator[StoreTx, None]:
