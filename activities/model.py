@@ -63,7 +63,7 @@ from turnkit._temporal.tracing import model_call_span
 from turnkit.agent import Agent, resolve_agent
 from turnkit.config import settings
 from turnkit.cost import Cost, cost_from_usage
-from turnkit.events import announce, announce_message, emit, listening
+from turnkit.events import announce, announce_message, client_events_for, emit, listening
 from turnkit.kernel.activities import ModelCalls, implements
 from turnkit.kernel.errors import (
     BudgetError,
@@ -181,7 +181,7 @@ class ModelActivities(ModelCalls):
         with model_call_span(turn, request.model) as traced:  # the span `chat {model}` when tracing is on
             try:
                 async with heartbeating(), publisher or nullcontext():
-                    with streaming_to(publisher):
+                    with streaming_to(publisher), client_events_for(turn.id, turn.conversation_id, self.store):
                         result = await client.chat(sent)
             except (ModelError, ConfigError, TransientModelError) as err:
                 raise _provider_failure(err) from err

@@ -476,3 +476,41 @@ async def test_on_event_that_is_not_callable_is_refused_before_anything_is_writt
     with pytest.raises(turnkit.InputError, match="on_event must be a callable"):
         await tk.run(turnkit.Agent("fine2", model="scripted"), "t", on_event=42)
     assert [t for t in await tk.store.list_turns() if t.agent_name == "fine2"] == []
+
+
+class CachingClient:
+    """A model client of an application's own that reports its cache hits as events while it answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def chat(self, request: turnkit.ModelRequest) -> turnkit.Result:
+        self.calls += 1
+        await turnkit.client_event("cache.hit", key=f"prompt-{self.calls}", saved_tokens=120)
+        return turnkit.Result.build(text="from the cache")
+
+
+async def test_a_client_emits_events_that_reach_the_turns_callback_with_its_ids(tk: TurnKit) -> None:
+    """Behaviour §3.6 (the client's ``on_event``) and §3.11 "plus any events the client emits": an event a model
+    client emits while it answers reaches the agent's callback with the turn's and conversation's ids, between
+    ``model.requested`` and ``model.completed``; outside a turn's call it goes nowhere; a bad type or payload is an
+    ``InputError``."""
+    events: list[turnkit.Event] = []
+    client = CachingClient()
+    agent = turnkit.Agent("cached", model="scripted", client=client, on_event=events.append)
+    conversation = await tk.conversation(agent)
+    turn = await conversation.ask("hello")
+
+    assert turn.status == "completed" and turn.output_text == "from the cache", turn.error
+    [hit] = [e for e in events if e.type == "cache.hit"]
+    assert (hit.turn_id, hit.conversation_id) == (turn.id, conversation.id)
+    assert hit.payload == {"key": "prompt-1", "saved_tokens": 120}
+    types = [e.type for e in events]
+    assert types.index("model.requested") < types.index("cache.hit") < types.index("model.completed")
+
+    outside = await client.chat(turnkit.ModelRequest(model="scripted"))  # no turn: the event goes nowhere
+    assert outside.text == "from the cache" and len([e for e in events if e.type == "cache.hit"]) == 1
+    with pytest.raises(turnkit.InputError, match="an event type must be a non-empty string"):
+        await turnkit.client_event("")
+    with pytest.raises(turnkit.InputError, match=r"event cache\.hit has a payload that is not JSON"):
+        await turnkit.client_event("cache.hit", key=object())

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from turnkit.agent import Agent, register
     from turnkit.config import configure
     from turnkit.cost import Cost
-    from turnkit.events import Event
+    from turnkit.events import Event, client_event
     from turnkit.handles import Conversation, Turn
     from turnkit.kernel.errors import (
         AuthorizationError,
@@ -89,6 +89,7 @@ _EXPORTS: dict[str, str | None] = {
     "configure": "turnkit.config",
     "Cost": "turnkit.cost",
     "Event": "turnkit.events",
+    "client_event": "turnkit.events",
     "Conversation": "turnkit.handles",
     "Turn": "turnkit.handles",
     **dict.fromkeys(
@@ -226,6 +227,7 @@ __all__ = [
     "WaitRecord",
     "activity_tool",
     "check_output_policy",
+    "client_event",
     "configure",
     "connect",
     "paint",

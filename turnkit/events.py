@@ -24,8 +24,12 @@ worker's event loop. A callback that raises is logged and ignored: the write it 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
+from collections.abc import Generator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -42,6 +46,8 @@ __all__ = [
     "announce",
     "announce_message",
     "check_on_event",
+    "client_event",
+    "client_events_for",
     "emit",
     "listening",
     "logger",
@@ -169,6 +175,44 @@ async def emit(type: str, turn_id: str, conversation_id: str, *, store: Store | 
             await call_application(each, event)
         except Exception as err:
             logger.warning("an on_event callback raised on %s for turn %s; ignored", type, turn_id, exc_info=err)
+
+
+#: The turn whose model call runs in this task, for :func:`client_event`: (turn id, conversation id, store).
+_calling_for: ContextVar[tuple[str, str, Store | None] | None] = ContextVar("turnkit_client_events", default=None)
+
+
+@contextmanager
+def client_events_for(turn_id: str, conversation_id: str, store: Store | None) -> Generator[None]:
+    """Inside the block (a model client's call for this turn), :func:`client_event` reaches the turn's callbacks."""
+    token = _calling_for.set((turn_id, conversation_id, store))
+    try:
+        yield
+    finally:
+        _calling_for.reset(token)
+
+
+async def client_event(type: str, **payload: Any) -> None:
+    """Emit an event from inside a model client's call (the gem's client ``on_event``, behaviour §3.6): it is sent
+    with the turn's ids to the callback the turn's own events go to (the turn's, its agent's, else
+    ``settings.on_event``; see the module docstring), after what the call has committed so far. A custom
+    :class:`~turnkit.model.Client` calls it while it answers (say, ``await turnkit.client_event("cache.hit",
+    key=...)``). Outside a turn's model call (a standalone ``turnkit.paint``, a test calling the client directly) it
+    does nothing. Like every event, it is an observation, not a record: a retried call may send it again.
+
+    Raises:
+        InputError: ``type`` is not a non-empty string, or a payload value is not JSON-compatible.
+    """
+    if not isinstance(type, str) or not type.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InputError(f"an event type must be a non-empty string, not {type!r}")
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"event {type} has a payload that is not JSON: {err}") from err
+    target = _calling_for.get()
+    if target is None:
+        return
+    turn_id, conversation_id, store = target
+    await emit(type, turn_id, conversation_id, store=store, **payload)
 
 
 def announce(tx: StoreTx, type: str, turn_id: str, conversation_id: str, **payload: Any) -> None:
