@@ -36,13 +36,16 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Final, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Final, Literal, Protocol, cast
 
-import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from turnkit.store.store import Store
+
+if TYPE_CHECKING:
+    # Only for annotations: asyncpg is the `postgres` extra's, and a SQLite store must import without it.
+    import asyncpg
 
 __all__ = [
     "CHANNEL_PREFIX",
