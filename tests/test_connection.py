@@ -220,8 +220,26 @@ def test_a_worker_given_a_cluster_refuses_to_run_without_a_store(tmp_path: Path,
         [line] = done.stderr.splitlines()
         verb = how if how in (*OPERATOR, "ask") else "worker"
         assert line.startswith(f"turnkit {verb}: no store given for the Temporal cluster at {temporal_address}: ")
-        assert "set TURNKIT_DATABASE_URL (or --database-url)" in line, line
+        assert "set TURNKIT_DATABASE_URL (or --database-url" in line, line
         assert not (tmp_path / ".turnkit").exists(), how
+
+
+async def test_connect_to_a_cluster_without_a_store_refuses_before_opening_anything(
+    tmp_path: Path, temporal_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38, where every caller meets it: ``turnkit.connect()`` given a cluster (argument or ``TEMPORAL_ADDRESS``)
+    and no store raises a ``ConfigError`` naming ``TURNKIT_DATABASE_URL`` before it opens or creates anything; the
+    CLI's ``ask`` and operator verbs are refused by this same check (test above)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TURNKIT_DATABASE_URL", raising=False)
+    with pytest.raises(ConfigError, match=r"no store given for the Temporal cluster at .*set TURNKIT_DATABASE_URL"):
+        async with turnkit.connect(temporal_address=temporal_address):
+            pass
+    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_address)
+    with pytest.raises(ConfigError, match=r"or connect\(database_url=\)"):
+        async with turnkit.connect():
+            pass
+    assert not (tmp_path / ".turnkit").exists()
 
 
 def test_an_unreachable_server_is_one_line_naming_its_address(tmp_path: Path) -> None:

@@ -133,10 +133,8 @@ def _connect(args: argparse.Namespace) -> AbstractAsyncContextManager[TurnKit]:
         ConfigError: No store is given: checking or repairing the embedded default's SQLite file against a cluster
             would report on a store that cluster never wrote (nothing is created).
     """
-    from turnkit._temporal.connection import require_database_url
     from turnkit.runtime import connect
 
-    require_database_url(args.database_url, client_options_from_arguments(args)["target_host"])
     return connect(
         temporal_address=args.address,
         namespace=args.namespace,
@@ -312,7 +310,6 @@ async def _events(args: argparse.Namespace) -> int:
 
 async def _ask(args: argparse.Namespace) -> int:
     from turnkit._ops.ask import ask_turn
-    from turnkit._temporal.connection import require_database_url
     from turnkit.agent import registered_agents, resolve_agent
     from turnkit.runtime import connect
 
@@ -330,11 +327,8 @@ async def _ask(args: argparse.Namespace) -> int:
     if not args.verbose:  # a failed model call or tool is reported by the turn; the SDK's tracebacks are noise here
         logging.getLogger("temporalio").setLevel(logging.CRITICAL)
     # Nothing configured: connect() starts the embedded dev server, and nobody else can be polling it.
-    target = client_options_from_arguments(args).get("target_host")
-    embedded = target is None
+    embedded = "target_host" not in client_options_from_arguments(args)
     try:
-        if target is not None:  # a cluster's turns are in its store: the local default would hold a stray copy
-            require_database_url(args.database_url, target)
         async with connect(
             temporal_address=args.address,
             namespace=args.namespace,

@@ -30,7 +30,7 @@ from turnkit._ops.check import Finding
 from turnkit._ops.check import check as check_invariants
 from turnkit._ops.repair import Repair
 from turnkit._ops.repair import repair as repair_invariants
-from turnkit._temporal.connection import client_options, connect_client
+from turnkit._temporal.connection import client_options, connect_client, require_database_url
 from turnkit._temporal.devserver import EmbeddedDevServer, stop_on_signals
 from turnkit._temporal.search_attributes import require_search_attributes
 from turnkit.agent import Agent, register
@@ -258,9 +258,10 @@ async def connect(
     Raises:
         ConfigError: ``settings`` names an unknown setting or a value ``configure`` refuses, or ``metrics_port`` is no
             port number (nothing is opened); the metrics endpoint cannot listen there; no address is configured and
-            the ``embedded`` extra is not installed (nothing is opened); a TLS file the settings name is missing; no
-            server answers at the address (a ``TemporalUnreachable``, which is also the ``RuntimeError`` the SDK
-            raises).
+            the ``embedded`` extra is not installed (nothing is opened); a cluster is configured but no store
+            (``database_url`` or ``$TURNKIT_DATABASE_URL``; nothing is opened); a TLS file the settings name is
+            missing; no server answers at the address (a ``TemporalUnreachable``, which is also the
+            ``RuntimeError`` the SDK raises).
     """
     overrides = settings_overrides(settings or {})
     options: dict[str, Any] = client_options(
@@ -268,9 +269,12 @@ async def connect(
     )
     address: str | None = options.pop("target_host", None)
     namespace = str(options["namespace"])
+    database_url = database_url or os.environ.get("TURNKIT_DATABASE_URL")
+    if address:  # a cluster's turns are in its store: the local default would be a store nobody else reads
+        database_url = require_database_url(database_url, address, option="--database-url, or connect(database_url=)")
     # Before the store: without the dev server's binary, nothing is created under ./.turnkit/.
     binary = None if address else temporal_binary()
-    store = await Store.open(database_url or os.environ.get("TURNKIT_DATABASE_URL"))
+    store = await Store.open(database_url)
     try:
         plugin = TurnKitPlugin(
             store,
