@@ -274,30 +274,38 @@ class Subscription:
         await self.transport.unsubscribe(self, self.channels)
 
 
-class LocalTransport:
-    """In-process fan-out (the SQLite store): a publish hands each message to this process's subscriptions."""
-
-    cross_process = False
+class _Subscribers:
+    """What both transports keep: this process's subscriptions by channel, and their fan-out."""
 
     def __init__(self) -> None:
         self._subscribers: dict[str, set[Subscription]] = {}
-
-    async def publish(self, messages: Sequence[LiveMessage]) -> None:
-        """Queue each message for this process's subscribers of its conversation."""
-        for message in messages:
-            for channel in message.channels():
-                for subscription in tuple(self._subscribers.get(channel, ())):
-                    subscription.deliver(message)
 
     def subscribed(self, conversation_id: str) -> bool:
         """See :meth:`Transport.subscribed`."""
         return bool(self._subscribers.get(channel_of(conversation_id)))
 
     async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
-        """A subscription to these conversations' messages published in this process."""
-        subscription = Subscription(self)
+        """A subscription to these conversations' messages (from this process, or from every process when the
+        transport is ``cross_process``)."""
+        subscription = Subscription(cast("Transport", self))
         await subscription.add(conversation_ids)
         return subscription
+
+    def _deliver(self, channel: str, message: LiveMessage) -> None:
+        for subscription in tuple(self._subscribers.get(channel, ())):
+            subscription.deliver(message)
+
+
+class LocalTransport(_Subscribers):
+    """In-process fan-out (the SQLite store): a publish hands each message to this process's subscriptions."""
+
+    cross_process = False
+
+    async def publish(self, messages: Sequence[LiveMessage]) -> None:
+        """Queue each message for this process's subscribers of its conversation."""
+        for message in messages:
+            for channel in message.channels():
+                self._deliver(channel, message)
 
     async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
         """See :meth:`Transport.listen`."""
@@ -320,16 +328,16 @@ _NOTIFY: Final = text(
 )
 
 
-class PostgresTransport:
+class PostgresTransport(_Subscribers):
     """``NOTIFY``/``LISTEN`` through the store's PostgreSQL database (see the module docstring)."""
 
     cross_process = True
 
     def __init__(self, store: Store) -> None:
+        super().__init__()
         self.store = store
         # Autocommit: each batch of notifications is sent at once, with no BEGIN and COMMIT around it.
         self._engine = store.engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._subscribers: dict[str, set[Subscription]] = {}
         self._lock = asyncio.Lock()  # LISTEN and UNLISTEN run one at a time on the listener's connection
         self._connection: AsyncConnection | None = None
         self._driver: asyncpg.Connection | None = None
@@ -343,16 +351,6 @@ class PostgresTransport:
         payloads = [payload for _, payload in pairs]
         async with self._engine.connect() as connection:
             await connection.execute(_NOTIFY, {"channels": channels, "payloads": payloads})
-
-    def subscribed(self, conversation_id: str) -> bool:
-        """See :meth:`Transport.subscribed`."""
-        return bool(self._subscribers.get(channel_of(conversation_id)))
-
-    async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
-        """A subscription to these conversations' messages from every process."""
-        subscription = Subscription(self)
-        await subscription.add(conversation_ids)
-        return subscription
 
     async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
         """See :meth:`Transport.listen`."""
@@ -405,10 +403,8 @@ class PostgresTransport:
 
     def _received(self, _connection: object, _pid: int, channel: str, payload: str) -> None:
         message = LiveMessage.parse(payload)
-        if message is None:
-            return
-        for subscription in tuple(self._subscribers.get(channel, ())):
-            subscription.deliver(message)
+        if message is not None:
+            self._deliver(channel, message)
 
     def _terminated(self, _connection: object) -> None:
         # The listener's connection ended (a restart, a network cut): its subscriptions get nothing more live.
