@@ -4,6 +4,7 @@ with the committed events (tool calls, sub-agents, the turn's end), and the stor
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from turnkit._engine.turn_stream import LiveCalls
 from turnkit.model import ModelRequest
 from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.runtime import TurnKit
-from turnkit.store.live import LiveMessage, transport_for
+from turnkit.store.live import PRESENCE_CHANNEL, LiveMessage, PostgresTransport, Subscription, channel_of, transport_for
 from turnkit.store.store import Store
 from turnkit.streaming import TurnStreamEvent, streaming_to
 from turnkit.testing import ScriptedClient, call_tools
@@ -324,3 +325,64 @@ async def test_show_html_follow_rewrites_the_timeline_until_the_run_ends(
     final = page.read_text()
     assert "http-equiv" not in final and turn.id in final and "slow" in final
     assert (await tk.store.load_turn(turn.id)).status == "completed"
+
+
+@postgres_only
+async def test_only_conversations_someone_watches_cost_a_notify(store: Store, database_url: str) -> None:
+    """PostgreSQL: a publisher sends a conversation's live messages only while some process announced that it watches
+    it: one that subscribed before the publisher began (it answers the publisher's roll call), one that subscribed
+    after; a conversation nobody watches costs no NOTIFY, and an announcement that is not renewed expires."""
+    import asyncpg
+
+    watcher_store = await Store.open(database_url, migrate=False)
+    publisher = transport_for(store)
+    assert isinstance(publisher, PostgresTransport)
+    publisher.warmup = 0  # believe presence from the first publish on (the default sends all for its first seconds)
+    watcher = transport_for(watcher_store)
+    raw_url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    outsider = await asyncpg.connect(raw_url)  # listens without announcing itself: it sees what is sent
+    heard: list[tuple[str, str]] = []
+    for conversation in ("conv_early", "conv_late", "conv_nobody"):
+        await outsider.add_listener(channel_of(conversation), lambda _c, _p, ch, payload: heard.append((ch, payload)))
+    early = await watcher.subscribe(["conv_early"])
+    late: Subscription | None = None
+    try:
+        assert await publisher.publish([LiveMessage("text", "conv_nobody", text="warm")]) == 0
+        await eventually(
+            lambda: _true(publisher.watched("conv_early")), what="the roll call answered", timeout=5
+        )  # before any periodic announcement
+        late = await watcher.subscribe(["conv_late"])
+        await eventually(lambda: _true(publisher.watched("conv_late")), what="the late watcher announced")
+        assert not publisher.watched("conv_nobody")
+
+        skipped = publisher.skipped
+        sent = await publisher.publish(
+            [LiveMessage("text", c, text=c) for c in ("conv_nobody", "conv_early", "conv_nobody", "conv_late")]
+        )
+        assert sent == 2 and publisher.skipped == skipped + 2
+        assert [m.text for m in [await early.get(timeout=10), await late.get(timeout=10)] if m] == [
+            "conv_early",
+            "conv_late",
+        ]
+        await eventually(lambda: _true(len(heard) >= 2), what="the outsider heard the watched messages")
+        # Commit order: a NOTIFY to conv_nobody, sent before them, would have arrived first.
+        assert [LiveMessage.parse(p).text for _, p in heard if LiveMessage.parse(p)] == ["conv_early", "conv_late"]
+
+        await early.close()
+        await eventually(lambda: _true(not publisher.watched("conv_early")), what="the unwatch heard")
+        assert publisher.watched("conv_late")
+
+        stale = {"op": "watch", "watcher": "gone", "channels": [channel_of("conv_stale")], "ttl": 0.5}
+        await outsider.execute("SELECT pg_notify($1, $2)", PRESENCE_CHANNEL, json.dumps(stale))
+        await eventually(lambda: _true(publisher.watched("conv_stale")), what="the stale watcher heard")
+        await eventually(lambda: _true(not publisher.watched("conv_stale")), what="its announcement expired")
+    finally:
+        await early.close()
+        if late is not None:
+            await late.close()
+        await outsider.close()
+        await watcher_store.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

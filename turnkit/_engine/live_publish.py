@@ -50,7 +50,7 @@ class CallPublisher:
         self.call_id = call_id
         self.attempt = attempt
         self.published = 0
-        """Messages sent so far."""
+        """Messages sent so far (on PostgreSQL, only those to a conversation someone watches)."""
         self._pending: list[tuple[LiveKind, str]] = []
         self._seq = 0
         self._wake = asyncio.Event()
@@ -130,8 +130,7 @@ class CallPublisher:
                 messages.append(LiveMessage(piece.kind, *_ids(piece), self._seq, piece.text, self.root_turn_id))
                 self._seq += 1
         try:
-            await self.transport.publish(messages)
-            self.published += len(messages)
+            self.published += await self.transport.publish(messages)
         except Exception as err:  # best effort: the committed response is what counts
             self._failed = True
             logger.warning("live deltas of model call %s not published (%s): the rest are dropped", self.call_id, err)

@@ -13,12 +13,14 @@ Two transports, one per kind of store (:func:`transport_for`):
 
 * **PostgreSQL**: ``NOTIFY`` through the database, so a client in any process sees a worker's deltas. One channel per
   conversation (``turnkit_live_`` + a hash of its id), and a sub-agent's messages also on its root turn's tree channel
-  (:func:`tree_key`); a batch of messages is one ``SELECT pg_notify(...)`` statement
-  (one round trip, in autocommit); every payload stays under PostgreSQL's 8000-byte limit (:data:`TEXT_CHUNK`: long
-  deltas are split). A process listens on one connection of the store's pool (asyncpg's public ``add_listener``),
-  shared by all its subscriptions and given back (closed) when the last one ends. PostgreSQL delivers the
-  notifications of different transactions in commit order, which :meth:`Subscription.barrier` uses: once the
-  client's own notification comes back, everything committed before it has arrived.
+  (:func:`tree_key`); a batch of messages is one ``SELECT pg_notify(...)`` statement (one round trip, in
+  autocommit); every payload stays under PostgreSQL's 8000-byte limit (:data:`TEXT_CHUNK`: long deltas are split).
+  Only channels that some process watches are sent to: watchers announce themselves on a presence channel
+  (:class:`PostgresTransport`), so a turn nobody watches costs no NOTIFY. A process listens on one connection of the
+  store's pool (asyncpg's public ``add_listener``), shared by all its subscriptions and its presence, held while it
+  subscribes or publishes, and closed when the store closes. PostgreSQL delivers the notifications of different
+  transactions in commit order, which :meth:`Subscription.barrier` uses: once the client's own notification comes
+  back, everything committed before it has arrived.
 * **SQLite** (the embedded default) and any other store: in-process fan-out only. A worker and a client in the same
   process (``make demo``, ``turnkit ask`` with its in-process worker, the tests) see each other's messages; a client
   in another process sees none, and gets the committed events by polling the store (``cross_process`` is False).
@@ -138,8 +140,9 @@ class Transport(Protocol):
     cross_process: bool
     """Whether a subscriber in another process receives what this process publishes."""
 
-    async def publish(self, messages: Sequence[LiveMessage]) -> None:
-        """Send ``messages``, in order (raises on failure; callers log and drop)."""
+    async def publish(self, messages: Sequence[LiveMessage]) -> int:
+        """Send ``messages``, in order, to their channels that someone watches; the number sent (raises on failure;
+        callers log and drop)."""
         ...
 
     async def subscribe(self, conversation_ids: Iterable[str]) -> Subscription:
@@ -301,11 +304,13 @@ class LocalTransport(_Subscribers):
 
     cross_process = False
 
-    async def publish(self, messages: Sequence[LiveMessage]) -> None:
-        """Queue each message for this process's subscribers of its conversation."""
+    async def publish(self, messages: Sequence[LiveMessage]) -> int:
+        """Queue each message for this process's subscribers of its conversation (all count as sent: handing one to
+        no subscriber costs nothing)."""
         for message in messages:
             for channel in message.channels():
                 self._deliver(channel, message)
+        return len(messages)
 
     async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
         """See :meth:`Transport.listen`."""
@@ -327,9 +332,33 @@ _NOTIFY: Final = text(
     "AS m(c, p, n) ORDER BY n"
 )
 
+#: The channel of presence: watchers announce the channels they listen to, publishers ask who watches.
+PRESENCE_CHANNEL: Final = CHANNEL_PREFIX + "presence"
+#: Seconds between a watcher's announcements of what it watches (a publisher that missed one hears the next).
+PRESENCE_INTERVAL: Final = 10.0
+#: Seconds a publisher believes an announcement: a watcher that ended without saying so (a killed process) stops
+#: costing NOTIFYs after this.
+PRESENCE_TTL: Final = 3 * PRESENCE_INTERVAL
+#: Seconds after a process begins to publish during which it publishes everything: the watchers' answers to its roll
+#: call are on their way (a few milliseconds on one network; this leaves room for a loaded machine).
+PRESENCE_WARMUP: Final = 2.0
+#: Channels per presence announcement: 100 names of 53 bytes keep a payload under PostgreSQL's 8000-byte limit.
+_CHANNELS_PER_ANNOUNCEMENT: Final = 100
+
 
 class PostgresTransport(_Subscribers):
-    """``NOTIFY``/``LISTEN`` through the store's PostgreSQL database (see the module docstring)."""
+    """``NOTIFY``/``LISTEN`` through the store's PostgreSQL database (see the module docstring).
+
+    **Only what someone watches is sent.** A NOTIFY costs a round trip and the server's work whether or not anyone
+    listens, and most turns are watched by nobody. So a process that subscribes announces the channels it listens to
+    on :data:`PRESENCE_CHANNEL` (again every :data:`PRESENCE_INTERVAL` seconds, and when asked), and says when it
+    stops; a process that publishes listens there from its first publish on, asks who watches (a roll call), and
+    sends a message only to channels some process announced within :data:`PRESENCE_TTL` seconds, or that a
+    subscription of its own receives. Until it hears presence (its first :data:`PRESENCE_WARMUP` seconds, or after
+    its listener's connection was lost) it sends everything, as it would with no presence at all. A watcher that
+    subscribes while a call runs gets that call's deltas from its announcement on: the deltas before it were never
+    promised (the committed events come from the store).
+    """
 
     cross_process = True
 
@@ -341,30 +370,100 @@ class PostgresTransport(_Subscribers):
         self._lock = asyncio.Lock()  # LISTEN and UNLISTEN run one at a time on the listener's connection
         self._connection: AsyncConnection | None = None
         self._driver: asyncpg.Connection | None = None
+        self.watcher_id = uuid.uuid4().hex
+        """This transport's name in its presence announcements."""
+        self.warmup = PRESENCE_WARMUP
+        """Seconds after the first publish during which everything is sent (see :data:`PRESENCE_WARMUP`)."""
+        self.skipped = 0
+        """Messages not sent because no process watched their channels."""
+        self._publishing = False  # this process publishes: keep hearing presence while it lives
+        self._hearing_since: float | None = None  # when the listener began to hear presence for publishing
+        self._watched: dict[str, dict[str, float]] = {}  # channel -> watcher id -> when its announcement expires
+        self._announcing: asyncio.Task[None] | None = None  # a watcher's periodic announcements
+        self._answers: set[asyncio.Task[None]] = set()  # answers to roll calls, in flight
+        store.on_close(self.close)
 
-    async def publish(self, messages: Sequence[LiveMessage]) -> None:
-        """One ``pg_notify`` per message, all in one statement (they arrive in this order)."""
+    async def publish(self, messages: Sequence[LiveMessage]) -> int:
+        """Send each of ``messages`` to the channels of its that someone watches, all in one statement (they arrive
+        in this order); the number of messages sent."""
         if not messages:
-            return
-        pairs = [(channel, m.payload()) for m in messages for channel in m.channels()]
-        channels = [channel for channel, _ in pairs]
-        payloads = [payload for _, payload in pairs]
+            return 0
+        if not self._publishing and not all(self._subscribers.get(c) for m in messages for c in m.channels()):
+            await self._hear_presence()  # not for a subscription's own barrier: a watcher is no publisher
+        pairs: list[tuple[str, str]] = []
+        sent = 0
+        for message in messages:
+            channels = [channel for channel in message.channels() if self._watching(channel)]
+            if channels:
+                payload = message.payload()
+                pairs.extend((channel, payload) for channel in channels)
+                sent += 1
+        self.skipped += len(messages) - sent
+        if pairs:
+            await self._notify(pairs)
+        return sent
+
+    def watched(self, conversation_id: str) -> bool:
+        """Whether this process would send ``conversation_id``'s messages now: a subscription of its own receives
+        them, some process announced it watches them, or this process does not hear presence (yet)."""
+        return self._watching(channel_of(conversation_id))
+
+    async def _notify(self, pairs: Sequence[tuple[str, str]]) -> None:
         async with self._engine.connect() as connection:
-            await connection.execute(_NOTIFY, {"channels": channels, "payloads": payloads})
+            await connection.execute(_NOTIFY, {"channels": [c for c, _ in pairs], "payloads": [p for _, p in pairs]})
+
+    def _watching(self, channel: str) -> bool:
+        if self._subscribers.get(channel):
+            return True
+        loop = asyncio.get_running_loop()
+        if self._hearing_since is None or loop.time() - self._hearing_since < self.warmup:
+            return True  # presence unknown: send, as without presence
+        watchers = self._watched.get(channel)
+        if not watchers:
+            return False
+        now = loop.time()
+        for watcher in [w for w, expires in watchers.items() if expires <= now]:
+            del watchers[watcher]
+        if not watchers:
+            del self._watched[channel]
+        return bool(watchers)
+
+    async def _hear_presence(self) -> None:
+        """Begin to publish: listen for presence and ask who watches (once; a failure leaves everything sent)."""
+        async with self._lock:
+            if self._publishing:
+                return
+            self._publishing = True
+            try:
+                await self._listener()
+                self._hearing_since = asyncio.get_running_loop().time()
+                await self._notify([(PRESENCE_CHANNEL, json.dumps({"op": "roll"}))])
+            except Exception as err:  # the next publish fails the same way; until a listener comes, send all
+                logger.warning("live presence unavailable, every live message is sent: %s", err)
 
     async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
-        """See :meth:`Transport.listen`."""
+        """See :meth:`Transport.listen`; announces the channels new to this process."""
         async with self._lock:
             driver = await self._listener()
+            new: list[str] = []
             for channel in channels:
                 listeners = self._subscribers.setdefault(channel, set())
                 if not listeners:
                     await driver.add_listener(channel, self._received)
+                    new.append(channel)
                 listeners.add(subscription)
+            if new:
+                try:
+                    await self._announce("watch", new)
+                except Exception as err:  # the periodic announcement tries again; deltas may be missed until then
+                    logger.warning("live presence not announced: %s", err)
+            if self._announcing is None or self._announcing.done():
+                self._announcing = asyncio.create_task(self._announce_periodically(), name="turnkit-live-presence")
 
     async def unsubscribe(self, subscription: Subscription, channels: Iterable[str]) -> None:
-        """See :meth:`Transport.unsubscribe`."""
+        """See :meth:`Transport.unsubscribe`; announces the channels this process no longer watches."""
         async with self._lock:
+            gone: list[str] = []
             for channel in channels:
                 listeners = self._subscribers.get(channel)
                 if listeners is None:
@@ -372,28 +471,77 @@ class PostgresTransport(_Subscribers):
                 listeners.discard(subscription)
                 if not listeners:
                     del self._subscribers[channel]
+                    gone.append(channel)
                     if self._driver is not None and not self._driver.is_closed():
                         try:
                             await self._driver.remove_listener(channel, self._received)
                         except Exception as err:  # the connection is going anyway
                             logger.debug("UNLISTEN failed: %s", err)
+            if gone:
+                try:
+                    await self._announce("unwatch", gone)
+                except Exception as err:  # publishers forget it after PRESENCE_TTL
+                    logger.debug("live presence: unwatch not announced: %s", err)
             if not self._subscribers:
-                await self._release()
+                self._stop_announcing()
+                if not self._publishing:
+                    await self._release()
+
+    async def close(self) -> None:
+        """Stop publishing and listening, and give the listener's connection back (the store's :meth:`~Store.close`
+        calls it)."""
+        if self._driver is None and self._announcing is None and not self._answers:
+            self._publishing = False
+            return  # nothing held (and the lock may belong to an event loop that is gone)
+        async with self._lock:
+            self._publishing = False
+            self._stop_announcing()
+            for task in self._answers:
+                task.cancel()
+            await self._release()
+
+    async def _announce(self, op: Literal["watch", "unwatch"], channels: Sequence[str]) -> None:
+        step = _CHANNELS_PER_ANNOUNCEMENT
+        parts = [list(channels[i : i + step]) for i in range(0, len(channels), step)]
+        notice = {"op": op, "watcher": self.watcher_id, "ttl": PRESENCE_TTL}
+        await self._notify([(PRESENCE_CHANNEL, json.dumps({**notice, "channels": part})) for part in parts])
+
+    async def _announce_periodically(self) -> None:
+        while self._subscribers:
+            await asyncio.sleep(PRESENCE_INTERVAL)
+            await self._answer_roll_call()
+
+    async def _answer_roll_call(self) -> None:
+        channels = list(self._subscribers)
+        if channels:
+            try:
+                await self._announce("watch", channels)
+            except Exception as err:  # the next announcement may get through
+                logger.debug("live presence not announced: %s", err)
+
+    def _stop_announcing(self) -> None:
+        task, self._announcing = self._announcing, None
+        if task is not None:
+            task.cancel()
 
     async def _listener(self) -> asyncpg.Connection:
-        """The process's listening connection: one of the store's pool, held while anyone subscribes."""
+        """The process's listening connection: one of the store's pool, held while anyone subscribes or this process
+        publishes; it hears presence from the start."""
         if self._driver is not None and not self._driver.is_closed():
             return self._driver
         connection = await self._engine.connect()
         raw = await connection.get_raw_connection()
         driver = cast("asyncpg.Connection", raw.driver_connection)
         driver.add_termination_listener(self._terminated)
+        await driver.add_listener(PRESENCE_CHANNEL, self._presence)
         self._connection, self._driver = connection, driver
         return driver
 
     async def _release(self) -> None:
         connection, driver = self._connection, self._driver
         self._connection, self._driver = None, None
+        self._hearing_since = None
+        self._watched.clear()
         if driver is not None:
             driver.remove_termination_listener(self._terminated)
         if connection is not None:
@@ -406,11 +554,39 @@ class PostgresTransport(_Subscribers):
         if message is not None:
             self._deliver(channel, message)
 
+    def _presence(self, _connection: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            notice = json.loads(payload)
+            op = notice["op"]
+            if op == "roll":
+                if self._subscribers:
+                    task = asyncio.get_running_loop().create_task(self._answer_roll_call())
+                    self._answers.add(task)
+                    task.add_done_callback(self._answers.discard)
+                return
+            watcher, channels = str(notice["watcher"]), [str(c) for c in notice["channels"]]
+            expires = asyncio.get_running_loop().time() + float(notice.get("ttl", PRESENCE_TTL))
+        except (KeyError, TypeError, ValueError) as err:
+            logger.warning("ignored a live presence notice that does not parse: %s", err)
+            return
+        for channel in channels:
+            if op == "watch":
+                self._watched.setdefault(channel, {})[watcher] = expires
+            elif (watchers := self._watched.get(channel)) is not None:
+                watchers.pop(watcher, None)
+                if not watchers:
+                    del self._watched[channel]
+
     def _terminated(self, _connection: object) -> None:
-        # The listener's connection ended (a restart, a network cut): its subscriptions get nothing more live.
+        # The listener's connection ended (a restart, a network cut): its subscriptions get nothing more live, and
+        # presence is unknown until a publish listens again (everything is sent meanwhile).
         logger.warning("the live listener's PostgreSQL connection ended: live deltas stop, committed events go on")
         subscribers, self._subscribers = self._subscribers, {}
         self._connection, self._driver = None, None
+        self._hearing_since = None
+        self._watched.clear()
+        self._publishing = False
+        self._stop_announcing()
         for subscription in {s for group in subscribers.values() for s in group}:
             subscription.end()
 

@@ -283,6 +283,12 @@ class Store:
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
         self.conversation_rows = KeptRows(CONVERSATIONS_KEPT)
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Run ``closer`` when the store closes, before its pools are disposed of (what holds a connection of the
+        pool beyond a transaction, such as the live transport's listener, gives it back there)."""
+        self._closers.append(closer)
 
     @property
     def sync_engines(self) -> tuple[Engine, ...]:
@@ -327,6 +333,9 @@ class Store:
 
     async def close(self) -> None:
         """Dispose of the connection pools."""
+        closers, self._closers = self._closers, []
+        for closer in closers:
+            await closer()
         if self.inline is not None:
             await self.inline.close()
         await self.engine.dispose()
