@@ -7,10 +7,18 @@ each in its own process on its own dev server, one turn of each kind, and reads 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from bench.peers import serve
+from bench.peers.__main__ import Figures, cpu_table, parse_args, specs_for, targets_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,3 +58,113 @@ def test_the_driver_measures_turnkit_and_the_floor_and_ranks_only_turnkit() -> N
     for system in ("bare Temporal (floor)", "TurnKit (SQLite)", "TurnKit (SQLite, next turn)"):
         line = next(line for line in report.splitlines() if line.startswith(f"| {system} |") and "act." in line)
         assert re.findall(r"(\d+) act\.", line) == ["3", "5"], line
+
+
+def _run_driver(*flags: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.peers", *flags], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def _postgres_on_this_machine() -> bool:
+    return any(name == "postgres" for _, name, _ in serve.processes())
+
+
+@pytest.mark.postgres
+def test_the_postgresql_columns_show_the_servers_cpu_and_the_targets_table_reads_them(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Issue 37 target 2: a TurnKit column on PostgreSQL shows, beside process + dev server, the PostgreSQL server's
+    CPU over its bursts; the JSON carries that figure for every column; and the targets table sets each store's CPU
+    against the floor's (PostgreSQL also with its server's CPU) and the next turn against the first."""
+    if not _postgres_on_this_machine():
+        pytest.skip("the PostgreSQL server is not on this machine: its CPU cannot be read from /proc")
+    raw = tmp_path / "peers.json"
+    report = _run_driver(
+        *("--systems", "bare,turnkit", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2", "--rounds", "1"),
+        *("--history-k", "", "--settings", "default", "--tool-kinds", "activity", "--turn-kinds", "first,next"),
+        *("--postgres-url", postgres_url, "--json", str(raw)),
+    )
+    lines = report.splitlines()
+    cpu = next(line for line in lines if line.startswith("| 1 |") and " = " in line)
+    cells = cpu.strip("|").split("|")[1:]
+    assert [bool(re.search(r"\(\+ \d+ ms PostgreSQL\)", c)) for c in cells] == [False, False, False, True, True], cpu
+    figures = json.loads(raw.read_text())["results"]["default"]
+    assert {key: len(per_k["1"]["postgres_cpu"]) for key, per_k in figures.items()} == dict.fromkeys(figures, 1)
+    # The targets table: no peer ran, so no target 1; target 2 and 3 for both stores, each cell marked.
+    start = lines.index("| target | K=1 |")
+    rows = lines[start + 2 : start + 6]
+    assert [row.split("|")[1].split(":")[0].strip() for row in rows] == [
+        "2. PostgreSQL",
+        "2. SQLite",
+        "3. PostgreSQL",
+        "3. SQLite",
+    ], rows
+    assert all(re.search(r"\| [\d.]+x (met|\*\*not met\*\*)", row) for row in rows), rows
+    assert re.search(r"x with PostgreSQL's server\)", rows[0]), rows[0]
+
+
+@pytest.mark.postgres
+def test_postgres_cpu_keeps_the_cpu_of_a_backend_that_has_exited(postgres_admin_url: str) -> None:
+    """The PostgreSQL server's CPU (``bench.peers.serve.postgres_cpu``) counts a backend's work after the backend
+    exits too (a burst may close connections): the postmaster gathers its reaped children's CPU."""
+    if not _postgres_on_this_machine():
+        pytest.skip("the PostgreSQL server is not on this machine: its CPU cannot be read from /proc")
+    import asyncpg
+
+    async def busy_backend() -> int:
+        conn = await asyncpg.connect(postgres_admin_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            await conn.fetchval("SELECT count(*) FROM generate_series(1, 5000000)")
+            return await conn.fetchval("SELECT pg_backend_pid()")
+        finally:
+            await conn.close()
+
+    before = serve.postgres_cpu()
+    pid = asyncio.run(busy_backend())
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists():  # until the postmaster has reaped it
+        assert time.monotonic() < deadline, f"backend {pid} still there"
+        time.sleep(0.05)
+    assert serve.postgres_cpu() - before >= 0.1
+
+
+def _figures(latency: float, throughput: float, cpu: float, server: float, postgres: float = 0.0) -> Figures:
+    return Figures(latency=[latency], throughput=[throughput], cpu=[cpu], server_cpu=[server], postgres_cpu=[postgres])
+
+
+def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_and_the_floor() -> None:
+    """Issue 37 targets 1-3 from given figures: target 1 against the faster peer (lowest latency, highest throughput,
+    possibly two peers), target 2 against the floor's CPU (the PostgreSQL row also with its server's CPU added, as a
+    second figure that does not decide the mark), target 3 marked only at K = 1 and 3."""
+    args = parse_args(["--k", "1,8", "--postgres-url", "postgresql+asyncpg://x/y", "--tool-kinds", "activity"])
+    specs = specs_for(args)
+    fast, busy = _figures(0.100, 10, 0.02, 0.02), _figures(0.200, 20, 0.02, 0.02)
+    per_k = {
+        "bare": _figures(0.100, 20, 0.020, 0.020),  # CPU 40 ms
+        "openai_agents": fast,
+        "pydantic_ai": busy,
+        "turnkit_sqlite": _figures(0.090, 24, 0.023, 0.023),  # 0.90x / 1.20x; CPU 1.15x
+        "turnkit_sqlite_next": _figures(0.099, 24, 0.023, 0.023),  # 1.10x the first
+        "turnkit_pg": _figures(0.101, 20, 0.026, 0.026, 0.008),  # 1.01x / 1.00x; CPU 1.30x, 1.50x with the server
+        "turnkit_pg_next": _figures(0.112, 20, 0.026, 0.026),  # 1.11x the first
+    }
+    per_spec = {s.key: dict.fromkeys(args.k, per_k[s.key]) for s in specs}
+    lines = targets_table(args, specs, per_spec)
+    assert lines[0] == "| target | K=1 | K=8 |"
+    assert lines[2:] == [
+        "| 1. PostgreSQL: throughput ÷ faster peer (≥ 1.0x) | 1.00x met | 1.00x met |",
+        "| 1. PostgreSQL: latency ÷ faster peer (≤ 1.0x) | 1.01x **not met** | 1.01x **not met** |",
+        "| 1. SQLite: throughput ÷ faster peer (≥ 1.2x) | 1.20x met | 1.20x met |",
+        "| 1. SQLite: latency ÷ faster peer (≤ 0.9x) | 0.90x met | 0.90x met |",
+        "| 2. PostgreSQL: CPU per turn, process + dev server, ÷ floor's (≤ 1.3x) | 1.30x met (1.50x with PostgreSQL's "
+        "server) | 1.30x met (1.50x with PostgreSQL's server) |",
+        "| 2. SQLite: CPU per turn, process + dev server, ÷ floor's (≤ 1.15x) | 1.15x met | 1.15x met |",
+        "| 3. PostgreSQL: next turn ÷ first turn, latency (≤ 1.1x; K = 1, 3) | 1.11x **not met** | 1.11x (no target at "
+        "K=8) |",
+        "| 3. SQLite: next turn ÷ first turn, latency (≤ 1.1x; K = 1, 3) | 1.10x met | 1.10x (no target at K=8) |",
+    ]
+    cpu = cpu_table(args, specs, per_spec)[2]
+    assert cpu.startswith("| 1 | 20 + 20 = 40 ms | ") and "| 26 + 26 = 52 ms (+ 8 ms PostgreSQL) |" in cpu, cpu

@@ -67,6 +67,11 @@ class Spec:
     source: str | None = None  # TurnKit: another source tree to serve it from (``--baseline-tree``), in no peer ratio
     next_turn: bool = False  # TurnKit: each turn the next one of an idle conversation (its first turn is behind it)
 
+    @property
+    def postgres(self) -> bool:
+        """TurnKit on PostgreSQL: the column shows that server's CPU too."""
+        return bool(self.database_url and self.database_url.startswith("postgresql"))
+
 
 #: The same activities in a bare Temporal workflow (``bare_app.py``): what the SDK and the dev server cost for the
 #: workload, under every system here; neither a peer nor TurnKit, so in no ratio.
@@ -167,9 +172,24 @@ class Figures:
     burst_latency: list[float] = field(default_factory=list[float])  # median seconds of a turn within the burst
     cpu: list[float] = field(default_factory=list[float])  # CPU seconds per turn of the burst: client and worker
     server_cpu: list[float] = field(default_factory=list[float])  # the same, of the system's dev server
+    # The same, of the PostgreSQL server on this machine (shared, but used by the system measured alone meanwhile);
+    # ~0 for a system without PostgreSQL, and empty in the JSON of a run from before it was measured.
+    postgres_cpu: list[float] = field(default_factory=list[float])
+
+    def cpu_per_turn(self, postgres: bool = False) -> float:
+        """Median CPU seconds per turn of the bursts: process + dev server (+ the PostgreSQL server's)."""
+        total = statistics.median(self.cpu) + statistics.median(self.server_cpu)
+        if postgres and self.postgres_cpu:
+            total += statistics.median(self.postgres_cpu)
+        return total
 
 
 Results = dict[str, dict[str, dict[int, Figures]]]  # setting -> spec key -> K -> figures
+
+
+def _lower(title: str) -> str:
+    """``title`` within a sentence: its first letter lower case (a flag in it keeps its case)."""
+    return title[:1].lower() + title[1:]
 
 
 def _progress(message: str) -> None:
@@ -212,6 +232,7 @@ async def measure(args: argparse.Namespace, specs: list[Spec], logdir: Path) -> 
                         figures.burst_latency.append(statistics.median(answer["times"]))
                         figures.cpu.append(answer["cpu"] / args.burst)
                         figures.server_cpu.append(answer["server_cpu"] / args.burst)
+                        figures.postgres_cpu.append(answer["postgres_cpu"] / args.burst)
             if not history and args.history_k:
                 for child in children:
                     _progress(f"{setting}: {child.spec.title} history sizes")
@@ -290,6 +311,33 @@ def _range(values: list[float], scale: float, fmt: str) -> str:
     return f"{mid} ({fmt.format(min(values) * scale)}-{fmt.format(max(values) * scale)})"
 
 
+def against_faster_peer(
+    s: Spec, specs: list[Spec], per_spec: dict[str, dict[int, Figures]], k: int
+) -> tuple[float, float] | None:
+    """TurnKit column ``s`` at K against the faster peer: (its latency ÷ the lowest peer's, its throughput ÷ the
+    highest peer's), medians of the rounds; None when no peer runs it so.
+
+    Like with like: model calls as activities (issue 9's workload) against the peers' activities; a 'local model'
+    column against every peer column, OpenAI's local model calls included."""
+    rivals = [p for p in specs if p.peer and (s.local_model or not p.local_model)]
+    if not rivals:
+        return None
+    fastest = min(statistics.median(per_spec[p.key][k].latency) for p in rivals)
+    busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in rivals)
+    f = per_spec[s.key][k]
+    return statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
+
+
+def ratios(now: Figures, ref: Figures, postgres: bool = False) -> tuple[float, float, float]:
+    """``now`` ÷ ``ref``: latency, throughput and CPU per turn (process + dev server; with ``postgres``, ``now``'s
+    PostgreSQL server's added), medians of the rounds."""
+    return (
+        statistics.median(now.latency) / statistics.median(ref.latency),
+        statistics.median(now.throughput) / statistics.median(ref.throughput),
+        now.cpu_per_turn(postgres) / ref.cpu_per_turn(),
+    )
+
+
 def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     ours = [s for s in specs if not s.peer and not s.reference]
     peers = [s for s in specs if s.peer]
@@ -303,15 +351,9 @@ def table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[
             f = per_spec[s.key][k]
             row.append(f"{_range(f.latency, 1000, '{:.0f}')} ms, {_range(f.throughput, 1, '{:.1f}')} turns/s")
         for s in ours:
-            # Like with like: model calls as activities (issue 9's workload) against the peers' activities; a 'local
-            # model' column against every peer column, OpenAI's local model calls included.
-            rivals = [p for p in peers if s.local_model or not p.local_model]
-            if rivals:
-                fastest = min(statistics.median(per_spec[p.key][k].latency) for p in rivals)
-                busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in rivals)
-                f = per_spec[s.key][k]
-                latency, throughput = statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
-                row.append(f"{latency:.2f}x / {throughput:.2f}x")
+            against = against_faster_peer(s, specs, per_spec, k)
+            if against:
+                row.append(f"{against[0]:.2f}x / {against[1]:.2f}x")
             elif peers:
                 row.append("no peer runs it so")
         lines.append("| " + " | ".join(row) + " |")
@@ -331,12 +373,8 @@ def _ratio_table(
     for k in args.k:
         row = [str(k)]
         for s, r in pairs:
-            now, ref = per_spec[s.key][k], per_spec[r.key][k]
-            latency = statistics.median(now.latency) / statistics.median(ref.latency)
-            throughput = statistics.median(now.throughput) / statistics.median(ref.throughput)
-            cpu_now = statistics.median(now.cpu) + statistics.median(now.server_cpu)
-            cpu_ref = statistics.median(ref.cpu) + statistics.median(ref.server_cpu)
-            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu_now / cpu_ref:.2f}x")
+            latency, throughput, cpu = ratios(per_spec[s.key][k], per_spec[r.key][k])
+            row.append(f"{latency:.2f}x / {throughput:.2f}x / {cpu:.2f}x")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -353,20 +391,114 @@ def baseline_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[s
 def next_turn_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     """Each TurnKit column's next turn of an idle conversation against its fresh conversation's first turn: next ÷
     first (target: latency at most 1.1x)."""
-    pairs = [(n, s) for s in specs if s.system == "turnkit" for n in specs if n.key == f"{s.key}_next"]
-    return _ratio_table(args, pairs, per_spec, "first turn")
+    return _ratio_table(args, next_turn_pairs(specs), per_spec, "first turn")
+
+
+def next_turn_pairs(specs: list[Spec]) -> list[tuple[Spec, Spec]]:
+    """Each TurnKit column's next-turn twin with it: ``(next, first)``."""
+    return [(n, s) for s in specs if s.system == "turnkit" for n in specs if n.key == f"{s.key}_next"]
 
 
 def cpu_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
-    """CPU per turn during the bursts: the system's process (client and worker) + its dev server = total."""
+    """CPU per turn during the bursts: the system's process (client and worker) + its dev server = total, and for a
+    PostgreSQL column the PostgreSQL server's beside it."""
     lines = ["| K | " + " | ".join(s.title for s in specs) + " |", "|" + "---|" * (len(specs) + 1)]
     for k in args.k:
         row = [str(k)]
         for s in specs:
             f = per_spec[s.key][k]
             process, server = statistics.median(f.cpu) * 1000, statistics.median(f.server_cpu) * 1000
-            row.append(f"{process:.0f} + {server:.0f} = {process + server:.0f} ms")
+            cell = f"{process:.0f} + {server:.0f} = {process + server:.0f} ms"
+            if s.postgres and f.postgres_cpu:
+                cell += f" (+ {statistics.median(f.postgres_cpu) * 1000:.0f} ms PostgreSQL)"
+            row.append(cell)
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def postgres_elsewhere(specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> float | None:
+    """The most CPU per turn (seconds, median of the rounds) the PostgreSQL server used during the bursts of a column
+    without PostgreSQL: what else ran on the shared server meanwhile; None when no such column has the figure."""
+    figures = [per_spec[s.key][k].postgres_cpu for s in specs if not s.postgres for k in per_spec[s.key]]
+    return max((statistics.median(f) for f in figures if f), default=None)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 37's targets on one figure: a ratio at most (``above=False``) or at least ``bound``."""
+
+    number: int
+    title: str
+    bound: float
+    above: bool = False
+    ks: tuple[int, ...] | None = None  # the K it holds at (None: every K)
+
+    def cell(self, value: float, k: int, extra: str = "") -> str:
+        """``value`` marked met / not met (no mark at a K the target does not name), then ``extra``."""
+        if self.ks is not None and k not in self.ks:
+            mark = f"(no target at K={k})"
+        else:
+            shown = round(value, 2)  # the figure as printed decides, so a 1.15x is never "not met" at ≤ 1.15x
+            mark = "met" if (shown >= self.bound if self.above else shown <= self.bound) else "**not met**"
+        return f"{value:.2f}x {mark}{extra}"
+
+    def heading(self) -> str:
+        at = f"; K = {', '.join(map(str, self.ks))}" if self.ks else ""
+        bound = f"{self.bound:.1f}" if round(self.bound, 1) == self.bound else f"{self.bound:.2f}"
+        return f"{self.number}. {self.title} ({'≥' if self.above else '≤'} {bound}x{at})"
+
+
+#: TurnKit's columns the targets read: the workload itself (model and tool as activities, a fresh conversation).
+TARGET_COLUMNS = {"PostgreSQL": "turnkit_pg", "SQLite": "turnkit_sqlite"}
+#: Target 1 per store: (throughput at least, latency at most) ÷ the faster peer.
+PEER_TARGETS = {"PostgreSQL": (1.0, 1.0), "SQLite": (1.2, 0.9)}
+#: Target 2 per store: CPU per turn (process + dev server) at most, ÷ the floor's.
+FLOOR_TARGETS = {"SQLite": 1.15, "PostgreSQL": 1.3}
+#: Target 3: the next turn of an idle conversation ÷ a fresh conversation's first, latency at most, at these K.
+NEXT_TURN_TARGET, NEXT_TURN_KS = 1.1, (1, 3)
+
+
+def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
+    """Issue 37's targets 1-3 at each K, one row a target and store, each cell the ratio marked met / not met; a
+    row only where its columns were measured."""
+    by_key = {s.key: s for s in specs}
+    floor = next((s for s in specs if s.key == FLOOR.key), None)
+    next_of = {first.key: n for n, first in next_turn_pairs(specs)}
+    rows: list[tuple[Target, list[str]]] = []
+    for store, key in TARGET_COLUMNS.items():
+        s = by_key.get(key)
+        against = [against_faster_peer(s, specs, per_spec, k) for k in args.k] if s else []
+        ranked = [a for a in against if a is not None]
+        if not ranked or len(ranked) < len(against):  # no peer measured
+            continue
+        at_least, at_most = PEER_TARGETS[store]
+        throughput = Target(1, f"{store}: throughput ÷ faster peer", at_least, above=True)
+        latency = Target(1, f"{store}: latency ÷ faster peer", at_most)
+        rows.append((throughput, [throughput.cell(a[1], k) for k, a in zip(args.k, ranked, strict=True)]))
+        rows.append((latency, [latency.cell(a[0], k) for k, a in zip(args.k, ranked, strict=True)]))
+    for store, key in TARGET_COLUMNS.items():
+        s = by_key.get(key)
+        if s is None or floor is None:
+            continue
+        target = Target(2, f"{store}: CPU per turn, process + dev server, ÷ floor's", FLOOR_TARGETS[store])
+        cells = []
+        for k in args.k:
+            now, ref = per_spec[s.key][k], per_spec[floor.key][k]
+            extra = ""
+            if s.postgres and now.postgres_cpu:
+                extra = f" ({ratios(now, ref, postgres=True)[2]:.2f}x with PostgreSQL's server)"
+            cells.append(target.cell(ratios(now, ref)[2], k, extra))
+        rows.append((target, cells))
+    for store, key in TARGET_COLUMNS.items():
+        s, n = by_key.get(key), next_of.get(key)
+        if s is None or n is None:
+            continue
+        target = Target(3, f"{store}: next turn ÷ first turn, latency", NEXT_TURN_TARGET, ks=NEXT_TURN_KS)
+        rows.append((target, [target.cell(ratios(per_spec[n.key][k], per_spec[s.key][k])[0], k) for k in args.k]))
+    if not rows:
+        return []
+    lines = ["| target | " + " | ".join(f"K={k}" for k in args.k) + " |", "|" + "---|" * (len(args.k) + 1)]
+    lines += ["| " + " | ".join([target.heading(), *cells]) + " |" for target, cells in rows]
     return lines
 
 
@@ -409,7 +541,7 @@ def report(
         f"systems round-robin; with several rounds a cell is the median (min-max) of the rounds' figures. Ratios: "
         f"TurnKit's median against the faster peer at that K: a column with model activities against the peers' "
         f"model activities (issue 9's workload), a 'local model' column against every peer column, OpenAI's local "
-        f"model included (targets: latency ≤ 0.8x, throughput ≥ 1.5x)."
+        f"model included (issue 37's targets: the targets table after each setting's tables)."
     )
     if any(s.reference for s in specs):
         out[-1] += (
@@ -419,11 +551,25 @@ def report(
         )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
+        elsewhere = postgres_elsewhere(specs, results[setting])
+        postgres_note = ""
+        if any(s.postgres for s in specs):
+            postgres_note = (
+                "; for TurnKit on PostgreSQL, in brackets, the PostgreSQL server's over the same bursts (every "
+                "`postgres` process on this machine: the server is shared, but only the system measured runs "
+                "meanwhile"
+            )
+            if elsewhere is not None:
+                postgres_note += (
+                    f"; during the bursts of the columns without PostgreSQL it used at most {elsewhere * 1000:.1f} ms "
+                    "per turn: the share of its other users"
+                )
+            postgres_note += ")"
         out += [
             "",
-            f"CPU per turn during the {args.burst}-turn bursts ({SETTING_TITLES[setting].lower()}), medians of the "
-            "rounds: the system's process (client and worker) + its dev server = total. Throughput on these 2 "
-            "cores is bounded by the total.",
+            f"CPU per turn during the {args.burst}-turn bursts ({_lower(SETTING_TITLES[setting])}), medians of the "
+            f"rounds: the system's process (client and worker) + its dev server = total{postgres_note}. Throughput "
+            "on these 2 cores is bounded by the total.",
             "",
             *cpu_table(args, specs, results[setting]),
         ]
@@ -431,7 +577,7 @@ def report(
             out += [
                 "",
                 f"TurnKit's next turn of an idle conversation (one turn behind it) against a fresh conversation's "
-                f"first turn, {SETTING_TITLES[setting].lower()}: next ÷ first, medians of the rounds (target: latency "
+                f"first turn, {_lower(SETTING_TITLES[setting])}: next ÷ first, medians of the rounds (target: latency "
                 "≤ 1.1x).",
                 "",
                 *next_turn_table(args, specs, results[setting]),
@@ -440,9 +586,21 @@ def report(
             out += [
                 "",
                 f"TurnKit against its baseline tree (`--baseline-tree`, git {args.baseline_commit}), "
-                f"{SETTING_TITLES[setting].lower()}: this tree ÷ the baseline, medians of the rounds.",
+                f"{_lower(SETTING_TITLES[setting])}: this tree ÷ the baseline, medians of the rounds.",
                 "",
                 *baseline_table(args, specs, results[setting]),
+            ]
+        targets = targets_table(args, specs, results[setting])
+        if targets:
+            out += [
+                "",
+                f"Issue 37's targets, {_lower(SETTING_TITLES[setting])}, from the tables above (medians of the rounds; "
+                "TurnKit's columns with model and tool as activities): 1. latency and throughput ÷ the faster peer; "
+                "2. CPU per turn (process + dev server) ÷ the floor's, for PostgreSQL also with its server's CPU "
+                "added (the target is on the first figure); 3. the next turn of an idle conversation ÷ a fresh "
+                "conversation's first turn, latency.",
+                "",
+                *targets,
             ]
     if history:
         out += [

@@ -8,9 +8,10 @@ other output of the libraries goes to stderr). Requests:
 - ``{"op": "sequential", "k": K, "turns": N, "warmup": W}``: W discarded turns, then N turns back to back, each a
   fresh workflow / conversation; answers ``{"times": [seconds, ...]}``.
 - ``{"op": "burst", "k": K, "turns": N}``: N turns started at once, each in its own workflow / conversation;
-  answers ``{"elapsed": seconds, "times": [...], "cpu": seconds, "server_cpu": seconds}`` (``elapsed`` from the
-  first start to the last finish; ``cpu`` this process's CPU time meanwhile: client and worker; ``server_cpu`` its
-  dev server's).
+  answers ``{"elapsed": seconds, "times": [...], "cpu": seconds, "server_cpu": seconds, "postgres_cpu": seconds}``
+  (``elapsed`` from the first start to the last finish; ``cpu`` this process's CPU time meanwhile: client and worker;
+  ``server_cpu`` its dev server's; ``postgres_cpu`` the PostgreSQL server's on this machine, ~0 for a system that
+  does not use it).
 - ``{"op": "history", "ks": [K, ...]}``: one turn per K; answers the history size of the workflows it ran,
   ``{"sizes": {K: {"json": bytes, "proto": bytes, "events": n, "activities": n}}}``.
 - ``{"op": "actions", "ks": [K, ...], "turns": N}``: N turns per K (in one conversation where the system has
@@ -33,6 +34,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -113,19 +115,46 @@ async def sequential(system: System, k: int, turns: int, warmup: int) -> dict[st
     return {"times": times}
 
 
+def processes() -> Iterator[tuple[Path, str, list[str]]]:
+    """Each process on this machine: its ``/proc`` directory, its command name and the fields of its ``stat`` after
+    that name (none when not Linux)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        head, tail = text.rsplit(")", 1)  # the command name, in brackets, may hold spaces and brackets
+        yield stat.parent, head.split("(", 1)[1], tail.split()
+
+
+def _seconds(ticks: list[str]) -> float:
+    return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
+
+
 def server_cpu() -> float:
     """CPU seconds used so far by this process's child processes that are Temporal dev servers (0 when none)."""
     total = 0.0
     me = str(os.getpid())
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:  # gone meanwhile, or not Linux
+    for directory, _, fields in processes():
+        if fields[1] != me:  # fields[1]: the parent's pid
             continue
-        if fields[1] == me and b"start-dev" in cmdline:  # fields[1]: the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        try:
+            cmdline = (directory / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"start-dev" in cmdline:
+            total += _seconds(fields[11:13])  # utime + stime
     return total
+
+
+def postgres_cpu() -> float:
+    """CPU seconds used so far by the PostgreSQL server on this machine: every process named ``postgres``, with the
+    children each has waited for (0 when none).
+
+    The server is shared by every system, but the driver runs one burst at a time, so over a burst only the system
+    measured uses it. Counting the reaped children (cutime + cstime, which the postmaster gathers) keeps the CPU of a
+    backend that exits during the burst; a backend alive throughout has no children of its own."""
+    return sum(_seconds(fields[11:15]) for _, name, fields in processes() if name == "postgres")
 
 
 async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
@@ -135,7 +164,7 @@ async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
         return time.perf_counter() - start
 
     await _prime(system, k, turns)
-    cpu, server = time.process_time(), server_cpu()
+    cpu, server, postgres = time.process_time(), server_cpu(), postgres_cpu()
     start = time.perf_counter()
     times = await asyncio.gather(*(timed() for _ in range(turns)))
     return {
@@ -143,6 +172,7 @@ async def burst(system: System, k: int, turns: int) -> dict[str, Any]:
         "times": list(times),
         "cpu": time.process_time() - cpu,
         "server_cpu": server_cpu() - server,
+        "postgres_cpu": postgres_cpu() - postgres,
     }
 
 
