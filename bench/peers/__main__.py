@@ -71,6 +71,9 @@ class Spec:
 #: The same activities in a bare Temporal workflow (``bare_app.py``): what the SDK and the dev server cost for the
 #: workload, under every system here; neither a peer nor TurnKit, so in no ratio.
 FLOOR = Spec("bare", "bare", "bare Temporal (floor)", peer=False, reference=True)
+#: The same with each activity attempt also writing one row to PostgreSQL (``bare_pg_app.py``): the least a runtime
+#: that records each model and tool step there pays; with ``--postgres-url`` only, into that database.
+PG_FLOOR = Spec("bare_pg", "bare_pg", "bare Temporal + PostgreSQL record (floor)", peer=False, reference=True)
 
 
 PEERS = [
@@ -417,6 +420,13 @@ def report(
             "nothing around them (`bench/peers/bare_app.py`): what the SDK and the dev server cost for the workload "
             "under every system; it is in no ratio."
         )
+    if any(s.system == PG_FLOOR.system for s in specs):
+        out[-1] += (
+            f" The '{PG_FLOOR.title}' column runs the same workflow and activities, each model and tool attempt "
+            "also writing one row to PostgreSQL (one `INSERT ... ON CONFLICT DO NOTHING` in autocommit through "
+            "asyncpg, `bench/peers/bare_pg_app.py`): the least a runtime that records each step in PostgreSQL pays; "
+            "it is in no ratio."
+        )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
         out += [
@@ -494,8 +504,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         type=lambda t: [s for s in t.split(",") if s],
-        default=["bare", "openai_agents", "pydantic_ai", "turnkit"],
-        help="systems to run (bare,openai_agents,pydantic_ai,turnkit; bare: the floor, bare_app.py)",
+        default=["bare", "bare_pg", "openai_agents", "pydantic_ai", "turnkit"],
+        help="systems to run (bare,bare_pg,openai_agents,pydantic_ai,turnkit; bare: the floor, bare_app.py; bare_pg: "
+        "the floor with a PostgreSQL row per step, bare_pg_app.py, with --postgres-url only)",
     )
     parser.add_argument(
         "--tool-kinds",
@@ -568,6 +579,8 @@ def _with_baseline(specs: list[Spec], tree: str | None) -> list[Spec]:
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
     specs = [FLOOR] if FLOOR.system in args.systems else []
+    if PG_FLOOR.system in args.systems and args.postgres_url:
+        specs.append(dataclasses.replace(PG_FLOOR, database_url=args.postgres_url))
     specs += [p for p in PEERS if p.system in args.systems]
     if "local" in args.model_kinds:
         specs += [p for p in LOCAL_MODEL_PEERS if p.system in args.systems]
