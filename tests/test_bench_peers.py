@@ -3,6 +3,8 @@
 ``make bench-peers`` takes ~15 minutes and the peers' packages, so no test runs it whole. This one runs the driver
 on the two systems that need no extra package: bare Temporal (the floor, ``bench/peers/bare_app.py``) and TurnKit,
 each in its own process on its own dev server, one turn of each kind, and reads the report it prints.
+On PostgreSQL (the ``postgres_url`` fixture) it also runs the second floor, bare Temporal with a PostgreSQL row per
+step (``bench/peers/bare_pg_app.py``), and counts its rows.
 """
 
 from __future__ import annotations
@@ -138,12 +140,14 @@ def _figures(latency: float, throughput: float, cpu: float, server: float, postg
 def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_and_the_floor() -> None:
     """Issue 37 targets 1-3 from given figures: target 1 against the faster peer (lowest latency, highest throughput,
     possibly two peers), target 2 against the floor's CPU (the PostgreSQL row also with its server's CPU added, as a
-    second figure that does not decide the mark), target 3 marked only at K = 1 and 3."""
+    second figure that does not decide the mark), target 3 marked only at K = 1 and 3; the PostgreSQL floor's two
+    unmarked rows of what bounds the PostgreSQL targets."""
     args = parse_args(["--k", "1,8", "--postgres-url", "postgresql+asyncpg://x/y", "--tool-kinds", "activity"])
     specs = specs_for(args)
     fast, busy = _figures(0.100, 10, 0.02, 0.02), _figures(0.200, 20, 0.02, 0.02)
     per_k = {
         "bare": _figures(0.100, 20, 0.020, 0.020),  # CPU 40 ms
+        "bare_pg": _figures(0.100, 18, 0.022, 0.021, 0.017),  # 0.90x the faster peer's throughput; CPU 60 ms
         "openai_agents": fast,
         "pydantic_ai": busy,
         "turnkit_sqlite": _figures(0.090, 24, 0.023, 0.023),  # 0.90x / 1.20x; CPU 1.15x
@@ -157,10 +161,13 @@ def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_
     assert lines[2:] == [
         "| 1. PostgreSQL: throughput ÷ faster peer (≥ 1.0x) | 1.00x met | 1.00x met |",
         "| 1. PostgreSQL: latency ÷ faster peer (≤ 1.0x) | 1.01x **not met** | 1.01x **not met** |",
+        "| the bound: bare Temporal + PostgreSQL record (floor), throughput ÷ faster peer | 0.90x | 0.90x |",
         "| 1. SQLite: throughput ÷ faster peer (≥ 1.2x) | 1.20x met | 1.20x met |",
         "| 1. SQLite: latency ÷ faster peer (≤ 0.9x) | 0.90x met | 0.90x met |",
         "| 2. PostgreSQL: CPU per turn, process + dev server, ÷ floor's (≤ 1.3x) | 1.30x met (1.50x with PostgreSQL's "
         "server) | 1.30x met (1.50x with PostgreSQL's server) |",
+        "| the bound: TurnKit (PostgreSQL) CPU per turn ÷ bare Temporal + PostgreSQL record (floor)'s, both with "
+        "PostgreSQL's server | 1.00x | 1.00x |",
         "| 2. SQLite: CPU per turn, process + dev server, ÷ floor's (≤ 1.15x) | 1.15x met | 1.15x met |",
         "| 3. PostgreSQL: next turn ÷ first turn, latency (≤ 1.1x; K = 1, 3) | 1.11x **not met** | 1.11x (no target at "
         "K=8) |",
@@ -168,3 +175,69 @@ def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_
     ]
     cpu = cpu_table(args, specs, per_spec)[2]
     assert cpu.startswith("| 1 | 20 + 20 = 40 ms | ") and "| 26 + 26 = 52 ms (+ 8 ms PostgreSQL) |" in cpu, cpu
+
+
+def test_the_postgres_floor_runs_only_with_a_postgres_url_and_keeps_turnkits_pool_size() -> None:
+    """The second floor (issue 37, target 1: what bounds TurnKit on PostgreSQL) is a column only when the driver has
+    a PostgreSQL database to write to, and its pool has the size of TurnKit's store's, which it copies rather than
+    import (its process holds no TurnKit module)."""
+    from bench.peers import __main__ as driver
+    from bench.peers import bare_pg_app
+    from turnkit.store import engine
+
+    assert (bare_pg_app.POOL_SIZE, bare_pg_app.MAX_OVERFLOW) == (engine.POOL_SIZE, engine.MAX_OVERFLOW)
+    assert [s.key for s in driver.specs_for(driver.parse_args(["--systems", "bare,bare_pg"]))] == ["bare"]
+    url = "postgresql+asyncpg://postgres@127.0.0.1:5432/x"
+    specs = driver.specs_for(driver.parse_args(["--systems", "bare,bare_pg", "--postgres-url", url]))
+    assert [(s.key, s.reference, s.peer, s.database_url) for s in specs] == [
+        ("bare", True, False, None),
+        ("bare_pg", True, False, url),
+    ]
+    assert bare_pg_app.libpq_url(url) == "postgresql://postgres@127.0.0.1:5432/x"
+
+
+def test_the_postgres_floor_records_one_row_per_activity(postgres_url: str) -> None:
+    """Issue 37, target 1's second floor: bare Temporal's workflow and activities, each ``model`` and ``lookup``
+    writing one row to the database of ``--postgres-url``; a column of its own in no ratio, the same K + 1 model and
+    K tool activities per turn as bare Temporal, and one row per activity of every turn it ran (a step's row keyed
+    by the turn's workflow id and the activity's id)."""
+    import asyncio
+
+    import asyncpg
+
+    from bench.peers import bare_pg_app
+
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.peers",
+            *("--systems", "bare_pg", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2"),
+            *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--postgres-url", postgres_url),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = run.stdout
+    header = next(line for line in report.splitlines() if line.startswith("| K |"))
+    assert header == "| K | bare Temporal + PostgreSQL record (floor) |"
+    line = next(line for line in report.splitlines() if line.startswith("| bare Temporal +") and "act." in line)
+    assert re.findall(r"(\d+) act\.", line) == ["3", "5"], line
+
+    async def counts() -> list[tuple[str, int, int]]:
+        connection = await asyncpg.connect(bare_pg_app.libpq_url(postgres_url))
+        try:
+            rows = await connection.fetch(
+                f"SELECT kind, count(*), count(DISTINCT workflow_id) FROM {bare_pg_app.TABLE} GROUP BY kind "
+                "ORDER BY kind"
+            )
+        finally:
+            await connection.close()
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    # 4 turns at K = 1 (1 sequential, 2 in the burst, 1 for the history) and 1 at K = 2 (the history's): K + 1
+    # model rows each, 4 x 2 + 3, and K lookup rows each, 4 x 1 + 2.
+    assert asyncio.run(counts()) == [("lookup", 6, 5), ("model", 11, 5)]

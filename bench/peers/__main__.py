@@ -76,6 +76,9 @@ class Spec:
 #: The same activities in a bare Temporal workflow (``bare_app.py``): what the SDK and the dev server cost for the
 #: workload, under every system here; neither a peer nor TurnKit, so in no ratio.
 FLOOR = Spec("bare", "bare", "bare Temporal (floor)", peer=False, reference=True)
+#: The same with each activity attempt also writing one row to PostgreSQL (``bare_pg_app.py``): the least a runtime
+#: that records each model and tool step there pays; with ``--postgres-url`` only, into that database.
+PG_FLOOR = Spec("bare_pg", "bare_pg", "bare Temporal + PostgreSQL record (floor)", peer=False, reference=True)
 
 
 PEERS = [
@@ -460,11 +463,14 @@ NEXT_TURN_TARGET, NEXT_TURN_KS = 1.1, (1, 3)
 
 def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     """Issue 37's targets 1-3 at each K, one row a target and store, each cell the ratio marked met / not met; a
-    row only where its columns were measured."""
+    row only where its columns were measured. With the PostgreSQL floor measured, two unmarked rows say what bounds
+    the PostgreSQL targets: that floor's throughput ÷ the faster peer, and TurnKit's CPU ÷ that floor's (each with
+    its PostgreSQL server's CPU)."""
     by_key = {s.key: s for s in specs}
     floor = next((s for s in specs if s.key == FLOOR.key), None)
+    pg_floor = next((s for s in specs if s.key == PG_FLOOR.key), None)
     next_of = {first.key: n for n, first in next_turn_pairs(specs)}
-    rows: list[tuple[Target, list[str]]] = []
+    rows: list[tuple[str, list[str]]] = []
     for store, key in TARGET_COLUMNS.items():
         s = by_key.get(key)
         against = [against_faster_peer(s, specs, per_spec, k) for k in args.k] if s else []
@@ -474,8 +480,16 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
         at_least, at_most = PEER_TARGETS[store]
         throughput = Target(1, f"{store}: throughput ÷ faster peer", at_least, above=True)
         latency = Target(1, f"{store}: latency ÷ faster peer", at_most)
-        rows.append((throughput, [throughput.cell(a[1], k) for k, a in zip(args.k, ranked, strict=True)]))
-        rows.append((latency, [latency.cell(a[0], k) for k, a in zip(args.k, ranked, strict=True)]))
+        rows.append((throughput.heading(), [throughput.cell(a[1], k) for k, a in zip(args.k, ranked, strict=True)]))
+        rows.append((latency.heading(), [latency.cell(a[0], k) for k, a in zip(args.k, ranked, strict=True)]))
+        bound = [against_faster_peer(pg_floor, specs, per_spec, k) for k in args.k] if pg_floor else []
+        if store == "PostgreSQL" and bound and all(bound):
+            rows.append(
+                (
+                    f"the bound: {PG_FLOOR.title}, throughput ÷ faster peer",
+                    [f"{b[1]:.2f}x" for b in bound if b is not None],
+                )
+            )
     for store, key in TARGET_COLUMNS.items():
         s = by_key.get(key)
         if s is None or floor is None:
@@ -488,17 +502,28 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
             if s.postgres and now.postgres_cpu:
                 extra = f" ({ratios(now, ref, postgres=True)[2]:.2f}x with PostgreSQL's server)"
             cells.append(target.cell(ratios(now, ref)[2], k, extra))
-        rows.append((target, cells))
+        rows.append((target.heading(), cells))
+        if s.postgres and pg_floor is not None:
+            rows.append(
+                (
+                    f"the bound: TurnKit ({store}) CPU per turn ÷ {PG_FLOOR.title}'s, both with PostgreSQL's server",
+                    [
+                        f"{per_spec[s.key][k].cpu_per_turn(True) / per_spec[pg_floor.key][k].cpu_per_turn(True):.2f}x"
+                        for k in args.k
+                    ],
+                )
+            )
     for store, key in TARGET_COLUMNS.items():
         s, n = by_key.get(key), next_of.get(key)
         if s is None or n is None:
             continue
         target = Target(3, f"{store}: next turn ÷ first turn, latency", NEXT_TURN_TARGET, ks=NEXT_TURN_KS)
-        rows.append((target, [target.cell(ratios(per_spec[n.key][k], per_spec[s.key][k])[0], k) for k in args.k]))
+        cells = [target.cell(ratios(per_spec[n.key][k], per_spec[s.key][k])[0], k) for k in args.k]
+        rows.append((target.heading(), cells))
     if not rows:
         return []
     lines = ["| target | " + " | ".join(f"K={k}" for k in args.k) + " |", "|" + "---|" * (len(args.k) + 1)]
-    lines += ["| " + " | ".join([target.heading(), *cells]) + " |" for target, cells in rows]
+    lines += ["| " + " | ".join([heading, *cells]) + " |" for heading, cells in rows]
     return lines
 
 
@@ -548,6 +573,13 @@ def report(
             " The 'bare Temporal (floor)' column runs the same model and tool activities in a plain workflow with "
             "nothing around them (`bench/peers/bare_app.py`): what the SDK and the dev server cost for the workload "
             "under every system; it is in no ratio."
+        )
+    if any(s.system == PG_FLOOR.system for s in specs):
+        out[-1] += (
+            f" The '{PG_FLOOR.title}' column runs the same workflow and activities, each model and tool attempt "
+            "also writing one row to PostgreSQL (one `INSERT ... ON CONFLICT DO NOTHING` in autocommit through "
+            "asyncpg, `bench/peers/bare_pg_app.py`): the least a runtime that records each step in PostgreSQL pays; "
+            "it is in no ratio."
         )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
@@ -652,8 +684,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         type=lambda t: [s for s in t.split(",") if s],
-        default=["bare", "openai_agents", "pydantic_ai", "turnkit"],
-        help="systems to run (bare,openai_agents,pydantic_ai,turnkit; bare: the floor, bare_app.py)",
+        default=["bare", "bare_pg", "openai_agents", "pydantic_ai", "turnkit"],
+        help="systems to run (bare,bare_pg,openai_agents,pydantic_ai,turnkit; bare: the floor, bare_app.py; bare_pg: "
+        "the floor with a PostgreSQL row per step, bare_pg_app.py, with --postgres-url only)",
     )
     parser.add_argument(
         "--tool-kinds",
@@ -726,6 +759,8 @@ def _with_baseline(specs: list[Spec], tree: str | None) -> list[Spec]:
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
     specs = [FLOOR] if FLOOR.system in args.systems else []
+    if PG_FLOOR.system in args.systems and args.postgres_url:
+        specs.append(dataclasses.replace(PG_FLOOR, database_url=args.postgres_url))
     specs += [p for p in PEERS if p.system in args.systems]
     if "local" in args.model_kinds:
         specs += [p for p in LOCAL_MODEL_PEERS if p.system in args.systems]

@@ -15,8 +15,10 @@ latency: a system may still start its turns faster than ``execute_workflow`` doe
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity, workflow
 from temporalio.client import Client
@@ -82,17 +84,27 @@ class System:
 
     client: Client
 
+    #: Prefix of the task queue and of the turn workflows' ids.
+    name = "bare"
+
     def __init__(self) -> None:
-        self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
+        self.task_queue = f"bench-{self.name}-{uuid.uuid4().hex[:8]}"
         self._worker: Worker | None = None
+
+    def activities(self) -> list[Callable[..., Any]]:
+        """The worker's ``model`` and ``lookup`` activities: :class:`BareTurn` schedules them by name, so a system
+        built on this one (``bare_pg_app.py``) may run its own under the same names."""
+        return [model, lookup]
 
     async def open(self, address: str) -> None:
         self.client = await Client.connect(address)
-        self._worker = Worker(self.client, task_queue=self.task_queue, workflows=[BareTurn], activities=[model, lookup])
+        self._worker = Worker(
+            self.client, task_queue=self.task_queue, workflows=[BareTurn], activities=self.activities()
+        )
         await self._worker.__aenter__()
 
     async def turn(self, k: int) -> list[str]:
-        workflow_id = f"bare-{uuid.uuid4().hex}"
+        workflow_id = f"{self.name}-{uuid.uuid4().hex}"
         output = await self.client.execute_workflow(
             BareTurn.run, workload.prompt(k), id=workflow_id, task_queue=self.task_queue
         )

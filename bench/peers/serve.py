@@ -48,6 +48,7 @@ from bench.actions import count_actions, free_port, server_actions
 #: ``serve`` name -> module holding its ``System``.
 SYSTEMS = {
     "bare": "bench.peers.bare_app",
+    "bare_pg": "bench.peers.bare_pg_app",
     "langgraph": "bench.peers.langgraph_app",
     "openai_agents": "bench.peers.openai_agents_app",
     "pydantic_ai": "bench.peers.pydantic_ai_app",
