@@ -94,6 +94,8 @@ def instrument(store: Store, counter: Counter) -> None:
 
     @event.listens_for(engine, "after_cursor_execute")
     def _after(_conn: Any, cursor: Any, statement: str, _params: Any, _context: Any, _many: bool) -> None:
+        if "pg_notify(" in statement:
+            return  # the live transport's (turnkit/store/live.py), sent only while someone watches: not store work
         call = counter.current()
         call.statements += 1
         call.sql.append(" ".join(statement.split())[:160])

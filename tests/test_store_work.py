@@ -75,6 +75,8 @@ def counting(store: Store) -> Iterator[Work]:
         if counts is None:
             return
         text = " ".join(statement.split()).lower()
+        if "pg_notify(" in text:
+            return  # the live transport's (turnkit/store/live.py), sent only while someone watches: not store work
         context_read[id(cursor)] = context = (
             text.startswith("select") and "from turnkit_messages" in text and "turnkit_messages.sequence <=" in text
         )
