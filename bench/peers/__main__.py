@@ -84,6 +84,7 @@ PG_FLOOR = Spec("bare_pg", "bare_pg", "bare Temporal + PostgreSQL record (floor)
 PEERS = [
     Spec("openai_agents", "openai_agents", "OpenAI Agents + Temporal", peer=True),
     Spec("pydantic_ai", "pydantic_ai", "Pydantic AI + Temporal", peer=True),
+    Spec("langgraph", "langgraph", "LangGraph + Temporal", peer=True),
 ]
 #: With ``--model-kinds`` including ``local``: OpenAI's integration with its model calls as local activities
 #: (``ModelActivityParameters(use_local_activity=True)``). Pydantic AI's Temporal integration has no such option.
@@ -684,9 +685,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         type=lambda t: [s for s in t.split(",") if s],
-        default=["bare", "bare_pg", "openai_agents", "pydantic_ai", "turnkit"],
-        help="systems to run (bare,bare_pg,openai_agents,pydantic_ai,turnkit; bare: the floor, bare_app.py; bare_pg: "
-        "the floor with a PostgreSQL row per step, bare_pg_app.py, with --postgres-url only)",
+        default=["bare", "bare_pg", "openai_agents", "pydantic_ai", "langgraph", "turnkit"],
+        help="systems to run (bare,bare_pg,openai_agents,pydantic_ai,langgraph,turnkit; bare: the floor, bare_app.py; "
+        "bare_pg: the floor with a PostgreSQL row per step, bare_pg_app.py, with --postgres-url only)",
     )
     parser.add_argument(
         "--tool-kinds",
