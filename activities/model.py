@@ -44,6 +44,7 @@ from turnkit._engine.compaction import (
     active_messages,
     compaction_policy,
     message_tokens,
+    reaches_threshold,
     should_compact,
     summarise,
 )
@@ -134,7 +135,9 @@ class ModelActivities(ModelCalls):
         if agent.mcp_servers:  # the tools of its MCP servers, listed once per turn and recorded (turnkit.mcp)
             async with heartbeating():  # a server started per listing may take longer than a heartbeat
                 turn = await record_mcp_tools(self.store, turn, agent)
-        messages, denial, summarised = await self._auto_compact(call, turn, agent, messages, transcript.tokens)
+        messages, denial, summarised = await self._auto_compact(
+            call, turn, agent, messages, transcript.tokens, transcript=transcript
+        )
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
         # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
@@ -147,6 +150,7 @@ class ModelActivities(ModelCalls):
                 request_id=call.request_id,
                 conversation=conversation,
                 project=transcript.project,
+                project_all=transcript.project_all,
             ),
             what="model request",
         )
@@ -215,6 +219,8 @@ class ModelActivities(ModelCalls):
         agent: Agent,
         messages: list[MessageRecord],
         tokens: Callable[[MessageRecord], int] = message_tokens,
+        *,
+        transcript: Transcript | None = None,
     ) -> tuple[list[MessageRecord], str | None, bool]:
         """Automatic compaction as a model phase starts (behaviour §3.10); returns the messages, a budget denial
         and whether the summariser was asked (that call takes time: the control boundary runs again after it).
@@ -226,12 +232,21 @@ class ModelActivities(ModelCalls):
         """
         force = turn.options.compact
         policy = compaction_policy(settings.compaction, agent.compaction)
-        if policy is None or force is False or _summary_for(messages, call.request_id) is not None:
+        # Without any summary among the messages (``transcript``'s, as read), there is none for this request, and
+        # the projection is the messages themselves: their estimate is the transcript's running sum, not a pass over
+        # every message again (a long conversation's calls would grow by it).
+        plain = transcript is not None and messages is transcript.messages and not transcript.has_summary()
+        if policy is None or force is False or (not plain and _summary_for(messages, call.request_id) is not None):
             return messages, None, False
         if call.request_id in turn.state.empty_summaries:
             return messages, None, False  # asked once for this request, answered empty and charged: not asked again
-        if not force and not should_compact(policy, active_messages(messages), tokens):
-            return messages, None, False
+        if not force:
+            if plain and transcript is not None:
+                due = reaches_threshold(policy, transcript.total_tokens())
+            else:
+                due = should_compact(policy, active_messages(messages), tokens)
+            if not due:
+                return messages, None, False
         # The summary is a paid call: asked only while the tree is within max_spend (behaviour §6.2).
         denial = await retry_store(lambda: spend_before_call(self.store, turn), what="compaction budget")
         if denial is not None:
@@ -385,7 +400,7 @@ class ModelActivities(ModelCalls):
                 tx, turn.conversation_id, through_sequence=turn.context_message_sequence, turn_id=turn.id
             )
             # Behaviour §3.2: the first request that included each delivered message (for input_status).
-            for message in transcript.messages:
+            for message in transcript.delivered():  # the kept prefix's are known: no pass over every message
                 delivery_id = message.metadata.get("delivery_id")
                 if delivery_id and delivery_id not in state.delivery_requests:
                     state.delivery_requests[str(delivery_id)] = call.request_id

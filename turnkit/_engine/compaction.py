@@ -121,8 +121,14 @@ def should_compact(
     The threshold is ``max(context_limit - reserved_tokens, 1) * threshold`` tokens. ``tokens``: as for
     :func:`estimate_tokens`.
     """
+    return reaches_threshold(policy, estimate_tokens(messages, tokens))
+
+
+def reaches_threshold(policy: Mapping[str, Any], tokens: int) -> bool:
+    """True when ``tokens`` (an estimate of the projected messages) reaches the policy's threshold: ``max(context_limit
+    - reserved_tokens, 1) * threshold`` (:func:`should_compact` with the estimate already summed)."""
     budget = max(int(policy["context_limit"]) - int(policy["reserved_tokens"]), 1)
-    return estimate_tokens(messages, tokens) >= budget * float(policy["threshold"])
+    return tokens >= budget * float(policy["threshold"])
 
 
 # -- projection -------------------------------------------------------------------------------------------------

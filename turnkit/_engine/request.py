@@ -66,6 +66,7 @@ async def build_model_request(
     now: datetime | None = None,
     conversation: ConversationRecord | None = None,
     project: Callable[[MessageRecord], list[dict[str, Any]]] = project_message,
+    project_all: Callable[[Sequence[MessageRecord]], list[dict[str, Any]]] | None = None,
 ) -> ModelRequest:
     """The request the next model call of ``turn`` sends (behaviour §3.3); no model is called and nothing is written.
 
@@ -82,6 +83,8 @@ async def build_model_request(
             the transaction that reserves the request: see :func:`needs_conversation`).
         project: :func:`turnkit.prompt.project_message`, or what returns the same (the model activity's, computed
             once per message: :class:`turnkit._engine.transcripts.Transcript`).
+        project_all: What returns :func:`turnkit.prompt.project_messages` of the messages, ``project``'s for every
+            one (the model activity's, which takes a long conversation's kept projections whole: ``Transcript``).
 
     Raises:
         ValueError: The prompt mode or a section is unknown.
@@ -117,10 +120,12 @@ async def build_model_request(
         text = agent.system_prompt if isinstance(agent.system_prompt, str) else await _called(agent, prompt)
         sent = {} if isinstance(agent.system_prompt, str) else prompt.sections
         prompt = SystemPrompt(mode=prompt.mode, stable=text, dynamic="", sections=sent, tool_count=len(specs))
+    active = active_messages(messages)
+    projected = project_all(active) if project_all is not None else project_messages(active, project)
     return ModelRequest(
         model=model,
         # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-        messages=provider_call_ids(drop_unanswered_calls(project_messages(active_messages(messages), project))),
+        messages=provider_call_ids(drop_unanswered_calls(projected)),
         tools=specs,
         instructions=prompt.stable,
         dynamic_instructions=prompt.dynamic or None,

@@ -18,12 +18,18 @@ Why a kept prefix is never stale:
   activity's reserve may append a message itself, which a rollback takes back. A read inside a savepoint, or rows
   that do not continue the kept prefix without a gap, are not kept at all.
 
+Besides each message's projection and token estimate, the kept prefix carries the running sum of the estimates and
+where its summaries and delivered messages are, so that a call's compaction check, its look for an earlier summary
+and its scan for deliveries pass over the turn's own messages only, not the whole frozen context again (a long
+conversation's turn otherwise grew by one Python-level pass over every message per step).
+
 Memory is bounded by :data:`MAX_KEPT_CHARS` characters of projected text over all conversations, the least recently
 read conversation going first; a conversation bigger than that on its own is read whole on every call, as before.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +65,14 @@ class _Kept:
     messages: list[MessageRecord]
     derived: dict[str, _Derived] = field(default_factory=dict[str, _Derived])
     chars: int = 0
+    #: ``tokens[i]``: the token estimates of ``messages[:i]`` summed (one more entry than ``messages``).
+    tokens: list[int] = field(default_factory=lambda: [0])
+    #: The positions in ``messages`` of its ``context_summary`` messages and of its delivered messages.
+    summaries: list[int] = field(default_factory=list[int])
+    deliveries: list[int] = field(default_factory=list[int])
+    #: The projections of ``messages``, one after the other; ``offsets[i]``: how many of them are ``messages[:i]``'s.
+    projected: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    offsets: list[int] = field(default_factory=lambda: [0])
 
     @property
     def last(self) -> int:
@@ -71,8 +85,15 @@ class _Kept:
         added = 0
         for row in rows:
             known = derived.get(row.id) or _derive(row)
+            if row.kind == "context_summary":
+                self.summaries.append(len(self.messages))
+            if row.metadata.get("delivery_id"):
+                self.deliveries.append(len(self.messages))
             self.messages.append(row)
             self.derived[row.id] = known
+            self.tokens.append(self.tokens[-1] + known.tokens)
+            self.projected.extend(known.projected)
+            self.offsets.append(len(self.projected))
             added += (known.tokens - 8) * 4 + 64  # the projection's characters, and a record's overhead
         self.chars += added
         return added
@@ -96,7 +117,9 @@ class Transcript:
     per worker process (:meth:`project` and :meth:`tokens` for :func:`turnkit._engine.request.build_model_request`
     and :func:`turnkit._engine.compaction.should_compact`)."""
 
-    def __init__(self, messages: list[MessageRecord], known: Mapping[str, _Derived]) -> None:
+    def __init__(
+        self, messages: list[MessageRecord], known: Mapping[str, _Derived], kept: _Kept | None = None, cut: int = 0
+    ) -> None:
         #: The frozen context plus the turn's own messages, in sequence order (as ``StoreTx.list_messages`` with
         #: ``through_sequence`` and ``turn_id`` returns them).
         self.messages = messages
@@ -104,6 +127,20 @@ class Transcript:
         self.known = known
         #: What was derived of messages not kept yet (the cache takes it with them after the commit).
         self.derived_here: dict[str, _Derived] = {}
+        # ``messages`` starts with the first ``cut`` messages of ``kept``: what the cache summed and placed of them is
+        # read from it, fixed now (a kept prefix only grows; a replaced one is another object).
+        self._prefix = 0
+        self._prefix_tokens = 0
+        self._prefix_summaries = False
+        self._prefix_deliveries: list[MessageRecord] = []
+        self._prefix_projected: list[dict[str, Any]] = []  # a kept list that only grows: read through its end below
+        self._prefix_projected_end = 0
+        if kept is not None and cut > 0:
+            self._prefix = cut
+            self._prefix_projected, self._prefix_projected_end = kept.projected, kept.offsets[cut]
+            self._prefix_tokens = kept.tokens[cut]
+            self._prefix_summaries = bool(kept.summaries) and kept.summaries[0] < cut
+            self._prefix_deliveries = [kept.messages[i] for i in kept.deliveries[: bisect_left(kept.deliveries, cut)]]
 
     def _derived(self, message: MessageRecord) -> _Derived:
         found = self.known.get(message.id) or self.derived_here.get(message.id)
@@ -113,11 +150,43 @@ class Transcript:
 
     def project(self, message: MessageRecord) -> list[dict[str, Any]]:
         """:func:`turnkit.prompt.project_message` of ``message``, computed once (callers must not change it)."""
-        return self._derived(message).projected
+        found = self.known.get(message.id)  # the common case first: one lookup
+        return (found or self._derived(message)).projected
 
     def tokens(self, message: MessageRecord) -> int:
         """:func:`turnkit._engine.compaction.message_tokens` of ``message``, computed once."""
-        return self._derived(message).tokens
+        found = self.known.get(message.id)
+        return (found or self._derived(message)).tokens
+
+    def project_all(self, messages: Sequence[MessageRecord]) -> list[dict[str, Any]]:
+        """:func:`turnkit.prompt.project_messages` of ``messages``: when they start with the kept prefix this
+        transcript's messages start with (the same messages: no summary took their place), its projections are
+        taken whole and only the rest is projected one by one."""
+        cut = self._prefix
+        if cut and len(messages) >= cut and messages[:cut] == self.messages[:cut]:  # identical objects: a C loop
+            projected = self._prefix_projected[: self._prefix_projected_end]
+            rest = messages[cut:]
+        else:
+            projected, rest = [], messages
+        for message in rest:
+            projected.extend(self.project(message))
+        return projected
+
+    def total_tokens(self) -> int:
+        """The token estimates of :attr:`messages` summed (:func:`turnkit._engine.compaction.estimate_tokens`)."""
+        tokens = self.tokens
+        return self._prefix_tokens + sum(tokens(message) for message in self.messages[self._prefix :])
+
+    def has_summary(self) -> bool:
+        """Whether any of :attr:`messages` is a ``context_summary``."""
+        if self._prefix_summaries:
+            return True
+        return any(message.kind == "context_summary" for message in self.messages[self._prefix :])
+
+    def delivered(self) -> list[MessageRecord]:
+        """The messages of :attr:`messages` with a ``delivery_id`` in their metadata, in order."""
+        later = [message for message in self.messages[self._prefix :] if message.metadata.get("delivery_id")]
+        return [*self._prefix_deliveries, *later]
 
 
 class Transcripts:
@@ -166,10 +235,8 @@ class Transcripts:
         if kept is None:
             rows = await tx.list_messages(conversation_id)
         self.rows_read += len(rows)
-        transcript = Transcript(
-            _view(kept.messages if kept is not None else [], rows, through_sequence, turn_id),
-            kept.derived if kept is not None else {},
-        )
+        view, cut = _view(kept.messages if kept is not None else [], rows, through_sequence, turn_id)
+        transcript = Transcript(view, kept.derived if kept is not None else {}, kept, cut)
         if not tx.connection.in_nested_transaction():  # a savepoint's rollback could take back what it read
             tx.after_commit(lambda: self._keep(conversation_id, kept, rows, transcript))
         return transcript
@@ -201,12 +268,13 @@ class Transcripts:
 
 def _view(
     kept: list[MessageRecord], rows: list[MessageRecord], through_sequence: int, turn_id: str
-) -> list[MessageRecord]:
+) -> tuple[list[MessageRecord], int]:
     """The turn's messages out of the kept prefix and the rows read after it: those through ``through_sequence``
-    (a slice of the kept ones, which are contiguous) and the turn's own after it."""
+    (a slice of the kept ones, which are contiguous) and the turn's own after it; with how many of them are the kept
+    prefix's first ones."""
     first = kept[0].sequence if kept else 0
     cut = max(0, min(len(kept), through_sequence - first + 1))
     view = kept[:cut]
     view.extend(m for m in kept[cut:] if m.turn_id == turn_id)
     view.extend(m for m in rows if m.sequence <= through_sequence or m.turn_id == turn_id)
-    return view
+    return view, cut
