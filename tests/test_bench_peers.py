@@ -150,6 +150,7 @@ def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_
         "bare_pg": _figures(0.100, 18, 0.022, 0.021, 0.017),  # 0.90x the faster peer's throughput; CPU 60 ms
         "openai_agents": fast,
         "pydantic_ai": busy,
+        "langgraph": _figures(0.150, 15, 0.02, 0.02),  # neither the fastest nor the busiest
         "turnkit_sqlite": _figures(0.090, 24, 0.023, 0.023),  # 0.90x / 1.20x; CPU 1.15x
         "turnkit_sqlite_next": _figures(0.099, 24, 0.023, 0.023),  # 1.10x the first
         "turnkit_pg": _figures(0.101, 20, 0.026, 0.026, 0.008),  # 1.01x / 1.00x; CPU 1.30x, 1.50x with the server
