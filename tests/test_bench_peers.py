@@ -29,22 +29,11 @@ def test_the_driver_measures_turnkit_and_the_floor_and_ranks_only_turnkit() -> N
     """One command measures both systems at K = 1 (latency, throughput, CPU, history), TurnKit's turn both as a
     fresh conversation's first and as an idle conversation's next, and the floor is a column of its own that no
     ratio uses: with no peer measured, the report has no ratio column, and the next turn is set against the first."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.peers",
-            *("--systems", "bare,turnkit", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2"),
-            *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--tool-kinds", "activity"),
-            *("--turn-kinds", "first,next"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    report = _run_driver(
+        *("--systems", "bare,turnkit", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2"),
+        *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--tool-kinds", "activity"),
+        *("--turn-kinds", "first,next"),
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = run.stdout
     header = next(line for line in report.splitlines() if line.startswith("| K |"))
     # No "÷ faster peer" column.
     assert header == "| K | bare Temporal (floor) | TurnKit (SQLite) | TurnKit (SQLite, next turn) |"
@@ -208,21 +197,10 @@ def test_the_postgres_floor_records_one_row_per_activity(postgres_url: str) -> N
 
     from bench.peers import bare_pg_app
 
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.peers",
-            *("--systems", "bare_pg", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2"),
-            *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--postgres-url", postgres_url),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    report = _run_driver(
+        *("--systems", "bare_pg", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2"),
+        *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--postgres-url", postgres_url),
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = run.stdout
     header = next(line for line in report.splitlines() if line.startswith("| K |"))
     assert header == "| K | bare Temporal + PostgreSQL record (floor) |"
     line = next(line for line in report.splitlines() if line.startswith("| bare Temporal +") and "act." in line)
