@@ -342,6 +342,8 @@ PRESENCE_TTL: Final = 3 * PRESENCE_INTERVAL
 #: Seconds after a process begins to publish during which it publishes everything: the watchers' answers to its roll
 #: call are on their way (a few milliseconds on one network; this leaves room for a loaded machine).
 PRESENCE_WARMUP: Final = 2.0
+#: Watched channels a publisher keeps before it forgets the expired ones (checked as announcements arrive).
+_WATCHED_PRUNE_AT: Final = 10_000
 #: Channels per presence announcement: 100 names of 53 bytes keep a payload under PostgreSQL's 8000-byte limit.
 _CHANNELS_PER_ANNOUNCEMENT: Final = 100
 
@@ -438,7 +440,8 @@ class PostgresTransport(_Subscribers):
                 await self._listener()
                 self._hearing_since = asyncio.get_running_loop().time()
                 await self._notify([(PRESENCE_CHANNEL, json.dumps({"op": "roll"}))])
-            except Exception as err:  # the next publish fails the same way; until a listener comes, send all
+            except Exception as err:  # meanwhile everything is sent; the next publish tries again
+                self._publishing = False
                 logger.warning("live presence unavailable, every live message is sent: %s", err)
 
     async def listen(self, subscription: Subscription, channels: Iterable[str]) -> None:
@@ -569,6 +572,8 @@ class PostgresTransport(_Subscribers):
         except (KeyError, TypeError, ValueError) as err:
             logger.warning("ignored a live presence notice that does not parse: %s", err)
             return
+        if op == "watch" and len(self._watched) > _WATCHED_PRUNE_AT:
+            self._forget_expired()  # watchers that ended without an unwatch, on channels nobody published to since
         for channel in channels:
             if op == "watch":
                 self._watched.setdefault(channel, {})[watcher] = expires
@@ -576,6 +581,15 @@ class PostgresTransport(_Subscribers):
                 watchers.pop(watcher, None)
                 if not watchers:
                     del self._watched[channel]
+
+    def _forget_expired(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for channel in list(self._watched):
+            watchers = {w: expires for w, expires in self._watched[channel].items() if expires > now}
+            if watchers:
+                self._watched[channel] = watchers
+            else:
+                del self._watched[channel]
 
     def _terminated(self, _connection: object) -> None:
         # The listener's connection ended (a restart, a network cut): its subscriptions get nothing more live, and
