@@ -382,7 +382,7 @@ class PostgresTransport(_Subscribers):
         self._hearing_since: float | None = None  # when the listener began to hear presence for publishing
         self._watched: dict[str, dict[str, float]] = {}  # channel -> watcher id -> when its announcement expires
         self._announcing: asyncio.Task[None] | None = None  # a watcher's periodic announcements
-        self._answers: set[asyncio.Task[None]] = set()  # answers to roll calls, in flight
+        self._tasks: set[asyncio.Task[None]] = set()  # answers to roll calls and closings, in flight
         store.on_close(self.close)
 
     async def publish(self, messages: Sequence[LiveMessage]) -> int:
@@ -493,13 +493,13 @@ class PostgresTransport(_Subscribers):
     async def close(self) -> None:
         """Stop publishing and listening, and give the listener's connection back (the store's :meth:`~Store.close`
         calls it)."""
-        if self._driver is None and self._announcing is None and not self._answers:
+        if self._driver is None and self._announcing is None and not self._tasks:
             self._publishing = False
             return  # nothing held (and the lock may belong to an event loop that is gone)
         async with self._lock:
             self._publishing = False
             self._stop_announcing()
-            for task in self._answers:
+            for task in self._tasks:
                 task.cancel()
             await self._release()
 
@@ -533,10 +533,16 @@ class PostgresTransport(_Subscribers):
         if self._driver is not None and not self._driver.is_closed():
             return self._driver
         connection = await self._engine.connect()
-        raw = await connection.get_raw_connection()
-        driver = cast("asyncpg.Connection", raw.driver_connection)
+        try:
+            raw = await connection.get_raw_connection()
+            driver = cast("asyncpg.Connection", raw.driver_connection)
+            await driver.add_listener(PRESENCE_CHANNEL, self._presence)
+        except BaseException:
+            # Never left to the garbage collector: a connection that failed here goes back closed (an outage).
+            await connection.invalidate()
+            await connection.close()
+            raise
         driver.add_termination_listener(self._terminated)
-        await driver.add_listener(PRESENCE_CHANNEL, self._presence)
         self._connection, self._driver = connection, driver
         return driver
 
@@ -564,8 +570,8 @@ class PostgresTransport(_Subscribers):
             if op == "roll":
                 if self._subscribers:
                     task = asyncio.get_running_loop().create_task(self._answer_roll_call())
-                    self._answers.add(task)
-                    task.add_done_callback(self._answers.discard)
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
                 return
             watcher, channels = str(notice["watcher"]), [str(c) for c in notice["channels"]]
             expires = asyncio.get_running_loop().time() + float(notice.get("ttl", PRESENCE_TTL))
@@ -582,6 +588,12 @@ class PostgresTransport(_Subscribers):
                 if not watchers:
                     del self._watched[channel]
 
+    @staticmethod
+    async def _discard(connection: AsyncConnection) -> None:
+        with contextlib.suppress(Exception):  # the connection is gone already; only the pool's record is left
+            await connection.invalidate()
+            await connection.close()
+
     def _forget_expired(self) -> None:
         now = asyncio.get_running_loop().time()
         for channel in list(self._watched):
@@ -596,7 +608,11 @@ class PostgresTransport(_Subscribers):
         # presence is unknown until a publish listens again (everything is sent meanwhile).
         logger.warning("the live listener's PostgreSQL connection ended: live deltas stop, committed events go on")
         subscribers, self._subscribers = self._subscribers, {}
-        self._connection, self._driver = None, None
+        connection, self._connection, self._driver = self._connection, None, None
+        if connection is not None:  # given back to the pool as closed, not left to the garbage collector
+            task = asyncio.get_running_loop().create_task(self._discard(connection))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         self._hearing_since = None
         self._watched.clear()
         self._publishing = False
