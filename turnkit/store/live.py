@@ -431,7 +431,8 @@ class PostgresTransport(_Subscribers):
         return bool(watchers)
 
     async def _hear_presence(self) -> None:
-        """Begin to publish: listen for presence and ask who watches (once; a failure leaves everything sent)."""
+        """Begin to publish: listen for presence and ask who watches (after a failure everything is sent, and the next
+        publish tries again)."""
         async with self._lock:
             if self._publishing:
                 return
