@@ -3,7 +3,7 @@
 ``make bench-peers`` takes ~15 minutes and the peers' packages, so no test runs it whole. This one runs the driver
 on the two systems that need no extra package: bare Temporal (the floor, ``bench/peers/bare_app.py``) and TurnKit,
 each in its own process on its own dev server, one turn of each kind, and reads the report it prints.
-On PostgreSQL (the ``postgres_url`` fixture) it also runs the second floor, bare Temporal with a PostgreSQL row per
+On PostgreSQL it also runs the second floor, bare Temporal with a PostgreSQL row per
 step (``bench/peers/bare_pg_app.py``), and counts its rows.
 """
 
@@ -15,12 +15,14 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.peers import serve
 from bench.peers.__main__ import Figures, cpu_table, parse_args, specs_for, targets_table
+from tests.dbfixtures import create_postgres_database, drop_postgres_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +188,19 @@ def test_the_postgres_floor_runs_only_with_a_postgres_url_and_keeps_turnkits_poo
     assert bare_pg_app.libpq_url(url) == "postgresql://postgres@127.0.0.1:5432/x"
 
 
-def test_the_postgres_floor_records_one_row_per_activity(postgres_url: str) -> None:
+@pytest.fixture
+def floor_database_url(postgres_admin_url: str) -> Iterator[str]:
+    """A database of its own for the PostgreSQL floor: its table is not TurnKit's, and the session database's
+    schema is checked against TurnKit's models (``test_migrations_match_the_models``)."""
+    url = create_postgres_database(postgres_admin_url)
+    try:
+        yield url
+    finally:
+        drop_postgres_database(postgres_admin_url, url)
+
+
+@pytest.mark.postgres
+def test_the_postgres_floor_records_one_row_per_activity(floor_database_url: str) -> None:
     """Issue 37, target 1's second floor: bare Temporal's workflow and activities, each ``model`` and ``lookup``
     writing one row to the database of ``--postgres-url``; a column of its own in no ratio, the same K + 1 model and
     K tool activities per turn as bare Temporal, and one row per activity of every turn it ran (a step's row keyed
@@ -199,7 +213,7 @@ def test_the_postgres_floor_records_one_row_per_activity(postgres_url: str) -> N
 
     report = _run_driver(
         *("--systems", "bare_pg", "--k", "1", "--turns", "1", "--warmup", "0", "--burst", "2"),
-        *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--postgres-url", postgres_url),
+        *("--rounds", "1", "--history-k", "1,2", "--settings", "default", "--postgres-url", floor_database_url),
     )
     header = next(line for line in report.splitlines() if line.startswith("| K |"))
     assert header == "| K | bare Temporal + PostgreSQL record (floor) |"
@@ -207,7 +221,7 @@ def test_the_postgres_floor_records_one_row_per_activity(postgres_url: str) -> N
     assert re.findall(r"(\d+) act\.", line) == ["3", "5"], line
 
     async def counts() -> list[tuple[str, int, int]]:
-        connection = await asyncpg.connect(bare_pg_app.libpq_url(postgres_url))
+        connection = await asyncpg.connect(bare_pg_app.libpq_url(floor_database_url))
         try:
             rows = await connection.fetch(
                 f"SELECT kind, count(*), count(DISTINCT workflow_id) FROM {bare_pg_app.TABLE} GROUP BY kind "
