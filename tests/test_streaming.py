@@ -384,5 +384,35 @@ async def test_only_conversations_someone_watches_cost_a_notify(store: Store, da
         await watcher_store.close()
 
 
+async def test_a_publisher_forgets_watchers_that_ended_silently_once_it_keeps_many(tmp_path: Path) -> None:
+    """A publisher that hears presence keeps every announced channel until it expires, but checks expiry only for
+    channels it publishes to: once it keeps more than its bound, a new announcement clears the expired ones (watchers
+    killed without an unwatch, on channels nobody published to since), and what has not expired stays watched."""
+    from turnkit.store import live
+
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'presence.db'}")
+    try:
+        publisher = PostgresTransport(store)  # only its presence bookkeeping runs: no connection is made
+        publisher.warmup = 0
+
+        def hear(watcher: str, channels: list[str], ttl: float) -> None:
+            notice = {"op": "watch", "watcher": watcher, "channels": channels, "ttl": ttl}
+            publisher._presence(None, 0, PRESENCE_CHANNEL, json.dumps(notice))  # pyright: ignore[reportPrivateUsage]
+
+        publisher._hearing_since = asyncio.get_running_loop().time()  # pyright: ignore[reportPrivateUsage]
+        hear("alive", [channel_of("conv_alive")], ttl=60)
+        dead = [channel_of(f"conv_dead_{n}") for n in range(live._WATCHED_PRUNE_AT)]  # pyright: ignore[reportPrivateUsage]
+        for start in range(0, len(dead), 100):
+            hear("killed", dead[start : start + 100], ttl=0)  # expired as soon as heard
+        kept = publisher._watched  # pyright: ignore[reportPrivateUsage]
+        assert len(kept) == live._WATCHED_PRUNE_AT + 1  # pyright: ignore[reportPrivateUsage]
+        hear("late", [channel_of("conv_late")], ttl=60)  # past the bound: the expired ones go
+        assert set(kept) == {channel_of("conv_alive"), channel_of("conv_late")}
+        assert publisher.watched("conv_alive") and publisher.watched("conv_late")
+        assert not publisher.watched("conv_dead_0")
+    finally:
+        await store.close()
+
+
 async def _true(value: bool) -> bool:
     return value
