@@ -11,7 +11,7 @@ import asyncio
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 import turnkit
-from tests.engine import eventually, start_turn_workflow
+from tests.engine import HeldModel, eventually, start_turn_workflow
 from tests.history_scenarios import run_input
 from turnkit._engine.builtin_tools import wait_for
 from turnkit._engine.controls import apply_cancel, apply_pause, apply_resume
@@ -34,8 +34,10 @@ from turnkit._engine.turn_options import turn_options
 from turnkit._workflows.lane import FOLLOW_POLL, ConversationWorkflow
 from turnkit._workflows.turn import TurnWorkflow
 from turnkit.agent import resolve_agent
+from turnkit.kernel.errors import TransientModelError
 from turnkit.kernel.payloads import LaneInput, QueuedTurn, TurnOutcome
 from turnkit.kernel.records import TurnRecord
+from turnkit.model import ModelRequest, Result
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
@@ -322,7 +324,7 @@ async def _submitted(store: Store, agent: turnkit.Agent, *, submitted_at: dateti
         )
 
 
-def _timers(events: list[HistoryEvent]) -> int:
+def _timers(events: Sequence[HistoryEvent]) -> int:
     return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED)
 
 
@@ -360,6 +362,54 @@ async def test_a_tool_call_past_the_root_deadline_fails_the_turn(tk: TurnKit, re
     history = await handle.fetch_history()
     assert _timers(history.events) == (1 if timer else 0)
     assert run_input(history.events).get("deadline_without_timer", False) is not timer
+
+
+@pytest.mark.parametrize("timer", [False, True], ids=["capped", "timer"])
+async def test_a_model_call_past_the_root_deadline_fails_the_turn(tk: TurnKit, timer: bool) -> None:
+    """Behaviour §5.12: a model call still running when the root deadline passes ends the turn ``failed`` "turn timed
+    out", with no answer recorded (the late answer finds the turn ended); capped by the deadline, with no timer."""
+    model = HeldModel(Result.build(text="too late"))
+    agent = turnkit.register(turnkit.Agent("slow", model="scripted", timeout=2, client=model))
+    turn = await _submitted(tk.store, agent)
+    try:
+        handle = await start_turn_workflow(tk.client, turn, tk.task_queue, deadline_without_timer=not timer)
+        outcome = await handle.result()
+    finally:
+        model.released.set()
+    assert (outcome.status, outcome.error_message) == ("failed", "turn timed out")
+    assert _timers((await handle.fetch_history()).events) == (1 if timer else 0)
+
+    async def answer_dropped() -> bool:  # the held call returns once released and finds the turn ended
+        return len(model.requests) == 1 and (await tk.store.load_turn(turn.id)).output_text is None
+
+    await eventually(answer_dropped, what="the late answer dropped")
+    record = await tk.store.load_turn(turn.id)
+    assert record.status == "failed"
+    assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+
+
+@pytest.mark.parametrize("timer", [False, True], ids=["capped", "timer"])
+async def test_a_retry_beyond_the_root_deadline_ends_the_turn_at_the_deadline(tk: TurnKit, timer: bool) -> None:
+    """Behaviour §5.12: a model call whose provider asks for a retry later than the root deadline (retry-after 60 s,
+    deadline 2 s) ends the turn "turn timed out" at the deadline, not before it and not as a model failure. Capped,
+    the server gives the call up at once (no room for the retry): the turn then waits for the deadline (the one timer
+    it starts) and ends as the timer ends it."""
+
+    def overloaded(request: ModelRequest) -> Result:
+        raise TransientModelError("APIStatusError: overloaded", retry_after=60)
+
+    client = ScriptedClient([overloaded, "never"])
+    agent = turnkit.register(turnkit.Agent("throttled", model="scripted", timeout=2, client=client))
+    turn = await _submitted(tk.store, agent)
+    handle = await start_turn_workflow(tk.client, turn, tk.task_queue, deadline_without_timer=not timer)
+    outcome = await handle.result()
+    assert (outcome.status, outcome.error_message) == ("failed", "turn timed out")
+    record = await tk.store.load_turn(turn.id)
+    assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert record.deadline is not None and record.completed_at is not None
+    assert record.completed_at >= record.deadline
+    assert client.calls == 1
+    assert _timers((await handle.fetch_history()).events) == 1
 
 
 async def test_a_turn_with_a_deadline_starts_no_timer_while_it_only_calls_activities(tk: TurnKit) -> None:
