@@ -367,4 +367,5 @@ def _child_input(child: TurnRecord | None, request: DelegateCalls) -> TurnInput 
         deadline=request.deadline,
         depth=request.depth + 1 if child.options.depth is None else child.options.depth,
         model_policy=model_policy(),
+        deadline_without_timer=True,
     )

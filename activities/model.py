@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import activity
@@ -108,8 +108,8 @@ class ModelActivities(ModelCalls):
         policy = info.retry_policy
         if not info.is_local:  # a local first attempt has one attempt and no heartbeat by design
             warn_if_model_policy_differs(
-                info.start_to_close_timeout,
-                info.heartbeat_timeout,
+                _unless_capped(info.start_to_close_timeout, info.schedule_to_close_timeout),
+                _unless_capped(info.heartbeat_timeout, info.schedule_to_close_timeout),
                 policy.maximum_attempts + call.attempts_before if policy and policy.maximum_attempts else None,
             )
         # Store phases ride out a database outage inside the attempt: a retry would spend a model attempt (issue 8).
@@ -735,3 +735,11 @@ def _prompt_report(request: ModelRequest) -> dict[str, Any]:
     messages = sum(len(str(m.get("content") or "")) for m in request.messages)
     sizes = {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
     return {**request.report, **sizes}
+
+
+def _unless_capped(timeout: timedelta | None, schedule_to_close: timedelta | None) -> timedelta | None:
+    """``timeout`` as the workflow scheduled it, or None when the server cut it to the schedule-to-close timeout (the
+    time left to the turn's deadline, ``TurnWorkflow``'s cap): then what was asked for is not known here."""
+    if timeout is not None and schedule_to_close is not None and timeout >= schedule_to_close:
+        return None
+    return timeout

@@ -63,10 +63,11 @@ async def turn_for_activities(
 
 
 async def start_turn_workflow(
-    client: Client, turn: TurnRecord, task_queue: str, **options: Any
+    client: Client, turn: TurnRecord, task_queue: str, *, deadline_without_timer: bool = True, **options: Any
 ) -> WorkflowHandle[TurnWorkflow, TurnOutcome]:
     """Start the workflow of the root turn ``turn`` with what its submission ticket says, as the lane does, but
-    directly (``options`` go to ``start_workflow``)."""
+    directly (``options`` go to ``start_workflow``). ``deadline_without_timer=False``: the input of a turn started
+    before that field existed (the deadline's timer from the start)."""
     ticket = ticket_of(turn)
     return await client.start_workflow(
         TurnWorkflow.run,
@@ -77,6 +78,7 @@ async def start_turn_workflow(
             root_turn_id=turn.root_turn_id,
             deadline=ticket.deadline,
             model_policy=ticket.model_policy,
+            deadline_without_timer=deadline_without_timer,
         ),
         id=turn.id,
         task_queue=task_queue,

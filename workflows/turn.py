@@ -27,7 +27,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ChildWorkflowCancellationType, ChildWorkflowHandle, ParentClosePolicy
 
@@ -69,6 +69,23 @@ from turnkit.kernel.search_attributes import TURN_STATUS, has_turnkit_attributes
 
 __all__ = ["TurnWorkflow"]
 
+#: Time left to the deadline below which a capped activity is not scheduled: the deadline has passed (the timer's
+#: own floor, as ``_run`` starts it).
+_DEADLINE_FLOOR = timedelta(milliseconds=1)
+
+
+class _DeadlinePassed(Exception):
+    """Raised out of the loop where the deadline ends the turn without a timer: a capped activity cut short by its
+    cap, or the deadline passed before one was scheduled. ``_run`` ends the turn as when the timer fires."""
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The schedule-to-close timeout of a capped activity, and whether the deadline is what sets it."""
+
+    schedule_to_close: timedelta | None
+    by_deadline: bool
+
 
 @dataclass(frozen=True)
 class _LocalFailure:
@@ -93,6 +110,8 @@ class TurnWorkflow:
         self._search = False  # keep the search attributes current (set when run() starts)
         self._status = "running"  # the TurnKitTurnStatus value last set
         self._iteration = 0  # for the current details
+        self._capping = False  # the deadline is enforced by capping activities (no timer yet): see _run
+        self._capped = 0  # capped activities awaited right now (0 or 1: the loop runs one call at a time)
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnOutcome:
@@ -135,6 +154,17 @@ class TurnWorkflow:
         try:
             if turn.deadline is None:
                 return await loop
+            if turn.deadline_without_timer:
+                # No timer (a billable action) while the loop only awaits activities capped at the time left (its
+                # model and tool calls: _bound): each ends by the deadline on its own. The timer starts at the first
+                # wait of any other kind (sub-agents, a pause, a wait on targets, a local activity, a store call, a
+                # sleep), for the rest of the turn. Conditions are checked once every ready task has run, so the
+                # predicate sees where the loop is blocked, never a step between two calls.
+                self._capping = True
+                await workflow.wait_condition(lambda: loop.done() or self._capped == 0)
+                self._capping = False
+                if loop.done():
+                    return await self._ended(turn, loop)
             remaining = (turn.deadline - workflow.now()).total_seconds()
             try:
                 # The root deadline covers the whole loop, including calls in flight and waits (behaviour §5.12).
@@ -158,6 +188,49 @@ class TurnWorkflow:
                 error_class=CANCELLED_CLASS,
                 error_message=CANCELLED_MESSAGE,
             )
+
+    async def _ended(self, turn: TurnInput, loop: asyncio.Task[TurnOutcome | TurnInput]) -> TurnOutcome | TurnInput:
+        """What the loop ended with, while no timer ran: its outcome, or the deadline's end of the turn when a capped
+        activity's cap ended it. A retry the cap left no room for ends it before the deadline: the turn waits for
+        the deadline (a timer, in that case only), then ends as the timer would have ended it."""
+        try:
+            return loop.result()
+        except _DeadlinePassed:
+            assert turn.deadline is not None  # capped only with a deadline
+            left = (turn.deadline - workflow.now()).total_seconds()
+            if left > 0:
+                await workflow.sleep(left, summary="turn deadline")
+            return await self._time_out(turn)
+
+    def _bound(self, turn: TurnInput, own: timedelta | None = None) -> _Bound:
+        """The schedule-to-close timeout of a capped activity (a model or tool call): ``own`` (its own, if any) cut
+        to the time left to the deadline while ``_run`` runs no timer; raises ``_DeadlinePassed`` when the deadline
+        has passed. With the timer running (or no deadline), ``own`` unchanged: the commands an older turn recorded."""
+        if not self._capping or turn.deadline is None:
+            return _Bound(own, by_deadline=False)
+        left = turn.deadline - workflow.now()
+        if left < _DEADLINE_FLOOR:
+            raise _DeadlinePassed
+        if own is not None and own <= left:
+            return _Bound(own, by_deadline=False)
+        return _Bound(left, by_deadline=True)
+
+    def _raise_if_cut_short(self, turn: TurnInput, bound: _Bound, err: ActivityError) -> None:
+        """A capped activity the deadline ended (its cap timed it out, or left no room for another attempt) ends the
+        turn as the timer would: not settled as a failed call, and no model call after it."""
+        if not bound.by_deadline or turn.deadline is None:
+            return
+        timed_out = isinstance(err.cause, ActivityTimeoutError) and workflow.now() >= turn.deadline
+        if timed_out or err.retry_state == RetryState.TIMEOUT:
+            raise _DeadlinePassed from err
+
+    async def _capped_call(self, call: Awaitable[Any]) -> Any:
+        """Await a capped activity, counted for ``_run``'s wait: the deadline needs no timer while it runs."""
+        self._capped += 1
+        try:
+            return await call
+        finally:
+            self._capped -= 1
 
     async def _time_out(self, turn: TurnInput) -> TurnOutcome:
         """The root deadline passed (the loop is cancelled): fail the turn "turn timed out", unless the store says it
@@ -502,17 +575,22 @@ class TurnWorkflow:
             # attempt committed is found, not asked for again.
             call = call.model_copy(update={"attempts_before": 1})
             attempts = max(attempts - 1, 0)  # 0 stays 0: unlimited
+        bound = self._bound(turn)
         try:
-            return await workflow.execute_activity_method(
-                ModelCalls.model,
-                call,
-                start_to_close_timeout=timedelta(seconds=policy.timeout),
-                heartbeat_timeout=timedelta(seconds=policy.heartbeat),
-                retry_policy=_model_retries(attempts),
-                summary=summary,
+            return await self._capped_call(
+                workflow.execute_activity_method(
+                    ModelCalls.model,
+                    call,
+                    start_to_close_timeout=timedelta(seconds=policy.timeout),
+                    schedule_to_close_timeout=bound.schedule_to_close,
+                    heartbeat_timeout=timedelta(seconds=policy.heartbeat),
+                    retry_policy=_model_retries(attempts),
+                    summary=summary,
+                )
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
+            self._raise_if_cut_short(turn, bound, err)
             error_class, message = failure_of(err.cause, err)
             return await self._finish(turn, "failed", error_class, message)
 
@@ -539,19 +617,24 @@ class TurnWorkflow:
             # A replay-safe call's remaining attempts run as a regular activity: the same execution and key.
             request = request.model_copy(update={"attempts_before": 1})
             retry = _retries(policy, policy.max_attempts - 1)
+        bound = self._bound(turn)
         try:
-            return await workflow.execute_activity(
-                f"{TOOL_ACTIVITY_PREFIX}{call.name}",
-                request,
-                result_type=ToolOutcome,
-                start_to_close_timeout=timeout,
-                heartbeat_timeout=heartbeat,
-                retry_policy=retry,
-                task_queue=policy.task_queue,  # the tool's own queue (a GPU box); None: this turn's queue
-                summary=f"tool {call.name}",
+            return await self._capped_call(
+                workflow.execute_activity(
+                    f"{TOOL_ACTIVITY_PREFIX}{call.name}",
+                    request,
+                    result_type=ToolOutcome,
+                    start_to_close_timeout=timeout,
+                    schedule_to_close_timeout=bound.schedule_to_close,
+                    heartbeat_timeout=heartbeat,
+                    retry_policy=retry,
+                    task_queue=policy.task_queue,  # the tool's own queue (a GPU box); None: this turn's queue
+                    summary=f"tool {call.name}",
+                )
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
+            self._raise_if_cut_short(turn, bound, err)
             return await self._settle_failed(turn, call, policy, err.cause)
 
     async def _activity_tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
@@ -573,19 +656,24 @@ class TurnWorkflow:
         opened = await store_call(ToolCalls.open_tool, request, summary=f"open {call.name}")
         if opened.ended is not None:
             return opened.ended
+        # The open above is a store call, so the deadline's timer runs by now; capped all the same, should that change.
+        bound = self._bound(turn, _seconds(target.schedule_to_close))
         try:
-            result = await workflow.execute_activity(
-                target.activity_type,
-                args=opened.args,
-                task_queue=policy.task_queue,  # the team's queue; None: this turn's
-                start_to_close_timeout=timedelta(seconds=policy.timeout),
-                schedule_to_close_timeout=_seconds(target.schedule_to_close),
-                heartbeat_timeout=_seconds(target.heartbeat),
-                retry_policy=_activity_retries(policy, target),
-                summary=f"tool {call.name}",
+            result = await self._capped_call(
+                workflow.execute_activity(
+                    target.activity_type,
+                    args=opened.args,
+                    task_queue=policy.task_queue,  # the team's queue; None: this turn's
+                    start_to_close_timeout=timedelta(seconds=policy.timeout),
+                    schedule_to_close_timeout=bound.schedule_to_close,
+                    heartbeat_timeout=_seconds(target.heartbeat),
+                    retry_policy=_activity_retries(policy, target),
+                    summary=f"tool {call.name}",
+                )
             )
         except ActivityError as err:
             self._raise_if_cancelled(err)
+            self._raise_if_cut_short(turn, bound, err)
             return await self._settle_failed(turn, call, policy, err.cause)
         done = ToolCallResult(request=request, execution_id=opened.execution_id, result=result)
         return await store_call(ToolCalls.commit_tool, done, summary=f"record {call.name}")

@@ -197,6 +197,7 @@ class _Fixer:
             deadline=deadline,
             depth=1 if turn.options.depth is None else turn.options.depth,
             model_policy=model_policy(),
+            deadline_without_timer=True,
         )
         try:
             await self.client.start_workflow(

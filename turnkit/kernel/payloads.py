@@ -165,6 +165,7 @@ class QueuedTurn(BaseModel):
             root_turn_id=self.root_turn_id,
             deadline=self.deadline,
             model_policy=self.model_policy,
+            deadline_without_timer=True,
         )
 
 
@@ -325,6 +326,12 @@ class TurnInput(BaseModel):
     finished_turn_ids: list[str] = Field(default_factory=list[str])
     launched_turn_ids: list[str] = Field(default_factory=list[str])
     model_policy: ModelPolicy
+    #: Enforce ``deadline`` without a Temporal timer while the turn only runs activities that the deadline caps (its
+    #: model and tool calls, their schedule-to-close timeout cut to the time left); the timer starts at the first
+    #: wait of another kind (docs/design.md, "The turn's deadline"). Every new turn's input sets it; an input
+    #: recorded before it existed reads False and keeps the timer from the start, so its history replays as it ran
+    #: (a ``workflow.patched`` marker would itself be a billable action). Carried across continue-as-new.
+    deadline_without_timer: bool = Field(default=False, exclude_if=_is_empty)
 
 
 class StartTurn(BaseModel):
