@@ -16,8 +16,13 @@ worker and its own dev server), after a K = 1 warm-up turn:
   between statements: statistics flushes, and a statement's tail after its result was sent);
 - **every postgres process** on the machine over the turn (WAL writer, checkpointer… and any other user's backends);
 - **WAL** bytes over the turn (``pg_current_wal_lsn()``: the server's, so other users' writes count too);
-- **row updates** per table (``pg_stat_user_tables``: ``n_tup_upd`` and how many were HOT, ``n_tup_hot_upd``), read
-  after the store closed (a backend flushes its counts on exit).
+- **row updates** per table (``pg_stat_user_tables``: ``n_tup_upd`` and how many were HOT, ``n_tup_hot_upd``), once
+  the store's backends flushed their counts (a backend flushes them when idle, at most once a second);
+- **statements new on their connection** apart (``[new on its connection]``): where they are prepared, and planned
+  anew for their first five executions.
+
+The wait for those counts leaves the pool idle for a few seconds: a connection idle for longer than
+``IDLE_BEFORE_PING`` is pinged at its next checkout (``turnkit/store/idle_ping.py``), which lands in "the rest".
 
 Part 2, micro-benchmarks on one asyncpg connection of the scratch database, backend CPU per operation (median of
 rounds): a ``SELECT 1`` round trip; an empty ``BEGIN``/``COMMIT`` pair; the floor's write (``bench/peers/
@@ -26,6 +31,14 @@ measured turn (a table ``LIKE turnkit_turns INCLUDING ALL``: the same six indexe
 ``heartbeat_at`` and ``updated_at`` (indexed: never HOT), of ``usage`` alone (HOT), of ``options`` with its own value
 and ``updated_at`` (the claim's JSONB rewrite), and a ``SELECT ... FOR UPDATE`` of the row inside ``BEGIN``/``COMMIT``
 against the same ``SELECT`` without the lock.
+
+Part 3 (``--burst N``, default 40), as the peers benchmark measures throughput: N turns of K iterations started at
+once, twice on the same worker and pool: the store backends' CPU per turn (those the pool opened and closed
+meanwhile included, read as they close), the share of it in statements run for the first time on their connection
+(where they are prepared, and the first five planned anew), and the connections opened and closed.
+
+Part 4: each read of the turn (its last of each kind, with its arguments) run again on its own connection, planned
+for each execution, planned once, and as PostgreSQL chooses (:func:`plans`), with EXPLAIN ANALYZE's times.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 from sqlalchemy import event
@@ -115,9 +128,44 @@ class Tally:
                 self.samples[label] = sample
 
 
-def instrument(store: Store, tally: Tally) -> None:
-    """Time every statement's backend CPU (see the module docstring)."""
+@dataclass
+class Meter:
+    """What :func:`instrument` adds to: the current phase's :class:`Tally`; and the pool's connections opened, and
+    the CPU of those it closed (read just before, as their backends then exit)."""
+
+    tally: Tally = field(default_factory=Tally)
+    opened: int = 0
+    closed: dict[int, int] = field(default_factory=dict[int, int])
+
+
+_NEW: Final = " [new on its connection]"
+
+
+@dataclass
+class Burst:
+    """The store backends' CPU over a burst of turns started at once (ns), and the pool's connections."""
+
+    turns: int
+    total: int
+    opened: int
+    closed: int
+    new_statements: int  # statements run for the first time on their connection (prepared then)
+    statements: int
+
+
+def instrument(store: Store, meter: Meter) -> None:
+    """Time every statement's backend CPU (see the module docstring), and count the pool's connections."""
     engine = store.engine.sync_engine
+
+    @event.listens_for(engine, "connect")
+    def _connect(_dbapi_connection: Any, _record: Any) -> None:
+        meter.opened += 1
+
+    @event.listens_for(engine, "close")
+    def _close(dbapi_connection: Any, _record: Any) -> None:
+        pid = dbapi_connection.driver_connection.get_server_pid()
+        meter.closed[pid] = run_ns(pid)
+
     started: dict[int, tuple[int, int]] = {}
     seen: set[tuple[int, str]] = set()  # (backend, statement) pairs run before: its prepared statement exists
 
@@ -135,8 +183,8 @@ def instrument(store: Store, tally: Tally) -> None:
         if pid:
             first = (pid, statement) not in seen
             seen.add((pid, statement))
-            label = kind(statement) + (" [new on its connection]" if first else "")
-            tally.add(label, run_ns(pid) - before, (statement, params))
+            label = kind(statement) + (_NEW if first else "")
+            meter.tally.add(label, run_ns(pid) - before, (statement, params))
 
     def timed(name: str, method: Callable[[DirectConnection], Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         async def wrapper(self: DirectConnection) -> None:
@@ -145,7 +193,7 @@ def instrument(store: Store, tally: Tally) -> None:
             before = run_ns(pid) if pid else 0
             await method(self)
             if pid:
-                tally.add(name, run_ns(pid) - before)
+                meter.tally.add(name, run_ns(pid) - before)
 
         return wrapper
 
@@ -180,13 +228,35 @@ async def counts_flushed(admin: asyncpg.Connection) -> None:
     print("table counts not flushed after 20 s: the row counts below may miss some", file=sys.stderr)
 
 
-async def one_turn(address: str, url: str, k: int) -> dict[str, Any]:
-    """Part 1 (see the module docstring)."""
+async def burst(tk: TurnKit, meter: Meter, admin: asyncpg.Connection, database: str, n: int, k: int) -> Burst:
+    """Part 3 (see the module docstring): ``n`` turns of ``k`` iterations started at once."""
+    before = {pid: run_ns(pid) for pid in await backend_pids(admin, database)}
+    meter.closed.clear()
+    opened = meter.opened
+    meter.tally = Tally(on=True)
+
+    async def one() -> None:
+        conversation = await tk.conversation(AGENT)
+        turn = await conversation.ask(workload.prompt(k))
+        if turn.status != "completed":
+            raise RuntimeError(f"burst: turn {turn.id} ended {turn.status}: {turn.error}")
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    meter.tally.on = False
+    alive = {pid: run_ns(pid) for pid in await backend_pids(admin, database)}
+    total = sum(ns - before.get(pid, 0) for pid, ns in {**meter.closed, **alive}.items())
+    first = sum(ns for label, ns in meter.tally.ns.items() if label.endswith(_NEW))
+    return Burst(n, total, meter.opened - opened, len(meter.closed), first, sum(meter.tally.ns.values()))
+
+
+async def one_turn(address: str, url: str, k: int, bursts: int) -> dict[str, Any]:
+    """Parts 1 and 3 (see the module docstring)."""
     database = make_url(url).database or ""
     admin = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(hide_password=False))
     store = await Store.open(url)
-    tally = Tally()
-    instrument(store, tally)
+    meter = Meter()
+    tally = meter.tally
+    instrument(store, meter)
     out: dict[str, Any] = {}
     try:
         client = await Client.connect(address, plugins=[TurnKitPlugin(store)])
@@ -217,10 +287,11 @@ async def one_turn(address: str, url: str, k: int) -> dict[str, Any]:
             out["options_bytes"] = await admin.fetchval(
                 "SELECT pg_column_size(options) FROM turnkit_turns WHERE uid = $1", turn.id
             )
+            await counts_flushed(admin)
+            after = await table_updates(admin)
+            out["bursts"] = [await burst(tk, meter, admin, database, bursts, k) for _ in range(2)] if bursts else []
     finally:
         await store.close()
-    await counts_flushed(admin)
-    after = await table_updates(admin)
     await admin.close()
     out["tables"] = {
         name: tuple(a - b for a, b in zip(counts, stats_before.get(name, (0, 0, 0)), strict=True))
@@ -371,6 +442,12 @@ def report(k: int, turn: dict[str, Any], ops: dict[str, float], planned: Planned
     print(f"{'every postgres process':<92}{'':>6}{turn['every_postgres'] / 1000:>10.0f}")
     print(f"WAL over the turn: {turn['wal']} bytes; backends opened during it: {turn['new_backends']}")
     print(f"turn options: {turn['options_bytes']} bytes stored")
+    for i, b in enumerate(turn["bursts"]):
+        print(
+            f"burst {i + 1}: {b.turns} K={k} turns at once: store backends {b.total / b.turns / 1000:.0f} µs per turn, "
+            f"of which statements new on their connection {b.new_statements / b.turns / 1000:.0f} µs; "
+            f"{b.opened} connections opened, {b.closed} closed"
+        )
     print()
     print(f"{'table':<28}{'inserted':>9}{'updated':>9}{'of which HOT':>14}")
     for name, (ins, upd, hot) in sorted(turn["tables"].items()):
@@ -400,7 +477,7 @@ async def main(args: argparse.Namespace) -> None:
     try:
         address = env.client.service_client.config.target_host
         async with postgres_database(postgres) as url:
-            turn = await one_turn(address, url, args.k)
+            turn = await one_turn(address, url, args.k, args.burst)
             ops = await micro(url, turn["turn_id"], args.n)
             planned = await plans(url, turn["tally"], max(args.n // 5, 20))
         report(args.k, turn, ops, planned)
@@ -411,6 +488,7 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=3, help="tool-calling iterations of the measured turn (default 3)")
+    parser.add_argument("--burst", type=int, default=40, help="turns started at once in part 3, twice (0: none)")
     parser.add_argument("--n", type=int, default=1000, help="operations per micro-benchmark round (default 1000)")
     asyncio.run(main(parser.parse_args()))
     exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)
