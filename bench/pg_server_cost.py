@@ -35,7 +35,9 @@ against the same ``SELECT`` without the lock.
 Part 3 (``--burst N``, default 40), as the peers benchmark measures throughput: N turns of K iterations started at
 once, twice on the same worker and pool: the store backends' CPU per turn (those the pool opened and closed
 meanwhile included, read as they close), the share of it in statements run for the first time on their connection
-(where they are prepared, and the first five planned anew), and the connections opened and closed.
+(where they are prepared, and the first five planned anew), and the connections opened and closed; and the last
+burst's statements by kind, per turn (the pool warm: what a turn costs once every connection has run every
+statement).
 
 Part 4: each read of the turn (its last of each kind, with its arguments) run again on its own connection, planned
 for each execution, planned once, and as PostgreSQL chooses (:func:`plans`), with EXPLAIN ANALYZE's times.
@@ -151,6 +153,7 @@ class Burst:
     closed: int
     new_statements: int  # statements run for the first time on their connection (prepared then)
     statements: int
+    tally: Tally
 
 
 def instrument(store: Store, meter: Meter) -> None:
@@ -246,7 +249,8 @@ async def burst(tk: TurnKit, meter: Meter, admin: asyncpg.Connection, database: 
     alive = {pid: run_ns(pid) for pid in await backend_pids(admin, database)}
     total = sum(ns - before.get(pid, 0) for pid, ns in {**meter.closed, **alive}.items())
     first = sum(ns for label, ns in meter.tally.ns.items() if label.endswith(_NEW))
-    return Burst(n, total, meter.opened - opened, len(meter.closed), first, sum(meter.tally.ns.values()))
+    statements = sum(meter.tally.ns.values())
+    return Burst(n, total, meter.opened - opened, len(meter.closed), first, statements, meter.tally)
 
 
 async def one_turn(address: str, url: str, k: int, bursts: int) -> dict[str, Any]:
@@ -448,6 +452,14 @@ def report(k: int, turn: dict[str, Any], ops: dict[str, float], planned: Planned
             f"of which statements new on their connection {b.new_statements / b.turns / 1000:.0f} µs; "
             f"{b.opened} connections opened, {b.closed} closed"
         )
+    if turn["bursts"]:
+        last: Burst = turn["bursts"][-1]
+        print("the last burst, per turn: statements (count, µs), BEGIN and COMMIT, by kind, and the rest")
+        rows = sorted(last.tally.ns.items(), key=lambda item: -item[1])
+        for label, ns in rows:
+            print(f"  {label[:89]:<90}{last.tally.count[label] / last.turns:>6.1f}{ns / last.turns / 1000:>10.0f}")
+        rest = (last.total - last.statements) / last.turns / 1000
+        print(f"  {'between statements, and connections opened':<90}{'':>6}{rest:>10.0f}")
     print()
     print(f"{'table':<28}{'inserted':>9}{'updated':>9}{'of which HOT':>14}")
     for name, (ins, upd, hot) in sorted(turn["tables"].items()):
