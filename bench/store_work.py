@@ -50,6 +50,8 @@ from turnkit.store import Store
 ITERATIONS = (2, 10, 20)
 MODEL = "turnkit.model"
 TOOL = f"tool:{workload.TOOL_NAME}"
+#: Characters of each statement kept for ``--trace`` (``--trace-width``).
+trace_width = 160
 
 
 @dataclass
@@ -98,7 +100,7 @@ def instrument(store: Store, counter: Counter) -> None:
             return  # the live transport's (turnkit/store/live.py), sent only while someone watches: not store work
         call = counter.current()
         call.statements += 1
-        call.sql.append(" ".join(statement.split())[:160])
+        call.sql.append(" ".join(statement.split())[:trace_width])
         if not statement.lstrip().lower().startswith("select"):
             return
         rows = getattr(cursor, "_rows", None)
@@ -238,5 +240,8 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help="print the statements of the last calls of K=2")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--trace-width", type=int, default=trace_width, help="characters of each traced statement")
+    arguments = parser.parse_args()
+    trace_width = arguments.trace_width
+    asyncio.run(main(arguments))
     exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)

@@ -1028,6 +1028,43 @@ async def test_a_look_reads_the_response_or_the_execution_with_the_turn_lock_in_
         assert await tx.find_response(missing, request) is None
 
 
+async def test_a_look_at_call_ids_needs_no_type_introspection_on_a_new_connection(store: Store) -> None:
+    """Issue 37 (PostgreSQL's server CPU per turn): the look at which of a response's proposed call ids have an
+    execution binds and returns them as TEXT[], which asyncpg decodes with its own codecs. As VARCHAR[] (the column's
+    type) they made asyncpg run its type introspection query on every new connection: ~6-9 ms of the server's CPU
+    and up to three more round trips, a turn's model reserve after its tools (``bench/pg_server_cost.py``)."""
+    if store.dialect != "postgresql":
+        pytest.skip("asyncpg's type introspection: PostgreSQL only")
+    from asyncpg import introspection
+
+    introspecting = {introspection.INTRO_LOOKUP_TYPES, introspection.INTRO_LOOKUP_TYPES_13}
+    queries: list[str] = []
+
+    def log(record: Any) -> None:
+        queries.append(record.query)
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(log)
+
+    await store.engine.dispose()  # every statement below runs on a new connection, with the logger
+    event.listen(store.engine.sync_engine, "connect", on_connect)
+    try:
+        conversation = await _conversation(store)
+        turn = await _turn(store, conversation.id)
+        async with store.atomic(turn_id=turn.id) as tx:
+            await tx.create_tool_execution(
+                turn_id=turn.id, tool_call_id="call_1", tool_name="echo", status="running", found_absent=True
+            )
+        await store.engine.dispose()
+        look = Look.response(turn.id, str(uuid.uuid4()), ["call_1", "call_2"])
+        async with store.atomic(turn_id=turn.id, look=look) as tx:
+            assert await tx.existing_call_ids(turn.id, ["call_1", "call_2"]) == {"call_1"}
+    finally:
+        event.remove(store.engine.sync_engine, "connect", on_connect)
+    assert queries  # the logger saw the connections' statements (its callbacks ran by the COMMIT's reply)
+    assert [query for query in queries if query in introspecting] == []
+
+
 async def test_a_tool_calls_paired_writes_are_one_statement_each_on_postgresql(store: Store) -> None:
     """Issue 9 (round trips per iteration): on PostgreSQL a new execution and its root's tool counts go in one
     statement (a tool call's reserve), and an open execution's completion and its tool-result message in another (its

@@ -28,8 +28,8 @@ from sqlalchemy import (
     Delete,
     Insert,
     Select,
-    String,
     Table,
+    Text,
     Update,
     and_,
     any_,
@@ -228,9 +228,11 @@ _LOOK_READS: Final[dict[str, Select[*tuple[Any, ...]]]] = {
     "response": RESPONSE_TO,
     "execution": EXECUTION_BY_CALL.limit(1),
     "latest": LATEST_RESPONSE,
-    "calls": select(func.array_agg(TOOL_EXECUTIONS.c.tool_call_id).label("ids")).where(
+    # TEXT[], not VARCHAR[] (the column's type): asyncpg has no built-in codec for VARCHAR[], and learns one on each
+    # new connection with its type introspection query, ~6-9 ms of the server's CPU (issue 37, bench/pg_server_cost.py).
+    "calls": select(func.array_agg(TOOL_EXECUTIONS.c.tool_call_id.cast(Text)).label("ids")).where(
         TOOL_EXECUTIONS.c.turn_uid == bindparam("turn_uid"),
-        TOOL_EXECUTIONS.c.tool_call_id == any_(bindparam("call_ids", type_=postgresql.ARRAY(String))),
+        TOOL_EXECUTIONS.c.tool_call_id == any_(bindparam("call_ids", type_=postgresql.ARRAY(Text))),
     ),
 }
 _SEEN_TURN: Final = TURNS.alias("seen_turn")
