@@ -131,17 +131,7 @@ async def test_a_wait_past_the_root_deadline_fails_the_turn(
 
 async def _paused_turn(store: Store, agent: turnkit.Agent) -> TurnRecord:
     """A turn submitted paused (an approval gate, behaviour §5.10), as the lane would have created it."""
-    async with store.atomic() as tx:
-        conversation = await tx.create_conversation(agent_name=agent.name)
-        message = await tx.append_message(conversation.id, role="user", text="approve me")
-        return await tx.create_turn(
-            conversation_id=conversation.id,
-            agent_name=agent.name,
-            context_message_sequence=message.sequence,
-            options=turn_options(agent, trigger_message_id=message.id, context={}, paused=True),
-            status="paused",
-            submitted_at=utcnow(),
-        )
+    return await _submitted(store, agent, paused=True)
 
 
 async def _start_paused(
@@ -310,16 +300,20 @@ async def test_a_lane_hears_of_a_turn_terminated_with_nobody_waiting_by_asking_t
 # -- the deadline without a timer (issue 37, target 5) ----------------------------------------------------------------
 
 
-async def _submitted(store: Store, agent: turnkit.Agent, *, submitted_at: datetime | None = None) -> TurnRecord:
-    """A root turn of ``agent`` submitted now (or at ``submitted_at``), as the lane would have created it."""
+async def _submitted(
+    store: Store, agent: turnkit.Agent, *, submitted_at: datetime | None = None, paused: bool = False
+) -> TurnRecord:
+    """A root turn of ``agent`` submitted now (or at ``submitted_at``), ``paused`` or not, as the lane would have
+    created it."""
     async with store.atomic() as tx:
         conversation = await tx.create_conversation(agent_name=agent.name)
-        message = await tx.append_message(conversation.id, role="user", text="go")
+        message = await tx.append_message(conversation.id, role="user", text="approve me" if paused else "go")
         return await tx.create_turn(
             conversation_id=conversation.id,
             agent_name=agent.name,
             context_message_sequence=message.sequence,
-            options=turn_options(agent, trigger_message_id=message.id, context={}),
+            options=turn_options(agent, trigger_message_id=message.id, context={}, paused=paused),
+            status="paused" if paused else "pending",
             submitted_at=submitted_at or utcnow(),
         )
 
