@@ -36,9 +36,9 @@ import logging
 import uuid
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Final, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, cast
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -420,14 +420,16 @@ class PostgresTransport(_Subscribers):
         loop = asyncio.get_running_loop()
         if self._hearing_since is None or loop.time() - self._hearing_since < self.warmup:
             return True  # presence unknown: send, as without presence
-        watchers = self._watched.get(channel)
-        if not watchers:
-            return False
-        now = loop.time()
-        for watcher in [w for w, expires in watchers.items() if expires <= now]:
-            del watchers[watcher]
-        if not watchers:
-            del self._watched[channel]
+        return self._unexpired(channel, loop.time())
+
+    def _unexpired(self, channel: str, now: float) -> bool:
+        """Drop ``channel``'s watchers whose announcement expired by ``now`` (the channel too, if none is left);
+        whether any is left."""
+        watchers = {w: expires for w, expires in self._watched.get(channel, {}).items() if expires > now}
+        if watchers:
+            self._watched[channel] = watchers
+        else:
+            self._watched.pop(channel, None)
         return bool(watchers)
 
     async def _hear_presence(self) -> None:
@@ -540,8 +542,7 @@ class PostgresTransport(_Subscribers):
             await driver.add_listener(PRESENCE_CHANNEL, self._presence)
         except BaseException:
             # Never left to the garbage collector: a connection that failed here goes back closed (an outage).
-            await connection.invalidate()
-            await connection.close()
+            await self._discard(connection)
             raise
         driver.add_termination_listener(self._terminated)
         self._connection, self._driver = connection, driver
@@ -570,9 +571,7 @@ class PostgresTransport(_Subscribers):
             op = notice["op"]
             if op == "roll":
                 if self._subscribers:
-                    task = asyncio.get_running_loop().create_task(self._answer_roll_call())
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._spawn(self._answer_roll_call())
                 return
             watcher, channels = str(notice["watcher"]), [str(c) for c in notice["channels"]]
             expires = asyncio.get_running_loop().time() + float(notice.get("ttl", PRESENCE_TTL))
@@ -598,11 +597,13 @@ class PostgresTransport(_Subscribers):
     def _forget_expired(self) -> None:
         now = asyncio.get_running_loop().time()
         for channel in list(self._watched):
-            watchers = {w: expires for w, expires in self._watched[channel].items() if expires > now}
-            if watchers:
-                self._watched[channel] = watchers
-            else:
-                del self._watched[channel]
+            self._unexpired(channel, now)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, held until it ends (and cancelled by :meth:`close`)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _terminated(self, _connection: object) -> None:
         # The listener's connection ended (a restart, a network cut): its subscriptions get nothing more live, and
@@ -611,9 +612,7 @@ class PostgresTransport(_Subscribers):
         subscribers, self._subscribers = self._subscribers, {}
         connection, self._connection, self._driver = self._connection, None, None
         if connection is not None:  # given back to the pool as closed, not left to the garbage collector
-            task = asyncio.get_running_loop().create_task(self._discard(connection))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._discard(connection))
         self._hearing_since = None
         self._watched.clear()
         self._publishing = False
