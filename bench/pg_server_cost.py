@@ -63,15 +63,13 @@ import asyncpg
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
 
 from bench.peers import workload
 from bench.peers.turnkit_app import AGENT
-from bench.store_work import postgres_database
+from bench.store_work import postgres_database, turnkit_dev_server
 from turnkit._temporal.process import exit_process
-from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.plugin import TurnKitPlugin
-from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.runtime import TurnKit
 from turnkit.store import Store
 from turnkit.store.postgres_direct import DirectConnection
 
@@ -480,21 +478,11 @@ async def main(args: argparse.Namespace) -> None:
     postgres = os.environ.get("TURNKIT_BENCH_POSTGRES_URL")
     if not postgres:
         sys.exit("set TURNKIT_BENCH_POSTGRES_URL")
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        plugins=[TurnKitPlugin()],
-        dev_server_log_level="never",
-        search_attributes=ALL_SEARCH_ATTRIBUTES,
-    )
-    try:
-        address = env.client.service_client.config.target_host
-        async with postgres_database(postgres) as url:
-            turn = await one_turn(address, url, args.k, args.burst)
-            ops = await micro(url, turn["turn_id"], args.n)
-            planned = await plans(url, turn["tally"], max(args.n // 5, 20))
-        report(args.k, turn, ops, planned)
-    finally:
-        await env.shutdown()
+    async with turnkit_dev_server() as address, postgres_database(postgres) as url:
+        turn = await one_turn(address, url, args.k, args.burst)
+        ops = await micro(url, turn["turn_id"], args.n)
+        planned = await plans(url, turn["tally"], max(args.n // 5, 20))
+    report(args.k, turn, ops, planned)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ ITERATIONS = (2, 10, 20)
 MODEL = "turnkit.model"
 TOOL = f"tool:{workload.TOOL_NAME}"
 #: Characters of each statement kept for ``--trace`` (``--trace-width``).
-trace_width = 160
+TRACE_WIDTH = 160
 
 
 @dataclass
@@ -71,6 +71,7 @@ class Counter:
 
     calls: dict[tuple[str, str, str], Call] = field(default_factory=dict[tuple[str, str, str], Call])
     other: Call = field(default_factory=Call)
+    trace_width: int = TRACE_WIDTH  # characters of each statement kept in ``Call.sql``
 
     def current(self) -> Call:
         try:
@@ -100,7 +101,7 @@ def instrument(store: Store, counter: Counter) -> None:
             return  # the live transport's (turnkit/store/live.py), sent only while someone watches: not store work
         call = counter.current()
         call.statements += 1
-        call.sql.append(" ".join(statement.split())[:trace_width])
+        call.sql.append(" ".join(statement.split())[: counter.trace_width])
         if not statement.lstrip().lower().startswith("select"):
             return
         rows = getattr(cursor, "_rows", None)
@@ -157,12 +158,14 @@ async def postgres_database(url: str) -> AsyncGenerator[str]:
         await admin.close()
 
 
-async def measure(address: str, database_url: str, trace: bool = False) -> dict[int, dict[str, Figures]]:
+async def measure(
+    address: str, database_url: str, trace: bool = False, trace_width: int = TRACE_WIDTH
+) -> dict[int, dict[str, Figures]]:
     """K -> activity type -> figures, one K-iteration turn each (after one warm-up turn)."""
     # Rows are counted from the driver adapter's buffered cursor (aiosqlite's, asyncpg's): on SQLite, keep the store's
     # statements on aiosqlite (the statements are the same as on the inline path, turnkit/store/sqlite_inline.py).
     store = await Store.open(database_url, sqlite_inline=False)
-    counter = Counter()
+    counter = Counter(trace_width=trace_width)
     instrument(store, counter)
     results: dict[int, dict[str, Figures]] = {}
     try:
@@ -213,7 +216,9 @@ def report(by_store: dict[str, dict[int, dict[str, Figures]]]) -> None:
         print()
 
 
-async def main(args: argparse.Namespace) -> None:
+@asynccontextmanager
+async def turnkit_dev_server() -> AsyncGenerator[str]:
+    """A dev server of its own with TurnKit's search attributes (its log silent); its address."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         plugins=[TurnKitPlugin()],
@@ -221,27 +226,29 @@ async def main(args: argparse.Namespace) -> None:
         search_attributes=ALL_SEARCH_ATTRIBUTES,
     )
     try:
-        address = env.client.service_client.config.target_host
+        yield env.client.service_client.config.target_host
+    finally:
+        await env.shutdown()
+
+
+async def main(args: argparse.Namespace) -> None:
+    async with turnkit_dev_server() as address:
         by_store: dict[str, dict[int, dict[str, Figures]]] = defaultdict(dict)
         with tempfile.TemporaryDirectory(prefix="turnkit-bench-store-work-") as tmp:
             print("  sqlite …", file=sys.stderr, flush=True)
             url = f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
-            by_store["sqlite"] = await measure(address, url, args.trace)
+            by_store["sqlite"] = await measure(address, url, args.trace, args.trace_width)
         postgres = os.environ.get("TURNKIT_BENCH_POSTGRES_URL")
         if postgres:
             print("  postgresql …", file=sys.stderr, flush=True)
             async with postgres_database(postgres) as url:
-                by_store["postgresql"] = await measure(address, url, args.trace)
+                by_store["postgresql"] = await measure(address, url, args.trace, args.trace_width)
         report(by_store)
-    finally:
-        await env.shutdown()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help="print the statements of the last calls of K=2")
-    parser.add_argument("--trace-width", type=int, default=trace_width, help="characters of each traced statement")
-    arguments = parser.parse_args()
-    trace_width = arguments.trace_width
-    asyncio.run(main(arguments))
+    parser.add_argument("--trace-width", type=int, default=TRACE_WIDTH, help="characters of each traced statement")
+    asyncio.run(main(parser.parse_args()))
     exit_process()  # the Temporal client's native threads can abort a finalizing interpreter (_temporal/process.py)
