@@ -79,6 +79,17 @@ FLOOR = Spec("bare", "bare", "bare Temporal (floor)", peer=False, reference=True
 #: The same with each activity attempt also writing one row to PostgreSQL (``bare_pg_app.py``): the least a runtime
 #: that records each model and tool step there pays; with ``--postgres-url`` only, into that database.
 PG_FLOOR = Spec("bare_pg", "bare_pg", "bare Temporal + PostgreSQL record (floor)", peer=False, reference=True)
+#: The same with the record TurnKit's promises need, four transactions per iteration (``bare_pg_spec_app.py``): a
+#: reserve before each model call and a commit after it, an execution opened before each tool call and settled by
+#: compare-and-set after it, each with the turn's lock; with ``--postgres-url`` only.
+PG_SPEC_FLOOR = Spec(
+    "bare_pg_spec",
+    "bare_pg_spec",
+    "bare Temporal + the spec's record in PostgreSQL (floor)",
+    peer=False,
+    reference=True,
+)
+PG_FLOORS = (PG_FLOOR, PG_SPEC_FLOOR)
 
 
 PEERS = [
@@ -465,12 +476,12 @@ NEXT_TURN_TARGET, NEXT_TURN_KS = 1.1, (1, 3)
 
 def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     """Issue 37's targets 1-3 at each K, one row a target and store, each cell the ratio marked met / not met; a
-    row only where its columns were measured. With the PostgreSQL floor measured, two unmarked rows say what bounds
-    the PostgreSQL targets: that floor's throughput ÷ the faster peer, and TurnKit's CPU ÷ that floor's (each with
-    its PostgreSQL server's CPU)."""
+    row only where its columns were measured. With a PostgreSQL floor measured (one row per step, or the spec's
+    record), two unmarked rows each say what bounds the PostgreSQL targets: that floor's throughput ÷ the faster
+    peer, and TurnKit's CPU ÷ that floor's (each with its PostgreSQL server's CPU)."""
     by_key = {s.key: s for s in specs}
     floor = next((s for s in specs if s.key == FLOOR.key), None)
-    pg_floor = next((s for s in specs if s.key == PG_FLOOR.key), None)
+    pg_floors = [f for f in (next((s for s in specs if s.key == g.key), None) for g in PG_FLOORS) if f is not None]
     next_of = {first.key: n for n, first in next_turn_pairs(specs)}
     rows: list[tuple[str, list[str]]] = []
     for store, key in TARGET_COLUMNS.items():
@@ -484,14 +495,15 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
         latency = Target(1, f"{store}: latency ÷ faster peer", at_most)
         rows.append((throughput.heading(), [throughput.cell(a[1], k) for k, a in zip(args.k, ranked, strict=True)]))
         rows.append((latency.heading(), [latency.cell(a[0], k) for k, a in zip(args.k, ranked, strict=True)]))
-        bound = [against_faster_peer(pg_floor, specs, per_spec, k) for k in args.k] if pg_floor else []
-        if store == "PostgreSQL" and bound and all(bound):
-            rows.append(
-                (
-                    f"the bound: {PG_FLOOR.title}, throughput ÷ faster peer",
-                    [f"{b[1]:.2f}x" for b in bound if b is not None],
+        for pg_floor in pg_floors if store == "PostgreSQL" else []:
+            bound = [against_faster_peer(pg_floor, specs, per_spec, k) for k in args.k]
+            if all(bound):
+                rows.append(
+                    (
+                        f"the bound: {pg_floor.title}, throughput ÷ faster peer",
+                        [f"{b[1]:.2f}x" for b in bound if b is not None],
+                    )
                 )
-            )
     for store, key in TARGET_COLUMNS.items():
         s = by_key.get(key)
         if s is None or floor is None:
@@ -505,10 +517,10 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
                 extra = f" ({ratios(now, ref, postgres=True)[2]:.2f}x with PostgreSQL's server)"
             cells.append(target.cell(ratios(now, ref)[2], k, extra))
         rows.append((target.heading(), cells))
-        if s.postgres and pg_floor is not None:
+        for pg_floor in pg_floors if s.postgres else []:
             rows.append(
                 (
-                    f"the bound: TurnKit ({store}) CPU per turn ÷ {PG_FLOOR.title}'s, both with PostgreSQL's server",
+                    f"the bound: TurnKit ({store}) CPU per turn ÷ {pg_floor.title}'s, both with PostgreSQL's server",
                     [
                         f"{per_spec[s.key][k].cpu_per_turn(True) / per_spec[pg_floor.key][k].cpu_per_turn(True):.2f}x"
                         for k in args.k
@@ -582,6 +594,14 @@ def report(
             "also writing one row to PostgreSQL (one `INSERT ... ON CONFLICT DO NOTHING` in autocommit through "
             "asyncpg, `bench/peers/bare_pg_app.py`): the least a runtime that records each step in PostgreSQL pays; "
             "it is in no ratio."
+        )
+    if any(s.system == PG_SPEC_FLOOR.system for s in specs):
+        out[-1] += (
+            f" The '{PG_SPEC_FLOOR.title}' column runs them with the record TurnKit's promises need and nothing else "
+            "(`bench/peers/bare_pg_spec_app.py`): a transaction that reserves each model request before the call "
+            "and one that commits its answer and charge after it, one that opens each tool execution before the "
+            "tool runs and one that settles it by compare-and-set after, each locking the turn; four transactions "
+            "of four round trips per iteration, through asyncpg; it is in no ratio."
         )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
@@ -686,9 +706,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         type=lambda t: [s for s in t.split(",") if s],
-        default=["bare", "bare_pg", "openai_agents", "pydantic_ai", "langgraph", "turnkit"],
-        help="systems to run (bare,bare_pg,openai_agents,pydantic_ai,langgraph,turnkit; bare: the floor, bare_app.py; "
-        "bare_pg: the floor with a PostgreSQL row per step, bare_pg_app.py, with --postgres-url only)",
+        default=["bare", "bare_pg", "bare_pg_spec", "openai_agents", "pydantic_ai", "langgraph", "turnkit"],
+        help="systems to run (bare,bare_pg,bare_pg_spec,openai_agents,pydantic_ai,langgraph,turnkit; bare: the "
+        "floor, bare_app.py; bare_pg: the floor with a PostgreSQL row per step, bare_pg_app.py; bare_pg_spec: the "
+        "floor with the spec's record in PostgreSQL, bare_pg_spec_app.py; both with --postgres-url only)",
     )
     parser.add_argument(
         "--tool-kinds",
@@ -761,8 +782,8 @@ def _with_baseline(specs: list[Spec], tree: str | None) -> list[Spec]:
 
 def specs_for(args: argparse.Namespace) -> list[Spec]:
     specs = [FLOOR] if FLOOR.system in args.systems else []
-    if PG_FLOOR.system in args.systems and args.postgres_url:
-        specs.append(dataclasses.replace(PG_FLOOR, database_url=args.postgres_url))
+    if args.postgres_url:
+        specs += [dataclasses.replace(f, database_url=args.postgres_url) for f in PG_FLOORS if f.system in args.systems]
     specs += [p for p in PEERS if p.system in args.systems]
     if "local" in args.model_kinds:
         specs += [p for p in LOCAL_MODEL_PEERS if p.system in args.systems]

@@ -105,11 +105,15 @@ class System:
 
     async def turn(self, k: int) -> list[str]:
         workflow_id = f"{self.name}-{uuid.uuid4().hex}"
+        await self._before_start(workflow_id, workload.prompt(k))
         output = await self.client.execute_workflow(
             BareTurn.run, workload.prompt(k), id=workflow_id, task_queue=self.task_queue
         )
         workload.check(k, output)
         return [workflow_id]
+
+    async def _before_start(self, workflow_id: str, prompt: str) -> None:
+        """What a system built on this one does before it starts a turn's workflow (nothing here)."""
 
     async def close(self) -> None:
         if self._worker is not None:

@@ -80,9 +80,13 @@ class System(bare_app.System):
         # PostgreSQL's default max_connections of 100 with four of them.
         self._pool = await asyncpg.create_pool(self.dsn, min_size=0, max_size=size + overflow)
         async with self._pool.acquire() as connection:
-            await connection.execute(_CREATE)
-            await connection.execute(f"TRUNCATE {TABLE}")
+            await self._create_tables(connection)
         await super().open(address)
+
+    async def _create_tables(self, connection: asyncpg.pool.PoolConnectionProxy) -> None:
+        """The record's table, created if missing and emptied (each run's rows can be counted after it)."""
+        await connection.execute(_CREATE)
+        await connection.execute(f"TRUNCATE {TABLE}")
 
     async def _record(self, kind: str, payload: dict[str, Any]) -> None:
         """The step's row: one statement in autocommit, one round trip, one commit."""
