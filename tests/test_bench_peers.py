@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,15 +133,17 @@ def _figures(latency: float, throughput: float, cpu: float, server: float, postg
 def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_and_the_floor() -> None:
     """Issue 37 targets 1-3 from given figures: target 1 against the faster peer (lowest latency, highest throughput,
     possibly two peers), target 2 against the floor's CPU (the PostgreSQL row also with its server's CPU added, as a
-    second figure that does not decide the mark), target 3 marked only at K = 1 and 3; each PostgreSQL floor's two
-    unmarked rows of what bounds the PostgreSQL targets."""
+    second figure that does not decide the mark), target 3 marked only at K = 1 and 3; the unmarked rows of what
+    bounds each store's targets: each floor's throughput, and TurnKit's CPU ÷ each floor's; for the floors that keep
+    the spec's record, their own CPU ÷ bare Temporal's."""
     args = parse_args(["--k", "1,8", "--postgres-url", "postgresql+asyncpg://x/y", "--tool-kinds", "activity"])
     specs = specs_for(args)
     fast, busy = _figures(0.100, 10, 0.02, 0.02), _figures(0.200, 20, 0.02, 0.02)
     per_k = {
         "bare": _figures(0.100, 20, 0.020, 0.020),  # CPU 40 ms
         "bare_pg": _figures(0.100, 18, 0.022, 0.021, 0.017),  # 0.90x the faster peer's throughput; CPU 60 ms
-        "bare_pg_spec": _figures(0.100, 16, 0.025, 0.025, 0.010),  # 0.80x; CPU 60 ms
+        "bare_pg_spec": _figures(0.100, 16, 0.025, 0.025, 0.010),  # 0.80x; CPU 1.25x the floor's, 60 ms with its server
+        "bare_sqlite_spec": _figures(0.100, 22, 0.022, 0.022),  # 1.10x; CPU 1.10x the floor's
         "openai_agents": fast,
         "pydantic_ai": busy,
         "langgraph": _figures(0.150, 15, 0.02, 0.02),  # neither the fastest nor the busiest
@@ -159,13 +163,20 @@ def test_the_targets_table_marks_each_target_met_or_not_against_the_faster_peer_
         "0.80x |",
         "| 1. SQLite: throughput ÷ faster peer (≥ 1.2x) | 1.20x met | 1.20x met |",
         "| 1. SQLite: latency ÷ faster peer (≤ 0.9x) | 0.90x met | 0.90x met |",
+        "| the bound: bare Temporal + the spec's record in SQLite (floor), throughput ÷ faster peer | 1.10x | 1.10x |",
         "| 2. PostgreSQL: CPU per turn, process + dev server, ÷ floor's (≤ 1.3x) | 1.30x met (1.50x with PostgreSQL's "
         "server) | 1.30x met (1.50x with PostgreSQL's server) |",
         "| the bound: TurnKit (PostgreSQL) CPU per turn ÷ bare Temporal + PostgreSQL record (floor)'s, both with "
         "PostgreSQL's server | 1.00x | 1.00x |",
+        "| the bound: bare Temporal + the spec's record in PostgreSQL (floor) CPU per turn, process + dev server, ÷ "
+        "floor's | 1.25x | 1.25x |",
         "| the bound: TurnKit (PostgreSQL) CPU per turn ÷ bare Temporal + the spec's record in PostgreSQL (floor)'s, "
         "both with PostgreSQL's server | 1.00x | 1.00x |",
         "| 2. SQLite: CPU per turn, process + dev server, ÷ floor's (≤ 1.15x) | 1.15x met | 1.15x met |",
+        "| the bound: bare Temporal + the spec's record in SQLite (floor) CPU per turn, process + dev server, ÷ "
+        "floor's | 1.10x | 1.10x |",
+        "| the bound: TurnKit (SQLite) CPU per turn ÷ bare Temporal + the spec's record in SQLite (floor)'s | 1.05x | "
+        "1.05x |",
         "| 3. PostgreSQL: next turn ÷ first turn, latency (≤ 1.1x; K = 1, 3) | 1.11x **not met** | 1.11x (no target at "
         "K=8) |",
         "| 3. SQLite: next turn ÷ first turn, latency (≤ 1.1x; K = 1, 3) | 1.10x met | 1.10x (no target at K=8) |",
@@ -242,43 +253,51 @@ def test_the_postgres_floor_records_one_row_per_activity(floor_database_url: str
     assert asyncio.run(counts()) == [("lookup", 6, 5), ("model", 11, 5)]
 
 
-@pytest.mark.postgres
-def test_the_spec_record_floor_keeps_the_record_turnkits_promises_need(floor_database_url: str) -> None:
-    """Issue 37, target 1's third floor: bare Temporal's workflow with the record the spec's promises need, four
-    transactions per iteration. After its turns, every turn is ``completed`` with one reserved iteration and one
-    charge per model call, every tool execution was opened and settled ``completed`` by compare-and-set, and the
-    transcript holds each turn's user message, K + 1 answers and K tool results, in sequence with no gap."""
-    import asyncio
+async def _spec_record_rows(system: Any, postgres_url: str | None) -> tuple[list[tuple[Any, ...]], ...]:
+    """The spec floor's record: per turn (status, iterations, charge, messages numbered 0 .. n - 1 with no gap: 1),
+    its executions by status, its messages by role."""
+    from bench.peers import bare_pg_app
+    from bench.peers.bare_pg_spec_app import EXECUTIONS, MESSAGES, TURNS
 
+    queries = [
+        f"SELECT t.status, t.iterations, t.cost_micros, count(*) - max(m.sequence) FROM {TURNS} t"
+        f" JOIN {MESSAGES} m ON m.turn_id = t.id AND m.sequence < t.next_sequence GROUP BY t.id"
+        " ORDER BY t.iterations, t.id",
+        f"SELECT status, count(*) FROM {EXECUTIONS} GROUP BY status ORDER BY status",
+        f"SELECT role, count(*) FROM {MESSAGES} GROUP BY role ORDER BY role",
+    ]
+    if postgres_url is None:
+        with sqlite3.connect(system.path) as connection:
+            return tuple([tuple(row) for row in connection.execute(q).fetchall()] for q in queries)
     import asyncpg
 
-    from bench.peers import bare_pg_app
-    from bench.peers import bare_pg_spec_app as spec
+    connection = await asyncpg.connect(bare_pg_app.libpq_url(postgres_url))
+    try:
+        return tuple([[tuple(row) for row in await connection.fetch(q)] for q in queries])
+    finally:
+        await connection.close()
 
-    report = _run_driver(
-        *("--systems", "bare_pg_spec", "--k", "1,2", "--turns", "1", "--warmup", "0", "--burst", "2"),
-        *("--rounds", "1", "--history-k", "", "--settings", "default", "--postgres-url", floor_database_url),
-    )
-    assert "| K | bare Temporal + the spec's record in PostgreSQL (floor) |" in report
 
-    async def record() -> tuple[list[tuple[str, int, int, int]], list[tuple[str, int]], list[tuple[str, int]]]:
-        connection = await asyncpg.connect(bare_pg_app.libpq_url(floor_database_url))
-        try:
-            turns = await connection.fetch(
-                f"SELECT t.status, t.iterations, t.cost_micros, count(m.*) FILTER (WHERE m.sequence < t.next_sequence)"
-                f" - max(m.sequence) FROM {spec.TURNS} t JOIN {spec.MESSAGES} m ON m.turn_id = t.id"
-                " GROUP BY t.id ORDER BY t.iterations, t.id"
-            )
-            executions = await connection.fetch(
-                f"SELECT status, count(*) FROM {spec.EXECUTIONS} GROUP BY status ORDER BY status"
-            )
-            messages = await connection.fetch(f"SELECT role, count(*) FROM {spec.MESSAGES} GROUP BY role ORDER BY role")
-        finally:
-            await connection.close()
-        return [tuple(r) for r in turns], [tuple(r) for r in executions], [tuple(r) for r in messages]
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_spec_record_floors_keep_the_record_turnkits_promises_need(
+    store: str, temporal_address: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 37, what bounds targets 1 and 2: bare Temporal's workflow with the record the spec's promises need, four
+    transactions per iteration, in PostgreSQL and in SQLite. After its turns, every turn is ``completed`` with one
+    reserved iteration and one charge per model call, every tool execution was opened and settled ``completed`` by
+    compare-and-set, and the transcript holds each turn's user message, K + 1 answers and K tool results, in
+    sequence with no gap."""
+    from bench.peers import bare_pg_spec_app, bare_sqlite_spec_app
 
-    turns, executions, messages = asyncio.run(record())
-    # 3 turns at K = 1 (1 sequential, 2 in the burst) and 3 at K = 2; messages numbered 0 .. n - 1 (count - max = 1).
-    assert turns == [("completed", 2, 2, 1)] * 3 + [("completed", 3, 3, 1)] * 3
-    assert executions == [("completed", 3 * 1 + 3 * 2)]
-    assert messages == [("assistant", 3 * 2 + 3 * 3), ("tool", 9), ("user", 6)]
+    url = request.getfixturevalue("floor_database_url") if store == "postgres" else None
+    system = bare_pg_spec_app.System(database_url=url) if url else bare_sqlite_spec_app.System()
+    await system.open(temporal_address)
+    try:
+        for k in (1, 1, 2):
+            await system.turn(k)
+        turns, executions, messages = await _spec_record_rows(system, url)
+    finally:
+        await system.close()
+    assert turns == [("completed", 2, 2, 1)] * 2 + [("completed", 3, 3, 1)]
+    assert executions == [("completed", 4)]
+    assert messages == [("assistant", 7), ("tool", 4), ("user", 3)]

@@ -90,6 +90,18 @@ PG_SPEC_FLOOR = Spec(
     reference=True,
 )
 PG_FLOORS = (PG_FLOOR, PG_SPEC_FLOOR)
+#: The spec's record on TurnKit's embedded store (``bare_sqlite_spec_app.py``): the same four transactions, in SQLite.
+SQLITE_SPEC_FLOOR = Spec(
+    "bare_sqlite_spec",
+    "bare_sqlite_spec",
+    "bare Temporal + the spec's record in SQLite (floor)",
+    peer=False,
+    reference=True,
+)
+#: The floors that bound each store's targets, by the store's name in the targets table.
+STORE_FLOORS = {"PostgreSQL": PG_FLOORS, "SQLite": (SQLITE_SPEC_FLOOR,)}
+#: The floors that keep the spec's record: the least CPU above bare Temporal that the record costs.
+SPEC_FLOORS = (PG_SPEC_FLOOR, SQLITE_SPEC_FLOOR)
 
 
 PEERS = [
@@ -481,7 +493,10 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
     peer, and TurnKit's CPU ÷ that floor's (each with its PostgreSQL server's CPU)."""
     by_key = {s.key: s for s in specs}
     floor = next((s for s in specs if s.key == FLOOR.key), None)
-    pg_floors = [f for f in (next((s for s in specs if s.key == g.key), None) for g in PG_FLOORS) if f is not None]
+    floors_of = {
+        store: [f for f in (by_key.get(g.key) for g in floors) if f is not None]
+        for store, floors in STORE_FLOORS.items()
+    }
     next_of = {first.key: n for n, first in next_turn_pairs(specs)}
     rows: list[tuple[str, list[str]]] = []
     for store, key in TARGET_COLUMNS.items():
@@ -495,12 +510,12 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
         latency = Target(1, f"{store}: latency ÷ faster peer", at_most)
         rows.append((throughput.heading(), [throughput.cell(a[1], k) for k, a in zip(args.k, ranked, strict=True)]))
         rows.append((latency.heading(), [latency.cell(a[0], k) for k, a in zip(args.k, ranked, strict=True)]))
-        for pg_floor in pg_floors if store == "PostgreSQL" else []:
-            bound = [against_faster_peer(pg_floor, specs, per_spec, k) for k in args.k]
+        for store_floor in floors_of[store]:
+            bound = [against_faster_peer(store_floor, specs, per_spec, k) for k in args.k]
             if all(bound):
                 rows.append(
                     (
-                        f"the bound: {pg_floor.title}, throughput ÷ faster peer",
+                        f"the bound: {store_floor.title}, throughput ÷ faster peer",
                         [f"{b[1]:.2f}x" for b in bound if b is not None],
                     )
                 )
@@ -517,14 +532,24 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
                 extra = f" ({ratios(now, ref, postgres=True)[2]:.2f}x with PostgreSQL's server)"
             cells.append(target.cell(ratios(now, ref)[2], k, extra))
         rows.append((target.heading(), cells))
-        for pg_floor in pg_floors if s.postgres else []:
+        for store_floor in floors_of[store]:
+            if store_floor.system in {f.system for f in SPEC_FLOORS}:
+                # What the spec's record alone costs above bare Temporal, against the same threshold.
+                rows.append(
+                    (
+                        f"the bound: {store_floor.title} CPU per turn, process + dev server, ÷ floor's",
+                        [f"{ratios(per_spec[store_floor.key][k], per_spec[floor.key][k])[2]:.2f}x" for k in args.k],
+                    )
+                )
+            both = ", both with PostgreSQL's server" if s.postgres else ""
+            cpu = [
+                per_spec[s.key][k].cpu_per_turn(s.postgres) / per_spec[store_floor.key][k].cpu_per_turn(s.postgres)
+                for k in args.k
+            ]
             rows.append(
                 (
-                    f"the bound: TurnKit ({store}) CPU per turn ÷ {pg_floor.title}'s, both with PostgreSQL's server",
-                    [
-                        f"{per_spec[s.key][k].cpu_per_turn(True) / per_spec[pg_floor.key][k].cpu_per_turn(True):.2f}x"
-                        for k in args.k
-                    ],
+                    f"the bound: TurnKit ({store}) CPU per turn ÷ {store_floor.title}'s{both}",
+                    [f"{c:.2f}x" for c in cpu],
                 )
             )
     for store, key in TARGET_COLUMNS.items():
@@ -706,10 +731,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         type=lambda t: [s for s in t.split(",") if s],
-        default=["bare", "bare_pg", "bare_pg_spec", "openai_agents", "pydantic_ai", "langgraph", "turnkit"],
-        help="systems to run (bare,bare_pg,bare_pg_spec,openai_agents,pydantic_ai,langgraph,turnkit; bare: the "
-        "floor, bare_app.py; bare_pg: the floor with a PostgreSQL row per step, bare_pg_app.py; bare_pg_spec: the "
-        "floor with the spec's record in PostgreSQL, bare_pg_spec_app.py; both with --postgres-url only)",
+        default=[
+            "bare",
+            "bare_pg",
+            "bare_pg_spec",
+            "bare_sqlite_spec",
+            "openai_agents",
+            "pydantic_ai",
+            "langgraph",
+            "turnkit",
+        ],
+        help="systems to run (bare,bare_pg,bare_pg_spec,bare_sqlite_spec,openai_agents,pydantic_ai,langgraph,turnkit; "
+        "bare: the floor, bare_app.py; bare_pg: the floor with a PostgreSQL row per step, bare_pg_app.py; "
+        "bare_pg_spec: the floor with the spec's record in PostgreSQL, bare_pg_spec_app.py, both with --postgres-url "
+        "only; bare_sqlite_spec: the spec's record in SQLite, bare_sqlite_spec_app.py)",
     )
     parser.add_argument(
         "--tool-kinds",
@@ -784,6 +819,8 @@ def specs_for(args: argparse.Namespace) -> list[Spec]:
     specs = [FLOOR] if FLOOR.system in args.systems else []
     if args.postgres_url:
         specs += [dataclasses.replace(f, database_url=args.postgres_url) for f in PG_FLOORS if f.system in args.systems]
+    if SQLITE_SPEC_FLOOR.system in args.systems:
+        specs.append(SQLITE_SPEC_FLOOR)
     specs += [p for p in PEERS if p.system in args.systems]
     if "local" in args.model_kinds:
         specs += [p for p in LOCAL_MODEL_PEERS if p.system in args.systems]

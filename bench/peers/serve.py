@@ -50,6 +50,7 @@ SYSTEMS = {
     "bare": "bench.peers.bare_app",
     "bare_pg": "bench.peers.bare_pg_app",
     "bare_pg_spec": "bench.peers.bare_pg_spec_app",
+    "bare_sqlite_spec": "bench.peers.bare_sqlite_spec_app",
     "langgraph": "bench.peers.langgraph_app",
     "openai_agents": "bench.peers.openai_agents_app",
     "pydantic_ai": "bench.peers.pydantic_ai_app",
