@@ -5,10 +5,14 @@ tests.chaos_app`` with ``TURNKIT_CHAOS_WORKER=1``); the test process imports it 
 The job: ``lead`` delegates to two sub-agents in parallel (``scout`` runs a replay-safe ``sync_inventory``, ``clerk``
 an at-most-once ``charge_card``), launches ``reporter`` with a completion callback, charges the order itself (at
 most once; after a *failed* charge it tries once more, as a model would, but never after an ``interrupted`` one),
-and answers. The callback later wakes ``lead``'s conversation for a second turn. ``scout``'s and ``clerk``'s tools are
-local tool calls (``@tool(local=True)``), ``lead``'s charge is an activity: the faults reach both kinds (a kill
-loses a local call's workflow task, a lost completion fails its local attempt), and the store's bookkeeping must hold
-the at-most-once line for both.
+and answers. The callback later wakes ``lead``'s conversation for a second turn. ``reporter``'s answer is audited by
+an output policy (a judge's call); ``scribe``'s notes are compacted (``Conversation.compact``), then summarised again
+before it answers (a turn's compaction summary);
+``illustrator`` paints in a prepared turn (a standalone paint); ``designer``, the painter specialist, paints a logo.
+Every provider here traces each call it answered (:class:`Priced`), so a seed can hold the store's charges to the
+providers' count. ``scout``'s and ``clerk``'s tools are local tool calls (``@tool(local=True)``), ``lead``'s charge
+is an activity: the faults reach both kinds (a kill loses a local call's workflow task, a lost completion fails its
+local attempt), and the store's bookkeeping must hold the at-most-once line for both.
 
 Effects land in ``$TURNKIT_CHAOS_DIR/effects/<tool>/<effect id>``, one line per run of the body: an at-most-once
 effect (a charge of one order) must have at most one line, whatever happened to workers, servers and databases.
@@ -25,7 +29,9 @@ import asyncio
 import json
 import os
 import random
+import re
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,10 +41,20 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 import turnkit
 from turnkit._engine.builtin_tools import launch_agent
-from turnkit.model import ModelRequest, Result
-from turnkit.testing import ScriptedClient, call_tools
+from turnkit.media_requests import PaintRequest
+from turnkit.model import Client, ModelRequest, Result
+from turnkit.specialists.agents import painter
+from turnkit.testing import ScriptedClient, call_tools, image
 
-HANG_POINTS = ("charge", "sync", "reporter")
+#: Where a worker can be killed: a tool body (``charge``, ``sync``), a model call (``reporter``), an output-policy
+#: judge's call (``judge``), a turn's compaction summary (``summary``), ``Conversation.compact``'s (``compaction``), a
+#: standalone paint (``paint``) and the painter specialist's paint (``specialist``).
+HANG_POINTS = ("charge", "sync", "reporter", "judge", "summary", "compaction", "paint", "specialist")
+#: What every answered call of the job costs: a seed's spend in the store says how many calls it charged, and the
+#: providers' own trace (``calls/<order>``) says how many they answered.
+PRICE = 0.001
+_ORDER = re.compile(r"ord-\d+-[0-9a-f]{6}")
+_PNG = b"\x89PNG\r\n\x1a\n" + b"chaos label" + bytes(range(32))
 
 
 def chaos_dir() -> Path:
@@ -152,29 +168,123 @@ def _worker(tool: str, arguments: Any, answer: str) -> ScriptedClient:
 class _Reporter:
     async def chat(self, request: ModelRequest) -> Result:
         await hang_point("reporter")
-        return Result.build(text="report ready")
+        return Result.build(text=f"report ready for order {_order(request)}")  # what its judge reads
+
+
+@dataclass(frozen=True)
+class PaidCall:
+    """One call a provider of the job answered: its kind (main, judge, summary, compaction, paint), the worker
+    process that got the answer, when (epoch seconds), and the activity attempt that asked."""
+
+    kind: str
+    pid: int
+    at: float
+    asked_by: str
+    turn_id: str  #: the turn the request names in its metadata ("-": none)
+
+
+def paid_calls(order: str) -> list[PaidCall]:
+    """The calls the job's providers answered for ``order``."""
+    path = chaos_dir() / "effects" / "calls" / order
+    lines = path.read_text().splitlines() if path.exists() else []
+    fields = (line.split() for line in lines)
+    return [PaidCall(kind, int(pid), float(at), asked_by, turn_id) for kind, pid, at, asked_by, turn_id in fields]
+
+
+class Priced:
+    """A job agent's provider: ``inner`` answers the turn's own calls; an output-policy judge approves and a
+    compaction summary summarises (each after its hang point); ``paint`` paints. Every answered call costs
+    :data:`PRICE` and is traced under the order its request names, after the answer exists and before it is
+    returned: the provider's own count of the calls it is paid for."""
+
+    def __init__(self, inner: Client, *, paint_point: str = "paint") -> None:
+        self.inner = inner
+        self.paint_point = paint_point
+
+    async def chat(self, request: ModelRequest) -> Result:
+        if request.metadata.get("purpose") == "output_policy":
+            kind = "judge"
+            await hang_point(kind)
+            answer = Result.build(text='{"approved": true, "violations": []}')
+        elif request.metadata.get("compaction"):
+            # A turn's automatic summary names its turn; Conversation.compact's (its own workflow) does not.
+            kind = "summary" if request.metadata.get("turn_id") else "compaction"
+            await hang_point(kind)
+            answer = Result.build(text="## Active Task\nThe notes on the order.")
+        else:
+            kind, answer = "main", await self.inner.chat(request)
+        return _paid(kind, json.dumps(request.messages, default=str), answer, request.metadata.get("turn_id"))
+
+    async def paint(self, request: PaintRequest) -> Result:
+        await hang_point(self.paint_point)
+        return _paid("paint", request.prompt, image(_PNG), request.metadata.get("turn_id"))
+
+
+def _paid(kind: str, text: str, answer: Result, turn_id: object = None) -> Result:
+    found = _ORDER.search(text)
+    info = activity.info() if activity.in_activity() else None
+    where = f"{info.activity_type}#{info.attempt}" if info is not None else "-"
+    # Which process answered, and when: an answer whose worker was killed before its commit is lost with it.
+    line = f"{kind} {os.getpid()} {time.time():.3f} {where} {turn_id or '-'}"
+    effect("calls", found.group(0) if found else "no-order", line)
+    return answer.model_copy(update={"usage": turnkit.Usage(input_tokens=1, cost=PRICE)})
 
 
 scout = turnkit.Agent(
-    "scout", model="scripted", tools=[sync_inventory], client=_worker("sync_inventory", {"sku": "S-1"}, "synced")
+    "scout",
+    model="scripted",
+    tools=[sync_inventory],
+    client=Priced(_worker("sync_inventory", {"sku": "S-1"}, "synced")),
 )
 clerk = turnkit.Agent(
     "clerk",
     model="scripted",
     tools=[charge_card_local],
-    client=_worker("charge_card", lambda r: {"order": _order(r), "amount": 5}, "charged"),
+    client=Priced(_worker("charge_card", lambda r: {"order": _order(r), "amount": 5}, "charged")),
 )
-reporter = turnkit.Agent("reporter", model="scripted", client=_Reporter())
+#: The reporter's answer is audited: its judge's call is a paid call of its own.
+reporter = turnkit.Agent(
+    "reporter",
+    model="scripted",
+    client=Priced(_Reporter()),
+    output_policy=turnkit.OutputPolicy("Name the order the report is about."),
+)
 lead = turnkit.Agent(
     "lead",
     model="scripted",
     tools=[charge_card, launch_agent],
     sub_agents=[scout, clerk, reporter],
-    client=ScriptedClient(_lead),
+    client=Priced(ScriptedClient(_lead)),
 )
-inbox = turnkit.Agent("inbox", model="scripted", client=ScriptedClient(lambda r: "ack"))
+inbox = turnkit.Agent("inbox", model="scripted", client=Priced(ScriptedClient(lambda r: "ack")))
+#: Keeps notes on the order: compacted on request, and asked with ``compact=True`` (all but the last message
+#: summarised first).
+scribe = turnkit.Agent(
+    "scribe", model="scripted", client=Priced(ScriptedClient(lambda r: "noted")), compaction={"tail_messages": 1}
+)
+#: Paints a label for the order as the whole work of a prepared turn (a standalone paint).
+illustrator = turnkit.Agent("illustrator", model="scripted", client=Priced(ScriptedClient(lambda r: "never")))
+
+
+def _design(request: ModelRequest) -> Result:
+    if any(m["role"] == "tool" for m in request.messages):
+        return Result.build(text="designed")  # not reached: paint_image ends the turn
+    return call_tools(("paint_image", {"prompt": f"a logo for order {_order(request)}"}))
+
+
+def _allow(request: Any, context: Any = None) -> bool:
+    return True
+
+
+#: The painter specialist (its replay-safe ``paint_image`` ends the turn); a kill can strike inside its paint.
+designer = painter(
+    model="scripted",
+    authorization=_allow,
+    image_model="chaos-image",
+    client=Priced(ScriptedClient(_design), paint_point="specialist"),
+)
 plain = turnkit.Agent("plain", model="scripted", client=ScriptedClient(lambda r: "fine"))
-AGENTS = (lead, scout, clerk, reporter, inbox, plain)
+AGENTS = (lead, scout, clerk, reporter, inbox, scribe, illustrator, designer, plain)
 
 
 def register_all() -> None:
@@ -187,7 +297,8 @@ def register_all() -> None:
     """
     for agent in AGENTS:
         turnkit.register(agent)
-    turnkit.configure(model_heartbeat_timeout=1.0, tool_heartbeat_timeout=1.0)
+    # The workers search for lost submissions every second, not every 10 s: a seed's lost one is run in time.
+    turnkit.configure(model_heartbeat_timeout=1.0, tool_heartbeat_timeout=1.0, lost_submit_grace=2.0)
 
 
 # Worker-side faults ----------------------------------------------------------------------------------------------

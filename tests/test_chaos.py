@@ -5,7 +5,8 @@ from the enabled kinds (see :mod:`tests.chaos`), then requires: every turn it cr
 check`` is clean, no at-most-once effect happened twice, and hostile input left its conversation working.
 
 ``TURNKIT_CHAOS_SEEDS`` sets how many seeds run (default 30; ``make chaos SEEDS=300``), ``TURNKIT_CHAOS_FAULTS``
-which fault kinds may strike (a comma list, or ``none``; default: all of them). The run ends with one line:
+which fault kinds may strike (a comma list, or ``none``; default: all of them), ``TURNKIT_CHAOS_KILL_AT`` the one
+hang point where every worker kill strikes (default: drawn per seed). The run ends with one line:
 seeds, faults drawn by kind, and violations found.
 """
 
@@ -44,9 +45,11 @@ async def rig() -> AsyncIterator[ChaosRig]:
     broken = sum(1 for outcome in _OUTCOMES if outcome.problems or outcome.findings)
     drawn = ", ".join(f"{kind} {count}" for kind, count in sorted(faults.items()))
     local = sum(1 for outcome in _OUTCOMES if outcome.local_model)
+    kills = Counter(outcome.killed_at for outcome in _OUTCOMES if outcome.killed_at)
+    where = ", ".join(f"{point} {count}" for point, count in sorted(kills.items()))
     SUMMARY.append(
-        f"chaos: {len(_OUTCOMES)} seeds, {sum(faults.values())} faults drawn ({drawn}), {local} seeds with local model "
-        f"calls, {broken} seeds with violations"
+        f"chaos: {len(_OUTCOMES)} seeds, {sum(faults.values())} faults drawn ({drawn}; worker kills at: "
+        f"{where or 'none'}), {local} seeds with local model calls, {broken} seeds with violations"
     )
 
 
@@ -55,4 +58,7 @@ async def test_chaos_seed(rig: ChaosRig, seed: int) -> None:
     chaos_app.register_all()
     outcome = await run_scenario(rig, seed, enabled_faults())
     _OUTCOMES.append(outcome)
+    if (outcome.problems or outcome.findings) and os.environ.get("TURNKIT_CHAOS_FAILURES"):
+        with open(os.environ["TURNKIT_CHAOS_FAILURES"], "a") as failures:
+            failures.write(f"seed {seed}\n{outcome.describe()}\n\n")
     assert not outcome.problems and not outcome.findings, outcome.describe()
