@@ -628,6 +628,12 @@ def report(
             "tool runs and one that settles it by compare-and-set after, each locking the turn; four transactions "
             "of four round trips per iteration, through asyncpg; it is in no ratio."
         )
+    if any(s.system == SQLITE_SPEC_FLOOR.system for s in specs):
+        out[-1] += (
+            f" The '{SQLITE_SPEC_FLOOR.title}' column runs the same transactions in SQLite (`BEGIN IMMEDIATE`, "
+            "TurnKit's pragmas, the standard library's `sqlite3`, `bench/peers/bare_sqlite_spec_app.py`); it is in no "
+            "ratio."
+        )
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
         elsewhere = postgres_elsewhere(specs, results[setting])

@@ -114,6 +114,36 @@ INSERT INTO {MESSAGES} (turn_id, sequence, role, payload) SELECT $1, sequence, '
 """
 
 
+def reserves(turn_id: str | None, request_id: str, look: Any) -> bool:
+    """Whether the reserve's look (status, iterations, reserved request, transcript) asks for ``request_id`` to be
+    reserved now: not for a retry of the request already reserved; raises for a turn that has ended or is over its
+    iteration budget."""
+    status, iterations, reserved, _transcript = look or (None, 0, None, None)
+    if status not in ("pending", "running"):
+        raise RuntimeError(f"turn {turn_id} is {status}")
+    if reserved == request_id:  # a retry of a reserved request counts no new iteration
+        return False
+    if iterations >= MAX_ITERATIONS:
+        raise RuntimeError(f"turn {turn_id} is over its iteration budget")
+    return True
+
+
+def answer_record(answer: bare_app.ModelAnswer) -> tuple[str, str]:
+    """The stored answer (JSON) and the turn's status after it."""
+    if answer.query is not None:
+        return json.dumps({"query": answer.query}), "running"
+    return json.dumps({"text": answer.text}), "completed"
+
+
+def opens(turn_id: str | None, call_id: str, look: Any) -> bool:
+    """Whether the open's look (turn status, the call's execution status, the turn's count of executions) asks for
+    the execution to be created now: not when a retry finds it running; raises for a call already settled."""
+    _status, execution, _count = look or (None, None, 0)
+    if execution is not None and execution != "running":
+        raise RuntimeError(f"call {call_id} of turn {turn_id} is already {execution}")
+    return execution is None
+
+
 class System(bare_pg_app.System):
     """Bare Temporal with the spec's record in PostgreSQL, for :mod:`bench.peers.serve`."""
 
@@ -142,25 +172,14 @@ class System(bare_pg_app.System):
         info = activity.info()
         turn_id, request_id = info.workflow_id, info.activity_id
         async with self._pool.acquire() as connection, connection.transaction():
-            status, iterations, reserved, _transcript = await connection.fetchrow(_RESERVE_LOOK, turn_id) or (
-                None,
-                0,
-                None,
-                None,
-            )
-            if status not in ("pending", "running"):
-                raise RuntimeError(f"turn {turn_id} is {status}")
-            if reserved != request_id:  # a retry of a reserved request counts no new iteration
-                if iterations >= MAX_ITERATIONS:
-                    raise RuntimeError(f"turn {turn_id} is over its iteration budget")
+            if reserves(turn_id, request_id, await connection.fetchrow(_RESERVE_LOOK, turn_id)):
                 await connection.execute(_RESERVE, turn_id, request_id)
         answer = await bare_app.model(call)
-        payload = json.dumps({"query": answer.query} if answer.query is not None else {"text": answer.text})
+        payload, status = answer_record(answer)
         async with self._pool.acquire() as connection, connection.transaction():
             _status, committed = await connection.fetchrow(_PERSIST_LOOK, turn_id, request_id) or (None, None)
             if committed is None:
-                final = "completed" if answer.query is None else "running"
-                await connection.execute(_PERSIST, turn_id, request_id, 1, final, payload)
+                await connection.execute(_PERSIST, turn_id, request_id, 1, status, payload)
         return answer
 
     @activity.defn(name=workload.TOOL_NAME)
@@ -170,15 +189,8 @@ class System(bare_pg_app.System):
         info = activity.info()
         turn_id, call_id = info.workflow_id, info.activity_id
         async with self._pool.acquire() as connection, connection.transaction():
-            _status, execution, _count = await connection.fetchrow(_OPEN_LOOK, turn_id, call_id) or (
-                None,
-                None,
-                0,
-            )
-            if execution is None:
+            if opens(turn_id, call_id, await connection.fetchrow(_OPEN_LOOK, turn_id, call_id)):
                 await connection.execute(_OPEN, turn_id, call_id)
-            elif execution != "running":
-                raise RuntimeError(f"call {call_id} of turn {turn_id} is already {execution}")
         result = await bare_app.lookup(q)
         async with self._pool.acquire() as connection, connection.transaction():
             await connection.fetchrow(_COMMIT_LOCK, turn_id)

@@ -22,7 +22,7 @@ from typing import Any
 from temporalio import activity
 
 from bench.peers import bare_app, workload
-from bench.peers.bare_pg_spec_app import EXECUTIONS, MAX_ITERATIONS, MESSAGES, TURNS
+from bench.peers.bare_pg_spec_app import EXECUTIONS, MESSAGES, TURNS, answer_record, opens, reserves
 
 _CREATE = [
     f"""CREATE TABLE IF NOT EXISTS {TURNS} (
@@ -136,27 +136,16 @@ class System(bare_app.System):
         info = activity.info()
         turn_id, request_id = info.workflow_id, info.activity_id
         with self._transaction() as db:
-            status, iterations, reserved, _transcript = db.execute(_RESERVE_LOOK, (turn_id,)).fetchone() or (
-                None,
-                0,
-                None,
-                None,
-            )
-            if status not in ("pending", "running"):
-                raise RuntimeError(f"turn {turn_id} is {status}")
-            if reserved != request_id:  # a retry of a reserved request counts no new iteration
-                if iterations >= MAX_ITERATIONS:
-                    raise RuntimeError(f"turn {turn_id} is over its iteration budget")
+            if reserves(turn_id, request_id, db.execute(_RESERVE_LOOK, (turn_id,)).fetchone()):
                 db.execute(_RESERVE, (request_id, turn_id)).close()
         answer = await bare_app.model(call)
-        payload = json.dumps({"query": answer.query} if answer.query is not None else {"text": answer.text})
+        payload, status = answer_record(answer)
         with self._transaction() as db:
             _status, committed = db.execute(_PERSIST_LOOK, (request_id, turn_id)).fetchone() or (None, None)
             if committed is None:
-                final = "completed" if answer.query is None else "running"
-                charged = next(iter(db.execute(_CHARGE, (1, final, turn_id, request_id)).fetchall()), None)
-                if charged is not None:
-                    db.execute(_APPEND, (turn_id, charged[0], "assistant", request_id, payload)).close()
+                charged = db.execute(_CHARGE, (1, status, turn_id, request_id)).fetchall()
+                for (sequence,) in charged:  # none when the request is not the turn's reserved one
+                    db.execute(_APPEND, (turn_id, sequence, "assistant", request_id, payload)).close()
         return answer
 
     @activity.defn(name=workload.TOOL_NAME)
@@ -165,11 +154,8 @@ class System(bare_app.System):
         info = activity.info()
         turn_id, call_id = info.workflow_id, info.activity_id
         with self._transaction() as db:
-            _status, execution, _count = db.execute(_OPEN_LOOK, (call_id, turn_id)).fetchone() or (None, None, 0)
-            if execution is None:
+            if opens(turn_id, call_id, db.execute(_OPEN_LOOK, (call_id, turn_id)).fetchone()):
                 db.execute(_OPEN, (turn_id, call_id)).close()
-            elif execution != "running":
-                raise RuntimeError(f"call {call_id} of turn {turn_id} is already {execution}")
         result = await bare_app.lookup(q)
         content = json.dumps({"q": q, "result": result})
         with self._transaction() as db:
