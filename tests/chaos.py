@@ -57,8 +57,8 @@ import turnkit
 from tests import chaos_app
 from tests.faults import DevServer, PrivateCluster, dev_server, private_cluster
 from tests.history_scenarios import history_events, local_activity_types
+from tests.lost_turns import write_lost_turn
 from tests.workers import WorkerProcess
-from turnkit._engine.turn_options import turn_options
 from turnkit._ops.check import TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, Finding, check
 from turnkit._ops.repair import Repair, repair
 from turnkit.kernel.records import TurnRecord
@@ -390,17 +390,7 @@ async def _lost_submit(tk: TurnKit, delay: float, conversation_id: str, order: s
     await asyncio.sleep(delay)
 
     async def write() -> None:
-        async with tk.store.atomic(conversation_id=conversation_id) as tx:
-            message = await tx.append_message(conversation_id, role="user", text=f"and now, order {order}?")
-            options = turn_options(chaos_app.inbox, trigger_message_id=message.id, context={}, task_queue=tk.task_queue)
-            await tx.create_turn(
-                conversation_id=conversation_id,
-                agent_name=chaos_app.inbox.name,
-                context_message_sequence=message.sequence,
-                model="scripted",
-                options=options,
-                submitted_at=utcnow(),
-            )
+        await write_lost_turn(tk.store, conversation_id, chaos_app.inbox, f"and now, order {order}?", tk.task_queue)
 
     await _patiently(write)
 

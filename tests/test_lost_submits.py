@@ -35,10 +35,9 @@ import turnkit
 from tests import lost_submit_app
 from tests.engine import eventually
 from tests.faults import DevServer, dev_server
+from tests.lost_turns import write_lost_turn
 from tests.workers import ROOT, WorkerProcess
-from turnkit._engine.turn_options import turn_options
 from turnkit._ops.check import check
-from turnkit.kernel.records import TurnRecord
 from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import TurnKit
 from turnkit.store import Store
@@ -165,32 +164,16 @@ async def test_lost_submissions_run_in_order_without_an_operator(database_url: s
             await _attempt(seed, server, tk, database_url, tmp_path)
 
 
-async def _lost_turn(tk: TurnKit, conversation_id: str, text: str, task_queue: str) -> TurnRecord:
-    """A submitted turn whose submission was lost, as the store holds it: trigger message and pending turn, submitted
-    on ``task_queue``, with no workflow and no place in a lane."""
-    async with tk.store.atomic(conversation_id=conversation_id) as tx:
-        message = await tx.append_message(conversation_id, role="user", text=text)
-        options = turn_options(
-            lost_submit_app.ordered, trigger_message_id=message.id, context={}, task_queue=task_queue
-        )
-        return await tx.create_turn(
-            conversation_id=conversation_id,
-            agent_name=lost_submit_app.ordered.name,
-            context_message_sequence=message.sequence,
-            model="scripted",
-            options=options,
-            submitted_at=utcnow(),
-        )
-
-
 async def test_a_worker_runs_the_lost_submissions_of_its_own_task_queue(tk: TurnKit) -> None:
     """Issue 36 item 5: a worker's search for lost submissions runs a lost turn of its task queue (queued in its lane,
     no operator step) and leaves one of another task queue, which that queue's workers run."""
     turnkit.configure(lost_submit_grace=0.5)
     mine = await tk.conversation(lost_submit_app.ordered)
     theirs = await tk.conversation(lost_submit_app.ordered)
-    lost = await _lost_turn(tk, mine.id, "mine", tk.task_queue)
-    other = await _lost_turn(tk, theirs.id, "theirs", f"elsewhere-{uuid.uuid4().hex[:8]}")
+    lost = await write_lost_turn(tk.store, mine.id, lost_submit_app.ordered, "mine", tk.task_queue)
+    other = await write_lost_turn(
+        tk.store, theirs.id, lost_submit_app.ordered, "theirs", f"elsewhere-{uuid.uuid4().hex[:8]}"
+    )
 
     async def ran() -> bool:
         return (await tk.store.load_turn(lost.id)).status == "completed"
