@@ -488,9 +488,10 @@ NEXT_TURN_TARGET, NEXT_TURN_KS = 1.1, (1, 3)
 
 def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[str, dict[int, Figures]]) -> list[str]:
     """Issue 37's targets 1-3 at each K, one row a target and store, each cell the ratio marked met / not met; a
-    row only where its columns were measured. With a PostgreSQL floor measured (one row per step, or the spec's
-    record), two unmarked rows each say what bounds the PostgreSQL targets: that floor's throughput ÷ the faster
-    peer, and TurnKit's CPU ÷ that floor's (each with its PostgreSQL server's CPU)."""
+    row only where its columns were measured. With a store's floors measured (:data:`STORE_FLOORS`: one row per step
+    in PostgreSQL, the spec's record in either store), unmarked rows say what bounds that store's targets: each
+    floor's throughput ÷ the faster peer, TurnKit's CPU ÷ that floor's (with PostgreSQL's server's CPU on both sides
+    for PostgreSQL) and, for a floor that keeps the spec's record, its own CPU ÷ bare Temporal's."""
     by_key = {s.key: s for s in specs}
     floor = next((s for s in specs if s.key == FLOOR.key), None)
     floors_of = {

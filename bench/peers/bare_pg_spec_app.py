@@ -16,7 +16,7 @@ logic around it, on the same workflow and activities as :mod:`bench.peers.bare_a
 Four transactions per iteration, each ``BEGIN``, a lock-and-look statement, one write and a WAL-flushing
 ``COMMIT``: four round trips, where TurnKit's store sends four to six. What this floor costs above
 :mod:`bench.peers.bare_pg_app` is what the spec's record costs PostgreSQL and the driver; what TurnKit costs above
-this floor is its own code (see bench/README.md, "The spec's record in PostgreSQL").
+this floor is its own code (see bench/README.md, "The spec's record as a floor").
 
 The tables (``bench_spec_*``) are created in the database of ``--postgres-url`` when the system opens, and emptied
 then, so that each run's rows can be counted after it.
