@@ -98,6 +98,22 @@ SQLITE_SPEC_FLOOR = Spec(
     peer=False,
     reference=True,
 )
+#: Every floor, in the report's order, and what each runs (the report's paragraph on the workload says it).
+FLOORS = (FLOOR, PG_FLOOR, PG_SPEC_FLOOR, SQLITE_SPEC_FLOOR)
+FLOOR_NOTES = {
+    FLOOR.system: "runs the same model and tool activities in a plain workflow with nothing around them "
+    "(`bench/peers/bare_app.py`): what the SDK and the dev server cost for the workload under every system",
+    PG_FLOOR.system: "runs the same workflow and activities, each model and tool attempt also writing one row to "
+    "PostgreSQL (one `INSERT ... ON CONFLICT DO NOTHING` in autocommit through asyncpg, `bench/peers/bare_pg_app.py`): "
+    "the least a runtime that records each step in PostgreSQL pays",
+    PG_SPEC_FLOOR.system: "runs them with the record TurnKit's promises need and nothing else "
+    "(`bench/peers/bare_pg_spec_app.py`): a transaction that reserves each model request before the call and one "
+    "that commits its answer and charge after it, one that opens each tool execution before the tool runs and one "
+    "that settles it by compare-and-set after, each locking the turn; four transactions of four round trips per "
+    "iteration, through asyncpg",
+    SQLITE_SPEC_FLOOR.system: "runs the same transactions in SQLite (`BEGIN IMMEDIATE`, TurnKit's pragmas, the "
+    "standard library's `sqlite3`, `bench/peers/bare_sqlite_spec_app.py`)",
+}
 #: The floors that bound each store's targets, by the store's name in the targets table.
 STORE_FLOORS = {"PostgreSQL": PG_FLOORS, "SQLite": (SQLITE_SPEC_FLOOR,)}
 #: The floors that keep the spec's record: the least CPU above bare Temporal that the record costs.
@@ -608,33 +624,10 @@ def report(
         f"model activities (issue 9's workload), a 'local model' column against every peer column, OpenAI's local "
         f"model included (issue 37's targets: the targets table after each setting's tables)."
     )
-    if any(s.reference for s in specs):
-        out[-1] += (
-            " The 'bare Temporal (floor)' column runs the same model and tool activities in a plain workflow with "
-            "nothing around them (`bench/peers/bare_app.py`): what the SDK and the dev server cost for the workload "
-            "under every system; it is in no ratio."
-        )
-    if any(s.system == PG_FLOOR.system for s in specs):
-        out[-1] += (
-            f" The '{PG_FLOOR.title}' column runs the same workflow and activities, each model and tool attempt "
-            "also writing one row to PostgreSQL (one `INSERT ... ON CONFLICT DO NOTHING` in autocommit through "
-            "asyncpg, `bench/peers/bare_pg_app.py`): the least a runtime that records each step in PostgreSQL pays; "
-            "it is in no ratio."
-        )
-    if any(s.system == PG_SPEC_FLOOR.system for s in specs):
-        out[-1] += (
-            f" The '{PG_SPEC_FLOOR.title}' column runs them with the record TurnKit's promises need and nothing else "
-            "(`bench/peers/bare_pg_spec_app.py`): a transaction that reserves each model request before the call "
-            "and one that commits its answer and charge after it, one that opens each tool execution before the "
-            "tool runs and one that settles it by compare-and-set after, each locking the turn; four transactions "
-            "of four round trips per iteration, through asyncpg; it is in no ratio."
-        )
-    if any(s.system == SQLITE_SPEC_FLOOR.system for s in specs):
-        out[-1] += (
-            f" The '{SQLITE_SPEC_FLOOR.title}' column runs the same transactions in SQLite (`BEGIN IMMEDIATE`, "
-            "TurnKit's pragmas, the standard library's `sqlite3`, `bench/peers/bare_sqlite_spec_app.py`); it is in no "
-            "ratio."
-        )
+    measured = {s.system for s in specs}
+    for floor in FLOORS:
+        if floor.system in measured:
+            out[-1] += f" The '{floor.title}' column {FLOOR_NOTES[floor.system]}; it is in no ratio."
     for setting in args.settings:
         out += ["", f"**{SETTING_TITLES[setting]}**", "", *table(args, specs, results[setting])]
         elsewhere = postgres_elsewhere(specs, results[setting])

@@ -106,6 +106,7 @@ class System(bare_app.System):
 
     async def open(self, address: str) -> None:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # TurnKit's store's pragmas (turnkit/store/engine.py), copied: this process holds no TurnKit module.
         for pragma in ("journal_mode=WAL", "busy_timeout=60000", "synchronous=NORMAL"):
             self._db.execute(f"PRAGMA {pragma}").close()
         for statement in _CREATE:
