@@ -22,7 +22,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import event, func, inspect, select, text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, StatementError
 
 from turnkit._engine.ids import new_claim_token, new_id
@@ -2203,4 +2203,37 @@ async def test_the_postgresql_pool_is_sized_for_a_worker_and_set_from_the_enviro
     assert await _pool_of(database_url) == (3, 0)
     monkeypatch.setenv("TURNKIT_DB_MAX_OVERFLOW", "many")
     with pytest.raises(ValueError, match="TURNKIT_DB_MAX_OVERFLOW must be a whole number"):
+        await Store.open(database_url, migrate=False)
+
+
+async def _plan_cache_mode_of(database_url: str) -> str:
+    """The ``plan_cache_mode`` a store's connection on ``database_url`` runs its statements with."""
+    store = await Store.open(database_url, migrate=False)
+    try:
+        async with store.atomic() as tx:
+            return str(await tx.connection.scalar(text("SHOW plan_cache_mode")))
+    finally:
+        await store.close()
+
+
+async def test_postgresql_plans_the_stores_statements_once_per_connection(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PostgreSQL store's connections start with ``plan_cache_mode = force_generic_plan``, so a statement new on a
+    connection is planned once instead of five times; ``TURNKIT_DB_PLAN_CACHE_MODE`` sets another mode, empty leaves
+    the server's own, a mode PostgreSQL does not have is refused by name, and a URL with prepared statements turned
+    off (``prepared_statement_cache_size=0``, as behind PgBouncer) sends no startup parameter at all."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("a PostgreSQL setting")
+    monkeypatch.delenv("TURNKIT_DB_PLAN_CACHE_MODE", raising=False)
+    assert await _plan_cache_mode_of(database_url) == "force_generic_plan"
+    monkeypatch.setenv("TURNKIT_DB_PLAN_CACHE_MODE", "force_custom_plan")
+    assert await _plan_cache_mode_of(database_url) == "force_custom_plan"
+    monkeypatch.setenv("TURNKIT_DB_PLAN_CACHE_MODE", "")
+    assert await _plan_cache_mode_of(database_url) == "auto"  # the server's default
+    unprepared = make_url(database_url).update_query_dict({"prepared_statement_cache_size": "0"})
+    monkeypatch.delenv("TURNKIT_DB_PLAN_CACHE_MODE")
+    assert await _plan_cache_mode_of(unprepared.render_as_string(hide_password=False)) == "auto"
+    monkeypatch.setenv("TURNKIT_DB_PLAN_CACHE_MODE", "generic")
+    with pytest.raises(ValueError, match="TURNKIT_DB_PLAN_CACHE_MODE must be one of auto, force_generic_plan"):
         await Store.open(database_url, migrate=False)

@@ -15,6 +15,7 @@ from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 
 __all__ = [
     "MAX_OVERFLOW",
+    "PLAN_CACHE_MODE",
     "POOL_SIZE",
     "sqlite_file",
     "store_engine",
@@ -27,6 +28,16 @@ __all__ = [
 #: an asyncpg connect of several round trips, its type introspection, and a PostgreSQL backend started and stopped.
 POOL_SIZE: Final = 20
 MAX_OVERFLOW: Final = 10
+#: How PostgreSQL plans the store's prepared statements on each connection (``TURNKIT_DB_PLAN_CACHE_MODE``; empty:
+#: leave the server's own setting). PostgreSQL's ``auto`` plans a prepared statement anew for each of its first five
+#: executions on a connection before it compares them with a generic plan, so every new connection pays five custom
+#: plans per statement: a turn's lock+look costs 200-430 µs of server CPU custom-planned and 85-160 µs generic. A
+#: worker's bursts open connections beyond the pool's size and close them when they come back, and a burst of turns
+#: spread over 20-30 connections runs each statement only a few times on each: most executions were custom-planned.
+#: The store's statements look rows up by key through plain btree indexes (no partial index, no value whose
+#: selectivity would change the plan), so the generic plan is the plan a custom one picks.
+PLAN_CACHE_MODE: Final = "force_generic_plan"
+_PLAN_CACHE_MODES: Final = ("auto", "force_generic_plan", "force_custom_plan")
 
 
 def sqlite_file(url: str, *, plain: bool = True) -> str | None:
@@ -51,7 +62,11 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         return engine
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
     # inside a store activity's start-to-close timeout (issue 8).
-    connect_args = {"timeout": 10} if "+asyncpg" in url else {}
+    connect_args: dict[str, Any] = {"timeout": 10} if "+asyncpg" in url else {}
+    plan_cache_mode = _plan_cache_mode(url)
+    if plan_cache_mode is not None:
+        # A startup parameter, not a SET after connecting: no round trip, and no session state a pooler could leak.
+        connect_args["server_settings"] = {"plan_cache_mode": plan_cache_mode}
     engine = create_async_engine(
         url,
         echo=echo,
@@ -75,6 +90,22 @@ def _pool_setting(name: str, default: int) -> int:
     if number < 0:
         raise ValueError(f"{name} must be a whole number of connections, 0 or more (got {value!r})")
     return number
+
+
+def _plan_cache_mode(url: str) -> str | None:
+    """The ``plan_cache_mode`` the store's asyncpg connections start with, or None to send none: not asyncpg, set empty
+    in ``TURNKIT_DB_PLAN_CACHE_MODE``, or prepared statements turned off (``prepared_statement_cache_size=0``, as
+    behind PgBouncer, which refuses startup parameters it does not know, and where no plan is kept anyway)."""
+    value = os.environ.get("TURNKIT_DB_PLAN_CACHE_MODE")
+    mode = PLAN_CACHE_MODE if value is None else value.strip()
+    if mode and mode not in _PLAN_CACHE_MODES:
+        raise ValueError(
+            f"TURNKIT_DB_PLAN_CACHE_MODE must be one of {', '.join(_PLAN_CACHE_MODES)} or empty (got {value!r})"
+        )
+    parsed = make_url(url)
+    if not mode or parsed.get_driver_name() != "asyncpg" or parsed.query.get("prepared_statement_cache_size") == "0":
+        return None
+    return mode
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
