@@ -56,18 +56,28 @@ async def heartbeating() -> AsyncGenerator[None, None]:
     last = _last_beat.get()
 
     async def beat() -> None:
-        if last is not None:
-            await asyncio.sleep(max(0.0, last[0] + interval - loop.time()))
         while True:
             activity.heartbeat()
             if last is not None:
                 last[0] = loop.time()
             await asyncio.sleep(interval)
 
-    task = asyncio.create_task(beat())
+    # Most blocks end before a beat is due (a store phase takes milliseconds; the interval is seconds): a timer that
+    # starts the beating task only when due costs a handle, where a task per block cost its creation, its first
+    # sleep and its cancellation.
+    task: asyncio.Task[None] | None = None
+
+    def start() -> None:
+        nonlocal task
+        task = loop.create_task(beat())
+
+    due = 0.0 if last is None else max(0.0, last[0] + interval - loop.time())
+    timer = loop.call_later(due, start)
     try:
         yield
     finally:
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
+        timer.cancel()
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
