@@ -2219,10 +2219,10 @@ async def _plan_cache_mode_of(database_url: str) -> str:
 async def test_postgresql_plans_the_stores_statements_once_per_connection(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A PostgreSQL store's connections start with ``plan_cache_mode = force_generic_plan``, so a statement new on a
-    connection is planned once instead of five times; ``TURNKIT_DB_PLAN_CACHE_MODE`` sets another mode, empty leaves
-    the server's own, a mode PostgreSQL does not have is refused by name, and a URL with prepared statements turned
-    off (``prepared_statement_cache_size=0``, as behind PgBouncer) sends no startup parameter at all."""
+    """A PostgreSQL store's connections are set to ``plan_cache_mode = force_generic_plan`` when they connect, so a
+    statement new on a connection is planned once instead of five times; ``TURNKIT_DB_PLAN_CACHE_MODE`` sets another
+    mode, empty leaves the server's own, a mode PostgreSQL does not have is refused by name, and a URL with prepared
+    statements turned off (``prepared_statement_cache_size=0``, as behind PgBouncer in transaction mode) sets none."""
     if not database_url.startswith("postgresql"):
         pytest.skip("a PostgreSQL setting")
     monkeypatch.delenv("TURNKIT_DB_PLAN_CACHE_MODE", raising=False)

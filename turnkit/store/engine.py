@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,6 +28,8 @@ __all__ = [
 #: whose activities run dozens of store transactions at once: a connection beyond the pool's size is closed when it
 #: is returned, so a burst of 40 turns in one process opened and closed 34 connections (10 with these sizes), each
 #: an asyncpg connect of several round trips, its type introspection, and a PostgreSQL backend started and stopped.
+_log = logging.getLogger(__name__)
+
 POOL_SIZE: Final = 20
 MAX_OVERFLOW: Final = 10
 #: How PostgreSQL plans the store's prepared statements on each connection (``TURNKIT_DB_PLAN_CACHE_MODE``; empty:
@@ -62,11 +66,8 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         return engine
     # A bounded connect (asyncpg's default is 60 s): during an outage an attempt fails fast and is retried, well
     # inside a store activity's start-to-close timeout (issue 8).
-    connect_args: dict[str, Any] = {"timeout": 10} if "+asyncpg" in url else {}
+    connect_args = {"timeout": 10} if "+asyncpg" in url else {}
     plan_cache_mode = _plan_cache_mode(url)
-    if plan_cache_mode is not None:
-        # A startup parameter, not a SET after connecting: no round trip, and no session state a pooler could leak.
-        connect_args["server_settings"] = {"plan_cache_mode": plan_cache_mode}
     engine = create_async_engine(
         url,
         echo=echo,
@@ -75,7 +76,36 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         max_overflow=_pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
     )
     ping_when_idle(engine)  # not pool_pre_ping: three round trips on every checkout (turnkit/store/idle_ping.py)
+    if plan_cache_mode is not None:
+        _plan_on_connect(engine, plan_cache_mode)
     return engine
+
+
+def _plan_on_connect(engine: AsyncEngine, mode: str) -> None:
+    """Set ``plan_cache_mode`` on each new connection of ``engine``, once, before the pool hands it out.
+
+    A ``SET`` on connecting (one round trip per connection), not a startup parameter: PgBouncer refuses startup
+    parameters it was not told to ignore, and would refuse every connection. A server that does not know the
+    setting (PostgreSQL before 12) keeps its own planning, said once in the log, and the connection is used as it is.
+    """
+    warned = False
+    statement = f"SET plan_cache_mode = {mode}"  # one of _PLAN_CACHE_MODES: no quoting needed
+
+    def set_mode(driver: Any) -> Awaitable[Any]:
+        return driver.execute(statement)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _set_plan_cache_mode(dbapi_connection: Any, _record: Any) -> None:
+        nonlocal warned
+        try:
+            # Outside any transaction: the setting is the session's, and survives every COMMIT and ROLLBACK.
+            dbapi_connection.run_async(set_mode)
+        except Exception as error:  # the server's own error (asyncpg's); a lost connection fails its first statement
+            if not warned:
+                warned = True
+                _log.warning(
+                    "PostgreSQL kept its own plan_cache_mode (SET plan_cache_mode = %s failed: %s)", mode, error
+                )
 
 
 def _pool_setting(name: str, default: int) -> int:
@@ -93,9 +123,10 @@ def _pool_setting(name: str, default: int) -> int:
 
 
 def _plan_cache_mode(url: str) -> str | None:
-    """The ``plan_cache_mode`` the store's asyncpg connections start with, or None to send none: not asyncpg, set empty
-    in ``TURNKIT_DB_PLAN_CACHE_MODE``, or prepared statements turned off (``prepared_statement_cache_size=0``, as
-    behind PgBouncer, which refuses startup parameters it does not know, and where no plan is kept anyway)."""
+    """The ``plan_cache_mode`` the store's asyncpg connections are set to, or None to leave the server's: not asyncpg,
+    set empty in ``TURNKIT_DB_PLAN_CACHE_MODE``, or prepared statements turned off (``prepared_statement_cache_size=0``,
+    as behind PgBouncer in transaction mode, where no plan is kept and a session's ``SET`` would reach other
+    clients)."""
     value = os.environ.get("TURNKIT_DB_PLAN_CACHE_MODE")
     mode = PLAN_CACHE_MODE if value is None else value.strip()
     if mode and mode not in _PLAN_CACHE_MODES:
