@@ -15,6 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from turnkit.store.idle_ping import ping_when_idle
 from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
 
+_log = logging.getLogger(__name__)
+
 __all__ = [
     "MAX_OVERFLOW",
     "PLAN_CACHE_MODE",
@@ -28,8 +30,6 @@ __all__ = [
 #: whose activities run dozens of store transactions at once: a connection beyond the pool's size is closed when it
 #: is returned, so a burst of 40 turns in one process opened and closed 34 connections (10 with these sizes), each
 #: an asyncpg connect of several round trips, its type introspection, and a PostgreSQL backend started and stopped.
-_log = logging.getLogger(__name__)
-
 POOL_SIZE: Final = 20
 MAX_OVERFLOW: Final = 10
 #: How PostgreSQL plans the store's prepared statements on each connection (``TURNKIT_DB_PLAN_CACHE_MODE``; empty:
