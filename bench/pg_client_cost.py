@@ -28,13 +28,12 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 from sqlalchemy.engine import make_url
-from sqlalchemy.util import greenlet_spawn
 
+from bench.store_work import postgres_database
 from turnkit.store import Store
 
 Operation = Callable[[], Awaitable[object]]
@@ -84,7 +83,7 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, list[float]]:
 
         async def raw_checkout() -> None:
             connection = await engine.raw_connection()
-            await greenlet_spawn(connection.close)  # its return to the pool may await the driver: in a greenlet
+            connection.close()  # back to the pool: nothing to roll back, so nothing awaits the driver
 
         operations: dict[str, Operation] = {
             "store transaction (BEGIN, lock, COMMIT)": store_transaction,
@@ -109,17 +108,8 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, list[float]]:
 
 
 async def _run(admin_url: str, n: int, rounds: int) -> None:
-    admin = make_url(admin_url)
-    database = f"turnkit_client_cost_{uuid.uuid4().hex[:8]}"
-    raw_admin = admin.set(drivername="postgresql").render_as_string(hide_password=False)
-    connection = await asyncpg.connect(raw_admin)
-    await connection.execute(f'CREATE DATABASE "{database}"')
-    try:
-        url = admin.set(database=database).render_as_string(hide_password=False)
+    async with postgres_database(admin_url) as url:
         figures = await measure(url, n, rounds)
-    finally:
-        await connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        await connection.close()
     print(f"process CPU per operation, µs (median of {rounds} rounds of {n}; rounds in brackets)")
     for name, values in figures.items():
         rounds_text = ", ".join(f"{value:.0f}" for value in values)
