@@ -29,7 +29,7 @@ from turnkit._engine.ids import new_claim_token, new_id
 from turnkit.kernel.errors import RecordNotFound, ToolError
 from turnkit.kernel.records import ConversationRecord, TreeUsage, TurnRecord
 from turnkit.store import Store, sqlite_inline, sqlite_trips
-from turnkit.store.direct import DirectCursor
+from turnkit.store.direct import CompiledStatement, DirectCursor
 from turnkit.store.errors import transient_store_error
 from turnkit.store.postgres_direct import DRIVER_TRANSACTION
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
@@ -2103,6 +2103,47 @@ async def test_prebuilt_statements_run_on_the_driver_and_read_what_sqlalchemy_re
         assert expected[1].cost == pytest.approx(0.123456) and expected[1].submitted_at.tzinfo is not None
     finally:
         await plain.close()
+
+
+async def test_a_statements_arguments_are_the_ones_sqlalchemy_builds(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prebuilt statement's positional arguments come from a plan made once per statement (and per IN-list shape),
+    not from SQLAlchemy's ``construct_params`` at each execution: over a turn's writes, reads and compare-and-sets
+    (IN lists of one, two and three statuses, a literal IN list, JSON, timestamps, NUMERIC), the SQL and arguments
+    of every direct statement equal those SQLAlchemy's own construction gives for the same parameters."""
+    checked: list[str] = []
+    planned = CompiledStatement.arguments
+
+    def compare(self: CompiledStatement, parameters: Any) -> tuple[str, list[Any]]:
+        sql, arguments = planned(self, parameters)
+        assert (sql, arguments) == self._constructed(parameters)  # pyright: ignore[reportPrivateUsage]
+        assert self.plan is not None or any(self.expanded_plans.values()), sql  # a plan made it, not SQLAlchemy
+        checked.append(sql)
+        return sql, arguments
+
+    monkeypatch.setattr(CompiledStatement, "arguments", compare)
+
+    async def work(n: int) -> None:
+        conversation = await _conversation(store, metadata={"n": n, "k": [1, "é"]})
+        turn = await _turn(store, conversation.id, status="pending", submitted_at=datetime.now(UTC))
+        async with store.atomic(conversation_id=conversation.id, turn_id=turn.id) as tx:
+            assert await tx.claim_turn(turn.id, from_="pending", to="running") is not None
+            assert await tx.claim_turn(turn.id, from_=("pending", "paused", "running"), to="running") is not None
+            await tx.update_turn(turn.id, cost=Decimal("0.5"), usage={"input_tokens": n})
+            await tx.append_message(conversation.id, role="user", text=f"hello {n}", turn_id=turn.id)
+            execution, _ = await tx.create_tool_execution(
+                turn_id=turn.id, tool_call_id=f"call-{n}", tool_name="lookup", arguments={"q": n}
+            )
+            assert await tx.claim_tool_execution(execution.id, from_=("pending", "running"), to="running")
+            await tx.claim_tool_execution(execution.id, from_="running", to="completed", result={"ok": n})
+            await tx.find_tool_execution(turn.id, f"call-{n}")
+            await tx.list_messages(conversation.id, turn_id=turn.id)
+            await tx.tree_usage(turn.id)
+
+    for n in range(3):  # the first round goes SQLAlchemy's path; the next ones the plans
+        await work(n)
+    assert len(checked) >= 20 and any(" IN (" in sql for sql in checked), checked
 
 
 async def test_a_new_conversations_generated_key_comes_back_on_the_driver(store: Store) -> None:

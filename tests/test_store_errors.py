@@ -8,6 +8,9 @@ by hand. Deterministic ones must not be retried and their message must hold no S
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+import re
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -170,6 +173,71 @@ def test_unstorable_values() -> None:
     assert deterministic_store_error(caught.value)
     assert not deterministic_store_error(RuntimeError("anything else"))
     assert not deterministic_store_error(ConnectionRefusedError())
+
+
+def test_a_small_value_is_copied_as_the_json_round_trip_copies_it() -> None:
+    """storable() copies a small plain value by walking it (no JSON text, a few µs less per JSON column read or
+    written); the copy is the one the JSON round trip makes, to the key order and the type, for every shape: sorted
+    and stringified keys, NUL and lone surrogates in keys and strings, NaN, tuples, subclasses of str and int, keys
+    that cannot sort together, and values past the walk's budget."""
+
+    class Text(str):
+        pass
+
+    def round_trip(value: Any) -> Any:  # the JSON path: keys stringified, then sorted; NaN and infinities null
+        encoded = json.dumps(json.loads(json.dumps(value, default=str)), sort_keys=True)
+        return _fffd(json.loads(encoded, parse_constant=lambda _: None))
+
+    rng = random.Random(7)
+    leaves = [
+        "s",
+        "t\x00",
+        "é😀",
+        "x\udc00",
+        3,
+        -0.0,
+        2.5,
+        10**30,
+        None,
+        True,
+        False,
+        Text("sub"),
+        float("nan"),
+        (1, 2),
+    ]
+
+    def tree(depth: int = 0) -> Any:
+        roll = rng.random()
+        if depth > 3 or roll < 0.4:
+            return rng.choice(leaves)
+        if roll < 0.75:
+            return {rng.choice(["a", "b", "ä", "z\x00", "\ud800"]): tree(depth + 1) for _ in range(rng.randint(0, 4))}
+        return [tree(depth + 1) for _ in range(rng.randint(0, 30 if depth == 0 else 4))]
+
+    shapes = [
+        {},
+        [],
+        {"b": 1, "a": {"d": [], "c": {}}},
+        {1: "x", "1": "y"},
+        {1: "x", "a": "y"},
+        *[tree() for _ in range(3000)],
+    ]
+    for value in shapes:
+        copied = storable(value)
+        assert json.dumps(copied) == json.dumps(round_trip(value)), value
+    shared = {"k": [1, {"n": 2}]}
+    assert storable(shared) is not shared and storable(shared)["k"] is not shared["k"]  # a copy, to the leaves
+
+
+def _fffd(value: Any) -> Any:
+    """NUL and lone surrogates as U+FFFD, in keys and strings (what storable() stores)."""
+    if isinstance(value, str):
+        return re.sub("[\x00\ud800-\udfff]", "\ufffd", value)
+    if isinstance(value, dict):
+        return {_fffd(k): _fffd(v) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    if isinstance(value, list):
+        return [_fffd(v) for v in value]  # pyright: ignore[reportUnknownVariableType]
+    return value
 
 
 async def _backend_pid(store: Store) -> int:

@@ -63,8 +63,12 @@ class CompiledStatement:
 
     __slots__ = (
         "compiled",
+        "expanded_plans",
         "expands",
+        "list_keys",
         "make_row",
+        "parameter_keys",
+        "plan",
         "processors",
         "reads_last_row_id",
         "result_processors",
@@ -74,7 +78,12 @@ class CompiledStatement:
     )
 
     def __init__(
-        self, compiled: SQLCompiler, dialect: Dialect, keys: Sequence[str], result_types: Sequence[TypeEngine[Any]]
+        self,
+        compiled: SQLCompiler,
+        dialect: Dialect,
+        keys: Sequence[str],
+        result_types: Sequence[TypeEngine[Any]],
+        parameter_keys: Sequence[str] = (),
     ) -> None:
         self.compiled = compiled
         self.sql = compiled.string
@@ -99,6 +108,18 @@ class CompiledStatement:
         #: An INSERT that returns no rows: its generated key is the cursor's ``lastrowid`` (SQLite), as SQLAlchemy reads
         #: it for ``inserted_primary_key``.
         self.reads_last_row_id = bool(compiled.isinsert and not compiled.effective_returning)
+        #: Where each positional argument comes from, for the parameter keys this statement was compiled for (None:
+        #: SQLAlchemy's ``construct_params`` builds them at each execution): see :func:`_plan`.
+        self.parameter_keys = tuple(parameter_keys)
+        #: Where each positional argument comes from, for those parameter keys (None: SQLAlchemy's
+        #: ``construct_params`` builds the arguments at each execution); see :func:`_plan`.
+        self.plan = None if self.expands else _plan(compiled, self.parameter_keys, self.processors)
+        #: An IN-list statement's SQL and plan by the lengths of its lists, which alone decide its SQL (None:
+        #: SQLAlchemy's ``construct_expanded_state`` renders it at each execution).
+        self.expanded_plans: dict[tuple[int, ...], tuple[str, _Plan] | None] = {}
+        #: The parameter keys of an IN-list statement whose values are lists (None: it has a literal-rendered parameter,
+        #: whose SQL depends on its values).
+        self.list_keys = None if compiled.literal_execute_params else _list_keys(compiled, self.parameter_keys)
 
     def processors_for(self, dialect: Dialect, type_codes: Sequence[Any] | None) -> list[_Processor]:
         """The result processors of the columns that have one, for the driver's ``type_codes`` of them (None: none
@@ -130,7 +151,50 @@ class CompiledStatement:
         return rows
 
     def arguments(self, parameters: Mapping[str, Any]) -> tuple[str, list[Any]]:
-        """The SQL to send and its positional arguments, for ``parameters``."""
+        """The SQL to send and its positional arguments, for ``parameters`` (with the keys it was compiled for)."""
+        plan = self.plan
+        if plan is None and self.list_keys is not None:
+            planned = self._expanded_plan(parameters, self.list_keys)
+            if planned is not None:
+                sql, plan = planned
+                return sql, _arguments(plan, parameters)
+        if plan is not None:
+            return self.sql, _arguments(plan, parameters)
+        return self._constructed(parameters)
+
+    def _expanded_plan(self, parameters: Mapping[str, Any], list_keys: tuple[str, ...]) -> tuple[str, _Plan] | None:
+        """The SQL and plan of an IN-list statement for the lengths of ``parameters``' lists (None: no plan)."""
+        lengths: list[int] = []
+        for key in list_keys:
+            value = parameters[key]
+            if not isinstance(value, (list, tuple)):  # a set or an iterator: SQLAlchemy's path takes it as it is
+                return None
+            lengths.append(len(value))  # pyright: ignore[reportUnknownArgumentType]
+        shape = tuple(lengths)
+        try:
+            return self.expanded_plans[shape]
+        except KeyError:
+            pass
+        probe: dict[str, Any] = {key: _Marker(key) for key in self.parameter_keys}
+        for key, length in zip(list_keys, shape, strict=True):
+            probe[key] = [_Marker(key, index) for index in range(length)]
+        try:
+            expanded = self.compiled.construct_expanded_state(probe, escape_names=False)
+        except Exception:  # SQLAlchemy's path raises it, with its own message, at each execution
+            entry = None
+        else:
+            names = expanded.positiontup
+            assert names is not None  # both dialects are positional
+            processors = {**self.processors, **expanded.processors}
+            planned = _plan_of(names, expanded.parameters, processors, self.compiled)
+            entry = None if planned is None else (expanded.statement, planned)
+        if len(self.expanded_plans) >= _SHAPES_KEPT:
+            self.expanded_plans.clear()
+        self.expanded_plans[shape] = entry
+        return entry
+
+    def _constructed(self, parameters: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The SQL and arguments as SQLAlchemy's ``construct_params`` (or ``construct_expanded_state``) builds them."""
         compiled = self.compiled
         processors = self.processors
         if self.expands:
@@ -143,6 +207,83 @@ class CompiledStatement:
             sql, names = self.sql, compiled.positiontup
         assert names is not None  # both dialects are positional: asyncpg's $1, $2, …; sqlite3's ?
         return sql, [processors[name](values[name]) if name in processors else values[name] for name in names]
+
+
+class _Marker:
+    """A probe's stand-in for a parameter's value (or the ``index``-th item of its list): where SQLAlchemy puts it
+    tells which positional argument it becomes (:func:`_plan`)."""
+
+    __slots__ = ("index", "key")
+
+    def __init__(self, key: str, index: int | None = None) -> None:
+        self.key = key
+        self.index = index
+
+
+#: Where one positional argument comes from: ``(parameter key, list index or None, constant, bind processor)``; a
+#: constant (a value bound in the statement itself) when the key is None.
+_Source = tuple[str | None, int | None, Any, Callable[[Any], Any] | None]
+_Plan = tuple[_Source, ...]
+#: IN-list shapes (the lengths of a statement's lists) planned per statement; past it the plans start again.
+_SHAPES_KEPT: Final = 64
+
+
+def _plan(
+    compiled: SQLCompiler, parameter_keys: Sequence[str], processors: Mapping[str, Callable[[Any], Any]]
+) -> _Plan | None:
+    """Where each positional argument of ``compiled`` comes from when it runs with ``parameter_keys``, found by asking
+    SQLAlchemy's own ``construct_params`` once with a marker per key. None when a value is computed at each execution
+    (a bound callable) or the probe fails (a required parameter missing: SQLAlchemy's path raises its error)."""
+    try:
+        values = compiled.construct_params({key: _Marker(key) for key in parameter_keys}, escape_names=False)
+    except Exception:  # SQLAlchemy's path raises it, with its own message, at each execution
+        return None
+    names = compiled.positiontup
+    assert names is not None  # both dialects are positional
+    return _plan_of(names, values, processors, compiled)
+
+
+def _plan_of(
+    names: Sequence[str],
+    values: Mapping[str, Any],
+    processors: Mapping[str, Callable[[Any], Any]],
+    compiled: SQLCompiler,
+) -> _Plan | None:
+    """The plan of positional ``names`` whose probed ``values`` are markers or constants."""
+    if any(bindparam.callable is not None for bindparam in compiled.bind_names):
+        return None
+    plan: list[_Source] = []
+    for name in names:
+        value = values[name]
+        process = processors.get(name)
+        if isinstance(value, _Marker):
+            plan.append((value.key, value.index, None, process))
+        elif isinstance(value, (list, tuple)) and any(isinstance(item, _Marker) for item in value):  # pyright: ignore[reportUnknownVariableType]
+            return None  # a list bound as one argument (an array): SQLAlchemy's path binds it
+        else:
+            plan.append((None, None, value, process))
+    return tuple(plan)
+
+
+def _arguments(plan: _Plan, parameters: Mapping[str, Any]) -> list[Any]:
+    """The positional arguments of ``parameters`` by ``plan``, each through its bind processor."""
+    arguments: list[Any] = []
+    for key, index, constant, process in plan:
+        if key is None:
+            value = constant
+        elif index is None:
+            value = parameters[key]
+        else:
+            value = parameters[key][index]
+        arguments.append(value if process is None else process(value))
+    return arguments
+
+
+def _list_keys(compiled: SQLCompiler, parameter_keys: Sequence[str]) -> tuple[str, ...]:
+    """The parameter keys an IN-list statement takes as lists: those of its expanding parameters."""
+    expanding = {bindparam.key for bindparam in compiled.post_compile_params}
+    expanding |= {name for bindparam in compiled.post_compile_params if (name := compiled.bind_names.get(bindparam))}
+    return tuple(key for key in parameter_keys if key in expanding)
 
 
 class DirectStatements:
@@ -203,7 +344,7 @@ def _compile(
     columns = list(statement.exported_columns) if row_keys else []
     if len(columns) != len(row_keys):  # not the columns SQLAlchemy read: leave it to its path
         return None
-    return CompiledStatement(compiled, dialect, row_keys, [column.type for column in columns])
+    return CompiledStatement(compiled, dialect, row_keys, [column.type for column in columns], keys)
 
 
 def _needs_context(compiled: SQLCompiler) -> bool:
