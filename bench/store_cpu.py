@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Generator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from turnkit._engine.ids import new_id
 from turnkit.store import Store
+from turnkit.store import storable as storable_module
+from turnkit.store.direct import CompiledStatement
 from turnkit.store.store import Look
 
 TOOL_RESULT = {"content": [{"type": "text", "text": "result " * 20}]}
@@ -192,12 +197,68 @@ async def compare_looks(args: argparse.Namespace) -> None:
     print(f"  with the lock / apart: CPU {cpu_ratio:.2f}x, wall {wall_ratio:.2f}x (median of the rounds' ratios)")
 
 
+@contextlib.contextmanager
+def as_before_plans(before: bool) -> Generator[None]:
+    """With ``before``: each prebuilt statement's arguments built by SQLAlchemy's ``construct_params`` at each
+    execution, and every JSON value copied through the JSON text, as before the plans and the walked copies
+    (``turnkit/store/direct.py``, ``turnkit/store/storable.py``); else this build as it is."""
+    if not before:
+        yield
+        return
+
+    def never(_value: Any, _budget: list[int]) -> Any:
+        raise storable_module._NotPlain  # pyright: ignore[reportPrivateUsage]
+
+    planned, walked = CompiledStatement.arguments, storable_module._plain_copy  # pyright: ignore[reportPrivateUsage]
+    CompiledStatement.arguments = CompiledStatement._constructed  # pyright: ignore[reportPrivateUsage]
+    storable_module._plain_copy = never  # pyright: ignore[reportPrivateUsage]
+    try:
+        yield
+    finally:
+        CompiledStatement.arguments = planned
+        storable_module._plain_copy = walked  # pyright: ignore[reportPrivateUsage]
+
+
+async def compare_plans(args: argparse.Namespace) -> None:
+    """Rounds alternated between this build's arguments and copies (a plan per statement, small values walked) and
+    the way before them (:func:`as_before_plans`), on one store in this one process."""
+    with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
+        url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
+        store = await Store.open(url)
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            for before in (True, False):
+                with as_before_plans(before):
+                    for _ in range(args.warmup):
+                        await turn(store, args.k)
+            for _ in range(args.rounds):
+                for before in (True, False):
+                    with as_before_plans(before):
+                        started = time.process_time()
+                        for _ in range(args.turns):
+                            await turn(store, args.k)
+                        cpu[before].append((time.process_time() - started) / args.turns * 1000)
+        finally:
+            await store.close()
+    ratios = [now / was for now, was in zip(cpu[False], cpu[True], strict=True)]
+    print(f"store work of a K = {args.k} turn ({store.dialect}, {args.rounds} alternated rounds of {args.turns}):")
+    print(f"  before the plans: {statistics.median(cpu[True]):.2f} ms of CPU (median)")
+    print(f"  this build:       {statistics.median(cpu[False]):.2f} ms of CPU (median)")
+    print(
+        f"  this build / before: {statistics.median(ratios):.3f}x (median of the rounds' ratios; rounds "
+        f"{', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     if args.compare_direct:
         await compare_direct(args)
         return
     if args.compare_looks:
         await compare_looks(args)
+        return
+    if args.compare_plans:
+        await compare_plans(args)
         return
     with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
@@ -221,7 +282,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--k", type=int, default=1, help="tool-calling iterations per turn (default 1)")
     parser.add_argument("--turns", type=int, default=100, help="turns per round (default 100)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
@@ -243,5 +304,11 @@ if __name__ == "__main__":
         action="store_true",
         help="alternate rounds whose first reads come with the turn lock (Look) and rounds that read them apart"
         " (PostgreSQL only: SQLite reads apart in both)",
+    )
+    parser.add_argument(
+        "--compare-plans",
+        action="store_true",
+        help="alternate rounds of this build and rounds with the arguments and copies made as before their plans"
+        " (construct_params per execution, every JSON value through its text)",
     )
     asyncio.run(main(parser.parse_args()))
