@@ -108,8 +108,7 @@ class CompiledStatement:
         #: An INSERT that returns no rows: its generated key is the cursor's ``lastrowid`` (SQLite), as SQLAlchemy reads
         #: it for ``inserted_primary_key``.
         self.reads_last_row_id = bool(compiled.isinsert and not compiled.effective_returning)
-        #: Where each positional argument comes from, for the parameter keys this statement was compiled for (None:
-        #: SQLAlchemy's ``construct_params`` builds them at each execution): see :func:`_plan`.
+        #: The keys of the parameters it runs with (a statement is compiled once per set of keys).
         self.parameter_keys = tuple(parameter_keys)
         #: Where each positional argument comes from, for those parameter keys (None: SQLAlchemy's
         #: ``construct_params`` builds the arguments at each execution); see :func:`_plan`.
