@@ -21,7 +21,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -162,31 +162,41 @@ async def compare_direct(args: argparse.Namespace) -> None:
     )
 
 
-async def compare_looks(args: argparse.Namespace) -> None:
-    """Rounds alternated between turns whose model and tool calls read what they look for with the turn's lock
-    (``Look``) and turns that read it apart, as before, on one store in this one process."""
+async def _alternated(
+    args: argparse.Namespace, turns: Callable[[Store, bool, int], Awaitable[None]]
+) -> tuple[str, dict[bool, list[float]], dict[bool, list[float]]]:
+    """``turns(store, kind, n)`` for kind False then True, alternated round by round on one store in this one
+    process (after ``args.warmup`` turns of each): the store's dialect, and the CPU and wall ms per turn of each
+    round, by kind."""
     with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
         store = await Store.open(url)
         cpu: dict[bool, list[float]] = {True: [], False: []}
         wall: dict[bool, list[float]] = {True: [], False: []}
         try:
-            for looks in (False, True):
-                for _ in range(args.warmup):
-                    await turn(store, args.k, looks)
+            for kind in (False, True):
+                await turns(store, kind, args.warmup)
             for _ in range(args.rounds):
-                for looks in (False, True):
+                for kind in (False, True):
                     started, started_wall = time.process_time(), time.perf_counter()
-                    for _ in range(args.turns):
-                        await turn(store, args.k, looks)
-                    cpu[looks].append((time.process_time() - started) / args.turns * 1000)
-                    wall[looks].append((time.perf_counter() - started_wall) / args.turns * 1000)
+                    await turns(store, kind, args.turns)
+                    cpu[kind].append((time.process_time() - started) / args.turns * 1000)
+                    wall[kind].append((time.perf_counter() - started_wall) / args.turns * 1000)
         finally:
             await store.close()
-    print(
-        f"store work of a K = {args.k} turn ({store.dialect}, {args.rounds} alternated rounds of {args.turns},"
-        " medians):"
-    )
+    return store.dialect, cpu, wall
+
+
+async def compare_looks(args: argparse.Namespace) -> None:
+    """Rounds alternated between turns whose model and tool calls read what they look for with the turn's lock
+    (``Look``) and turns that read it apart, as before, on one store in this one process."""
+
+    async def turns(store: Store, looks: bool, n: int) -> None:
+        for _ in range(n):
+            await turn(store, args.k, looks)
+
+    dialect, cpu, wall = await _alternated(args, turns)
+    print(f"store work of a K = {args.k} turn ({dialect}, {args.rounds} alternated rounds of {args.turns}, medians):")
     for looks, name in ((False, "reads apart"), (True, "with the lock")):
         print(
             f"  {name:>13}: {statistics.median(cpu[looks]):.2f} ms of CPU,"
@@ -222,28 +232,17 @@ def as_before_plans(before: bool) -> Generator[None]:
 async def compare_plans(args: argparse.Namespace) -> None:
     """Rounds alternated between this build's arguments and copies (a plan per statement, small values walked) and
     the way before them (:func:`as_before_plans`), on one store in this one process."""
-    with tempfile.TemporaryDirectory(prefix="turnkit-store-cpu-") as tmp:
-        url = args.database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}"
-        store = await Store.open(url)
-        cpu: dict[bool, list[float]] = {True: [], False: []}
-        try:
-            for before in (True, False):
-                with as_before_plans(before):
-                    for _ in range(args.warmup):
-                        await turn(store, args.k)
-            for _ in range(args.rounds):
-                for before in (True, False):
-                    with as_before_plans(before):
-                        started = time.process_time()
-                        for _ in range(args.turns):
-                            await turn(store, args.k)
-                        cpu[before].append((time.process_time() - started) / args.turns * 1000)
-        finally:
-            await store.close()
-    ratios = [now / was for now, was in zip(cpu[False], cpu[True], strict=True)]
-    print(f"store work of a K = {args.k} turn ({store.dialect}, {args.rounds} alternated rounds of {args.turns}):")
-    print(f"  before the plans: {statistics.median(cpu[True]):.2f} ms of CPU (median)")
-    print(f"  this build:       {statistics.median(cpu[False]):.2f} ms of CPU (median)")
+
+    async def turns(store: Store, now: bool, n: int) -> None:
+        with as_before_plans(not now):
+            for _ in range(n):
+                await turn(store, args.k)
+
+    dialect, cpu, _ = await _alternated(args, turns)
+    ratios = [now / was for now, was in zip(cpu[True], cpu[False], strict=True)]
+    print(f"store work of a K = {args.k} turn ({dialect}, {args.rounds} alternated rounds of {args.turns}):")
+    print(f"  before the plans: {statistics.median(cpu[False]):.2f} ms of CPU (median)")
+    print(f"  this build:       {statistics.median(cpu[True]):.2f} ms of CPU (median)")
     print(
         f"  this build / before: {statistics.median(ratios):.3f}x (median of the rounds' ratios; rounds "
         f"{', '.join(f'{r:.2f}' for r in ratios)})"

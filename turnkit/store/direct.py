@@ -83,7 +83,7 @@ class CompiledStatement:
         dialect: Dialect,
         keys: Sequence[str],
         result_types: Sequence[TypeEngine[Any]],
-        parameter_keys: Sequence[str] = (),
+        parameter_keys: Sequence[str],
     ) -> None:
         self.compiled = compiled
         self.sql = compiled.string
@@ -116,9 +116,11 @@ class CompiledStatement:
         #: An IN-list statement's SQL and plan by the lengths of its lists, which alone decide its SQL (None:
         #: SQLAlchemy's ``construct_expanded_state`` renders it at each execution).
         self.expanded_plans: dict[tuple[int, ...], tuple[str, _Plan] | None] = {}
-        #: The parameter keys of an IN-list statement whose values are lists (None: it has a literal-rendered parameter,
-        #: whose SQL depends on its values).
-        self.list_keys = None if compiled.literal_execute_params else _list_keys(compiled, self.parameter_keys)
+        #: The parameter keys of an IN-list statement whose values are lists (None: no IN list, or a literal-rendered
+        #: parameter, whose SQL depends on its values).
+        self.list_keys = (
+            _list_keys(compiled, self.parameter_keys) if self.expands and not compiled.literal_execute_params else None
+        )
 
     def processors_for(self, dialect: Dialect, type_codes: Sequence[Any] | None) -> list[_Processor]:
         """The result processors of the columns that have one, for the driver's ``type_codes`` of them (None: none
