@@ -372,6 +372,29 @@ def against_faster_peer(
     return statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
 
 
+def busiest_peer(s: Spec, specs: list[Spec], per_spec: dict[str, dict[int, Figures]], k: int) -> Spec | None:
+    """The peer with the highest throughput at K that TurnKit column ``s`` is held against (as
+    :func:`against_faster_peer` picks its rivals); None when no peer runs it so."""
+    rivals = [p for p in specs if p.peer and (s.local_model or not p.local_model)]
+    return max(rivals, key=lambda p: statistics.median(per_spec[p.key][k].throughput), default=None)
+
+
+def cores_busy(
+    specs: list[Spec], per_spec: dict[str, dict[int, Figures]], ks: list[int], cores: int | None = None
+) -> tuple[float, float]:
+    """The least and the most of the machine's cores that a system's bursts kept busy, over every column and K:
+    its CPU per turn (every process: its own, its dev server's and PostgreSQL's server's) times its throughput ÷ the
+    ``cores`` (default: this machine's). Near 1 for all of them, throughput follows CPU per turn: a burst is bound by
+    the cores."""
+    cores = cores or os.cpu_count() or 1
+    busy = [
+        per_spec[s.key][k].cpu_per_turn(postgres=True) * statistics.median(per_spec[s.key][k].throughput) / cores
+        for s in specs
+        for k in ks
+    ]
+    return min(busy), max(busy)
+
+
 def ratios(now: Figures, ref: Figures, postgres: bool = False) -> tuple[float, float, float]:
     """``now`` ÷ ``ref``: latency, throughput and CPU per turn (process + dev server; with ``postgres``, ``now``'s
     PostgreSQL server's added), medians of the rounds."""
@@ -518,7 +541,9 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
     rows: list[tuple[str, list[str]]] = []
     for store, key in TARGET_COLUMNS.items():
         s = by_key.get(key)
-        against = [against_faster_peer(s, specs, per_spec, k) for k in args.k] if s else []
+        if s is None:
+            continue
+        against = [against_faster_peer(s, specs, per_spec, k) for k in args.k]
         ranked = [a for a in against if a is not None]
         if not ranked or len(ranked) < len(against):  # no peer measured
             continue
@@ -536,6 +561,21 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
                         [f"{b[1]:.2f}x" for b in bound if b is not None],
                     )
                 )
+        # A burst keeps the cores busy (cores_busy), so throughput follows CPU per turn: these rows say how much
+        # less CPU per turn than the faster peer's TurnKit spends, and each floor (over 1.00x: less).
+        for column in (s, *floors_of[store]):
+            peer_cpu = []
+            for k in args.k:
+                peer = busiest_peer(s, specs, per_spec, k)
+                assert peer is not None  # ranked above: a peer ran
+                peer_cpu.append(per_spec[peer.key][k].cpu_per_turn(True) / per_spec[column.key][k].cpu_per_turn(True))
+            name = f"TurnKit ({store})" if column is s else column.title
+            rows.append(
+                (
+                    f"the bound: faster peer's CPU per turn ÷ {name}'s, every process",
+                    [f"{c:.2f}x" for c in peer_cpu],
+                )
+            )
     for store, key in TARGET_COLUMNS.items():
         s = by_key.get(key)
         if s is None or floor is None:
@@ -680,6 +720,14 @@ def report(
                 "conversation's first turn, latency.",
                 "",
                 *targets,
+            ]
+            least, most = cores_busy(specs, results[setting], args.k)
+            out += [
+                "",
+                f"In their bursts the systems kept {least:.0%} to {most:.0%} of the machine's {os.cpu_count()} cores "
+                "busy (CPU per turn, every process, times throughput ÷ cores): throughput follows CPU per turn, so "
+                "target 1 asks for no more CPU per turn than the faster peer's (the rows \"faster peer's CPU per "
+                "turn ÷ …'s\").",
             ]
     if history:
         out += [

@@ -49,7 +49,7 @@ def add_loop_argument(parser: argparse.ArgumentParser) -> None:
         "--loop",
         choices=LOOPS,
         default=os.environ.get("TURNKIT_LOOP", "auto").lower() or "auto",
-        help="the event loop: uvloop spends ~10%% less CPU per turn; auto takes it when installed "
+        help="the event loop: uvloop spends up to ~10%% less CPU per turn; auto takes it when installed "
         "(pip install 'turnkit[uvloop]'), asyncio's loop otherwise (TURNKIT_LOOP)",
     )
 
