@@ -363,7 +363,7 @@ def against_faster_peer(
 
     Like with like: model calls as activities (issue 9's workload) against the peers' activities; a 'local model'
     column against every peer column, OpenAI's local model calls included."""
-    rivals = [p for p in specs if p.peer and (s.local_model or not p.local_model)]
+    rivals = _rivals(s, specs)
     if not rivals:
         return None
     fastest = min(statistics.median(per_spec[p.key][k].latency) for p in rivals)
@@ -372,11 +372,15 @@ def against_faster_peer(
     return statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
 
 
+def _rivals(s: Spec, specs: list[Spec]) -> list[Spec]:
+    """The peer columns TurnKit column ``s`` is held against (see :func:`against_faster_peer`)."""
+    return [p for p in specs if p.peer and (s.local_model or not p.local_model)]
+
+
 def busiest_peer(s: Spec, specs: list[Spec], per_spec: dict[str, dict[int, Figures]], k: int) -> Spec | None:
-    """The peer with the highest throughput at K that TurnKit column ``s`` is held against (as
-    :func:`against_faster_peer` picks its rivals); None when no peer runs it so."""
-    rivals = [p for p in specs if p.peer and (s.local_model or not p.local_model)]
-    return max(rivals, key=lambda p: statistics.median(per_spec[p.key][k].throughput), default=None)
+    """Of the peers TurnKit column ``s`` is held against, the one with the highest throughput at K; None when no
+    peer runs it so."""
+    return max(_rivals(s, specs), key=lambda p: statistics.median(per_spec[p.key][k].throughput), default=None)
 
 
 def cores_busy(
@@ -561,8 +565,8 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
                         [f"{b[1]:.2f}x" for b in bound if b is not None],
                     )
                 )
-        # A burst keeps the cores busy (cores_busy), so throughput follows CPU per turn: these rows say how much
-        # less CPU per turn than the faster peer's TurnKit spends, and each floor (over 1.00x: less).
+        # A burst keeps the cores busy (cores_busy), so throughput follows CPU per turn: the faster peer's CPU per
+        # turn ÷ TurnKit's and each floor's says what target 1 asks of each (over 1.00x: it spends less than the peer).
         for column in (s, *floors_of[store]):
             peer_cpu = []
             for k in args.k:
