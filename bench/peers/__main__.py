@@ -567,17 +567,15 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
                 )
         # A burst keeps the cores busy (cores_busy), so throughput follows CPU per turn: the faster peer's CPU per
         # turn ÷ TurnKit's and each floor's says what target 1 asks of each (over 1.00x: it spends less than the peer).
+        busiest = [busiest_peer(s, specs, per_spec, k) for k in args.k]
+        peer_cpu = [per_spec[p.key][k].cpu_per_turn(True) for p, k in zip(busiest, args.k, strict=True) if p]
         for column in (s, *floors_of[store]):
-            peer_cpu = []
-            for k in args.k:
-                peer = busiest_peer(s, specs, per_spec, k)
-                assert peer is not None  # ranked above: a peer ran
-                peer_cpu.append(per_spec[peer.key][k].cpu_per_turn(True) / per_spec[column.key][k].cpu_per_turn(True))
+            cpu = [c / per_spec[column.key][k].cpu_per_turn(True) for c, k in zip(peer_cpu, args.k, strict=True)]
             name = f"TurnKit ({store})" if column is s else column.title
             rows.append(
                 (
                     f"the bound: faster peer's CPU per turn ÷ {name}'s, every process",
-                    [f"{c:.2f}x" for c in peer_cpu],
+                    [f"{c:.2f}x" for c in cpu],
                 )
             )
     for store, key in TARGET_COLUMNS.items():
