@@ -312,3 +312,38 @@ async def test_the_spec_record_floors_keep_the_record_turnkits_promises_need(
     assert turns == [("completed", 2, 2, 1)] * 2 + [("completed", 3, 3, 1)]
     assert executions == [("completed", 4)]
     assert messages == [("assistant", 7), ("tool", 4), ("user", 3)]
+
+
+async def test_a_child_that_does_not_start_is_started_again_once_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One of many dev servers started at once may not answer in time: that child alone is started again, and the
+    children keep the specs' order; a child that fails twice stops the others and its error ends the run."""
+    from bench.peers import __main__ as driver
+
+    attempts: dict[str, int] = {}
+    fail_times = {"a": 0, "b": 1, "c": 0}
+    processes: list[asyncio.subprocess.Process] = []
+
+    async def flaky_start(spec: driver.Spec, flags: list[str], logdir: Path) -> driver.Child:
+        attempts[spec.key] = attempts.get(spec.key, 0) + 1
+        if attempts[spec.key] <= fail_times[spec.key]:
+            raise RuntimeError(f"{spec.title} did not start")
+        # `cat` stands in for a serve process: it exits when the driver's stop closes its stdin.
+        process = await asyncio.create_subprocess_exec("cat", stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        processes.append(process)
+        return driver.Child(spec, process, logdir / f"{spec.key}.log")
+
+    monkeypatch.setattr(driver, "start_child", flaky_start)
+    specs = [driver.Spec(key, "bare", key.upper(), peer=False) for key in ("a", "b", "c")]
+    children = await driver.start_children(specs, [], tmp_path)
+    assert [child.spec.key for child in children] == ["a", "b", "c"]
+    assert attempts == {"a": 1, "b": 2, "c": 1}
+    await asyncio.gather(*(child.stop() for child in children))
+
+    attempts.clear()
+    fail_times["c"] = 2
+    with pytest.raises(RuntimeError, match="C did not start"):
+        await driver.start_children(specs, [], tmp_path)
+    assert attempts == {"a": 1, "b": 2, "c": 2}
+    assert len(processes) == 5 and all(process.returncode is not None for process in processes)

@@ -235,6 +235,28 @@ def _lower(title: str) -> str:
     return title[:1].lower() + title[1:]
 
 
+async def start_children(specs: list[Spec], flags: list[str], logdir: Path) -> list[Child]:
+    """Every spec's child, in the specs' order, all started at once; a child that did not start is started again
+    once, alone. Nine dev servers starting together on two cores can leave one that does not answer within the
+    SDK's connection window, and that says nothing about the system it was to serve."""
+    started: list[Child | BaseException] = await asyncio.gather(
+        *(start_child(spec, flags, logdir) for spec in specs), return_exceptions=True
+    )
+    for index, (spec, outcome) in enumerate(zip(specs, started, strict=True)):
+        if isinstance(outcome, Exception):
+            _progress(f"{spec.title} did not start ({type(outcome).__name__}); starting it again, alone")
+            try:
+                started[index] = await start_child(spec, flags, logdir)
+            except Exception as error:
+                started[index] = error
+    children = [outcome for outcome in started if isinstance(outcome, Child)]
+    failed = [outcome for outcome in started if not isinstance(outcome, Child)]
+    if failed:
+        await asyncio.gather(*(child.stop() for child in children))
+        raise failed[0]
+    return children
+
+
 def _progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -245,14 +267,7 @@ async def measure(args: argparse.Namespace, specs: list[Spec], logdir: Path) -> 
     timeout = args.timeout
     for setting in args.settings:
         _progress(f"{setting}: starting {', '.join(s.title for s in specs)}")
-        started = await asyncio.gather(
-            *(start_child(s, SETTINGS[setting], logdir) for s in specs), return_exceptions=True
-        )
-        children = [c for c in started if isinstance(c, Child)]
-        failed = [c for c in started if not isinstance(c, Child)]
-        if failed:
-            await asyncio.gather(*(child.stop() for child in children))
-            raise failed[0]
+        children = await start_children(specs, SETTINGS[setting], logdir)
         try:
             per_spec: dict[str, dict[int, Figures]] = {s.key: {k: Figures() for k in args.k} for s in specs}
             step = 0
