@@ -8,11 +8,18 @@ in a temporary SQLite file (or ``--database-url``). After a warm-up it measures:
 1. **CPU per turn**, several rounds, each of ``--turns`` turns started at once (the throughput workload): the process's
    ``time.process_time()`` over the round, divided by the turns, and the same split by thread from
    ``/proc/self/task/*/stat``: the event loop (client, activities, store), the workflow threads (the lane and turn
-   workflows, sandbox included), aiosqlite's connection threads, and the SDK's Rust core threads. Medians.
-2. **Store trips per turn**: one more back-to-back round with SQLAlchemy's engine events counted: transactions
+   workflows, sandbox included), aiosqlite's connection threads, and the SDK's Rust core threads. Medians. With
+   ``--against-bare``, bare Temporal's workflow (:mod:`bench.peers.bare_app`: the same activities, nothing around
+   them) runs in this process on the same dev server too, its bursts alternated with TurnKit's, and the report
+   says what TurnKit adds per turn, by thread and on the dev server.
+2. **The activities' own code**: in rounds of ``--sequential`` turns one after another, the event loop thread's CPU
+   inside each activity (:class:`ActivityCpu`: TurnKit's interceptors and its store included, the SDK's task
+   handling around it not), by activity type: calls per turn, the median call, the sum per turn and its share of
+   the process's CPU per turn in those rounds.
+3. **Store trips per turn**: one more back-to-back round with SQLAlchemy's engine events counted: transactions
    (``begin``) and SQL statements (``after_cursor_execute``, SQLite's ``BEGIN IMMEDIATE`` included), per turn, and
    which activity (or "outside an activity": the client, the workflow's local work) ran them. Deterministic.
-3. **Where the Python CPU goes** (``--profile``, on by default): one more round under ``cProfile`` in every Python
+4. **Where the Python CPU goes** (``--profile``, on by default): one more round under ``cProfile`` in every Python
    thread (the worker is opened after the hook is installed, so its threads are profiled from their start; the
    counters are cleared before the measured round). Self time is grouped by library (sandbox, temporalio,
    pydantic, SQLAlchemy, sqlite, json, asyncio, TurnKit's own code...), then the top functions by self time and by
@@ -39,8 +46,12 @@ from typing import Any
 
 from sqlalchemy import event
 from temporalio import activity
+from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
+from temporalio.worker import Interceptor as WorkerInterceptor
 
+from bench.peers import bare_app
 from bench.peers.serve import server_cpu, temporal_cli
 from bench.peers.turnkit_app import SERVER_FLAGS, System
 from turnkit._temporal.devserver import fast_task_loading_args
@@ -98,7 +109,7 @@ class Round:
     groups: dict[str, float] = field(default_factory=dict[str, float])
 
 
-async def burst(system: System, k: int, turns: int) -> None:
+async def burst(system: Any, k: int, turns: int) -> None:
     await asyncio.gather(*(system.turn(k) for _ in range(turns)))
 
 
@@ -110,6 +121,55 @@ async def measure(run: Callable[[], Any], turns: int) -> Round:
     groups = by_group(threads_before, cpu_by_thread())
     groups["(the dev server process, not in the total)"] = server_cpu() - server_before
     return Round(turns, wall, cpu, groups)
+
+
+# --- activities' own code -----------------------------------------------------------------------------------------
+
+
+class ActivityCpu(ClientInterceptor, WorkerInterceptor):
+    """The CPU each activity's own code spends, by activity type, while :attr:`on`: the event loop thread's CPU clock
+    around the activity, TurnKit's interceptors and its store included; the SDK's work to receive the task and
+    report its result is outside. A client interceptor that is a worker interceptor too wraps every other one.
+
+    Meant for turns run one after another, where one activity runs at a time: with many at once, each would be
+    charged the others' work done between its awaits."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.spent: dict[str, list[float]] = defaultdict(list)
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _TimedActivity(next, self)
+
+
+class _TimedActivity(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, clock: ActivityCpu) -> None:
+        super().__init__(next)
+        self._clock = clock
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        if not self._clock.on:
+            return await super().execute_activity(input)
+        start = time.thread_time()
+        try:
+            return await super().execute_activity(input)
+        finally:
+            self._clock.spent[_running_activity()].append(time.thread_time() - start)
+
+
+def report_activity_cpu(clock: ActivityCpu, turns: int, process_per_turn: float) -> None:
+    """Per activity type: calls per turn, median CPU per call, CPU per turn; and their sum against the process's."""
+    total = sum(sum(values) for values in clock.spent.values()) / turns
+    print(
+        f"\nthe activities' own code ({turns} turns back to back, each round): {total * 1000:.1f} ms per turn, "
+        f"{total / process_per_turn:.0%} of the process's CPU per turn"
+    )
+    for kind in sorted(clock.spent, key=lambda name: -sum(clock.spent[name])):
+        values = clock.spent[kind]
+        print(
+            f"  {kind:<50}{len(values) / turns:>5.1f} per turn, {statistics.median(values) * 1000:6.2f} ms each "
+            f"(median), {sum(values) / turns * 1000:6.1f} ms per turn"
+        )
 
 
 # --- store trips --------------------------------------------------------------------------------------------------
@@ -324,19 +384,32 @@ async def main(args: argparse.Namespace) -> None:
     )
     try:
         # The timed rounds first, with no profiler anywhere.
+        clock = ActivityCpu()
         system = System(
-            args.database_url, local_tool=args.local_tool, sandbox=args.sandbox, local_model=args.local_model
+            args.database_url,
+            local_tool=args.local_tool,
+            sandbox=args.sandbox,
+            local_model=args.local_model,
+            interceptors=[clock],
         )
         await system.open(env.client.service_client.config.target_host)
+        bare = bare_app.System() if args.against_bare else None
         try:
             await _warm_up(system, args)
-            rounds = [await measure(lambda: burst(system, args.k, args.turns), args.turns) for _ in range(args.rounds)]
+            if bare is not None:
+                await bare.open(env.client.service_client.config.target_host)
+                await _warm_up(bare, args)
+            rounds, bare_rounds = await _burst_rounds(system, bare, args)
+            clock.on = True  # one activity at a time: each is charged its own work only
             sequential = [
                 await measure(lambda: _sequential(system, args.k, args.sequential), args.sequential)
                 for _ in range(args.rounds)
             ]
+            clock.on = False
             trips = await count_trips(system, args.k, args.sequential)  # after the timed rounds: listeners cost CPU
         finally:
+            if bare is not None:
+                await bare.close()
             await system.close()
         stats = None
         if args.profile:
@@ -360,7 +433,13 @@ async def main(args: argparse.Namespace) -> None:
     store = (args.database_url or "sqlite").split(":")[0].split("+")[0]
     print(f"K = {args.k}, store {store}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     report_rounds(rounds, f"{args.turns} turns at once")
+    if bare_rounds:
+        report_rounds(bare_rounds, f"bare Temporal, the same workload on the same dev server, {args.turns} at once")
+        report_extra(rounds, bare_rounds)
     report_rounds(sequential, f"{args.sequential} turns back to back")
+    report_activity_cpu(
+        clock, args.sequential * len(sequential), statistics.median(r.cpu / r.turns for r in sequential)
+    )
     report_trips(trips, args.sequential)
     if stats is not None:
         report_profile(stats, args.turns, args.top)
@@ -368,13 +447,40 @@ async def main(args: argparse.Namespace) -> None:
             stats.dump_stats(args.dump)  # for pstats: callers, callees
 
 
-async def _warm_up(system: System, args: argparse.Namespace) -> None:
+async def _burst_rounds(
+    system: System, bare: bare_app.System | None, args: argparse.Namespace
+) -> tuple[list[Round], list[Round]]:
+    """``--rounds`` bursts of TurnKit, and with ``bare`` as many of bare Temporal, alternated, who goes first
+    alternating too: the two are measured in the same minutes of a noisy machine."""
+    rounds: list[Round] = []
+    bare_rounds: list[Round] = []
+    for number in range(args.rounds):
+        both: list[tuple[Any, list[Round]]] = [(system, rounds)] + ([(bare, bare_rounds)] if bare else [])
+        for each, into in both if number % 2 == 0 else both[::-1]:
+            into.append(await measure(lambda each=each: burst(each, args.k, args.turns), args.turns))
+    return rounds, bare_rounds
+
+
+def report_extra(rounds: list[Round], bare_rounds: list[Round]) -> None:
+    """TurnKit's CPU per turn above bare Temporal's, in all and by thread group (medians of the rounds)."""
+
+    def per_turn(each: list[Round], group: str | None) -> float:
+        return statistics.median((r.cpu if group is None else r.groups.get(group, 0.0)) / r.turns for r in each) * 1000
+
+    print("\nTurnKit above bare Temporal, per turn (median against median):")
+    print(f"  {'the process':<50}{per_turn(rounds, None) - per_turn(bare_rounds, None):>+8.1f} ms/turn")
+    for group in sorted({g for r in rounds + bare_rounds for g in r.groups}):
+        label = "the dev server (its own process)" if group.startswith("(the dev server") else f"  {group}"
+        print(f"  {label:<50}{per_turn(rounds, group) - per_turn(bare_rounds, group):>+8.1f} ms/turn")
+
+
+async def _warm_up(system: Any, args: argparse.Namespace) -> None:
     for _ in range(args.warmup):
         await system.turn(args.k)
     await burst(system, args.k, args.turns)
 
 
-async def _sequential(system: System, k: int, turns: int) -> None:
+async def _sequential(system: Any, k: int, turns: int) -> None:
     for _ in range(turns):
         await system.turn(k)
 
@@ -398,6 +504,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-sandbox", dest="sandbox", action="store_false", help="the worker's workflows unsandboxed (sandbox=False)"
     )
     parser.add_argument("--uvloop", action="store_true", help="run the process on uvloop (pip install uvloop)")
+    parser.add_argument(
+        "--against-bare",
+        action="store_true",
+        help="also run bare Temporal's workflow (bench/peers/bare_app.py) in this process, on the same dev server, "
+        "its bursts alternated with TurnKit's, and print what TurnKit adds per turn, by thread",
+    )
     return parser.parse_args(argv)
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from temporalio.client import Client
+from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.service import RPCError, RPCStatusCode
 
 import turnkit
@@ -107,8 +109,11 @@ class System:
         sandbox: bool = True,
         local_model: bool = False,
         next_turn: bool = False,
+        interceptors: Sequence[ClientInterceptor] = (),
     ) -> None:
         self.sandbox = sandbox
+        #: The client's own interceptors; a worker interceptor among them wraps the worker's (``bench.cpu_profile``).
+        self.interceptors = interceptors
         self.next_turn = next_turn
         #: With ``next_turn``: conversations with turns behind them and none running, ready for their next.
         self._idle: list[turnkit.Conversation] = []
@@ -123,7 +128,9 @@ class System:
 
     async def open(self, address: str) -> None:
         self._store = await Store.open(self.database_url)
-        self.client = await Client.connect(address, plugins=[TurnKitPlugin(self._store, sandbox=self.sandbox)])
+        self.client = await Client.connect(
+            address, plugins=[TurnKitPlugin(self._store, sandbox=self.sandbox)], interceptors=self.interceptors
+        )
         self._tk = TurnKit(self.client, self._store, task_queue=f"bench-turnkit-{uuid.uuid4().hex[:8]}")
         self._worker = self._tk.worker()
         await self._worker.__aenter__()
