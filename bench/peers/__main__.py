@@ -382,7 +382,7 @@ def against_faster_peer(
     if not rivals:
         return None
     fastest = min(statistics.median(per_spec[p.key][k].latency) for p in rivals)
-    busiest = max(statistics.median(per_spec[p.key][k].throughput) for p in rivals)
+    busiest = statistics.median(per_spec[busiest_peer(rivals, per_spec, k).key][k].throughput)
     f = per_spec[s.key][k]
     return statistics.median(f.latency) / fastest, statistics.median(f.throughput) / busiest
 
@@ -392,10 +392,13 @@ def _rivals(s: Spec, specs: list[Spec]) -> list[Spec]:
     return [p for p in specs if p.peer and (s.local_model or not p.local_model)]
 
 
-def busiest_peer(s: Spec, specs: list[Spec], per_spec: dict[str, dict[int, Figures]], k: int) -> Spec | None:
-    """Of the peers TurnKit column ``s`` is held against, the one with the highest throughput at K; None when no
-    peer runs it so."""
-    return max(_rivals(s, specs), key=lambda p: statistics.median(per_spec[p.key][k].throughput), default=None)
+def busiest_peer(rivals: list[Spec], per_spec: dict[str, dict[int, Figures]], k: int) -> Spec:
+    """Of ``rivals`` (not empty: :func:`_rivals`), the one with the highest throughput at K."""
+    return max(rivals, key=lambda p: statistics.median(per_spec[p.key][k].throughput))
+
+
+#: The least share of the cores every system's bursts must keep busy for throughput to be read as CPU per turn.
+BOUND_BY_CORES = 0.75
 
 
 def cores_busy(
@@ -582,8 +585,8 @@ def targets_table(args: argparse.Namespace, specs: list[Spec], per_spec: dict[st
                 )
         # A burst keeps the cores busy (cores_busy), so throughput follows CPU per turn: the faster peer's CPU per
         # turn ÷ TurnKit's and each floor's says what target 1 asks of each (over 1.00x: it spends less than the peer).
-        busiest = [busiest_peer(s, specs, per_spec, k) for k in args.k]
-        peer_cpu = [per_spec[p.key][k].cpu_per_turn(True) for p, k in zip(busiest, args.k, strict=True) if p]
+        rivals = _rivals(s, specs)  # not empty: every K was ranked against them above
+        peer_cpu = [per_spec[busiest_peer(rivals, per_spec, k).key][k].cpu_per_turn(True) for k in args.k]
         for column in (s, *floors_of[store]):
             cpu = [c / per_spec[column.key][k].cpu_per_turn(True) for c, k in zip(peer_cpu, args.k, strict=True)]
             name = f"TurnKit ({store})" if column is s else column.title
@@ -739,13 +742,16 @@ def report(
                 *targets,
             ]
             least, most = cores_busy(specs, results[setting], args.k)
-            out += [
-                "",
+            busy = (
                 f"In their bursts the systems kept {least:.0%} to {most:.0%} of the machine's {os.cpu_count()} cores "
-                "busy (CPU per turn, every process, times throughput ÷ cores): throughput follows CPU per turn, so "
-                "target 1 asks for no more CPU per turn than the faster peer's (the rows \"faster peer's CPU per "
-                "turn ÷ …'s\").",
-            ]
+                "busy (CPU per turn, every process, times throughput ÷ cores)"
+            )
+            if least >= BOUND_BY_CORES:
+                busy += (
+                    ": throughput follows CPU per turn, so target 1 asks for no more CPU per turn than the faster "
+                    "peer's (the rows \"faster peer's CPU per turn ÷ …'s\")"
+                )
+            out += ["", busy + "."]
     if history:
         out += [
             "",
