@@ -11,7 +11,8 @@ in a temporary SQLite file (or ``--database-url``). After a warm-up it measures:
    workflows, sandbox included), aiosqlite's connection threads, and the SDK's Rust core threads. Medians. With
    ``--against-bare``, bare Temporal's workflow (:mod:`bench.peers.bare_app`: the same activities, nothing around
    them) runs in this process on the same dev server too, its bursts alternated with TurnKit's, and the report
-   says what TurnKit adds per turn, by thread and on the dev server.
+   says what TurnKit adds per turn, by thread and on the dev server, and which of the dev server's own counters
+   (requests, persistence calls, tasks, timers, payload bytes) differ per turn (:mod:`bench.server_work`).
 2. **The activities' own code**: in rounds of ``--sequential`` turns one after another, the event loop thread's CPU
    inside each activity (:class:`ActivityCpu`: TurnKit's interceptors and its store included, the SDK's task
    handling around it not), by activity type: calls per turn, the median call, the sum per turn and its share of
@@ -51,6 +52,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 from temporalio.worker import Interceptor as WorkerInterceptor
 
+from bench import server_work
+from bench.actions import free_port
 from bench.peers import bare_app
 from bench.peers.serve import server_cpu, temporal_cli
 from bench.peers.turnkit_app import SERVER_FLAGS, System
@@ -377,9 +380,10 @@ def report_rounds(rounds: list[Round], label: str) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=[*SERVER_FLAGS, *fast_task_loading_args()],
+        dev_server_extra_args=[*SERVER_FLAGS, *fast_task_loading_args(), "--metrics-port", str(metrics_port)],
         dev_server_log_level="never",
     )
     try:
@@ -399,7 +403,7 @@ async def main(args: argparse.Namespace) -> None:
             if bare is not None:
                 await bare.open(env.client.service_client.config.target_host)
                 await _warm_up(bare, args)
-            rounds, bare_rounds = await _burst_rounds(system, bare, args)
+            rounds, bare_rounds, server_counts = await _burst_rounds(system, bare, args, metrics_port)
             clock.on = True  # one activity at a time: each is charged its own work only
             sequential = [
                 await measure(lambda: _sequential(system, args.k, args.sequential), args.sequential)
@@ -436,6 +440,7 @@ async def main(args: argparse.Namespace) -> None:
     if bare_rounds:
         report_rounds(bare_rounds, f"bare Temporal, the same workload on the same dev server, {args.turns} at once")
         report_extra(rounds, bare_rounds)
+        server_work.report(server_counts[0], server_counts[1], args.turns)
     report_rounds(sequential, f"{args.sequential} turns back to back")
     report_activity_cpu(
         clock, args.sequential * len(sequential), statistics.median(r.cpu / r.turns for r in sequential)
@@ -448,17 +453,29 @@ async def main(args: argparse.Namespace) -> None:
 
 
 async def _burst_rounds(
-    system: System, bare: bare_app.System | None, args: argparse.Namespace
-) -> tuple[list[Round], list[Round]]:
+    system: System, bare: bare_app.System | None, args: argparse.Namespace, metrics_port: int
+) -> tuple[list[Round], list[Round], tuple[list[dict[str, float]], list[dict[str, float]]]]:
     """``--rounds`` bursts of TurnKit, and with ``bare`` as many of bare Temporal, alternated, who goes first
-    alternating too: the two are measured in the same minutes of a noisy machine."""
+    alternating too: the two are measured in the same minutes of a noisy machine. With ``bare``, also each burst's
+    increase of the dev server's counters (TurnKit's, bare Temporal's), read once the server has published them."""
     rounds: list[Round] = []
     bare_rounds: list[Round] = []
+    counts: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
     for number in range(args.rounds):
-        both: list[tuple[Any, list[Round]]] = [(system, rounds)] + ([(bare, bare_rounds)] if bare else [])
-        for each, into in both if number % 2 == 0 else both[::-1]:
+        both: list[tuple[Any, list[Round], list[dict[str, float]]]] = [(system, rounds, counts[0])]
+        if bare is not None:
+            both.append((bare, bare_rounds, counts[1]))
+        for each, into, counted in both if number % 2 == 0 else both[::-1]:
+            before: dict[str, float] = {}
+            if bare is not None:
+                await asyncio.sleep(server_work.PUBLISH_INTERVAL)  # the last burst's counts published
+                before = server_work.read_counters(metrics_port)
             into.append(await measure(lambda each=each: burst(each, args.k, args.turns), args.turns))
-    return rounds, bare_rounds
+            if bare is not None:
+                await asyncio.sleep(server_work.PUBLISH_INTERVAL)
+                after = server_work.read_counters(metrics_port)
+                counted.append({key: after[key] - before.get(key, 0.0) for key in after})
+    return rounds, bare_rounds, counts
 
 
 def report_extra(rounds: list[Round], bare_rounds: list[Round]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 
 from bench.cpu_profile import ActivityCpu, Round, report_activity_cpu, report_extra
+from bench.server_work import counters, differences
 
 
 class _Busy(ActivityInboundInterceptor):
@@ -65,3 +66,29 @@ def test_what_turnkit_adds_over_bare_temporal_is_median_against_median_by_thread
     assert lines[-3].split()[-2:] == ["+60.0", "ms/turn"]  # medians 120 and 60 ms per turn
     assert lines[-2].startswith("  the dev server (its own process)") and lines[-2].split()[-2] == "+30.0"
     assert "event loop" in lines[-1] and lines[-1].split()[-2] == "+40.0"
+
+
+_EXPOSITION = """\
+# HELP service_requests service_requests counter
+# TYPE service_requests counter
+service_requests{namespace="default",operation="AddWorkflowTask",service_name="matching",taskqueue="bench-bare-1"} 18
+service_requests{namespace="default",operation="AddWorkflowTask",service_name="matching",taskqueue="sticky-1"} 2
+# HELP persistence_latency persistence_latency histogram
+# TYPE persistence_latency histogram
+persistence_latency_bucket{operation="CreateTasks",le="0.001"} 7
+persistence_latency_count{operation="CreateTasks"} 7
+# TYPE new_timer_notifications counter
+new_timer_notifications{operation="TimerQueueProcessor",service_name="history"} 11.5
+"""
+
+
+def test_the_dev_servers_counters_are_compared_per_turn_under_the_same_names() -> None:
+    """Only counters are read; a system's own task queues are merged into one series; a counter is reported when
+    the two systems' per-turn medians differ by more than 5%, and not when they are equal."""
+    counted = counters(_EXPOSITION)
+    requests = 'service_requests{namespace="default",operation="AddWorkflowTask",service_name="matching"}'
+    timers = 'new_timer_notifications{operation="TimerQueueProcessor",service_name="history"}'
+    assert counted == {requests: 20.0, timers: 11.5}  # the histogram is left out
+    ours = [{requests: 40.0, timers: 90.0}, {requests: 40.0, timers: 80.0}, {requests: 40.0, timers: 10.0}]
+    bare = [{requests: 40.0, timers: 45.0}, {requests: 40.0, timers: 40.0}]
+    assert differences(ours, bare, turns=2) == [(timers, 40.0, 21.25)]
