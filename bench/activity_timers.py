@@ -26,16 +26,13 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():  # the sandbox re-imports this module: the rest is not workflow code
     from temporalio.client import Client
-    from temporalio.testing import WorkflowEnvironment
     from temporalio.worker import Worker
 
     from bench import server_work
     from bench.actions import free_port
     from bench.peers import workload
     from bench.peers.bare_app import ModelCall, lookup, model
-    from bench.peers.serve import server_cpu, temporal_cli
-    from bench.peers.turnkit_app import SERVER_FLAGS
-    from turnkit._temporal.devserver import fast_task_loading_args
+    from bench.peers.serve import server_cpu
     from turnkit._temporal.process import exit_process
 
 #: Seconds after a burst by which every timer of its activities (60 s at most) and workflow tasks (10 s) has fired, so
@@ -105,11 +102,7 @@ def _fired(before: dict[str, float], after: dict[str, float], task_type: str) ->
 
 async def main(args: argparse.Namespace) -> None:
     port = free_port()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=[*SERVER_FLAGS, *fast_task_loading_args(), "--metrics-port", str(port)],
-        dev_server_log_level="never",
-    )
+    env = await server_work.start_dev_server(port)
     try:
         client = await Client.connect(env.client.service_client.config.target_host)
         task_queue = f"bench-timers-{uuid.uuid4().hex[:8]}"

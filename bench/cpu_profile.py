@@ -48,16 +48,14 @@ from typing import Any
 from sqlalchemy import event
 from temporalio import activity
 from temporalio.client import Interceptor as ClientInterceptor
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 from temporalio.worker import Interceptor as WorkerInterceptor
 
 from bench import server_work
 from bench.actions import free_port
 from bench.peers import bare_app
-from bench.peers.serve import server_cpu, temporal_cli
-from bench.peers.turnkit_app import SERVER_FLAGS, System
-from turnkit._temporal.devserver import fast_task_loading_args
+from bench.peers.serve import server_cpu
+from bench.peers.turnkit_app import System
 from turnkit._temporal.process import exit_process
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -381,11 +379,7 @@ def report_rounds(rounds: list[Round], label: str) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     metrics_port = free_port()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=[*SERVER_FLAGS, *fast_task_loading_args(), "--metrics-port", str(metrics_port)],
-        dev_server_log_level="never",
-    )
+    env = await server_work.start_dev_server(metrics_port)
     try:
         # The timed rounds first, with no profiler anywhere.
         clock = ActivityCpu()

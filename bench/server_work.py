@@ -17,7 +17,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-__all__ = ["PUBLISH_INTERVAL", "counters", "differences", "read_counters", "report"]
+from temporalio.testing import WorkflowEnvironment
+
+from bench.peers.serve import temporal_cli
+from bench.peers.turnkit_app import SERVER_FLAGS
+from turnkit._temporal.devserver import fast_task_loading_args
+
+__all__ = ["PUBLISH_INTERVAL", "counters", "differences", "read_counters", "report", "start_dev_server"]
 
 #: How often the dev server publishes its counters, in seconds (with margin): a burst's counts are complete this long
 #: after it ends.
@@ -28,6 +34,16 @@ _OWN_LABELS: Final = re.compile(
     r"(taskqueue|task_queue|workflowType|workflow_type|activityType|activity_type|namespace_id|worker_build_id|"
     r'partition|identity|host|instance)="[^"]*",?'
 )
+
+
+async def start_dev_server(metrics_port: int) -> WorkflowEnvironment:
+    """A dev server set up as the benches' (TurnKit's search attributes, the tests' fast task loading), publishing its
+    counters on ``metrics_port``."""
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=[*SERVER_FLAGS, *fast_task_loading_args(), "--metrics-port", str(metrics_port)],
+        dev_server_log_level="never",
+    )
 
 
 def counters(text: str) -> dict[str, float]:
