@@ -1,7 +1,7 @@
 """What the dev server does per turn, counted from its own metrics: TurnKit's turn against bare Temporal's.
 
 The dev server's CPU per turn is too noisy on a shared machine to tell a 5-10% difference (the same bare workload
-varies by a third between bursts), but its Prometheus counters are exact: requests per service and operation,
+varies by a quarter or more between bursts), but its Prometheus counters are exact: requests per service and operation,
 persistence calls, tasks added and processed, timer notifications, payload bytes. :func:`bench.cpu_profile`'s
 ``--against-bare`` reads them around every burst, and :func:`report` prints the counters whose per-turn medians
 differ between the two systems. Labels that name a system's own task queue, workflow type or activity type are
@@ -31,7 +31,7 @@ PUBLISH_INTERVAL: Final = 1.5
 
 #: Labels whose values name a system's own queues and types, or a process: dropped before systems are compared.
 _OWN_LABELS: Final = re.compile(
-    r"(taskqueue|task_queue|workflowType|workflow_type|activityType|activity_type|namespace_id|worker_build_id|"
+    r"(?<=[{,])(taskqueue|task_queue|workflowType|workflow_type|activityType|activity_type|namespace_id|worker_build_id|"
     r'partition|identity|host|instance)="[^"]*",?'
 )
 
