@@ -519,7 +519,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--against-bare",
         action="store_true",
         help="also run bare Temporal's workflow (bench/peers/bare_app.py) in this process, on the same dev server, "
-        "its bursts alternated with TurnKit's, and print what TurnKit adds per turn, by thread",
+        "its bursts alternated with TurnKit's, and print what TurnKit adds per turn, by thread, and the dev "
+        "server's counters that differ per turn (bench/server_work.py)",
     )
     return parser.parse_args(argv)
 
