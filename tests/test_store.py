@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import re
 import sqlite3
 import threading
@@ -32,6 +33,7 @@ from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.direct import CompiledStatement, DirectCursor
 from turnkit.store.errors import transient_store_error
 from turnkit.store.postgres_direct import DRIVER_TRANSACTION
+from turnkit.store.rows import NewRow
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
 from turnkit.store.store import KeptRows, Look
 
@@ -1393,7 +1395,7 @@ async def test_a_create_race_on_postgresql_costs_one_statement_and_keeps_the_tra
         async with store.atomic() as tx:
             # A row whose natural key is new but whose uid exists (a unique key that is not the one looked up).
             await tx._get_or_create(  # pyright: ignore[reportPrivateUsage]
-                _none, lambda: TurnRow(uid=existing.id, conversation_uid=conversation.id, agent_name="x")
+                _none, lambda: NewRow(TurnRow, uid=existing.id, conversation_uid=conversation.id, agent_name="x")
             )
 
 
@@ -1507,10 +1509,56 @@ async def test_timestamps_json_and_cost_round_trip(store: Store) -> None:
         with pytest.raises(StatementError, match="timestamps must be timezone-aware") as refused:
             await tx.update_turn(turn.id, heartbeat_at=datetime(2026, 1, 1))
         assert isinstance(refused.value.orig, ValueError)
-    # Reads are copies: mutating one changes nothing stored.
+    # Reads are copies: mutating one changes nothing stored, nor what the store keeps of a committed conversation.
+    loaded_conversation.metadata["principal"]["roles"].append("c")
+    assert (await store.load_conversation(conversation.id)).metadata == metadata
     loaded_turn.state.phase = "model"
     loaded_turn.options.state.phase = "model"
     assert (await store.load_turn(turn.id)).options.stored() == nested_options
+
+
+async def test_json_read_back_has_its_keys_sorted_at_every_depth(store: Store) -> None:
+    """A JSON column is decoded once, by the store's engines, into the canonical form records carry (keys sorted at
+    every depth, NaN null, NUL U+FFFD): PostgreSQL's jsonb gives keys shortest first ("b" before "aa"), and a row
+    written by another hand on SQLite holds NaN and an escaped NUL. Records take those values as they are."""
+    unsorted = {"b": 1, "aa": {"d": [{"z": 1, "yy": 2}], "cc": {}}}
+
+    def in_order(value: Any) -> bool:
+        return json.dumps(value) == json.dumps(value, sort_keys=True)
+
+    conversation = await _conversation(store, metadata=unsorted)
+    turn = await _turn(store, conversation.id, options={"context": unsorted})
+    async with store.atomic() as tx:
+        await tx.update_turn(turn.id, usage=unsorted, output_data=[unsorted], error=unsorted)
+        execution, _ = await tx.create_tool_execution(
+            turn_id=turn.id, tool_call_id="call-1", tool_name="echo", arguments=unsorted, result=unsorted
+        )
+    await store.append_message(conversation.id, role="user", content=[unsorted], metadata=unsorted)
+
+    async with store.atomic() as tx:
+        read = await tx.load_turn(turn.id)
+        tool = await tx.load_tool_execution(execution.id)
+    messages = await store.list_messages(conversation.id)
+    for value in (
+        read.options.context,
+        read.usage,
+        read.output_data,
+        read.error,
+        tool.arguments,
+        tool.result,
+        messages[-1].content,
+        messages[-1].metadata,
+    ):
+        assert value is not None and in_order(value), value
+    assert read.usage == unsorted and tool.result == unsorted and messages[-1].metadata == unsorted
+
+    if store.dialect == "sqlite":  # jsonb refuses both: only SQLite can hold such a text
+        async with store.atomic() as tx:
+            await tx.connection.execute(
+                text("UPDATE turnkit_turns SET usage = :usage WHERE uid = :uid"),
+                {"usage": '{"s": "a\\u0000b", "n": NaN}', "uid": turn.id},
+            )
+        assert (await store.load_turn(turn.id)).usage == {"n": None, "s": "a\ufffdb"}
 
 
 # 13. Schema ----------------------------------------------------------------------------------------------------------

@@ -33,9 +33,9 @@ from turnkit.store.errors import (
     transient_store_error,
     unavailable_message,
 )
-from turnkit.store.rows import insert_columns, row_values
+from turnkit.store.rows import NewRow, insert_columns, row_values
 from turnkit.store.schema import ConversationRow
-from turnkit.store.storable import UnstorableValue, storable
+from turnkit.store.storable import UnstorableValue, storable, stored_json
 
 SECRET = "secret-value-7f3a"
 
@@ -227,6 +227,35 @@ def test_a_small_value_is_copied_as_the_json_round_trip_copies_it() -> None:
         assert json.dumps(copied) == json.dumps(round_trip(value)), value
     shared = {"k": [1, {"n": 2}]}
     assert storable(shared) is not shared and storable(shared)["k"] is not shared["k"]  # a copy, to the leaves
+
+
+def test_a_json_column_is_decoded_once_into_the_form_storable_gives() -> None:
+    """The store's engines decode JSON columns with stored_json, and records take the values as they are: the value is
+    storable()'s of the decoded text, to the key order and the type, for the texts the store writes (the same random
+    shapes as above) and for texts it does not (keys out of order, as PostgreSQL's jsonb gives them; NaN; NUL, lone
+    surrogates and emoji escaped; a duplicate key)."""
+    rng = random.Random(11)
+
+    def tree(depth: int = 0) -> Any:
+        roll = rng.random()
+        if depth > 3 or roll < 0.4:
+            return rng.choice(["s", "t\x00", "é😀", "x\udc00", 3, -0.0, 2.5, 10**30, None, True, False, float("nan")])
+        if roll < 0.75:
+            return {rng.choice(["b", "a", "ä", "z\x00", "\ud800", "10", "9"]): tree(depth + 1) for _ in range(4)}
+        return [tree(depth + 1) for _ in range(rng.randint(0, 4))]
+
+    texts = [json.dumps(storable(tree())) for _ in range(2000)]
+    texts += [json.dumps(tree(), sort_keys=False) for _ in range(500)]  # written by another hand: unsorted, NaN
+    texts += [
+        '{"b": 1, "a": {"d": [{"z": 1, "y": 2}], "c": {}}}',
+        '{"n": NaN, "i": -Infinity, "s": "a\\u0000b", "\\udc00": "\\ud83d\\ude00"}',
+        '{"k": 1, "a": 0, "k": 2}',
+        '"text"',
+        "12",
+        "null",
+    ]
+    for text_ in texts:
+        assert json.dumps(stored_json(text_)) == json.dumps(storable(json.loads(text_))), text_
 
 
 def _fffd(value: Any) -> Any:
@@ -422,7 +451,7 @@ async def test_a_constraint_sqlite_enforces_on_the_direct_path_is_deterministic(
     conversation = await store.create_conversation(agent_name="agent")
     now = datetime.now(UTC)
     duplicate = row_values(
-        ConversationRow(uid=conversation.id, agent_name="agent", metadata_={}, created_at=now, updated_at=now)
+        NewRow(ConversationRow, uid=conversation.id, agent_name="agent", metadata_={}, created_at=now, updated_at=now)
     )
     ran_on_sqlite3: list[bool] = []
     assert store.inline is not None

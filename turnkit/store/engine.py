@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.store.idle_ping import ping_when_idle
 from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
+from turnkit.store.storable import stored_json
 
 _log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         path = sqlite_file(url, plain=False)
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60})
+        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60}, json_deserializer=stored_json)
         use_one_trip_cursors(engine)
         _configure_sqlite(engine)
         return engine
@@ -72,6 +73,7 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         url,
         echo=echo,
         connect_args=connect_args,
+        json_deserializer=stored_json,  # asyncpg's json and jsonb codecs decode with it
         pool_size=_pool_setting("TURNKIT_DB_POOL_SIZE", POOL_SIZE),
         max_overflow=_pool_setting("TURNKIT_DB_MAX_OVERFLOW", MAX_OVERFLOW),
     )

@@ -31,6 +31,7 @@ from turnkit.kernel.records import (
 )
 from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.schema import (
+    Base,
     ConversationRow,
     DeliveryRow,
     MediaRow,
@@ -46,6 +47,7 @@ __all__ = [
     "TOOL_EXECUTION_UPDATE_FIELDS",
     "TURN_UPDATE_FIELDS",
     "NewMessage",
+    "NewRow",
     "canonical_json",
     "check_tool_status",
     "check_turn_status",
@@ -125,7 +127,7 @@ def media_id_for(sha256: str) -> str:
     return f"media_{sha256[:24]}"
 
 
-def media_record(row: MediaRow | Row[Any]) -> MediaRecord:
+def media_record(row: MediaRow | Row[Any] | NewRow) -> MediaRecord:
     """The record of a media row."""
     return MediaRecord(
         id=row.uid, mime_type=row.mime_type, byte_size=row.byte_size, sha256=row.sha256, filename=row.filename
@@ -133,9 +135,12 @@ def media_record(row: MediaRow | Row[Any]) -> MediaRecord:
 
 
 # Row → record conversion -----------------------------------------------------------------------------------------
+#
+# A row's JSON values are taken as they are: read from the database, they were decoded by the store's engines into
+# what canonical_json makes (storable.stored_json); built here for a write, they were made canonical on the way in.
 
 
-def conversation_record(row: ConversationRow | Row[Any]) -> ConversationRecord:
+def conversation_record(row: ConversationRow | Row[Any] | NewRow) -> ConversationRecord:
     """The record of a conversation row."""
     subject = None if row.subject_type is None else {"type": row.subject_type, "id": row.subject_id}
     return ConversationRecord(
@@ -143,13 +148,15 @@ def conversation_record(row: ConversationRow | Row[Any]) -> ConversationRecord:
         agent_name=row.agent_name,
         model=row.model,
         subject=subject,
+        # A copy: a committed conversation's row is kept for the store's later transactions (Store.conversation_rows),
+        # and a record's caller may change what it was given.
         metadata=canonical_json(row.metadata_),
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
 
 
-def message_record(row: MessageRow | Row[Any]) -> MessageRecord:
+def message_record(row: MessageRow | Row[Any] | NewRow) -> MessageRecord:
     """The record of a message row."""
     return MessageRecord(
         id=row.uid,
@@ -158,15 +165,15 @@ def message_record(row: MessageRow | Row[Any]) -> MessageRecord:
         role=row.role,  # type: ignore[arg-type]
         kind=row.kind,  # type: ignore[arg-type]
         sequence=row.sequence,
-        content=canonical_json(row.content),
+        content=row.content,
         tool_execution_id=row.tool_execution_uid,
         provider_message_id=row.provider_message_id,
-        metadata=canonical_json(row.metadata_),
+        metadata=row.metadata_,
         created_at=row.created_at,
     )
 
 
-def turn_record(row: TurnRow | Row[Any]) -> TurnRecord:
+def turn_record(row: TurnRow | Row[Any] | NewRow) -> TurnRecord:
     """The record of a turn row."""
     return TurnRecord(
         id=row.uid,
@@ -178,12 +185,12 @@ def turn_record(row: TurnRow | Row[Any]) -> TurnRecord:
         context_message_sequence=row.context_message_sequence,
         status=row.status,  # type: ignore[arg-type]
         model=row.model,
-        options=canonical_json(row.options),
-        usage=canonical_json(row.usage),
+        options=TurnOptions.model_validate(row.options),
+        usage=row.usage,
         cost=None if row.cost is None else float(row.cost),
-        error=None if row.error is None else canonical_json(row.error),
+        error=row.error,
         output_text=row.output_text,
-        output_data=None if row.output_data is None else canonical_json(row.output_data),
+        output_data=row.output_data,
         submitted_at=row.submitted_at,
         claim_token=row.claim_token,
         started_at=row.started_at,
@@ -194,7 +201,7 @@ def turn_record(row: TurnRow | Row[Any]) -> TurnRecord:
     )
 
 
-def tool_execution_record(row: ToolExecutionRow | Row[Any]) -> ToolExecutionRecord:
+def tool_execution_record(row: ToolExecutionRow | Row[Any] | NewRow) -> ToolExecutionRecord:
     """The record of a tool execution row."""
     return ToolExecutionRecord(
         id=row.uid,
@@ -202,9 +209,9 @@ def tool_execution_record(row: ToolExecutionRow | Row[Any]) -> ToolExecutionReco
         tool_call_id=row.tool_call_id,
         tool_name=row.tool_name,
         status=row.status,  # type: ignore[arg-type]
-        arguments=canonical_json(row.arguments),
-        result=None if row.result is None else canonical_json(row.result),
-        error=None if row.error is None else canonical_json(row.error),
+        arguments=row.arguments,
+        result=row.result,
+        error=row.error,
         started_at=row.started_at,
         completed_at=row.completed_at,
         created_at=row.created_at,
@@ -212,7 +219,7 @@ def tool_execution_record(row: ToolExecutionRow | Row[Any]) -> ToolExecutionReco
     )
 
 
-def delivery_record(row: DeliveryRow | Row[Any]) -> DeliveryRecord:
+def delivery_record(row: DeliveryRow | Row[Any] | NewRow) -> DeliveryRecord:
     """The record of a delivery row."""
     return DeliveryRecord(
         id=row.uid,
@@ -220,7 +227,7 @@ def delivery_record(row: DeliveryRow | Row[Any]) -> DeliveryRecord:
         destination_conversation_id=row.destination_conversation_uid,
         source_turn_id=row.source_turn_uid,
         key=row.key,
-        payload=canonical_json(row.payload),
+        payload=row.payload,
         message_id=row.message_uid,
         delivered_at=row.delivered_at,
         created_at=row.created_at,
@@ -228,7 +235,7 @@ def delivery_record(row: DeliveryRow | Row[Any]) -> DeliveryRecord:
     )
 
 
-def wait_record(row: WaitRow | Row[Any]) -> WaitRecord:
+def wait_record(row: WaitRow | Row[Any] | NewRow) -> WaitRecord:
     """The record of a wait row."""
     return WaitRecord(turn_id=row.turn_uid, target_turn_id=row.target_turn_uid, created_at=row.created_at)
 
@@ -270,7 +277,7 @@ def turn_values(attrs: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def new_message_row(conversation_id: str, message: NewMessage) -> MessageRow:
+def new_message_row(conversation_id: str, message: NewMessage) -> NewRow:
     """The row of a message :meth:`StoreTx.append_message` appends (its arguments checked)."""
     role, kind = message["role"], message.get("kind", "text")
     if role not in MESSAGE_ROLES:
@@ -306,10 +313,11 @@ def _message_row(
     metadata: dict[str, Any] | None,
     id: str | None = None,
     request_id: str | None = None,
-) -> MessageRow:
+) -> NewRow:
     """A new message's row, its sequence left to the append (which binds every column but ``id`` and ``sequence``)."""
     now = utcnow()
-    return MessageRow(
+    return NewRow(
+        MessageRow,
         uid=id or new_id("message"),
         conversation_uid=conversation_id,
         turn_uid=turn_id,
@@ -331,7 +339,7 @@ def tool_result_row(
     tool_execution_id: str,
     content: Sequence[dict[str, Any]],
     metadata: dict[str, Any],
-) -> MessageRow:
+) -> NewRow:
     """The row of an execution's tool-result message (role ``tool``, kind ``tool_result``)."""
     parts = [dict(part) for part in content]
     return _message_row(
@@ -345,17 +353,43 @@ def tool_result_row(
     )
 
 
+class NewRow:
+    """A row about to be inserted into ``mapped``'s table: its values as attributes, by attribute key (``metadata_``),
+    read by :func:`row_values` for the INSERT and by the record builders once it is in.
+
+    Not an instance of the mapped class: that class's constructor sends each value through SQLAlchemy's attribute
+    instrumentation (a set event per column, a state lookup per read), for an object no session ever tracks.
+    """
+
+    def __init__(self, mapped: type[Base], **values: Any) -> None:
+        self.__dict__.update(values)
+        self.mapped = mapped
+
+    def __getattr__(self, name: str) -> Any:  # only for a value it was not given
+        if name in _column_keys(self.mapped):
+            return None  # a column with no default, left out: NULL, as the mapped class's instance would say
+        raise AttributeError(f"{self.mapped.__name__} has no column {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:  # what the INSERT generated: id, sequence
+        self.__dict__[name] = value
+
+
 def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with each key prefixed (the binds of a fused statement, ``turnkit/store/statements.py``)."""
     return {prefix + key: value for key, value in values.items()}
 
 
-def row_values(row: object) -> dict[str, Any]:
-    """The column values of a new row built as a mapped object, by column key: the attributes it was given, and the
-    column defaults it was not (set on the object too, so that it carries the row as inserted)."""
+@functools.cache
+def _column_keys(mapped: type[Any]) -> frozenset[str]:
+    return frozenset(key for key, _ in insert_columns(mapped)[1])
+
+
+def row_values(row: NewRow) -> dict[str, Any]:
+    """The column values of a new row, by column key: the attributes it was given, and the column defaults it was not
+    (set on the row too, so that it carries the row as inserted)."""
     state = row.__dict__
     values: dict[str, Any] = {}
-    for key, column in insert_columns(type(row))[1]:
+    for key, column in insert_columns(row.mapped)[1]:
         if key in state:
             values[column.key] = state[key]
         elif isinstance(column.default, ColumnDefault) and not column.primary_key:

@@ -51,6 +51,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.base import Executable
 
 from turnkit.store.direct import CompiledStatement, DirectResult, DirectStatements, driver_error
+from turnkit.store.storable import stored_json
 
 __all__ = ["BUSY_TIMEOUT", "CHECKPOINT_EVERY", "InlineConnection", "InlineSQLite", "InlineSavepoint"]
 
@@ -225,6 +226,7 @@ class InlineSQLite:
             echo=echo,
             poolclass=StaticPool,  # one connection: this process's transactions run one at a time (module docstring)
             connect_args={"check_same_thread": False, "isolation_level": None},
+            json_deserializer=stored_json,
         )
         event.listen(engine, "connect", _configure)
         inline = cls(path, engine)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from operator import itemgetter
 from typing import Any, Final
 
 from turnkit.kernel.errors import StoreError
 
-__all__ = ["REPLACEMENT", "UNSTORABLE_CHARS", "UnstorableValue", "storable", "storable_text"]
+__all__ = ["REPLACEMENT", "UNSTORABLE_CHARS", "UnstorableValue", "storable", "storable_text", "stored_json"]
 
 #: What replaces a character the store cannot hold (NUL, a lone surrogate).
 REPLACEMENT: Final = "\ufffd"
@@ -110,6 +111,30 @@ def storable(value: Any) -> Any:
     if "\\u0000" in encoded or "\\ud" in encoded:
         return _replace_chars(loaded)
     return loaded
+
+
+def _sorted_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    pairs.sort(key=itemgetter(0))  # by key only: equal keys keep their order, and the last one wins, as in json.loads
+    return dict(pairs)
+
+
+#: The JSON columns' decoder: keys sorted as they are decoded (PostgreSQL's jsonb gives them in its own order), NaN
+#: and infinities null.
+_STORED_DECODER: Final = json.JSONDecoder(parse_constant=_nan_to_null, object_pairs_hook=_sorted_object)
+
+
+def stored_json(text: str) -> Any:
+    """A JSON column's value, decoded once into what :func:`storable` makes of it: the store's engines decode every
+    JSON column with it, so a record built from a row takes the row's values as they are, instead of walking or
+    re-encoding what the driver decoded (every turn row a turn reads or writes carries its options).
+
+    The keys are sorted as each object is built from its pairs, which the decoder does either way.
+    """
+    value = _STORED_DECODER.decode(text)
+    # The text has NUL escaped as \u0000 and a surrogate as \udXXX (an emoji's pair too): only then is a walk needed.
+    if "\\u0000" in text or "\\ud" in text:
+        return _replace_chars(value)
+    return value
 
 
 def _replace_chars(value: Any) -> Any:

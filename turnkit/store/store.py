@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, Unpack, cast, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, Unpack, cast, overload
 
 from sqlalchemy import (
     Select,
@@ -60,6 +60,7 @@ from turnkit.store.engine import sqlite_file, store_engine
 from turnkit.store.rows import (
     TOOL_EXECUTION_UPDATE_FIELDS,
     NewMessage,
+    NewRow,
     canonical_json,
     check_tool_status,
     check_turn_status,
@@ -89,7 +90,6 @@ from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
     MediaRow,
-    MessageRow,
     StagedInputRow,
     ToolExecutionRow,
     TurnRow,
@@ -114,7 +114,6 @@ DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///.turnkit/turnkit.db"
 CONVERSATIONS_KEPT: Final = 10_000
 
 _ZERO: Final = Decimal(0)
-_Row = TypeVar("_Row")
 
 if TYPE_CHECKING:
     # asyncpg (the `postgres` extra) is imported by a store on PostgreSQL only: SQLite needs no PostgreSQL driver.
@@ -636,12 +635,12 @@ class StoreTx:
 
     async def _get_or_create(
         self,
-        find: Callable[[], Awaitable[_Row | None]],
-        build: Callable[[], _Row],
+        find: Callable[[], Awaitable[Row[Any] | None]],
+        build: Callable[[], NewRow],
         *,
         look_first: bool = True,
         found_absent: bool = False,
-    ) -> tuple[_Row, bool]:
+    ) -> tuple[Row[Any] | NewRow, bool]:
         """The row with a natural key, else a new one: ``(row, created)``. Every idempotent create goes through here.
 
         ``find`` reads the row by its natural key (unique in the schema); ``build`` makes the new row. On PostgreSQL
@@ -676,12 +675,12 @@ class StoreTx:
         return await self._insert(row), True
 
     @overload
-    async def _insert(self, row: _Row) -> _Row: ...
+    async def _insert(self, row: NewRow) -> NewRow: ...
     @overload
-    async def _insert(self, row: object, *, skip_conflict: Literal[True]) -> bool: ...
-    async def _insert(self, row: _Row, *, skip_conflict: bool = False) -> _Row | bool:
-        """INSERT a new row built as a mapped object, as one Core statement, and return the object with its columns
-        set (defaults and the generated primary key included).
+    async def _insert(self, row: NewRow, *, skip_conflict: Literal[True]) -> bool: ...
+    async def _insert(self, row: NewRow, *, skip_conflict: bool = False) -> NewRow | bool:
+        """INSERT a new row, as one Core statement, and return it with its columns set (defaults and the generated
+        primary key included).
 
         ``skip_conflict=True`` (PostgreSQL): ``ON CONFLICT DO NOTHING``; returns whether the row was inserted.
 
@@ -691,11 +690,11 @@ class StoreTx:
         """
         values = row_values(row)
         if skip_conflict:
-            inserted = (await self.connection.execute(insert_skipping_conflicts(type(row)), values)).first()
+            inserted = (await self.connection.execute(insert_skipping_conflicts(row.mapped), values)).first()
             if inserted is not None and getattr(row, "id", None) is None:
                 row.id = inserted[0]  # pyright: ignore[reportAttributeAccessIssue]
             return inserted is not None
-        insert, _, returning = insert_columns(type(row))
+        insert, _, returning = insert_columns(row.mapped)
         if self.store.dialect == "postgresql" and getattr(row, "id", None) is None:
             # The generated key with an explicit RETURNING, which the direct path runs; SQLAlchemy's implicit one
             # (what ``inserted_primary_key`` reads on PostgreSQL) only its own execution context can (direct.py).
@@ -723,9 +722,10 @@ class StoreTx:
             raise ValueError("agent_name is required")
         uid = id or new_id("conversation")
 
-        def build() -> ConversationRow:
+        def build() -> NewRow:
             now = utcnow()
-            return ConversationRow(
+            return NewRow(
+                ConversationRow,
                 uid=uid,
                 agent_name=agent_name,
                 model=model,
@@ -839,7 +839,7 @@ class StoreTx:
         return await self._append(row, unless="tool_execution")
 
     async def _append(
-        self, row: MessageRow, *, unless: Literal["uid", "tool_execution"] | None
+        self, row: NewRow, *, unless: Literal["uid", "tool_execution"] | None
     ) -> tuple[MessageRecord, bool]:
         """Insert ``row`` with its conversation's next sequence, unless a message with its ``uid`` (or a message of its
         tool execution) exists: ``(message, created)``. Raises :class:`RecordNotFound` when the conversation is
@@ -972,9 +972,10 @@ class StoreTx:
         check_turn_status(status)
         turn_id = id or new_id("turn")
 
-        def build() -> TurnRow:
+        def build() -> NewRow:
             now = utcnow()
-            return TurnRow(
+            return NewRow(
+                TurnRow,
                 uid=turn_id,
                 conversation_uid=conversation_id,
                 agent_name=agent_name,
@@ -1324,9 +1325,10 @@ class StoreTx:
         check_tool_status(status)
         self._looked.clear()  # a look answers reads of what was there before this transaction wrote
 
-        def build() -> ToolExecutionRow:
+        def build() -> NewRow:
             now = utcnow()
-            return ToolExecutionRow(
+            return NewRow(
+                ToolExecutionRow,
                 uid=new_id("tool_execution"),
                 turn_uid=turn_id,
                 tool_call_id=tool_call_id,
@@ -1355,9 +1357,7 @@ class StoreTx:
             await self._count_execution(turn_id, tool_name, 1)
         return tool_execution_record(row), created
 
-    async def _create_counted_execution(
-        self, row: ToolExecutionRow, turn_id: str, tool_name: str
-    ) -> ToolExecutionRecord | None:
+    async def _create_counted_execution(self, row: NewRow, turn_id: str, tool_name: str) -> ToolExecutionRecord | None:
         """PostgreSQL, with the root's tool counts read under its lock in this transaction: insert ``row`` and count it
         in one statement (``CREATE_COUNTED_EXECUTION``), one round trip per tool call fewer. None when that does not
         apply, or when a concurrent creator's row was there (nothing written or counted): the caller then takes the
@@ -1547,9 +1547,10 @@ class StoreTx:
             raise ValueError("delivery key is required")
         payload = canonical_json(payload)
 
-        def build() -> DeliveryRow:
+        def build() -> NewRow:
             now = utcnow()
-            return DeliveryRow(
+            return NewRow(
+                DeliveryRow,
                 uid=new_id("delivery"),
                 source_conversation_uid=source_conversation_id,
                 destination_conversation_uid=destination_conversation_id,
@@ -1629,9 +1630,9 @@ class StoreTx:
         async def find() -> Row[Any] | None:
             return await self._read_one(sql.WAIT_EDGE, turn_uid=turn_id, target_turn_uid=target_turn_id)
 
-        def build() -> WaitRow:
+        def build() -> NewRow:
             now = utcnow()
-            return WaitRow(turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
+            return NewRow(WaitRow, turn_uid=turn_id, target_turn_uid=target_turn_id, created_at=now, updated_at=now)
 
         row, created = await self._get_or_create(find, build)
         return wait_record(row), created
@@ -1658,9 +1659,13 @@ class StoreTx:
         lane's update carries only the id (issue 8 item 12). Idempotent by id: returns whether it was created.
         """
 
-        def build() -> StagedInputRow:
-            return StagedInputRow(
-                uid=staged_id, conversation_uid=conversation_id, content=canonical_json(content), created_at=utcnow()
+        def build() -> NewRow:
+            return NewRow(
+                StagedInputRow,
+                uid=staged_id,
+                conversation_uid=conversation_id,
+                content=canonical_json(content),
+                created_at=utcnow(),
             )
 
         _, created = await self._get_or_create(lambda: self._read_one(sql.STAGED_BY_UID, uid=staged_id), build)
@@ -1694,8 +1699,9 @@ class StoreTx:
         digest = hashlib.sha256(data).hexdigest()
         media_id = media_id_for(digest)
 
-        def build() -> MediaRow:
-            return MediaRow(
+        def build() -> NewRow:
+            return NewRow(
+                MediaRow,
                 uid=media_id,
                 mime_type=mime_type,
                 byte_size=len(data),
