@@ -691,19 +691,19 @@ class StoreTx:
         values = row_values(row)
         if skip_conflict:
             inserted = (await self.connection.execute(insert_skipping_conflicts(row.mapped), values)).first()
-            if inserted is not None and getattr(row, "id", None) is None:
-                row.id = inserted[0]  # pyright: ignore[reportAttributeAccessIssue]
+            if inserted is not None and row.id is None:
+                row.id = inserted[0]
             return inserted is not None
         insert, _, returning = insert_columns(row.mapped)
-        if self.store.dialect == "postgresql" and getattr(row, "id", None) is None:
+        if self.store.dialect == "postgresql" and row.id is None:
             # The generated key with an explicit RETURNING, which the direct path runs; SQLAlchemy's implicit one
             # (what ``inserted_primary_key`` reads on PostgreSQL) only its own execution context can (direct.py).
-            row.id = (await self.connection.execute(returning, values)).scalar()  # pyright: ignore[reportAttributeAccessIssue]
+            row.id = (await self.connection.execute(returning, values)).scalar()
             return row
         result = cast(CursorResult[Any], await self.connection.execute(insert, values))
         primary_key = result.inserted_primary_key
-        if primary_key is not None and getattr(row, "id", None) is None:
-            row.id = primary_key[0]  # pyright: ignore[reportAttributeAccessIssue]
+        if primary_key is not None and row.id is None:
+            row.id = primary_key[0]
         return row
 
     # Conversations -----------------------------------------------------------------------------------------------
@@ -1568,7 +1568,7 @@ class StoreTx:
             existing.source_conversation_uid == source_conversation_id
             and existing.destination_conversation_uid == destination_conversation_id
             and existing.source_turn_uid == source_turn_id
-            and canonical_json(existing.payload) == payload
+            and existing.payload == payload
         )
         if not same:
             raise ToolError("delivery key is already used for a different message")
