@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from itertools import pairwise
 from typing import Any
 
+import pytest
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
@@ -98,9 +99,13 @@ def stepper(steps: int) -> ScriptedClient:
     return ScriptedClient(script)
 
 
+@pytest.mark.usefixtures("through_lanes")
 async def test_a_lane_that_is_never_idle_continues_as_new_and_runs_every_turn_in_order(database_url: str) -> None:
     """Issue 8 item 5: 12 turns queued at once keep the lane busy past the history limit; it continues as new while
-    a turn runs, carrying the queue and following the running turn, and every turn completes in FIFO order."""
+    a turn runs, carrying the queue and following the running turn, and every turn completes in FIFO order.
+
+    Every turn goes through the lane: a turn asked after the one before it ended would otherwise start directly,
+    and on a fast machine too few would reach the lane to pass its limit."""
     async with dev_server(*limits()) as server, turnkit_on(server, database_url) as tk:
         agent = turnkit.Agent("busy-lane", model="scripted", tools=[step], client=stepper(1))
         conversation = await tk.conversation(agent)
