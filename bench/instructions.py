@@ -1,4 +1,4 @@
-"""Instructions per turn of the store's work, counted by valgrind: ``python -m bench.instructions``.
+"""Instructions per turn of a turn's store work or activities, counted by valgrind: ``python -m bench.instructions``.
 
 This machine's speed moves by 20-40% between minutes, so a CPU time A/B of two builds cannot resolve a change of a
 few percent, even with runs alternated (``bench.store_cpu``'s own advice). The instructions a process executes do not
@@ -7,6 +7,9 @@ move with the machine: this script runs :mod:`bench.store_cpu` under valgrind's 
 difference by the difference in turns. Start-up, imports, migrations and the warm-up are in both runs and cancel
 out. With ``--baseline-tree DIR`` it does the same for another checkout (``git worktree add DIR REV``) and prints
 this tree ÷ the baseline.
+
+``--work activities`` counts :mod:`bench.turn_activities` instead: the turn's model and tool activities run without
+Temporal, the store included (this tree's driver, on each tree's code).
 
 Instructions are not time: a cache miss or a system call costs more than its instructions say. Use it for changes
 to Python code on the store's path (the records, the statements' arguments and rows), and the CPU benches for what
@@ -56,13 +59,15 @@ def per_turn(small: Count, large: Count) -> float:
 
 
 async def _count(tree: Path, turns: int, args: argparse.Namespace, database_url: str | None) -> Count:
+    # The store's calls: the tree's own bench.store_cpu. The activities: this tree's driver (which a baseline from
+    # before it lacks) on the tree's code, which PYTHONPATH puts first.
+    script = ["-m", "bench.store_cpu"] if args.work == "store" else [str(ROOT / "bench" / "turn_activities.py")]
     command = [
         "valgrind",
         "--tool=callgrind",
         "--callgrind-out-file=/dev/null",
         sys.executable,
-        "-m",
-        "bench.store_cpu",
+        *script,
         f"--k={args.k}",
         f"--turns={turns}",
         "--rounds=1",
@@ -93,9 +98,8 @@ async def main(args: argparse.Namespace) -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     store = "PostgreSQL" if args.database_url else "SQLite"
-    print(
-        f"K = {args.k}, {store}, bench.store_cpu with {args.small} and {args.large} turns under callgrind", flush=True
-    )
+    script = "bench.store_cpu" if args.work == "store" else "bench.turn_activities"
+    print(f"K = {args.k}, {store}, {script} with {args.small} and {args.large} turns under callgrind", flush=True)
     trees = [("this tree", ROOT)]
     if args.baseline_tree:
         trees.append(("baseline", Path(args.baseline_tree).resolve()))
@@ -113,6 +117,13 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--k", type=int, default=8, help="tool-calling iterations per turn (default 8)")
+    parser.add_argument(
+        "--work",
+        choices=("store", "activities"),
+        default="store",
+        help="what is counted: the turn's store calls (bench.store_cpu, the default) or its activities' own code, "
+        "the store included (bench.turn_activities)",
+    )
     parser.add_argument("--small", type=int, default=5, help="turns of the smaller run (default 5)")
     parser.add_argument("--large", type=int, default=25, help="turns of the larger run (default 25)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each tree (default 1)")

@@ -19,7 +19,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-__all__ = ["HeartbeatClock", "heartbeating"]
+__all__ = ["HeartbeatClock", "heartbeating", "note_attempt_start"]
 
 #: When the running activity last heartbeat (event-loop time), or began; a one-item list shared by its blocks.
 _last_beat: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("turnkit_last_beat", default=None)
@@ -35,8 +35,14 @@ class HeartbeatClock(Interceptor):
 
 class _Clocked(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        _last_beat.set([asyncio.get_running_loop().time()])  # the activity's own context: its blocks share it
+        note_attempt_start()  # the activity's own context: its blocks share it
         return await super().execute_activity(input)
+
+
+def note_attempt_start() -> None:
+    """Note, in the current context, that an activity attempt begins now: what :class:`HeartbeatClock` does for each
+    attempt a worker runs (for code that runs an activity without a worker's interceptors, as a benchmark does)."""
+    _last_beat.set([asyncio.get_running_loop().time()])
 
 
 @asynccontextmanager
