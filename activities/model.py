@@ -192,7 +192,7 @@ class ModelActivities(ModelCalls):
             traced(result)
         result = storable_result(result)  # NUL, lone surrogates, NaN: made storable, never a failed write
         audit = None
-        if not result.tool_calls and not call.audit_apart:
+        if not result.has_tool_calls and not call.audit_apart:
             # A final answer of an older workflow, audited here before it is published (behaviour §3.9); a workflow
             # that audits apart gets the answer committed first, then its audit (turnkit.audit).
             try:
@@ -447,7 +447,7 @@ class ModelActivities(ModelCalls):
         made["requested_at"] = asked.isoformat()
         # A final answer's completion callback is authorised before the terminal write's transaction (behaviour §7.4):
         # a denial, or a hook that raises, is recorded with the answer and never rolls it back.
-        verdict = await callback_verdict(turn) if not result.tool_calls else Verdict("callback", True)
+        verdict = await callback_verdict(turn) if not result.has_tool_calls else Verdict("callback", True)
         # The response is paid for: keep trying to record it for as long as the store is away (it is idempotent by
         # request id, so a commit whose acknowledgement was lost is found, not written twice).
         step, written = await retry_store(
@@ -509,7 +509,7 @@ class ModelActivities(ModelCalls):
                     outcome="stopped"
                 ), False  # cancelled or finished meanwhile: the late answer is dropped
             state = turn.state
-            if result.tool_calls:
+            if result.has_tool_calls:
                 # Ids unique in the turn, or a repeated `call_0` would reuse the first call's execution (issue 8).
                 result = result.model_copy(update={"parts": await _unique_call_ids(tx, turn.id, result.parts, state)})
             agent = resolve_agent(turn.agent_name)

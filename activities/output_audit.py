@@ -78,7 +78,7 @@ class AnswerAudit:
     """The audit of one final answer, with what its judge calls cost."""
 
     result: AuditResult
-    charges: list[JudgeCharge] = field(default_factory=list[JudgeCharge])
+    charges: list[JudgeCharge] = field(default_factory=list)
     #: Set by :func:`record_audit` when it appended a revision request (its attempt number).
     attempt: int | None = None
 

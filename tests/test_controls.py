@@ -715,3 +715,88 @@ async def test_a_client_killed_at_any_moment_of_a_cancel_leaves_none_or_all_of_i
         assert "cancelled" not in {t.status for t in await tk.store.list_turns(root_turn_id=tree.root.id)}
         assert (await tree.queued.result(timeout=60)).output_text == "answered next"
         assert (await tree.waiter.result(timeout=60)).status == "completed"
+
+
+def test_a_turns_state_and_controls_are_copied_to_change_as_a_deep_copy_would() -> None:
+    """``TurnRecord.state`` and ``controls_of`` hand out copies to change and write back: each is what
+    ``model_copy(deep=True)`` gives (values, fields set, extra keys), and changing any list, dict or nested model in
+    it, at any depth, leaves the record as it was."""
+    from turnkit._engine.controls import controls_of
+    from turnkit.kernel.records import TurnRecord
+    from turnkit.kernel.turn_state import SteeringInput, TurnControls, TurnOptions, TurnState
+
+    now = utcnow()
+    steering = SteeringInput(id="s1", key="k", text="go", turn_id="turn_x", sequence=3, later={"a": [1]})  # type: ignore[call-arg]
+    state = TurnState.model_validate(
+        {
+            "iterations": 2,
+            "phase": "tools",
+            "output_data": {"rows": [{"n": 1}], "ok": True},
+            "delivery_requests": {"delivery_1": "message_1"},
+            "judge_answers": [{"policy": "p", "usage": {"input_tokens": 3}}],
+            "mcp_tools": {"files": [{"name": "read", "parameters": {"type": "object"}}]},
+            "loaded_skills": ["a"],
+            "newer_release_key": {"nested": [1, {"x": 2}]},
+        }
+    )
+    controls = TurnControls(pause_requested=True, inputs=[steering])
+    record = TurnRecord(
+        id="turn_x",
+        conversation_id="conversation_x",
+        agent_name="a",
+        root_turn_id="turn_x",
+        context_message_sequence=1,
+        status="running",
+        options=TurnOptions(state=state, controls=controls),
+        created_at=now,
+        updated_at=now,
+    )
+    before = record.model_dump(mode="json")
+    for copied, original in ((record.state, state), (controls_of(record), controls)):
+        expected = original.model_copy(deep=True)
+        assert copied == expected and copied is not original
+        assert copied.model_fields_set == expected.model_fields_set
+        assert copied.model_extra == expected.model_extra
+        written = copied.model_dump(mode="json", exclude_unset=True)
+        assert written == expected.model_dump(mode="json", exclude_unset=True)
+
+    copied_state = record.state
+    assert copied_state.output_data is not None
+    copied_state.output_data["rows"][0]["n"] = 99
+    copied_state.delivery_requests["delivery_2"] = "message_2"
+    copied_state.judge_answers[0]["usage"]["input_tokens"] = 99
+    copied_state.mcp_tools["files"][0]["parameters"]["type"] = "array"
+    copied_state.loaded_skills.append("b")
+    assert copied_state.model_extra is not None
+    copied_state.model_extra["newer_release_key"]["nested"][1]["x"] = 99
+    copied_controls = controls_of(record)
+    copied_controls.inputs[0].text = "changed"
+    assert copied_controls.inputs[0].model_extra is not None
+    copied_controls.inputs[0].model_extra["later"]["a"].append(2)
+    copied_controls.inputs.append(steering)
+    assert record.model_dump(mode="json") == before
+
+
+def test_what_is_changed_in_place_is_written_and_nothing_else() -> None:
+    """``TurnOptions.stored()`` writes the keys that were set, and also what was changed in place in a default value
+    (a default state's counter, a default list appended to, a steering input added to default controls), at every
+    depth; a default left as it was is not written."""
+    from turnkit.kernel.turn_state import SteeringInput, TurnOptions
+
+    options = TurnOptions(task_queue="q")
+    assert options.stored() == {"task_queue": "q"}
+    options.state.iterations = 2
+    options.state.loaded_skills.append("search")
+    options.context["k"] = 1
+    controls = options.controls_or_default
+    controls.inputs.append(SteeringInput(id="s", key="k", text="go", turn_id="t", sequence=1))
+    options.controls = controls
+    controls.inputs[0].message_id = "message_1"
+    assert options.stored() == {
+        "task_queue": "q",
+        "context": {"k": 1},
+        "controls": {
+            "inputs": [{"id": "s", "key": "k", "text": "go", "turn_id": "t", "sequence": 1, "message_id": "message_1"}]
+        },
+        "state": {"iterations": 2, "loaded_skills": ["search"]},
+    }

@@ -6,8 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import genai_prices
 import pytest
@@ -197,6 +200,33 @@ def test_known_prices_come_after_provider_calculator_and_rates() -> None:
     configure(cost_calculator=None)
     assert cost_from_usage(usage, "scripted").empty
     assert known_price(usage, "no-such-model-xyz") is None
+
+
+def test_an_unknown_model_is_looked_up_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model genai-prices does not know is asked about once per ``UNPRICED_FOR`` (its lookup walks every provider's
+    patterns), then again: prices updated at run time are seen; a known model is priced on every call."""
+    import turnkit.cost as cost_module
+
+    asked: list[str] = []
+    real = genai_prices.calc_price
+
+    def counting(usage: Any, model_ref: str, **kwargs: Any) -> Any:
+        asked.append(model_ref)
+        return real(usage, model_ref, **kwargs)
+
+    clock = [1_000.0]
+    monkeypatch.setattr(genai_prices, "calc_price", counting)
+    monkeypatch.setattr(cost_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(cost_module, "_unpriced", {})
+    usage = Usage(input_tokens=1_000_000)
+    name = f"unknown-{uuid.uuid4().hex[:8]}"
+    assert [known_price(usage, name) for _ in range(3)] == [None, None, None]
+    assert asked == [name]
+    clock[0] += cost_module.UNPRICED_FOR + 1
+    assert known_price(usage, name) is None
+    assert asked == [name, name]
+    assert known_price(usage, "gpt-4o") == known_price(usage, "gpt-4o") == pytest.approx(2.5)
+    assert asked == [name, name, "gpt-4o", "gpt-4o"]
 
 
 def test_pricing_never_reaches_the_network() -> None:

@@ -75,13 +75,13 @@ class Settings:
     max_tool_executions: int = 100
     """Tool executions allowed over a root tree."""
 
-    max_tool_executions_by_name: dict[str, int | None] = field(default_factory=dict[str, "int | None"])
+    max_tool_executions_by_name: dict[str, int | None] = field(default_factory=dict)
     """Per-tool-name execution limits over a root tree."""
 
     max_spend: float | None = None
     """Observed USD spend allowed over a root tree; None means no limit."""
 
-    cost_rates: dict[str, dict[str, float]] = field(default_factory=dict[str, dict[str, float]])
+    cost_rates: dict[str, dict[str, float]] = field(default_factory=dict)
     """``model -> {input, output, cache_read, cache_write, thinking}`` in USD per million tokens."""
 
     cost_calculator: CostCalculator | None = None
@@ -169,11 +169,11 @@ class Settings:
     prompt_data_max_chars: int = 20_000
     """Characters kept of each subject or live-context block; longer ones are truncated."""
 
-    context_contributors: list[Any] = field(default_factory=list[Any])
+    context_contributors: list[Any] = field(default_factory=list)
     """Callables that add live context to root prompts; copied into each agent at construction (in front of the
     agent's own) unless the agent says ``inherit_globals=False``."""
 
-    available_skills: list[Any] = field(default_factory=list[Any])
+    available_skills: list[Any] = field(default_factory=list)
     """:class:`~turnkit.skills.Skill` objects every agent lists as loadable: copied into each agent at construction (in
     front of its own ``available_skills``, de-duplicated by key) unless it says ``inherit_globals=False``."""
 

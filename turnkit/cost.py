@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -24,6 +25,15 @@ logger = logging.getLogger("turnkit.cost")
 
 #: Cost components, in display order.
 COMPONENTS: Final = ("input", "output", "cache_read", "cache_write", "thinking")
+
+#: How long a model that genai-prices does not know is taken as unpriced without asking it again (s). Its lookup of an
+#: unknown name walks every provider's patterns, and it would run on every model call of such a model (a scripted
+#: one, a local server's, a fine-tune); a while, not for ever, so that prices an application updates at run time
+#: (``genai_prices.UpdatePrices``) are seen.
+UNPRICED_FOR: Final = 300.0
+#: Model names genai-prices did not know, with when that expires (``time.monotonic``); bounded.
+_unpriced: dict[str, float] = {}
+_UNPRICED_KEPT: Final = 256
 
 # Which usage bucket each rate component prices.
 _TOKENS_FOR: Final = {
@@ -305,6 +315,9 @@ def known_price(usage: Usage, model: str) -> float | None:
     Returns:
         The price, or None.
     """
+    now = time.monotonic()
+    if _unpriced.get(model, 0.0) > now:
+        return None
     try:
         from genai_prices import Usage as PricedUsage
         from genai_prices import calc_price
@@ -321,6 +334,9 @@ def known_price(usage: Usage, model: str) -> float | None:
         # The bundled data: calc_price only uses fetched prices if the application started UpdatePrices itself.
         price = calc_price(PricedUsage(**{k: v for k, v in counts.items() if v}), model)
     except LookupError:  # an unknown model or provider
+        if len(_unpriced) >= _UNPRICED_KEPT:
+            _unpriced.clear()
+        _unpriced[model] = now + UNPRICED_FOR
         return None
     except ValueError as err:  # usage it cannot price: the call is paid for, so it is recorded unpriced, not failed
         logger.warning("genai-prices could not price %s: %s", model, err)

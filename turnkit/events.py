@@ -77,7 +77,7 @@ class Event:
     type: str
     turn_id: str
     conversation_id: str
-    payload: dict[str, Any] = field(default_factory=dict[str, Any])
+    payload: dict[str, Any] = field(default_factory=dict)
     created_at: datetime = field(default_factory=utcnow)
 
 

@@ -41,12 +41,12 @@ class PaintRequest(BaseModel):
     model: str
     provider: str | None = None
     size: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict[str, Any])
+    params: dict[str, Any] = Field(default_factory=dict)
     """Extra provider parameters (e.g. ``quality``, ``output_format``)."""
-    input_images: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    input_images: list[dict[str, Any]] = Field(default_factory=list)
     """Reference images as media references with base64 ``data``."""
     mask: dict[str, Any] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class ViewMediaRequest(BaseModel):
@@ -58,8 +58,8 @@ class ViewMediaRequest(BaseModel):
     model: str
     provider: str | None = None
     output_schema: dict[str, Any] | None = None
-    params: dict[str, Any] = Field(default_factory=dict[str, Any])
-    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    params: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 def analysis_request(request: ViewMediaRequest) -> ModelRequest:

@@ -119,7 +119,7 @@ class ToolCall(BaseModel):
 
     id: str
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+    arguments: dict[str, Any] = Field(default_factory=dict)
     arguments_error: str | None = None
 
     @classmethod
@@ -168,7 +168,7 @@ class Result(BaseModel):
     state), ``tool_call``, ``image`` and ``media_analysis``.
     """
 
-    parts: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    parts: list[dict[str, Any]] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     model: str | None = None
     finish_reason: str | None = None
@@ -288,14 +288,14 @@ class ModelRequest(BaseModel):
     """
 
     model: str
-    messages: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
-    tools: list[ToolSpec] = Field(default_factory=list[ToolSpec])
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
     instructions: str = ""
     dynamic_instructions: str | None = None
     thinking: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
-    report: dict[str, Any] = Field(default_factory=dict[str, Any])
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    report: dict[str, Any] = Field(default_factory=dict)
     """The system prompt's report: ``{chars, hash, stable_chars, dynamic_chars, sections, tool_count}``."""
 
     @property

@@ -88,7 +88,7 @@ class Violation:
 
     rule: str
     message: str
-    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """``{rule, message, metadata}`` (JSON)."""

@@ -140,7 +140,7 @@ class SystemPrompt:
     mode: str
     stable: str
     dynamic: str
-    sections: dict[str, str] = field(default_factory=dict[str, str])
+    sections: dict[str, str] = field(default_factory=dict)
     """The rendered, non-empty sections by name, in prompt order (tags included)."""
     tool_count: int = 0
 

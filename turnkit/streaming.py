@@ -120,7 +120,7 @@ class ToolCallStarted:
     turn_id: str
     tool_call_id: str
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict[str, Any])
+    arguments: dict[str, Any] = field(default_factory=dict)
     type: Literal["tool_call_started"] = "tool_call_started"
 
 

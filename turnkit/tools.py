@@ -140,7 +140,7 @@ class ToolContext:
     (``say``, ``append_message``, ``deliver``, ``put_media``) is fenced by this call's execution and raises
     :class:`~turnkit.kernel.errors.LostClaim` once the call was completed, failed, cancelled or interrupted, or its
     turn ended (behaviour §5.4). It is never the worker's store itself."""
-    context: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
+    context: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The run's context (the ``context=`` of ``ask``/``run``, else the conversation's): a copy, so changing it
     changes nothing stored. Sub-agents' turns get an empty one (they get the task only)."""
     subject: dict[str, Any] | None = None

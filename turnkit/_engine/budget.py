@@ -11,7 +11,7 @@ while they check and write, which makes check-and-reserve atomic.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from turnkit._engine.limits import check_limits
 from turnkit.config import settings
@@ -27,6 +27,7 @@ __all__ = [
     "counts_against_budget",
     "depth_denial",
     "iteration_denial",
+    "limit_of",
     "limits_of",
     "spend_denial",
     "tool_execution_denial",
@@ -52,16 +53,27 @@ def limits_of(root: TurnRecord) -> BudgetLimits:
     return defaults.model_copy(update={name: getattr(snapshot, name) for name in snapshot.model_fields_set})
 
 
+def limit_of(root: TurnRecord, name: str) -> Any:
+    """One limit of :func:`limits_of` (``max_iterations``, ``max_spend``…), without building the whole set: the
+    checks of each model and tool call read one or two limits each."""
+    snapshot = root.options.budget_limits
+    if snapshot is not None and name in snapshot.model_fields_set:
+        return getattr(snapshot, name)
+    if name == "max_tool_executions_by_name":
+        return {str(k): v for k, v in settings.max_tool_executions_by_name.items()}
+    return getattr(settings, name)
+
+
 def iteration_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:
     """The error if one more model request would exceed ``max_iterations`` over the tree, else None."""
-    limit = limits_of(root).max_iterations
+    limit = limit_of(root, "max_iterations")
     used = _usage(tree).iterations
     return MAX_ITERATIONS if limit is not None and used >= int(limit) else None
 
 
 def depth_denial(root: TurnRecord, depth: int) -> str | None:
     """The error if a turn at ``depth`` is deeper than the root's ``max_depth`` (a root is depth 0)."""
-    limit = limits_of(root).max_depth
+    limit = limit_of(root, "max_depth")
     return MAX_DEPTH if limit is not None and depth > int(limit) else None
 
 
@@ -77,12 +89,11 @@ def tool_execution_denial(
 
     The usage (or ``tree_executions``) must not include the execution being reserved.
     """
-    limits = limits_of(root)
     usage = tree_executions if isinstance(tree_executions, TreeUsage) else TreeUsage.from_records((), tree_executions)
-    total_limit = limits.max_tool_executions
+    total_limit = limit_of(root, "max_tool_executions")
     if total_limit is not None and usage.tool_executions >= int(total_limit):
         return MAX_TOOL_EXECUTIONS
-    name_limit = limits.max_tool_executions_by_name.get(tool_name)
+    name_limit = limit_of(root, "max_tool_executions_by_name").get(tool_name)
     if name_limit is not None and usage.tool_executions_by_name.get(tool_name, 0) >= int(name_limit):
         return f"maximum executions reached for tool {tool_name}"
     return None
@@ -90,7 +101,7 @@ def tool_execution_denial(
 
 def spend_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:
     """The error if observed spend over the tree is strictly above ``max_spend``, else None."""
-    limit = limits_of(root).max_spend
+    limit = limit_of(root, "max_spend")
     if limit is None:
         return None
     return COST_LIMIT if _usage(tree).cost > float(limit) else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnkit._engine.budget import limits_of, spend_denial
+from turnkit._engine.budget import limit_of, spend_denial
 from turnkit.cost import Cost
 from turnkit.kernel.errors import BudgetError
 from turnkit.kernel.records import MessageRecord, TurnRecord
@@ -54,7 +54,7 @@ async def tree_spend_denial(tx: StoreTx, turn: TurnRecord) -> str | None:
     """The root tree's ``max_spend`` verdict after ``turn``'s latest charge (behaviour §6.2): ``"cost limit reached"``
     when the tree's spend is now over it, else None. The root's running total: one row, whatever the tree's size."""
     root = turn if turn.root_turn_id == turn.id else await tx.load_turn(turn.root_turn_id)
-    if limits_of(root).max_spend is None:
+    if limit_of(root, "max_spend") is None:
         return None  # no limit: nothing to read
     return spend_denial(root, await tx.tree_usage(root.id))
 

@@ -22,7 +22,7 @@ from turnkit.kernel.records import (
     UNPAUSED_TURN_STATUSES,
     TurnRecord,
 )
-from turnkit.kernel.turn_state import SteeringInput, TurnControls
+from turnkit.kernel.turn_state import SteeringInput, TurnControls, changeable_copy
 from turnkit.store.store import StoreTx, canonical_json, utcnow
 
 __all__ = [
@@ -48,7 +48,7 @@ Boundary = Literal["paused", "steered"] | None
 
 def controls_of(turn: TurnRecord) -> TurnControls:
     """A copy of ``options.controls`` (none requested when absent), to change and write back."""
-    return turn.options.controls_or_default.model_copy(deep=True)
+    return changeable_copy(turn.options.controls_or_default)
 
 
 async def selected_turns(tx: StoreTx, turn: TurnRecord, descendants: str) -> list[TurnRecord]:
@@ -147,7 +147,8 @@ async def apply_cancel(tx: StoreTx, turn: TurnRecord) -> TurnRecord:
 
 def has_pending_controls(turn: TurnRecord) -> bool:
     """A pause was requested, or steering waits to be applied: a boundary must run before publishing output."""
-    return turn.options.controls_or_default.pending
+    controls = turn.options.controls
+    return controls is not None and controls.pending
 
 
 async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, TurnRecord]:
@@ -156,6 +157,8 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
     Steering first answers every proposal of the last model response that has no result yet ("superseded by human
     steering"), then appends each input as a user message and resets the phase to ``model``.
     """
+    if not has_pending_controls(turn):
+        return None, turn  # the common case, read without a copy: nothing was asked since the last boundary
     controls = controls_of(turn)
     if controls.pause_requested:
         paused = await tx.claim_turn(turn.id, from_=UNPAUSED_TURN_STATUSES, to="paused")
@@ -182,6 +185,9 @@ async def control_boundary(tx: StoreTx, turn: TurnRecord) -> tuple[Boundary, Tur
 
 def stamp_request(turn: TurnRecord, request_id: str) -> TurnControls | None:
     """Steering inputs in the transcript but not yet in a request get this ``request_id`` (the first one)."""
+    current = turn.options.controls
+    if current is None or not any(s.message_id is not None and s.request_id is None for s in current.inputs):
+        return None  # nothing to stamp, read without a copy
     controls = controls_of(turn)
     changed = False
     for steering in controls.inputs:

@@ -63,15 +63,15 @@ class _Kept:
     """A conversation's committed messages, contiguous from its first, with what was derived of each (by id)."""
 
     messages: list[MessageRecord]
-    derived: dict[str, _Derived] = field(default_factory=dict[str, _Derived])
+    derived: dict[str, _Derived] = field(default_factory=dict)
     chars: int = 0
     #: ``tokens[i]``: the token estimates of ``messages[:i]`` summed (one more entry than ``messages``).
     tokens: list[int] = field(default_factory=lambda: [0])
     #: The positions in ``messages`` of its ``context_summary`` messages and of its delivered messages.
-    summaries: list[int] = field(default_factory=list[int])
-    deliveries: list[int] = field(default_factory=list[int])
+    summaries: list[int] = field(default_factory=list)
+    deliveries: list[int] = field(default_factory=list)
     #: The projections of ``messages``, one after the other; ``offsets[i]``: how many of them are ``messages[:i]``'s.
-    projected: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    projected: list[dict[str, Any]] = field(default_factory=list)
     offsets: list[int] = field(default_factory=lambda: [0])
 
     @property

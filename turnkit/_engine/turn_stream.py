@@ -44,8 +44,8 @@ class LiveCalls:
     """What the live messages of the model calls said so far: the newest attempt and last ``seq`` of each call;
     :meth:`events` turns each new message into the stream's events."""
 
-    attempts: dict[str, int] = field(default_factory=dict[str, int])
-    last_seq: dict[tuple[str, int], int] = field(default_factory=dict[tuple[str, int], int])
+    attempts: dict[str, int] = field(default_factory=dict)
+    last_seq: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def events(self, message: LiveMessage) -> list[TurnStreamEvent]:
         """The events of ``message``: none for a repeated one or one of a superseded attempt; a ``Restart`` first
@@ -74,9 +74,9 @@ class _Follower:
 
     store: Store
     turn_id: str
-    seen: set[str] = field(default_factory=set[str])
-    tree: set[str] = field(default_factory=set[str])
-    conversations: set[str] = field(default_factory=set[str])
+    seen: set[str] = field(default_factory=set)
+    tree: set[str] = field(default_factory=set)
+    conversations: set[str] = field(default_factory=set)
 
     async def read(self) -> tuple[list[TurnStreamEvent], TurnRecord]:
         """The committed events not yielded yet (the turn's own end left out), and the turn as it is now."""

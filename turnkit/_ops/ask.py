@@ -191,8 +191,8 @@ class Progress:
     out: TextIO | None
     root_turn_id: str
     started: float = field(default_factory=time.monotonic)
-    depth: dict[str, int] = field(default_factory=dict[str, int])
-    iterations: dict[str, int] = field(default_factory=dict[str, int])
+    depth: dict[str, int] = field(default_factory=dict)
+    iterations: dict[str, int] = field(default_factory=dict)
     live_call: str | None = None
     """The model call whose streamed text the current line shows (None: no line open)."""
 

@@ -99,7 +99,7 @@ class _Context:
     client: Client
     since: datetime | None
     cutoff: datetime
-    findings: list[Finding] = field(default_factory=list[Finding])
+    findings: list[Finding] = field(default_factory=list)
 
     def add(self, kind: str, ids: Iterable[str], message: str) -> None:
         self.findings.append(Finding(kind, tuple(ids), message))

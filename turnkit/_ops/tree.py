@@ -24,9 +24,9 @@ class TurnNode:
     """One turn with its tool executions, the deliveries it sent and its sub-agent turns (``children``)."""
 
     turn: TurnRecord
-    executions: list[ToolExecutionRecord] = field(default_factory=list[ToolExecutionRecord])
-    deliveries: list[DeliveryRecord] = field(default_factory=list[DeliveryRecord])
-    children: list[TurnNode] = field(default_factory=list["TurnNode"])
+    executions: list[ToolExecutionRecord] = field(default_factory=list)
+    deliveries: list[DeliveryRecord] = field(default_factory=list)
+    children: list[TurnNode] = field(default_factory=list)
 
     @property
     def iterations(self) -> int:

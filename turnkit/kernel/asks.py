@@ -132,7 +132,7 @@ class AskTurn(BaseModel):
     #: Metadata of a new conversation (``run``'s ``metadata``).
     conversation_metadata: dict[str, Any] | None = None
     callback_conversation_id: str | None = None
-    wait_for: list[str] = Field(default_factory=list[str])
+    wait_for: list[str] = Field(default_factory=list)
     paused: bool = False
     compact: bool | None = None
     budget: dict[str, Any] | None = None
@@ -177,4 +177,4 @@ class ControlReceipt(BaseModel):
 
     turn_id: str
     status: str
-    receipts: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    receipts: list[dict[str, Any]] = Field(default_factory=list)

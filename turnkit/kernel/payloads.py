@@ -104,7 +104,7 @@ class ActivityTarget(BaseModel):
     #: None: the activity does not heartbeat, so no heartbeat timeout is set.
     heartbeat: float | None = _omitted_none()
     backoff_coefficient: float = Field(default=2.0, exclude_if=_is_default_backoff)
-    non_retryable_error_types: list[str] = Field(default_factory=list[str], exclude_if=_is_empty)
+    non_retryable_error_types: list[str] = Field(default_factory=list, exclude_if=_is_empty)
 
 
 class MCPTarget(BaseModel):
@@ -186,7 +186,7 @@ class SubmitTurn(BaseModel):
     staged_input_id: str | None = None
     agent_name: str | None = None
     model: str | None = None
-    message_metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    message_metadata: dict[str, Any] = Field(default_factory=dict)
     thinking: dict[str, Any] | None = None
     thinking_set: bool = False
     output_schema: dict[str, Any] | None = None
@@ -196,7 +196,7 @@ class SubmitTurn(BaseModel):
     #: Conversation to receive the finished turn's result as a delivery (key ``completion:<turn_id>``).
     callback_conversation_id: str | None = None
     #: Turns this one waits for before its first model request (their results become its input).
-    wait_for: list[str] = Field(default_factory=list[str])
+    wait_for: list[str] = Field(default_factory=list)
     #: Join this existing root tree (``run(parent_run=…)``, behaviour §1.2): shared budgets, usage and deadline.
     root_turn_id: str | None = None
     #: Submit paused: an approval gate that runs nothing until ``resume`` (behaviour §5.10).
@@ -206,7 +206,7 @@ class SubmitTurn(BaseModel):
     #: Budget limits for this turn's tree, merged over the agent's (behaviour §6.1 names).
     budget: dict[str, Any] | None = None
     #: References (``media`` content parts) to media stored before submission: the bytes are in the store.
-    media: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    media: list[dict[str, Any]] = Field(default_factory=list)
     #: Set by the lane: the newest turn it has queued. The submit returns the submitted turns after that one that the
     #: lane does not know (``TurnTicket.earlier``). None: the lane knows none, or a caller that is not a lane.
     known_turn_id: str | None = Field(default=None, exclude_if=_is_empty)
@@ -222,7 +222,7 @@ class DeliverBatch(BaseModel):
     """Input of ``turnkit.deliver``: append these deliveries to the lane's conversation, and maybe wake it."""
 
     conversation_id: str
-    delivery_ids: list[str] = Field(default_factory=list[str])
+    delivery_ids: list[str] = Field(default_factory=list)
     #: The lane is idle: start a turn for the delivered input (behaviour §5.11 ``wake``).
     wake: bool = False
     #: The id a woken turn gets, chosen by the lane, so every run of this call finds the turn an earlier one created: a
@@ -235,7 +235,7 @@ class DeliverBatch(BaseModel):
 class DeliverResult(BaseModel):
     """Result of ``turnkit.deliver``: what was appended now, and the turn a wake created."""
 
-    delivered_ids: list[str] = Field(default_factory=list[str])
+    delivered_ids: list[str] = Field(default_factory=list)
     turn: QueuedTurn | None = None
     #: A turn the lane does not run (a sub-agent's) is active in the conversation: nothing was appended; the lane
     #: holds the deliveries until that turn's end sends it ``wake``.
@@ -245,7 +245,7 @@ class DeliverResult(BaseModel):
     ahead: QueuedTurn | None = None
     #: Submitted turns this lane has not queued (their submission was lost with the workflow task that ran it), oldest
     #: first: the lane queues them before the woken turn (docs/design.md, "Lost submissions").
-    earlier: list[QueuedTurn] = Field(default_factory=list[QueuedTurn], exclude_if=_is_empty)
+    earlier: list[QueuedTurn] = Field(default_factory=list, exclude_if=_is_empty)
 
 
 class TurnTicket(BaseModel):
@@ -265,7 +265,7 @@ class TurnTicket(BaseModel):
     ahead: QueuedTurn | None = None
     #: Turns submitted before this one that the lane has not queued (their submission was lost with the workflow task
     #: that ran it), oldest first: the lane queues them before this one (docs/design.md, "Lost submissions").
-    earlier: list[QueuedTurn] = Field(default_factory=list[QueuedTurn], exclude_if=_is_empty)
+    earlier: list[QueuedTurn] = Field(default_factory=list, exclude_if=_is_empty)
 
     def queued(self) -> QueuedTurn:
         """What a lane queues of this turn."""
@@ -282,13 +282,13 @@ class LaneInput(BaseModel):
     """Start (or continue-as-new) input of a conversation lane."""
 
     conversation_id: str
-    queue: list[QueuedTurn] = Field(default_factory=list[QueuedTurn])
+    queue: list[QueuedTurn] = Field(default_factory=list)
     #: Recently submitted turn ids, oldest first: a bounded dedupe window that survives continue-as-new.
-    recent_turn_ids: list[str] = Field(default_factory=list[str])
+    recent_turn_ids: list[str] = Field(default_factory=list)
     #: Deliveries signalled but not yet appended, oldest first.
-    pending_delivery_ids: list[str] = Field(default_factory=list[str])
+    pending_delivery_ids: list[str] = Field(default_factory=list)
     #: Recently applied delivery ids: a bounded dedupe window (the store's compare-and-set is the backstop).
-    recent_delivery_ids: list[str] = Field(default_factory=list[str])
+    recent_delivery_ids: list[str] = Field(default_factory=list)
     #: The pending deliveries wait for a sub-agent's turn in this conversation to end (its ``wake`` signal).
     held: bool = False
     turns_started: int = 0
@@ -323,8 +323,8 @@ class TurnInput(BaseModel):
     #: their end, and the children launched by earlier runs (now followed through the store and their signals).
     iteration: int = 0
     resumes: int = 0
-    finished_turn_ids: list[str] = Field(default_factory=list[str])
-    launched_turn_ids: list[str] = Field(default_factory=list[str])
+    finished_turn_ids: list[str] = Field(default_factory=list)
+    launched_turn_ids: list[str] = Field(default_factory=list)
     model_policy: ModelPolicy
     #: Enforce ``deadline`` without a Temporal timer while the turn only runs activities that the deadline caps (its
     #: model and tool calls, their schedule-to-close timeout cut to the time left); the timer starts at the first
@@ -385,7 +385,7 @@ class ToolCallRef(BaseModel):
 
     id: str
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict[str, Any], exclude_if=_is_empty)
+    arguments: dict[str, Any] = Field(default_factory=dict, exclude_if=_is_empty)
     arguments_error: str | None = _omitted_none()
     #: The arguments are left out here and loaded from the stored assistant message.
     arguments_stored: bool = False
@@ -449,11 +449,11 @@ class ModelStep(BaseModel):
 
     outcome: ModelOutcome = "tools"
     message_id: str | None = None
-    tool_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
+    tool_calls: list[ToolCallRef] = Field(default_factory=list)
     #: Why a budget limit stopped the turn (``budget_exceeded``; the response, if any, is already persisted).
     budget_error: str | None = _omitted_none()
     #: Application-level waits (``ask(wait_for=...)``) not finished yet (``waiting``).
-    waiting_on: list[str] = Field(default_factory=list[str], exclude_if=_is_empty)
+    waiting_on: list[str] = Field(default_factory=list, exclude_if=_is_empty)
     #: The turn's recorded error (``failed``).
     error_class: str | None = _omitted_none()
     error_message: str | None = _omitted_none()
@@ -497,7 +497,7 @@ class OpenedToolCall(BaseModel):
     """
 
     execution_id: str = ""
-    args: list[Any] = Field(default_factory=list[Any])
+    args: list[Any] = Field(default_factory=list)
     ended: ToolOutcome | None = None
 
 
@@ -529,7 +529,7 @@ class FinishTurn(BaseModel):
     error_message: str | None = None
     #: For a turn ended by a terminal tool: its execution, and the calls after it to skip.
     terminal_execution_id: str | None = None
-    skipped_calls: list[ToolCallRef] = Field(default_factory=list[ToolCallRef])
+    skipped_calls: list[ToolCallRef] = Field(default_factory=list)
     #: The root deadline's failure: write nothing while the turn is paused (behaviour §5.13 invariant 11).
     unless_paused: bool = False
     #: The workflow calls the finish again while it reports ``judged``: each attempt makes at most one output-policy
@@ -561,7 +561,7 @@ class ChildPlan(BaseModel):
 class DelegateResult(BaseModel):
     """Result of ``turnkit.delegate``, in call order."""
 
-    plans: list[ChildPlan] = Field(default_factory=list[ChildPlan])
+    plans: list[ChildPlan] = Field(default_factory=list)
     budget_error: str | None = None
     #: The control boundary before creating the children: ``paused`` (nothing was created) or ``steered`` (the calls
     #: were superseded); None: the plans stand.
@@ -589,8 +589,8 @@ class WaitPlan(BaseModel):
 
     execution_id: str
     settled: bool = False
-    target_ids: list[str] = Field(default_factory=list[str])
-    unfinished_ids: list[str] = Field(default_factory=list[str])
+    target_ids: list[str] = Field(default_factory=list)
+    unfinished_ids: list[str] = Field(default_factory=list)
 
 
 class FinishWait(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnkit.kernel.turn_state import TurnOptions, TurnState
+from turnkit.kernel.turn_state import TurnOptions, TurnState, changeable_copy
 
 __all__ = [
     "ACTIVE_TURN_STATUSES",
@@ -99,7 +99,7 @@ class ConversationRecord(BaseModel):
     agent_name: str
     model: str | None = None
     subject: dict[str, Any] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime
     updated_at: datetime
 
@@ -115,10 +115,10 @@ class MessageRecord(BaseModel):
     role: Literal["user", "assistant", "tool"]
     kind: Literal["text", "tool_call", "tool_result", "context_summary", "image", "media_analysis"]
     sequence: int
-    content: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    content: list[dict[str, Any]] = Field(default_factory=list)
     tool_execution_id: str | None = None
     provider_message_id: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict[str, Any])
+    metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime
 
     @property
@@ -142,7 +142,7 @@ class TurnRecord(BaseModel):
     status: TurnStatus = "pending"
     model: str | None = None
     options: TurnOptions = Field(default_factory=TurnOptions)
-    usage: dict[str, Any] = Field(default_factory=dict[str, Any])
+    usage: dict[str, Any] = Field(default_factory=dict)
     cost: float | None = None
     error: dict[str, Any] | None = None
     output_text: str | None = None
@@ -171,7 +171,7 @@ class TurnRecord(BaseModel):
     @property
     def state(self) -> TurnState:
         """The turn loop's state (``options.state``), a copy to change and write back."""
-        return self.options.state.model_copy(deep=True)
+        return changeable_copy(self.options.state)
 
 
 class TreeUsage(BaseModel):
@@ -185,7 +185,7 @@ class TreeUsage(BaseModel):
 
     iterations: int = 0
     tool_executions: int = 0
-    tool_executions_by_name: dict[str, int] = Field(default_factory=dict[str, int])
+    tool_executions_by_name: dict[str, int] = Field(default_factory=dict)
     cost: float = 0.0
 
     @classmethod
@@ -213,7 +213,7 @@ class ToolExecutionRecord(BaseModel):
     tool_call_id: str
     tool_name: str
     status: ToolExecutionStatus = "pending"
-    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+    arguments: dict[str, Any] = Field(default_factory=dict)
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     started_at: datetime | None = None
@@ -251,7 +251,7 @@ class DeliveryRecord(BaseModel):
     destination_conversation_id: str
     source_turn_id: str | None = None
     key: str
-    payload: dict[str, Any] = Field(default_factory=dict[str, Any])
+    payload: dict[str, Any] = Field(default_factory=dict)
     message_id: str | None = None
     delivered_at: datetime | None = None
     created_at: datetime

@@ -41,7 +41,7 @@ class CancelPlan(BaseModel):
     """What ``turnkit.cancel_turns`` selected and ended: the turns whose end the workflow then carries out (their
     workflows cancelled, their callbacks, waiters and lanes told), in selection order."""
 
-    turn_ids: list[str] = Field(default_factory=list[str])
+    turn_ids: list[str] = Field(default_factory=list)
 
 
 class CompactRequest(BaseModel):
@@ -71,7 +71,7 @@ class StandaloneMedia(BaseModel):
     #: view_media: the caller gave the bytes themselves, not a stored item's id.
     media_given: bool = False
     #: The remaining keyword options of the engine's call (provider, size, params, output_schema, metadata).
-    options: dict[str, Any] = Field(default_factory=dict[str, Any])
+    options: dict[str, Any] = Field(default_factory=dict)
     #: The key under which the caller lent its ``client=`` object, which lives in its process
     #: (``turnkit._engine.lent_clients``); None: the agent's client.
     client_key: str | None = None

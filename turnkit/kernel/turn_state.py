@@ -12,8 +12,9 @@ Pure: no clocks, no I/O.
 
 from __future__ import annotations
 
+import copy
 import functools
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +25,7 @@ __all__ = [
     "TurnOptions",
     "TurnPhase",
     "TurnState",
+    "changeable_copy",
 ]
 
 #: Where a running turn is in its loop: asking the model, running its proposed calls, or holding its answer.
@@ -42,7 +44,7 @@ class BudgetLimits(BaseModel):
     timeout: float | None = None
     max_depth: int | None = None
     max_tool_executions: int | None = None
-    max_tool_executions_by_name: dict[str, int | None] = Field(default_factory=dict[str, "int | None"])
+    max_tool_executions_by_name: dict[str, int | None] = Field(default_factory=dict)
     max_spend: float | None = None
 
 
@@ -73,7 +75,7 @@ class TurnControls(BaseModel):
     model_config = _OPEN
 
     pause_requested: bool = False
-    inputs: list[SteeringInput] = Field(default_factory=list[SteeringInput])
+    inputs: list[SteeringInput] = Field(default_factory=list)
 
     @property
     def pending(self) -> bool:
@@ -99,7 +101,7 @@ class TurnState(BaseModel):
     #: The terminal tool that ended the turn.
     terminal_tool_name: str | None = None
     #: Delivery id → the first request that included it (``Turn.input_status``).
-    delivery_requests: dict[str, str] = Field(default_factory=dict[str, str])
+    delivery_requests: dict[str, str] = Field(default_factory=dict)
     #: The next suffix for de-duplicated tool-call ids.
     call_id_suffix: int = 1
     #: Application waits (``ask(wait_for=...)``) not finished yet.
@@ -108,7 +110,7 @@ class TurnState(BaseModel):
     wait_input: bool = False
     #: Keys of the available skills this turn loaded with ``load_skill``, in load order (``turnkit.skills``): written
     #: with the load's result, so the skill's tools stay in the turn's tool set across iterations and restarts.
-    loaded_skills: list[str] = Field(default_factory=list[str])
+    loaded_skills: list[str] = Field(default_factory=list)
     #: Revision requests sent after a dirty output-policy audit (bounded by the agent's ``output_retries``).
     revisions_used: int = 0
     #: The output-policy audit of the latest final answer: ``{clean, violations: [{rule, message, metadata}]}``.
@@ -124,18 +126,18 @@ class TurnState(BaseModel):
     audit_key: str | None = None
     #: Those judges' answers in policy order, each ``{policy, model, text, output_data, usage, cost}``, committed
     #: with the judge call's charge: a retried attempt reads them instead of asking (and paying) again.
-    judge_answers: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    judge_answers: list[dict[str, Any]] = Field(default_factory=list)
     #: Media calls charged although their answer was unusable (no image, no analysis; behaviour §3.12 step 3 before
     #: step 4): the call's message id → its error. A retried attempt that finds its id here raises that error again
     #: instead of calling the client and charging a second time.
-    unusable_media_calls: dict[str, str] = Field(default_factory=dict[str, str])
+    unusable_media_calls: dict[str, str] = Field(default_factory=dict)
     #: Requests whose automatic compaction was answered with an empty summary: that call is charged once, and a
     #: retried attempt of the request does not ask the compaction model again.
-    empty_summaries: list[str] = Field(default_factory=list[str])
+    empty_summaries: list[str] = Field(default_factory=list)
     #: The tools of the agent's MCP servers as this turn's first model call listed them, by server name: each
     #: ``{name, tool, description, parameters}`` (the name the model sees, the server's own). Every later model call
     #: and retry of the turn offers exactly these (``turnkit._engine.mcp_tools``).
-    mcp_tools: dict[str, list[dict[str, Any]]] = Field(default_factory=dict[str, "list[dict[str, Any]]"])
+    mcp_tools: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
 
     @property
     def holds_answer(self) -> bool:
@@ -158,7 +160,7 @@ class TurnOptions(BaseModel):
     budget_limits: BudgetLimits | None = None
     #: None: thinking off (an explicit None is kept, see the module doc).
     thinking: dict[str, Any] | None = None
-    context: dict[str, Any] = Field(default_factory=dict[str, Any])
+    context: dict[str, Any] = Field(default_factory=dict)
     output_schema: dict[str, Any] | None = None
     prompt_mode: str | None = None
     principal: Any = None
@@ -196,6 +198,42 @@ class TurnOptions(BaseModel):
         return self.controls if self.controls is not None else TurnControls()
 
 
+_Model = TypeVar("_Model", bound=BaseModel)
+#: Values that nothing changes in place: a copy shares them, as ``copy.deepcopy`` does.
+_SCALARS = (str, int, float, type(None))
+
+
+def changeable_copy(model: _Model) -> _Model:
+    """A copy of ``model`` to change in place and write back: what ``model_copy(deep=True)`` gives (its fields set and
+    extra keys kept), made by copying only what can be changed in place (lists, dicts, nested models).
+
+    The loop's state and controls are copied on every model call, and most of their ~20 values are scalars or empty:
+    ``copy.deepcopy`` would send each one through its memo and dispatch table."""
+    copied = model.model_copy()  # shallow: the values, the fields set and a copy of the extra keys' dict
+    values = vars(copied)
+    for name, value in values.items():
+        if not isinstance(value, _SCALARS):
+            values[name] = _changeable(value)
+    extra = copied.__pydantic_extra__
+    if extra:
+        for name, value in extra.items():
+            if not isinstance(value, _SCALARS):
+                extra[name] = _changeable(value)
+    return copied
+
+
+def _changeable(value: Any) -> Any:
+    """A deep copy of a JSON value or a model (anything else through ``copy.deepcopy``)."""
+    kind = type(value)
+    if kind is dict:
+        return {key: item if isinstance(item, _SCALARS) else _changeable(item) for key, item in value.items()}
+    if kind is list:
+        return [item if isinstance(item, _SCALARS) else _changeable(item) for item in value]
+    if isinstance(value, BaseModel):
+        return changeable_copy(value)
+    return copy.deepcopy(value)
+
+
 @functools.cache
 def _defaults(model_class: type[BaseModel]) -> dict[str, Any]:
     """Each field's default, built once per class: only compared with, never handed out or changed (a default
@@ -210,10 +248,13 @@ def _mark_changed(model: BaseModel) -> None:
     appended steering input) would otherwise be left out of the write.
     """
     defaults = _defaults(type(model))
+    fields_set = model.model_fields_set
     for name in type(model).model_fields:
         value = getattr(model, name)
-        if name not in model.model_fields_set and value != defaults[name]:
-            model.model_fields_set.add(name)
+        if isinstance(value, _SCALARS):
+            continue  # a scalar changes only by assignment or a copy's update, which count it as set
+        if name not in fields_set and value != defaults[name]:
+            fields_set.add(name)
         if isinstance(value, BaseModel):
             _mark_changed(value)
         elif isinstance(value, list):

@@ -33,7 +33,7 @@ class PaintImageTool(ReadOnlyTool):
 
     class Arguments(BaseModel):
         prompt: str = Field(description="What to paint, completely described.")
-        reference_images: list[str] = Field(default_factory=list[str], description="Reference images (media ids).")
+        reference_images: list[str] = Field(default_factory=list, description="Reference images (media ids).")
         mask: str | None = Field(default=None, description="A mask image for an edit (a media id).")
 
     def __init__(

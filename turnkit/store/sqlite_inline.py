@@ -51,7 +51,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.base import Executable
 
 from turnkit.store.direct import CompiledStatement, DirectResult, DirectStatements, driver_error
-from turnkit.store.storable import stored_json
+from turnkit.store.storable import written_json
 
 __all__ = ["BUSY_TIMEOUT", "CHECKPOINT_EVERY", "InlineConnection", "InlineSQLite", "InlineSavepoint"]
 
@@ -226,7 +226,7 @@ class InlineSQLite:
             echo=echo,
             poolclass=StaticPool,  # one connection: this process's transactions run one at a time (module docstring)
             connect_args={"check_same_thread": False, "isolation_level": None},
-            json_deserializer=stored_json,
+            json_deserializer=written_json,  # the text as the store wrote it, keys sorted (storable.written_json)
         )
         event.listen(engine, "connect", _configure)
         inline = cls(path, engine)
