@@ -17,6 +17,7 @@ from turnkit._workflows.turn import TurnWorkflow
 from turnkit.handles import Conversation, Turn
 from turnkit.kernel.payloads import LaneStatus, TurnInput, TurnOutcome
 from turnkit.kernel.records import TurnRecord
+from turnkit.kernel.turn_state import TurnOptions
 from turnkit.model import ModelRequest, Result
 from turnkit.runtime import TurnKit
 from turnkit.store.store import utcnow
@@ -225,3 +226,19 @@ async def stored_pending_turn(tk: TurnKit, conversation_id: str, agent: turnkit.
             options=turn_options(agent, trigger_message_id=message.id, context={}),
             submitted_at=utcnow(),
         )
+
+
+def running_turn_record(options: TurnOptions) -> TurnRecord:
+    """A running root turn's record with ``options``, built in memory (for the kernel's functions of a record)."""
+    now = utcnow()
+    return TurnRecord(
+        id="turn_root",
+        conversation_id="conversation_x",
+        agent_name="a",
+        root_turn_id="turn_root",
+        context_message_sequence=1,
+        status="running",
+        options=options,
+        created_at=now,
+        updated_at=now,
+    )

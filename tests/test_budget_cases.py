@@ -16,7 +16,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from tests.engine import Engine, eventually, turn_for_activities
+from tests.engine import Engine, eventually, running_turn_record, turn_for_activities
 from turnkit._activities.model import ModelActivities
 from turnkit._engine.budget import (
     COST_LIMIT,
@@ -483,14 +483,10 @@ async def test_a_retried_model_call_asks_no_summary_over_the_limit(engine: Engin
 def test_one_limit_is_what_the_whole_set_of_limits_says() -> None:
     """The checks read one limit at a time (``limit_of``): each is ``limits_of``'s, for a root whose snapshot sets a
     limit (to a value, or to None: no limit), leaves it unset (the process settings then), or has no snapshot."""
-    from datetime import UTC, datetime
-
     from turnkit._engine.budget import limit_of, limits_of
-    from turnkit.kernel.records import TurnRecord
     from turnkit.kernel.turn_state import TurnOptions
 
     configure(max_iterations=7, max_spend=2.5, max_tool_executions_by_name={"search": 3}, timeout=90)
-    now = datetime.now(UTC)
     snapshots = [
         None,
         BudgetLimits(),
@@ -498,17 +494,7 @@ def test_one_limit_is_what_the_whole_set_of_limits_says() -> None:
         BudgetLimits(max_tool_executions_by_name={"paint": 1}, max_depth=0, timeout=5.0, max_tool_executions=None),
     ]
     for snapshot in snapshots:
-        root = TurnRecord(
-            id="turn_root",
-            conversation_id="conversation_x",
-            agent_name="a",
-            root_turn_id="turn_root",
-            context_message_sequence=1,
-            status="running",
-            options=TurnOptions(budget_limits=snapshot),
-            created_at=now,
-            updated_at=now,
-        )
+        root = running_turn_record(TurnOptions(budget_limits=snapshot))
         limits = limits_of(root)
         for name in BudgetLimits.model_fields:
             assert limit_of(root, name) == getattr(limits, name), (snapshot, name)

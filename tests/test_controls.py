@@ -24,6 +24,7 @@ from tests.engine import (
     gated_tool,
     held_tool,
     lane_buffers,
+    running_turn_record,
     turn_for_activities,
 )
 from tests.request_client import start_client
@@ -722,10 +723,8 @@ def test_a_turns_state_and_controls_are_copied_to_change_as_a_deep_copy_would() 
     ``model_copy(deep=True)`` gives (values, fields set, extra keys), and changing any list, dict or nested model in
     it, at any depth, leaves the record as it was."""
     from turnkit._engine.controls import controls_of
-    from turnkit.kernel.records import TurnRecord
     from turnkit.kernel.turn_state import SteeringInput, TurnControls, TurnOptions, TurnState
 
-    now = utcnow()
     steering = SteeringInput(id="s1", key="k", text="go", turn_id="turn_x", sequence=3, later={"a": [1]})  # type: ignore[call-arg]
     state = TurnState.model_validate(
         {
@@ -740,17 +739,7 @@ def test_a_turns_state_and_controls_are_copied_to_change_as_a_deep_copy_would() 
         }
     )
     controls = TurnControls(pause_requested=True, inputs=[steering])
-    record = TurnRecord(
-        id="turn_x",
-        conversation_id="conversation_x",
-        agent_name="a",
-        root_turn_id="turn_x",
-        context_message_sequence=1,
-        status="running",
-        options=TurnOptions(state=state, controls=controls),
-        created_at=now,
-        updated_at=now,
-    )
+    record = running_turn_record(TurnOptions(state=state, controls=controls))
     before = record.model_dump(mode="json")
     for copied, original in ((record.state, state), (controls_of(record), controls)):
         expected = original.model_copy(deep=True)
