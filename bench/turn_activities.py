@@ -40,7 +40,15 @@ from turnkit._activities.tools import ToolActivities
 from turnkit._engine.direct_turn import write_direct_turn
 from turnkit._engine.ids import new_id
 from turnkit._temporal.heartbeats import note_attempt_start
-from turnkit.kernel.payloads import ModelCall, ModelStep, SubmitTurn, ToolCallInput, ToolOutcome, TurnInput
+from turnkit.kernel.payloads import (
+    ModelCall,
+    ModelStep,
+    SubmitTurn,
+    ToolCallInput,
+    ToolCallRef,
+    ToolOutcome,
+    TurnInput,
+)
 from turnkit.store import Store
 
 TASK_QUEUE = "bench-turn-activities"
@@ -113,13 +121,13 @@ class TurnActivities:
         note_attempt_start()  # as the worker's HeartbeatClock does: no beat is due in a block of milliseconds
         return await environment.run(self.model_activities.model, call)
 
-    async def _tool(self, turn: TurnInput, call: object) -> ToolOutcome:
+    async def _tool(self, turn: TurnInput, call: ToolCallRef) -> ToolOutcome:
         request = ToolCallInput(
             turn_id=turn.turn_id,
             conversation_id=turn.conversation_id,
             root_turn_id=turn.root_turn_id,
             agent_name=turn.agent_name,
-            call=call,  # type: ignore[arg-type]  # a ToolCallRef, as the model's step carries it
+            call=call,
         )
         policy = request.call.policy
         assert policy is not None

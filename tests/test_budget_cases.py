@@ -480,21 +480,38 @@ async def test_a_retried_model_call_asks_no_summary_over_the_limit(engine: Engin
     assert calls == ["summary", "main"]  # nothing asked again
 
 
-def test_one_limit_is_what_the_whole_set_of_limits_says() -> None:
-    """The checks read one limit at a time (``limit_of``): each is ``limits_of``'s, for a root whose snapshot sets a
-    limit (to a value, or to None: no limit), leaves it unset (the process settings then), or has no snapshot."""
+def test_a_limit_is_the_snapshots_else_the_process_settings() -> None:
+    """A root's limit (``limit_of``, and ``limits_of`` for all of them) is its snapshot's when the snapshot sets it,
+    to a value or to None (no limit), and the process settings' when it leaves it unset or has no snapshot (rows
+    older than a limit)."""
     from turnkit._engine.budget import limit_of, limits_of
     from turnkit.kernel.turn_state import TurnOptions
 
     configure(max_iterations=7, max_spend=2.5, max_tool_executions_by_name={"search": 3}, timeout=90)
-    snapshots = [
-        None,
-        BudgetLimits(),
-        BudgetLimits(max_iterations=2, max_spend=None),
-        BudgetLimits(max_tool_executions_by_name={"paint": 1}, max_depth=0, timeout=5.0, max_tool_executions=None),
+    settings = {
+        "max_iterations": 7,
+        "timeout": 90,
+        "max_depth": 3,
+        "max_tool_executions": 100,
+        "max_tool_executions_by_name": {"search": 3},
+        "max_spend": 2.5,
+    }
+    cases = [
+        (None, settings),
+        (BudgetLimits(), settings),
+        (BudgetLimits(max_iterations=2, max_spend=None), {**settings, "max_iterations": 2, "max_spend": None}),
+        (
+            BudgetLimits(max_tool_executions_by_name={"paint": 1}, max_depth=0, timeout=5.0, max_tool_executions=None),
+            {
+                **settings,
+                "max_tool_executions_by_name": {"paint": 1},
+                "max_depth": 0,
+                "timeout": 5.0,
+                "max_tool_executions": None,
+            },
+        ),
     ]
-    for snapshot in snapshots:
+    for snapshot, expected in cases:
         root = running_turn_record(TurnOptions(budget_limits=snapshot))
-        limits = limits_of(root)
-        for name in BudgetLimits.model_fields:
-            assert limit_of(root, name) == getattr(limits, name), (snapshot, name)
+        assert {name: limit_of(root, name) for name in BudgetLimits.model_fields} == expected, snapshot
+        assert limits_of(root).model_dump() == expected, snapshot

@@ -39,20 +39,6 @@ COST_LIMIT: Final = "cost limit reached"
 MAX_DEPTH: Final = "maximum sub-agent depth reached"
 
 
-def limits_of(root: TurnRecord) -> BudgetLimits:
-    """The root's snapshotted limits, with the process settings for any limit it lacks (rows older than a limit)."""
-    snapshot = root.options.budget_limits or BudgetLimits()
-    defaults = BudgetLimits(
-        max_iterations=settings.max_iterations,
-        max_tool_executions=settings.max_tool_executions,
-        max_tool_executions_by_name={str(k): v for k, v in settings.max_tool_executions_by_name.items()},
-        max_depth=settings.max_depth,
-        timeout=settings.timeout,
-        max_spend=settings.max_spend,
-    )
-    return defaults.model_copy(update={name: getattr(snapshot, name) for name in snapshot.model_fields_set})
-
-
 def limit_of(root: TurnRecord, name: str) -> Any:
     """One limit of :func:`limits_of` (``max_iterations``, ``max_spend``…), without building the whole set: the
     checks of each model and tool call read one or two limits each."""
@@ -62,6 +48,11 @@ def limit_of(root: TurnRecord, name: str) -> Any:
     if name == "max_tool_executions_by_name":
         return {str(k): v for k, v in settings.max_tool_executions_by_name.items()}
     return getattr(settings, name)
+
+
+def limits_of(root: TurnRecord) -> BudgetLimits:
+    """The root's snapshotted limits, with the process settings for any limit it lacks (rows older than a limit)."""
+    return BudgetLimits(**{name: limit_of(root, name) for name in BudgetLimits.model_fields})
 
 
 def iteration_denial(root: TurnRecord, tree: TreeUsage | Sequence[TurnRecord]) -> str | None:

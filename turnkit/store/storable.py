@@ -138,11 +138,7 @@ def stored_json(text: str) -> Any:
 
     The keys are sorted as each object is built from its pairs, which the decoder does either way.
     """
-    value = _STORED_DECODER.decode(text)
-    # The text has NUL escaped as \u0000 and a surrogate as \udXXX (an emoji's pair too): only then is a walk needed.
-    if "\\u0000" in text or "\\ud" in text:
-        return _replace_chars(value)
-    return value
+    return _decoded(_STORED_DECODER, text)
 
 
 #: The same without sorting: for a store whose texts keep the order they were written in.
@@ -156,7 +152,13 @@ def written_json(text: str) -> Any:
     Building each object from a list of its pairs, to sort them, makes the decoder call back into Python for every
     object; here the decoder builds the dicts itself.
     """
-    value = _WRITTEN_DECODER.decode(text)
+    return _decoded(_WRITTEN_DECODER, text)
+
+
+def _decoded(decoder: json.JSONDecoder, text: str) -> Any:
+    """``text`` decoded, NUL and lone surrogates replaced as :func:`storable` replaces them."""
+    value = decoder.decode(text)
+    # The text has NUL escaped as \u0000 and a surrogate as \udXXX (an emoji's pair too): only then is a walk needed.
     if "\\u0000" in text or "\\ud" in text:
         return _replace_chars(value)
     return value
