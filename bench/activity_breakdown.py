@@ -4,12 +4,13 @@
 runs the same turns with a CPU timer around each phase of those activities and each store call under them (the list
 is :data:`TIMED`), and prints, for each, its calls per turn, its CPU per call and per turn, and its share of the
 turn. The timer reads ``time.thread_time()``, the event loop thread's own CPU: SQLite's checkpoint thread and the
-PostgreSQL server are not in it, the driver's protocol work on this thread is.
+PostgreSQL server are not in it, the driver's protocol work on this thread is. A call that awaits would also count
+what other tasks run meanwhile; the turns here run one at a time, and nothing else runs on the loop.
 
 Times are inclusive (a phase contains the store calls under it), so the rows do not add up. Before the measured
 turns, the warm-up's heap is frozen (``gc.freeze()``) and each collection of the garbage collector is timed apart:
-a full collection takes ~100 ms and would land inside whichever call allocated last, which is how an earlier
-reading blamed the turn's options for two milliseconds per turn that were the collector's.
+a full collection takes ~100 ms and would be charged to whichever call allocated last, making a cheap call that
+allocates (a turn's options written as JSON) look ten times as costly as it is.
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ async def breakdown(store: Store, k: int, turns: int, warmup: int) -> list[str]:
                 await activities.turn(k)
             total = time.thread_time() - started
         finally:
-            if frozen == 0:  # leave the process's collector as it found it
+            # Release what this froze; a heap the process froze itself before stays frozen (unfreeze would release
+            # it too), with the warm-up's objects added to it.
+            if frozen == 0:
                 gc.unfreeze()
     return table(timings, turns, total)
 
