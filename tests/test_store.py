@@ -1517,6 +1517,19 @@ async def test_timestamps_json_and_cost_round_trip(store: Store) -> None:
     assert (await store.load_turn(turn.id)).options.stored() == nested_options
 
 
+async def test_json_the_store_counts_outside_records_is_read_back_sorted_too(store: Store) -> None:
+    """A JSON value the store builds itself, not from a record's canonical copy (a root's executions counted by tool
+    name, a new name added after the others), reads back with its keys sorted on both stores, as a record's do."""
+    conversation = await _conversation(store)
+    turn = await _turn(store, conversation.id)
+    async with store.atomic() as tx:
+        for call, name in (("call-1", "echo"), ("call-2", "alpha"), ("call-3", "echo")):
+            await tx.create_tool_execution(turn_id=turn.id, tool_call_id=call, tool_name=name)
+    async with store.atomic() as tx:
+        counted = (await tx.tree_usage(turn.id)).tool_executions_by_name
+    assert list(counted.items()) == [("alpha", 1), ("echo", 2)]
+
+
 async def test_json_read_back_has_its_keys_sorted_at_every_depth(store: Store) -> None:
     """A JSON column is decoded once, by the store's engines, into the canonical form records carry (keys sorted at
     every depth, NaN null, NUL U+FFFD): PostgreSQL's jsonb gives keys shortest first ("b" before "aa"), and a row

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.store.idle_ping import ping_when_idle
 from turnkit.store.sqlite_trips import OneTripConnection, use_one_trip_cursors
-from turnkit.store.storable import stored_json, written_json
+from turnkit.store.storable import json_text, stored_json, written_json
 
 _log = logging.getLogger(__name__)
 
@@ -62,7 +62,13 @@ def store_engine(url: str, *, echo: bool) -> AsyncEngine:
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         # SQLite keeps a JSON column's text as the store wrote it, keys sorted: decoded without sorting them again.
-        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 60}, json_deserializer=written_json)
+        engine = create_async_engine(
+            url,
+            echo=echo,
+            connect_args={"timeout": 60},
+            json_serializer=json_text,
+            json_deserializer=written_json,
+        )
         use_one_trip_cursors(engine)
         _configure_sqlite(engine)
         return engine

@@ -51,7 +51,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.base import Executable
 
 from turnkit.store.direct import CompiledStatement, DirectResult, DirectStatements, driver_error
-from turnkit.store.storable import written_json
+from turnkit.store.storable import json_text, written_json
 
 __all__ = ["BUSY_TIMEOUT", "CHECKPOINT_EVERY", "InlineConnection", "InlineSQLite", "InlineSavepoint"]
 
@@ -226,7 +226,8 @@ class InlineSQLite:
             echo=echo,
             poolclass=StaticPool,  # one connection: this process's transactions run one at a time (module docstring)
             connect_args={"check_same_thread": False, "isolation_level": None},
-            json_deserializer=written_json,  # the text as the store wrote it, keys sorted (storable.written_json)
+            json_serializer=json_text,  # keys sorted, so that written_json reads the canonical form back
+            json_deserializer=written_json,  # the text as the store wrote it (storable.written_json)
         )
         event.listen(engine, "connect", _configure)
         inline = cls(path, engine)

@@ -19,6 +19,7 @@ __all__ = [
     "REPLACEMENT",
     "UNSTORABLE_CHARS",
     "UnstorableValue",
+    "json_text",
     "storable",
     "storable_text",
     "stored_json",
@@ -143,11 +144,21 @@ def stored_json(text: str) -> Any:
 
 #: The same without sorting: for a store whose texts keep the order they were written in.
 _WRITTEN_DECODER: Final = json.JSONDecoder(parse_constant=_nan_to_null)
+#: ``json.dumps`` (SQLAlchemy's serializer for a JSON column) with each object's keys sorted.
+_TEXT_ENCODER: Final = json.JSONEncoder(sort_keys=True)
+
+
+def json_text(value: Any) -> str:
+    """The text a JSON column of a text store (SQLite) holds for ``value``: ``json.dumps``'s, each object's keys
+    sorted, so that :func:`written_json` reads back the canonical form. A record's values come sorted already
+    (:func:`storable`); the values the store builds itself (a root's executions counted by tool name) need not."""
+    return _TEXT_ENCODER.encode(value)
 
 
 def written_json(text: str) -> Any:
     """:func:`stored_json` for a JSON column whose text keeps its keys in the order the store wrote them (SQLite's
-    JSON is text, and the store writes it sorted): the same value, without sorting each object's keys again.
+    JSON is text, written by :func:`json_text`, keys sorted): the same value, without sorting each object's keys
+    again.
 
     Building each object from a list of its pairs, to sort them, makes the decoder call back into Python for every
     object; here the decoder builds the dicts itself.
