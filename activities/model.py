@@ -140,6 +140,9 @@ class ModelActivities(ModelCalls):
         )
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
+        # The transcript's messages as sent, from what it keeps (a summary written just now, or one among them: built
+        # from the messages).
+        replay = transcript.replay() if messages is transcript.messages else None
         # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
         request = await retry_store(
             lambda: build_model_request(
@@ -151,6 +154,7 @@ class ModelActivities(ModelCalls):
                 conversation=conversation,
                 project=transcript.project,
                 project_all=transcript.project_all,
+                replayed=replay.messages if replay is not None else None,
             ),
             what="model request",
         )
@@ -162,10 +166,11 @@ class ModelActivities(ModelCalls):
             model=request.model,
             tool_names=request.tool_names,
             message_count=len(request.messages),
-            prompt=_prompt_report(request),
+            prompt=_prompt_report(request, message_chars=replay.chars if replay is not None else None),
         )
         # Media bytes are read here, for the provider call only: they never enter a payload (turnkit.media).
-        sent = await retry_store(lambda: with_media_data(self.store, request), what="model media")
+        has_media = replay.media if replay is not None else None
+        sent = await retry_store(lambda: with_media_data(self.store, request, has_media=has_media), what="model media")
         # A pause, steering or cancel that landed while the request was built (the history compacted, MCP tools
         # listed, media read, application callbacks run) stops it here, before the model is paid (behaviour §5.10).
         # Without any of those, the reservation's own boundary ran a moment ago and one more read would find the
@@ -728,11 +733,14 @@ def _publisher(store: Store, turn: TurnRecord, call: ModelCall, attempt: int) ->
     )
 
 
-def _prompt_report(request: ModelRequest) -> dict[str, Any]:
+def _prompt_report(request: ModelRequest, *, message_chars: int | None = None) -> dict[str, Any]:
     """The size of what is sent: characters of instructions and messages, with the system prompt's report (hash,
-    sections, stable/dynamic sizes, tool count) when the request has one (the ``model.requested`` report)."""
+    sections, stable/dynamic sizes, tool count) when the request has one (the ``model.requested`` report).
+    ``message_chars``: the messages' characters, counted already (the transcript's running sum)."""
     instructions = len(request.instructions) + len(request.dynamic_instructions or "")
-    messages = sum(len(str(m.get("content") or "")) for m in request.messages)
+    messages = message_chars
+    if messages is None:
+        messages = sum(len(str(m.get("content") or "")) for m in request.messages)
     sizes = {"chars": instructions + messages, "instructions_chars": instructions, "message_chars": messages}
     return {**request.report, **sizes}
 

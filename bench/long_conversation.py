@@ -11,8 +11,10 @@ It prints:
 
 * the median wall time of turns 10-60 and of the last 50, and their ratio (target: <= 1.3x at 1,000 turns);
 * the time each model call spends on the transcript: the model activity's reserve (which reads the turn's messages),
-  its compaction check and the building of its request, timed around those three steps. Their median over turns
-  10-60 and over the last 50, and the slope between the two per stored message (target: <= 10 us per message);
+  its compaction check, the request's messages made from the kept transcript (``Transcript.replay``, in builds that
+  have it), the building of its request, the ``model.requested`` report's character count and the media check,
+  timed around those steps. Their median over turns 10-60 and over the last 50, and the slope between the two per
+  stored message (target: <= 10 us per message);
 * the message rows ``StoreTx.list_messages`` returned to those calls, per call, at the start and at the end;
 * from the turn workflows' histories, the model activity's time and the workflow task dispatch after it (the wait
   from ``WorkflowTaskScheduled`` to ``WorkflowTaskStarted``), and the machine's CPU use over each window.
@@ -49,6 +51,7 @@ from temporalio.testing import WorkflowEnvironment
 
 import turnkit
 import turnkit._activities.model as model_activity
+import turnkit._engine.transcripts as transcripts
 from bench.turn_latency import turnkit_engine
 from turnkit._activities.model import ModelActivities
 from turnkit._temporal.process import exit_process
@@ -89,10 +92,14 @@ class Calls:
 
 
 def instrument(calls: Calls) -> None:
-    """Time the model activity's reserve, compaction check and request build; count the message rows it reads."""
+    """Time the model activity's steps that pass over the transcript (the module docstring lists them); count the
+    message rows it reads."""
     reserve = ModelActivities._reserve  # pyright: ignore[reportPrivateUsage]
     compact = ModelActivities._auto_compact  # pyright: ignore[reportPrivateUsage]
     build = model_activity.build_model_request
+    report = model_activity._prompt_report  # pyright: ignore[reportPrivateUsage]
+    media = model_activity.with_media_data
+    replay = getattr(transcripts.Transcript, "replay", None)  # not in builds before it
     list_messages = StoreTx.list_messages
 
     def task_key() -> int:
@@ -120,6 +127,30 @@ def instrument(calls: Calls) -> None:
         finally:
             calls.add(turn.id, time.perf_counter() - start)
 
+    def timed_report(request: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return report(request, *args, **kwargs)
+        finally:
+            calls.add(request.metadata["turn_id"], time.perf_counter() - start)
+
+    async def timed_media(store: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await media(store, request, *args, **kwargs)
+        finally:
+            calls.add(request.metadata["turn_id"], time.perf_counter() - start)
+
+    def timed_replay(self: Any) -> Any:
+        assert replay is not None
+        start = time.perf_counter()
+        try:
+            return replay(self)
+        finally:
+            turn_id = calls.current.get(task_key())
+            if turn_id is not None:
+                calls.add(turn_id, time.perf_counter() - start)
+
     async def counted_list(self: StoreTx, *args: Any, **kwargs: Any) -> Any:
         rows = await list_messages(self, *args, **kwargs)
         turn_id = calls.current.get(task_key())
@@ -130,6 +161,10 @@ def instrument(calls: Calls) -> None:
     ModelActivities._reserve = timed_reserve  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
     ModelActivities._auto_compact = timed_compact  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
     model_activity.build_model_request = timed_build  # type: ignore[assignment]
+    model_activity._prompt_report = timed_report  # pyright: ignore[reportPrivateUsage]
+    model_activity.with_media_data = timed_media  # type: ignore[assignment]
+    if replay is not None:
+        transcripts.Transcript.replay = timed_replay  # type: ignore[method-assign]
     StoreTx.list_messages = counted_list  # type: ignore[method-assign]
 
 
@@ -210,7 +245,7 @@ def report(run: Run, calls: Calls) -> None:
     )
     print(
         f"  transcript per call   turns {EARLY[0]}-{EARLY[1]}: {spent_early * 1000:7.2f} ms   last {LATE}: "
-        f"{spent_late * 1000:7.2f} ms   (reserve + compaction check + request build)"
+        f"{spent_late * 1000:7.2f} ms   (reserve, compaction check, request, its report and media check)"
     )
     print(
         f"  stored messages       turns {EARLY[0]}-{EARLY[1]}: {messages_early:7.0f}      last {LATE}: "

@@ -31,6 +31,7 @@ from turnkit._engine.compaction import (
     summary_request,
     summary_target_tokens,
 )
+from turnkit._engine.request import replay_messages
 from turnkit.config import configure, settings
 from turnkit.events import Event
 from turnkit.kernel.errors import CompactionError, ConfigError, TransientModelError
@@ -692,6 +693,93 @@ async def test_a_kept_transcript_sums_and_finds_as_a_pass_over_its_messages(engi
     await check_every_cut()  # the first read keeps the whole conversation; the next ones cut inside it
     await say(7, 5)
     await check_every_cut()  # the first read adds what was said since, the next ones cut inside and after
+
+
+async def test_a_kept_transcript_replays_what_the_passes_over_every_message_make(engine: Engine) -> None:
+    """Issue 37 target 4: the request's messages a transcript replays from its kept prefix (unanswered calls left
+    out, the provider's call ids put back), their characters and whether one references media equal what the passes
+    over every message make, for a turn's view cut anywhere, before, inside and after what is kept. The history has
+    a renamed call, a call answered only later, one never answered and a message with media; past its summary there
+    is no replay (the caller builds the request from the messages)."""
+    tk = engine.tk
+    agent, _ = keeper_agent("keeper_replay")
+    conversation = await seeded_with_calls(tk, agent)  # call_1, renamed (the provider's p1), answered at once
+    transcripts = ModelActivities(tk.store).transcripts
+
+    async def call(call_id: str) -> None:
+        part = {"type": "tool_call", "id": call_id, "name": "lookup", "arguments": {"q": call_id}}
+        await tk.store.append_message(conversation.id, role="assistant", kind="tool_call", content=[part])
+
+    async def answer(call_id: str) -> None:
+        part = {"type": "tool_result", "tool_call_id": call_id, "text": f'{{"answer": "{call_id}"}}'}
+        await tk.store.append_message(conversation.id, role="tool", kind="tool_result", content=[part])
+
+    changed = {"dropped": False, "renamed": False, "media": False, "none": False}
+
+    async def check_every_cut() -> None:
+        stored = await conversation.messages()
+        # From the last cut down: the first read's view holds what was not kept yet (all of it, the first time).
+        for through in range(stored[-1].sequence + 1, stored[0].sequence - 2, -1):
+            async with tk.store.atomic() as tx:
+                read = await transcripts.read(tx, conversation.id, through_sequence=through, turn_id="turn_none")
+            replay = read.replay()
+            if read.has_summary():
+                assert replay is None, through
+                continue
+            full = replay_messages(read.messages)
+            assert replay is not None and replay.messages == full, through
+            assert replay.chars == sum(len(str(m.get("content") or "")) for m in full), through
+            assert replay.media == any(m.get("media") for m in full), through
+            projected = project_messages(read.messages)
+            changed["dropped"] |= drop_unanswered_calls(projected) != projected
+            changed["renamed"] |= provider_call_ids(projected) != projected
+            changed["media"] |= replay.media
+            changed["none"] |= full == projected
+
+    await call("call_2")  # answered only after a few more messages
+    await conversation.say("between")
+    media_part = {"type": "media", "media_id": "media_1", "kind": "image", "mime_type": "image/png"}
+    await tk.store.append_message(conversation.id, role="user", kind="text", content=[media_part])
+    await check_every_cut()  # the first read keeps the whole conversation; the next ones cut inside it
+    await answer("call_2")
+    await call("call_3")  # never answered
+    await conversation.say("after")
+    await check_every_cut()  # the first read adds what came since (its view holds it), the next ones cut inside
+    await tk.store.append_message(conversation.id, role="assistant", kind="context_summary", text="sum")
+    await conversation.say("past the summary")
+    await check_every_cut()
+    assert all(changed.values()), changed  # each pass was needed somewhere, and somewhere none was
+
+
+async def test_a_request_cannot_change_the_transcript_its_worker_keeps(engine: Engine) -> None:
+    """Issue 37 target 4: a request's messages are the worker's kept ones, not copies. A client that changes one in
+    place gets a ``TypeError`` that says what to do instead, and the conversation's next request is sent as stored;
+    the ``model.requested`` report's ``message_chars`` is what a pass over the sent messages counts."""
+    tk = engine.tk
+    events: list[Event] = []
+    configure(on_event=events.append)
+    refused: list[str] = []
+
+    def answer(request: ModelRequest) -> str:
+        try:
+            request.messages[0]["content"] = "changed by the client"
+        except TypeError as err:
+            refused.append(str(err))
+        return "ok"
+
+    client = ScriptedClient(answer)
+    agent = turnkit.Agent("keeper_read_only", model="scripted", client=client)
+    conversation = await seeded_with_calls(tk, agent)
+    warm = ModelActivities(tk.store)
+    for i in range(3):
+        await ask_directly(tk, warm, conversation, f"question {i}")
+
+    assert len(refused) == 3 and "build a new dict" in refused[0], refused
+    for request in client.requests:
+        assert request.messages[0]["content"] == "note: " + "x" * 40
+        assert request.messages == await sent_from_a_fresh_read(tk, request)
+    reported = [e.payload["prompt"]["message_chars"] for e in events if e.type == "model.requested"]
+    assert reported == [sum(len(str(m.get("content") or "")) for m in r.messages) for r in client.requests]
 
 
 async def test_a_kept_transcript_is_never_stale(engine: Engine) -> None:

@@ -225,9 +225,12 @@ async def resolve_media(tx: StoreTx, messages: Sequence[Mapping[str, Any]]) -> l
     return resolved
 
 
-async def with_media_data(store: Store, request: ModelRequest) -> ModelRequest:
-    """``request`` with the bytes of every referenced media item (:func:`resolve_media`); unchanged without media."""
-    if not any(message.get("media") for message in request.messages):
+async def with_media_data(store: Store, request: ModelRequest, *, has_media: bool | None = None) -> ModelRequest:
+    """``request`` with the bytes of every referenced media item (:func:`resolve_media`); unchanged without media.
+    ``has_media``: whether a message references media, known already (the model activity's transcript keeps it)."""
+    if has_media is None:
+        has_media = any(message.get("media") for message in request.messages)
+    if not has_media:
         return request
     async with store.atomic() as tx:
         messages = await resolve_media(tx, request.messages)

@@ -312,9 +312,9 @@ class Client(Protocol):
     :class:`Result`. They must never execute tools. Provider failures should be raised as
     :class:`turnkit.kernel.errors.ModelError` so they fail the turn instead of crashing the worker.
 
-    A request is read-only: what its messages hold (content parts, tool calls, provider parts) is shared with the
-    worker's kept transcript, which the conversation's next calls send again. Build new lists and dicts instead of
-    changing those in place.
+    A request is read-only: its messages and what they hold (content parts, tool calls, provider parts) are shared
+    with the worker's kept transcript, which the conversation's next calls send again. Build new lists and dicts
+    instead of changing those in place; a kept message raises ``TypeError`` when changed.
     """
 
     async def chat(self, request: ModelRequest) -> Result:

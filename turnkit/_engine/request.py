@@ -30,7 +30,7 @@ from turnkit.prompt import (
 )
 from turnkit.store.store import Store, utcnow
 
-__all__ = ["build_model_request", "needs_conversation", "subject_prompt_of", "turn_depth"]
+__all__ = ["build_model_request", "needs_conversation", "replay_messages", "subject_prompt_of", "turn_depth"]
 
 
 def turn_depth(turn: TurnRecord) -> int:
@@ -67,6 +67,7 @@ async def build_model_request(
     conversation: ConversationRecord | None = None,
     project: Callable[[MessageRecord], list[dict[str, Any]]] = project_message,
     project_all: Callable[[Sequence[MessageRecord]], list[dict[str, Any]]] | None = None,
+    replayed: Sequence[dict[str, Any]] | None = None,
 ) -> ModelRequest:
     """The request the next model call of ``turn`` sends (behaviour §3.3); no model is called and nothing is written.
 
@@ -85,6 +86,8 @@ async def build_model_request(
             once per message: :class:`turnkit._engine.transcripts.Transcript`).
         project_all: What returns :func:`turnkit.prompt.project_messages` of the messages, ``project``'s for every
             one (the model activity's, which takes a long conversation's kept projections whole: ``Transcript``).
+        replayed: The request's messages, made of ``messages`` already (what :func:`replay_messages` returns) by a
+            caller that keeps them: the model activity's, from ``Transcript.replay``.
 
     Raises:
         ValueError: The prompt mode or a section is unknown.
@@ -120,12 +123,10 @@ async def build_model_request(
         text = agent.system_prompt if isinstance(agent.system_prompt, str) else await _called(agent, prompt)
         sent = {} if isinstance(agent.system_prompt, str) else prompt.sections
         prompt = SystemPrompt(mode=prompt.mode, stable=text, dynamic="", sections=sent, tool_count=len(specs))
-    active = active_messages(messages)
-    projected = project_all(active) if project_all is not None else project_messages(active, project)
-    return ModelRequest(
+    if replayed is None:
+        replayed = replay_messages(messages, project=project, project_all=project_all)
+    request = ModelRequest(
         model=model,
-        # A frozen snapshot may hold another turn's call without its result: such calls are left out.
-        messages=provider_call_ids(drop_unanswered_calls(projected)),
         tools=specs,
         instructions=prompt.stable,
         dynamic_instructions=prompt.dynamic or None,
@@ -134,6 +135,28 @@ async def build_model_request(
         metadata={"turn_id": turn.id, "conversation_id": turn.conversation_id, "request_id": request_id},
         report=prompt.report(),
     )
+    # Not validated again: pydantic's validation of the field copies every message, a pass over the whole transcript
+    # on every call (~1 ms at 2,000 messages), and these are projections of stored messages, not an application's
+    # input. The messages a worker keeps are shared, read-only (``KeptMessage``).
+    request.messages = list(replayed)
+    return request
+
+
+def replay_messages(
+    messages: Sequence[MessageRecord],
+    *,
+    project: Callable[[MessageRecord], list[dict[str, Any]]] = project_message,
+    project_all: Callable[[Sequence[MessageRecord]], list[dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The messages a model request sends for a turn's ``messages`` (behaviour §3.5): compaction's projection (each
+    active summary in place of what it replaces), each message projected, the calls without a result left out (a
+    frozen snapshot may hold another turn's call without its result) and the provider's own call ids put back.
+
+    ``project`` and ``project_all`` as for :func:`build_model_request`.
+    """
+    active = active_messages(messages)
+    projected = project_all(active) if project_all is not None else project_messages(active, project)
+    return provider_call_ids(drop_unanswered_calls(projected))
 
 
 async def _called(agent: Agent, prompt: SystemPrompt) -> str:

@@ -18,10 +18,14 @@ Why a kept prefix is never stale:
   activity's reserve may append a message itself, which a rollback takes back. A read inside a savepoint, or rows
   that do not continue the kept prefix without a gap, are not kept at all.
 
-Besides each message's projection and token estimate, the kept prefix carries the running sum of the estimates and
-where its summaries and delivered messages are, so that a call's compaction check, its look for an earlier summary
-and its scan for deliveries pass over the turn's own messages only, not the whole frozen context again (a long
-conversation's turn otherwise grew by one Python-level pass over every message per step).
+Besides each message's projection and token estimate, the kept prefix carries the running sums of the estimates
+and of the projections' characters, where its summaries, delivered messages, media and renamed tool calls are, and
+its tool calls' and results' ids one after the other. So a call's compaction check, its look for an earlier summary,
+its scan for deliveries and the request's messages (:meth:`Transcript.replay`: the unanswered calls dropped, the
+provider's call ids put back, the characters counted, the media found) pass over the turn's own messages only, not
+the whole frozen context again. A long conversation's model call otherwise grew by one Python-level pass over every
+message per step: at 1,950 messages those passes took ~3 ms of a call's CPU, more than the rest of its transcript
+work.
 
 Memory is bounded by :data:`MAX_KEPT_CHARS` characters of projected text over all conversations, the least recently
 read conversation going first; a conversation bigger than that on its own is read whole on every call, as before.
@@ -29,33 +33,120 @@ read conversation going first; a conversation bigger than that on its own is rea
 
 from __future__ import annotations
 
+import copy
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
+from turnkit._engine.call_ids import provider_call_ids
 from turnkit._engine.compaction import message_tokens
 from turnkit.kernel.records import MessageRecord
-from turnkit.prompt import project_message
+from turnkit.prompt import drop_unanswered_calls, project_message
 from turnkit.store.store import StoreTx
 
-__all__ = ["MAX_KEPT_CHARS", "Transcript", "Transcripts"]
+__all__ = ["MAX_KEPT_CHARS", "KeptMessage", "Replay", "Transcript", "Transcripts"]
 
 #: How much projected text (in characters, about 4 per token) one :class:`Transcripts` keeps over all conversations.
 MAX_KEPT_CHARS: Final = 32_000_000
 
 
+class KeptMessage(dict[str, Any]):
+    """A projected message a worker keeps, which every later model request of its conversation sends again: the
+    requests share it, so it cannot be changed (a ``TypeError`` says so). A copy or a pickle of it is a plain dict."""
+
+    __slots__ = ()
+
+    def __setitem__(self, *args: Any) -> NoReturn:
+        _read_only()
+
+    def __delitem__(self, *args: Any) -> NoReturn:
+        _read_only()
+
+    def __ior__(self, *args: Any) -> NoReturn:
+        _read_only()
+
+    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _read_only()
+
+    def pop(self, *args: Any) -> NoReturn:
+        _read_only()
+
+    def popitem(self) -> NoReturn:
+        _read_only()
+
+    def clear(self) -> NoReturn:
+        _read_only()
+
+    def setdefault(self, *args: Any) -> NoReturn:
+        _read_only()
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (dict(self),)
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        return copy.deepcopy(dict(self), memo)
+
+
+def _read_only() -> NoReturn:
+    raise TypeError(
+        "a model request's messages are shared with the worker's kept transcript and cannot be changed: "
+        "build a new dict instead ({**message, ...})"
+    )
+
+
 @dataclass(frozen=True)
 class _Derived:
-    """What a model call computes of one stored message: its projection and its token estimate."""
+    """What a model call computes of one stored message: its projection and its token estimate, and of the
+    projection what the request's messages need (:meth:`Transcript.replay`)."""
 
     projected: list[dict[str, Any]]
     tokens: int
+    #: The characters of the projections' contents (the ``model.requested`` report's ``message_chars``).
+    chars: int = 0
+    #: The ids of the tool calls the projections make, and of the calls they answer (``role`` ``tool``).
+    calls: tuple[Any, ...] = ()
+    answers: tuple[Any, ...] = ()
+    #: Whether a call carries the provider's own id (``provider_id``: renamed on ingest), and a projection media.
+    renamed: bool = False
+    media: bool = False
 
 
 def _derive(message: MessageRecord) -> _Derived:
-    return _Derived(project_message(message), message_tokens(message))
+    projected: list[dict[str, Any]] = [KeptMessage(item) for item in project_message(message)]
+    chars = 0
+    calls: list[Any] = []
+    answers: list[Any] = []
+    renamed = media = False
+    # The same reads as the passes they stand for: drop_unanswered_calls, provider_call_ids, the report's count and
+    # with_media_data's look.
+    for item in projected:
+        chars += len(str(item.get("content") or ""))
+        media = media or bool(item.get("media"))
+        if item.get("role") == "tool":
+            answers.append(item.get("tool_call_id"))
+        for call in item.get("tool_calls") or ():
+            calls.append(call.get("id"))
+            renamed = renamed or "provider_id" in call
+    return _Derived(projected, message_tokens(message), chars, tuple(calls), tuple(answers), renamed, media)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A transcript's messages as a model request sends them (:meth:`Transcript.replay`), with what the model
+    activity reports and checks of them."""
+
+    #: ``provider_call_ids(drop_unanswered_calls(project_messages(messages)))``: read-only, shared with the kept
+    #: transcript.
+    messages: list[dict[str, Any]]
+    #: The characters of their contents.
+    chars: int
+    #: Whether one of them references media (whose bytes the model activity adds).
+    media: bool
 
 
 @dataclass
@@ -73,6 +164,17 @@ class _Kept:
     #: The projections of ``messages``, one after the other; ``offsets[i]``: how many of them are ``messages[:i]``'s.
     projected: list[dict[str, Any]] = field(default_factory=list)
     offsets: list[int] = field(default_factory=lambda: [0])
+    #: ``projected_chars[i]``: the characters of ``messages[:i]``'s projections summed.
+    projected_chars: list[int] = field(default_factory=lambda: [0])
+    #: The ids of the projections' tool calls and of the calls they answer, one after the other, and how many of
+    #: them are ``messages[:i]``'s.
+    calls: list[Any] = field(default_factory=list)
+    call_offsets: list[int] = field(default_factory=lambda: [0])
+    answers: list[Any] = field(default_factory=list)
+    answer_offsets: list[int] = field(default_factory=lambda: [0])
+    #: The positions in ``messages`` of those with a renamed tool call, and with media.
+    renamed: list[int] = field(default_factory=list)
+    media: list[int] = field(default_factory=list)
 
     @property
     def last(self) -> int:
@@ -89,11 +191,20 @@ class _Kept:
                 self.summaries.append(len(self.messages))
             if row.metadata.get("delivery_id"):
                 self.deliveries.append(len(self.messages))
+            if known.renamed:
+                self.renamed.append(len(self.messages))
+            if known.media:
+                self.media.append(len(self.messages))
             self.messages.append(row)
             self.derived[row.id] = known
             self.tokens.append(self.tokens[-1] + known.tokens)
             self.projected.extend(known.projected)
             self.offsets.append(len(self.projected))
+            self.projected_chars.append(self.projected_chars[-1] + known.chars)
+            self.calls.extend(known.calls)
+            self.call_offsets.append(len(self.calls))
+            self.answers.extend(known.answers)
+            self.answer_offsets.append(len(self.answers))
             added += (known.tokens - 8) * 4 + 64  # the projection's characters, and a record's overhead
         self.chars += added
         return added
@@ -135,12 +246,24 @@ class Transcript:
         self._prefix_deliveries: list[MessageRecord] = []
         self._prefix_projected: list[dict[str, Any]] = []  # a kept list that only grows: read through its end below
         self._prefix_projected_end = 0
+        self._prefix_chars = 0
+        self._prefix_calls: list[Any] = []  # kept lists too, read through their ends
+        self._prefix_calls_end = 0
+        self._prefix_answers: list[Any] = []
+        self._prefix_answers_end = 0
+        self._prefix_renamed = False
+        self._prefix_media = False
         if kept is not None and cut > 0:
             self._prefix = cut
             self._prefix_projected, self._prefix_projected_end = kept.projected, kept.offsets[cut]
             self._prefix_tokens = kept.tokens[cut]
             self._prefix_summaries = bool(kept.summaries) and kept.summaries[0] < cut
             self._prefix_deliveries = [kept.messages[i] for i in kept.deliveries[: bisect_left(kept.deliveries, cut)]]
+            self._prefix_chars = kept.projected_chars[cut]
+            self._prefix_calls, self._prefix_calls_end = kept.calls, kept.call_offsets[cut]
+            self._prefix_answers, self._prefix_answers_end = kept.answers, kept.answer_offsets[cut]
+            self._prefix_renamed = bool(kept.renamed) and kept.renamed[0] < cut
+            self._prefix_media = bool(kept.media) and kept.media[0] < cut
 
     def _derived(self, message: MessageRecord) -> _Derived:
         found = self.known.get(message.id) or self.derived_here.get(message.id)
@@ -171,6 +294,36 @@ class Transcript:
         for message in rest:
             projected.extend(self.project(message))
         return projected
+
+    def replay(self) -> Replay | None:
+        """:attr:`messages` as a model request sends them, or None when one of them is a summary (compaction's
+        projection comes first then: the caller runs :func:`turnkit._engine.request.replay_messages`).
+
+        The kept prefix's projections are taken whole; whether any of its calls is unanswered or renamed, its
+        characters and its media come from the kept sums and positions; only the rest is passed over. The two
+        passes that change messages (unanswered calls dropped, the provider's call ids put back) run only when they
+        would change something, as each leaves the messages as they are otherwise.
+        """
+        if self.has_summary():
+            return None
+        projected = self._prefix_projected[: self._prefix_projected_end]
+        chars, renamed, media = self._prefix_chars, self._prefix_renamed, self._prefix_media
+        calls = set(self._prefix_calls[: self._prefix_calls_end])
+        answers = set(self._prefix_answers[: self._prefix_answers_end])
+        for message in self.messages[self._prefix :]:
+            derived = self.known.get(message.id) or self._derived(message)
+            projected.extend(derived.projected)
+            chars += derived.chars
+            calls.update(derived.calls)
+            answers.update(derived.answers)
+            renamed = renamed or derived.renamed
+            media = media or derived.media
+        sent = projected
+        if not calls <= answers:
+            sent = drop_unanswered_calls(sent)
+        if renamed:
+            sent = provider_call_ids(sent)
+        return Replay(sent, chars, media)
 
     def total_tokens(self) -> int:
         """The token estimates of :attr:`messages` summed (:func:`turnkit._engine.compaction.estimate_tokens`)."""
