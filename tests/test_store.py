@@ -23,18 +23,26 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, StatementError
 
 from turnkit._engine.ids import new_claim_token, new_id
 from turnkit.kernel.errors import RecordNotFound, ToolError
-from turnkit.kernel.records import ConversationRecord, TreeUsage, TurnRecord
+from turnkit.kernel.records import (
+    CANCELLABLE_TURN_STATUSES,
+    TERMINAL_TURN_STATUSES,
+    ConversationRecord,
+    TreeUsage,
+    TurnRecord,
+)
 from turnkit.store import Store, sqlite_inline, sqlite_trips
 from turnkit.store.direct import CompiledStatement, DirectCursor
 from turnkit.store.errors import transient_store_error
 from turnkit.store.postgres_direct import DRIVER_TRANSACTION
 from turnkit.store.rows import NewRow
 from turnkit.store.schema import Base, ConversationRow, MessageRow, ToolExecutionRow, TurnRow
+from turnkit.store.statements import TURN_OR_UNFINISHED_OF_CONVERSATION
 from turnkit.store.store import KeptRows, Look
 
 ID_RE = r"[0-9a-f]{24}"
@@ -1346,6 +1354,32 @@ async def test_a_first_turn_asks_for_its_turn_and_any_other_in_one_read(store: S
     async with store.atomic() as tx:
         found, any_turn = await tx.find_turn_or_any(turn_id, conversation.id)
         assert found is not None and found.id == later.id and any_turn  # the turn itself first, not the older one
+
+
+async def test_a_next_turn_finds_the_unfinished_turn_by_status_among_finished_ones(store: Store) -> None:
+    """Issue 37 target 4: ``find_turn_or_any(unfinished=True)``, an idle conversation's next turn asking for an
+    unfinished one, passes over the conversation's finished turns and finds a turn of every other status (``stale``
+    too). On SQLite its read looks each of those statuses up in the (conversation, status) index: a conversation's
+    thousandth turn reads no more than its second."""
+    conversation = await _conversation(store)
+    turn_id = new_id("turn")
+    for status in TERMINAL_TURN_STATUSES:
+        await _turn(store, conversation.id, status=status)
+    async with store.atomic() as tx:
+        assert await tx.find_turn_or_any(turn_id, conversation.id, unfinished=True) == (None, False)
+    for status in CANCELLABLE_TURN_STATUSES:
+        unfinished = await _turn(store, conversation.id, status=status)
+        async with store.atomic() as tx:
+            assert await tx.find_turn_or_any(turn_id, conversation.id, unfinished=True) == (None, True), status
+            await tx.update_turn(unfinished.id, status="completed")
+    if store.inline is None:
+        return  # PostgreSQL plans by the table's size: a small one is read whole, whatever the indexes
+    statement = TURN_OR_UNFINISHED_OF_CONVERSATION.params(uid=turn_id, conversation_uid=conversation.id)
+    query = str(statement.compile(dialect=sqlite_dialect(), compile_kwargs={"literal_binds": True}))
+    with store.inline.engine.connect() as connection:
+        plan = [str(row[-1]) for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {query}")]
+    by_status = "USING INDEX ix_turnkit_turns_conversation_status (conversation_uid=? AND status=?)"
+    assert f"SEARCH turnkit_turns {by_status}" in plan, plan
 
 
 async def test_a_create_race_on_postgresql_costs_one_statement_and_keeps_the_transaction(store: Store) -> None:

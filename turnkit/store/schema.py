@@ -143,7 +143,8 @@ class TurnRow(_Timestamps, Base):
 
     __tablename__ = f"{TABLE_PREFIX}_turns"
     __table_args__ = (
-        Index(f"ix_{TABLE_PREFIX}_turns_conversation", "conversation_uid"),
+        # With the status: an idle conversation's unfinished turn is found without reading its finished ones.
+        Index(f"ix_{TABLE_PREFIX}_turns_conversation_status", "conversation_uid", "status"),
         Index(f"ix_{TABLE_PREFIX}_turns_root", "root_turn_uid"),
         Index(f"ix_{TABLE_PREFIX}_turns_status_heartbeat", "status", "heartbeat_at"),
         Index(f"index_{TABLE_PREFIX}_turns_on_maintenance", "status", "submitted_at", "updated_at"),

@@ -48,7 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from turnkit.kernel.records import ACTIVE_TURN_STATUSES, TERMINAL_TURN_STATUSES
+from turnkit.kernel.records import ACTIVE_TURN_STATUSES, CANCELLABLE_TURN_STATUSES
 from turnkit.store.schema import (
     ConversationRow,
     DeliveryRow,
@@ -360,7 +360,9 @@ TURN_OR_UNFINISHED_OF_CONVERSATION: Final = (
             TURNS.c.uid == bindparam("uid"),
             and_(
                 TURNS.c.conversation_uid == bindparam("conversation_uid"),
-                TURNS.c.status.not_in(TERMINAL_TURN_STATUSES),
+                # The unfinished statuses listed, not the terminal ones excluded: the (conversation, status) index
+                # then looks each one up instead of reading every turn the conversation ever ran.
+                TURNS.c.status.in_(CANCELLABLE_TURN_STATUSES),
             ),
         )
     )
