@@ -17,7 +17,8 @@ It prints:
   stored message (target: <= 10 us per message);
 * the message rows ``StoreTx.list_messages`` returned to those calls, per call, at the start and at the end;
 * from the turn workflows' histories, the model activity's time and the workflow task dispatch after it (the wait
-  from ``WorkflowTaskScheduled`` to ``WorkflowTaskStarted``), and the machine's CPU use over each window.
+  from ``WorkflowTaskScheduled`` to ``WorkflowTaskStarted``), and the machine's CPU use over each window;
+* this process's CPU per turn (client and worker) over each window, and their ratio.
 
 The dev server's default settings read its transfer queue at most 20 times a second, so a back-to-back turn's time
 is a multiple of ~50 ms: the dispatch after the model activity absorbs the turn's work until it no longer fits the
@@ -177,6 +178,7 @@ class Run:
     turn_ids: list[str] = field(default_factory=list[str])
     sequences: list[int] = field(default_factory=list[int])  # the trigger message's sequence: messages stored before
     cpu: dict[int, tuple[int, int]] = field(default_factory=dict[int, tuple[int, int]])  # turn -> (busy, all) ticks
+    process: dict[int, float] = field(default_factory=dict[int, float])  # turn -> this process's CPU seconds so far
     activity: dict[str, float] = field(default_factory=dict[str, float])  # turn id -> model activity's time
     dispatch: dict[str, float] = field(default_factory=dict[str, float])  # turn id -> dispatch after it
 
@@ -211,6 +213,7 @@ async def run_turns(ask: Callable[[], Awaitable[turnkit.Turn]], run: Run, turns:
     for index in range(turns):
         if index in marks:
             run.cpu[index] = cpu_ticks()
+            run.process[index] = time.process_time()
         start = time.perf_counter()
         turn = await ask()
         run.walls.append(time.perf_counter() - start)
@@ -221,6 +224,7 @@ async def run_turns(ask: Callable[[], Awaitable[turnkit.Turn]], run: Run, turns:
         if index % 100 == 99:
             print(f"  {run.store}: {index + 1} turns, last {run.walls[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
     run.cpu[turns] = cpu_ticks()
+    run.process[turns] = time.process_time()
 
 
 def _median(values: list[float]) -> float:
@@ -277,6 +281,17 @@ def report(run: Run, calls: Calls) -> None:
     print(
         f"  machine CPU busy      turns {EARLY[0]}-{EARLY[1]}: {busy(*EARLY):7.0f} %    last {LATE}: "
         f"{busy(total - LATE, total):7.0f} %    (all processes, {os.cpu_count()} cores)"
+    )
+
+    def process_cpu(first: int, last: int) -> float:
+        return (run.process.get(last, 0.0) - run.process.get(first, 0.0)) / (last - first)
+
+    # CPU, unlike wall time, does not move with where a turn's steps land on the dev server's dispatch or with the
+    # machine's other load: whether TurnKit's own work grows with the transcript, read in one line.
+    cpu_early, cpu_late = process_cpu(*EARLY), process_cpu(total - LATE, total)
+    print(
+        f"  process CPU per turn  turns {EARLY[0]}-{EARLY[1]}: {cpu_early * 1000:7.1f} ms   last {LATE}: "
+        f"{cpu_late * 1000:7.1f} ms   ratio {cpu_late / cpu_early:5.2f}x (client and worker, every thread)"
     )
 
 
