@@ -140,8 +140,8 @@ class ModelActivities(ModelCalls):
         )
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
-        # The transcript's messages as sent, from what it keeps (a summary written just now, or one among them: built
-        # from the messages).
+        # The request's messages from what the transcript keeps; with a summary among them (one read, or one the
+        # compaction just wrote) the builder makes them from the messages instead.
         replay = transcript.replay() if messages is transcript.messages else None
         # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
         request = await retry_store(
