@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import random
 import signal
+import tracemalloc
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +34,7 @@ from turnkit._engine.compaction import (
     summary_target_tokens,
 )
 from turnkit._engine.request import replay_messages
+from turnkit._engine.transcripts import Transcripts
 from turnkit.config import configure, settings
 from turnkit.events import Event
 from turnkit.kernel.errors import CompactionError, ConfigError, TransientModelError
@@ -780,6 +783,52 @@ async def test_a_request_cannot_change_the_transcript_its_worker_keeps(engine: E
         assert request.messages == await sent_from_a_fresh_read(tk, request)
     reported = [e.payload["prompt"]["message_chars"] for e in events if e.type == "model.requested"]
     assert reported == [sum(len(str(m.get("content") or "")) for m in r.messages) for r in client.requests]
+
+
+async def test_kept_transcripts_stay_within_their_memory_budget(engine: Engine) -> None:
+    """Issue 37 target 4: what a worker keeps of its conversations is bounded in memory. The estimate the bound reads
+    is within a factor of two of what ``tracemalloc`` measures of a kept conversation, of short messages or long;
+    past the budget the least recently read conversation is dropped, and its next read reads it whole."""
+    tk = engine.tk
+    agent, _ = keeper_agent("keeper_budget")
+
+    async def conversation_of(size: int, count: int) -> turnkit.Conversation:
+        conversation = await tk.conversation(agent)
+        for i in range(count):
+            await tk.store.append_message(conversation.id, role="user", kind="text", text=f"{i} " + "y" * size)
+        return conversation
+
+    async def read(transcripts: Transcripts, conversation: turnkit.Conversation) -> None:
+        async with tk.store.atomic() as tx:
+            await transcripts.read(tx, conversation.id, through_sequence=10**9, turn_id="turn_none")
+
+    await read(Transcripts(), await conversation_of(10, 2))  # the statements' caches, made before measuring
+    for size in (10, 5_000):
+        conversation = await conversation_of(size, 200)
+        transcripts = Transcripts()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await read(transcripts, conversation)
+            gc.collect()
+            measured = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert 0.5 <= measured / transcripts.size <= 2, (size, measured, transcripts.size)
+
+    first, second = await conversation_of(10, 30), await conversation_of(10, 30)
+    one = Transcripts()
+    await read(one, first)
+    transcripts = Transcripts(max_bytes=one.size * 3 // 2)  # room for one of them
+    await read(transcripts, first)
+    await read(transcripts, second)
+    assert transcripts.kept_through(first.id) is None and transcripts.kept_through(second.id) is not None
+    assert transcripts.size <= transcripts.max_bytes
+    before = transcripts.rows_read
+    await read(transcripts, first)
+    assert transcripts.rows_read - before == 30  # read whole again, and kept in the other's place
+    assert transcripts.kept_through(first.id) is not None and transcripts.kept_through(second.id) is None
 
 
 async def test_a_kept_transcript_is_never_stale(engine: Engine) -> None:

@@ -27,8 +27,11 @@ the whole frozen context again. A long conversation's model call otherwise grew 
 message per step: at 1,950 messages those passes took ~3 ms of a call's CPU, more than the rest of its transcript
 work.
 
-Memory is bounded by :data:`MAX_KEPT_CHARS` characters of projected text over all conversations, the least recently
-read conversation going first; a conversation bigger than that on its own is read whole on every call, as before.
+Memory is bounded by :data:`MAX_KEPT_BYTES` over all conversations, the least recently read conversation going
+first; a conversation bigger than that on its own is read whole on every call, as before. A kept message is counted
+as its projected text's characters plus :data:`KEPT_MESSAGE_BYTES`: measured with ``tracemalloc``, a kept message
+took its text plus 2.6 KB (a text message) to 3.3 KB (a tool call), whatever the text's length; the record, its
+projection and what was derived of it.
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ from turnkit.kernel.records import MessageRecord
 from turnkit.prompt import drop_unanswered_calls, project_message
 from turnkit.store.store import StoreTx
 
-__all__ = ["MAX_KEPT_CHARS", "KeptMessage", "Replay", "Transcript", "Transcripts"]
+__all__ = ["KEPT_MESSAGE_BYTES", "MAX_KEPT_BYTES", "KeptMessage", "Replay", "Transcript", "Transcripts"]
 
-#: How much projected text (in characters, about 4 per token) one :class:`Transcripts` keeps over all conversations.
-MAX_KEPT_CHARS: Final = 32_000_000
+#: About how much memory one :class:`Transcripts` keeps over all conversations (a worker has one per store).
+MAX_KEPT_BYTES: Final = 64 * 2**20
+#: What a kept message costs besides its projected text's characters (see the module docstring).
+KEPT_MESSAGE_BYTES: Final = 3_000
 
 
 class KeptMessage(dict[str, Any]):
@@ -155,7 +160,8 @@ class _Kept:
 
     messages: list[MessageRecord]
     derived: dict[str, _Derived] = field(default_factory=dict)
-    chars: int = 0
+    #: The bytes they take, as estimated (the module docstring).
+    size: int = 0
     #: ``tokens[i]``: the token estimates of ``messages[:i]`` summed (one more entry than ``messages``).
     tokens: list[int] = field(default_factory=lambda: [0])
     #: The positions in ``messages`` of its ``context_summary`` messages and of its delivered messages.
@@ -183,7 +189,7 @@ class _Kept:
 
     def extend(self, rows: Sequence[MessageRecord], derived: Mapping[str, _Derived]) -> int:
         """Append ``rows`` (the messages right after :attr:`last`, in order), with what was derived of them (the
-        rest is derived now: a later turn shows them); the characters added."""
+        rest is derived now: a later turn shows them); the bytes added, as estimated (the module docstring)."""
         added = 0
         for row in rows:
             known = derived.get(row.id) or _derive(row)
@@ -205,8 +211,8 @@ class _Kept:
             self.call_offsets.append(len(self.calls))
             self.answers.extend(known.answers)
             self.answer_offsets.append(len(self.answers))
-            added += (known.tokens - 8) * 4 + 64  # the projection's characters, and a record's overhead
-        self.chars += added
+            added += (known.tokens - 8) * 4 + KEPT_MESSAGE_BYTES  # the projected text, and the objects around it
+        self.size += added
         return added
 
 
@@ -348,11 +354,11 @@ class Transcripts:
     Only committed messages are kept; see the module docstring for why a kept prefix is never stale.
     """
 
-    def __init__(self, max_chars: int = MAX_KEPT_CHARS) -> None:
-        """Keep at most ``max_chars`` characters of projected text over all conversations."""
-        self.max_chars = max_chars
+    def __init__(self, max_bytes: int = MAX_KEPT_BYTES) -> None:
+        """Keep about ``max_bytes`` at most over all conversations."""
+        self.max_bytes = max_bytes
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
-        self._chars = 0
+        self._size = 0
         #: Message rows read from the store so far (benches and tests compare it with what was served).
         self.rows_read = 0
 
@@ -361,9 +367,9 @@ class Transcripts:
         return len(self._kept)
 
     @property
-    def chars(self) -> int:
-        """The characters of projected text kept, over all conversations."""
-        return self._chars
+    def size(self) -> int:
+        """The bytes kept over all conversations, as estimated (the module docstring)."""
+        return self._size
 
     def kept_through(self, conversation_id: str) -> int | None:
         """The sequence through which ``conversation_id`` is kept, or None."""
@@ -407,16 +413,16 @@ class Transcripts:
         else:
             # Whatever is kept now (another call may have extended or replaced it meanwhile): continue it.
             fresh = _contiguous(rows, current.last)
-        self._chars += current.extend(fresh, transcript.derived_here)
+        self._size += current.extend(fresh, transcript.derived_here)
         transcript.known = current.derived  # what the call derives next is found there
         self._kept.move_to_end(conversation_id)
-        while self._chars > self.max_chars and self._kept:
+        while self._size > self.max_bytes and self._kept:
             self._forget(next(iter(self._kept)))
 
     def _forget(self, conversation_id: str) -> None:
         gone = self._kept.pop(conversation_id, None)
         if gone is not None:
-            self._chars -= gone.chars
+            self._size -= gone.size
 
 
 def _view(
