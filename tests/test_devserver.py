@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
+import turnkit
 from tests.workers import ROOT
+from turnkit import runtime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -143,3 +147,26 @@ def test_sigterm_lets_the_worker_drain_before_the_server_stops(tmp_path: Path) -
         if program.poll() is None:
             program.kill()
             program.wait()
+
+
+async def test_the_embedded_dev_server_starts_again_when_its_port_was_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port found free can be taken before the dev server binds it (the demo's server once exited so under this
+    suite: "address already in use"). ``connect()`` then starts it again on new ports and connects; the taken
+    port's failure is in ``.turnkit/temporal.log``."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("TEMPORAL_ADDRESS", "TURNKIT_DATABASE_URL", "TEMPORAL_PROFILE", "TEMPORAL_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    free_port = runtime._free_port  # pyright: ignore[reportPrivateUsage]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = int(holder.getsockname()[1])
+        handed = iter([taken])  # the first port handed out is the taken one, then free ones
+        monkeypatch.setattr(runtime, "_free_port", lambda: next(handed, None) or free_port())
+        async with turnkit.connect(database_url=f"sqlite+aiosqlite:///{tmp_path / 'store.db'}") as tk:
+            info = await tk.client.workflow_service.get_system_info(GetSystemInfoRequest())
+            address = tk.client.service_client.config.target_host
+    assert info.server_version and address != f"127.0.0.1:{taken}"
+    assert "address already in use" in (tmp_path / ".turnkit" / "temporal.log").read_text()

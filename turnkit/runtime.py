@@ -10,6 +10,7 @@ program is stopped with SIGTERM or SIGINT (workers drain first) or killed (see :
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -293,16 +294,7 @@ async def connect(
             try:
                 if not address:
                     assert binary is not None  # found above, before the store
-                    STATE_DIR.mkdir(exist_ok=True)
-                    server = EmbeddedDevServer(
-                        binary=binary,
-                        database=STATE_DIR / "temporal.db",
-                        port=_free_port(),
-                        namespace=namespace,
-                        ui_port=_free_port() if ui else None,
-                        log=STATE_DIR / "temporal.log",
-                    )
-                    await server.start()
+                    server = await _start_dev_server(binary, namespace, ui=ui)
                     address = server.address
                     ui_url = f"http://127.0.0.1:{server.ui_port}" if server.ui_port else None
                     options = {"namespace": namespace}  # the dev server speaks plain gRPC, without API keys
@@ -351,6 +343,47 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+#: How many times the embedded dev server is started on new ports when one it was given was taken meanwhile.
+_PORT_ATTEMPTS = 3
+
+
+async def _start_dev_server(binary: str, namespace: str, *, ui: bool) -> EmbeddedDevServer:
+    """The embedded dev server under ``./.turnkit/``, started on free ports.
+
+    A port found free is only free when it was looked at: another process, or one of the server's own listeners,
+    can take it before the server binds it, and the server exits ("address already in use"). Then it is started
+    again on new ports, at most :data:`_PORT_ATTEMPTS` times; any other failure is raised at once.
+    """
+    STATE_DIR.mkdir(exist_ok=True)
+    log = STATE_DIR / "temporal.log"
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        server = EmbeddedDevServer(
+            binary=binary,
+            database=STATE_DIR / "temporal.db",
+            port=_free_port(),
+            namespace=namespace,
+            ui_port=_free_port() if ui else None,
+            log=log,
+        )
+        written = log.stat().st_size if log.exists() else 0
+        try:
+            await server.start()
+        except ConfigError:
+            if attempt == _PORT_ATTEMPTS or not _port_taken(log, written):
+                raise
+            continue
+        return server
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _port_taken(log: Path, offset: int) -> bool:
+    """Whether the server's log, from ``offset`` on (this start's lines), says a port was taken."""
+    with contextlib.suppress(OSError), log.open("rb") as lines:
+        lines.seek(offset)
+        return b"address already in use" in lines.read()
+    return False
 
 
 def _subject_ref(subject: Any) -> dict[str, Any] | None:
