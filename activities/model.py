@@ -140,9 +140,8 @@ class ModelActivities(ModelCalls):
         )
         if denial is not None:
             return ModelStep(outcome="budget_exceeded", budget_error=denial)
-        # The request's messages from what the transcript keeps; with a summary among them (one read, or one the
-        # compaction just wrote) the builder makes them from the messages instead.
-        replay = transcript.replay() if messages is transcript.messages else None
+        # The request's messages, made of what the transcript keeps (a pass over the turn's own messages only).
+        replay = transcript.replay(messages)
         # The same builder as Turn.preview (turnkit._engine.request): a preview cannot drift from what is sent.
         request = await retry_store(
             lambda: build_model_request(
@@ -152,9 +151,7 @@ class ModelActivities(ModelCalls):
                 messages,
                 request_id=call.request_id,
                 conversation=conversation,
-                project=transcript.project,
-                project_all=transcript.project_all,
-                replayed=replay.messages if replay is not None else None,
+                replayed=replay.messages,
             ),
             what="model request",
         )
@@ -166,11 +163,12 @@ class ModelActivities(ModelCalls):
             model=request.model,
             tool_names=request.tool_names,
             message_count=len(request.messages),
-            prompt=_prompt_report(request, message_chars=replay.chars if replay is not None else None),
+            prompt=_prompt_report(request, message_chars=replay.chars),
         )
         # Media bytes are read here, for the provider call only: they never enter a payload (turnkit.media).
-        has_media = replay.media if replay is not None else None
-        sent = await retry_store(lambda: with_media_data(self.store, request, has_media=has_media), what="model media")
+        sent = await retry_store(
+            lambda: with_media_data(self.store, request, has_media=replay.media), what="model media"
+        )
         # A pause, steering or cancel that landed while the request was built (the history compacted, MCP tools
         # listed, media read, application callbacks run) stops it here, before the model is paid (behaviour §5.10).
         # Without any of those, the reservation's own boundary ran a moment ago and one more read would find the

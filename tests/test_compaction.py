@@ -702,8 +702,7 @@ async def test_a_kept_transcript_replays_what_the_passes_over_every_message_make
     """Issue 37 target 4: the request's messages a transcript replays from its kept prefix (unanswered calls left
     out, the provider's call ids put back), their characters and whether one references media equal what the passes
     over every message make, for a turn's view cut anywhere, before, inside and after what is kept. The history has
-    a renamed call, a call answered only later, one never answered and a message with media; past its summary there
-    is no replay (the caller builds the request from the messages)."""
+    a renamed call, a call answered only later, one never answered, a message with media and a summary."""
     tk = engine.tk
     agent, _ = keeper_agent("keeper_replay")
     conversation = await seeded_with_calls(tk, agent)  # call_1, renamed (the provider's p1), answered at once
@@ -725,12 +724,9 @@ async def test_a_kept_transcript_replays_what_the_passes_over_every_message_make
         for through in range(stored[-1].sequence + 1, stored[0].sequence - 2, -1):
             async with tk.store.atomic() as tx:
                 read = await transcripts.read(tx, conversation.id, through_sequence=through, turn_id="turn_none")
-            replay = read.replay()
-            if read.has_summary():
-                assert replay is None, through
-                continue
+            replay = read.replay(read.messages)
             full = replay_messages(read.messages)
-            assert replay is not None and replay.messages == full, through
+            assert replay.messages == full, through
             assert replay.chars == sum(len(str(m.get("content") or "")) for m in full), through
             assert replay.media == any(m.get("media") for m in full), through
             projected = project_messages(read.messages)

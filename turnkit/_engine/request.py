@@ -65,8 +65,6 @@ async def build_model_request(
     request_id: str | None,
     now: datetime | None = None,
     conversation: ConversationRecord | None = None,
-    project: Callable[[MessageRecord], list[dict[str, Any]]] = project_message,
-    project_all: Callable[[Sequence[MessageRecord]], list[dict[str, Any]]] | None = None,
     replayed: Sequence[dict[str, Any]] | None = None,
 ) -> ModelRequest:
     """The request the next model call of ``turn`` sends (behaviour §3.3); no model is called and nothing is written.
@@ -82,12 +80,8 @@ async def build_model_request(
         now: The ``environment`` anchor; default the turn's start, else the current time.
         conversation: The turn's conversation, when the caller has read it already (the model activity reads it in
             the transaction that reserves the request: see :func:`needs_conversation`).
-        project: :func:`turnkit.prompt.project_message`, or what returns the same (the model activity's, computed
-            once per message: :class:`turnkit._engine.transcripts.Transcript`).
-        project_all: What returns :func:`turnkit.prompt.project_messages` of the messages, ``project``'s for every
-            one (the model activity's, which takes a long conversation's kept projections whole: ``Transcript``).
         replayed: The request's messages, made of ``messages`` already (what :func:`replay_messages` returns) by a
-            caller that keeps them: the model activity's, from ``Transcript.replay``.
+            caller that keeps their projections: the model activity's, from ``Transcript.replay``.
 
     Raises:
         ValueError: The prompt mode or a section is unknown.
@@ -124,7 +118,7 @@ async def build_model_request(
         sent = {} if isinstance(agent.system_prompt, str) else prompt.sections
         prompt = SystemPrompt(mode=prompt.mode, stable=text, dynamic="", sections=sent, tool_count=len(specs))
     if replayed is None:
-        replayed = replay_messages(messages, project=project, project_all=project_all)
+        replayed = replay_messages(messages)
     request = ModelRequest(
         model=model,
         tools=specs,
@@ -152,7 +146,8 @@ def replay_messages(
     active summary in place of what it replaces), each message projected, the calls without a result left out (a
     frozen snapshot may hold another turn's call without its result) and the provider's own call ids put back.
 
-    ``project`` and ``project_all`` as for :func:`build_model_request`.
+    ``project`` projects one message (:func:`turnkit.prompt.project_message`, or what returns the same); ``project_all``
+    all of them at once (the model activity's transcript, which takes a long conversation's kept projections whole).
     """
     active = active_messages(messages)
     projected = project_all(active) if project_all is not None else project_messages(active, project)

@@ -45,6 +45,7 @@ from typing import Any, Final, NoReturn
 
 from turnkit._engine.call_ids import provider_call_ids
 from turnkit._engine.compaction import message_tokens
+from turnkit._engine.request import replay_messages
 from turnkit.kernel.records import MessageRecord
 from turnkit.prompt import drop_unanswered_calls, project_message
 from turnkit.store.store import StoreTx
@@ -231,8 +232,8 @@ def _contiguous(rows: Sequence[MessageRecord], after: int) -> list[MessageRecord
 
 class Transcript:
     """A turn's messages as a model call reads them, with each one's projection and token estimate computed once
-    per worker process (:meth:`project` and :meth:`tokens` for :func:`turnkit._engine.request.build_model_request`
-    and :func:`turnkit._engine.compaction.should_compact`)."""
+    per worker process (:meth:`replay` for :func:`turnkit._engine.request.build_model_request`, :meth:`tokens` for
+    :func:`turnkit._engine.compaction.should_compact`)."""
 
     def __init__(
         self, messages: list[MessageRecord], known: Mapping[str, _Derived], kept: _Kept | None = None, cut: int = 0
@@ -245,31 +246,10 @@ class Transcript:
         #: What was derived of messages not kept yet (the cache takes it with them after the commit).
         self.derived_here: dict[str, _Derived] = {}
         # ``messages`` starts with the first ``cut`` messages of ``kept``: what the cache summed and placed of them is
-        # read from it, fixed now (a kept prefix only grows; a replaced one is another object).
-        self._prefix = 0
-        self._prefix_tokens = 0
-        self._prefix_summaries = False
-        self._prefix_deliveries: list[MessageRecord] = []
-        self._prefix_projected: list[dict[str, Any]] = []  # a kept list that only grows: read through its end below
-        self._prefix_projected_end = 0
-        self._prefix_chars = 0
-        self._prefix_calls: list[Any] = []  # kept lists too, read through their ends
-        self._prefix_calls_end = 0
-        self._prefix_answers: list[Any] = []
-        self._prefix_answers_end = 0
-        self._prefix_renamed = False
-        self._prefix_media = False
-        if kept is not None and cut > 0:
-            self._prefix = cut
-            self._prefix_projected, self._prefix_projected_end = kept.projected, kept.offsets[cut]
-            self._prefix_tokens = kept.tokens[cut]
-            self._prefix_summaries = bool(kept.summaries) and kept.summaries[0] < cut
-            self._prefix_deliveries = [kept.messages[i] for i in kept.deliveries[: bisect_left(kept.deliveries, cut)]]
-            self._prefix_chars = kept.projected_chars[cut]
-            self._prefix_calls, self._prefix_calls_end = kept.calls, kept.call_offsets[cut]
-            self._prefix_answers, self._prefix_answers_end = kept.answers, kept.answer_offsets[cut]
-            self._prefix_renamed = bool(kept.renamed) and kept.renamed[0] < cut
-            self._prefix_media = bool(kept.media) and kept.media[0] < cut
+        # read from it at ``cut`` (a kept prefix only grows, so nothing before ``cut`` changes; a replaced one is
+        # another object).
+        self._kept = kept if kept is not None and cut > 0 else _Kept([])
+        self._prefix = cut if kept is not None else 0
 
     def _derived(self, message: MessageRecord) -> _Derived:
         found = self.known.get(message.id) or self.derived_here.get(message.id)
@@ -293,7 +273,7 @@ class Transcript:
         taken whole and only the rest is projected one by one."""
         cut = self._prefix
         if cut and len(messages) >= cut and messages[:cut] == self.messages[:cut]:  # identical objects: a C loop
-            projected = self._prefix_projected[: self._prefix_projected_end]
+            projected = self._kept.projected[: self._kept.offsets[cut]]
             rest = messages[cut:]
         else:
             projected, rest = [], messages
@@ -301,22 +281,25 @@ class Transcript:
             projected.extend(self.project(message))
         return projected
 
-    def replay(self) -> Replay | None:
-        """:attr:`messages` as a model request sends them, or None when one of them is a summary (compaction's
-        projection comes first then: the caller runs :func:`turnkit._engine.request.replay_messages`).
+    def replay(self, messages: Sequence[MessageRecord]) -> Replay:
+        """``messages`` (:attr:`messages`, or what the compaction made of them) as a model request sends them.
 
-        The kept prefix's projections are taken whole; whether any of its calls is unanswered or renamed, its
-        characters and its media come from the kept sums and positions; only the rest is passed over. The two
-        passes that change messages (unanswered calls dropped, the provider's call ids put back) run only when they
-        would change something, as each leaves the messages as they are otherwise.
+        For :attr:`messages` without a summary, the kept prefix's projections are taken whole; whether any of its
+        calls is unanswered or renamed, its characters and its media come from the kept sums and positions; only
+        the rest is passed over. The two passes that change messages (unanswered calls dropped, the provider's call
+        ids put back) run only when they would change something, as each leaves the messages as they are otherwise.
+        With a summary, compaction's projection comes first: every pass runs (:func:`replay_messages`).
         """
-        if self.has_summary():
-            return None
-        projected = self._prefix_projected[: self._prefix_projected_end]
-        chars, renamed, media = self._prefix_chars, self._prefix_renamed, self._prefix_media
-        calls = set(self._prefix_calls[: self._prefix_calls_end])
-        answers = set(self._prefix_answers[: self._prefix_answers_end])
-        for message in self.messages[self._prefix :]:
+        if messages is not self.messages or self.has_summary():
+            sent = replay_messages(messages, project_all=self.project_all)
+            chars = sum(len(str(message.get("content") or "")) for message in sent)
+            return Replay(sent, chars, any(message.get("media") for message in sent))
+        kept, cut = self._kept, self._prefix
+        projected = kept.projected[: kept.offsets[cut]]
+        chars, renamed, media = kept.projected_chars[cut], _before(kept.renamed, cut), _before(kept.media, cut)
+        calls = set(kept.calls[: kept.call_offsets[cut]])
+        answers = set(kept.answers[: kept.answer_offsets[cut]])
+        for message in messages[cut:]:
             derived = self.known.get(message.id) or self._derived(message)
             projected.extend(derived.projected)
             chars += derived.chars
@@ -334,18 +317,24 @@ class Transcript:
     def total_tokens(self) -> int:
         """The token estimates of :attr:`messages` summed (:func:`turnkit._engine.compaction.estimate_tokens`)."""
         tokens = self.tokens
-        return self._prefix_tokens + sum(tokens(message) for message in self.messages[self._prefix :])
+        return self._kept.tokens[self._prefix] + sum(tokens(message) for message in self.messages[self._prefix :])
 
     def has_summary(self) -> bool:
         """Whether any of :attr:`messages` is a ``context_summary``."""
-        if self._prefix_summaries:
+        if _before(self._kept.summaries, self._prefix):
             return True
         return any(message.kind == "context_summary" for message in self.messages[self._prefix :])
 
     def delivered(self) -> list[MessageRecord]:
         """The messages of :attr:`messages` with a ``delivery_id`` in their metadata, in order."""
-        later = [message for message in self.messages[self._prefix :] if message.metadata.get("delivery_id")]
-        return [*self._prefix_deliveries, *later]
+        kept, cut = self._kept, self._prefix
+        earlier = [kept.messages[i] for i in kept.deliveries[: bisect_left(kept.deliveries, cut)]]
+        return earlier + [message for message in self.messages[cut:] if message.metadata.get("delivery_id")]
+
+
+def _before(positions: list[int], cut: int) -> bool:
+    """Whether any of ``positions`` (ascending) is before ``cut``."""
+    return bool(positions) and positions[0] < cut
 
 
 class Transcripts:
