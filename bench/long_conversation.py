@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
 import platform
 import statistics
@@ -106,51 +107,38 @@ def instrument(calls: Calls) -> None:
     def task_key() -> int:
         return id(asyncio.current_task())
 
-    async def timed_reserve(self: ModelActivities, call: Any) -> Any:
-        calls.current[task_key()] = call.turn_id
-        start = time.perf_counter()
-        try:
-            return await reserve(self, call)
-        finally:
-            calls.add(call.turn_id, time.perf_counter() - start)
+    def charge(start: float) -> None:
+        """Add the time since ``start`` to the model call this task runs (its reserve named it)."""
+        turn_id = calls.current.get(task_key())
+        if turn_id is not None:
+            calls.add(turn_id, time.perf_counter() - start)
 
-    async def timed_compact(self: ModelActivities, call: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return await compact(self, call, *args, **kwargs)
-        finally:
-            calls.add(call.turn_id, time.perf_counter() - start)
+    def timed(function: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(function):
 
-    async def timed_build(store: Any, turn: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return await build(store, turn, *args, **kwargs)
-        finally:
-            calls.add(turn.id, time.perf_counter() - start)
+            async def timed_coroutine(*args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return await function(*args, **kwargs)
+                finally:
+                    charge(start)
 
-    def timed_report(request: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return report(request, *args, **kwargs)
-        finally:
-            calls.add(request.metadata["turn_id"], time.perf_counter() - start)
+            return timed_coroutine
 
-    async def timed_media(store: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return await media(store, request, *args, **kwargs)
-        finally:
-            calls.add(request.metadata["turn_id"], time.perf_counter() - start)
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                charge(start)
 
-    def timed_replay(self: Any) -> Any:
-        assert replay is not None
-        start = time.perf_counter()
-        try:
-            return replay(self)
-        finally:
-            turn_id = calls.current.get(task_key())
-            if turn_id is not None:
-                calls.add(turn_id, time.perf_counter() - start)
+        return timed_call
+
+    timed_reserve = timed(reserve)
+
+    async def reserve_naming_the_call(self: ModelActivities, call: Any) -> Any:
+        calls.current[task_key()] = call.turn_id  # the model call's later steps run in this task
+        return await timed_reserve(self, call)
 
     async def counted_list(self: StoreTx, *args: Any, **kwargs: Any) -> Any:
         rows = await list_messages(self, *args, **kwargs)
@@ -159,13 +147,13 @@ def instrument(calls: Calls) -> None:
             calls.rows[turn_id] = calls.rows.get(turn_id, 0) + len(rows)
         return rows
 
-    ModelActivities._reserve = timed_reserve  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
-    ModelActivities._auto_compact = timed_compact  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
-    model_activity.build_model_request = timed_build  # type: ignore[assignment]
-    model_activity._prompt_report = timed_report  # pyright: ignore[reportPrivateUsage]
-    model_activity.with_media_data = timed_media  # type: ignore[assignment]
+    ModelActivities._reserve = reserve_naming_the_call  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
+    ModelActivities._auto_compact = timed(compact)  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
+    model_activity.build_model_request = timed(build)
+    model_activity._prompt_report = timed(report)  # pyright: ignore[reportPrivateUsage]
+    model_activity.with_media_data = timed(media)
     if replay is not None:
-        transcripts.Transcript.replay = timed_replay  # type: ignore[method-assign]
+        transcripts.Transcript.replay = timed(replay)  # type: ignore[method-assign]
     StoreTx.list_messages = counted_list  # type: ignore[method-assign]
 
 
