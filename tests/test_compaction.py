@@ -750,11 +750,11 @@ async def test_a_kept_transcript_replays_what_the_passes_over_every_message_make
     assert all(changed.values()), changed  # each pass was needed somewhere, and somewhere none was
 
 
-async def test_a_request_cannot_change_the_transcript_its_worker_keeps(engine: Engine) -> None:
-    """Issue 37 target 4: a request's messages are the worker's kept ones, not copies. A client that changes one in
-    place gets a ``TypeError`` that says what to do instead, and the conversation's next request is sent as stored;
-    the ``model.requested`` report's ``message_chars`` is what a pass over the sent messages counts."""
-    tk = engine.tk
+async def test_a_request_cannot_change_the_transcript_its_worker_keeps(tk: TurnKit) -> None:
+    """Issue 37 target 4: a request's messages are the worker's kept ones, not copies. Over turns run by a worker on
+    Temporal, a client that changes one in place gets a ``TypeError`` that says what to do instead, and the
+    conversation's next requests are sent as stored; the ``model.requested`` report's ``message_chars`` is what a
+    pass over the sent messages counts."""
     events: list[Event] = []
     configure(on_event=events.append)
     refused: list[str] = []
@@ -769,9 +769,9 @@ async def test_a_request_cannot_change_the_transcript_its_worker_keeps(engine: E
     client = ScriptedClient(answer)
     agent = turnkit.Agent("keeper_read_only", model="scripted", client=client)
     conversation = await seeded_with_calls(tk, agent)
-    warm = ModelActivities(tk.store)
     for i in range(3):
-        await ask_directly(tk, warm, conversation, f"question {i}")
+        turn = await conversation.ask(f"question {i}")
+        assert turn.status == "completed", turn.error
 
     assert len(refused) == 3 and "build a new dict" in refused[0], refused
     for request in client.requests:
