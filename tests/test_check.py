@@ -67,6 +67,23 @@ def _once_then(name: str, arguments: dict[str, Any], answer: str = "done") -> Sc
     return ScriptedClient(script)
 
 
+async def _skip_a_sequence(tx: Any, conversation_id: str) -> None:
+    """Append a message to ``conversation_id`` one sequence past the next: a gap check reports and repair leaves."""
+    now = utcnow()
+    gap = insert(MessageRow).values(
+        uid=f"message_gap_{conversation_id}",
+        conversation_uid=conversation_id,
+        role="user",
+        kind="text",
+        sequence=await tx.latest_message_sequence(conversation_id) + 2,
+        content=[{"type": "text", "text": "skipped a sequence"}],
+        metadata_={},
+        created_at=now,
+        updated_at=now,
+    )
+    await tx.connection.execute(gap)
+
+
 async def _all_terminal(tk: TurnKit, since: Any) -> bool:
     turns = [t for t in await tk.store.list_turns() if t.created_at >= since]
     return all(t.terminal for t in turns)
@@ -282,19 +299,7 @@ async def test_store_corruptions_are_reported(tk: TurnKit) -> None:
             content=[{"type": "tool_call", "id": "call_x", "name": "lookup", "arguments": {}}],
             turn_id=finished.id,
         )
-        now = utcnow()
-        gap = insert(MessageRow).values(
-            uid=f"message_gap_{conversation.id}",
-            conversation_uid=conversation.id,
-            role="user",
-            kind="text",
-            sequence=await tx.latest_message_sequence(conversation.id) + 2,
-            content=[{"type": "text", "text": "skipped a sequence"}],
-            metadata_={},
-            created_at=now,
-            updated_at=now,
-        )
-        await tx.connection.execute(gap)
+        await _skip_a_sequence(tx, conversation.id)
     findings = await tk.check(since=since, grace=0)
     kinds = _kinds(findings)
     assert (ACTIVE_TURNS, conversation.id) in kinds
@@ -325,6 +330,65 @@ async def test_reconcile_runs_the_repair_sweep(tk: TurnKit) -> None:
     assert [m.role for m in await conversation.messages()] == ["user", "assistant"]  # nothing written twice
     assert not [r for r in (await tk.reconcile(since=since, grace=0)).repairs if r.ids[0] == orphan.id]
     assert await tk.check(since=since, grace=0) == []
+
+
+async def test_a_bounded_reconcile_requeues_a_ready_run_behind_a_blocked_conversation(tk: TurnKit) -> None:
+    """T54: with ``maintenance_batch_size = 2``, a conversation blocked by a turn held running with 4 turns queued
+    behind it, and an independent ready run that no lane holds (its submission lost): 8 ``reconcile`` calls re-queue
+    the ready run once, and it completes; the blocked conversation is left as it was (1 running and 4 pending, none
+    completed, nothing repaired there)."""
+    since = utcnow()
+    turnkit.configure(maintenance_batch_size=2)
+    gate = Gate()
+
+    def blocker_script(request: ModelRequest) -> Result | str:
+        last = request.messages[-1]
+        return call_tools(("slow", {})) if last["role"] == "user" and last["content"] == "hold" else "answered"
+
+    blocker = turnkit.Agent(
+        "blocker", model="scripted", tools=[gated_tool(gate)], client=ScriptedClient(blocker_script)
+    )
+    blocked = await tk.conversation(blocker)
+    head = await blocked.ask("hold", wait=False)
+    queued = [await blocked.ask(f"next {i}", wait=False) for i in range(4)]
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    agent = turnkit.Agent("ready_run", model="scripted", client=ScriptedClient(lambda r: "ran"))
+    ready = await stored_pending_turn(tk, (await tk.conversation(agent)).id, agent, "ready to run")
+
+    repairs = [r for _ in range(8) for r in (await tk.reconcile(since=since, grace=0)).repairs]
+    ours = {ready.id, head.id, *(t.id for t in queued)}
+    assert [(r.action, r.ids[0]) for r in repairs if set(r.ids) & ours] == [("requeued", ready.id)], repairs
+    done = await tk.turn(ready.id).result(timeout=60)
+    assert done.status == "completed" and done.output_text == "ran"
+    statuses = {t.id: t.status for t in await tk.store.list_turns(conversation_id=blocked.id)}
+    assert statuses == {head.id: "running", **{t.id: "pending" for t in queued}}, "T54: the blocked lane is untouched"
+
+    gate.opened.set()
+    for turn in (head, *queued):
+        assert (await turn.result(timeout=60)).status == "completed"
+
+
+async def test_a_bounded_reconcile_fixes_what_lies_past_findings_it_only_reports(tk: TurnKit) -> None:
+    """With ``maintenance_batch_size = 1`` and two sequence gaps, which check lists before an orphaned pending turn
+    and repair never fixes, one ``reconcile`` re-queues the orphan and it runs: the batch bounds the fixes made, so
+    findings that stay forever cannot hold back the ones behind them."""
+    since = utcnow()
+    turnkit.configure(maintenance_batch_size=1)
+    agent = turnkit.Agent("behind_gaps", model="scripted", client=ScriptedClient(lambda r: "ran"))
+    gapped = [await tk.conversation(agent) for _ in range(2)]
+    async with tk.store.atomic() as tx:
+        for conversation in gapped:
+            await tx.append_message(conversation.id, role="user", text="hi")
+            await _skip_a_sequence(tx, conversation.id)
+    orphan = await stored_pending_turn(tk, (await tk.conversation(agent)).id, agent, "run me")
+    kinds = [finding.kind for finding in await tk.check(since=since, grace=0)]
+    assert kinds.index(TURN_WITHOUT_WORKFLOW) > kinds.index(SEQUENCE_GAP), kinds  # the gaps come first
+
+    reconciled = await tk.reconcile(since=since, grace=0)
+    assert [(r.action, r.ids[0]) for r in reconciled.repairs] == [("requeued", orphan.id)]
+    assert (await tk.turn(orphan.id).result(timeout=60)).output_text == "ran"
+    left = {kind for kind, _ in _kinds(await tk.check(since=since, grace=0))}
+    assert left == {SEQUENCE_GAP}, "the gaps are reported, never rewritten"
 
 
 async def test_a_lost_target_signal_is_reported_and_sent_again(tk: TurnKit) -> None:

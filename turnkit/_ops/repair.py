@@ -91,10 +91,13 @@ async def repair(
     """Run :func:`~turnkit._ops.check.check` (unless ``findings`` are given) and fix what can be fixed safely.
 
     ``limit`` bounds the findings acted on in one pass (``reconcile`` uses ``settings.maintenance_batch_size``);
-    the next pass picks up the rest.
+    the next pass picks up the rest. It counts only findings repair fixes: those it only reports (a sequence gap, a
+    tree over budget…) stay where they are, and counting them would let a batch's worth of them keep every fix
+    behind them from ever being reached.
     """
     if findings is None:
         findings = await check(store, client, since=since, grace=grace)
+    findings = [finding for finding in findings if _fixable(finding)]
     if limit is not None:
         findings = findings[:limit]
     fixer = _Fixer(store, client, task_queue)
@@ -105,7 +108,7 @@ async def repair(
     for finding in findings:
         if finding.kind == EXECUTION_WITHOUT_ATTEMPT:
             await fixer.execution(finding.ids[0], finding.ids[1])
-        elif finding.kind == TOOL_CALL_RESULTS and "no result" in finding.message:
+        elif finding.kind == TOOL_CALL_RESULTS:
             await fixer.answer(finding.ids[0])
         elif finding.kind == DELIVERY_NOT_CONSUMED:
             await fixer.delivery(finding.ids[0])
@@ -113,6 +116,20 @@ async def repair(
             await fixer.wake(finding.ids[0], finding.ids[1:])
     await fixer.stale_staged_inputs()
     return fixer.done
+
+
+#: What repair fixes; everything else check finds is reported only (module docstring).
+_FIXED: Final = frozenset(
+    {TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, EXECUTION_WITHOUT_ATTEMPT, DELIVERY_NOT_CONSUMED, WAIT_WITHOUT_END}
+)
+
+
+def _fixable(finding: Finding) -> bool:
+    """Whether repair acts on ``finding``: a kind in :data:`_FIXED`, or a call with no result (a call answered twice
+    is reported only)."""
+    if finding.kind == TOOL_CALL_RESULTS:
+        return "no result" in finding.message
+    return finding.kind in _FIXED
 
 
 class _Fixer:
