@@ -77,7 +77,9 @@ def test_tools_accept_instances_classes_and_decorated_functions() -> None:
     assert [s.name for s in agent.tool_specs()] == ["lookup", "status_tool", "needs_args"]
 
 
-def test_invalid_tool_lists() -> None:  # T23
+def test_invalid_tool_lists() -> None:
+    """T23: an agent whose tools are ``[object()]``, a plain function, ``[42]`` or a bare string fails with a
+    ``TypeError`` saying tools must be TurnKit tools."""
     message = "tools must be TurnKit tools (Tool instances, Tool subclasses or @tool functions)"
 
     def plain(q: str) -> str:
@@ -89,7 +91,9 @@ def test_invalid_tool_lists() -> None:  # T23
         assert str(info.value) == message
 
 
-def test_duplicate_tool_names() -> None:  # T23
+def test_duplicate_tool_names() -> None:
+    """T23: two tools sharing a name, or a tool and a sub-agent sharing one, fail with ``ValueError`` "duplicate tool
+    name: <name>"."""
     with pytest.raises(ValueError, match=r"^duplicate tool name: lookup$"):
         Agent("a", tools=[lookup, lookup])
     writer = Agent("status_tool")
@@ -97,7 +101,9 @@ def test_duplicate_tool_names() -> None:  # T23
         Agent("a", tools=[StatusTool], sub_agents=[writer])
 
 
-def test_tool_class_with_constructor_arguments() -> None:  # T20
+def test_tool_class_with_constructor_arguments() -> None:
+    """T20: a tool class whose constructor needs arguments, registered as a class, fails with "register an instance
+    instead"; a registered instance of it works."""
     with pytest.raises(ValueError, match="register an instance instead"):
         Agent("a", tools=[NeedsArgs])
     assert Agent("a", tools=[NeedsArgs("secret")]).tools[0].name == "needs_args"
@@ -118,7 +124,9 @@ def test_sub_agents_must_be_agents_with_tool_names() -> None:
         Agent("a", sub_agents=[Agent("two words")])
 
 
-def test_thinking_validation() -> None:  # T07
+def test_thinking_validation() -> None:
+    """T07: ``thinking={}`` (or an effort of None) raises ``ValueError`` "thinking requires :effort or :budget";
+    unknown keys and a non-integer budget are rejected too, and None values are dropped from a valid setting."""
     with pytest.raises(ValueError, match=r"^thinking requires :effort or :budget$"):
         Agent("a", thinking={})
     with pytest.raises(ValueError, match="thinking requires"):
@@ -255,7 +263,9 @@ def test_tools_section_lists_parameters() -> None:
     ) in stable
 
 
-def test_task_mode_for_orchestrators_and_runs() -> None:  # T03, T09
+def test_task_mode_for_orchestrators_and_runs() -> None:
+    """T03, T09: an orchestrator's instructions contain "autonomous task orchestrator" and the task-behaviour text
+    "executing an application task"; a plain agent in ``task`` prompt mode (as a run uses) gets that text too."""
     orchestrator = Agent("o", orchestrator=True)
     stable, _ = build_instructions(orchestrator, depth=0, prompt_mode=None, tools=[], now=NOW)
     assert "autonomous task orchestrator" in stable

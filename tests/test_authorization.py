@@ -56,6 +56,8 @@ def denial(execution: turnkit.ToolExecutionRecord) -> bool:
 
 
 async def test_tool_denied_is_a_failed_execution_and_the_turn_goes_on(tk: TurnKit) -> None:
+    """T25: a policy that denies ``tool``: the tool is never invoked and its execution is ``failed``
+    (``authorization_denied``)."""
     invoked.clear()
     turnkit.configure(authorize=Policy("tool"))
     turn = await (await tk.conversation(agent(tools=[secret], script=[call_tools(("secret", {})), "fine"]))).ask("x")
@@ -66,6 +68,8 @@ async def test_tool_denied_is_a_failed_execution_and_the_turn_goes_on(tk: TurnKi
 
 
 async def test_launch_agent_denied_creates_no_child(tk: TurnKit) -> None:
+    """T68: ``launch_agent`` denied, for a sub-agent call and for the ``launch_agent`` tool: the run completes, each
+    execution failed as denied, no child record exists and the child's client is never called."""
     child_client = ScriptedClient(["child"])
     child = turnkit.Agent("child", model="scripted", client=child_client)
     turnkit.configure(authorize=Policy("launch_agent"))
@@ -96,6 +100,8 @@ async def test_wait_denied(tk: TurnKit) -> None:
 
 
 async def test_callback_denied_at_submission_and_at_the_end(tk: TurnKit) -> None:
+    """T73: a callback denied at submission raises ``AuthorizationError`` and writes nothing; one revoked after
+    submission leaves the turn ``completed`` with ``options.callback_denied`` set and no delivery."""
     boss = await tk.conversation(agent("boss"))
     job = await tk.conversation(agent("job", script=["a", "b"]))
     policy = Policy("callback")
@@ -137,6 +143,24 @@ async def test_send_message_denied(tk: TurnKit) -> None:
     assert denial(execution) and await destination.inbox() == []
 
 
+async def test_a_deny_all_policy_refuses_send_message_and_perform_later_with_a_callback(tk: TurnKit) -> None:
+    """T74: under a deny-all policy, ``send_message`` and a prepared turn's ``perform_later(callback=)`` raise
+    ``AuthorizationError``: no delivery exists and the turn stays unsubmitted (no ``submitted_at``)."""
+    source = await tk.conversation(agent("source"))
+    destination = await tk.conversation(agent("destination"))
+    turn = await source.build_turn("x")
+    turnkit.configure(authorize=lambda action, **resources: False)
+    with pytest.raises(turnkit.AuthorizationError, match="not authorized to send_message"):
+        await source.send_message(destination, "hi", key="k1")
+    with pytest.raises(turnkit.AuthorizationError, match="not authorized to callback"):
+        await turn.perform_later(callback=destination)
+    record = (await turn.refresh()).record
+    assert record.status == "pending" and record.submitted_at is None
+    assert record.options.callback_conversation_id is None
+    turnkit.configure(authorize=None)  # the reads below ask read_messages
+    assert await source.outbox() == [] and await destination.inbox() == []
+
+
 @pytest.mark.parametrize("action", ["pause", "resume", "steer", "cancel", "read_control", "read_messages"])
 async def test_control_and_read_denials_change_nothing(tk: TurnKit, action: str) -> None:
     conversation = await tk.conversation(agent("owned"), principal="owner")
@@ -163,6 +187,8 @@ async def test_control_and_read_denials_change_nothing(tk: TurnKit, action: str)
 
 
 async def test_a_cascade_denied_for_one_child_changes_nothing(tk: TurnKit) -> None:
+    """T97: a policy denying controls on the child only: a cascade pause, cancel or steer on the parent raises
+    ``AuthorizationError`` and neither the parent's nor the child's status or controls change."""
     gate, hold = held_tool()
 
     child = turnkit.Agent(
@@ -203,6 +229,8 @@ async def _running(turn: turnkit.Turn) -> bool:
 
 
 async def test_an_implicit_join_denied_rolls_back_the_child(tk: TurnKit) -> None:
+    """T67: ``wait`` denied when a parent delegates to a sub-agent: ``wait`` was asked, the execution failed as
+    denied, and neither a wait nor a child (turn or conversation) exists."""
     child_client = ScriptedClient(["child"])
     child = turnkit.Agent("child", model="scripted", client=child_client)
     policy = Policy("wait")
@@ -213,6 +241,8 @@ async def test_an_implicit_join_denied_rolls_back_the_child(tk: TurnKit) -> None
     [execution] = await turn.tool_executions()
     assert denial(execution)
     assert len(await tk.store.list_turns(root_turn_id=turn.id)) == 1 and child_client.calls == 0
+    async with tk.store.atomic() as tx:
+        assert await tx.list_waits(turn_id=turn.id) == []  # the edge rolled back with the child
     # The child conversation rolled back with the child turn (the PostgreSQL database is shared by the session:
     # look for this turn's children only).
     assert [c for c in await _conversations(tk) if c.metadata.get("parent_turn_id") == turn.id] == []

@@ -57,7 +57,9 @@ def budget_denied(execution: Any) -> bool:
 # -- T34: max_spend ---------------------------------------------------------------------------------------------------
 
 
-async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnKit) -> None:  # T34
+async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnKit) -> None:
+    """T34: with ``max_spend=0.01``, a model call reporting cost 0.02 fails the run with ``BudgetError`` "cost limit
+    reached", and ``run.cost.total`` keeps the observed 0.02; the response was persisted before the check."""
     client = ScriptedClient([say("expensive", usage=Usage(input_tokens=10, output_tokens=5, cost=0.02))])
     spender = turnkit.Agent("spender", model="scripted", client=client, max_spend=0.01)
     run = await tk.run(spender, "spend")
@@ -73,7 +75,9 @@ async def test_spend_above_max_spend_fails_the_turn_and_keeps_the_cost(tk: TurnK
     assert [m.text for m in assistant] == ["expensive"]
 
 
-async def test_spend_equal_to_max_spend_is_allowed(tk: TurnKit) -> None:  # T34 boundary (§6.1 "strictly greater")
+async def test_spend_equal_to_max_spend_is_allowed(tk: TurnKit) -> None:
+    """T34, its boundary: a cost equal to ``max_spend`` (0.02) is allowed and the run completes, since §6.1 fails
+    only a spend strictly greater than the limit."""
     client = ScriptedClient([say("exact", usage=Usage(input_tokens=10, output_tokens=5, cost=0.02))])
     spender = turnkit.Agent("spender", model="scripted", client=client, max_spend=0.02)
     run = await tk.run(spender, "spend")
@@ -85,7 +89,9 @@ async def test_spend_equal_to_max_spend_is_allowed(tk: TurnKit) -> None:  # T34 
 # -- T35: cost from configured rates ----------------------------------------------------------------------------------
 
 
-async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:  # T35
+async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:
+    """T35: with ``cost_rates["model-a"]`` and usage 1M/500k/100k/200k, the turn, conversation, agent and tree costs
+    are all 2.26, and the turn's ``cost_details`` match §6.5 component by component."""
     configure(cost_rates={"model-a": {"input": 1, "output": 2, "cache_read": 0.1, "cache_write": 1.25}})
     usage = Usage(input_tokens=1_000_000, output_tokens=500_000, cached_tokens=100_000, cache_write_tokens=200_000)
     client = ScriptedClient([say("priced", usage=usage)])
@@ -118,7 +124,10 @@ async def test_cost_rates_price_a_real_turn(tk: TurnKit) -> None:  # T35
 # -- T37: budgets rebuilt from records --------------------------------------------------------------------------------
 
 
-async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, database_url: str) -> None:  # T37
+async def test_budgets_are_rebuilt_from_records_after_a_restart(store: Store, database_url: str) -> None:
+    """T37: from persisted iterations=1, cost 0.05 and one completed ``status_tool`` execution, a store reopened on
+    the same database denies another ``status_tool``, allows one more iteration and denies the next, and denies
+    adding 0.06 to the spend ("cost limit reached")."""
     limits = turnkit.Agent(
         "t37", model="scripted", max_iterations=2, max_tool_executions_by_name={"status_tool": 1}, max_spend=0.10
     ).budget_limits()
@@ -226,7 +235,9 @@ async def _tree_usage(store: Store, root_turn_id: str) -> TreeUsage:
 # -- T38: tree-wide tool budget with parallel children ----------------------------------------------------------------
 
 
-async def test_parallel_children_share_max_tool_executions(tk: TurnKit) -> None:  # T38
+async def test_parallel_children_share_max_tool_executions(tk: TurnKit) -> None:
+    """T38: with ``max_tool_executions=3`` on the root, two parallel sub-agent children calling a shared counting tool
+    run it once, exactly one child fails with "maximum tool executions", and the parent still completes."""
     runs: list[str] = []
 
     @turnkit.tool
@@ -285,7 +296,9 @@ async def test_parallel_children_share_max_tool_executions(tk: TurnKit) -> None:
 # -- T39: tree-wide max_iterations with concurrent children -----------------------------------------------------------
 
 
-async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:  # T39
+async def test_parallel_children_share_max_iterations(tk: TurnKit) -> None:
+    """T39: with ``max_iterations=2`` and a first call spawning two concurrent children, the tree persists 2
+    iterations, only one child's model is called, and the parent fails with "maximum iterations reached"."""
     child_clients = {name: ScriptedClient([f"{name} answer"]) for name in ("k1", "k2")}
     children = [
         # Each child's own limit (10) is ignored: the root's max_iterations=2 covers the whole tree.

@@ -257,6 +257,8 @@ def test_summary_request_truncates_tool_output_and_offers_no_tools() -> None:
 
 
 def test_active_summaries_replace_their_range() -> None:
+    """T32: a summary replacing 2..3 takes their place ([m1, summary, m4, …]) and is projected as "What did we do so
+    far?" then the reference-only preamble; a newer summary whose range covers an older one hides it."""
     messages = [text("user", f"m{i}", i) for i in range(1, 7)]
     plain = list(messages)
     assert active_messages(plain) == plain
@@ -267,6 +269,9 @@ def test_active_summaries_replace_their_range() -> None:
     assert [m.sequence for m in active_messages(messages)] == [1, 9, 6, 8, 10]
     # Only the older summary: it replaces 2..3, placed where its range begins.
     assert [m.sequence for m in active_messages(messages[:8])] == [1, 7, 4, 5, 6, 8]
+    projected = project_messages(active_messages(messages[:8]))
+    assert [m["content"] for m in projected[:4]] == ["m1", SUMMARY_QUESTION, f"{SUMMARY_PREAMBLE}\n\nolder", "m4"]
+    assert [m["role"] for m in projected[1:3]] == ["user", "assistant"]
 
 
 # -- engine tests ---------------------------------------------------------------------------------------------------
@@ -298,7 +303,10 @@ def contents(request: ModelRequest) -> list[str]:
     return [str(m.get("content") or "") for m in request.messages]
 
 
-async def test_a_long_turn_compacts_before_its_model_call(tk: TurnKit) -> None:  # T30
+async def test_a_long_turn_compacts_before_its_model_call(tk: TurnKit) -> None:
+    """T30: a turn over the small compaction threshold first calls the model with ``metadata["compaction"]`` set,
+    appends one ``context_summary`` message, sends the main request with the summary question and summary in place of
+    the middle messages, and charges both calls to the turn's usage."""
     events: list[Event] = []
     configure(on_event=events.append)
     client = responder("## Active Task\nThe notes.", ["answered"])
@@ -346,7 +354,7 @@ async def test_below_the_threshold_nothing_changes(tk: TurnKit) -> None:
 
 
 @pytest.mark.parametrize("switch", ["global", "per_turn"])
-async def test_disabled_compaction_makes_one_call(tk: TurnKit, switch: str) -> None:  # T31
+async def test_disabled_compaction_makes_one_call(tk: TurnKit, switch: str) -> None:
     """T31: with ``TurnKit.compaction = false`` (``configure(compaction=False)``), or a per-turn ``compact=False``
     over an agent policy that would compact, a long history gets exactly 1 client call, the turn's own, with the
     whole uncompacted history, and no summary is created."""
@@ -439,7 +447,10 @@ async def test_manual_compaction(tk: TurnKit) -> None:
     assert [s.split(":")[0] for s in sent[3:]] == ["note 4", "note 5", "go"]
 
 
-async def test_manual_compaction_errors(tk: TurnKit) -> None:  # T33
+async def test_manual_compaction_errors(tk: TurnKit) -> None:
+    """T33: a manual ``compact()`` whose compaction model returns "" raises ``CompactionError`` "compaction model
+    returned an empty summary"; disabled compaction, too few messages and a failing model raise their own errors, and
+    no summary is stored."""
     disabled = await seeded(tk, turnkit.Agent("off", model="scripted", client=ScriptedClient([]), compaction=False))
     with pytest.raises(CompactionError, match="compaction is disabled"):
         await disabled.compact()

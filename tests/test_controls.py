@@ -289,6 +289,8 @@ async def test_steering_while_the_answer_is_written_is_applied_before_publishing
 
 
 async def test_pause_and_steer_during_a_tool_with_another_queued(tk: TurnKit) -> None:
+    """T85: pause and steer while tool A runs with B queued: A's result is committed and the turn is ``paused`` with
+    B never run; resumed, it completes with statuses ``[completed, cancelled]`` and A's result seen by the model."""
     gate = Gate()
     client = ScriptedClient([call_tools(("slow", {}), ("other", {})), "after both"])
     agent = turnkit.Agent("both", model="scripted", tools=[gated_tool(gate), other], client=client)
@@ -409,6 +411,8 @@ async def test_controls_apply_before_a_child_is_created(tk: TurnKit, control: st
 
 
 async def test_steering_past_the_iteration_budget_fails_the_turn(tk: TurnKit) -> None:
+    """T96: ``max_iterations=1`` and a pause acknowledged once the model call completed; steered and resumed, the
+    turn fails "maximum iterations reached", keeps the call's 38 tokens of usage, and made 1 model call."""
     model = HeldModel(turnkit.Result.build(text="draft", usage=turnkit.Usage(input_tokens=30, output_tokens=8)))
     agent = turnkit.Agent("tight", model="scripted", client=model, max_iterations=1)
     turn = await (await tk.conversation(agent)).ask("go", wait=False)
@@ -449,7 +453,11 @@ async def test_cascade_pause_steer_resume_through_a_delegation(tk: TurnKit) -> N
     assert any('"result": "kept"' in m["content"] for m in client.requests[-1].messages if m["role"] == "tool")
 
 
-async def test_steering_a_model_request_in_flight_supersedes_its_proposals(tk: TurnKit) -> None:  # T83
+async def test_steering_a_model_request_in_flight_supersedes_its_proposals(tk: TurnKit) -> None:
+    """T83: two steers while a model request proposing tool "old" is in flight (a repeated key returns the same
+    receipt, another text under it raises ``ToolError``): "old" never runs, the next request ends with the call, its
+    "superseded by human steering" result and both steers, both receipts carry its ``request_id``, and the posted
+    "next only" stays pending until a different, later turn applies it as its last user message."""
     old_runs: list[int] = []
 
     @turnkit.tool
@@ -497,7 +505,10 @@ async def test_steering_a_model_request_in_flight_supersedes_its_proposals(tk: T
     assert [m for m in later.messages if m["role"] == "user"][-1]["content"] == "next only"
 
 
-async def test_pause_steer_cancel_resume_while_the_model_answers(tk: TurnKit) -> None:  # T98
+async def test_pause_steer_cancel_resume_while_the_model_answers(tk: TurnKit) -> None:
+    """T98: a pause, a steer, ``cancel`` and ``resume`` while a model call is in flight leave the turn ``cancelled``
+    with empty output after the release, no steering or assistant message is written, and the steer retry returns
+    the same receipt."""
     model = HeldModel(turnkit.Result.build(text="too late"))
     conversation = await tk.conversation(turnkit.Agent("cancelled", model="scripted", client=model))
     turn = await conversation.ask("go", wait=False)
@@ -544,7 +555,7 @@ async def test_reconcile_during_a_paused_model_call_then_cancel_and_resume(tk: T
     assert done.usage.total_tokens == 0 and len(model.requests) == 1
 
 
-async def test_a_paused_waiting_parent_fails_at_its_deadline(tk: TurnKit) -> None:  # T88
+async def test_a_paused_waiting_parent_fails_at_its_deadline(tk: TurnKit) -> None:
     """T88: a paused waiting parent whose child is also paused and steered, resumed after the timeout passed, is
     ``failed`` "turn timed out" with ``submitted_at`` unchanged; until the resume it stays ``paused`` past its
     deadline (§5.13 invariant 11: only resume or cancel end a pause)."""

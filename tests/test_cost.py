@@ -40,7 +40,9 @@ def _isolated() -> Iterator[None]:
     reset_settings()
 
 
-def test_worked_example_from_rates() -> None:  # §6.5 worked example, T35
+def test_worked_example_from_rates() -> None:
+    """T35: §6.5's worked example: rates input 1, output 2, cache_read 0.1, cache_write 1.25 and usage
+    1M/500k/100k/200k give input 1.0, output 1.0, cache_read 0.01, cache_write 0.25 and a total of 2.26."""
     configure(cost_rates={"model-a": {"input": 1.00, "output": 2.00, "cache_read": 0.10, "cache_write": 1.25}})
     usage = Usage(input_tokens=1_000_000, output_tokens=500_000, cached_tokens=100_000, cache_write_tokens=200_000)
     cost = cost_from_usage(usage, "model-a")
@@ -58,7 +60,9 @@ def test_provider_cost_wins() -> None:
     assert cost.to_dict() == {"total": 0.02}
 
 
-def test_cost_calculator_hash_number_cost_and_none() -> None:  # T36
+def test_cost_calculator_hash_number_cost_and_none() -> None:
+    """T36: a ``cost_calculator`` returning ``{input: tokens * 0.001, output: 0.25}`` prices 2 input tokens at 0.252;
+    a number or a ``Cost`` is used as is, None falls through to the rates, and any other value is a ``ConfigError``."""
     configure(cost_calculator=lambda u, m: {"input": u.input_tokens * 0.001, "output": 0.25})
     assert cost_from_usage(Usage(input_tokens=2), "m").total == pytest.approx(0.252)
 

@@ -66,7 +66,7 @@ async def crash_and_recover(
 async def test_at_most_once_tool_runs_once_and_is_interrupted(
     engine: Engine, crash_dir: Path, agent: turnkit.Agent
 ) -> None:
-    """T47: the worker dies while an at-most-once call runs (as an activity, or as a local activity inside the
+    """T45, T47: the worker dies while an at-most-once call runs (as an activity, or as a local activity inside the
     turn's workflow task); the new worker records it "interrupted" and never runs it again."""
     conversation, done = await crash_and_recover(engine, agent, "charge it", killed_when=("charge_card",))
     assert crash_app.lines("charge_card") == ["call"]  # the body ran exactly once, never again

@@ -113,7 +113,7 @@ async def waiter_on_a_silent_target(store: Store) -> tuple[TurnRecord, ScriptedC
 async def test_a_wait_past_the_root_deadline_fails_the_turn(
     time_skipping: tuple[WorkflowEnvironment, Store],
 ) -> None:
-    """Behaviour §5.12: the root deadline covers a wait: a turn waiting on a target that never ends fails "turn
+    """T57: Behaviour §5.12: the root deadline covers a wait: a turn waiting on a target that never ends fails "turn
     timed out" when ten minutes (skipped) have passed; its wait call is answered ``interrupted``."""
     env, store = time_skipping
     waiter, _ = await waiter_on_a_silent_target(store)

@@ -78,6 +78,9 @@ async def test_post_wakes_an_idle_conversation_with_the_destination_principal(tk
 
 
 async def test_delivery_to_a_busy_conversation_is_consumed_by_a_later_turn(tk: TurnKit) -> None:
+    """T71: the same key sent (and signalled) twice to a conversation whose turn runs is one delivery, held: the
+    running turn never sees it; once it completes, a second turn's request includes it, outbox = inbox = 1, and
+    the delivery has ``delivered_at``."""
     release, hold = held_tool()
 
     def script(request: turnkit.ModelRequest) -> turnkit.Result:
@@ -92,7 +95,8 @@ async def test_delivery_to_a_busy_conversation_is_consumed_by_a_later_turn(tk: T
     await eventually(lambda: _running(first), what="the first turn to run")
 
     delivery = await source.send_message(destination, "while you were busy", key="busy-1")
-    await source.send_message(destination, "while you were busy", key="busy-1")  # retried: same delivery
+    again = await source.send_message(destination, "while you were busy", key="busy-1")  # retried: same delivery
+    assert again.id == delivery.id
     await eventually(lambda: lane_buffers(tk, destination.id, delivery.id), what="the lane to hold the delivery")
     assert len(await destination.turns()) == 1  # busy: no turn starts
     status = await destination.input_status(delivery.id)
@@ -107,6 +111,8 @@ async def test_delivery_to_a_busy_conversation_is_consumed_by_a_later_turn(tk: T
     assert texts[-1][-1] == "while you were busy"  # after the first turn's answer: the new input comes last
     assert (await destination.input_status(delivery.id))["application"]["turn_id"] == second_turn.id
     assert len(await source.outbox()) == 1 and len(await destination.inbox()) == 1
+    [stored] = await destination.inbox()
+    assert stored.delivered_at is not None
 
 
 async def test_completion_callback_delivers_the_result(tk: TurnKit) -> None:
@@ -175,6 +181,8 @@ async def test_reconcile_repairs_a_lost_signal(tk: TurnKit) -> None:
 
 
 async def test_messages_after_hides_thinking_and_provider_parts(tk: TurnKit) -> None:
+    """T90: ``messages_after`` the previous sequence returns only the message with thinking, text and provider parts,
+    as ``[text "public"]``; after its own sequence nothing; the stored message keeps its 3 parts."""
     agent, _ = echo_agent()
     conversation = await tk.conversation(agent)
     first = await conversation.say("before")

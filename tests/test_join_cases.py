@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from temporalio.api.enums.v1 import EventType
 import turnkit
 from tests.engine import Gate, HeldModel, eventually, gated_tool
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 # Helpers ----------------------------------------------------------------------------------------------------------
@@ -77,7 +79,10 @@ async def workflow_saw_child_end(tk: TurnKit, workflow_id: str, child_id: str) -
 # T58 / T59: implicit sub-agent joins ------------------------------------------------------------------------------
 
 
-async def test_join_waits_for_every_child_and_keeps_call_order(tk: TurnKit) -> None:  # T58
+async def test_join_waits_for_every_child_and_keeps_call_order(tk: TurnKit) -> None:
+    """T58: two sub-agent calls on gated children leave the parent ``waiting`` with no tool_result, and still waiting
+    after the second child ends first; once both end it completes with "joined" after 2 model calls, its results in
+    call order."""
     left_gate, right_gate = Gate(), Gate()
     left, right = gated_child("left", left_gate), gated_child("right", right_gate)
     client = ScriptedClient([call_tools(("left", {"task": "l"}), ("right", {"task": "r"})), "joined"])
@@ -123,7 +128,9 @@ async def test_join_waits_for_every_child_and_keeps_call_order(tk: TurnKit) -> N
     assert [e.status for e in executions] == ["completed", "completed"]
 
 
-async def test_join_defers_an_invalid_calls_result_until_the_group_ends(tk: TurnKit) -> None:  # T59
+async def test_join_defers_an_invalid_calls_result_until_the_group_ends(tk: TurnKit) -> None:
+    """T59: with a valid and an invalid (``task: 123``) sub-agent call, the parent waits with no tool_result, not even
+    the invalid call's; once the child ends, the results come in call order and the second is an error."""
     gate = Gate()
     child = gated_child("valid", gate)
     client = ScriptedClient([call_tools(("valid", {"task": "ok"}), ("valid", {"task": 123})), "both answered"])
@@ -148,10 +155,37 @@ async def test_join_defers_an_invalid_calls_result_until_the_group_ends(tk: Turn
     assert client.calls == 2
 
 
+async def test_a_waiting_parent_with_an_old_heartbeat_stays_waiting_through_reconcile(tk: TurnKit) -> None:
+    """T56: a parent waiting on its sub-agent, its ``heartbeat_at`` set to 2000, stays ``waiting`` through
+    ``reconcile`` (a waiting turn does not heartbeat, and that is not staleness): nothing is repaired for it, and it
+    completes once its child ends."""
+    since = utcnow()
+    gate = Gate()
+    client = ScriptedClient([call_tools(("sleeper", {"task": "s"})), "joined"])
+    boss = turnkit.Agent("heartbeat_boss", model="scripted", sub_agents=[gated_child("sleeper", gate)], client=client)
+    turn = await (await tk.conversation(boss)).ask("go", wait=False)
+    await asyncio.wait_for(gate.entered.wait(), 30)
+    await eventually(lambda: _status_is(tk, turn.id, "waiting"), what="the parent to wait on its child")
+    old = datetime(2000, 1, 1, tzinfo=UTC)
+    async with tk.store.atomic(turn_id=turn.id) as tx:
+        await tx.update_turn(turn.id, heartbeat_at=old)
+
+    reconciled = await tk.reconcile(since=since, grace=0)
+    assert [r for r in reconciled.repairs if turn.id in r.ids] == [], "T56: reconcile must leave a waiting turn be"
+    record = await tk.store.load_turn(turn.id)
+    assert record.status == "waiting" and record.heartbeat_at == old, "T56: the parent stays `waiting`"
+
+    gate.opened.set()
+    done = await turn.result(timeout=60)
+    assert done.status == "completed" and done.output_text == "joined" and client.calls == 2
+
+
 # T65: a lane cycle rejected, then accepted once the blocking turn is cancelled ------------------------------------
 
 
-async def test_wait_rejected_as_a_lane_cycle_is_accepted_after_cancel(tk: TurnKit) -> None:  # T65
+async def test_wait_rejected_as_a_lane_cycle_is_accepted_after_cancel(tk: TurnKit) -> None:
+    """T65: ``a.wait_for(b)``, with c queued before b in b's lane and waiting on a, raises ``ToolError`` (a lane cycle)
+    and writes no wait; after ``b.cancel()`` the same wait is accepted, and a, then c, complete while b never runs."""
     a_client = ScriptedClient(["a done"])
     a_conv = await tk.conversation(turnkit.Agent("cycle_a", model="scripted", client=a_client))
     a = await a_conv.ask("a", paused=True)  # not started: it may still wait (behaviour §5.5 transition)
@@ -189,7 +223,10 @@ def only_owner(action: str, *, principal: Any, **resources: Any) -> bool:
     return principal == "owner"
 
 
-async def test_only_the_owner_may_control_and_the_owner_sequence_ends_cancelled(tk: TurnKit) -> None:  # T89
+async def test_only_the_owner_may_control_and_the_owner_sequence_ends_cancelled(tk: TurnKit) -> None:
+    """T89: with only principal "owner" authorized, every control and read by "other" raises ``AuthorizationError``
+    and leaves the paused run unchanged with no delivery; the owner's pause, cancel, resume and pause leave it
+    ``cancelled`` with no inputs."""
     client = ScriptedClient(["never"])
     conversation = await tk.conversation(turnkit.Agent("owned_run", model="scripted", client=client), principal="owner")
     turn = await conversation.ask("x", paused=True)
@@ -225,7 +262,9 @@ async def test_only_the_owner_may_control_and_the_owner_sequence_ends_cancelled(
     assert done.status == "cancelled" and client.calls == 0
 
 
-async def test_two_concurrent_resumes_of_an_approval_gate_call_the_model_once(tk: TurnKit) -> None:  # T91
+async def test_two_concurrent_resumes_of_an_approval_gate_call_the_model_once(tk: TurnKit) -> None:
+    """T91: a turn asked ``paused=True`` (an approval gate) and resumed twice at once runs once: the turn completes
+    after exactly 1 model call."""
     client = HeldModel(turnkit.Result.build(text="approved"), then="a second call")
     conversation = await tk.conversation(turnkit.Agent("gate_run", model="scripted", client=client))
     turn = await conversation.ask("needs approval", paused=True)
@@ -251,7 +290,9 @@ async def test_two_concurrent_resumes_of_an_approval_gate_call_the_model_once(tk
 # T02 / T06 / T08: turn options and the model request --------------------------------------------------------------
 
 
-async def test_output_schema_reaches_the_client_and_output_data_is_stored(tk: TurnKit) -> None:  # T02
+async def test_output_schema_reaches_the_client_and_output_data_is_stored(tk: TurnKit) -> None:
+    """T02: the client receives the agent's ``output_schema``, or a per-turn one that overrides it, and the returned
+    ``output_data`` is the turn's and is stored."""
     agent_schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
     turn_schema = {"type": "object", "properties": {"score": {"type": "integer"}}, "required": ["score"]}
     client = ScriptedClient(
@@ -275,7 +316,9 @@ async def test_output_schema_reaches_the_client_and_output_data_is_stored(tk: Tu
     assert (await tk.store.load_turn(labelled.id)).output_data == {"label": "spam"}
 
 
-async def test_thinking_per_turn_overrides_and_none_disables(tk: TurnKit) -> None:  # T06
+async def test_thinking_per_turn_overrides_and_none_disables(tk: TurnKit) -> None:
+    """T06: with the agent's thinking ``{"budget": 4000}``, the client receives it by default, a per-turn
+    ``{"effort": "high"}`` instead, and ``None`` for ``thinking=None``, which is stored as an explicit ``None``."""
     client = ScriptedClient(["default", "high", "off"])
     agent = turnkit.Agent("thinker", model="scripted", client=client, thinking={"budget": 4000})
     conversation = await tk.conversation(agent)
@@ -297,7 +340,9 @@ def jot() -> dict[str, Any]:
     return {"jotted": True}
 
 
-async def test_each_turn_sees_its_frozen_snapshot(tk: TurnKit) -> None:  # T08
+async def test_each_turn_sees_its_frozen_snapshot(tk: TurnKit) -> None:
+    """T08: each turn's requests see the snapshot frozen at its submission: both of a's hold "first" and "a" only (not
+    "between" or "b", sent while a ran), and b's holds every user message but not a's output or tool calls."""
     model = HeldModel(
         call_tools(("jot", {})),
         then=lambda r: turnkit.Result.build(text="A" if r.messages[-1]["role"] == "tool" else "B"),
@@ -346,7 +391,9 @@ def ordinary() -> dict[str, Any]:
     return {"error": "ordinary data"}
 
 
-async def test_a_raising_tool_is_a_failed_execution_the_model_sees(tk: TurnKit) -> None:  # T18
+async def test_a_raising_tool_is_a_failed_execution_the_model_sees(tk: TurnKit) -> None:
+    """T18: a tool raising ``RuntimeError("boom")`` runs once, its execution is ``failed`` with that error, the model
+    sees an error tool result, and the turn completes."""
     explosions.clear()
     client = ScriptedClient([call_tools(("explode", {})), "recovered"])
     agent = turnkit.Agent("exploder", model="scripted", tools=[explode], client=client)
@@ -363,7 +410,9 @@ async def test_a_raising_tool_is_a_failed_execution_the_model_sees(tk: TurnKit) 
     )
 
 
-async def test_error_shaped_data_is_a_completed_execution(tk: TurnKit) -> None:  # T19
+async def test_error_shaped_data_is_a_completed_execution(tk: TurnKit) -> None:
+    """T19: a tool returning ``{"error": "ordinary data"}`` is a ``completed`` execution with that result and no error,
+    and the model receives the data as a non-error tool result."""
     client = ScriptedClient([call_tools(("ordinary", {})), "fine"])
     agent = turnkit.Agent("ordinary_data", model="scripted", tools=[ordinary], client=client)
     turn = await (await tk.conversation(agent)).ask("go")

@@ -75,6 +75,8 @@ async def test_turns_in_different_conversations_overlap(tk: TurnKit) -> None:
 
 
 async def test_concurrent_asks_from_many_callers_all_run_once(tk: TurnKit) -> None:
+    """T50 (SQLite and PostgreSQL): turns submitted concurrently to one conversation run one at a time (the lane
+    replaces the gem's claim query): no two are ever running together, and each runs once."""
     client = ScriptedClient(lambda request: turnkit.Result.build(text="ok"))
     conversation = await tk.conversation(turnkit.Agent("many", model="scripted", client=client))
     turns = await asyncio.gather(*(conversation.ask(f"q{i}", wait=False) for i in range(12)))

@@ -56,7 +56,10 @@ def observe_late_completions(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Tool
     return outcomes, done
 
 
-async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -> None:  # T12
+async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -> None:
+    """T12: a plain turn emits ``turn.started``, ``model.requested`` (message_count 1, prompt chars > 0),
+    ``model.completed`` (usage total_tokens 0) and ``turn.completed`` with their §3.11 payload keys, all with the
+    turn's id."""
     events: list[turnkit.Event] = []
     turnkit.configure(on_event=events.append)
     client = ScriptedClient([say("hello", usage=turnkit.Usage())])  # zero usage, as TurnKit's FakeClient
@@ -107,7 +110,10 @@ async def test_plain_turn_emits_lifecycle_events_with_the_turn_id(tk: TurnKit) -
     assert not problems, "behaviour §3.11/T12 events differ:\n  " + "\n  ".join(problems) + f"\nemitted: {emitted}"
 
 
-async def test_a_raising_turn_completed_observer_keeps_the_turn_and_its_callback(tk: TurnKit) -> None:  # T72
+async def test_a_raising_turn_completed_observer_keeps_the_turn_and_its_callback(tk: TurnKit) -> None:
+    """T72: a ``turn.completed`` observer that raises leaves the run ``completed`` with its callback delivery
+    committed; after reconcile the destination inbox holds that 1 delivery, its message JSON with the run's
+    ``turn_id``."""
     since = utcnow()
     job_client = ScriptedClient(["job done"])
     job = await tk.conversation(turnkit.Agent("job", model="scripted", client=job_client))
@@ -152,7 +158,9 @@ async def test_a_raising_turn_completed_observer_keeps_the_turn_and_its_callback
     assert boss_client.calls == 1 and len(await boss.inbox()) == 1
 
 
-async def test_cascade_cancel_of_a_middle_child_spares_the_root_and_the_sibling(tk: TurnKit) -> None:  # T80
+async def test_cascade_cancel_of_a_middle_child_spares_the_root_and_the_sibling(tk: TurnKit) -> None:
+    """T80: a cascade cancel of mid in root→mid→leaf plus a sibling cancels mid and leaf (interrupting leaf's tool)
+    while root and the sibling keep going; root then completes, seeing mid cancelled and the sibling completed."""
     turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
     leaf_gate, sibling_gate = Gate(), Gate()
     leaf = turnkit.Agent(
@@ -209,7 +217,9 @@ async def test_cascade_cancel_of_a_middle_child_spares_the_root_and_the_sibling(
         sibling_gate.opened.set()
 
 
-async def test_cancel_during_a_model_call_with_posted_input_continues_as_the_owner(tk: TurnKit) -> None:  # T81
+async def test_cancel_during_a_model_call_with_posted_input_continues_as_the_owner(tk: TurnKit) -> None:
+    """T81: cancelling a turn whose model call is held, with a post buffered in its lane, ends it ``cancelled`` with no
+    output and no messages; the post's continuation turn then runs with principal "owner", not the sender's."""
     model = HeldModel(turnkit.Result.build(text="too late"), then="continued")
     conversation = await tk.conversation(turnkit.Agent("owned", model="scripted", client=model), principal="owner")
     turn = await conversation.ask("go", wait=False)
@@ -242,7 +252,9 @@ async def test_cancel_during_a_model_call_with_posted_input_continues_as_the_own
     assert (await conversation.input_status(posted.id))["application"]["turn_id"] == continuation.id
 
 
-async def test_a_tool_writing_after_cancel_leaves_no_trace(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:  # T82
+async def test_a_tool_writing_after_cancel_leaves_no_trace(tk: TurnKit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T82: a tool that keeps running after ``cancel()`` and then calls ``context.say`` gets ``LostClaim``: the turn is
+    ``cancelled``, the execution ``interrupted`` with no result, and the late message is absent."""
     turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
     late_outcomes, _ = observe_late_completions(monkeypatch)
     entered, saw_cancel, release, wrote = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -295,7 +307,10 @@ async def test_a_tool_writing_after_cancel_leaves_no_trace(tk: TurnKit, monkeypa
     )
 
 
-async def test_a_late_completion_after_the_execution_was_interrupted_is_dropped(tk: TurnKit) -> None:  # T103
+async def test_a_late_completion_after_the_execution_was_interrupted_is_dropped(tk: TurnKit) -> None:
+    """T103: a tool that CASes its own execution to ``interrupted`` and then returns a result: the execution stays
+    ``interrupted`` with no result, the late completion appends no result message (the call's only one is the
+    interrupted result) and emits no ``tool_call.completed``."""
     cas_results: list[turnkit.ToolExecutionRecord | None] = []
     events: list[turnkit.Event] = []
     turnkit.configure(on_event=events.append)

@@ -229,7 +229,9 @@ def message(role: str, kind: str, content: list[dict[str, Any]], **extra: Any) -
     )
 
 
-def test_tool_call_projection_puts_thinking_first() -> None:  # T13
+def test_tool_call_projection_puts_thinking_first() -> None:
+    """T13: a message with parts ``[text "visible", thinking "hidden reasoning", tool_call]`` projects to the content
+    "hidden reasoning", a newline, "visible" (thinking first) with tool call ``call_1``; its ``text`` is "visible"."""
     msg = message(
         "assistant",
         "tool_call",

@@ -35,6 +35,7 @@ from turnkit.model import ModelRequest, ToolSpec
 from turnkit.providers import AnthropicClient, OpenAIClient, TransientModelError
 from turnkit.providers._common import fully_required, strict_schema
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 
 LOOKUP = ToolSpec(
     name="lookup",
@@ -670,6 +671,29 @@ async def test_provider_auth_failure_fails_the_turn_without_retries(
     assert message.startswith("AuthenticationError: ") and "401" in message, message
     assert "invalid x-api-key" in message, message
     assert len(server.requests) == 1  # non-retryable: the model activity ran once
+
+
+async def test_a_provider_bad_request_fails_the_run_and_nothing_tries_it_again(
+    tk: TurnKit, server: ProviderServer, openai_client: OpenAIClient
+) -> None:
+    """T42: the provider answers 400 (the SDK's ``BadRequestError``): the submitted run is ``failed`` with class
+    "TurnKit::ModelError" after one HTTP call; a later reconcile repairs nothing and submitting it again is refused,
+    so the provider is never asked again."""
+    since = utcnow()
+    server.script(openai_error(400, "unsupported parameter"))
+    run = await tk.run(tool_agent(openai_client, "gpt-e2e"), "hi", wait=False)
+    failed = await run.result(timeout=60)
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error["class"] == "TurnKit::ModelError"
+    assert failed.error["message"].startswith("BadRequestError: "), failed.error
+    assert len(server.requests) == 1
+    reconciled = await tk.reconcile(since=since, grace=0)
+    assert [r for r in reconciled.repairs if run.id in r.ids] == []
+    with pytest.raises(turnkit.Error, match="only pending or paused turns can be submitted"):
+        await run.perform_later()
+    again = await run.refresh()
+    assert (again.status, again.error) == ("failed", failed.error)
+    assert len(server.requests) == 1
 
 
 async def test_provider_transient_failure_is_retried_by_the_model_activity(

@@ -24,6 +24,9 @@ SCHEMA = {"type": "object", "properties": {"company": {"type": "string"}}, "requ
 
 
 async def test_run_aggregates_the_tree(tk: TurnKit) -> None:
+    """T03: ``run("Classify", input={"company": "ACME"})`` completes, its first user message holds the task and the
+    JSON input, and the instructions are the task mode's ("executing an application task"); the run's records,
+    usage and executions take in its sub-agent's turn."""
     child = turnkit.Agent(
         "child",
         model="scripted",

@@ -310,6 +310,8 @@ async def test_concurrent_appends_to_two_conversations_stay_gap_free(store: Stor
 
 
 async def test_update_turn_whitelist_status_and_updated_at(store: Store) -> None:
+    """T99: ``update_turn(id, bogus=True)`` raises "unknown turn update attributes" and ``status="lost"`` "unknown turn
+    status", leaving the turn unchanged; a valid update is stored and moves ``updated_at``."""
     conversation = await _conversation(store)
     turn = await _turn(store, conversation.id, options={"keep": {"me": True}})
     async with store.atomic() as tx:
@@ -348,6 +350,8 @@ async def _claim_turn(store: Store, turn_id: str, **kwargs: Any) -> TurnRecord |
 
 
 async def test_claim_turn_is_compare_and_set(store: Store) -> None:
+    """T100: of two ``claim_turn`` calls on a pending turn, the first returns it running and the second returns None;
+    ``started_at`` and the claim token keep the first claim's values."""
     conversation = await _conversation(store)
     turn = await _turn(store, conversation.id)
     started = datetime.now(UTC)
@@ -373,6 +377,8 @@ async def test_claim_turn_is_compare_and_set(store: Store) -> None:
 
 
 async def test_concurrent_claim_turn_exactly_one_wins(store: Store) -> None:
+    """T50 (SQLite and PostgreSQL): ten concurrent claims of one pending turn: exactly one claim token wins and is
+    the one stored."""
     conversation = await _conversation(store)
     turn = await _turn(store, conversation.id)
     tokens = [new_claim_token() for _ in range(10)]
@@ -607,6 +613,8 @@ async def test_list_tool_executions_by_turn_and_root_tree(store: Store) -> None:
 
 
 async def test_delivery_key_idempotency_and_conflicts(store: Store) -> None:
+    """T75: retrying alice's delivery key "request-1" with the same content returns the same delivery; reusing it for
+    another route or changed content raises ``ToolError`` whose text excludes alice's content, and 1 delivery exists."""
     alice = await _conversation(store)
     bob = await _conversation(store)
     dest = await _conversation(store)
@@ -651,6 +659,8 @@ async def test_delivery_key_idempotency_and_conflicts(store: Store) -> None:
 
 
 async def test_delivery_payload_key_order_is_canonicalised(store: Store) -> None:
+    """T76: the same delivery with its payload keys in another order, or keyed by ints instead of strings, is treated
+    as the same delivery (JSON canonicalisation); a different value under the same key is a conflict."""
     conversation = await _conversation(store)
     key = _name("k")
     async with store.atomic() as tx:

@@ -46,6 +46,8 @@ def last_tool_results(request: turnkit.ModelRequest) -> list[dict[str, Any]]:
 
 
 async def test_parallel_delegation_returns_results_in_call_order(tk: TurnKit) -> None:
+    """T11: each sub-agent call makes a child turn with ``parent_turn_id`` = the parent, in another conversation,
+    under the same root; the parent completes."""
     subs = [worker_agent(n) for n in ("alpha", "beta", "gamma")]
     client = ScriptedClient(
         [call_tools(("alpha", {"task": "a"}), ("beta", {"task": "b"}), ("gamma", {"task": "c"})), "merged"]
@@ -125,6 +127,9 @@ async def test_tree_wide_tool_budget_is_shared_exactly(tk: TurnKit) -> None:
 
 
 async def test_launch_agent_with_callback(tk: TurnKit) -> None:
+    """T70: ``launch_agent`` with ``callback: true``: the parent completes with "continuing" before its launched
+    child ends; once the child completed, the parent conversation's inbox holds 1 delivery and a third model call
+    ran."""
     child = worker_agent("helper", seconds=0.2)
 
     def script(request: turnkit.ModelRequest) -> turnkit.Result:
@@ -150,6 +155,7 @@ async def test_launch_agent_with_callback(tk: TurnKit) -> None:
     await eventually(woken, what="the callback to wake the parent conversation")
     launched = await tk.store.load_turn(launched_id)
     assert launched.status == "completed" and launched.parent_turn_id == turn.id
+    assert turn.record.completed_at and launched.completed_at and turn.record.completed_at < launched.completed_at
     [delivery] = await conversation.inbox()
     assert delivery.key == f"completion:{launched_id}"
     assert client.calls == 3
@@ -222,6 +228,8 @@ async def test_wait_rules_and_cycles(tk: TurnKit) -> None:
 
 
 async def test_wait_past_the_root_deadline_times_out(tk: TurnKit) -> None:
+    """T57: a turn that waits on another turn past its root deadline (submission + timeout) is ``failed`` with
+    "turn timed out"."""
     release, hold = held_tool()
 
     target_agent = turnkit.Agent(
@@ -268,6 +276,8 @@ class Finish(turnkit.Tool):
 
 
 async def test_a_terminal_tool_before_a_sub_agent_call_creates_no_child(tk: TurnKit) -> None:
+    """T69: a terminal tool call followed by a sub-agent call: the parent completes, no child exists, and the last
+    execution is ``cancelled``."""
     child = worker_agent("child")
     client = ScriptedClient([call_tools(("finish", {}), ("child", {"task": "never"}))])
     boss = turnkit.Agent("boss", model="scripted", tools=[Finish], sub_agents=[child], client=client)

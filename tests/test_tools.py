@@ -77,7 +77,9 @@ def test_explicit_name_must_match_pattern() -> None:
         tool(name="1st")(lambda: None)
 
 
-def test_context_is_a_reserved_parameter_name() -> None:  # T21
+def test_context_is_a_reserved_parameter_name() -> None:
+    """T21: a ``context`` parameter, in a class tool's ``Arguments`` or an ``@tool`` function's signature, fails at
+    definition with ``ValueError`` "context is a reserved parameter name"."""
     with pytest.raises(ValueError, match=r"^context is a reserved parameter name$"):
 
         class Reserved(Tool):
@@ -261,6 +263,8 @@ def test_annotated_field_descriptions_are_used() -> None:
 
 
 def test_validate_arguments_messages() -> None:
+    """T22: with required ``id: string``, ``{}``, ``{"id": 1}`` and extra keys each raise ``ToolValidationError``
+    (missing, invalid, unknown arguments), and ``{"id": "st_1"}`` comes back normalised with its defaults."""
     status = StatusTool()
     with pytest.raises(ToolValidationError, match=r"^missing required argument: id$"):
         status.validate_arguments({})
@@ -398,6 +402,9 @@ def test_tool_context_idempotency_key() -> None:
 
 
 def test_tool_class_needing_constructor_arguments() -> None:
+    """T20: a tool class whose constructor needs arguments cannot be used as a class ("register an instance
+    instead"); an instance of it is accepted as is."""
+
     class Fetch(Tool):
         def __init__(self, base_url: str) -> None:
             self.base_url = base_url

@@ -91,7 +91,10 @@ async def workflows_closed(tk: TurnKit, turn_ids: list[str]) -> bool:
 # T87: cascade controls leave an independent run of the same agent alone -------------------------------------------
 
 
-async def test_cascade_controls_spare_an_independent_run_of_the_child_agent(tk: TurnKit) -> None:  # T87
+async def test_cascade_controls_spare_an_independent_run_of_the_child_agent(tk: TurnKit) -> None:
+    """T87: a cascade pause and steer of a parent waiting on its child reach the child but not an independent run of
+    the child agent, which completes untouched; after a cascade resume the parent completes, its last request ending
+    with "new focus" and the child's result kept in its tool message."""
     gates = ConversationGates()
     child_client = works_then_answers("slow", "kept")
     child = turnkit.Agent("t87_worker", model="scripted", tools=[gated_tool(gates, "slow")], client=child_client)
@@ -157,7 +160,10 @@ async def _is(tk: TurnKit, turn_id: str, status: str) -> bool:
 
 
 @pytest.mark.parametrize("start", ["run", "ask"])
-async def test_cascade_cancel_keeps_the_persisted_context(tk: TurnKit, start: str) -> None:  # T79
+async def test_cascade_cancel_keeps_the_persisted_context(tk: TurnKit, start: str) -> None:
+    """T79: a cascade cancel of a root started (by ``run`` or ``ask``) with context ``{"tenant": "acme"}`` cancels
+    every turn of the tree, and each keeps its persisted context: the root's ``{"tenant": "acme"}``, the children's
+    empty."""
     turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches a running tool through its heartbeat
     gates = ConversationGates()
     leaf = turnkit.Agent(
@@ -243,7 +249,7 @@ class Injected(Exception):
 @pytest.mark.parametrize("fail", ["mark_delivered", "create_turn"])
 async def test_a_failing_delivery_apply_rolls_back_message_and_mark(
     tk: TurnKit, monkeypatch: pytest.MonkeyPatch, fail: str
-) -> None:  # T77
+) -> None:
     """T77: the deliver activity's update_delivery (``mark_delivered``) failing, or the wake's turn creation failing
     after the mark, leaves no message, no ``delivered_at`` and no turn; the next apply delivers exactly once."""
     agent, client = echo_agent("t77_rollback")
@@ -289,7 +295,7 @@ async def test_a_failing_delivery_apply_rolls_back_message_and_mark(
             await tk.turn(turn.id).cancel()
 
 
-async def test_duplicate_signals_and_a_reconcile_apply_a_delivery_once(tk: TurnKit) -> None:  # T77
+async def test_duplicate_signals_and_a_reconcile_apply_a_delivery_once(tk: TurnKit) -> None:
     """T77 through the real lane: one stored delivery signalled twice at once, and found again by the delivery
     reconciler meanwhile, gives 1 message, 1 ``delivered_at`` and 1 continuation turn, which runs once."""
     since = utcnow()  # the reconciler re-signals this test's deliveries only: others' lanes are not this worker's
@@ -319,7 +325,9 @@ async def test_duplicate_signals_and_a_reconcile_apply_a_delivery_once(tk: TurnK
     assert [m.role for m in await tk.store.list_messages(conversation.id)] == ["user", "assistant"]
 
 
-async def test_one_delivery_applied_concurrently_twice_gives_one_message_and_one_turn(tk: TurnKit) -> None:  # T77
+async def test_one_delivery_applied_concurrently_twice_gives_one_message_and_one_turn(tk: TurnKit) -> None:
+    """T77: one delivery applied by two concurrent deliver activities is applied exactly once: 1 message, 1
+    ``delivered_at`` and 1 submitted continuation turn, with the conversation's principal."""
     agent, client = echo_agent("t77_twice")
     conversation = await tk.conversation(agent, principal="owner")
     delivery = await stored_delivery(tk, conversation, "deliver me once")
@@ -349,7 +357,9 @@ async def test_one_delivery_applied_concurrently_twice_gives_one_message_and_one
 
 async def test_a_failing_mark_in_the_lane_writes_nothing_then_delivers_once(
     tk: TurnKit, monkeypatch: pytest.MonkeyPatch
-) -> None:  # T77
+) -> None:
+    """T77 through the real lane: a posted input whose ``mark_delivered`` fails leaves no message, no ``delivered_at``
+    and no turn while the activity retries; once the mark works it is delivered once and its turn completes."""
     agent, client = echo_agent("t77_lane")
     conversation = await tk.conversation(agent)
     failing = True

@@ -13,7 +13,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
 import turnkit
-from tests.engine import HeldModel, start_turn_workflow
+from tests.engine import HeldModel, eventually, start_turn_workflow
 from tests.history_scenarios import history_events, local_activity_types, scheduled_activities
 from turnkit._activities.model import ModelActivities
 from turnkit._engine.ids import new_id
@@ -21,7 +21,9 @@ from turnkit.kernel.errors import TransientModelError
 from turnkit.kernel.payloads import ModelCall, SubmitTurn
 from turnkit.kernel.records import INTERRUPTED_MESSAGE
 from turnkit.model import Result
+from turnkit.prompt import project_messages
 from turnkit.runtime import TurnKit
+from turnkit.store.store import utcnow
 from turnkit.testing import ScriptedClient, call_tools
 
 
@@ -171,6 +173,8 @@ async def test_max_tool_executions_fails_the_turn_and_answers_every_call(tk: Tur
 
 
 async def test_max_tool_executions_by_name(tk: TurnKit) -> None:
+    """T16: a per-tool limit of 1 and two sequential calls: the turn fails with "maximum executions reached for
+    tool lookup", the executions are [completed, failed], the last with ``details.budget_denied``."""
     client = ScriptedClient([call_tools(("lookup", {"q": "a"})), call_tools(("lookup", {"q": "b"})), "never"])
     conversation = await tk.conversation(agent(client, max_tool_executions_by_name={"lookup": 1}))
     turn = await conversation.ask("go")
@@ -191,6 +195,8 @@ class SaveReport(turnkit.Tool):
 
 
 async def test_terminal_tool_ends_the_turn_and_skips_the_rest(tk: TurnKit) -> None:
+    """T15: a terminal call and a sibling after it: the executions are [completed, cancelled], and every projected
+    assistant tool-call id has exactly one tool-result message."""
     client = ScriptedClient([call_tools(("save_report", {}), ("lookup", {"q": "late"}))])
     a = turnkit.Agent("tester", model="scripted", tools=[lookup, SaveReport], client=client)
     conversation = await tk.conversation(a)
@@ -201,6 +207,32 @@ async def test_terminal_tool_ends_the_turn_and_skips_the_rest(tk: TurnKit) -> No
     assert executions[1].result == {"skipped": True, "message": "not executed: turn ended by save_report"}
     results = [m for m in await conversation.messages() if m.kind == "tool_result"]
     assert len(results) == 2 and client.calls == 1
+    projected = project_messages(await conversation.messages())
+    call_ids = [c["id"] for m in projected if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    result_ids = [m["tool_call_id"] for m in projected if m["role"] == "tool"]
+    assert len(call_ids) == 2 and sorted(result_ids) == sorted(call_ids)
+
+
+class SaveNamedReport(turnkit.Tool):
+    """Save the report and end the turn; the completion message names it."""
+
+    name = "save_report"
+    terminal = staticmethod(lambda result: f"Saved {result['id']}.")
+
+    def call(self, context: turnkit.ToolContext, **arguments: Any) -> dict[str, Any]:
+        return {"id": "rep_1"}
+
+
+async def test_a_terminal_tools_completion_block_is_the_turns_answer(tk: TurnKit) -> None:
+    """T14: a terminal tool ``save_report`` whose completion function gives "Saved rep_1." from its result: the turn
+    completes with that output, and the execution is completed with the result."""
+    client = ScriptedClient([call_tools(("save_report", {}))])
+    a = turnkit.Agent("t14", model="scripted", tools=[SaveNamedReport], client=client)
+    turn = await (await tk.conversation(a)).ask("save")
+    assert turn.status == "completed" and turn.output_text == "Saved rep_1."
+    [execution] = await turn.tool_executions()
+    assert (execution.tool_name, execution.status, execution.result) == ("save_report", "completed", {"id": "rep_1"})
+    assert client.calls == 1
 
 
 async def test_turn_by_id_from_another_handle(tk: TurnKit) -> None:
@@ -314,6 +346,37 @@ async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnK
     assert record.completed_at == first.completed_at
     assert [(m.role, m.text) for m in await conversation.messages()] == [("user", "do it"), ("assistant", "once")]
     assert [t.id for t in await conversation.turns()] == [request.turn_id]
+
+
+async def test_a_blocked_model_call_keeps_heartbeating_and_a_reconcile_leaves_it_running(tk: TurnKit) -> None:
+    """T48: a model call blocked well past its 1 s heartbeat timeout keeps heartbeating (Temporal's activity
+    heartbeat replaces the gem's ``heartbeat_at`` thread: docs/behaviour.md §5.8), so its first attempt is never
+    timed out; a reconcile meanwhile repairs nothing and leaves the turn ``running``; released, the call's answer
+    completes the turn after one request."""
+    turnkit.configure(model_heartbeat_timeout=1.0)
+    since = utcnow()
+    model = HeldModel(Result.build(text="slow answer"))
+    turn = await (await tk.conversation(agent(model))).ask("think", wait=False)
+    await asyncio.wait_for(model.entered.wait(), 30)
+    handle = tk.client.get_workflow_handle(turn.id)
+
+    async def heartbeating_past_the_timeout() -> bool:
+        pending = (await handle.describe()).raw_description.pending_activities
+        [call] = [a for a in pending if a.activity_type.name == "turnkit.model"]
+        assert call.attempt == 1, "the blocked call was timed out and retried"
+        if not call.HasField("last_heartbeat_time"):
+            return False
+        beating = call.last_heartbeat_time.ToDatetime() - call.last_started_time.ToDatetime()
+        return beating.total_seconds() > 2.5  # its last beat came more than two heartbeat timeouts after it began
+
+    await eventually(heartbeating_past_the_timeout, what="the blocked model call to heartbeat past its timeout")
+    reconciled = await tk.reconcile(since=since, grace=0)
+    assert [r for r in reconciled.repairs if turn.id in r.ids] == []
+    assert (await turn.refresh()).status == "running"
+    model.released.set()
+    done = await turn.result(timeout=60)
+    assert (done.status, done.output_text) == ("completed", "slow answer")
+    assert len(model.requests) == 1
 
 
 # -- local tool calls (@tool(local=True)) -----------------------------------------------------------------------------

@@ -26,6 +26,8 @@ async def waits_of(store: Store, turn: TurnRecord) -> list[str]:
 
 
 async def test_concurrent_opposite_waits_accept_exactly_one(store: Store) -> None:
+    """T64: two submitted turns wait on each other concurrently: exactly one edge is accepted, the other call gets
+    the "cycle" error, and the store holds 1 wait."""
     a, b = await submitted_turn(store), await submitted_turn(store)
 
     async def wait(turn: TurnRecord, target: TurnRecord) -> None:
@@ -39,6 +41,8 @@ async def test_concurrent_opposite_waits_accept_exactly_one(store: Store) -> Non
 
 
 async def test_a_chain_cannot_be_closed(store: Store) -> None:
+    """T63: with r0 waiting on r1 and r1 on r2, ``r2`` waiting on r0 raises ``ToolError`` "wait would create a cycle"
+    and leaves r2 with no waits."""
     r0, r1, r2 = [await submitted_turn(store) for _ in range(3)]
     async with store.atomic() as tx:
         await add_waits(tx, r0, [r1.id])
@@ -50,6 +54,8 @@ async def test_a_chain_cannot_be_closed(store: Store) -> None:
 
 
 async def test_rejected_waits_leave_no_edges(store: Store) -> None:
+    """T66: a wait on the turn itself, on an unsubmitted turn, or on unfinished work in the same conversation raises
+    ``ToolError`` with its message, and the valid edge requested alongside rolls back, leaving no waits."""
     a, b = await submitted_turn(store), await submitted_turn(store)
     same_lane = await submitted_turn(store, a.conversation_id)
     async with store.atomic() as tx:
