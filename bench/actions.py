@@ -147,7 +147,8 @@ def billable(counts: Counter[str]) -> int:
 
 def _specs() -> list[Any]:
     """Every column: the floor, the peers (LangGraph's among them: bench/peers/langgraph_app.py, counted when
-    ``temporalio-langgraph`` is installed), TurnKit with its tool as an activity and as a local activity."""
+    ``temporalio-langgraph`` is installed), TurnKit with its tool as an activity and as a local activity, and with
+    ``settings.search_attributes`` off (what the closing ``TurnKitTurnStatus`` upsert costs, by difference)."""
     from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec  # as in measure
 
     return [
@@ -157,6 +158,13 @@ def _specs() -> list[Any]:
         *LOCAL_MODEL_PEERS,
         Spec("turnkit", "turnkit", "TurnKit (SQLite)", peer=False),
         Spec("turnkit_local", "turnkit", "TurnKit (SQLite, local tool)", peer=False, local_tool=True),
+        Spec(
+            "turnkit_unsearched",
+            "turnkit",
+            "TurnKit (SQLite, search attributes off)",
+            peer=False,
+            search_attributes=False,
+        ),
     ]
 
 

@@ -113,8 +113,9 @@ def test_the_driver_counts_turnkit_and_the_floor_as_their_servers_do(tmp_path: P
     """``python -m bench.actions`` on the two systems every install has, at K = 1: the floor's turn is 4 actions
     (start + 3 activities), TurnKit's first, second and later turns 5 each (an idle conversation's next turn runs
     without its lane, as its first does; the closing search-attribute upsert, and no timer: the deadline caps the
-    activities), 6 with a local tool (its local activity starts the deadline's timer), and each dev server's own
-    ``action`` metric over the same turns agrees with the histories' count."""
+    activities), 6 with a local tool (its local activity starts the deadline's timer), 4 with search attributes off
+    (no upsert: the floor's count), and each dev server's own ``action`` metric over the same turns agrees with the
+    histories' count."""
     out = tmp_path / "counts.json"
     run = subprocess.run(
         [sys.executable, "-m", "bench.actions", "--systems", "bare,turnkit", "--k", "1", "--json", str(out)],
@@ -126,6 +127,6 @@ def test_the_driver_counts_turnkit_and_the_floor_as_their_servers_do(tmp_path: P
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(out.read_text())
     totals = {key: [billable(Counter(turn)) for turn in measured["counts"]["1"]] for key, measured in found.items()}
-    assert totals == {"bare": [4, 4], "turnkit": [5, 5, 5], "turnkit_local": [6, 6, 6]}
+    assert totals == {"bare": [4, 4], "turnkit": [5, 5, 5], "turnkit_local": [6, 6, 6], "turnkit_unsearched": [4, 4, 4]}
     for key, measured in found.items():
         assert sum(measured["server"]["1"].values()) == sum(totals[key]), (key, measured["server"])

@@ -66,6 +66,7 @@ class Spec:
     reference: bool = False  # a floor to read the others against (bare Temporal), in no ratio
     source: str | None = None  # TurnKit: another source tree to serve it from (``--baseline-tree``), in no peer ratio
     next_turn: bool = False  # TurnKit: each turn the next one of an idle conversation (its first turn is behind it)
+    search_attributes: bool = True  # TurnKit: False runs it with settings.search_attributes off (no closing upsert)
 
     @property
     def postgres(self) -> bool:
@@ -187,6 +188,8 @@ async def start_child(spec: Spec, flags: list[str], logdir: Path) -> Child:
         command += ["--local-model"]
     if spec.next_turn:
         command += ["--next-turn"]
+    if not spec.search_attributes:
+        command += ["--no-search-attributes"]
     command += [spec.system, "--", *flags]  # options before the positionals: argparse takes no option after them
     log = logdir / f"{spec.key}.log"
     with log.open("wb") as stderr:

@@ -352,6 +352,7 @@ def main() -> None:
     parser.add_argument(
         "--next-turn", action="store_true", help="TurnKit: each turn the next one of an idle conversation"
     )
+    parser.add_argument("--no-search-attributes", action="store_true", help="TurnKit: settings.search_attributes off")
     parser.add_argument("server_flags", nargs="*", help="extra flags for `temporal server start-dev`, after --")
     args = parser.parse_args()
     options: dict[str, Any] = {"database_url": args.database_url} if args.database_url else {}
@@ -361,6 +362,8 @@ def main() -> None:
         options["local_model"] = True
     if args.next_turn:
         options["next_turn"] = True
+    if args.no_search_attributes:
+        options["search_attributes"] = False
     # The protocol owns the original stdout; everything else printed in this process goes to stderr.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

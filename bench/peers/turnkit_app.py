@@ -7,7 +7,9 @@ so it runs as an activity, or, with ``local_tool``, declared ``@tool(local=True)
 turn's workflow task (a separate agent, ``bench_peers_local``, so both can be registered in one process). With
 ``local_model`` each model call's first attempt is a local activity too (``settings.model_local_activity``). With
 ``next_turn`` each turn is instead the next turn of a conversation that has one turn behind it and is idle (what a
-chat's second message costs): :meth:`System.prime` readies those conversations before the timing starts.
+chat's second message costs): :meth:`System.prime` readies those conversations before the timing starts. With
+``search_attributes=False`` it runs with ``settings.search_attributes`` off: turns start without TurnKit's search
+attributes and never set any.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class System:
         sandbox: bool = True,
         local_model: bool = False,
         next_turn: bool = False,
+        search_attributes: bool = True,
         interceptors: Sequence[ClientInterceptor] = (),
     ) -> None:
         self.sandbox = sandbox
@@ -119,6 +122,8 @@ class System:
         self._idle: list[turnkit.Conversation] = []
         if local_model:  # read by ask, which creates each turn (this process's setting)
             turnkit.configure(model_local_activity=True)
+        if not search_attributes:  # read by ask (the turn's start) and by the turn workflow's closing upsert
+            turnkit.configure(search_attributes=False)
         self.agent = LOCAL_AGENT if local_tool else AGENT
         self._tmp = tempfile.TemporaryDirectory(prefix="turnkit-bench-peers-")
         self.database_url = database_url or f"sqlite+aiosqlite:///{Path(self._tmp.name) / 'store.db'}"
