@@ -9,12 +9,13 @@ client side costs (the server's is ``bench.pg_server_cost``'s). Each row is the 
 
 - **store transaction**: ``Store.atomic(conversation_id=…)`` with nothing inside: BEGIN, the conversation's lock,
   COMMIT, on the store's pool and its direct path (``turnkit/store/postgres_direct.py``);
-- **store transaction with no statement**: ``Store.atomic()`` alone, which sends nothing (its checkout, its
-  bookkeeping and its return);
+- **store transaction with no statement**: ``Store.atomic()`` alone, which sends nothing (its bookkeeping, and
+  the connection taken and kept again: ``turnkit/store/kept_connections.py``);
 - **raw asyncpg, pooled**: the same three statements on an asyncpg pool's connection (``Pool.acquire``, whose
   release runs asyncpg's reset query: one more round trip);
 - **raw asyncpg, held**: the same three on one connection held throughout (no pool);
-- **SQLAlchemy checkout + return** and **its raw connection**: what the store's pool costs per transaction alone.
+- **SQLAlchemy checkout + return** and **its raw connection**: what a checkout from the store's pool costs alone (a
+  transaction paid the first before its connections were kept).
 
 What it answers: how much of TurnKit's client-side CPU per PostgreSQL transaction is its own (above asyncpg's) and
 how much is the round trips themselves.

@@ -25,8 +25,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tests.engine import eventually
 from turnkit._activities.store_retry import retry_store
-from turnkit.store import Store, idle_ping
+from turnkit.store import Store, idle_ping, kept_connections
 from turnkit.store.errors import (
     deterministic_store_error,
     store_failure_message,
@@ -304,6 +305,106 @@ async def test_a_pooled_connection_killed_in_the_pool(
     finally:
         await admin.dispose()
         await store.close()
+
+
+def _checkouts(store: Store) -> list[int]:
+    """A list that grows by one at each checkout from ``store``'s pool (its ``checkout`` event)."""
+    seen: list[int] = []
+    event.listen(store.engine.sync_engine, "checkout", lambda *_: seen.append(1))
+    return seen
+
+
+async def test_consecutive_transactions_run_on_one_kept_connection(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that committed keeps its connection for the next one instead of giving it back to the pool
+    (``turnkit/store/kept_connections.py``): twenty transactions in a row check out once and run on one backend."""
+    monkeypatch.setattr(kept_connections, "LEASE", 3600.0)
+    store = await Store.open(postgres_url)
+    try:
+        await _backend_pid(store)
+        checkouts = _checkouts(store)
+        pids = {await _backend_pid(store) for _ in range(20)}
+        assert len(pids) == 1 and checkouts == [], (pids, checkouts)
+    finally:
+        await store.close()
+
+
+async def test_a_kept_connection_goes_back_to_the_pool_when_its_lease_ends(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection out of the pool longer than ``LEASE`` goes back to it, and the next transaction checks one out:
+    the pool's recycle and invalidation checks still run at least once a lease."""
+    monkeypatch.setattr(kept_connections, "LEASE", 0.0)
+    store = await Store.open(postgres_url)
+    try:
+        await _backend_pid(store)
+        checkouts = _checkouts(store)
+        for _ in range(5):
+            await _backend_pid(store)
+        assert len(checkouts) == 5
+    finally:
+        await store.close()
+
+
+async def test_a_transaction_that_fails_gives_its_connection_back_to_the_pool(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolled-back transaction's connection is not kept: the pool's checkin resets it, and the next transaction
+    checks one out."""
+    monkeypatch.setattr(kept_connections, "LEASE", 3600.0)
+    store = await Store.open(postgres_url)
+    try:
+        await _backend_pid(store)
+        checkouts = _checkouts(store)
+        with pytest.raises(RuntimeError, match="rolled back"):
+            async with store.atomic() as tx:
+                await tx.connection.execute(text("SELECT 1"))
+                raise RuntimeError("rolled back")
+        assert checkouts == []  # it ran on the kept connection
+        await _backend_pid(store)
+        assert len(checkouts) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_kept_connection_idle_too_long_is_pinged_before_use(postgres_url: str) -> None:
+    """A kept connection idle for longer than ``IDLE_BEFORE_PING`` goes back to the pool with the time it was last
+    used, so the pool's checkout pings it as it pings one idle in the pool: its backend, terminated meanwhile, is
+    replaced and the transaction runs (without that time the pool would count its idleness from the checkin and let
+    the dead connection through)."""
+    store = await Store.open(postgres_url)
+    admin = create_async_engine(postgres_url)
+    try:
+        killed = await _backend_pid(store)
+        assert store._kept is not None  # pyright: ignore[reportPrivateUsage]
+        [lease] = store._kept._kept[asyncio.get_running_loop()]  # pyright: ignore[reportPrivateUsage]
+        lease.idle_since -= idle_ping.IDLE_BEFORE_PING + 1  # idle that long, without waiting for it
+        async with admin.connect() as conn:
+            await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed})
+        assert await _backend_pid(store) != killed
+    finally:
+        await admin.dispose()
+        await store.close()
+
+
+async def test_kept_connections_are_closed_with_the_store(postgres_url: str) -> None:
+    """``Store.close()`` gives the kept connections back to the pool before disposing of it: no backend of the store
+    outlives it."""
+    store = await Store.open(postgres_url)
+    admin = create_async_engine(postgres_url)
+    try:
+        pids = await _pids_in_use(store, 3)  # three transactions at once: three connections kept after them
+        await store.close()
+
+        async def gone() -> bool:  # a backend ends a moment after its client closed the connection
+            async with admin.connect() as conn:
+                alive = (await conn.execute(text("SELECT pid FROM pg_stat_activity"))).scalars().all()
+            return not pids & set(alive)
+
+        await eventually(gone, timeout=10, what="the store's backends to end")
+    finally:
+        await admin.dispose()
 
 
 async def _direct_store(postgres_url: str) -> tuple[Store, str]:

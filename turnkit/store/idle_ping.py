@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["IDLE_BEFORE_PING", "ping_when_idle"]
+__all__ = ["IDLE_BEFORE_PING", "mark_idle_since", "ping_when_idle"]
 
 #: Seconds a connection may sit in the pool and still be used without a ping first.
 IDLE_BEFORE_PING = 2.0
@@ -35,6 +35,14 @@ IDLE_BEFORE_PING = 2.0
 #: Where a pooled connection's record keeps the time it was last checked in (``ConnectionRecord.info`` lives as long
 #: as the DBAPI connection: a new connection starts without it, and needs no ping).
 _CHECKED_IN_AT = "turnkit_checked_in_at"
+#: When a connection coming back to the pool was last used, if that was before its checkin (a connection the store kept
+#: idle between transactions, ``turnkit/store/kept_connections.py``): its idle time counts from then.
+_IDLE_SINCE = "turnkit_idle_since"
+
+
+def mark_idle_since(info: dict[Any, Any], since: float) -> None:
+    """Say in a connection's ``info`` that it has been idle since ``since`` (``time.monotonic()``), for its checkin."""
+    info[_IDLE_SINCE] = since
 
 
 def ping_when_idle(engine: AsyncEngine, *, idle: float | None = None) -> None:
@@ -44,7 +52,8 @@ def ping_when_idle(engine: AsyncEngine, *, idle: float | None = None) -> None:
     @event.listens_for(engine.sync_engine, "checkin")
     def _checked_in(_dbapi_connection: Any, record: Any) -> None:
         if record is not None:
-            record.info[_CHECKED_IN_AT] = time.monotonic()
+            idle_since = record.info.pop(_IDLE_SINCE, None)
+            record.info[_CHECKED_IN_AT] = time.monotonic() if idle_since is None else idle_since
 
     dialect = engine.dialect
 

@@ -57,6 +57,7 @@ from turnkit.kernel.records import (
 from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.direct import DirectStatements
 from turnkit.store.engine import sqlite_file, store_engine
+from turnkit.store.kept_connections import KeptConnections
 from turnkit.store.rows import (
     TOOL_EXECUTION_UPDATE_FIELDS,
     NewMessage,
@@ -271,6 +272,7 @@ class Store:
         #: The direct path's transactions: the same pool, its connections in autocommit for SQLAlchemy, whose BEGIN,
         #: COMMIT and ROLLBACK :class:`DirectConnection` sends to asyncpg itself (``turnkit/store/postgres_direct.py``).
         self._transactions = None
+        self._kept: KeptConnections | None = None
         if self.direct is not None:
             from turnkit.store import postgres_direct
 
@@ -278,6 +280,8 @@ class Store:
             self._prepared_kept = postgres_direct.prepared_statements_kept(engine.url)
             options = {postgres_direct.DRIVER_TRANSACTION: True}
             self._transactions = engine.execution_options(isolation_level="AUTOCOMMIT", **options)
+            #: Their connections, kept checked out between transactions (``turnkit/store/kept_connections.py``).
+            self._kept = KeptConnections(self._transactions)
         #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
@@ -337,6 +341,8 @@ class Store:
             await closer()
         if self.inline is not None:
             await self.inline.close()
+        if self._kept is not None:
+            await self._kept.close()
         await self.engine.dispose()
 
     async def migrate(self) -> None:
@@ -402,9 +408,10 @@ class Store:
             async with self.engine.connect() as connection, connection.begin():
                 yield connection
             return
-        assert self._transactions is not None and self._direct_connection is not None
-        async with self._transactions.connect() as connection:
-            direct = self._direct_connection(connection, self.direct, self._prepared_kept)
+        assert self._kept is not None and self._direct_connection is not None
+        lease = await self._kept.take()
+        try:
+            direct = self._direct_connection(lease.connection, self.direct, self._prepared_kept)
             direct.begin()
             try:
                 yield direct
@@ -412,6 +419,10 @@ class Store:
                 await direct.rollback()
                 raise
             await direct.commit()
+        except BaseException:
+            await self._kept.end(lease, committed=False)
+            raise
+        await self._kept.end(lease, committed=True)
 
     def direct_connection(self, connection: AsyncConnection) -> DirectConnection | AsyncConnection:
         """``connection`` (in autocommit) with the store's prebuilt statements sent straight to asyncpg, on PostgreSQL
