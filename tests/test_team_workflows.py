@@ -290,6 +290,11 @@ async def test_cancelling_the_team_workflow_cancels_a_turn_it_is_not_awaiting(te
     plan = AskPlan(text="think", agent="ponder", controls=["pause"])  # waits for `proceed`, which never comes
     handle = await team.client.start_workflow(AskWorkflow.run, plan, id=_id("ask"), task_queue=team.task_queue)
     await asyncio.wait_for(model.entered.wait(), 30)
+
+    async def asked() -> bool:  # the turn may run before the workflow's task that learns its id has completed
+        return await handle.query(AskWorkflow.asked) is not None
+
+    await eventually(asked, what="the workflow to report the turn it started")
     turn_id = await handle.query(AskWorkflow.asked)
     await handle.cancel()
     with pytest.raises(WorkflowFailureError) as failure:
