@@ -388,6 +388,26 @@ async def test_a_kept_connection_idle_too_long_is_pinged_before_use(postgres_url
         await store.close()
 
 
+async def test_a_kept_connection_no_transaction_takes_goes_back_to_the_pool(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection kept after a burst and not taken again for a ``LEASE`` goes back to the pool on a timer, with no
+    transaction to take it there: a quiet process holds open what its pool keeps, not those as well."""
+    monkeypatch.setattr(kept_connections, "LEASE", 0.05)
+    store = await Store.open(postgres_url)
+    try:
+        await _pids_in_use(store, 3)  # three at once: three kept after them
+        pool: Any = store.engine.pool
+        await eventually(lambda: _none_checked_out(pool), timeout=10, what="the kept connections back in the pool")
+        assert pool.checkedin() >= 3
+    finally:
+        await store.close()
+
+
+async def _none_checked_out(pool: Any) -> bool:
+    return pool.checkedout() == 0
+
+
 async def test_kept_connections_are_closed_with_the_store(postgres_url: str) -> None:
     """``Store.close()`` gives the kept connections back to the pool before disposing of it: no backend of the store
     outlives it."""

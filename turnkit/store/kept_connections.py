@@ -25,13 +25,17 @@ transaction takes it from there. What the pool's checkout and checkin did still 
   whose checkin resets or discards it.
 
 At most :data:`KEPT` connections are kept per event loop (fewer when the pool is smaller). They count as checked out
-to the pool, which never opens more than its size and overflow allow. :meth:`KeptConnections.close` gives them back
-(``Store.close()`` calls it before the pool is disposed of).
+to the pool, which never opens more than its size and overflow allow. A connection no transaction took for a
+:data:`LEASE` goes back to the pool on a timer, so that a process that went quiet holds open what the pool keeps and
+no more: kept connections on top of the pool's own idle ones took a benchmark's five processes past PostgreSQL's
+``max_connections``. :meth:`KeptConnections.close` gives them back (``Store.close()`` calls it before the pool is
+disposed of).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import weakref
 from typing import Any, Final
@@ -41,6 +45,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import QueuePool
 
 from turnkit.store import idle_ping
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["KEPT", "LEASE", "KeptConnections", "Lease"]
 
@@ -74,6 +80,10 @@ class KeptConnections:
         #: Counts the pool's invalidations: a lease taken before the last one goes back to the pool.
         self.generation = 0
         event.listen(engine.sync_engine, "invalidate", self._invalidated)
+        #: The event loops whose kept connections a timer will look at (one timer per loop at a time).
+        self._swept: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        #: Connections on their way back to the pool from a timer (:meth:`close` waits for them).
+        self._returning: set[asyncio.Task[None]] = set()
 
     def _invalidated(self, *_: Any) -> None:
         self.generation += 1
@@ -102,8 +112,41 @@ class KeptConnections:
                 kept = self._kept[loop] = []
             if len(kept) < self._limit:
                 kept.append(lease)
+                if loop not in self._swept:
+                    self._swept.add(loop)
+                    loop.call_later(LEASE, self._sweep, loop)
                 return
         await self._give_back(lease)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Give the connections kept on ``loop`` that no transaction took for a :data:`LEASE` back to the pool; look
+        again a lease later while any is kept."""
+        self._swept.discard(loop)
+        kept = self._kept.get(loop)
+        if not kept:
+            return
+        now = time.monotonic()
+        idle = [lease for lease in kept if now - lease.idle_since >= LEASE]
+        if idle:
+            kept[:] = [lease for lease in kept if now - lease.idle_since < LEASE]
+            task = loop.create_task(self._give_back_quietly(idle))
+            self._returning.add(task)
+            task.add_done_callback(self._returning.discard)
+        if kept:
+            self._swept.add(loop)
+            loop.call_later(LEASE, self._sweep, loop)
+
+    async def _give_back_all(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            await self._give_back(lease)
+
+    async def _give_back_quietly(self, leases: list[Lease]) -> None:
+        """:meth:`_give_back_all` from the timer, where nobody awaits it: a failure is logged (the pool discards a
+        connection it could not take back)."""
+        try:
+            await self._give_back_all(leases)
+        except Exception as error:
+            _log.warning("a kept store connection could not be given back to the pool: %s", error)
 
     def _usable(self, lease: Lease, now: float) -> bool:
         connection = lease.connection
@@ -126,5 +169,8 @@ class KeptConnections:
     async def close(self) -> None:
         """Give every connection kept on this event loop back to the pool (before it is disposed of)."""
         kept = self._kept.pop(asyncio.get_running_loop(), [])
-        for lease in kept:
-            await self._give_back(lease)
+        await self._give_back_all(kept)
+        loop = asyncio.get_running_loop()
+        returning = [task for task in self._returning if task.get_loop() is loop]
+        if returning:
+            await asyncio.gather(*returning, return_exceptions=True)

@@ -269,9 +269,9 @@ class Store:
         #: The direct path's connection class (:class:`~turnkit.store.postgres_direct.DirectConnection`), imported here:
         #: it needs asyncpg, which a store on SQLite does without (the `postgres` extra).
         self._direct_connection: type[DirectConnection] | None = None
-        #: The direct path's transactions: the same pool, its connections in autocommit for SQLAlchemy, whose BEGIN,
-        #: COMMIT and ROLLBACK :class:`DirectConnection` sends to asyncpg itself (``turnkit/store/postgres_direct.py``).
-        self._transactions = None
+        #: The direct path's connections: the same pool's, in autocommit for SQLAlchemy, whose BEGIN, COMMIT and
+        #: ROLLBACK :class:`DirectConnection` sends to asyncpg itself (``turnkit/store/postgres_direct.py``), kept
+        #: checked out between transactions (``turnkit/store/kept_connections.py``).
         self._kept: KeptConnections | None = None
         if self.direct is not None:
             from turnkit.store import postgres_direct
@@ -279,9 +279,7 @@ class Store:
             self._direct_connection = postgres_direct.DirectConnection
             self._prepared_kept = postgres_direct.prepared_statements_kept(engine.url)
             options = {postgres_direct.DRIVER_TRANSACTION: True}
-            self._transactions = engine.execution_options(isolation_level="AUTOCOMMIT", **options)
-            #: Their connections, kept checked out between transactions (``turnkit/store/kept_connections.py``).
-            self._kept = KeptConnections(self._transactions)
+            self._kept = KeptConnections(engine.execution_options(isolation_level="AUTOCOMMIT", **options))
         #: Committed conversation rows this store has read. A conversation row is never updated or deleted once
         #: committed, so every later read of it may take it from here (StoreTx.load_conversation): a model call's
         #: prompt shows the conversation's subject, read once per conversation instead of once per call (issue 9).
