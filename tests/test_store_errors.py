@@ -398,14 +398,14 @@ async def test_a_kept_connection_no_transaction_takes_goes_back_to_the_pool(
     try:
         await _pids_in_use(store, 3)  # three at once: three kept after them
         pool: Any = store.engine.pool
-        await eventually(lambda: _none_checked_out(pool), timeout=10, what="the kept connections back in the pool")
+
+        async def none_checked_out() -> bool:
+            return pool.checkedout() == 0
+
+        await eventually(none_checked_out, timeout=10, what="the kept connections back in the pool")
         assert pool.checkedin() >= 3
     finally:
         await store.close()
-
-
-async def _none_checked_out(pool: Any) -> bool:
-    return pool.checkedout() == 0
 
 
 async def test_kept_connections_are_closed_with_the_store(postgres_url: str) -> None:

@@ -101,9 +101,8 @@ async def repair(
     if limit is not None:
         findings = findings[:limit]
     fixer = _Fixer(store, client, task_queue)
-    # Turns first: failing a turn also settles its open executions and its unanswered calls.
     for finding in findings:
-        if finding.kind in (TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED):
+        if finding.kind in _TURN_FIXES:
             await fixer.turn(finding.ids[0])
     for finding in findings:
         if finding.kind == EXECUTION_WITHOUT_ATTEMPT:
@@ -118,10 +117,10 @@ async def repair(
     return fixer.done
 
 
+#: The findings about a turn that repair fixes (first: failing a turn settles its executions and calls too).
+_TURN_FIXES: Final = frozenset({TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED})
 #: What repair fixes; everything else check finds is reported only (module docstring).
-_FIXED: Final = frozenset(
-    {TURN_WITHOUT_WORKFLOW, WORKFLOW_CLOSED, EXECUTION_WITHOUT_ATTEMPT, DELIVERY_NOT_CONSUMED, WAIT_WITHOUT_END}
-)
+_FIXED: Final = _TURN_FIXES | {EXECUTION_WITHOUT_ATTEMPT, DELIVERY_NOT_CONSUMED, WAIT_WITHOUT_END}
 
 
 def _fixable(finding: Finding) -> bool:

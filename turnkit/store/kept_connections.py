@@ -4,7 +4,7 @@ A store transaction on the direct path (``turnkit/store/postgres_direct.py``) us
 SQLAlchemy's pool and give it back at its end: ``engine.connect()`` (a greenlet crossed, the pool's checkout and its
 events, the isolation level set) and ``AsyncConnection.__aexit__`` (a task and a shield around ``close()``, the
 pool's checkin and its events, the isolation level reset). That was 65-75 µs of the process's CPU per transaction
-with nothing in it, and a turn of 8 tool calls runs 36 transactions that lock a row, one after another
+with nothing in it, and a turn of 8 tool calls runs 35 transactions that lock a row, one after another
 (``bench/README.md``, "Connections kept between transactions").
 
 Here a transaction that committed hands its connection to a short list of the event loop's, and the next
