@@ -77,7 +77,7 @@ def _answer(_request: turnkit.ModelRequest) -> turnkit.Result:
 
 
 AGENT = turnkit.register(
-    turnkit.Agent("bench_long", model="scripted", client=ScriptedClient(_answer), max_iterations=5)
+    turnkit.Agent("bench_long", model="scripted", client=ScriptedClient(_answer, record=False), max_iterations=5)
 )
 
 

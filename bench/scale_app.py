@@ -33,7 +33,9 @@ def _sub_agent(name: str, answer: str) -> turnkit.Agent:
         _count(name)
         return turnkit.Result.build(text=answer, usage=turnkit.Usage(input_tokens=10, output_tokens=3))
 
-    return turnkit.Agent(name, description=f"The {name} sub-agent.", model="scripted", client=ScriptedClient(respond))
+    return turnkit.Agent(
+        name, description=f"The {name} sub-agent.", model="scripted", client=ScriptedClient(respond, record=False)
+    )
 
 
 scout = _sub_agent("scale_scout", "scouted")
@@ -50,5 +52,7 @@ def _lead(request: turnkit.ModelRequest) -> turnkit.Result:
 
 
 lead = turnkit.register(
-    turnkit.Agent("scale_lead", model="scripted", sub_agents=[scout, checker], client=ScriptedClient(_lead))
+    turnkit.Agent(
+        "scale_lead", model="scripted", sub_agents=[scout, checker], client=ScriptedClient(_lead, record=False)
+    )
 )

@@ -77,7 +77,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         address = env.client.service_client.config.target_host
         agent = turnkit.register(
-            turnkit.Agent("streamed", model="scripted", tools=[look], client=ScriptedClient(_script))
+            turnkit.Agent("streamed", model="scripted", tools=[look], client=ScriptedClient(_script, record=False))
         )
         rates: dict[bool, list[float]] = {True: [], False: []}
         cpu: dict[bool, list[float]] = {True: [], False: []}

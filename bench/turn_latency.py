@@ -112,11 +112,15 @@ def _pager(k: int) -> Callable[[turnkit.ModelRequest], turnkit.Result]:
 
 
 ONE_ITERATION = turnkit.register(
-    turnkit.Agent("bench_one", model="scripted", client=ScriptedClient(_answer), max_iterations=5)
+    turnkit.Agent("bench_one", model="scripted", client=ScriptedClient(_answer, record=False), max_iterations=5)
 )
 THREE_ITERATIONS = turnkit.register(
     turnkit.Agent(
-        "bench_three", model="scripted", tools=[bench_lookup], client=ScriptedClient(_two_tools), max_iterations=5
+        "bench_three",
+        model="scripted",
+        tools=[bench_lookup],
+        client=ScriptedClient(_two_tools, record=False),
+        max_iterations=5,
     )
 )
 PAGERS = {
@@ -125,7 +129,7 @@ PAGERS = {
             f"bench_pager_{k}",
             model="scripted",
             tools=[bench_page],
-            client=ScriptedClient(_pager(k)),
+            client=ScriptedClient(_pager(k), record=False),
             max_iterations=50,
             compaction=False,  # the script counts the tool results it sees; a summary would replace them
         )

@@ -233,7 +233,9 @@ def _lead(request: ModelRequest) -> Result:
 
 
 def _agent(name: str, description: str, script: Any, tools: list[Any]) -> turnkit.Agent:
-    return turnkit.Agent(name, description=description, model="scripted", tools=tools, client=ScriptedClient(script))
+    return turnkit.Agent(
+        name, description=description, model="scripted", tools=tools, client=ScriptedClient(script, record=False)
+    )
 
 
 researcher = _agent("researcher", "Looks topics up in the local encyclopedia.", _researcher, [lookup_fact])
@@ -250,7 +252,7 @@ lead_agent = turnkit.register(
         model="scripted",
         tools=[launch_agent],
         sub_agents=[researcher, surveyor, archivist, fact_checker],
-        client=ScriptedClient(_lead),
+        client=ScriptedClient(_lead, record=False),
         orchestrator=True,
         max_spend=0.05,
         max_iterations=20,

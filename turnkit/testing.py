@@ -105,7 +105,7 @@ def _new_call_id() -> str:
 
 
 class ScriptedClient:
-    """A model client that returns scripted answers in order and records every request.
+    """A model client that returns scripted answers in order and records every request (unless told not to).
 
     The script is a sequence of items, each consumed by one call: a ``str`` is a final text answer (with
     :data:`DEFAULT_USAGE`), a :class:`Result` is returned as-is, and a callable receives the request and returns
@@ -123,6 +123,7 @@ class ScriptedClient:
         *,
         images: Sequence[Result] = (),
         delta_delay: float = 0.0,
+        record: bool = True,
     ) -> None:
         """Create the client.
 
@@ -132,6 +133,9 @@ class ScriptedClient:
             images: The answers to ``paint`` calls, in order (see :func:`image`).
             delta_delay: Seconds between the words of an answer streamed to a watcher (when the call streams, see
                 :mod:`turnkit.streaming`): a demo can show text arriving as a provider sends it.
+            record: Keep every request in :attr:`requests`, for a test to look at. False for a process that runs for
+                long (a benchmark's worker, the demo): a kept request holds its messages, the transcript's kept ones
+                included, so the list would grow by every call and keep what the worker's transcripts let go.
         """
         self.delta_delay = delta_delay
         self._images = list(images)
@@ -145,14 +149,16 @@ class ScriptedClient:
         else:
             self._items = list(script)
         self._position = 0
+        self._record = record
+        self._calls = 0
         self.requests: list[ModelRequest] = []
-        """Every request received, in order."""
+        """Every request received, in order (none when the client was made with ``record=False``)."""
 
     @property
     def calls(self) -> int:
         """How many calls were made (including one that found the script exhausted)."""
         with self._lock:
-            return len(self.requests)
+            return self._calls
 
     @property
     def remaining(self) -> int:
@@ -164,7 +170,8 @@ class ScriptedClient:
         """Return the next scripted answer.
 
         Args:
-            request: The request; it is recorded in :attr:`requests`.
+            request: The request; it is recorded in :attr:`requests` (unless the client was made with
+                ``record=False``).
 
         Returns:
             The answer.
@@ -173,7 +180,9 @@ class ScriptedClient:
             ModelError: The script is exhausted.
         """
         with self._lock:
-            self.requests.append(request)
+            self._calls += 1
+            if self._record:
+                self.requests.append(request)
             if self._responder is not None:
                 item: ScriptItem = self._responder
             elif self._position < len(self._items):

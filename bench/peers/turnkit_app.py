@@ -76,7 +76,7 @@ def _agent(name: str, tool: turnkit.Tool) -> turnkit.Agent:
             model="scripted",
             instructions=workload.INSTRUCTIONS,
             tools=[tool],
-            client=ScriptedClient(scripted_model),
+            client=ScriptedClient(scripted_model, record=False),
             max_iterations=100,
             compaction=False,  # the script counts the tool results it sees; a summary would replace them
         )
