@@ -162,6 +162,7 @@ async def test_scripted_client_exhaustion() -> None:
         await client.chat(request())
     assert client.calls == 2
 
+
 async def test_a_scripted_client_told_not_to_record_keeps_no_request() -> None:
     """A long-running process's scripted model (a benchmark's worker, the demo) must not hold every request it got:
     each one holds its messages, so the list grew by every call and kept what the transcripts had let go."""
@@ -170,7 +171,6 @@ async def test_a_scripted_client_told_not_to_record_keeps_no_request() -> None:
         assert (await client.chat(request())).text == "ok"
     assert client.calls == 3
     assert client.requests == []
-
 
 
 async def test_scripted_client_fills_unique_tool_call_ids() -> None:
