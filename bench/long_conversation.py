@@ -18,7 +18,12 @@ It prints:
 * the message rows ``StoreTx.list_messages`` returned to those calls, per call, at the start and at the end;
 * from the turn workflows' histories, the model activity's time and the workflow task dispatch after it (the wait
   from ``WorkflowTaskScheduled`` to ``WorkflowTaskStarted``), and the machine's CPU use over each window;
-* this process's CPU per turn (client and worker) over each window, and their ratio.
+* this process's CPU per turn (client and worker) over each window, and their ratio;
+* with ``--pairs N`` (default 100), the end against the start measured side by side: N turns of the long
+  conversation alternated with N turns of fresh conversations at their turns 10-60, and the medians' ratios of their
+  wall time and of this process's CPU. The machine's speed moves by a fifth and more between the two windows above,
+  minutes apart; alternated turns see the same machine, so this ratio is the one that tells whether a late turn costs
+  more.
 
 The dev server's default settings read its transfer queue at most 20 times a second, so a back-to-back turn's time
 is a multiple of ~50 ms: the dispatch after the model activity absorbs the turn's work until it no longer fits the
@@ -59,7 +64,7 @@ from turnkit._activities.model import ModelActivities
 from turnkit._temporal.process import exit_process
 from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.plugin import TurnKitPlugin
-from turnkit.runtime import temporal_binary
+from turnkit.runtime import TurnKit, temporal_binary
 from turnkit.store.store import StoreTx
 from turnkit.testing import ScriptedClient
 
@@ -215,6 +220,49 @@ async def run_turns(ask: Callable[[], Awaitable[turnkit.Turn]], run: Run, turns:
     run.process[turns] = time.process_time()
 
 
+@dataclass
+class Alternated:
+    """Wall time and this process's CPU of each turn, seconds, of the long conversation (``late``) and of fresh
+    conversations at their turns 10-60 (``early``), taken in turn."""
+
+    late: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
+    early: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
+
+
+async def alternate(tk: TurnKit, late: turnkit.Conversation, pairs: int) -> Alternated:
+    """``pairs`` turns of ``late`` and as many of fresh conversations between their turns 10 and 60, one after the
+    other (which goes first alternates), so that both see the machine as it is at that moment."""
+    taken = Alternated()
+    early: turnkit.Conversation | None = None
+    asked = 0
+    for pair in range(pairs):
+        if early is None or asked == EARLY[1]:
+            early = await tk.conversation(AGENT)
+            for _ in range(EARLY[0]):
+                await early.ask("go")
+            asked = EARLY[0]
+        order = [(late, taken.late), (early, taken.early)]
+        for conversation, into in order if pair % 2 == 0 else reversed(order):
+            wall, cpu = time.perf_counter(), time.process_time()
+            turn = await conversation.ask("go")
+            into.append((time.perf_counter() - wall, time.process_time() - cpu))
+            if turn.status != "completed":
+                raise RuntimeError(f"turn {turn.id} ended {turn.status}: {turn.error}")
+        asked += 1
+    return taken
+
+
+def report_alternated(taken: Alternated) -> None:
+    """The medians of the alternated turns and their ratios (the end against the start, side by side)."""
+    for name, at in (("wall time", 0), ("process CPU", 1)):
+        late = _median([times[at] for times in taken.late]) * 1000
+        early = _median([times[at] for times in taken.early]) * 1000
+        print(
+            f"  alternated {name:<11} turns 10-60: {early:7.1f} ms   the long one: {late:7.1f} ms   ratio "
+            f"{late / early:5.2f}x ({len(taken.late)} pairs)"
+        )
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -315,6 +363,8 @@ async def main(args: argparse.Namespace) -> None:
                 run = Run(name)
                 await run_turns(lambda: conversation.ask("go"), run, args.turns)
                 await read_histories(tk.client, run, run.turn_ids[slice(*EARLY)] + run.turn_ids[-LATE:])
+                print(f"  {name}: {args.pairs} turns alternated with fresh conversations …", file=sys.stderr)
+                taken = await alternate(tk, conversation, args.pairs)
     finally:
         await env.shutdown()
     load_end = os.getloadavg()
@@ -325,6 +375,8 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(f"load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f} · dev server: {args.server} settings")
     report(run, calls)
+    if taken.late:
+        report_alternated(taken)
     print(f"total bench time {time.perf_counter() - started:.0f} s")
 
 
@@ -339,6 +391,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the dev server's settings: its defaults, or tuned (no transfer-queue poll rate limit)",
     )
     parser.add_argument("--label", help="what to call the build in the report (default: its git commit)")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=100,
+        help="turns of the long conversation then alternated with fresh conversations' turns 10-60 (default 100)",
+    )
     args = parser.parse_args(argv)
     if args.turns < EARLY[1] + LATE:
         parser.error(f"--turns must be at least {EARLY[1] + LATE}")
