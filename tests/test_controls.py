@@ -672,7 +672,10 @@ async def test_a_cancel_is_one_durable_request_that_outlives_its_client(tk: Turn
     workflows end, the turn of another conversation that waits for the root goes on, and the conversation's next
     turn runs. The client is gone before any of it was written: all of it happened after it died. Both steps ran as
     local activities of the cancel workflow."""
-    turnkit.configure(tool_heartbeat_timeout=1.0)  # cancellation reaches the running tool through its heartbeat
+    # Cancellation reaches the running tool through its heartbeat, which the SDK sends every 0.8 timeout: 3 s keeps
+    # the cancel prompt and leaves the beat 0.6 s of slack while the client process starts (1 s left 0.2 s, and a
+    # loaded 2-core machine once let the tool time out, so that the tree completed before the cancel was asked).
+    turnkit.configure(tool_heartbeat_timeout=3.0)
     asked, answer = asyncio.Event(), asyncio.Event()
 
     async def hook(action: str, principal: Any = None, **resources: Any) -> bool:
