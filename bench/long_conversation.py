@@ -42,9 +42,7 @@ import inspect
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,27 +52,20 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
 
 import turnkit
 import turnkit._activities.model as model_activity
 import turnkit._engine.transcripts as transcripts
+from bench.single_server import add_server_options, git_commit, start_dev_server, store
 from bench.turn_latency import turnkit_engine
 from turnkit._activities.model import ModelActivities
 from turnkit._temporal.process import exit_process
-from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
-from turnkit.plugin import TurnKitPlugin
-from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.runtime import TurnKit
 from turnkit.store.store import StoreTx
 from turnkit.testing import ScriptedClient
 
 EARLY = (10, 60)  # the turns the end is compared with (index from 0)
 LATE = 50  # the last turns
-#: The dev server's settings: its defaults, or without the transfer queue's poll rate limit (20 reads/s).
-SERVER_ARGS: dict[str, list[str]] = {
-    "default": [],
-    "tuned": ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"],
-}
 
 
 def _answer(_request: turnkit.ModelRequest) -> turnkit.Result:
@@ -331,33 +322,15 @@ def report(run: Run, calls: Calls) -> None:
     )
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 async def main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     load_start = os.getloadavg()
     calls = Calls()
     instrument(calls)
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        plugins=[TurnKitPlugin()],
-        search_attributes=ALL_SEARCH_ATTRIBUTES,
-        dev_server_log_level="never",
-        dev_server_extra_args=SERVER_ARGS[args.server],
-    )
+    env = await start_dev_server(args.server)
     try:
         address = env.client.service_client.config.target_host
-        with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as tmp:
-            name, url = (
-                ("postgresql", args.postgres)
-                if args.postgres
-                else ("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}")
-            )
+        with store(args.postgres) as (name, url):
             async with turnkit_engine(address, url) as tk:
                 conversation = await tk.conversation(AGENT)
                 run = Run(name)
@@ -368,7 +341,7 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await env.shutdown()
     load_end = os.getloadavg()
-    build = args.label or f"git {_git('rev-parse', '--short', 'HEAD')}"
+    build = args.label or f"git {git_commit()}"
     print(
         f"TurnKit long conversation · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · {build} · {platform.system()} "
         f"{platform.machine()}, {os.cpu_count()} cores · Python {platform.python_version()}"
@@ -383,13 +356,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, default=1000, help="turns in the conversation (default 1000)")
-    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database to use instead of SQLite")
-    parser.add_argument(
-        "--server",
-        choices=sorted(SERVER_ARGS),
-        default="default",
-        help="the dev server's settings: its defaults, or tuned (no transfer-queue poll rate limit)",
-    )
+    add_server_options(parser)
     parser.add_argument("--label", help="what to call the build in the report (default: its git commit)")
     parser.add_argument(
         "--pairs",

@@ -26,26 +26,20 @@ import asyncio
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from temporalio.testing import WorkflowEnvironment
-
 import turnkit
-from bench.long_conversation import SERVER_ARGS
 from bench.peers import workload
 from bench.peers.turnkit_app import AGENT
+from bench.single_server import add_server_options, git_commit, start_dev_server, store
 from bench.turn_latency import turnkit_engine
 from turnkit._temporal.process import exit_process
-from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
-from turnkit.plugin import TurnKitPlugin
-from turnkit.runtime import TurnKit, temporal_binary
+from turnkit.runtime import TurnKit
 
 __all__ = ["LAG", "Pairs", "alternate", "dev_server_pid"]
 
@@ -141,33 +135,15 @@ def report(k: int, taken: Pairs) -> None:
         )
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 async def main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     load_start = os.getloadavg()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        plugins=[TurnKitPlugin()],
-        search_attributes=ALL_SEARCH_ATTRIBUTES,
-        dev_server_log_level="never",
-        dev_server_extra_args=SERVER_ARGS[args.server],
-    )
+    env = await start_dev_server(args.server)
     results: list[tuple[int, Pairs]] = []
     try:
         address = env.client.service_client.config.target_host
         server = dev_server_pid()
-        with tempfile.TemporaryDirectory(prefix="turnkit-bench-") as tmp:
-            name, url = (
-                ("postgresql", args.postgres)
-                if args.postgres
-                else ("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}")
-            )
+        with store(args.postgres) as (name, url):
             async with turnkit_engine(address, url) as tk:
                 for k in args.k:
                     print(f"  {name}: K = {k}, {args.pairs} pairs …", file=sys.stderr, flush=True)
@@ -178,7 +154,7 @@ async def main(args: argparse.Namespace) -> None:
     load_end = os.getloadavg()
     print(
         f"TurnKit next turn against first · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC · git "
-        f"{_git('rev-parse', '--short', 'HEAD')} · {platform.system()} {platform.machine()}, {os.cpu_count()} cores"
+        f"{git_commit()} · {platform.system()} {platform.machine()}, {os.cpu_count()} cores"
     )
     print(
         f"store {name} · dev server: {args.server} settings · load average at start {load_start[0]:.2f}, at end "
@@ -194,13 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, nargs="+", default=[1, 3], help="tool-calling iterations (default 1 3)")
     parser.add_argument("--pairs", type=int, default=100, help="pairs of turns per K (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="pairs before the measured ones, per K (default 10)")
-    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database to use instead of SQLite")
-    parser.add_argument(
-        "--server",
-        choices=sorted(SERVER_ARGS),
-        default="default",
-        help="the dev server's settings: its defaults, or tuned (no transfer-queue poll rate limit)",
-    )
+    add_server_options(parser)
     return parser.parse_args(argv)
 
 
