@@ -33,22 +33,20 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 import turnkit
 from bench.peers import workload
+from bench.peers.serve import server_cpu
 from bench.peers.turnkit_app import AGENT
 from bench.single_server import add_server_options, git_commit, start_dev_server, store
 from bench.turn_latency import turnkit_engine
 from turnkit._temporal.process import exit_process
 from turnkit.runtime import TurnKit
 
-__all__ = ["LAG", "Pairs", "alternate", "dev_server_pid"]
+__all__ = ["LAG", "Pairs", "alternate"]
 
 #: How many pairs before its next turn a conversation was first asked: it has been idle for that long.
 LAG = 5
-#: Seconds per clock tick of ``/proc/<pid>/stat``'s CPU counters.
-_TICK = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
 @dataclass
@@ -60,33 +58,6 @@ class Pairs:
     next: list[tuple[float, float, float]] = field(default_factory=list[tuple[float, float, float]])
 
 
-def dev_server_pid() -> int | None:
-    """The dev server this process started (``temporal server start-dev``), found among its children."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"start-dev" in command:
-            return int(entry.name)
-    return None
-
-
-def _process_cpu(pid: int | None) -> float:
-    """The CPU seconds process ``pid`` has used so far (user and system; 0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) * _TICK  # utime, stime
-
-
 async def _ask(conversation: turnkit.Conversation, k: int) -> None:
     turn = await conversation.ask(workload.prompt(k))
     if turn.status != "completed":
@@ -94,10 +65,11 @@ async def _ask(conversation: turnkit.Conversation, k: int) -> None:
     workload.check(k, turn.output_text)
 
 
-async def alternate(tk: TurnKit, k: int, pairs: int, server: int | None = None) -> Pairs:
+async def alternate(tk: TurnKit, k: int, pairs: int, *, server: bool = False) -> Pairs:
     """``pairs`` first turns of fresh conversations and as many next turns of conversations first asked ``LAG``
-    pairs earlier, one after the other (which goes first alternates); ``server`` is the dev server's pid, whose CPU
-    each turn is charged with (0 when None). ``LAG`` conversations are asked their first turn before the pairs."""
+    pairs earlier, one after the other (which goes first alternates); with ``server``, each turn is charged with the
+    CPU of this process's dev servers over it (else 0). ``LAG`` conversations are asked their first turn before the
+    pairs."""
     taken = Pairs()
     idle: deque[turnkit.Conversation] = deque()
     for _ in range(LAG):
@@ -106,9 +78,12 @@ async def alternate(tk: TurnKit, k: int, pairs: int, server: int | None = None) 
         idle.append(conversation)
 
     async def timed(conversation: turnkit.Conversation, into: list[tuple[float, float, float]]) -> None:
-        wall, cpu, server_cpu = time.perf_counter(), time.process_time(), _process_cpu(server)
+        # The dev server's counter is read outside the turn's own wall time and CPU: reading it scans /proc (~3 ms).
+        server_before = server_cpu() if server else 0.0
+        wall, cpu = time.perf_counter(), time.process_time()
         await _ask(conversation, k)
-        into.append((time.perf_counter() - wall, time.process_time() - cpu, _process_cpu(server) - server_cpu))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        into.append((wall, cpu, server_cpu() - server_before if server else 0.0))
 
     for pair in range(pairs):
         fresh, waiting = await tk.conversation(AGENT), idle.popleft()
@@ -144,13 +119,13 @@ async def main(args: argparse.Namespace) -> None:
     results: list[tuple[int, Pairs]] = []
     try:
         address = env.client.service_client.config.target_host
-        server = dev_server_pid()
+        server = server_cpu() > 0  # 0: no dev server among this process's children to read (not Linux)
         with store(args.postgres) as (name, url):
             async with turnkit_engine(address, url) as tk:
                 for k in args.k:
                     print(f"  {name}: K = {k}, {args.pairs} pairs …", file=sys.stderr, flush=True)
-                    await alternate(tk, k, args.warmup, server)
-                    results.append((k, await alternate(tk, k, args.pairs, server)))
+                    await alternate(tk, k, args.warmup, server=server)
+                    results.append((k, await alternate(tk, k, args.pairs, server=server)))
     finally:
         await env.shutdown()
     load_end = os.getloadavg()
@@ -160,7 +135,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(
         f"store {name} · dev server: {args.server} settings · load average at start {load_start[0]:.2f}, at end "
-        f"{load_end[0]:.2f}" + ("" if server is not None else " · the dev server's CPU was not found")
+        f"{load_end[0]:.2f}" + ("" if server else " · the dev server's CPU was not found")
     )
     for k, taken in results:
         report(k, taken)

