@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():  # the sandbox re-imports this mo
     from temporalio.worker import Worker
 
     from bench import server_work
-    from bench.actions import free_port
+    from bench.action_counts import free_port
     from bench.peers import workload
     from bench.peers.bare_app import ModelCall, lookup, model
     from bench.peers.serve import server_cpu

@@ -52,7 +52,7 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 from temporalio.worker import Interceptor as WorkerInterceptor
 
 from bench import server_work
-from bench.actions import free_port
+from bench.action_counts import free_port
 from bench.peers import bare_app
 from bench.peers.serve import server_cpu
 from bench.peers.turnkit_app import System

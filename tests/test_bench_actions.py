@@ -24,7 +24,7 @@ from temporalio.api.history.v1 import (
 )
 from temporalio.client import WorkflowHistory
 
-from bench.actions import MARKERS, billable, count_actions
+from bench.action_counts import MARKERS, billable, count_actions
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT / "tests" / "histories"

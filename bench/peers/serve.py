@@ -43,7 +43,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from bench.actions import count_actions, free_port, server_actions
+from bench.action_counts import count_actions, free_port, server_actions
 
 #: ``serve`` name -> module holding its ``System``.
 SYSTEMS = {
@@ -228,7 +228,7 @@ async def settled_events(client: Client, workflow_id: str, quiet: float = 0.3, l
 
 
 async def settled_server_actions(limit: float = 30) -> Counter[str]:
-    """The dev server's ``action`` counter (:func:`bench.actions.server_actions`) once it has not moved for
+    """The dev server's ``action`` counter (:func:`bench.action_counts.server_actions`) once it has not moved for
     :data:`METRICS_QUIET` seconds (at most ``limit`` seconds); empty without a metrics port."""
     if not _metrics_port:
         return Counter()
