@@ -14,6 +14,9 @@ client side costs (the server's is ``bench.pg_server_cost``'s). Each row is the 
 - **raw asyncpg, pooled**: the same three statements on an asyncpg pool's connection (``Pool.acquire``, whose
   release runs asyncpg's reset query: one more round trip);
 - **raw asyncpg, held**: the same three on one connection held throughout (no pool);
+- **raw asyncpg, held, the lock alone**: its statement alone, outside BEGIN, so the server commits it as it ends: one
+  round trip, what a transaction written as one statement would cost the process (the difference from the row above
+  is what its BEGIN and COMMIT cost);
 - **SQLAlchemy checkout + return** and **its raw connection**: what a checkout from the store's pool costs alone (a
   transaction paid the first before its connections were kept).
 
@@ -78,6 +81,9 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, list[float]]:
             await held.fetchrow(lock, conversation)
             await held.execute("COMMIT")
 
+        async def raw_statement() -> None:
+            await held.fetchrow(lock, conversation)  # outside BEGIN: its own transaction, committed by the server
+
         async def checkout() -> None:
             async with engine.connect():
                 pass
@@ -91,6 +97,7 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, list[float]]:
             "store transaction with no statement": empty_transaction,
             "raw asyncpg, pooled (+ its reset query)": raw_pooled,
             "raw asyncpg, one connection held": raw_held,
+            "raw asyncpg, held, the lock alone (autocommit)": raw_statement,
             "SQLAlchemy connect + close (no statement)": checkout,
             "SQLAlchemy raw_connection + close": raw_checkout,
         }
