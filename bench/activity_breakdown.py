@@ -60,9 +60,13 @@ TIMED: tuple[tuple[str, str], ...] = (
     ("turnkit.store.store", "StoreTx.append_message_and_update_turn"),
     ("turnkit.store.store", "StoreTx.create_tool_execution"),
     ("turnkit.store.store", "StoreTx.complete_tool_execution"),
-    ("turnkit.store.store", "turn_record"),
-    ("turnkit.store.store", "turn_values"),
-    ("turnkit.store.store", "message_record"),
+    # A record's builder, in each module of the store's transaction that calls it (one line of the table each).
+    ("turnkit.store.tx.turns", "turn_record"),
+    ("turnkit.store.tx.messages", "turn_record"),
+    ("turnkit.store.tx.turns", "turn_values"),
+    ("turnkit.store.tx.messages", "turn_values"),
+    ("turnkit.store.tx.messages", "message_record"),
+    ("turnkit.store.tx.tool_executions", "message_record"),
 )
 
 

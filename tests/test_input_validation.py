@@ -20,8 +20,8 @@ from turnkit.config import configure, settings
 from turnkit.handles import Conversation
 from turnkit.kernel.errors import ConfigError, InputError
 from turnkit.runtime import TurnKit
+from turnkit.store.rows import canonical_json
 from turnkit.store.schema import ConversationRow, DeliveryRow
-from turnkit.store.store import canonical_json
 from turnkit.testing import ScriptedClient
 
 

@@ -28,7 +28,7 @@ from turnkit.kernel.names import CANCEL_WORKFLOW, COMPACTION_WORKFLOW
 from turnkit.kernel.records import MessageRecord
 from turnkit.kernel.requests import CancelPlan, CancelRequest, CompactRequest, Descendants
 from turnkit.store.patience import patiently
-from turnkit.store.store import canonical_json
+from turnkit.store.rows import canonical_json
 
 if TYPE_CHECKING:
     from turnkit.runtime import TurnKit

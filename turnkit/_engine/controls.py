@@ -23,7 +23,8 @@ from turnkit.kernel.records import (
     TurnRecord,
 )
 from turnkit.kernel.turn_state import SteeringInput, TurnControls, changeable_copy
-from turnkit.store.store import StoreTx, canonical_json, utcnow
+from turnkit.store.rows import canonical_json
+from turnkit.store.store import StoreTx, utcnow
 
 __all__ = [
     "CANCELLED_ERROR",

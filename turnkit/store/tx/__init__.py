@@ -1,0 +1,1 @@
+"""The store transaction's operations, one module per record (:class:`turnkit.store.store.StoreTx`)."""
