@@ -27,20 +27,11 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy.engine import Engine, Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from turnkit.kernel.records import (
-    ConversationRecord,
-    MessageRecord,
-    ToolExecutionRecord,
-    TurnRecord,
-)
+from turnkit.kernel.records import ConversationRecord, MessageRecord, ToolExecutionRecord, TurnRecord
 from turnkit.store.direct import DirectStatements
 from turnkit.store.engine import sqlite_file, store_engine
 from turnkit.store.kept_connections import KeptConnections
-from turnkit.store.rows import (
-    NewMessage,
-    media_id_for,
-    utcnow,
-)
+from turnkit.store.rows import NewMessage, media_id_for, utcnow
 from turnkit.store.sqlite_inline import InlineSQLite
 from turnkit.store.tx.base import Look, StoreConnection
 from turnkit.store.tx.conversations import ConversationsTx

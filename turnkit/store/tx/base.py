@@ -15,22 +15,12 @@ from decimal import Decimal
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, cast, overload
 
-from sqlalchemy import (
-    Select,
-    text,
-)
+from sqlalchemy import Select, text
 from sqlalchemy.engine import CursorResult, Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import turnkit.store.statements as sql
-from turnkit.store.rows import (
-    NewRow,
-    insert_columns,
-    insert_skipping_conflicts,
-    iterations_of,
-    money,
-    row_values,
-)
+from turnkit.store.rows import NewRow, insert_columns, insert_skipping_conflicts, iterations_of, money, row_values
 from turnkit.store.sqlite_inline import InlineConnection
 
 if TYPE_CHECKING:

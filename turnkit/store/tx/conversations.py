@@ -7,19 +7,9 @@ from typing import Any
 import turnkit.store.statements as sql
 from turnkit._engine.ids import new_id
 from turnkit.kernel.errors import RecordNotFound
-from turnkit.kernel.records import (
-    ConversationRecord,
-)
-from turnkit.store.rows import (
-    NewRow,
-    canonical_json,
-    conversation_record,
-    str_or_none,
-    utcnow,
-)
-from turnkit.store.schema import (
-    ConversationRow,
-)
+from turnkit.kernel.records import ConversationRecord
+from turnkit.store.rows import NewRow, canonical_json, conversation_record, str_or_none, utcnow
+from turnkit.store.schema import ConversationRow
 from turnkit.store.tx.base import TxBase
 
 

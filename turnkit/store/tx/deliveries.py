@@ -8,19 +8,9 @@ from typing import Any
 import turnkit.store.statements as sql
 from turnkit._engine.ids import new_id
 from turnkit.kernel.errors import RecordNotFound, ToolError
-from turnkit.kernel.records import (
-    DeliveryRecord,
-)
-from turnkit.store.rows import (
-    NewRow,
-    canonical_json,
-    delivery_record,
-    rowcount,
-    utcnow,
-)
-from turnkit.store.schema import (
-    DeliveryRow,
-)
+from turnkit.kernel.records import DeliveryRecord
+from turnkit.store.rows import NewRow, canonical_json, delivery_record, rowcount, utcnow
+from turnkit.store.schema import DeliveryRow
 from turnkit.store.tx.base import TxBase
 
 

@@ -6,18 +6,9 @@ import hashlib
 
 import turnkit.store.statements as sql
 from turnkit.kernel.errors import RecordNotFound
-from turnkit.kernel.records import (
-    MediaRecord,
-)
-from turnkit.store.rows import (
-    NewRow,
-    media_id_for,
-    media_record,
-    utcnow,
-)
-from turnkit.store.schema import (
-    MediaRow,
-)
+from turnkit.kernel.records import MediaRecord
+from turnkit.store.rows import NewRow, media_id_for, media_record, utcnow
+from turnkit.store.schema import MediaRow
 from turnkit.store.tx.base import TxBase
 
 

@@ -8,10 +8,7 @@ from typing import Any, Literal, Unpack
 
 import turnkit.store.statements as sql
 from turnkit.kernel.errors import RecordNotFound
-from turnkit.kernel.records import (
-    MessageRecord,
-    TurnRecord,
-)
+from turnkit.kernel.records import MessageRecord, TurnRecord
 from turnkit.store.rows import (
     NewMessage,
     NewRow,

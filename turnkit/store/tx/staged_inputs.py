@@ -6,20 +6,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    delete,
-)
+from sqlalchemy import delete
 
 import turnkit.store.statements as sql
 from turnkit.kernel.errors import RecordNotFound
-from turnkit.store.rows import (
-    NewRow,
-    canonical_json,
-    utcnow,
-)
-from turnkit.store.schema import (
-    StagedInputRow,
-)
+from turnkit.store.rows import NewRow, canonical_json, utcnow
+from turnkit.store.schema import StagedInputRow
 from turnkit.store.tx.base import TxBase
 
 

@@ -7,9 +7,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    select,
-)
+from sqlalchemy import select
 
 import turnkit.store.statements as sql
 from turnkit._engine.ids import new_id
@@ -34,9 +32,7 @@ from turnkit.store.rows import (
     tool_result_row,
     utcnow,
 )
-from turnkit.store.schema import (
-    ToolExecutionRow,
-)
+from turnkit.store.schema import ToolExecutionRow
 from turnkit.store.tx.base import ABSENT
 from turnkit.store.tx.messages import MessagesTx
 

@@ -12,11 +12,7 @@ from typing import Any
 import turnkit.store.statements as sql
 from turnkit._engine.ids import new_id
 from turnkit.kernel.errors import RecordNotFound
-from turnkit.kernel.records import (
-    TreeUsage,
-    TurnRecord,
-    TurnStatus,
-)
+from turnkit.kernel.records import TreeUsage, TurnRecord, TurnStatus
 from turnkit.kernel.turn_state import TurnOptions
 from turnkit.store.rows import (
     NewRow,
@@ -30,9 +26,7 @@ from turnkit.store.rows import (
     turn_values,
     utcnow,
 )
-from turnkit.store.schema import (
-    TurnRow,
-)
+from turnkit.store.schema import TurnRow
 from turnkit.store.tx.base import ZERO, TxBase
 
 

@@ -7,17 +7,9 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 import turnkit.store.statements as sql
-from turnkit.kernel.records import (
-    WaitRecord,
-)
-from turnkit.store.rows import (
-    NewRow,
-    utcnow,
-    wait_record,
-)
-from turnkit.store.schema import (
-    WaitRow,
-)
+from turnkit.kernel.records import WaitRecord
+from turnkit.store.rows import NewRow, utcnow, wait_record
+from turnkit.store.schema import WaitRow
 from turnkit.store.tx.base import TxBase
 
 
