@@ -16,7 +16,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -26,6 +25,7 @@ from typing import Any
 
 from bench.action_counts import MARKERS, billable
 from bench.peers.__main__ import FLOOR, LOCAL_MODEL_PEERS, PEERS, Spec, start_child
+from bench.single_server import git_commit
 
 
 def _specs() -> list[Spec]:
@@ -48,8 +48,6 @@ def _specs() -> list[Spec]:
         ),
     ]
 
-
-# --- the driver -----------------------------------------------------------------------------------------------------
 
 #: TurnKit's turns per K in one conversation, each asked once the one before has ended: the first, the second and a
 #: later one (an idle conversation's turns run without its lane; a turn asked while another runs takes the lane).
@@ -136,7 +134,7 @@ def main() -> None:
 
     titles = {s.key: s.title for s in _specs()}
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_commit()
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as tmp:
         found = asyncio.run(measure(ks, args.systems.split(","), Path(tmp)))
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · git {sha} · load average {load} at start")
