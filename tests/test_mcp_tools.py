@@ -7,8 +7,11 @@ the test's own directory. The agent's model is scripted.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 import turnkit
-from tests.engine import eventually
+from tests.engine import Engine, eventually
 from turnkit._engine.mcp_tools import mcp_call_policy
 from turnkit._temporal.replay import turnkit_replayer
 from turnkit.kernel.records import INTERRUPTED_MESSAGE
@@ -40,8 +43,28 @@ def calls(state: Path, tool: str) -> list[dict[str, Any]]:
 
 
 def stdio_server(state: Path, **options: Any) -> MCPServer:
-    """The test server over stdio: the worker starts one process per listing and per call."""
+    """The test server over stdio: the worker starts its process and keeps it for later listings and calls."""
     return MCPServer.stdio("calc", sys.executable, [str(SERVER)], env={"TURNKIT_MCP_STATE": str(state)}, **options)
+
+
+def starts(state: Path) -> list[int]:
+    """The pids of the server processes started so far, oldest first."""
+    path = state / "starts"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a process that ended and was not reaped yet does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+async def ended(pid: int) -> bool:
+    """Whether process ``pid`` no longer runs (for :func:`eventually`)."""
+    return not alive(pid)
 
 
 def tool_names(request: ModelRequest) -> list[str]:
@@ -202,3 +225,89 @@ def test_the_recovery_a_server_declares_is_each_calls() -> None:
         turnkit.Agent("twice", mcp_servers=[server, server])
     with pytest.raises(ValueError, match="invalid MCP server name"):
         MCPServer("no spaces", lambda: pytest.fail("unused"))
+
+
+async def test_a_worker_keeps_a_stdio_servers_process_for_later_listings_and_calls(tk: TurnKit, tmp_path: Path) -> None:
+    """Two turns of a conversation list the server's tools and call one each: one server process serves all four
+    requests, and it ends once it has been idle for the server's ``keep_alive``."""
+    client = ScriptedClient(
+        [call_tools(("add", {"a": 1, "b": 2})), "three", call_tools(("add", {"a": 3, "b": 4})), "7"]
+    )
+    agent = turnkit.Agent(
+        "adder", model="scripted", mcp_servers=[stdio_server(tmp_path, keep_alive=1.0)], client=client
+    )
+    conversation = await tk.conversation(agent)
+
+    for text in ("1 + 2?", "3 + 4?"):
+        turn = await conversation.ask(text)
+        assert turn.status == "completed", turn.error
+
+    [pid] = starts(tmp_path)
+    assert [call["pid"] for call in calls(tmp_path, "add")] == [pid, pid]
+    await eventually(lambda: ended(pid), what="the idle server process to end")
+
+
+async def test_a_stopped_worker_ends_the_server_processes_it_kept(engine: Engine, tmp_path: Path) -> None:
+    """A worker that stops ends the processes of the stdio servers it kept open, though their ``keep_alive`` has
+    minutes to run."""
+    client = ScriptedClient([call_tools(("add", {"a": 1, "b": 2})), "three"])
+    agent = turnkit.Agent("adder", model="scripted", mcp_servers=[stdio_server(tmp_path)], client=client)
+
+    async with engine.tk.worker():
+        turn = await (await engine.tk.conversation(agent)).ask("1 + 2?")
+        assert turn.status == "completed", turn.error
+        [pid] = starts(tmp_path)
+        assert alive(pid)
+
+    assert not alive(pid)
+
+
+async def test_an_at_most_once_call_goes_out_on_a_new_process_when_the_kept_one_died(tmp_path: Path) -> None:
+    """The kept process of a server dies while idle: an at-most-once call finds the connection lost before it sends
+    anything, and runs once on a new process (completed, not ``interrupted``); a listing does the same."""
+    server = stdio_server(tmp_path)
+    try:
+        assert [tool.name for tool in await server.list_tools()] == ["add", "flaky", "vanish-now"]
+        [first] = starts(tmp_path)
+        os.kill(first, signal.SIGKILL)
+        await eventually(lambda: ended(first), what="the killed server process to end")
+
+        result = await server.call_tool("add", {"a": 2, "b": 2}, idempotency_key="k1")
+
+        assert result.structured_content == {"result": 4}
+        [_, second] = starts(tmp_path)
+        assert [call["pid"] for call in calls(tmp_path, "add")] == [second]
+
+        os.kill(second, signal.SIGKILL)
+        await eventually(lambda: ended(second), what="the killed server process to end")
+        assert [tool.name for tool in await server.list_tools()] == ["add", "flaky", "vanish-now"]
+        assert len(starts(tmp_path)) == 3
+    finally:
+        await server.aclose()
+
+
+async def test_calls_at_once_run_on_processes_of_their_own(tmp_path: Path) -> None:
+    """A kept connection carries one request at a time: two calls at once run in two server processes, and a later
+    call reuses one of them. ``keep_alive=0`` starts a process for every request."""
+    server = stdio_server(tmp_path)
+    try:
+        await asyncio.gather(*(server.call_tool("add", {"a": i, "b": 1}, idempotency_key=f"k{i}") for i in (1, 2)))
+        assert len(set(starts(tmp_path))) == 2
+        await server.call_tool("add", {"a": 3, "b": 1}, idempotency_key="k3")
+        pids = [call["pid"] for call in calls(tmp_path, "add")]
+        assert len(set(pids)) == 2 and pids[2] in pids[:2]
+    finally:
+        await server.aclose()
+    assert not any(alive(pid) for pid in starts(tmp_path))
+
+    each = stdio_server(tmp_path, keep_alive=0)
+    for i in (4, 5):
+        await each.call_tool("add", {"a": i, "b": 1}, idempotency_key=f"k{i}")
+    assert len(starts(tmp_path)) == 4
+
+
+def test_keep_alive_is_a_number_of_seconds() -> None:
+    """``keep_alive`` is checked when the server is defined: a negative, infinite or non-number value is refused."""
+    for wrong in (-1, math.inf, "300", True):
+        with pytest.raises(ValueError, match="calc: keep_alive must be a number of seconds, 0 or more"):
+            MCPServer("calc", lambda: pytest.fail("no connection is made"), keep_alive=wrong)  # type: ignore[arg-type]

@@ -14,19 +14,24 @@ budgets, the authorization hook, and the recovery the server is declared with: `
 calls run once, and a call whose connection dropped after it was sent is recorded ``interrupted`` (docs/design.md,
 "MCP servers as tools").
 
-The servers are reached from TurnKit's workers (the model activity lists, the tool activity calls), one connection
-per listing or call; credentials stay in the worker's agent definitions, never in a payload. Needs the ``mcp`` extra
-(the official MCP SDK, version 2): ``pip install 'turnkit[mcp]'``.
+The servers are reached from TurnKit's workers (the model activity lists, the tool activity calls); credentials stay
+in the worker's agent definitions, never in a payload. A worker keeps a stdio server's connections (its processes)
+open for ``keep_alive`` seconds after their last use, and opens one per listing or call for an HTTP server unless
+told otherwise (:mod:`turnkit._mcp_connections`). Needs the ``mcp`` extra (the official MCP SDK, version 2):
+``pip install 'turnkit[mcp]'``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import re
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from turnkit._mcp_connections import KeptConnections
 from turnkit.kernel.errors import ToolError, ToolOutcomeUnknown
 from turnkit.tools import RECOVERY_MODES, Recovery, Tool, ToolContext
 
@@ -76,6 +81,7 @@ class MCPServer:
         prefix: str = "",
         allowed_tools: Iterable[str] | None = None,
         list_timeout: float = 30.0,
+        keep_alive: float = 0.0,
     ) -> None:
         """Define a server.
 
@@ -93,6 +99,8 @@ class MCPServer:
             prefix: Put before each tool's name as the model sees it (``"files_"``), to keep two servers apart.
             allowed_tools: Offer only these tools (by the server's names); None: every tool it lists.
             list_timeout: Seconds the listing of its tools may take.
+            keep_alive: Seconds a worker keeps a connection open after its last listing or call, for the next one;
+                0 opens a connection for each. A kept connection carries one request at a time.
 
         Raises:
             ValueError: An invalid name, recovery, limit or prefix.
@@ -107,6 +115,9 @@ class MCPServer:
                 raise ValueError(f"MCP server {name}: unknown recovery mode {each!r}")
         if timeout <= 0 or list_timeout <= 0:
             raise ValueError(f"MCP server {name}: timeouts must be positive")
+        number = isinstance(keep_alive, int | float)  # pyright: ignore[reportUnnecessaryIsInstance]
+        if not number or isinstance(keep_alive, bool) or not 0 <= keep_alive < math.inf:
+            raise ValueError(f"MCP server {name}: keep_alive must be a number of seconds, 0 or more")
         if max_attempts < 1:
             raise ValueError(f"MCP server {name}: max_attempts must be at least 1")
         if prefix and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", prefix):
@@ -121,8 +132,11 @@ class MCPServer:
         self.prefix = prefix
         self.allowed_tools = None if allowed_tools is None else frozenset(allowed_tools)
         self.list_timeout = float(list_timeout)
+        self.keep_alive = float(keep_alive)
         self._client = client
         self._tools: dict[tuple[str, str], MCPTool] = {}
+        #: The kept connections of each event loop that used the server (a worker's, a test's).
+        self._connections: dict[asyncio.AbstractEventLoop, KeptConnections] = {}
 
     @classmethod
     def stdio(
@@ -133,10 +147,12 @@ class MCPServer:
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        keep_alive: float = 300.0,
         **options: Any,
     ) -> MCPServer:
-        """A server the worker starts as a process and talks to over its stdin and stdout (one process per listing
-        or call). ``options`` are the constructor's."""
+        """A server the worker starts as a process and talks to over its stdin and stdout. The worker keeps each
+        process it started for ``keep_alive`` seconds after its last listing or call (0: a process for each), and
+        ends them when it stops. ``options`` are the constructor's."""
         try:
             from mcp import Client, StdioServerParameters
         except ImportError as err:
@@ -144,7 +160,7 @@ class MCPServer:
         parameters = StdioServerParameters(
             command=command, args=list(args), env=None if env is None else dict(env), cwd=cwd
         )
-        return cls(name, lambda: Client(parameters), **options)
+        return cls(name, lambda: Client(parameters), keep_alive=keep_alive, **options)
 
     @classmethod
     def http(
@@ -156,7 +172,8 @@ class MCPServer:
         **options: Any,
     ) -> MCPServer:
         """A server at ``url``, over streamable HTTP. ``headers`` (or a callable returning them, asked at each
-        connection: a fresh token) go with every request. ``options`` are the constructor's."""
+        connection: a fresh token) go with every request. ``options`` are the constructor's: with ``keep_alive``
+        a connection (and its MCP session) serves later calls too, and a token asked for it is used for as long."""
         try:
             from mcp import Client
         except ImportError as err:
@@ -169,6 +186,22 @@ class MCPServer:
         """Show the name and recovery."""
         return f"MCPServer({self.name!r}, recovery={self.recovery!r})"
 
+    def _kept(self) -> KeptConnections:
+        """This event loop's connections to the server."""
+        loop = asyncio.get_running_loop()
+        kept = self._connections.get(loop)
+        if kept is None or kept.closed:
+            for other in [each for each in self._connections if each.is_closed()]:
+                del self._connections[other]
+            kept = self._connections[loop] = KeptConnections(self._client, self.name, self.keep_alive)
+        return kept
+
+    async def aclose(self) -> None:
+        """Close the connections this event loop keeps to the server (a worker that stops closes them itself)."""
+        kept = self._connections.pop(asyncio.get_running_loop(), None)
+        if kept is not None:
+            await kept.aclose()
+
     def recovery_of(self, tool: str) -> Recovery:
         """The recovery of calls of ``tool`` (the server's name for it)."""
         return self.tool_recovery.get(tool, self.recovery)
@@ -178,34 +211,38 @@ class MCPServer:
         return self.allowed_tools is None or tool in self.allowed_tools
 
     async def list_tools(self) -> list[ListedTool]:
-        """Every tool the server lists now (all pages), asked of the server itself, never a cached answer.
+        """Every tool the server lists now (all pages), asked of the server itself, never a cached answer. When a
+        kept connection fails, the listing is asked again on a new one (a listing changes nothing).
 
         Raises:
             ConnectionError: The server could not be reached or listed within ``list_timeout``.
         """
         import anyio
 
-        tools: list[ListedTool] = []
         try:
             with anyio.fail_after(self.list_timeout):
-                async with self._client() as client:
-                    cursor: str | None = None
-                    seen: set[str | None] = set()
-                    while True:
-                        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
-                        tools.extend(page.tools)
-                        seen.add(cursor)
-                        cursor = page.next_cursor
-                        if cursor is None or cursor in seen:  # a repeated cursor would page forever
-                            break
+                fresh = False
+                while True:
+                    reused = False
+                    try:
+                        async with self._kept().connection(fresh=fresh) as (client, reused):
+                            return await _all_tools(client)
+                    except Exception:
+                        if not reused:
+                            raise
+                        fresh = True
         except Exception as err:
             raise ConnectionError(
                 f"MCP server {self.name}: listing its tools failed: {_reason(_unwrapped(err))}"
             ) from err
-        return tools
 
     async def call_tool(self, tool: str, arguments: Mapping[str, Any], *, idempotency_key: str) -> CallToolResult:
-        """Call ``tool`` (the server's name for it) on a connection of its own.
+        """Call ``tool`` (the server's name for it).
+
+        A kept connection may have been lost while it waited (a server process that died). So before an at-most-once
+        call goes out on one, the server is asked for its tool list; a connection that cannot answer is closed and
+        the call goes out on a new one. A lost connection thus never leaves a call that was never sent
+        ``interrupted``. A replay-safe call is sent without that question: a failed attempt is retried.
 
         Raises:
             ToolError: The server refused the request (unknown tool, invalid arguments): its outcome is known.
@@ -215,29 +252,31 @@ class MCPServer:
         """
         from mcp import MCPError
 
-        connected = False
-        result: CallToolResult | None = None
-        try:
-            async with self._client() as client:
-                connected = True
-                result = await client.call_tool(
-                    tool,
-                    dict(arguments),
-                    read_timeout_seconds=self.timeout,
-                    meta={IDEMPOTENCY_KEY_META: idempotency_key},
-                )
-        except Exception as err:
-            if result is not None:  # only closing the connection failed: the answer stands
-                logger.warning("closing the connection to MCP server %s failed after %s", self.name, tool, exc_info=err)
-                return result
-            cause = _unwrapped(err)
-            if isinstance(cause, MCPError) and cause.code in _REFUSED:
-                raise ToolError(f"MCP server {self.name} refused {tool}: {cause.message}") from err
-            if connected:  # the request may have gone out: whether the tool ran is unknown
-                raise ToolOutcomeUnknown(f"MCP server {self.name}, {tool}: {_reason(cause)}") from err
-            raise ConnectionError(f"MCP server {self.name}: no connection for {tool}: {_reason(cause)}") from err
-        assert result is not None
-        return result
+        ask_first = self.recovery_of(tool) == "at_most_once"
+        fresh = False
+        while True:
+            sent = False
+            try:
+                async with self._kept().connection(fresh=fresh) as (client, reused):
+                    if reused and ask_first and not await _answers(client, self.list_timeout):
+                        raise _Lost  # the block raised: the connection is closed, not kept
+                    sent = True
+                    return await client.call_tool(
+                        tool,
+                        dict(arguments),
+                        read_timeout_seconds=self.timeout,
+                        meta={IDEMPOTENCY_KEY_META: idempotency_key},
+                    )
+            except _Lost:
+                logger.info("a kept connection to MCP server %s was lost: %s goes out on a new one", self.name, tool)
+                fresh = True
+            except Exception as err:
+                cause = _unwrapped(err)
+                if isinstance(cause, MCPError) and cause.code in _REFUSED:
+                    raise ToolError(f"MCP server {self.name} refused {tool}: {cause.message}") from err
+                if sent:  # the request may have gone out: whether the tool ran is unknown
+                    raise ToolOutcomeUnknown(f"MCP server {self.name}, {tool}: {_reason(cause)}") from err
+                raise ConnectionError(f"MCP server {self.name}: no connection for {tool}: {_reason(cause)}") from err
 
     def tool(self, name: str, server_tool: str) -> MCPTool:
         """The tool the model calls ``name``, which is ``server_tool`` on this server (one instance each)."""
@@ -320,6 +359,34 @@ async def _http_with_headers(
         Client(streamable_http_client(url, http_client=http)) as client,
     ):
         yield client
+
+
+class _Lost(Exception):
+    """A kept connection did not answer before a call was sent on it."""
+
+
+async def _all_tools(client: Client) -> list[ListedTool]:
+    """Every page of the server's tool list, asked of the server (not the client's cache)."""
+    tools: list[ListedTool] = []
+    cursor: str | None = None
+    seen: set[str | None] = set()
+    while True:
+        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+        tools.extend(page.tools)
+        seen.add(cursor)
+        cursor = page.next_cursor
+        if cursor is None or cursor in seen:  # a repeated cursor would page forever
+            return tools
+
+
+async def _answers(client: Client, timeout: float) -> bool:
+    """Whether the server answers a request on ``client`` (a first page of its tool list) within ``timeout``."""
+    try:
+        async with asyncio.timeout(timeout):
+            await client.list_tools(cache_mode="bypass")
+    except Exception:
+        return False
+    return True
 
 
 def _unwrapped(err: BaseException) -> BaseException:

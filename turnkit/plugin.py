@@ -18,6 +18,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from turnkit._activities.registry import build_activities, build_tool_activities
 from turnkit._activities.store_failures import StoreFailureInterceptor
+from turnkit._mcp_connections import close_kept_connections
 from turnkit._ops.lost_submits import SubmitSearch
 from turnkit._temporal.heartbeats import HeartbeatClock
 from turnkit._temporal.logs import LogIds, json_logging
@@ -196,13 +197,17 @@ class TurnKitPlugin(SimplePlugin):
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         """Run the worker; one with a store (not tools-only) also searches for lost submissions of its task queue
-        and submits them to their lanes again (:mod:`turnkit._ops.lost_submits`, ``settings.lost_submit_grace``)."""
-        if self._store is None or not worker.config(active_config=True).get("workflows"):
-            await super().run_worker(worker, next)
-            return
-        search = SubmitSearch(self._store, worker.client, worker.task_queue, self._overrides)
-        async with search.running():
-            await super().run_worker(worker, next)
+        and submits them to their lanes again (:mod:`turnkit._ops.lost_submits`, ``settings.lost_submit_grace``).
+        When it stops, the MCP connections its activities kept are closed (:mod:`turnkit._mcp_connections`)."""
+        try:
+            if self._store is None or not worker.config(active_config=True).get("workflows"):
+                await super().run_worker(worker, next)
+                return
+            search = SubmitSearch(self._store, worker.client, worker.task_queue, self._overrides)
+            async with search.running():
+                await super().run_worker(worker, next)
+        finally:
+            await close_kept_connections()
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         """As :class:`SimplePlugin` does; on a worker with Worker Versioning, TurnKit's workflows are registered with
