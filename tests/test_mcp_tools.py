@@ -311,3 +311,25 @@ def test_keep_alive_is_a_number_of_seconds() -> None:
     for wrong in (-1, math.inf, "300", True):
         with pytest.raises(ValueError, match="calc: keep_alive must be a number of seconds, 0 or more"):
             MCPServer("calc", lambda: pytest.fail("no connection is made"), keep_alive=wrong)  # type: ignore[arg-type]
+
+
+async def test_an_http_servers_connection_is_kept_only_when_asked_and_keeps_its_headers(
+    tmp_path: Path, http_port: int
+) -> None:
+    """Over streamable HTTP each request has a connection of its own by default, which asks the headers callable
+    again (a fresh token); with ``keep_alive`` one connection serves both calls, with the headers it was opened
+    with."""
+    asked = iter(range(10))
+
+    def headers() -> dict[str, str]:
+        return {"X-Team": f"team-{next(asked)}"}
+
+    url = f"http://127.0.0.1:{http_port}/mcp"
+    each = MCPServer.http("calc", url, headers=headers)
+    kept = MCPServer.http("calc", url, headers=headers, keep_alive=60)
+    try:
+        for server in (each, each, kept, kept):
+            await server.call_tool("add", {"a": 1, "b": 1}, idempotency_key="k")
+    finally:
+        await kept.aclose()
+    assert [call["team"] for call in calls(tmp_path, "add")] == ["team-0", "team-1", "team-2", "team-2"]
