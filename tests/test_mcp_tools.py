@@ -333,3 +333,23 @@ async def test_an_http_servers_connection_is_kept_only_when_asked_and_keeps_its_
     finally:
         await kept.aclose()
     assert [call["team"] for call in calls(tmp_path, "add")] == ["team-0", "team-1", "team-2", "team-2"]
+
+
+async def test_connections_beyond_the_idle_limit_close_after_their_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a burst of calls at once, only ``MAX_IDLE`` connections wait for the next use (here 1 of 2): the other
+    server process ends at once, not after ``keep_alive``."""
+    monkeypatch.setattr("turnkit._mcp_connections.MAX_IDLE", 1)
+    server = stdio_server(tmp_path)
+    try:
+        await asyncio.gather(*(server.call_tool("add", {"a": i, "b": 1}, idempotency_key=f"k{i}") for i in (1, 2)))
+        pids = starts(tmp_path)
+        assert len(pids) == 2
+
+        async def one_left() -> bool:
+            return sorted(alive(pid) for pid in pids) == [False, True]
+
+        await eventually(one_left, what="one of the two server processes to end")
+    finally:
+        await server.aclose()

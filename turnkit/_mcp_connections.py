@@ -19,17 +19,21 @@ import contextvars
 import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from mcp import Client
 
-__all__ = ["KeptConnections", "close_kept_connections"]
+__all__ = ["MAX_IDLE", "KeptConnections", "close_kept_connections"]
 
 logger = logging.getLogger("turnkit.mcp")
 
 #: Every open set of kept connections, so that a worker that stops closes those of its event loop.
 _OPEN: set[KeptConnections] = set()
+
+#: Idle connections kept per server and event loop at most. A burst of calls at once opens one connection (a stdio
+#: server: a process) per call; after it, the connections beyond these close instead of idling for ``keep_alive``.
+MAX_IDLE: Final = 16
 
 
 class _Connection:
@@ -132,7 +136,7 @@ class KeptConnections:
         kept = False
         try:
             yield connection.client, reused
-            kept = self._keep_alive > 0 and not self.closed
+            kept = self._keep_alive > 0 and not self.closed and len(self._idle) < MAX_IDLE
         finally:
             if kept:
                 connection.expiry = self._loop.call_later(self._keep_alive, self._expire, connection)

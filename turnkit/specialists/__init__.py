@@ -2,7 +2,7 @@
 
 * :func:`oracle`: read-only expert advice, reading files confined to one directory (``read_file``);
 * :func:`librarian`: answers from one GitHub repository (``github_repository_read``);
-* :func:`painter`: an image behind an authorization gate (``paint_image``; generation itself is not supported yet).
+* :func:`painter`: an image behind an authorization gate (``paint_image``, generated through the agent's client).
 
 Each returns an ordinary :class:`~turnkit.agent.Agent` (``inherit_globals=False``), usable on its own or as a
 sub-agent: ``Agent("boss", sub_agents=[turnkit.specialists.oracle(model="...", root="docs")])``.
