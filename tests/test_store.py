@@ -1868,6 +1868,44 @@ async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url
         await store.close()
 
 
+async def test_upgrade_from_0006_keeps_the_waits_and_takes_a_waiter_id_of_1000_characters(
+    empty_database_url: str,
+) -> None:
+    """A database at revision 0006 keeps its wait rows through the upgrade; then a wait whose waiter is a workflow id
+    of 1,000 characters (a team's workflow that asked) is stored whole, and the schema matches the models."""
+    from alembic import command
+    from sqlalchemy import String, column, insert, table
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from turnkit.store.migrate import alembic_config
+
+    def wait_at_0006(conn: Connection) -> None:
+        command.upgrade(alembic_config(conn), "0006")
+        waits = table("turnkit_waits", column("turn_uid", String), column("target_turn_uid", String))
+        waits.append_column(column("created_at"))
+        waits.append_column(column("updated_at"))
+        now = datetime.now(UTC)
+        conn.execute(insert(waits).values(turn_uid="turn_a", target_turn_uid="turn_b", created_at=now, updated_at=now))
+
+    engine = create_async_engine(empty_database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(wait_at_0006)
+    finally:
+        await engine.dispose()
+    store = await Store.open(empty_database_url)  # upgrades to head
+    try:
+        caller = "approval-" + "k" * 991
+        async with store.atomic() as tx:
+            await tx.create_wait(turn_id=caller, target_turn_id="turn_b")
+        async with store.atomic() as tx:
+            assert [w.turn_id for w in await tx.list_waits(target_turn_id="turn_b")] == ["turn_a", caller]
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(_diff) == []
+    finally:
+        await store.close()
+
+
 # 13. Trips to SQLite's thread ----------------------------------------------------------------------------------------
 
 

@@ -362,6 +362,20 @@ async def test_bad_input_fails_the_workflow_with_the_input_error_and_writes_noth
     assert await conversations_of(team, workflow_id) == []
 
 
+async def test_a_workflow_with_a_long_id_asks_an_agent(team: TurnKit) -> None:
+    """A workflow whose id is 900 characters long (business keys make long ids; Temporal allows 1,000) asks an agent
+    and gets its answer: the turn's end signals it by that id, which its wait row keeps whole."""
+    turnkit.register(turnkit.Agent("plain", model="scripted", client=ScriptedClient(lambda _: "fine")))
+    workflow_id = _id("ask-" + "k" * 860)
+    assert len(workflow_id) > 64
+    result = await team.client.execute_workflow(
+        AskWorkflow.run, AskPlan(text="hi", agent="plain"), id=workflow_id, task_queue=team.task_queue
+    )
+    assert (result.status, result.output_text) == ("completed", "fine")
+    async with team.store.atomic() as tx:
+        assert [wait.target_turn_id for wait in await tx.list_waits(turn_id=workflow_id)] == [result.turn_id]
+
+
 async def test_a_huge_answer_comes_back_bounded_and_stays_whole_in_the_store(team: TurnKit) -> None:
     """An answer of 300 kB comes back cut to the asked limit (at a character boundary), marked truncated with its
     full size; the turn's record keeps all of it."""

@@ -47,6 +47,7 @@ from turnkit.kernel import errors
 from turnkit.kernel.activities import AskCalls
 from turnkit.kernel.asks import (
     DEFAULT_OUTPUT_LIMIT,
+    MAX_CALLER_WORKFLOW_ID,
     AskReceipt,
     AskTurn,
     ControlAction,
@@ -79,8 +80,6 @@ _ACTIVITY_TIMEOUT: Final = timedelta(minutes=5)
 #: A worker killed in the middle of an activity is noticed after this long (the activities heartbeat when slow).
 _HEARTBEAT: Final = timedelta(seconds=10)
 _RETRY: Final = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
-#: A turn's waiters are named by workflow id in the store, in a column of 64 characters.
-_MAX_WORKFLOW_ID: Final = 64
 
 _UNSET: Any = object()
 _T = TypeVar("_T")
@@ -441,10 +440,11 @@ async def _start(request: AskTurn) -> TurnHandle:
     """Fill in the ids and the caller, check what the workflow can check, submit; see :func:`start`."""
     _asks()
     info = workflow.info()
-    if len(info.workflow_id) > _MAX_WORKFLOW_ID:
+    if len(info.workflow_id) > MAX_CALLER_WORKFLOW_ID:
         raise errors.InputError(
-            f"turnkit.workflow needs a workflow id of at most {_MAX_WORKFLOW_ID} characters (a turn's end signals its "
-            f"waiter by id, and the store keeps it in a column that size); this one has {len(info.workflow_id)}"
+            f"turnkit.workflow needs a workflow id of at most {MAX_CALLER_WORKFLOW_ID} characters (a turn's end "
+            f"signals its waiter by id, and the store keeps it in a column that size); this one has "
+            f"{len(info.workflow_id)}"
         )
     if request.new_conversation and not request.agent_name:
         raise errors.InputError("agent is required for a new conversation (or give conversation_id)")

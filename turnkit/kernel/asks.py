@@ -18,6 +18,7 @@ from turnkit.kernel.records import TerminalTurnStatus
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",
     "ERROR_MESSAGE_LIMIT",
+    "MAX_CALLER_WORKFLOW_ID",
     "AskReceipt",
     "AskTurn",
     "ControlAction",
@@ -34,6 +35,9 @@ __all__ = [
 DEFAULT_OUTPUT_LIMIT: Final = 64 * 1024
 #: How many characters of a failed turn's error message a result carries.
 ERROR_MESSAGE_LIMIT: Final = 4096
+#: The longest workflow id that may ask: the turn's end signals its caller by id, named in a wait row. Temporal's
+#: own default limit on ids (``limit.maxIDLength``), so that any workflow of a default cluster can ask an agent.
+MAX_CALLER_WORKFLOW_ID: Final = 1000
 
 ControlAction = Literal["pause", "resume", "steer", "cancel"]
 

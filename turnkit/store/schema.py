@@ -30,6 +30,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from turnkit.kernel.asks import MAX_CALLER_WORKFLOW_ID
+
 __all__ = [
     "TABLE_PREFIX",
     "Base",
@@ -237,7 +239,8 @@ class WaitRow(_Timestamps, Base):
     )
 
     id: Mapped[int] = mapped_column(_PK, primary_key=True, autoincrement=True)
-    turn_uid: Mapped[str] = mapped_column(String(64), nullable=False)
+    #: The waiting turn, or a team's workflow that asked the target (``turnkit.workflow``), by its workflow id.
+    turn_uid: Mapped[str] = mapped_column(String(MAX_CALLER_WORKFLOW_ID), nullable=False)
     target_turn_uid: Mapped[str] = mapped_column(String(64), nullable=False)
 
 
