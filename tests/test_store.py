@@ -1685,6 +1685,18 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
         drop_postgres_database(admin, url)
 
 
+async def _run_on(url: str, run: Callable[[Connection], Any]) -> Any:
+    """``run(conn)`` in one transaction on an engine of its own (a database no store has opened yet)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            return await conn.run_sync(run)
+    finally:
+        await engine.dispose()
+
+
 def _rows_at_revision_0001(conn: Connection) -> None:
     """The records of a root turn and its child as revision 0001 stored them (no counters, no request_uid)."""
     from alembic import command
@@ -1768,16 +1780,10 @@ def _rows_at_revision_0001(conn: Connection) -> None:
 
 async def test_upgrade_backfills_tree_counters_and_response_request_ids(empty_database_url: str) -> None:
     """issue 9: an existing database upgraded to the counters checks budgets as the sums over its records did."""
-    from sqlalchemy.ext.asyncio import create_async_engine
 
     from turnkit.kernel.records import TreeUsage
 
-    engine = create_async_engine(empty_database_url)
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(_rows_at_revision_0001)
-    finally:
-        await engine.dispose()
+    await _run_on(empty_database_url, _rows_at_revision_0001)
 
     store = await Store.open(empty_database_url)  # upgrades to head
     try:
@@ -1833,7 +1839,6 @@ async def test_staged_input_is_idempotent_by_id_and_deleted_once(store: Store) -
 async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url: str) -> None:
     """Issue 8 item 12: a database at revision 0002 upgrades to the staged inputs table, and downgrades again."""
     from alembic import command
-    from sqlalchemy.ext.asyncio import create_async_engine
 
     from turnkit.store.migrate import alembic_config
 
@@ -1844,12 +1849,7 @@ async def test_upgrade_from_0002_adds_the_staged_inputs_table(empty_database_url
 
         return run
 
-    engine = create_async_engine(empty_database_url)
-    try:
-        async with engine.begin() as conn:
-            assert "turnkit_staged_inputs" not in await conn.run_sync(tables_at("0002"))
-    finally:
-        await engine.dispose()
+    assert "turnkit_staged_inputs" not in await _run_on(empty_database_url, tables_at("0002"))
     store = await Store.open(empty_database_url)  # upgrades to head
     try:
         async with store.atomic() as tx:
@@ -1875,7 +1875,6 @@ async def test_upgrade_from_0006_keeps_the_waits_and_takes_a_waiter_id_of_1000_c
     of 1,000 characters (a team's workflow that asked) is stored whole, and the schema matches the models."""
     from alembic import command
     from sqlalchemy import String, column, insert, table
-    from sqlalchemy.ext.asyncio import create_async_engine
 
     from turnkit.store.migrate import alembic_config
 
@@ -1887,12 +1886,7 @@ async def test_upgrade_from_0006_keeps_the_waits_and_takes_a_waiter_id_of_1000_c
         now = datetime.now(UTC)
         conn.execute(insert(waits).values(turn_uid="turn_a", target_turn_uid="turn_b", created_at=now, updated_at=now))
 
-    engine = create_async_engine(empty_database_url)
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(wait_at_0006)
-    finally:
-        await engine.dispose()
+    await _run_on(empty_database_url, wait_at_0006)
     store = await Store.open(empty_database_url)  # upgrades to head
     try:
         caller = "approval-" + "k" * 991
