@@ -94,10 +94,12 @@ async def test_a_raising_callback_fails_and_retries_nothing(tk: TurnKit, caplog:
 
 
 async def test_a_slow_sync_callback_does_not_stall_another_turns_tool(tk: TurnKit) -> None:
-    """issue 8 item 9: a sync callback blocking 5 s on one turn's event, while an at-most-once tool of another turn
-    runs with a 2 s heartbeat timeout: that tool keeps heartbeating and completes (on the loop it was interrupted).
-    The timeout leaves a beat room for a busy machine; the block is still more than twice as long."""
-    turnkit.configure(tool_heartbeat_timeout=2.0)
+    """issue 8 item 9: a sync callback blocking 9 s on one turn's event, while an at-most-once tool of another turn
+    runs with a 4 s heartbeat timeout: that tool keeps heartbeating and completes (on the loop it was interrupted).
+    The SDK sends a heartbeat at most every 0.8 timeouts, so a beat reaches the server with a fifth of the timeout to
+    spare: 0.8 s here (0.4 s at 2 s was too little for a loaded machine); the block is still more than twice as
+    long as the timeout."""
+    turnkit.configure(tool_heartbeat_timeout=4.0)
     steady_entered, second_done = asyncio.Event(), asyncio.Event()
     blocked = threading.Event()
 
@@ -116,7 +118,7 @@ async def test_a_slow_sync_callback_does_not_stall_another_turns_tool(tk: TurnKi
     def slow_observer(event: turnkit.Event) -> None:
         if event.type == "tool_call.created" and event.payload.get("name") == "noted":
             blocked.set()
-            time.sleep(5)  # a slow observer (a synchronous HTTP post, say)
+            time.sleep(9)  # a slow observer (a synchronous HTTP post, say)
 
     turnkit.configure(on_event=slow_observer)
     healthy = await (await tk.conversation(agent("first", [call_tools(("steady", {})), "a"], [steady]))).ask(
