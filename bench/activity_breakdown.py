@@ -67,6 +67,10 @@ TIMED: tuple[tuple[str, str], ...] = (
     ("turnkit.store.tx.messages", "turn_values"),
     ("turnkit.store.tx.messages", "message_record"),
     ("turnkit.store.tx.tool_executions", "message_record"),
+    # SQLite's statements on the driver, its BEGIN IMMEDIATEs and its COMMITs (SQLAlchemy's, at a transaction's end).
+    ("turnkit.store.sqlite_inline", "InlineConnection._run"),
+    ("turnkit.store.sqlite_inline", "InlineSQLite._begin_immediate"),
+    ("sqlalchemy.engine", "Transaction.commit"),
 )
 
 
