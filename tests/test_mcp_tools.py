@@ -228,14 +228,12 @@ def test_the_recovery_a_server_declares_is_each_calls() -> None:
 
 
 async def test_a_worker_keeps_a_stdio_servers_process_for_later_listings_and_calls(tk: TurnKit, tmp_path: Path) -> None:
-    """Two turns of a conversation list the server's tools and call one each: one server process serves all four
-    requests, and it ends once it has been idle for the server's ``keep_alive``."""
+    """Two turns of a conversation list the server's tools and call one each: one server process serves every
+    request of both."""
     client = ScriptedClient(
         [call_tools(("add", {"a": 1, "b": 2})), "three", call_tools(("add", {"a": 3, "b": 4})), "7"]
     )
-    agent = turnkit.Agent(
-        "adder", model="scripted", mcp_servers=[stdio_server(tmp_path, keep_alive=1.0)], client=client
-    )
+    agent = turnkit.Agent("adder", model="scripted", mcp_servers=[stdio_server(tmp_path)], client=client)
     conversation = await tk.conversation(agent)
 
     for text in ("1 + 2?", "3 + 4?"):
@@ -244,7 +242,21 @@ async def test_a_worker_keeps_a_stdio_servers_process_for_later_listings_and_cal
 
     [pid] = starts(tmp_path)
     assert [call["pid"] for call in calls(tmp_path, "add")] == [pid, pid]
-    await eventually(lambda: ended(pid), what="the idle server process to end")
+
+
+async def test_an_idle_connection_closes_after_keep_alive(tmp_path: Path) -> None:
+    """A kept connection that waits ``keep_alive`` seconds for its next use is closed (its process ends); the next
+    call starts a new one."""
+    server = stdio_server(tmp_path, keep_alive=0.5)
+    try:
+        await server.call_tool("add", {"a": 1, "b": 1}, idempotency_key="k1")
+        [first] = starts(tmp_path)
+        await eventually(lambda: ended(first), what="the idle server process to end")
+        await server.call_tool("add", {"a": 2, "b": 1}, idempotency_key="k2")
+        assert [call["pid"] for call in calls(tmp_path, "add")] == starts(tmp_path)
+        assert len(starts(tmp_path)) == 2
+    finally:
+        await server.aclose()
 
 
 async def test_a_stopped_worker_ends_the_server_processes_it_kept(engine: Engine, tmp_path: Path) -> None:
@@ -259,7 +271,7 @@ async def test_a_stopped_worker_ends_the_server_processes_it_kept(engine: Engine
         [pid] = starts(tmp_path)
         assert alive(pid)
 
-    assert not alive(pid)
+    await eventually(lambda: ended(pid), what="the kept server process to end with its worker")
 
 
 async def test_an_at_most_once_call_goes_out_on_a_new_process_when_the_kept_one_died(tmp_path: Path) -> None:
@@ -298,7 +310,11 @@ async def test_calls_at_once_run_on_processes_of_their_own(tmp_path: Path) -> No
         assert len(set(pids)) == 2 and pids[2] in pids[:2]
     finally:
         await server.aclose()
-    assert not any(alive(pid) for pid in starts(tmp_path))
+
+    async def all_ended() -> bool:
+        return not any(alive(pid) for pid in starts(tmp_path))
+
+    await eventually(all_ended, what="the closed server processes to end")
 
     each = stdio_server(tmp_path, keep_alive=0)
     for i in (4, 5):
