@@ -396,16 +396,18 @@ async def test_async_hooks_allow_and_deny(tk: TurnKit) -> None:
 
 
 async def test_a_slow_sync_hook_does_not_stall_another_turns_tool(tk: TurnKit) -> None:
-    """issue 8 item 9: a sync hook that blocks 3 s (a slow approval service) while an at-most-once tool of another
-    turn runs with a 1 s heartbeat timeout: that tool keeps heartbeating and completes; the slow call is allowed."""
-    turnkit.configure(tool_heartbeat_timeout=1.0)
+    """issue 8 item 9: a sync hook that blocks 9 s (a slow approval service) while an at-most-once tool of another
+    turn runs with a 4 s heartbeat timeout: that tool keeps heartbeating and completes; the slow call is allowed.
+    The SDK sends a heartbeat at most every 0.8 timeouts, so a beat has 0.8 s to reach the server (at 1 s, 0.2 s:
+    the twin test of event callbacks missed a beat on a loaded machine at 2 s)."""
+    turnkit.configure(tool_heartbeat_timeout=4.0)
     approving, approved = threading.Event(), threading.Event()
 
     def slow_approval(action: str, *, principal: Any, **resources: Any) -> bool:
         tool = resources.get("tool")
         if action == "tool" and getattr(tool, "name", None) == "approve_me":
             approving.set()
-            time.sleep(3)  # blocks whatever thread it runs on
+            time.sleep(9)  # blocks whatever thread it runs on
             approved.set()
         return True
 

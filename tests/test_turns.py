@@ -349,11 +349,12 @@ async def test_one_submitted_turn_performed_twice_calls_the_model_once(tk: TurnK
 
 
 async def test_a_blocked_model_call_keeps_heartbeating_and_a_reconcile_leaves_it_running(tk: TurnKit) -> None:
-    """T48: a model call blocked well past its 1 s heartbeat timeout keeps heartbeating (Temporal's activity
+    """T48: a model call blocked well past its 3 s heartbeat timeout keeps heartbeating (Temporal's activity
     heartbeat replaces the gem's ``heartbeat_at`` thread: docs/behaviour.md §5.8), so its first attempt is never
     timed out; a reconcile meanwhile repairs nothing and leaves the turn ``running``; released, the call's answer
-    completes the turn after one request."""
-    turnkit.configure(model_heartbeat_timeout=1.0)
+    completes the turn after one request. The SDK sends a heartbeat at most every 0.8 timeouts: at 3 s a beat has
+    0.6 s to reach the server (at 1 s, 0.2 s was too little for a loaded machine)."""
+    turnkit.configure(model_heartbeat_timeout=3.0)
     since = utcnow()
     model = HeldModel(Result.build(text="slow answer"))
     turn = await (await tk.conversation(agent(model))).ask("think", wait=False)
@@ -367,7 +368,7 @@ async def test_a_blocked_model_call_keeps_heartbeating_and_a_reconcile_leaves_it
         if not call.HasField("last_heartbeat_time"):
             return False
         beating = call.last_heartbeat_time.ToDatetime() - call.last_started_time.ToDatetime()
-        return beating.total_seconds() > 2.5  # its last beat came more than two heartbeat timeouts after it began
+        return beating.total_seconds() > 6.5  # its last beat came more than two heartbeat timeouts after it began
 
     await eventually(heartbeating_past_the_timeout, what="the blocked model call to heartbeat past its timeout")
     reconciled = await tk.reconcile(since=since, grace=0)
